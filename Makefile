@@ -1,0 +1,35 @@
+# Two entry points that work on a fresh machine with Python 3.11 and the package registry:
+#   make demo   - set up .venv and run the end-to-end demo release
+#   make test   - set up .venv and run the whole test suite
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+CONSTRAINTS := deploy/constraints-py3.11.txt
+
+export GX_ANALYTICS_ENABLED := false
+export SCARF_ANALYTICS := false
+export DO_NOT_TRACK := true
+
+.PHONY: demo test venv bench clean
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) on PATH (or run: make PYTHON=python3 ...)"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e '.[all]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(PY) -m dpops.demo $(DEMO_ARGS)
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_samplers.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info demo-output

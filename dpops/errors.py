@@ -1,0 +1,62 @@
+"""Exception hierarchy. Each class carries the process exit code the CLI uses.
+
+Exit codes (documented in README.md):
+  0  success
+  1  internal error (a bug: please report it)
+  2  usage error (bad command-line arguments; click's own convention)
+  3  invalid parameter or release spec (fix the configuration)
+  4  invalid input data (fix or provide the input file)
+  5  budget refused by the ledger (nothing was spent)
+  6  ledger or storage unavailable / conflicting state (retry later)
+  7  verification failed (tampered or inconsistent ledger/manifest)
+"""
+
+from __future__ import annotations
+
+
+class DpopsError(Exception):
+    """Base class of every error dpops raises on purpose."""
+
+    exit_code = 1
+
+
+class InvalidParameter(DpopsError, ValueError):
+    """A privacy or mechanism parameter is out of its domain (epsilon <= 0, NaN bound, ...)."""
+
+    exit_code = 3
+
+
+class SpecError(DpopsError, ValueError):
+    """A release spec or scope definition is invalid."""
+
+    exit_code = 3
+
+
+class InputDataError(DpopsError):
+    """The private input is missing, unreadable or does not match the declared schema."""
+
+    exit_code = 4
+
+
+class BudgetExceeded(DpopsError):
+    """The ledger refused a reservation because the scope's cap would be exceeded."""
+
+    exit_code = 5
+
+
+class LedgerError(DpopsError):
+    """The ledger is unreachable, or a state transition is not allowed."""
+
+    exit_code = 6
+
+
+class StorageError(DpopsError):
+    """Staging or publishing an output failed (disk full, read-only path, corrupt file)."""
+
+    exit_code = 6
+
+
+class IntegrityError(DpopsError):
+    """Verification failed: a hash chain, a total or a manifest claim does not recompute."""
+
+    exit_code = 7

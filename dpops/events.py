@@ -1,0 +1,282 @@
+"""Privacy events: a serializable, versioned description of what a release spent.
+
+The ledger and the manifests store these, and every accountant composes them.
+An event describes the *mechanism* (noise scale and sensitivity), not only an
+(epsilon, delta) label, so that RDP/PLD accounting over many releases can be
+tighter than adding epsilons (semantics.md section 4).
+
+Stable JSON: every event dict carries ``"schema": "dpops.event/1"`` and a
+``"kind"``. ``canonical_json`` is the byte form that is hashed; it never changes
+for a given schema version. A new field or kind means a new schema version.
+
+Kinds (all sensitivities are in the same units as the noise scale):
+
+- ``laplace``            continuous Laplace, scale b, L1 sensitivity; pure eps = Δ1/b.
+- ``gaussian``           continuous Gaussian, std sigma, L2 sensitivity.
+- ``discrete_laplace``   integer-lattice Laplace (two-sided geometric) on a grid of
+                         ``resolution`` r: P(k·r) ∝ exp(-|k|·r/b). ``scale`` b and
+                         ``l1_sensitivity`` are in value units and already include
+                         the rounding charge; pure eps = Δ1/b.
+- ``discrete_gaussian``  discrete Gaussian on the lattice rZ, ``sigma`` and
+                         ``l2_sensitivity`` in value units (rounding charge included);
+                         rho-zCDP with rho = Δ2²/(2σ²) (Canonne, Kamath, Steinke 2020).
+- ``pure_dp``            any eps-DP mechanism, e.g. the exponential mechanism or
+                         report-noisy-max; ``mechanism`` names it.
+- ``approx_dp``          any (eps, delta)-DP mechanism, e.g. private partition
+                         selection; ``mechanism`` names it.
+- ``zcdp``               any rho-zCDP mechanism.
+- ``composed``           the sequential composition of ``events``.
+- ``self_composed``      ``count`` adaptive repetitions of ``event``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Mapping, Union
+
+from dpops.errors import InvalidParameter
+
+EVENT_SCHEMA = "dpops.event/1"
+
+
+def canonical_json(obj: Any) -> str:
+    """Deterministic JSON: sorted keys, no whitespace, floats by repr (round-trip exact).
+
+    NaN and infinities are refused: they have no meaning in a privacy claim.
+    """
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _finite_positive(x: Any, what: str) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0:
+        raise InvalidParameter(f"privacy event: {what} must be a finite number > 0, got {x!r}")
+    return float(x)
+
+
+def _delta(x: Any, what: str = "delta") -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not (0 <= x < 1):
+        raise InvalidParameter(f"privacy event: {what} must be in [0, 1), got {x!r}")
+    return float(x)
+
+
+@dataclass(frozen=True)
+class Laplace:
+    scale: float
+    l1_sensitivity: float
+    kind: str = field(default="laplace", init=False)
+
+    def __post_init__(self) -> None:
+        _finite_positive(self.scale, "laplace scale")
+        _finite_positive(self.l1_sensitivity, "laplace l1_sensitivity")
+
+    @property
+    def epsilon(self) -> float:
+        return self.l1_sensitivity / self.scale
+
+
+@dataclass(frozen=True)
+class Gaussian:
+    sigma: float
+    l2_sensitivity: float
+    kind: str = field(default="gaussian", init=False)
+
+    def __post_init__(self) -> None:
+        _finite_positive(self.sigma, "gaussian sigma")
+        _finite_positive(self.l2_sensitivity, "gaussian l2_sensitivity")
+
+    @property
+    def rho(self) -> float:
+        return self.l2_sensitivity**2 / (2 * self.sigma**2)
+
+
+@dataclass(frozen=True)
+class DiscreteLaplace:
+    scale: float
+    l1_sensitivity: float
+    resolution: float = 1.0
+    kind: str = field(default="discrete_laplace", init=False)
+
+    def __post_init__(self) -> None:
+        _finite_positive(self.scale, "discrete_laplace scale")
+        _finite_positive(self.l1_sensitivity, "discrete_laplace l1_sensitivity")
+        _finite_positive(self.resolution, "discrete_laplace resolution")
+
+    @property
+    def epsilon(self) -> float:
+        return self.l1_sensitivity / self.scale
+
+
+@dataclass(frozen=True)
+class DiscreteGaussian:
+    sigma: float
+    l2_sensitivity: float
+    resolution: float = 1.0
+    kind: str = field(default="discrete_gaussian", init=False)
+
+    def __post_init__(self) -> None:
+        _finite_positive(self.sigma, "discrete_gaussian sigma")
+        _finite_positive(self.l2_sensitivity, "discrete_gaussian l2_sensitivity")
+        _finite_positive(self.resolution, "discrete_gaussian resolution")
+
+    @property
+    def rho(self) -> float:
+        return self.l2_sensitivity**2 / (2 * self.sigma**2)
+
+
+@dataclass(frozen=True)
+class PureDP:
+    epsilon: float
+    mechanism: str = "pure_dp"
+    kind: str = field(default="pure_dp", init=False)
+
+    def __post_init__(self) -> None:
+        _finite_positive(self.epsilon, "pure_dp epsilon")
+
+
+@dataclass(frozen=True)
+class ApproxDP:
+    epsilon: float
+    delta: float
+    mechanism: str = "approx_dp"
+    kind: str = field(default="approx_dp", init=False)
+
+    def __post_init__(self) -> None:
+        # epsilon may be 0 for a pure-delta mechanism (e.g. a thresholding step).
+        if isinstance(self.epsilon, bool) or not isinstance(self.epsilon, (int, float)) or not math.isfinite(
+            self.epsilon
+        ) or self.epsilon < 0:
+            raise InvalidParameter(f"privacy event: approx_dp epsilon must be finite and >= 0, got {self.epsilon!r}")
+        _delta(self.delta, "approx_dp delta")
+        if self.epsilon == 0 and self.delta == 0:
+            raise InvalidParameter("privacy event: approx_dp with epsilon=0 and delta=0 spends nothing; omit it")
+
+
+@dataclass(frozen=True)
+class ZCDP:
+    rho: float
+    mechanism: str = "zcdp"
+    kind: str = field(default="zcdp", init=False)
+
+    def __post_init__(self) -> None:
+        _finite_positive(self.rho, "zcdp rho")
+
+
+@dataclass(frozen=True)
+class Composed:
+    events: tuple["PrivacyEvent", ...]
+    kind: str = field(default="composed", init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "events", tuple(self.events))
+        if not self.events:
+            raise InvalidParameter("privacy event: composed needs at least one event")
+
+
+@dataclass(frozen=True)
+class SelfComposed:
+    event: "PrivacyEvent"
+    count: int
+    kind: str = field(default="self_composed", init=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
+            raise InvalidParameter(f"privacy event: self_composed count must be an integer >= 1, got {self.count!r}")
+
+
+PrivacyEvent = Union[
+    Laplace, Gaussian, DiscreteLaplace, DiscreteGaussian, PureDP, ApproxDP, ZCDP, Composed, SelfComposed
+]
+
+_SIMPLE = {
+    "laplace": (Laplace, ("scale", "l1_sensitivity")),
+    "gaussian": (Gaussian, ("sigma", "l2_sensitivity")),
+    "discrete_laplace": (DiscreteLaplace, ("scale", "l1_sensitivity", "resolution")),
+    "discrete_gaussian": (DiscreteGaussian, ("sigma", "l2_sensitivity", "resolution")),
+    "pure_dp": (PureDP, ("epsilon", "mechanism")),
+    "approx_dp": (ApproxDP, ("epsilon", "delta", "mechanism")),
+    "zcdp": (ZCDP, ("rho", "mechanism")),
+}
+
+
+def event_to_dict(event: PrivacyEvent) -> dict[str, Any]:
+    """The stable JSON form of an event."""
+    if isinstance(event, Composed):
+        return {"schema": EVENT_SCHEMA, "kind": "composed", "events": [event_to_dict(e) for e in event.events]}
+    if isinstance(event, SelfComposed):
+        return {"schema": EVENT_SCHEMA, "kind": "self_composed", "count": event.count, "event": event_to_dict(event.event)}
+    cls_fields = _SIMPLE.get(getattr(event, "kind", None))
+    if cls_fields is None or not isinstance(event, cls_fields[0]):
+        raise InvalidParameter(f"not a privacy event: {event!r}")
+    out: dict[str, Any] = {"schema": EVENT_SCHEMA, "kind": event.kind}
+    for name in cls_fields[1]:
+        out[name] = getattr(event, name)
+    return out
+
+
+def event_from_dict(data: Mapping[str, Any]) -> PrivacyEvent:
+    """Parse the stable JSON form; unknown schema versions, kinds or fields are refused."""
+    if not isinstance(data, Mapping):
+        raise InvalidParameter(f"privacy event must be a JSON object, got {type(data).__name__}")
+    schema = data.get("schema", EVENT_SCHEMA)
+    if schema != EVENT_SCHEMA:
+        raise InvalidParameter(f"privacy event schema {schema!r} is not supported (expected {EVENT_SCHEMA!r})")
+    kind = data.get("kind")
+    if kind == "composed":
+        _only(data, {"events"})
+        events = data.get("events")
+        if not isinstance(events, list):
+            raise InvalidParameter("privacy event 'composed' needs a list 'events'")
+        return Composed(tuple(event_from_dict(e) for e in events))
+    if kind == "self_composed":
+        _only(data, {"event", "count"})
+        return SelfComposed(event_from_dict(data.get("event")), data.get("count"))
+    if kind not in _SIMPLE:
+        raise InvalidParameter(f"unknown privacy event kind {kind!r}; known: {sorted(_SIMPLE) + ['composed', 'self_composed']}")
+    cls, names = _SIMPLE[kind]
+    _only(data, set(names))
+    kwargs = {n: data[n] for n in names if n in data}
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # a required field is missing
+        raise InvalidParameter(f"privacy event {kind!r}: {exc}") from None
+
+
+def _only(data: Mapping[str, Any], allowed: set[str]) -> None:
+    extra = set(data) - allowed - {"schema", "kind"}
+    if extra:
+        raise InvalidParameter(f"privacy event {data.get('kind')!r}: unknown field(s) {sorted(extra)}")
+
+
+def events_to_json(events: Iterable[PrivacyEvent]) -> str:
+    return canonical_json([event_to_dict(e) for e in events])
+
+
+def events_from_json(text: str) -> list[PrivacyEvent]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidParameter(f"privacy events are not valid JSON: {exc}") from None
+    if isinstance(data, Mapping):
+        data = [data]
+    if not isinstance(data, list):
+        raise InvalidParameter("privacy events must be a JSON list of event objects")
+    return [event_from_dict(d) for d in data]
+
+
+def event_hash(event: PrivacyEvent) -> str:
+    return hashlib.sha256(canonical_json(event_to_dict(event)).encode()).hexdigest()
+
+
+def flatten(events: Iterable[PrivacyEvent]) -> Iterator[tuple[PrivacyEvent, int]]:
+    """Yield (atomic event, multiplicity), unrolling composed and self_composed events."""
+    for e in events:
+        if isinstance(e, Composed):
+            yield from flatten(e.events)
+        elif isinstance(e, SelfComposed):
+            for inner, k in flatten([e.event]):
+                yield inner, k * e.count
+        else:
+            yield e, 1
