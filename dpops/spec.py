@@ -1,0 +1,707 @@
+"""Release specs: the YAML file that declares one differentially private release.
+
+The pydantic models below mirror the YAML keys exactly, with ``extra="forbid"``
+everywhere so that a misspelt key is an error instead of a silently ignored
+setting (a typo in ``max_rows_per_unit_per_partition`` must never fall back to a
+default bound).
+
+``load_spec(path)`` reads the file safely (size limit, no YAML aliases, no
+duplicate keys) and raises ``SpecError`` naming the file and the field path,
+e.g. ``daily.yaml: metrics[2].bounds: lower bound 5.0 is greater than upper bound 1.0``.
+
+Decisions worth knowing (see also the docstrings):
+
+- A metric's key is its ``name`` or, by default, ``<type>`` for metrics without a
+  column (count, unit_count) and ``<type>_<column>`` otherwise (``sum_amount``).
+  ``budget.split`` keys must be metric keys or ``partition_selection``; metrics
+  not listed get weight 1 ("default equal").
+- Relative paths (``input.path``, ``partitions.public_file``, ``output.root``)
+  are relative to the directory of the spec file, so a DAG and a shell give the
+  same result whatever their working directory.
+- ``spec_hash`` = sha256 of the canonical JSON of the validated model (defaults
+  filled in). When partitions come from ``public_file``, the file's parsed
+  content is part of the hashed document: changing the list changes the spec.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import math
+import os
+import re
+import string
+import warnings
+from datetime import datetime, timezone
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from dpops.errors import InvalidParameter, SpecError
+from dpops.events import canonical_json
+from dpops.validation import check_bounds, check_delta, check_delta_for_population, check_epsilon
+
+MAX_SPEC_BYTES = 1024 * 1024  # a release spec is a few KiB; anything bigger is a mistake or an attack
+MAX_PUBLIC_FILE_BYTES = 64 * 1024 * 1024
+
+NAME_RE = re.compile(r"^[a-z0-9_-]{1,64}$")
+SCOPE_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+KEY_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+COLUMN_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+ColumnType = Literal["string", "int", "float", "bool"]
+NUMERIC_TYPES = ("int", "float")
+PARTITION_SELECTION_KEY = "partition_selection"
+
+
+def _no_bool(v: Any) -> Any:
+    # pydantic's lax mode turns `true` into 1.0; a boolean where a number belongs is a typo.
+    if isinstance(v, bool):
+        raise ValueError(f"expected a number, got boolean {v!r}")
+    return v
+
+
+Number = Annotated[float, BeforeValidator(_no_bool)]
+Integer = Annotated[int, BeforeValidator(_no_bool)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------- sections
+
+
+class InputSpec(_Strict):
+    path: str
+    format: Literal["parquet", "csv"]
+    columns: dict[str, ColumnType]
+
+    @field_validator("path")
+    @classmethod
+    def _template(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("input path is empty")
+        # Only {start} / {end} (with an optional strftime spec): attribute or index
+        # access in a format string ({start.__class__}) has no business in a path.
+        for _, field_name, fmt, conv in string.Formatter().parse(v):
+            if field_name is None:
+                continue
+            if field_name not in ("start", "end") or conv:
+                raise ValueError(
+                    f"input path template may only use {{start}} and {{end}} (strftime formats allowed), "
+                    f"got {{{field_name}}}"
+                )
+        sample = datetime(2000, 1, 2, tzinfo=timezone.utc)
+        try:
+            v.format(start=sample, end=sample)
+        except (ValueError, KeyError, IndexError) as exc:
+            raise ValueError(f"input path template {v!r} cannot be formatted: {exc}") from None
+        return v
+
+    @field_validator("columns")
+    @classmethod
+    def _columns(cls, v: dict[str, str]) -> dict[str, str]:
+        if not v:
+            raise ValueError("declare at least one input column")
+        for name in v:
+            if not COLUMN_RE.match(name):
+                raise ValueError(f"column name {name!r} must match {COLUMN_RE.pattern}")
+        return v
+
+
+class PrivacyUnitSpec(_Strict):
+    column: str
+    description: str = Field(min_length=1)
+    adjacency: Literal["add_remove", "replace"]
+    record_level: bool = False
+    period: Literal["day", "week", "month"] | None = None
+    population: Integer | None = Field(default=None, ge=1)
+
+
+class BudgetSpec(_Strict):
+    scope: str
+    epsilon: Number
+    delta: Number = 0.0
+    noise: Literal["laplace", "gaussian"] = "laplace"
+    split: dict[str, Number] | None = None
+
+    @field_validator("scope")
+    @classmethod
+    def _scope(cls, v: str) -> str:
+        if not SCOPE_RE.match(v):
+            raise ValueError(f"scope name {v!r} must match {SCOPE_RE.pattern}")
+        return v
+
+    @field_validator("epsilon")
+    @classmethod
+    def _eps(cls, v: float) -> float:
+        return check_epsilon(v, "epsilon")
+
+    @field_validator("delta")
+    @classmethod
+    def _delta(cls, v: float) -> float:
+        return check_delta(v, "delta")
+
+    @field_validator("split")
+    @classmethod
+    def _split(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("split is empty: omit it for equal weights")
+        for k, w in v.items():
+            if not math.isfinite(w) or w <= 0:
+                raise ValueError(f"weight of {k!r} must be a finite number > 0, got {w!r}")
+        return v
+
+
+class ContributionSpec(_Strict):
+    max_partitions_per_unit: Integer = Field(ge=1)
+    max_rows_per_unit_per_partition: Integer = Field(ge=1)
+
+
+class PrivatePartitionsSpec(_Strict):
+    strategy: Literal["truncated_geometric", "laplace_threshold", "gaussian_threshold"]
+
+
+class PartitionsSpec(_Strict):
+    columns: list[str] = Field(min_length=1)
+    public: list[Any] | None = None
+    public_file: str | None = None
+    private: PrivatePartitionsSpec | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "PartitionsSpec":
+        given = [k for k in ("public", "public_file", "private") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one of partitions.public (inline list), partitions.public_file or "
+                f"partitions.private (DP partition selection); got {given or 'none'}"
+            )
+        if len(set(self.columns)) != len(self.columns):
+            raise ValueError(f"partitions.columns has duplicates: {self.columns}")
+        if self.public is not None and not self.public:
+            raise ValueError("partitions.public is empty: list at least one partition")
+        return self
+
+    @property
+    def is_public(self) -> bool:
+        return self.private is None
+
+
+class _MetricBase(_Strict):
+    name: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        if v is not None and not KEY_RE.match(v):
+            raise ValueError(f"metric name {v!r} must match {KEY_RE.pattern} (it becomes an output column)")
+        return v
+
+    @property
+    def key(self) -> str:
+        if self.name:
+            return self.name
+        column = getattr(self, "column", None)
+        return f"{self.type}_{column}" if column else self.type  # type: ignore[attr-defined]
+
+
+class _Bounded(_MetricBase):
+    column: str
+    bounds: tuple[Number, Number]
+
+    @field_validator("bounds")
+    @classmethod
+    def _bounds(cls, v: tuple[float, float]) -> tuple[float, float]:
+        return check_bounds(v[0], v[1], "bounds")
+
+
+class CountMetric(_MetricBase):
+    type: Literal["count"]
+
+
+class UnitCountMetric(_MetricBase):
+    type: Literal["unit_count"]
+
+
+class SumMetric(_Bounded):
+    type: Literal["sum"]
+
+
+class MeanMetric(_Bounded):
+    type: Literal["mean"]
+
+
+class VarianceMetric(_Bounded):
+    type: Literal["variance"]
+
+
+class QuantilesMetric(_Bounded):
+    type: Literal["quantiles"]
+    quantiles: list[Number] = Field(min_length=1)
+
+    @field_validator("quantiles")
+    @classmethod
+    def _qs(cls, v: list[float]) -> list[float]:
+        for q in v:
+            if not (0 < q < 1):
+                raise ValueError(f"each quantile must be strictly between 0 and 1, got {q!r}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"quantiles has duplicates: {v}")
+        return v
+
+    def column_suffixes(self) -> list[str]:
+        """``q50`` for 0.5, ``q90`` for 0.9, ``q999`` for 0.999: the output column is ``<key>_<suffix>``."""
+        return ["q" + f"{float(q):.12f}".rstrip("0")[2:].ljust(2, "0") for q in self.quantiles]
+
+
+class TopKMetric(_MetricBase):
+    type: Literal["top_k"]
+    column: str
+    k: Integer = Field(ge=1)
+    domain: list[Any] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _domain(self) -> "TopKMetric":
+        seen: set[Any] = set()
+        for v in self.domain:
+            if isinstance(v, (list, dict)) or v is None:
+                raise ValueError(f"domain values must be scalars, got {v!r}")
+            marker = (type(v).__name__, v)
+            if marker in seen:
+                raise ValueError(f"domain has a duplicate value {v!r}")
+            seen.add(marker)
+        if self.k > len(self.domain):
+            raise ValueError(f"k={self.k} is larger than the domain ({len(self.domain)} values)")
+        return self
+
+
+Metric = Annotated[
+    Union[CountMetric, UnitCountMetric, SumMetric, MeanMetric, VarianceMetric, QuantilesMetric, TopKMetric],
+    Field(discriminator="type"),
+]
+METRIC_TYPES = ("count", "unit_count", "sum", "mean", "variance", "quantiles", "top_k")
+NUMERIC_METRICS = ("sum", "mean", "variance", "quantiles")
+
+
+class PostprocessSpec(_Strict):
+    non_negative: bool = True
+    integer_counts: bool = True
+    clamp_means_to_bounds: bool = True
+    suppress_below: Number | None = None
+
+    @field_validator("suppress_below")
+    @classmethod
+    def _suppress(cls, v: float | None) -> float | None:
+        if v is not None and (not math.isfinite(v) or v < 0):
+            raise ValueError(f"suppress_below must be a finite number >= 0 or null, got {v!r}")
+        return v
+
+
+class OutputSpec(_Strict):
+    root: str = "out"
+
+    @field_validator("root")
+    @classmethod
+    def _root(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("output root is empty")
+        if os.path.isabs(v) or v.startswith("~") or re.match(r"^[A-Za-z]:", v) or "\\" in v:
+            raise ValueError(f"output root {v!r} must be a relative path below the spec's directory")
+        if ".." in Path(v).parts:
+            raise ValueError(f"output root {v!r} must not contain '..'")
+        return v
+
+
+# --------------------------------------------------------------------------- the spec
+
+
+class ReleaseSpec(_Strict):
+    name: str
+    description: str = ""
+    schedule: str | None = None
+    input: InputSpec
+    privacy_unit: PrivacyUnitSpec
+    budget: BudgetSpec
+    contribution: ContributionSpec
+    partitions: PartitionsSpec
+    metrics: list[Metric] = Field(min_length=1)
+    postprocess: PostprocessSpec = PostprocessSpec()
+    output: OutputSpec = OutputSpec()
+
+    # Set by load_spec: where relative paths start, and the parsed public_file.
+    _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
+    _source: str = PrivateAttr(default="<spec>")
+    _public_from_file: list[tuple[Any, ...]] | None = PrivateAttr(default=None)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError(f"release name {v!r} must match {NAME_RE.pattern} (it is used in paths)")
+        return v
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, v: str | None) -> str | None:
+        if v is None or v.startswith("@"):
+            return v
+        if len(v.split()) != 5:
+            raise ValueError(f"schedule {v!r} must be a 5-field cron expression (or @daily, @hourly, ...)")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ReleaseSpec":
+        # Cross-section checks. The message starts with the field path because a
+        # model-level error has no location of its own in pydantic.
+        problems = _consistency_problems(self)
+        if problems:
+            raise ValueError("\n".join(f"{path}: {msg}" for path, msg in problems))
+        return self
+
+    # ---- derived views -------------------------------------------------------
+    @property
+    def metric_keys(self) -> list[str]:
+        return [m.key for m in self.metrics]
+
+    def metric(self, key: str) -> Any:
+        for m in self.metrics:
+            if m.key == key:
+                return m
+        raise KeyError(key)
+
+    def split_weights(self) -> dict[str, float]:
+        """Relative weight per metric key (and ``partition_selection`` when private); missing keys weigh 1."""
+        given = self.budget.split or {}
+        keys = self.metric_keys + ([] if self.partitions.is_public else [PARTITION_SELECTION_KEY])
+        return {k: float(given.get(k, 1.0)) for k in keys}
+
+    def public_partitions(self) -> list[tuple[Any, ...]] | None:
+        """The public partition keys as tuples (one value per partition column), or None when private."""
+        if self.partitions.public is not None:
+            return [_as_tuple(p) for p in self.partitions.public]
+        if self.partitions.public_file is not None:
+            if self._public_from_file is None:
+                self._public_from_file = _read_public_file(self, self.resolve_path(self.partitions.public_file))
+            return list(self._public_from_file)
+        return None
+
+    @property
+    def base_dir(self) -> Path:
+        return self._base_dir
+
+    @property
+    def source(self) -> str:
+        return self._source
+
+    def resolve_path(self, p: str) -> Path:
+        path = Path(p).expanduser()
+        return path if path.is_absolute() else self._base_dir / path
+
+    @property
+    def output_root(self) -> Path:
+        return self.resolve_path(self.output.root)
+
+    def canonical_document(self) -> dict[str, Any]:
+        doc = self.model_dump(mode="json")
+        if self.partitions.public_file is not None:
+            doc["partitions"]["public_file_content"] = [list(p) for p in (self.public_partitions() or [])]
+        return doc
+
+    @cached_property
+    def spec_hash(self) -> str:
+        return hashlib.sha256(canonical_json(self.canonical_document()).encode()).hexdigest()
+
+
+def _as_tuple(p: Any) -> tuple[Any, ...]:
+    return tuple(p) if isinstance(p, (list, tuple)) else (p,)
+
+
+def _value_matches(value: Any, ctype: str) -> bool:
+    if ctype == "string":
+        return isinstance(value, str)
+    if ctype == "bool":
+        return isinstance(value, bool)
+    if ctype == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _consistency_problems(spec: ReleaseSpec) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    cols = spec.input.columns
+    declared = f"declared input columns: {sorted(cols)}"
+
+    unit = spec.privacy_unit
+    if unit.column not in cols:
+        out.append(("privacy_unit.column", f"column {unit.column!r} is not in input.columns ({declared})"))
+    c = spec.contribution
+    if unit.record_level and (c.max_partitions_per_unit != 1 or c.max_rows_per_unit_per_partition != 1):
+        out.append((
+            "privacy_unit.record_level",
+            "record_level: true means each row is its own unit, so contribution.max_partitions_per_unit and "
+            "max_rows_per_unit_per_partition must both be 1",
+        ))
+
+    b = spec.budget
+    try:
+        check_delta_for_population(b.delta, unit.population, "delta")
+    except InvalidParameter as exc:
+        out.append(("budget.delta", str(exc)))
+    if b.noise == "gaussian" and b.delta == 0:
+        out.append(("budget.delta", "gaussian noise needs delta > 0 (or use noise: laplace)"))
+    if not spec.partitions.is_public and b.delta == 0:
+        out.append(("budget.delta", "private partition selection needs delta > 0 (or list public partitions)"))
+
+    for i, pcol in enumerate(spec.partitions.columns):
+        if pcol not in cols:
+            out.append((f"partitions.columns[{i}]", f"column {pcol!r} is not in input.columns ({declared})"))
+        elif pcol == unit.column:
+            out.append((f"partitions.columns[{i}]", "the privacy unit column cannot be a partition column"))
+
+    ncols = len(spec.partitions.columns)
+    if spec.partitions.public is not None:
+        seen: set[tuple[Any, ...]] = set()
+        for i, p in enumerate(spec.partitions.public):
+            tup = _as_tuple(p)
+            where = f"partitions.public[{i}]"
+            if ncols > 1 and not isinstance(p, (list, tuple)):
+                out.append((where, f"with {ncols} partition columns each entry must be a list of {ncols} values"))
+                continue
+            if len(tup) != ncols:
+                out.append((where, f"has {len(tup)} values for {ncols} partition column(s)"))
+                continue
+            bad = False
+            for v, pcol in zip(tup, spec.partitions.columns):
+                ctype = cols.get(pcol)
+                if ctype and not _value_matches(v, ctype):
+                    out.append((where, f"value {v!r} is not of column {pcol!r}'s type {ctype} (quote strings in YAML)"))
+                    bad = True
+            if bad:
+                continue
+            marker = tuple((type(v).__name__, v) for v in tup)
+            if marker in seen:
+                out.append((where, f"duplicate public partition {p!r}: each partition may be listed once"))
+            seen.add(marker)
+    if spec.partitions.public_file is not None and ".." in Path(spec.partitions.public_file).parts:
+        out.append(("partitions.public_file", "must not contain '..'"))
+
+    keys: dict[str, int] = {}
+    reserved = set(spec.partitions.columns)
+    for i, m in enumerate(spec.metrics):
+        where = f"metrics[{i}]"
+        column = getattr(m, "column", None)
+        if column is not None:
+            if column not in cols:
+                out.append((f"{where}.column", f"column {column!r} is not in input.columns ({declared})"))
+            elif m.type in NUMERIC_METRICS and cols[column] not in NUMERIC_TYPES:
+                out.append((f"{where}.column", f"{m.type} needs a numeric column (int or float); {column!r} is {cols[column]}"))
+            elif column == unit.column:
+                out.append((f"{where}.column", "a metric over the privacy unit column itself would publish unit ids"))
+        if isinstance(m, TopKMetric) and column in cols:
+            for j, v in enumerate(m.domain):
+                if not _value_matches(v, cols[column]):
+                    out.append((f"{where}.domain[{j}]", f"value {v!r} is not of column {column!r}'s type {cols[column]}"))
+        key = m.key
+        if not KEY_RE.match(key):
+            out.append((where, f"metric key {key!r} is not a valid column name; give it a name: matching {KEY_RE.pattern}"))
+        if key in keys:
+            out.append((where, f"metric key {key!r} is already used by metrics[{keys[key]}]; give one a different name:"))
+        elif key in reserved or key == PARTITION_SELECTION_KEY:
+            out.append((where, f"metric key {key!r} collides with a partition column or a reserved word; set name:"))
+        keys.setdefault(key, i)
+
+    if b.split is not None:
+        allowed = list(keys) + ([] if spec.partitions.is_public else [PARTITION_SELECTION_KEY])
+        for k in b.split:
+            if k == PARTITION_SELECTION_KEY and spec.partitions.is_public:
+                out.append((f"budget.split.{k}", "partitions are public: there is no partition selection to weigh"))
+            elif k not in allowed:
+                out.append((f"budget.split.{k}", f"{k!r} is not a metric key; known keys: {allowed}"))
+    return out
+
+
+# --------------------------------------------------------------------------- loading
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """SafeLoader that refuses aliases (billion-laughs) and duplicate keys (silent overrides)."""
+
+    def compose_node(self, parent, index):  # type: ignore[override]
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.constructor.ConstructorError(
+                None, None, "YAML aliases (*name) are not allowed in release specs: write values out", event.start_mark
+            )
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):  # type: ignore[override]
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _loc_to_path(loc: tuple[Any, ...]) -> str:
+    parts: list[str] = []
+    prev: Any = None
+    for i, item in enumerate(loc):
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        elif isinstance(prev, int) and item in METRIC_TYPES and i >= 2 and loc[i - 2] == "metrics":
+            pass  # the discriminated union's tag: noise in a path
+        elif item in ("function-after[_no_bool(), float]",) or str(item).startswith(("function-", "tagged-union")):
+            pass
+        else:
+            parts.append(("." if parts else "") + str(item))
+        prev = item
+    return "".join(parts)
+
+
+def _format_validation_error(exc: ValidationError) -> list[str]:
+    lines = []
+    for err in exc.errors():
+        msg = err.get("msg", "")
+        msg = re.sub(r"^(Value error|Assertion failed), ", "", msg)
+        path = _loc_to_path(tuple(err.get("loc", ())))
+        if err.get("type") == "extra_forbidden":
+            msg = "unknown key (check the spelling; see examples/daily_purchases.yaml)"
+        elif err.get("type") == "missing":
+            msg = "required key is missing"
+        elif err.get("type") == "union_tag_invalid":
+            msg = f"unknown metric type {err.get('input', {}).get('type')!r}; known: {list(METRIC_TYPES)}" \
+                if isinstance(err.get("input"), dict) else msg
+        lines.extend(f"{path}: {m}" if path else m for m in msg.split("\n"))
+    return lines
+
+
+def parse_spec(data: Any, source: str = "<spec>", base_dir: str | Path | None = None) -> ReleaseSpec:
+    """Validate an already-parsed document; errors become one ``SpecError`` listing every problem."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: a release spec must be a YAML mapping, got {type(data).__name__}")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # validation warnings (delta above 1e-5) are re-emitted below once
+            spec = ReleaseSpec.model_validate(data)
+    except ValidationError as exc:
+        lines = _format_validation_error(exc)
+        raise SpecError("\n".join(f"{source}: {line}" for line in lines)) from None
+    spec._base_dir = Path(base_dir) if base_dir is not None else Path.cwd()
+    spec._source = source
+    if spec.budget.delta > 1e-5:
+        warnings.warn(f"{source}: budget.delta={spec.budget.delta!r} is above 1e-5; a delta this large is rarely justified",
+                      stacklevel=2)
+    if spec.partitions.public_file is not None:
+        spec.public_partitions()  # read and check it now, not in the middle of a run
+    return spec
+
+
+def load_spec(path: str | os.PathLike[str]) -> ReleaseSpec:
+    """Read, parse and validate a release spec file. Any problem is a ``SpecError`` naming the file and field."""
+    p = Path(path)
+    label = p.name
+    try:
+        size = p.stat().st_size
+    except OSError as exc:
+        raise SpecError(f"{p}: cannot read the release spec: {exc.strerror or exc}") from None
+    if size > MAX_SPEC_BYTES:
+        raise SpecError(f"{label}: file is {size} bytes; a release spec is limited to {MAX_SPEC_BYTES} bytes")
+    try:
+        with open(p, "rb") as fh:
+            raw = fh.read(MAX_SPEC_BYTES + 1)
+    except OSError as exc:
+        raise SpecError(f"{p}: cannot read the release spec: {exc.strerror or exc}") from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise SpecError(f"{label}: file exceeds {MAX_SPEC_BYTES} bytes")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{label}: not UTF-8 text ({exc})") from None
+    try:
+        data = yaml.load(text, Loader=_SpecLoader)  # noqa: S506 - _SpecLoader is a SafeLoader
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{label}: invalid YAML: {exc}") from None
+    return parse_spec(data, source=label, base_dir=p.resolve().parent)
+
+
+def _read_public_file(spec: ReleaseSpec, path: Path) -> list[tuple[Any, ...]]:
+    """CSV with a header naming the partition columns; values converted to the declared column types."""
+    where = f"{spec.source}: partitions.public_file ({path})"
+    try:
+        if path.stat().st_size > MAX_PUBLIC_FILE_BYTES:
+            raise SpecError(f"{where}: larger than {MAX_PUBLIC_FILE_BYTES} bytes")
+        with open(path, newline="", encoding="utf-8") as fh:
+            rows = list(csv.reader(fh))
+    except OSError as exc:
+        raise SpecError(f"{where}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{where}: not UTF-8 text") from None
+    if not rows:
+        raise SpecError(f"{where}: empty file; the first line must name the partition columns")
+    header = [h.strip() for h in rows[0]]
+    want = spec.partitions.columns
+    if header != want:
+        raise SpecError(f"{where}: header {header} must be exactly the partition columns {want}")
+    types = [spec.input.columns[c] for c in want]
+    out: list[tuple[Any, ...]] = []
+    seen: set[tuple[Any, ...]] = set()
+    for lineno, row in enumerate(rows[1:], start=2):
+        if not row:
+            continue
+        if len(row) != len(want):
+            raise SpecError(f"{where}: line {lineno} has {len(row)} values, expected {len(want)}")
+        try:
+            tup = tuple(_convert(v, t) for v, t in zip(row, types))
+        except ValueError as exc:
+            raise SpecError(f"{where}: line {lineno}: {exc}") from None
+        if tup in seen:
+            raise SpecError(f"{where}: line {lineno}: duplicate partition {list(tup)}")
+        seen.add(tup)
+        out.append(tup)
+    if not out:
+        raise SpecError(f"{where}: lists no partitions")
+    return out
+
+
+def _convert(v: str, ctype: str) -> Any:
+    if ctype == "string":
+        return v
+    if ctype == "int":
+        return int(v)
+    if ctype == "float":
+        f = float(v)
+        if not math.isfinite(f):
+            raise ValueError(f"value {v!r} is not finite")
+        return f
+    if v.strip().lower() in ("true", "1"):
+        return True
+    if v.strip().lower() in ("false", "0"):
+        return False
+    raise ValueError(f"value {v!r} is not a boolean")
+
+
+__all__ = [
+    "ReleaseSpec", "InputSpec", "PrivacyUnitSpec", "BudgetSpec", "ContributionSpec", "PartitionsSpec",
+    "PrivatePartitionsSpec", "CountMetric", "UnitCountMetric", "SumMetric", "MeanMetric", "VarianceMetric",
+    "QuantilesMetric", "TopKMetric", "PostprocessSpec", "OutputSpec", "METRIC_TYPES", "PARTITION_SELECTION_KEY",
+    "load_spec", "parse_spec",
+]
