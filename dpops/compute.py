@@ -1,0 +1,49 @@
+"""The seam between run orchestration (dpops.runs) and the Beam pipeline (pipelines/).
+
+Dataclasses only: ``dpops`` never imports Beam. ``dpops.runs`` builds a
+``ComputeRequest`` and calls ``pipelines.release_pipeline:run_release`` by its
+dotted name, which returns a ``ComputeResult``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+RUN_RELEASE = "pipelines.release_pipeline:run_release"
+RANDOMNESS_MODES = ("keyed", "os", "test")
+
+
+@dataclass(frozen=True)
+class ComputeRequest:
+    spec_path: str  # the pipeline re-loads the spec with dpops.spec.load_spec
+    interval_start: str  # ISO-8601 UTC
+    interval_end: str
+    input_paths: tuple[str, ...]
+    # {"release", "spec_hash", "interval_start", "interval_end", "input_fingerprint"}: the keyed noise label
+    noise_label: dict
+    randomness: str  # "keyed" | "os" | "test"
+    key_path: str | None = None  # keyed mode: the FILE holding the noise key (never the key itself)
+    test_seed: int | None = None  # test mode only
+    staging_dir: str = ""  # run-specific empty directory: data.parquet + summary.json are written there
+    runner: str = "FnApiRunner"
+    runner_options: tuple[str, ...] = ()
+    # Optional guard: sha256 of the plan the ledger reserved (ReleasePlan.plan_hash). When given, the
+    # pipeline refuses to draw noise if the plan it derives from the spec differs (spec edited in between).
+    expected_plan_hash: str | None = None
+
+
+@dataclass
+class ComputeResult:
+    output_file: str
+    summary_file: str
+    partitions_released: int
+    # rows read, dropped by reason, clamped...: INTERNAL run log only, never published
+    internal: dict = field(default_factory=dict)
+
+
+def load_run_release():
+    """Import the pipeline lazily (Beam is heavy and optional for the core package)."""
+    import importlib
+
+    mod_name, func = RUN_RELEASE.split(":")
+    return getattr(importlib.import_module(mod_name), func)
