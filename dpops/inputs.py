@@ -1,0 +1,282 @@
+"""The private input of a run: which files, whether they match the spec, and a keyed fingerprint.
+
+Everything here runs BEFORE any budget is reserved, so a missing file or a wrong
+schema costs nothing. Only the schema (column names and types) is checked, never
+values: deciding from the data whether to run would itself leak (semantics.md
+section 6). Malformed values are the pipeline's job (dropped row by row, counted
+in the internal run log).
+
+CSV files carry no types, so for CSV only the header's names are checked; the
+declared types are enforced row by row by the pipeline.
+
+The fingerprint is an HMAC under the run's noise key, never a plain hash: a
+plain hash of a small input would let anyone holding the manifest confirm a
+guess of the data (semantics.md section 5).
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import hashlib
+import hmac as _hmac
+import io
+import os
+import re
+from dataclasses import dataclass
+from datetime import date, datetime, timezone
+from typing import Any, Iterable, Protocol, Sequence
+
+from dpops.errors import InputDataError, InvalidParameter
+from dpops.events import canonical_json
+
+_CHUNK = 1 << 20
+
+
+# --------------------------------------------------------------------------- intervals
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A data interval [start, end) in UTC. ``start_iso``/``end_iso`` are what run keys and the ledger store."""
+
+    start: datetime
+    end: datetime
+
+    @property
+    def start_iso(self) -> str:
+        return self.start.isoformat()
+
+    @property
+    def end_iso(self) -> str:
+        return self.end.isoformat()
+
+    @property
+    def slug(self) -> str:
+        """Directory name: ``20240101T000000Z_20240102T000000Z`` (no ':' or '+', safe on every filesystem)."""
+        return f"{self.start:%Y%m%dT%H%M%SZ}_{self.end:%Y%m%dT%H%M%SZ}"
+
+    def __str__(self) -> str:
+        return f"{self.start_iso}/{self.end_iso}"
+
+
+def _to_utc(value: Any, what: str) -> datetime:
+    if isinstance(value, datetime):
+        dt = value
+    elif isinstance(value, date):
+        dt = datetime(value.year, value.month, value.day)
+    elif isinstance(value, str):
+        text = value.strip()
+        if text.endswith(("Z", "z")):
+            text = text[:-1] + "+00:00"
+        try:
+            dt = datetime.fromisoformat(text)
+        except ValueError:
+            raise InvalidParameter(
+                f"interval {what} {value!r} is not an ISO-8601 date or time (e.g. 2024-01-01 or 2024-01-01T00:00:00Z)"
+            ) from None
+    else:
+        raise InvalidParameter(f"interval {what} must be an ISO-8601 string or a datetime, got {value!r}")
+    # A naive time is UTC: schedules and data intervals are UTC throughout dpops.
+    dt = dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
+    return dt
+
+
+def parse_interval(start: Any, end: Any = None) -> Interval:
+    """``parse_interval("2024-01-01/2024-01-02")`` or ``parse_interval(start, end)``; start must be before end."""
+    if end is None:
+        if isinstance(start, Interval):
+            return start
+        if not isinstance(start, str) or start.count("/") != 1:
+            raise InvalidParameter(f"interval must be START/END (ISO-8601, e.g. 2024-01-01/2024-01-02), got {start!r}")
+        start, end = start.split("/")
+    s, e = _to_utc(start, "start"), _to_utc(end, "end")
+    if not s < e:
+        raise InvalidParameter(f"interval start {s.isoformat()} must be before its end {e.isoformat()}")
+    return Interval(s, e)
+
+
+# --------------------------------------------------------------------------- paths
+
+_GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+def resolve_input_paths(spec: Any, interval_start: Any, interval_end: Any = None) -> list[str]:
+    """The input files of one interval: ``input.path`` formatted with {start}/{end}, relative to the spec's
+    directory; a template with glob characters (``*``, ``?``, ``[``) expands to its sorted matches.
+
+    Only path resolution: existence and schema are ``check_input``'s job (a missing single file is reported
+    there, an empty glob here since there is no name to report).
+    """
+    iv = parse_interval(interval_start, interval_end)
+    formatted = spec.input.path.format(start=iv.start, end=iv.end)
+    path = str(spec.resolve_path(formatted))
+    if _GLOB_CHARS.search(formatted):
+        matches = sorted(p for p in glob.glob(path) if os.path.isfile(p))
+        if not matches:
+            raise InputDataError(f"input: no file matches {path} for interval {iv} (input.path {spec.input.path!r})")
+        return matches
+    return [path]
+
+
+# --------------------------------------------------------------------------- schema check
+
+
+def _arrow_type_ok(arrow_type: Any, declared: str) -> bool:
+    import pyarrow as pa
+
+    t = arrow_type
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if declared == "string":
+        return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+    if declared == "int":
+        return pa.types.is_integer(t)
+    if declared == "float":
+        # Integers widen to float without loss of meaning; decimals and strings do not qualify.
+        return pa.types.is_floating(t) or pa.types.is_integer(t)
+    if declared == "bool":
+        return pa.types.is_boolean(t)
+    return False
+
+
+def _check_readable(path: str) -> None:
+    if not os.path.exists(path):
+        raise InputDataError(f"input file {path} does not exist: check input.path and the interval")
+    if not os.path.isfile(path):
+        raise InputDataError(f"input {path} is not a regular file")
+    try:
+        with open(path, "rb") as fh:
+            fh.read(1)
+    except OSError as exc:
+        raise InputDataError(f"input file {path} is not readable: {exc.strerror or exc} (check its permissions)") from None
+
+
+def _check_parquet(spec: Any, path: str) -> None:
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.read_schema(path)
+    except Exception as exc:  # pyarrow raises ArrowInvalid/OSError variants for a damaged or foreign file
+        raise InputDataError(f"input file {path} is not a readable Parquet file: {exc}") from None
+    names = schema.names
+    for col, declared in spec.input.columns.items():
+        n = names.count(col)
+        if n == 0:
+            raise InputDataError(
+                f"input file {path}: column {col!r} declared in input.columns is missing (file has {names})"
+            )
+        if n > 1:
+            raise InputDataError(f"input file {path}: column {col!r} appears {n} times")
+        actual = schema.field(col).type
+        if not _arrow_type_ok(actual, declared):
+            raise InputDataError(
+                f"input file {path}: column {col!r} has type {actual} but input.columns declares {declared}"
+            )
+
+
+def _check_csv(spec: Any, path: str) -> None:
+    try:
+        with open(path, "rb") as fh:
+            first = fh.readline(1 << 20)
+        header_line = first.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise InputDataError(f"input file {path}: the CSV header is not UTF-8 text") from None
+    except OSError as exc:
+        raise InputDataError(f"input file {path} is not readable: {exc.strerror or exc}") from None
+    if not header_line.strip():
+        raise InputDataError(f"input file {path}: empty CSV file, expected a header line naming the columns")
+    header = [h.strip() for h in next(csv.reader(io.StringIO(header_line)))]
+    for col in spec.input.columns:
+        n = header.count(col)
+        if n == 0:
+            raise InputDataError(
+                f"input file {path}: column {col!r} declared in input.columns is missing from the CSV header {header}"
+            )
+        if n > 1:
+            raise InputDataError(f"input file {path}: column {col!r} appears {n} times in the CSV header")
+
+
+def check_input(spec: Any, paths: Sequence[str]) -> None:
+    """Every file exists, is readable and has the declared columns (names and, for Parquet, types).
+
+    Extra columns are ignored. Raises ``InputDataError`` naming the file and the column.
+    """
+    if not paths:
+        raise InputDataError(f"input: no input files for input.path {spec.input.path!r}")
+    for path in paths:
+        _check_readable(path)
+        if spec.input.format == "parquet":
+            _check_parquet(spec, path)
+        else:
+            _check_csv(spec, path)
+
+
+# --------------------------------------------------------------------------- keyed fingerprint
+
+
+class HmacKey(Protocol):
+    key_id: str
+
+    def hmac(self, data: bytes) -> bytes: ...
+
+
+class TestFingerprintKey:
+    """The fixed key of test mode. Test-mode outputs are never publishable, so a public key is harmless here."""
+
+    __test__ = False  # not a pytest class
+    key_id = "test-mode"
+    _KEY = b"dpops/test-mode/fingerprint-key/v1"
+
+    def hmac(self, data: bytes) -> bytes:
+        return _hmac.new(self._KEY, data, hashlib.sha256).digest()
+
+    def __repr__(self) -> str:
+        return "TestFingerprintKey()"
+
+
+def _file_digest(path: str) -> tuple[int, str]:
+    h = hashlib.sha256()
+    size = 0
+    try:
+        with open(path, "rb") as fh:
+            while chunk := fh.read(_CHUNK):
+                h.update(chunk)
+                size += len(chunk)
+    except OSError as exc:
+        raise InputDataError(f"input file {path} is not readable: {exc.strerror or exc}") from None
+    return size, h.hexdigest()
+
+
+def _canonical_names(paths: Sequence[str]) -> list[str]:
+    # Names relative to the files' common directory: moving the data root keeps the fingerprint,
+    # while two files with the same base name in different sub-directories stay distinct.
+    absolute = [os.path.abspath(p) for p in paths]
+    if len(absolute) == 1:
+        return [os.path.basename(absolute[0])]
+    root = os.path.commonpath([os.path.dirname(p) for p in absolute])
+    return [os.path.relpath(p, root).replace(os.sep, "/") for p in absolute]
+
+
+def input_fingerprint(paths: Iterable[str], key: HmacKey) -> str:
+    """HMAC-SHA256 (under ``key``) of the canonical list of (name, size, sha256 of content), sorted by name.
+
+    The per-file sha256 values stay inside this function; only the keyed result leaves it.
+    """
+    paths = list(paths)
+    if not paths:
+        raise InputDataError("input: cannot fingerprint an empty list of input files")
+    names = _canonical_names(paths)
+    if len(set(names)) != len(names):
+        raise InputDataError(f"input: the same file is listed twice in {paths}")
+    entries = []
+    for name, path in sorted(zip(names, paths)):
+        size, digest = _file_digest(path)
+        entries.append([name, size, digest])
+    doc = canonical_json({"v": "dpops.input-fingerprint/1", "files": entries}).encode()
+    return key.hmac(doc).hex()
+
+
+__all__ = [
+    "Interval", "parse_interval", "resolve_input_paths", "check_input", "input_fingerprint", "TestFingerprintKey",
+]
