@@ -26,7 +26,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 demo: $(STAMP)
-	$(PY) -m dpops.demo $(DEMO_ARGS)
+	$(PY) demo/run_demo.py $(DEMO_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_samplers.py
