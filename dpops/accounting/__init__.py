@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dpops.accounting.base import Accountant, State
 from dpops.accounting.basic import BasicAccountant
+from dpops.accounting.pld import PldAccountant
+from dpops.accounting.rdp import RdpAccountant
+from dpops.accounting.zcdp import ZcdpAccountant
 from dpops.errors import InvalidParameter
 
 _REGISTRY: dict[str, type[Accountant]] = {}
@@ -19,6 +22,9 @@ def register(cls: type[Accountant]) -> type[Accountant]:
 
 
 register(BasicAccountant)
+register(ZcdpAccountant)
+register(RdpAccountant)
+register(PldAccountant)
 
 
 def get_accountant(ref: str) -> Accountant:
