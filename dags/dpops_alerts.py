@@ -1,0 +1,74 @@
+"""Alerting and run-summary log lines for the dpops DAGs.
+
+``on_failure`` is every task's ``on_failure_callback``. It logs ONE structured line
+(``DPOPS_ALERT {json}``) that a log shipper can match, then hands the same dict to an
+optional pluggable hook named by ``DPOPS_ALERT_HOOK=package.module:function`` (a pager,
+a chat webhook...). A broken hook is logged, never raised: alerting must not mask the
+original failure.
+
+Alerts carry only public facts (release, interval, task, error class and message). dpops
+error messages never contain private values (row counts stay in the internal run log).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+from typing import Any, Callable
+
+log = logging.getLogger("dpops.airflow")
+
+ALERT_HOOK_ENV = "DPOPS_ALERT_HOOK"
+
+
+def _load_hook(ref: str) -> Callable[[dict[str, Any]], Any]:
+    module, _, attr = ref.partition(":")
+    if not module or not attr:
+        raise ValueError(f"{ALERT_HOOK_ENV}={ref!r} must look like package.module:function")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if hasattr(value, "isoformat") else (None if value is None else str(value))
+
+
+def alert_payload(context: dict[str, Any]) -> dict[str, Any]:
+    ti = context.get("ti") or context.get("task_instance")
+    exc = context.get("exception")
+    dag = context.get("dag")
+    return {
+        "event": "dpops.task_failed",
+        "dag_id": getattr(dag, "dag_id", None) or getattr(ti, "dag_id", None),
+        "task_id": getattr(ti, "task_id", None),
+        "run_id": context.get("run_id"),
+        "try_number": getattr(ti, "try_number", None),
+        "interval_start": _iso(context.get("data_interval_start")),
+        "interval_end": _iso(context.get("data_interval_end")),
+        "error": type(exc).__name__ if exc is not None else None,
+        "message": str(exc) if exc is not None else None,
+    }
+
+
+def on_failure(context: dict[str, Any]) -> None:
+    payload = alert_payload(context)
+    log.error("DPOPS_ALERT %s", json.dumps(payload, sort_keys=True, default=str))
+    ref = os.environ.get(ALERT_HOOK_ENV)
+    if ref:
+        try:
+            _load_hook(ref)(payload)
+        except Exception:  # noqa: BLE001 - see module docstring
+            log.exception("alert hook %s failed", ref)
+
+
+def summary_line(outcome: dict[str, Any]) -> str:
+    """The one readable line per run: outcome and ledger position."""
+    rem = outcome.get("scope_remaining_epsilon")
+    eps = outcome.get("epsilon_charged")
+    return (
+        f"dpops release={outcome.get('release')} interval={outcome.get('interval_start')}/{outcome.get('interval_end')} "
+        f"outcome={outcome.get('outcome')} run_id={outcome.get('run_id')} "
+        f"epsilon_charged={eps if eps is None else f'{eps:.6g}'} scope={outcome.get('scope')} "
+        f"remaining={rem if rem is None else f'{rem:.6g}'} output={outcome.get('output_uri')}"
+    )
