@@ -1,0 +1,239 @@
+"""Building a run manifest from public inputs only.
+
+Everything here is derived from the release spec, the release plan, the privacy
+events, the ledger's bookkeeping and the code's own version. Nothing reads the
+private input: row counts, drop counts and data-quality statistics stay in the
+internal run log (semantics.md section 5). The schema closes every object so a
+statistic cannot be added by accident; ``validation`` keeps only check names and
+pass/fail.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import platform
+import subprocess
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from dpops import __version__
+from dpops.accounting import get_accountant
+from dpops.errors import InvalidParameter
+from dpops.events import canonical_json, event_from_dict, event_to_dict
+from dpops.manifest.schema import SCHEMA_VERSION
+
+# Libraries whose numerics a claim depends on; read from package metadata so Beam is never imported here.
+TRACKED_LIBRARIES = ("numpy", "scipy", "apache-beam", "dp-accounting", "pyarrow", "cryptography", "jsonschema")
+OUTCOMES = ("published", "refused", "failed", "spent_unpublished", "reserved", "started")
+CHARGED_LEDGER_STATES = ("reserved", "started", "committed", "spent_unpublished")
+
+
+def utc_timestamp(dt: datetime | None = None) -> str:
+    dt = dt or datetime.now(timezone.utc)
+    return dt.astimezone(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _git_commit() -> str | None:
+    env = os.environ.get("DPOPS_GIT_COMMIT")  # set by deployments that ship without a .git directory
+    if env:
+        return env.strip().lower()
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        if out.returncode != 0:
+            return None
+        commit = out.stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", str(here.parent)], cwd=here,
+                               capture_output=True, timeout=10).returncode
+        return commit + ("-dirty" if dirty == 1 else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def code_version() -> dict[str, Any]:
+    """dpops version, git commit when available, Python and the numeric libraries' versions."""
+    libs: dict[str, str | None] = {}
+    for name in TRACKED_LIBRARIES:
+        try:
+            libs[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            libs[name] = None
+    return {"dpops": __version__, "git_commit": _git_commit(), "python": platform.python_version(), "libraries": libs}
+
+
+# --------------------------------------------------------------------------- spec-derived sections
+
+
+def spec_document_hash(spec_document: Mapping[str, Any]) -> str:
+    """Same construction as ``ReleaseSpec.spec_hash``: sha256 of the canonical JSON of the validated document."""
+    return hashlib.sha256(canonical_json(spec_document).encode()).hexdigest()
+
+
+def spec_sections(spec_document: Mapping[str, Any]) -> dict[str, Any]:
+    """The manifest's summary sections, read off the validated spec document (so ``verify`` can recompute them)."""
+    unit = spec_document["privacy_unit"]
+    contribution = spec_document["contribution"]
+    parts = spec_document["partitions"]
+    if parts.get("private"):
+        strategy = f"private:{parts['private']['strategy']}"
+        public_count = None
+    elif parts.get("public_file") is not None:
+        strategy = "public_file"
+        public_count = len(parts.get("public_file_content") or []) or None
+    else:
+        strategy = "public"
+        public_count = len(parts.get("public") or []) or None
+    value_bounds = {}
+    for m in spec_document["metrics"]:
+        if m.get("bounds") is not None:
+            key = m.get("name") or f"{m['type']}_{m['column']}"
+            value_bounds[key] = [float(m["bounds"][0]), float(m["bounds"][1])]
+    return {
+        "privacy_unit": {
+            "column": unit["column"],
+            "description": unit["description"],
+            "adjacency": unit["adjacency"],
+            "record_level": bool(unit.get("record_level", False)),
+            "period": unit.get("period"),
+            "population": unit.get("population"),
+        },
+        "contribution_bounds": {
+            "max_partitions_per_unit": int(contribution["max_partitions_per_unit"]),
+            "max_rows_per_unit_per_partition": int(contribution["max_rows_per_unit_per_partition"]),
+        },
+        "value_bounds": value_bounds,
+        "partitions": {"strategy": strategy, "columns": list(parts["columns"]), "public_count": public_count},
+    }
+
+
+def _event_dicts(events: Sequence[Any]) -> list[dict[str, Any]]:
+    # Round-trip through the events contract so a malformed event fails here, not in a reviewer's hands.
+    return [event_to_dict(event_from_dict(e) if isinstance(e, Mapping) else e) for e in events]
+
+
+def run_epsilon(accountant_ref: str, events: Sequence[Any], delta: float) -> float | None:
+    """ε of this run alone at ``delta`` with the pinned accountant (None = infinite, e.g. Gaussian at δ=0)."""
+    if not events:
+        return 0.0
+    acct = get_accountant(accountant_ref)
+    try:
+        eps = float(acct.epsilon([event_from_dict(e) for e in _event_dicts(events)], delta))
+    except (ValueError, ZeroDivisionError, OverflowError):
+        return None
+    return eps if math.isfinite(eps) else None
+
+
+def _validation_summary(validation: Any) -> dict[str, Any] | None:
+    """Only check names and pass/fail survive: statistics about the input never enter a manifest."""
+    if validation is None:
+        return None
+    if isinstance(validation, Mapping):
+        checks_in = validation.get("checks", [])
+        proceeded = validation.get("proceeded")
+    else:  # a report object such as dpops.validate.CheckReport
+        checks_in = getattr(validation, "checks", None) or getattr(validation, "results", None) or []
+        proceeded = getattr(validation, "proceeded", None)
+        if proceeded is None:
+            proceeded = getattr(validation, "ok", None)
+    checks = []
+    for c in checks_in:
+        name = c.get("name") if isinstance(c, Mapping) else getattr(c, "name", None)
+        passed = c.get("passed") if isinstance(c, Mapping) else getattr(c, "passed", getattr(c, "success", None))
+        if not isinstance(name, str) or not isinstance(passed, bool):
+            raise InvalidParameter(f"validation check {c!r}: needs a string 'name' and a boolean 'passed'")
+        checks.append({"name": name, "passed": passed})
+    if proceeded is None:
+        proceeded = all(c["passed"] for c in checks)
+    return {"checks": checks, "proceeded": bool(proceeded)}
+
+
+def _timings(timings: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Timestamps plus whole-second step durations: finer timing would say more about the input's size."""
+    t = dict(timings or {})
+    steps = {}
+    for k, v in (t.get("steps_seconds") or t.get("steps") or {}).items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0:
+            steps[str(k)] = int(round(v))
+    return {"started_at": t.get("started_at"), "finished_at": t.get("finished_at") or utc_timestamp(),
+            "steps_seconds": steps}
+
+
+# --------------------------------------------------------------------------- the document
+
+
+def build_manifest(
+    *,
+    run_key: Mapping[str, Any],
+    spec_document: Mapping[str, Any],
+    release_plan: Mapping[str, Any],
+    events: Sequence[Any],
+    accountant: str,
+    outcome: str,
+    randomness_mode: str,
+    run_id: str | None = None,
+    ledger_state: str | None = None,
+    reason: str | None = None,
+    scope: Mapping[str, Any] | None = None,
+    entry_ids: Sequence[int] = (),
+    entry_hashes: Sequence[str] = (),
+    restates: str | None = None,
+    corrects: Mapping[str, Any] | None = None,
+    validation: Any = None,
+    timings: Mapping[str, Any] | None = None,
+    output: Mapping[str, Any] | None = None,
+    created_at: str | None = None,
+    code: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Assemble one manifest (a plain dict; ``write_manifest`` validates it against the schema).
+
+    ``run_key``: release, spec_hash, interval_start, interval_end, input_fingerprint, key_id.
+    ``spec_document``: ``ReleaseSpec.canonical_document()``. ``release_plan``: ``ReleasePlan.describe()``.
+    ``accountant``: the scope's pinned ``name/version``. ``scope``: ``scope_position(...)`` or None
+    (e.g. a run refused before the scope could be read). ``output``: {"uri", "fingerprints"} with
+    HMAC fingerprints only.
+    """
+    if outcome not in OUTCOMES:
+        raise InvalidParameter(f"manifest outcome must be one of {OUTCOMES}, got {outcome!r}")
+    if randomness_mode not in ("keyed", "os", "test"):
+        raise InvalidParameter(f"randomness mode must be keyed, os or test, got {randomness_mode!r}")
+    key = {k: run_key[k] for k in ("release", "spec_hash", "interval_start", "interval_end", "input_fingerprint", "key_id")}
+    if run_id is None:
+        from dpops.ledger.model import RunKey  # value type only; no database is touched
+
+        run_id = RunKey(**key).run_id
+    acct = get_accountant(accountant)  # refuses unknown accountants and pins the version
+    ev = _event_dicts(events)
+    budget = spec_document["budget"]
+    delta = float(scope["cap"]["delta"]) if scope else float(budget.get("delta", 0.0))
+    charged = ledger_state in CHARGED_LEDGER_STATES if ledger_state else outcome in ("published", "spent_unpublished")
+    doc: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": run_id,
+        "run_key": key,
+        "created_at": created_at or utc_timestamp(),
+        "outcome": {"state": outcome, "ledger_state": ledger_state, "reason": reason},
+        "restates": {"run_id": restates} if restates else None,
+        "corrects": dict(corrects) if corrects else None,
+        "spec": dict(spec_document),
+        "spec_hash": spec_document_hash(spec_document),
+        "code": dict(code) if code is not None else code_version(),
+        **spec_sections(spec_document),
+        "release_plan": dict(release_plan),
+        "events": ev,
+        "accountant": {"name": acct.name, "version": acct.version, "ref": acct.ref, "details": acct.describe()},
+        "privacy": {
+            "run": {"epsilon": run_epsilon(acct.ref, ev, delta), "delta": delta, "charged": charged},
+            "requested": {"epsilon": float(budget["epsilon"]), "delta": float(budget.get("delta", 0.0))},
+            "scope": dict(scope) if scope else None,
+        },
+        "ledger": {"entry_ids": [int(i) for i in entry_ids], "entry_hashes": [str(h) for h in entry_hashes]},
+        "randomness": {"mode": randomness_mode, "key_id": key["key_id"], "test_mode": randomness_mode == "test"},
+        "validation": _validation_summary(validation),
+        "timings": _timings(timings),
+        "output": dict(output) if output else None,
+    }
+    return doc

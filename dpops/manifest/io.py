@@ -1,0 +1,133 @@
+"""Reading and writing manifest files: validated, atomic, immutable.
+
+A manifest is written once (temp file in the same directory, fsync, rename,
+fsync of the directory) and never replaced: ``os.link`` publishes the temp file
+under its final name and fails if that name exists, so two writers racing for
+the same manifest cannot both win. A correction is a *new* document whose
+``corrects`` field names the old file and its sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from dpops.errors import IntegrityError, InvalidParameter, StorageError
+from dpops.manifest.schema import check_manifest, upgrade
+
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+
+
+def manifest_bytes(manifest: dict[str, Any]) -> bytes:
+    """The file form: sorted keys, 2-space indent, UTF-8, trailing newline. NaN/inf refused."""
+    try:
+        text = json.dumps(manifest, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False)
+    except ValueError as exc:
+        raise InvalidParameter(f"manifest contains a non-finite number ({exc}); refusing to write it") from None
+    return (text + "\n").encode("utf-8")
+
+
+def manifest_filename(manifest: dict[str, Any]) -> str:
+    """``<run_id>.<outcome>.json``; a correction adds the first 12 hex of the corrected file's sha256."""
+    name = f"{manifest['run_id']}.{manifest['outcome']['state']}"
+    if manifest.get("corrects"):
+        name += f".corrects-{manifest['corrects']['sha256'][:12]}"
+    return name + ".json"
+
+
+def write_manifest(manifest: dict[str, Any], directory: str | os.PathLike[str]) -> str:
+    """Validate, then write atomically to ``directory/<manifest_filename>``; never overwrite. Returns the path."""
+    check_manifest(manifest, source=f"manifest for run {manifest.get('run_id')!r}", error=InvalidParameter)
+    data = manifest_bytes(manifest)
+    d = Path(directory)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StorageError(f"cannot create manifest directory {d}: {exc.strerror or exc}") from None
+    final = d / manifest_filename(manifest)
+    if final.exists():
+        raise StorageError(
+            f"{final} already exists: manifests are immutable; write a correction (a new manifest whose "
+            "'corrects' names the old file) instead of replacing it"
+        )
+    tmp_name = None
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=".manifest-", suffix=".tmp", dir=d)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp_name, 0o444)  # read-only: a reminder that nobody edits a manifest in place
+        try:
+            os.link(tmp_name, final)  # atomic and refuses to replace an existing name (unlike rename)
+        except FileExistsError:
+            raise StorageError(f"{final} was written concurrently by another process; manifests are immutable") from None
+        _fsync_dir(d)
+    except OSError as exc:
+        raise StorageError(f"cannot write manifest {final}: {exc.strerror or exc}") from None
+    finally:
+        if tmp_name and os.path.exists(tmp_name):
+            os.unlink(tmp_name)
+    return str(final)
+
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on directories; the data file itself was synced
+    finally:
+        os.close(fd)
+
+
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read, upgrade to the current version and validate. Any problem is an ``IntegrityError`` naming file and field."""
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        if size > MAX_MANIFEST_BYTES:
+            raise IntegrityError(f"{p}: {size} bytes is larger than any manifest ({MAX_MANIFEST_BYTES} bytes)")
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise StorageError(f"cannot read manifest {p}: {exc.strerror or exc}") from None
+    try:
+        doc = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
+        raise IntegrityError(f"{p}: not a JSON manifest ({exc})") from None
+    if not isinstance(doc, dict):
+        raise IntegrityError(f"{p}: a manifest must be a JSON object")
+    doc = upgrade(doc, source=str(p))
+    return check_manifest(doc, source=str(p))
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed in a manifest")
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """sha256 of a manifest file's bytes (used by ``corrects`` to pin the corrected document)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def find_manifest(run_or_path: str, directory: str | os.PathLike[str] | None) -> Path:
+    """A path as given, or the manifest of ``run_id`` in ``directory`` (the latest correction wins)."""
+    p = Path(run_or_path)
+    if p.suffix == ".json" or p.exists():
+        if not p.exists():
+            raise StorageError(f"manifest file {p} does not exist")
+        return p
+    if directory is None:
+        raise InvalidParameter(f"{run_or_path!r} is not a file; give --manifests DIR to look a run id up")
+    d = Path(directory)
+    hits = sorted(d.glob(f"{run_or_path}.*.json"), key=lambda q: (q.stat().st_mtime_ns, q.name))
+    if not hits:
+        raise StorageError(f"no manifest for run {run_or_path!r} in {d}")
+    return hits[-1]

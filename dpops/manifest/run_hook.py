@@ -1,0 +1,135 @@
+"""The one call the run orchestration makes: write the manifest of a run before publishing it.
+
+``write_run_manifest`` reads what it needs from the run context (spec, run key,
+plan, randomness mode), the ledger (the run's state, entries, restatement link,
+the scope's accountant and position) and the outcome, then builds, optionally
+signs, validates and writes the manifest. A retry of the same step finds the
+manifest it already wrote and returns its path (same claim) instead of failing;
+a *different* claim for the same run and outcome is refused (manifests are
+immutable).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+from dpops.errors import InvalidParameter, StorageError
+from dpops.manifest.build import build_manifest
+from dpops.manifest.io import manifest_filename, read_manifest, write_manifest
+from dpops.manifest.scope import scope_position
+
+# RunOutcome / ledger states -> manifest outcome
+_OUTCOME = {
+    "published": "published", "committed": "published", "served": "published", "restated": "published",
+    "refused": "refused", "budget_refused": "refused", "budget_exceeded": "refused",
+    "spent_unpublished": "spent_unpublished",
+    "failed": "failed", "released": "failed", "error": "failed",
+    "reserved": "reserved", "started": "started",
+}
+# Parts of a manifest that legitimately differ between two writes of the same claim.
+_VOLATILE = ("created_at", "timings", "code", "signature")
+
+
+def _get(obj: Any, *names: str, default: Any = None) -> Any:
+    for n in names:
+        if isinstance(obj, Mapping) and n in obj:
+            return obj[n]
+        if hasattr(obj, n):
+            return getattr(obj, n)
+    return default
+
+
+def _outcome_state(outcome: Any) -> str:
+    raw = outcome if isinstance(outcome, str) else _get(outcome, "state", "outcome", "status")
+    state = _OUTCOME.get(str(raw).lower()) if raw is not None else None
+    if state is None:
+        raise InvalidParameter(f"run outcome {raw!r} has no manifest outcome; known: {sorted(_OUTCOME)}")
+    return state
+
+
+def write_run_manifest(
+    ctx: Any,
+    ledger: Any,
+    outcome: Any,
+    *,
+    manifests_dir: str | os.PathLike[str],
+    validation: Any = None,
+    timings: Mapping[str, Any] | None = None,
+    output_fingerprints: Mapping[str, str] | None = None,
+    signing_key: str | os.PathLike[str] | None = None,
+) -> str:
+    """Build and write the manifest of one run; return its path.
+
+    ``ctx``: the run context (``.spec`` ReleaseSpec, ``.run_key`` RunKey, ``.plan`` ReleasePlan,
+    ``.randomness`` "keyed" | "os" | "test", optional ``.restates``). ``outcome``: a RunOutcome
+    (``.state``, optional ``.reason``/``.error``, ``.output_uri``) or a state string.
+    ``validation``: which checks ran and passed ({"checks": [{"name", "passed"}], "proceeded"} or a
+    report object with the same attributes) -- never statistics. ``output_fingerprints``: file name ->
+    ``"hmac-sha256:<hex>"`` keyed fingerprints of the published files.
+    """
+    spec = _get(ctx, "spec")
+    key = _get(ctx, "run_key", "key")
+    plan = _get(ctx, "plan")
+    if spec is None or key is None or plan is None:
+        raise InvalidParameter("write_run_manifest: the run context needs .spec, .run_key and .plan")
+    key_dict = key.to_dict() if hasattr(key, "to_dict") else dict(key)
+    run_id = key.run_id if hasattr(key, "run_id") else _get(ctx, "run_id")
+    state = _outcome_state(outcome)
+    mode = _get(ctx, "randomness", "randomness_mode", default="keyed")
+    mode = _get(mode, "mode", default=mode) if not isinstance(mode, str) else mode
+
+    scope_name = spec.budget.scope
+    rec = ledger.run(run_id) if ledger is not None else None
+    scope_def = ledger.scope(scope_name) if ledger is not None else None
+    accountant = scope_def.accountant if scope_def is not None else "basic/1"
+    position = scope_position(ledger, scope_name, rec.buckets if rec else None) if ledger is not None else None
+    restates = (rec.restates if rec else None) or _get(ctx, "restates")
+    output_uri = _get(outcome, "output_uri", "output", "location") if not isinstance(outcome, str) else None
+    if output_uri is None and rec is not None:
+        output_uri = rec.output_uri
+    reason = None if isinstance(outcome, str) else _get(outcome, "reason", "error", "message")
+
+    manifest = build_manifest(
+        run_key=key_dict,
+        run_id=run_id,
+        spec_document=spec.canonical_document(),
+        release_plan=plan.describe(),
+        events=list(plan.events) if rec is None else list(rec.events),
+        accountant=accountant,
+        outcome=state,
+        randomness_mode=str(mode),
+        ledger_state=rec.state if rec else None,
+        reason=None if reason is None else str(reason),
+        scope=position,
+        entry_ids=rec.entry_ids if rec else (),
+        entry_hashes=rec.entry_hashes if rec else (),
+        restates=restates,
+        validation=validation,
+        timings=timings,
+        output={"uri": str(output_uri), "fingerprints": dict(output_fingerprints or {})} if output_uri else None,
+    )
+    if signing_key is not None:
+        from dpops.manifest.sign import sign_manifest
+
+        manifest = sign_manifest(manifest, signing_key)
+
+    existing = Path(manifests_dir) / manifest_filename(manifest)
+    if existing.exists():
+        old = read_manifest(existing)
+        if _claim(old) == _claim(manifest):
+            return str(existing)  # a retry of the same step: the manifest already states this claim
+        raise StorageError(
+            f"{existing} already states a different claim for run {run_id} ({state}); manifests are immutable: "
+            "write a correction whose 'corrects' names the old file"
+        )
+    return write_manifest(manifest, manifests_dir)
+
+
+def _claim(m: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in m.items() if k not in _VOLATILE}
+    # The scope position moves when other runs land between two attempts; the run's own claim does not.
+    out["privacy"] = {k: v for k, v in m["privacy"].items() if k != "scope"}
+    out["ledger"] = None
+    return out

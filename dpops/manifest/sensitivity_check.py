@@ -1,0 +1,113 @@
+"""Recompute every sensitivity in a manifest's release plan from the manifest's own bounds.
+
+The inputs are the manifest's top-level ``privacy_unit.adjacency``,
+``contribution_bounds`` and ``value_bounds`` (not the plan's copies), so a
+manifest whose summary was edited (say L0 lowered to make the claim look
+stronger) fails here even if the plan section was left alone. The mapping from
+a noised vector's name to its query is the documented layout of
+``dpops.release_plan`` (mean = normalised sum + count; variance adds the
+normalised sum of centred squares over [0, ((hi-lo)/2)^2]).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from dpops import sensitivity as S
+from dpops.events import event_to_dict, event_from_dict
+
+_TOL = 1e-9
+
+
+def _bounds(m: dict[str, Any]) -> Any:
+    c = m["contribution_bounds"]
+    return S.ContributionBounds(
+        adjacency=m["privacy_unit"]["adjacency"],
+        max_partitions=int(c["max_partitions_per_unit"]),
+        max_rows_per_partition=int(c["max_rows_per_unit_per_partition"]),
+    )
+
+
+def _query_sensitivity(name: str, b: Any, lohi: list[float] | None) -> Any:
+    if name == "count":
+        return S.count(b)
+    if name == "unit_count":
+        return S.unit_count(b)
+    if lohi is None:
+        raise KeyError(f"value bounds for a {name!r} vector")
+    lo, hi = lohi
+    if name == "sum":
+        return S.sum_(b, lo, hi)
+    if name == "normalized_sum":
+        return S.normalized_sum(b, lo, hi)
+    if name == "normalized_sum_squares":
+        half = (hi - lo) / 2.0
+        return S.normalized_sum(b, 0.0, half * half)
+    raise KeyError(f"unknown noised vector {name!r}")
+
+
+def _ne(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return not math.isclose(float(a), float(b), rel_tol=_TOL, abs_tol=1e-12)
+    return a != b
+
+
+def recompute_sensitivities(m: dict[str, Any]) -> list[str]:
+    out: list[str] = []
+    b = _bounds(m)
+    plan = m["release_plan"]
+    count_s = S.count(b)
+    for i, metric in enumerate(plan.get("metrics", [])):
+        where = f"release_plan.metrics[{i}]"
+        key = metric.get("key")
+        lohi = m["value_bounds"].get(key)
+        if metric.get("bounds") is not None and lohi is not None and _ne(list(metric["bounds"]), list(lohi)):
+            out.append(f"{where}.bounds: {metric['bounds']} but value_bounds.{key} says {lohi}")
+        for j, v in enumerate(metric.get("vectors") or []):
+            vw = f"{where}.vectors[{j}]"
+            s = _query_sensitivity(v["name"], b, lohi)
+            want = {"l1": s.l1, "l2": s.l2, "linf": s.linf, "max_coords": s.max_coords}
+            for k, val in want.items():
+                if _ne(v["sensitivity"].get(k), val):
+                    out.append(f"{vw}.sensitivity.{k}: manifest says {v['sensitivity'].get(k)!r}, the bounds "
+                               f"({m['privacy_unit']['adjacency']}, L0={b.max_partitions}, Linf={b.max_rows_per_partition}"
+                               f"{', values ' + str(lohi) if lohi else ''}) give {val!r}")
+            # The charged sensitivity includes the rounding charge r*m (L1) or r*sqrt(m) (L2), never less than raw.
+            r, mc = float(v["resolution"]), int(s.max_coords)
+            integer = v["mechanism"].startswith("integer_")
+            for norm, raw, extra in (("l1", s.l1, r * mc), ("l2", s.l2, r * math.sqrt(mc))):
+                charged = v.get(f"{norm}_sensitivity_charged")
+                if charged is None:
+                    continue
+                expect = raw if integer else raw + extra
+                if _ne(charged, expect):
+                    out.append(f"{vw}.{norm}_sensitivity_charged: manifest says {charged!r}, expected {expect!r} "
+                               f"(raw {raw!r}{'' if integer else f' + rounding {extra!r}'})")
+            ev = event_to_dict(event_from_dict(v["event"]))
+            scale_field = "scale" if "scale" in ev else "sigma"
+            if _ne(ev.get(scale_field), v["scale"]):
+                out.append(f"{vw}.event.{scale_field}: {ev.get(scale_field)!r} differs from the vector's scale {v['scale']!r}")
+            sens_field = "l1_sensitivity" if "l1_sensitivity" in ev else "l2_sensitivity"
+            charged = v.get(f"{sens_field[:2]}_sensitivity_charged")
+            if charged is not None and _ne(ev.get(sens_field), charged):
+                out.append(f"{vw}.event.{sens_field}: {ev.get(sens_field)!r} differs from the charged {charged!r}")
+        if metric.get("type") == "quantiles":
+            if _ne(metric.get("utility_sensitivity"), float(S.quantile_utility(b))):
+                out.append(f"{where}.utility_sensitivity: manifest says {metric.get('utility_sensitivity')!r}, "
+                           f"the bounds give {float(S.quantile_utility(b))!r}")
+            runs = int(count_s.max_coords) * len(metric.get("quantiles", []))
+            if metric.get("runs_per_unit") != runs:
+                out.append(f"{where}.runs_per_unit: manifest says {metric.get('runs_per_unit')!r}, a unit reaches {runs}")
+        elif metric.get("type") == "top_k":
+            if _ne(metric.get("utility_sensitivity"), float(count_s.linf)):
+                out.append(f"{where}.utility_sensitivity: manifest says {metric.get('utility_sensitivity')!r}, "
+                           f"the bounds give {float(count_s.linf)!r}")
+            if metric.get("runs_per_unit") != int(count_s.max_coords):
+                out.append(f"{where}.runs_per_unit: manifest says {metric.get('runs_per_unit')!r}, "
+                           f"a unit reaches {int(count_s.max_coords)} partitions")
+    sel = (plan.get("partitions") or {}).get("selection")
+    if sel is not None and sel.get("max_partitions_per_unit") != b.max_partitions:
+        out.append(f"release_plan.partitions.selection.max_partitions_per_unit: {sel.get('max_partitions_per_unit')!r}, "
+                   f"but contribution_bounds.max_partitions_per_unit is {b.max_partitions}")
+    return out
