@@ -1,0 +1,204 @@
+"""Database connections for the ledger: SQLite (embedded default) and PostgreSQL (psycopg 3).
+
+Plain DB-API rather than an ORM so that every transaction boundary and lock is
+explicit. SQL is written once with ``?`` placeholders; the PostgreSQL backend
+rewrites them to ``%s``. Serialization of writers:
+
+- SQLite: WAL journal, ``BEGIN IMMEDIATE`` takes the database write lock at the
+  start of every write transaction; a busy timeout makes concurrent writers queue.
+- PostgreSQL: READ COMMITTED transactions that lock the scope row (and its
+  bucket rows, then the chain head) with ``SELECT ... FOR UPDATE``, always in that
+  order so two writers can never deadlock.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from dpops.errors import LedgerError
+
+DEFAULT_URL = "sqlite:///dpops-ledger.sqlite"
+BUSY_TIMEOUT_S = 60.0
+_SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+# Test hook: called with a point name inside write transactions (see set_test_hook).
+_TEST_HOOK = None
+
+
+def set_test_hook(fn) -> None:
+    """Tests only: ``fn(point)`` runs inside the open transaction, e.g. to block and be SIGKILLed.
+
+    The env var ``DPOPS_LEDGER_TEST_PAUSE=<point>:<seconds>`` does the same across a CLI process.
+    """
+    global _TEST_HOOK
+    _TEST_HOOK = fn
+
+
+def hook(point: str) -> None:
+    if _TEST_HOOK is not None:
+        _TEST_HOOK(point)
+    pause = os.environ.get("DPOPS_LEDGER_TEST_PAUSE")
+    if pause and pause.rsplit(":", 1)[0] == point:
+        time.sleep(float(pause.rsplit(":", 1)[1]))
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for error messages and logs."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable URL>"
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url
+
+
+class Backend:
+    dialect: str
+    url: str
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any: ...
+    def close(self) -> None: ...
+    @contextmanager
+    def transaction(self, write: bool = True) -> Iterator[None]: ...  # pragma: no cover
+
+    def one(self, sql: str, params: Sequence[Any] = ()) -> tuple | None:
+        return self.execute(sql, params).fetchone()
+
+    def all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+        return list(self.execute(sql, params).fetchall())
+
+    @property
+    def for_update(self) -> str:
+        return ""
+
+
+class SqliteBackend(Backend):
+    dialect = "sqlite"
+
+    def __init__(self, url: str, path: str) -> None:
+        self.url = url
+        if path != ":memory:":
+            parent = os.path.dirname(os.path.abspath(path))
+            if not os.path.isdir(parent):
+                raise LedgerError(f"ledger {url}: directory {parent} does not exist; create it first")
+        try:
+            # isolation_level=None: no implicit BEGIN; every transaction is opened explicitly below.
+            self.conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+            self.conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            mode = self.conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            # FULL: a committed reservation survives power loss (NORMAL may lose the last transactions in WAL mode).
+            self.conn.execute("PRAGMA synchronous = FULL")
+        except sqlite3.DatabaseError as exc:
+            raise LedgerError(f"cannot open SQLite ledger {url}: {exc}") from None
+        if path != ":memory:" and str(mode).lower() != "wal":
+            raise LedgerError(f"ledger {url}: could not switch to WAL journal mode (got {mode!r})")
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        try:
+            return self.conn.execute(sql, tuple(params))
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise LedgerError(f"ledger {self.url} is busy (another writer held it for {BUSY_TIMEOUT_S:.0f}s); "
+                                  "retry later") from None
+            raise
+
+    @contextmanager
+    def transaction(self, write: bool = True) -> Iterator[None]:
+        # IMMEDIATE takes the write lock now, not at the first write: no lock upgrade, no deadlock.
+        self.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+        try:
+            yield
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class PostgresBackend(Backend):
+    dialect = "postgresql"
+
+    def __init__(self, url: str, conninfo: str, schema: str | None) -> None:
+        import psycopg  # optional dependency: only needed for PostgreSQL ledgers
+
+        self._psycopg = psycopg
+        self.url = url
+        try:
+            # autocommit: transactions are opened with an explicit BEGIN, as for SQLite.
+            self.conn = psycopg.connect(conninfo, autocommit=True)
+        except psycopg.Error as exc:
+            raise LedgerError(f"cannot connect to PostgreSQL ledger {redact(url)}: {str(exc).strip()}") from None
+        if schema:
+            try:
+                self.conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+            except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateSchema):
+                pass  # created concurrently by another process
+            self.conn.execute(f'SET search_path TO "{schema}"')
+
+    @property
+    def for_update(self) -> str:
+        return " FOR UPDATE"
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        try:
+            return self.conn.execute(sql.replace("?", "%s"), tuple(params))
+        except self._psycopg.OperationalError as exc:
+            raise LedgerError(f"PostgreSQL ledger {redact(self.url)} failed: {str(exc).strip()}") from None
+
+    @contextmanager
+    def transaction(self, write: bool = True) -> Iterator[None]:
+        self.execute("BEGIN" if write else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        try:
+            yield
+        except BaseException:
+            if not self.conn.closed:
+                self.conn.execute("ROLLBACK")
+            raise
+        self.execute("COMMIT")
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def connect(url: str | None) -> Backend:
+    """Parse a ledger URL and connect. Nothing is written here."""
+    if url is None:
+        url = os.environ.get("DPOPS_LEDGER_URL") or DEFAULT_URL
+    if not isinstance(url, str) or "://" not in url:
+        raise LedgerError(
+            f"malformed ledger URL {url!r}: expected sqlite:///relative/path.sqlite, sqlite:////absolute/path.sqlite "
+            "or postgresql://user@host:port/database"
+        )
+    scheme = url.split("://", 1)[0].lower()
+    if scheme == "sqlite":
+        path = url[len("sqlite:///"):] if url.lower().startswith("sqlite:///") else ""
+        if not path:
+            raise LedgerError(f"malformed ledger URL {url!r}: give a file, e.g. sqlite:///dpops-ledger.sqlite "
+                              "(relative) or sqlite:////var/lib/dpops/ledger.sqlite (absolute)")
+        return SqliteBackend(url, path)
+    if scheme in ("postgresql", "postgres", "postgresql+psycopg"):
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - raises ValueError on a bad port
+        except ValueError as exc:
+            raise LedgerError(f"malformed ledger URL {redact(url)}: {exc}") from None
+        if not parts.hostname and not parts.path.strip("/"):
+            raise LedgerError(f"malformed ledger URL {redact(url)}: expected postgresql://user@host:port/database")
+        query = dict(parse_qsl(parts.query))
+        schema = query.pop("schema", None)  # dpops extension: keep the ledger in its own PostgreSQL schema
+        if schema is not None and not _SCHEMA_RE.match(schema):
+            raise LedgerError(f"ledger URL: schema must be a lower-case SQL identifier, got {schema!r}")
+        query.setdefault("connect_timeout", "5")
+        conninfo = urlunsplit(parts._replace(scheme="postgresql", query=urlencode(query)))
+        return PostgresBackend(url, conninfo, schema)
+    raise LedgerError(f"unsupported ledger URL scheme {scheme!r} in {redact(url)}: use sqlite:/// or postgresql://")

@@ -1,0 +1,361 @@
+"""Value types of the budget ledger: scopes, run keys, run records, statuses, entries.
+
+These are plain frozen dataclasses so that every other part of dpops (pipeline,
+runs, manifests) can build and read them without touching the database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from datetime import date, datetime, timedelta, timezone
+from typing import Any
+
+from dpops.errors import InvalidParameter, SpecError
+from dpops.events import PrivacyEvent, canonical_json
+
+RUN_STATES = ("reserved", "started", "committed", "spent_unpublished", "released")
+# Runs whose charge is still moving: composed from the runs table at each reservation.
+OPEN_STATES = ("reserved", "started")
+BUCKET_SIZES = ("day", "week", "month")
+UNBUCKETED = "*"  # the single bucket of a scope that is not bucketed by period
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+
+
+def check_scope_name(name: Any) -> str:
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise SpecError(
+            f"scope name must be 1-128 characters of letters, digits, '_', '.', '-' "
+            f"(starting with a letter or digit), got {name!r}"
+        )
+    return name
+
+
+def _nonempty(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidParameter(f"{what} must be a non-empty string, got {value!r}")
+    return value
+
+
+def parse_utc(value: Any, what: str) -> datetime:
+    """ISO-8601 timestamp -> aware UTC datetime. A timestamp without offset is taken as UTC."""
+    if not isinstance(value, str) or not value:
+        raise InvalidParameter(f"{what} must be an ISO-8601 timestamp string, got {value!r}")
+    try:
+        dt = datetime.fromisoformat(value)
+    except ValueError:
+        raise InvalidParameter(f"{what} is not an ISO-8601 timestamp: {value!r} (e.g. 2024-01-31T00:00:00Z)") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=timezone.utc)
+    return dt.astimezone(timezone.utc)
+
+
+def normalize_utc(value: str, what: str = "timestamp") -> str:
+    """One spelling per instant, so '...Z' and '...+00:00' are the same interval everywhere."""
+    dt = parse_utc(value, what)
+    text = dt.strftime("%Y-%m-%dT%H:%M:%S")
+    if dt.microsecond:
+        text += f".{dt.microsecond:06d}"
+    return text + "Z"
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+@dataclass(frozen=True)
+class ScopeDefinition:
+    """A budget scope: a population of privacy units, a cap and the accountant that checks it.
+
+    Exactly one of ``epsilon`` (checked at ``delta``) and ``rho`` (a zCDP cap) is set.
+    ``bucket`` splits the cap per period; it is allowed only when the unit itself is
+    period-scoped, which the definer states with ``unit_period`` equal to ``bucket``
+    (semantics.md section 4: disjoint periods touch disjoint units).
+    """
+
+    name: str
+    unit: str
+    unit_column: str
+    epsilon: float | None
+    delta: float
+    rho: float | None
+    accountant: str
+    bucket: str | None = None
+    population: int | None = None
+    owner: str = ""
+    description: str = ""
+    unit_period: str | None = None
+
+    def __post_init__(self) -> None:
+        check_scope_name(self.name)
+        if not isinstance(self.unit, str) or not self.unit.strip():
+            raise SpecError(f"scope {self.name!r}: 'unit' must say in words what one privacy unit is "
+                            "(e.g. \"a user's events on one day\")")
+        if not isinstance(self.unit_column, str) or not self.unit_column.strip():
+            raise SpecError(f"scope {self.name!r}: 'unit_column' must name the column holding the unit id")
+        if (self.epsilon is None) == (self.rho is None):
+            raise SpecError(f"scope {self.name!r}: set exactly one cap, 'epsilon' or 'rho' (zCDP)")
+        if self.bucket is not None and self.bucket not in BUCKET_SIZES:
+            raise SpecError(f"scope {self.name!r}: bucket must be one of {BUCKET_SIZES} or None, got {self.bucket!r}")
+        if self.unit_period is not None and self.unit_period not in BUCKET_SIZES:
+            raise SpecError(f"scope {self.name!r}: unit_period must be one of {BUCKET_SIZES} or None, "
+                            f"got {self.unit_period!r}")
+        if self.bucket is not None and self.unit_period != self.bucket:
+            raise SpecError(
+                f"scope {self.name!r}: a scope may be bucketed by {self.bucket} only if its privacy unit is itself "
+                f"scoped to one {self.bucket} (e.g. a user-{self.bucket}); declare unit_period={self.bucket!r} to state "
+                f"that, or remove the bucket (got unit_period={self.unit_period!r})"
+            )
+        for text, what in ((self.owner, "owner"), (self.description, "description"), (self.accountant, "accountant")):
+            if not isinstance(text, str):
+                raise SpecError(f"scope {self.name!r}: {what} must be a string, got {text!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ScopeDefinition":
+        known = set(cls.__dataclass_fields__)
+        extra = set(data) - known
+        if extra:
+            raise SpecError(f"scope definition: unknown field(s) {sorted(extra)}; known: {sorted(known)}")
+        return cls(**data)
+
+    @property
+    def cap(self) -> float:
+        return float(self.rho if self.rho is not None else self.epsilon)  # type: ignore[arg-type]
+
+    @property
+    def cap_unit(self) -> str:
+        return "rho" if self.rho is not None else "epsilon"
+
+
+@dataclass(frozen=True)
+class RunKey:
+    """What makes a run unique; the same key always means the same noise (semantics.md section 3)."""
+
+    release: str
+    spec_hash: str
+    interval_start: str
+    interval_end: str
+    input_fingerprint: str
+    key_id: str
+
+    def __post_init__(self) -> None:
+        for name in ("release", "spec_hash", "input_fingerprint", "key_id"):
+            _nonempty(getattr(self, name), f"run key {name}")
+        start = parse_utc(self.interval_start, "run key interval_start")
+        end = parse_utc(self.interval_end, "run key interval_end")
+        if not start < end:
+            raise InvalidParameter(
+                f"run key interval [{self.interval_start}, {self.interval_end}) is empty: start must be before end"
+            )
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunKey":
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+
+    @property
+    def start_utc(self) -> str:
+        return normalize_utc(self.interval_start)
+
+    @property
+    def end_utc(self) -> str:
+        return normalize_utc(self.interval_end)
+
+    @property
+    def run_id(self) -> str:
+        """sha256 of the canonical key, intervals normalised to UTC (so spelling cannot double-charge)."""
+        body = {
+            "schema": "dpops.runkey/1",
+            "release": self.release,
+            "spec_hash": self.spec_hash,
+            "interval_start": self.start_utc,
+            "interval_end": self.end_utc,
+            "input_fingerprint": self.input_fingerprint,
+            "key_id": self.key_id,
+        }
+        return hashlib.sha256(canonical_json(body).encode()).hexdigest()[:32]
+
+
+@dataclass
+class RunRecord:
+    run_id: str
+    key: RunKey
+    scope: str
+    state: str
+    events: list[PrivacyEvent]
+    buckets: list[str]
+    restates: str | None
+    output_uri: str | None
+    entry_ids: list[int]
+    entry_hashes: list[str]
+    created_at: str
+    updated_at: str
+    epsilon: float  # this run alone, at the scope's delta, as the scope's accountant composes it
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BucketStatus:
+    bucket: str
+    committed: float
+    spent_unpublished: float
+    started: float
+    reserved: float
+    total: float
+    remaining: float
+    runs: dict[str, int]
+
+
+@dataclass(frozen=True)
+class ScopeStatus:
+    """Budget use of a scope. ``unit`` says whether the numbers are epsilon (at ``delta``) or zCDP rho.
+
+    Each figure is the accountant's composition of that group of runs alone; ``total``
+    composes everything charged (committed, spent-unpublished, started and reserved).
+    For a bucketed scope the top-level figures are those of the fullest bucket.
+    """
+
+    scope: str
+    accountant: str
+    unit: str
+    cap: float
+    delta: float
+    committed: float
+    spent_unpublished: float
+    started: float
+    reserved: float
+    total: float
+    remaining: float
+    buckets: list[BucketStatus]
+
+    @property
+    def remaining_epsilon(self) -> float | None:
+        return self.remaining if self.unit == "epsilon" else None
+
+    @property
+    def total_epsilon(self) -> float | None:
+        return self.total if self.unit == "epsilon" else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return _finite_or_none(asdict(self))
+
+
+@dataclass(frozen=True)
+class PlanItem:
+    interval_start: str
+    interval_end: str
+    buckets: list[str]
+    cost: float  # this run alone (epsilon at the scope delta, or rho)
+    fits: bool
+    total_after: float  # fullest touched bucket after this run, if it is admitted
+    remaining_after: float
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    scope: str
+    unit: str
+    cap: float
+    delta: float
+    items: list[PlanItem]
+
+    @property
+    def fits_all(self) -> bool:
+        return all(i.fits for i in self.items)
+
+    @property
+    def admitted(self) -> int:
+        return sum(1 for i in self.items if i.fits)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = _finite_or_none(asdict(self))
+        out["fits_all"] = self.fits_all
+        out["admitted"] = self.admitted
+        return out
+
+
+@dataclass(frozen=True)
+class Entry:
+    id: int
+    ts: str
+    kind: str
+    scope: str | None
+    run_id: str | None
+    buckets: list[str]
+    actor: str
+    data: dict[str, Any]
+    prev_hash: str
+    hash: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class VerifyReport:
+    ok: bool
+    entries: int
+    head_hash: str
+    first_bad_entry: int | None = None
+    problems: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _finite_or_none(obj: Any) -> Any:
+    """JSON has no infinity: an infinite epsilon (e.g. Gaussian noise at delta=0) is reported as null."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite_or_none(v) for v in obj]
+    return obj
+
+
+# --- period buckets -----------------------------------------------------------------------------
+
+_MAX_BUCKETS_PER_RUN = 1000
+
+
+def _bucket_label(day: date, size: str) -> str:
+    if size == "day":
+        return day.isoformat()
+    if size == "week":
+        iso = day.isocalendar()
+        return f"{iso.year:04d}-W{iso.week:02d}"
+    return f"{day.year:04d}-{day.month:02d}"
+
+
+def bucket_labels(size: str | None, interval_start: str, interval_end: str) -> list[str]:
+    """The period buckets the half-open interval [start, end) touches, in order (UTC calendar).
+
+    A run spanning two days of a daily scope touches (and is charged in) both.
+    """
+    if size is None:
+        return [UNBUCKETED]
+    start = parse_utc(interval_start, "interval_start")
+    last = parse_utc(interval_end, "interval_end") - timedelta(microseconds=1)  # end is exclusive
+    labels: list[str] = []
+    day = start.date()
+    while day <= last.date():
+        label = _bucket_label(day, size)
+        if not labels or labels[-1] != label:
+            labels.append(label)
+            if len(labels) > _MAX_BUCKETS_PER_RUN:
+                raise InvalidParameter(
+                    f"interval [{interval_start}, {interval_end}) spans more than {_MAX_BUCKETS_PER_RUN} "
+                    f"{size} buckets; split it into shorter runs"
+                )
+        day += timedelta(days=1)
+    return labels

@@ -1,0 +1,650 @@
+"""The ledger itself: every state change is one transaction that appends a hash-chained entry
+and updates the derived tables (scopes, buckets, runs) together.
+
+Run life cycle (semantics.md section 4)::
+
+    reserved --start--> started --commit--> committed
+        |                   \\--mark_spent_unpublished--> spent_unpublished
+        \\--release--> released          (refund: only before any mechanism ran)
+
+One global hash chain: every entry's ``prev_hash`` is the hash of the entry with the
+previous id, whatever its scope. It is the simplest to verify and makes a deleted or
+reordered entry anywhere visible; the price is that writers serialize on the chain
+head for the last few statements of each transaction (a few milliseconds).
+
+Lock order in every write transaction: scope row, bucket rows (sorted), chain head.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from contextlib import contextmanager
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterator, Sequence
+
+from dpops.accounting import get_accountant
+from dpops.errors import BudgetExceeded, InvalidParameter, LedgerError, SpecError
+from dpops.events import PrivacyEvent, canonical_json, event_from_dict, event_to_dict
+from dpops.ledger import budget
+from dpops.ledger.backend import Backend, connect, hook
+from dpops.ledger.model import (
+    OPEN_STATES,
+    UNBUCKETED,
+    BucketStatus,
+    Entry,
+    PlanItem,
+    PlanResult,
+    RunKey,
+    RunRecord,
+    ScopeDefinition,
+    ScopeStatus,
+    VerifyReport,
+    bucket_labels,
+    check_scope_name,
+    normalize_utc,
+    utc_now,
+)
+from dpops.ledger.schema import entry_hash, migrate
+from dpops.validation import check_delta_for_population, check_epsilon, check_positive
+
+# Allowed (from, to) transitions; staying in the same state is an idempotent retry.
+TRANSITIONS = {
+    ("reserved", "started"),
+    ("started", "committed"),
+    ("started", "spent_unpublished"),
+    ("reserved", "released"),
+}
+
+_RUN_COLS = (
+    "run_id, scope, release, interval_start, interval_end, run_key, state, events, buckets, restates, "
+    "output_uri, details, entry_ids, entry_hashes, created_at, updated_at, epsilon, last_entry"
+)
+_ENTRY_COLS = "id, ts, kind, scope, run_id, buckets, actor, body, prev_hash, hash"
+
+# Connections inherited over fork() must never be closed by the child (a PostgreSQL
+# terminate message would kill the parent's session): the child keeps them here, unused.
+_ORPHANED: list[Backend] = []
+
+
+class ScopeBudgetExceeded(BudgetExceeded):
+    """A reservation refused by the cap; the numbers are in the scope's cap unit (epsilon or rho)."""
+
+    def __init__(self, scope: str, bucket: str, unit: str, cap: float, spent: float, reserved: float,
+                 requested: float, would_remain: float) -> None:
+        self.scope, self.bucket, self.unit = scope, bucket, unit
+        self.cap, self.spent, self.reserved = cap, spent, reserved
+        self.requested, self.would_remain = requested, would_remain
+        where = f"scope {scope!r}" + (f" bucket {bucket}" if bucket != UNBUCKETED else "")
+        super().__init__(
+            f"budget refused on {where}: cap {unit}={cap:.6g}, spent {spent:.6g}, reserved {reserved:.6g}, "
+            f"requested {requested:.6g}, would remain {would_remain:.6g} (composed by the scope's accountant); "
+            "nothing was charged"
+        )
+
+
+def _check_actor(actor: Any) -> str:
+    if not isinstance(actor, str) or not actor.strip():
+        raise InvalidParameter(f"actor must name who asks (a user or a DAG/task id), got {actor!r}")
+    return actor
+
+
+def _check_reason(reason: Any) -> str:
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidParameter(f"reason must say why (it is kept in the ledger forever), got {reason!r}")
+    return reason
+
+
+def _check_details(details: Any, what: str = "details") -> dict[str, Any]:
+    if details is None:
+        return {}
+    if not isinstance(details, dict):
+        raise InvalidParameter(f"{what} must be a JSON object (dict), got {type(details).__name__}")
+    try:
+        canonical_json(details)
+    except (TypeError, ValueError) as exc:
+        raise InvalidParameter(f"{what} must be JSON-serialisable without NaN/infinity: {exc}") from None
+    return details
+
+
+def coerce_events(events: Any) -> list[PrivacyEvent]:
+    """Privacy events (objects or their JSON dicts), validated; at least one."""
+    if isinstance(events, (str, bytes)) or not isinstance(events, Sequence) or not events:
+        raise InvalidParameter("events must be a non-empty list of privacy events (dpops.events)")
+    out = []
+    for i, ev in enumerate(events):
+        try:
+            out.append(event_from_dict(ev) if isinstance(ev, dict) else event_from_dict(event_to_dict(ev)))
+        except InvalidParameter as exc:
+            raise InvalidParameter(f"events[{i}]: {exc}") from None
+    return out
+
+
+class Ledger:
+    """The global privacy-budget ledger. Open with ``dpops.ledger.open_ledger(url)``."""
+
+    def __init__(self, url: str | None = None) -> None:
+        self._url = url
+        self._backend = connect(url)
+        self.url = self._backend.url
+        self._pid = os.getpid()
+        self.schema_version = migrate(self._backend)
+
+    # --- connection -----------------------------------------------------------------------------
+    @property
+    def db(self) -> Backend:
+        if os.getpid() != self._pid:  # forked: the parent's connection is not ours to use
+            _ORPHANED.append(self._backend)
+            self._backend = connect(self._url)
+            self._pid = os.getpid()
+        return self._backend
+
+    def close(self) -> None:
+        if os.getpid() == self._pid:
+            self._backend.close()
+
+    def __enter__(self) -> "Ledger":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[Backend]:
+        db = self.db
+        with db.transaction(write=True):
+            yield db
+
+    @contextmanager
+    def _read(self) -> Iterator[Backend]:
+        db = self.db
+        with db.transaction(write=False):
+            yield db
+
+    # --- the chain ------------------------------------------------------------------------------
+    def _append(self, db: Backend, kind: str, scope: str | None, run_id: str | None, buckets: list[str],
+                actor: str, data: dict[str, Any]) -> tuple[int, str, str]:
+        """Append one entry; call last in a write transaction (it locks the chain head)."""
+        last_id, last_hash = db.one("SELECT last_id, last_hash FROM chain_head WHERE singleton = 1" + db.for_update)
+        new_id, ts = int(last_id) + 1, utc_now()
+        body = {"id": new_id, "ts": ts, "kind": kind, "scope": scope, "run_id": run_id, "buckets": buckets,
+                "actor": actor, "data": data}
+        body_text = canonical_json(body)
+        digest = entry_hash(last_hash, body_text)
+        db.execute(
+            f"INSERT INTO entries ({_ENTRY_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (new_id, ts, kind, scope, run_id, json.dumps(buckets), actor, body_text, last_hash, digest),
+        )
+        db.execute("UPDATE chain_head SET last_id = ?, last_hash = ? WHERE singleton = 1", (new_id, digest))
+        return new_id, digest, ts
+
+    # --- scopes ---------------------------------------------------------------------------------
+    @staticmethod
+    def _validated(scope: ScopeDefinition) -> ScopeDefinition:
+        if not isinstance(scope, ScopeDefinition):
+            raise SpecError(f"expected a ScopeDefinition, got {type(scope).__name__}")
+        ref = get_accountant(scope.accountant).ref  # pin "rdp" -> "rdp/1"
+        scope = replace(scope, accountant=ref)
+        if scope.epsilon is not None:
+            check_epsilon(scope.epsilon, f"scope {scope.name!r} epsilon")
+            scope = replace(scope, epsilon=float(scope.epsilon))
+        if scope.rho is not None:
+            check_positive(scope.rho, f"scope {scope.name!r} rho")
+            scope = replace(scope, rho=float(scope.rho))
+            acct = get_accountant(ref)
+            budget.state_rho(acct, acct.empty_state())  # refuses accountants without a rho form
+        check_delta_for_population(scope.delta, scope.population, f"scope {scope.name!r} delta")
+        return replace(scope, delta=float(scope.delta))
+
+    def create_scope(self, scope: ScopeDefinition, *, actor: str) -> ScopeDefinition:
+        """Create a scope; creating an identical one again is a no-op, a different one a conflict."""
+        _check_actor(actor)
+        scope = self._validated(scope)
+        definition = canonical_json(scope.to_dict())
+        with self._write() as db:
+            existing = db.one("SELECT definition FROM scopes WHERE name = ?" + db.for_update, (scope.name,))
+            if existing is None:
+                cur = db.execute(
+                    "INSERT INTO scopes (name, definition, accountant, last_entry) VALUES (?, ?, ?, 0) "
+                    "ON CONFLICT (name) DO NOTHING",
+                    (scope.name, definition, scope.accountant),
+                )
+                if cur.rowcount == 1:
+                    eid, _, _ = self._append(db, "scope_created", scope.name, None, [], actor,
+                                             {"definition": scope.to_dict()})
+                    db.execute("UPDATE scopes SET last_entry = ? WHERE name = ?", (eid, scope.name))
+                    return scope
+                existing = db.one("SELECT definition FROM scopes WHERE name = ?", (scope.name,))
+        if existing[0] != definition:
+            raise LedgerError(
+                f"scope {scope.name!r} already exists with a different definition {existing[0]}; "
+                "scopes are never redefined: change its cap with change_cap, or use a new name"
+            )
+        return scope
+
+    def _scope_row(self, db: Backend, name: str, lock: bool) -> ScopeDefinition:
+        check_scope_name(name)
+        row = db.one("SELECT definition FROM scopes WHERE name = ?" + (db.for_update if lock else ""), (name,))
+        if row is None:
+            raise SpecError(f"unknown budget scope {name!r}: create it first (dpops ledger scope create {name} ...)")
+        return ScopeDefinition.from_dict(json.loads(row[0]))
+
+    def scope(self, name: str) -> ScopeDefinition:
+        return self._scope_row(self.db, name, lock=False)
+
+    def scopes(self) -> list[ScopeDefinition]:
+        rows = self.db.all("SELECT definition FROM scopes ORDER BY name")
+        return [ScopeDefinition.from_dict(json.loads(r[0])) for r in rows]
+
+    def change_cap(self, name: str, *, epsilon: float | None = None, delta: float | None = None,
+                   rho: float | None = None, reason: str, actor: str) -> ScopeDefinition:
+        """Set a new cap (epsilon or rho, and/or delta). Lowering it below what is spent only blocks new runs."""
+        _check_actor(actor)
+        _check_reason(reason)
+        if epsilon is not None and rho is not None:
+            raise SpecError("give either a new epsilon cap or a new rho cap, not both")
+        if epsilon is None and rho is None and delta is None:
+            raise SpecError("nothing to change: give epsilon, rho and/or delta")
+        with self._write() as db:
+            old = self._scope_row(db, name, lock=True)
+            new = old
+            if epsilon is not None:
+                new = replace(new, epsilon=epsilon, rho=None)
+            if rho is not None:
+                new = replace(new, rho=rho, epsilon=None)
+            if delta is not None:
+                new = replace(new, delta=delta)
+            new = self._validated(new)
+            if new == old:
+                return old
+            eid, _, _ = self._append(db, "cap_changed", name, None, [], actor,
+                                     {"before": old.to_dict(), "after": new.to_dict(), "reason": reason})
+            db.execute("UPDATE scopes SET definition = ?, last_entry = ? WHERE name = ?",
+                       (canonical_json(new.to_dict()), eid, name))
+        return new
+
+    # --- runs: rows -----------------------------------------------------------------------------
+    def _run_row(self, db: Backend, run_id: str, lock: bool = False) -> tuple | None:
+        return db.one(f"SELECT {_RUN_COLS} FROM runs WHERE run_id = ?", (run_id,))
+
+    @staticmethod
+    def _record(row: tuple) -> RunRecord:
+        (run_id, scope, _release, _s, _e, key, state, events, buckets, restates, output_uri, details,
+         entry_ids, entry_hashes, created_at, updated_at, eps, _last) = row
+        return RunRecord(
+            run_id=run_id, key=RunKey.from_dict(json.loads(key)), scope=scope, state=state,
+            events=[event_from_dict(d) for d in json.loads(events)], buckets=json.loads(buckets),
+            restates=restates, output_uri=output_uri, entry_ids=json.loads(entry_ids),
+            entry_hashes=json.loads(entry_hashes), created_at=created_at, updated_at=updated_at,
+            epsilon=math.inf if eps is None else float(eps), details=json.loads(details),
+        )
+
+    def _bucket_states(self, db: Backend, scope: str, buckets: list[str], acct, lock: bool) -> dict[str, dict]:
+        """Running states per bucket; with ``lock`` the rows are created if missing and locked (sorted order)."""
+        out = {}
+        empty = budget.dump_state(acct.empty_state())
+        for b in sorted(buckets):
+            if lock:
+                db.execute(
+                    "INSERT INTO buckets (scope, bucket, settled_state, committed_state, spent_state) "
+                    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (scope, bucket) DO NOTHING",
+                    (scope, b, empty, empty, empty),
+                )
+            row = db.one(
+                "SELECT settled_state, committed_state, spent_state FROM buckets WHERE scope = ? AND bucket = ?"
+                + (db.for_update if lock else ""),
+                (scope, b),
+            )
+            if row is None:
+                row = (empty, empty, empty)
+            out[b] = {"settled": budget.load_state(row[0]), "committed": budget.load_state(row[1]),
+                      "spent": budget.load_state(row[2])}
+        return out
+
+    def _open_runs(self, db: Backend, scope: str) -> list[tuple[str, str, list[str], list[PrivacyEvent]]]:
+        rows = db.all("SELECT run_id, state, buckets, events FROM runs WHERE scope = ? AND state IN (?, ?)",
+                      (scope, *OPEN_STATES))
+        return [(r[0], r[1], json.loads(r[2]), [event_from_dict(d) for d in json.loads(r[3])]) for r in rows]
+
+    def _published_row(self, db: Backend, release: str, start: str, end: str) -> tuple | None:
+        return db.one(
+            f"SELECT {_RUN_COLS} FROM runs WHERE release = ? AND interval_start = ? AND interval_end = ? "
+            "AND state = 'committed' ORDER BY last_entry DESC LIMIT 1",
+            (release, start, end),
+        )
+
+    # --- runs: reservation --------------------------------------------------------------------------
+    def reserve(self, key: RunKey, scope: str, events: Sequence[PrivacyEvent], *, actor: str,
+                restates: str | None = None, details: dict | None = None,
+                accountant: str | None = None) -> RunRecord:
+        """Charge ``events`` to ``scope`` for the run ``key``, or refuse with BudgetExceeded.
+
+        Idempotent: the same run key again returns the existing record (whatever its state)
+        without a second charge, provided scope and events are the same (else LedgerError).
+        ``accountant``, if given, must be the scope's. A run for an interval that is already
+        published must say which publication it restates (``restates=<run_id>``).
+        """
+        _check_actor(actor)
+        if not isinstance(key, RunKey):
+            raise InvalidParameter(f"key must be a dpops.ledger.RunKey, got {type(key).__name__}")
+        evs = coerce_events(events)
+        ev_dicts = [event_to_dict(e) for e in evs]
+        details = _check_details(details)
+        check_scope_name(scope)
+        if restates is not None and (not isinstance(restates, str) or not restates):
+            raise InvalidParameter(f"restates must be the run_id of the published run it corrects, got {restates!r}")
+        run_id = key.run_id
+        existing = self._run_row(self.db, run_id)
+        if existing is not None:
+            return self._same_run(existing, scope, ev_dicts)
+        with self._write() as db:
+            sdef = self._scope_row(db, scope, lock=True)
+            acct = budget.accountant_for(sdef)
+            if accountant is not None and get_accountant(accountant).ref != acct.ref:
+                raise SpecError(
+                    f"run {run_id} was planned with accountant {get_accountant(accountant).ref} but scope {scope!r} "
+                    f"is checked by {acct.ref}: plan the release with the scope's accountant"
+                )
+            existing = self._run_row(db, run_id)
+            if existing is not None:  # reserved concurrently by a twin retry
+                return self._same_run(existing, scope, ev_dicts)
+            start, end = key.start_utc, key.end_utc
+            self._check_restatement(db, key, start, end, restates)
+            buckets = bucket_labels(sdef.bucket, start, end)
+            states = self._bucket_states(db, scope, buckets, acct, lock=True)
+            open_runs = self._open_runs(db, scope)
+            for b in buckets:
+                open_events = [e for _, _, rb, revs in open_runs if b in rb for e in revs]
+                total = budget.measure(acct, sdef, acct.add_events(states[b]["settled"], open_events + evs))
+                if not budget.within_cap(total, sdef.cap):
+                    spent = budget.measure(acct, sdef, states[b]["settled"])
+                    raise ScopeBudgetExceeded(
+                        scope, b, sdef.cap_unit, sdef.cap, spent, budget.measure_events(acct, sdef, open_events),
+                        budget.measure_events(acct, sdef, evs), sdef.cap - total,
+                    )
+            hook("reserve:locked")
+            data = {"run_key": key.to_dict(), "events": ev_dicts, "restates": restates, "details": details,
+                    "accountant": acct.ref}
+            eid, digest, ts = self._append(db, "reserved", scope, run_id, buckets, actor, data)
+            eps = budget.epsilon_of(acct, sdef, evs)
+            db.execute(
+                f"INSERT INTO runs ({_RUN_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (run_id, scope, key.release, start, end, canonical_json(key.to_dict()), "reserved",
+                 canonical_json(ev_dicts), json.dumps(buckets), restates, None, canonical_json(details),
+                 json.dumps([eid]), json.dumps([digest]), ts, ts, eps if math.isfinite(eps) else None, eid),
+            )
+            hook("reserve:before_commit")
+            row = self._run_row(db, run_id)
+        return self._record(row)
+
+    def _same_run(self, row: tuple, scope: str, ev_dicts: list[dict]) -> RunRecord:
+        record = self._record(row)
+        if record.scope != scope or json.loads(row[7]) != ev_dicts:
+            raise LedgerError(
+                f"run {record.run_id} is already reserved on scope {record.scope!r} with other events; the same run "
+                "key must always mean the same release plan (a changed plan needs a new spec hash)"
+            )
+        return record
+
+    def _check_restatement(self, db: Backend, key: RunKey, start: str, end: str, restates: str | None) -> None:
+        published = self._published_row(db, key.release, start, end)
+        if restates is None:
+            if published is not None:
+                raise LedgerError(
+                    f"release {key.release!r} interval [{start}, {end}) is already published as run {published[0]}: "
+                    f"serve that result, or restate it explicitly with restates={published[0]!r}"
+                )
+            return
+        old = self._run_row(db, restates)
+        if old is None or old[6] != "committed" or (old[2], old[3], old[4]) != (key.release, start, end):
+            raise LedgerError(
+                f"restates={restates!r} must name the published (committed) run of release {key.release!r} "
+                f"interval [{start}, {end})"
+            )
+        if published is not None and published[0] != restates:
+            raise LedgerError(
+                f"run {restates} was already restated; the current publication is run {published[0]}: restate that"
+            )
+
+    # --- runs: transitions --------------------------------------------------------------------------
+    def start(self, run_id: str, *, actor: str) -> RunRecord:
+        """reserved -> started, right before the first noise is drawn. From now on no refund."""
+        return self._transition(run_id, "started", actor, {})
+
+    def commit(self, run_id: str, *, output_uri: str, actor: str, details: dict | None = None) -> RunRecord:
+        """started -> committed: the result is published at ``output_uri``."""
+        if not isinstance(output_uri, str) or not output_uri:
+            raise InvalidParameter(f"output_uri must say where the result is published, got {output_uri!r}")
+        return self._transition(run_id, "committed", actor,
+                                {"output_uri": output_uri, "details": _check_details(details)})
+
+    def mark_spent_unpublished(self, run_id: str, *, reason: str, actor: str) -> RunRecord:
+        """started -> spent_unpublished: noise was (or may have been) drawn; the charge stays."""
+        return self._transition(run_id, "spent_unpublished", actor, {"reason": _check_reason(reason)})
+
+    def release(self, run_id: str, *, reason: str, actor: str) -> RunRecord:
+        """reserved -> released: refund, allowed only while no mechanism has run."""
+        return self._transition(run_id, "released", actor, {"reason": _check_reason(reason)})
+
+    def _transition(self, run_id: str, to: str, actor: str, data: dict[str, Any],
+                    only_from: str | None = None, updated_before: str | None = None) -> RunRecord | None:
+        _check_actor(actor)
+        row = self._run_row(self.db, run_id) if isinstance(run_id, str) else None
+        if row is None:
+            raise LedgerError(f"unknown run {run_id!r}: reserve it first")
+        with self._write() as db:
+            sdef = self._scope_row(db, row[1], lock=True)
+            row = self._run_row(db, run_id)
+            state = row[6]
+            if only_from is not None and (state != only_from or row[15] >= updated_before):
+                return None  # recover(): the run moved on meanwhile
+            if state == to:
+                if to == "committed" and row[10] != data["output_uri"]:
+                    raise LedgerError(f"run {run_id} is already committed with output {row[10]}; a committed run "
+                                      "can never be changed (restate it with a new run key)")
+                return self._record(row)
+            if (state, to) not in TRANSITIONS:
+                raise LedgerError(_refusal(run_id, state, to))
+            record = self._record(row)
+            if to == "committed":
+                published = self._published_row(db, record.key.release, row[3], row[4])
+                if published is not None and published[0] != record.restates:
+                    raise LedgerError(
+                        f"run {run_id}: interval already published as run {published[0]} and this run does not "
+                        f"restate it; mark this run spent_unpublished instead (its noise was drawn)"
+                    )
+            if to in ("committed", "spent_unpublished"):
+                acct = budget.accountant_for(sdef)
+                states = self._bucket_states(db, record.scope, record.buckets, acct, lock=True)
+                column = "committed_state" if to == "committed" else "spent_state"
+                which = "committed" if to == "committed" else "spent"
+                for b in sorted(record.buckets):
+                    settled = acct.add_events(states[b]["settled"], record.events)
+                    part = acct.add_events(states[b][which], record.events)
+                    db.execute(f"UPDATE buckets SET settled_state = ?, {column} = ? WHERE scope = ? AND bucket = ?",
+                               (budget.dump_state(settled), budget.dump_state(part), record.scope, b))
+            hook(f"{to}:locked")
+            eid, digest, ts = self._append(db, to, record.scope, run_id, record.buckets, actor, data)
+            details = record.details
+            if to == "committed" and data.get("details"):
+                details = {**details, "commit": data["details"]}
+            db.execute(
+                "UPDATE runs SET state = ?, output_uri = ?, details = ?, entry_ids = ?, entry_hashes = ?, "
+                "updated_at = ?, last_entry = ? WHERE run_id = ?",
+                (to, data.get("output_uri", row[10]), canonical_json(details),
+                 json.dumps(record.entry_ids + [eid]), json.dumps(record.entry_hashes + [digest]), ts, eid, run_id),
+            )
+            hook(f"{to}:before_commit")
+            row = self._run_row(db, run_id)
+        return self._record(row)
+
+    def recover(self, *, older_than_seconds: float, actor: str) -> list[RunRecord]:
+        """Close runs abandoned for longer than ``older_than_seconds``.
+
+        Reserved, never started -> released ("abandoned before any mechanism ran": refunded).
+        Started, never finished -> spent_unpublished (noise may have been drawn: the charge stays).
+        """
+        _check_actor(actor)
+        if isinstance(older_than_seconds, bool) or not isinstance(older_than_seconds, (int, float)) \
+                or not math.isfinite(older_than_seconds) or older_than_seconds < 0:
+            raise InvalidParameter(f"older_than_seconds must be a finite number >= 0, got {older_than_seconds!r}")
+        cutoff = (datetime.now(timezone.utc) - timedelta(seconds=older_than_seconds)).isoformat(timespec="microseconds")
+        rows = self.db.all("SELECT run_id, state FROM runs WHERE state IN (?, ?) AND updated_at < ? ORDER BY last_entry",
+                           (*OPEN_STATES, cutoff))
+        out = []
+        for run_id, state in rows:
+            if state == "reserved":
+                to, reason = "released", "abandoned before any mechanism ran"
+            else:
+                to, reason = "spent_unpublished", "started but never finished: noise may have been drawn, the charge stays"
+            rec = self._transition(run_id, to, actor, {"reason": f"recovered: {reason} (idle > {older_than_seconds}s)"},
+                                   only_from=state, updated_before=cutoff)
+            if rec is not None:
+                out.append(rec)
+        return out
+
+    # --- reads ----------------------------------------------------------------------------------------
+    def run(self, run_id: str) -> RunRecord | None:
+        row = self._run_row(self.db, run_id)
+        return None if row is None else self._record(row)
+
+    def runs(self, *, scope: str | None = None, release: str | None = None, interval_start: str | None = None,
+             interval_end: str | None = None, states: Sequence[str] | None = None) -> list[RunRecord]:
+        where, params = [], []
+        for col, value in (("scope", scope), ("release", release)):
+            if value is not None:
+                where.append(f"{col} = ?")
+                params.append(value)
+        for col, value in (("interval_start", interval_start), ("interval_end", interval_end)):
+            if value is not None:
+                where.append(f"{col} = ?")
+                params.append(normalize_utc(value, col))
+        if states:
+            where.append(f"state IN ({', '.join('?' for _ in states)})")
+            params.extend(states)
+        sql = f"SELECT {_RUN_COLS} FROM runs" + (" WHERE " + " AND ".join(where) if where else "")
+        return [self._record(r) for r in self.db.all(sql + " ORDER BY created_at, run_id", params)]
+
+    def published(self, release: str, interval_start: str, interval_end: str) -> RunRecord | None:
+        """The committed run for that interval (the newest restatement), if any."""
+        row = self._published_row(self.db, release, normalize_utc(interval_start, "interval_start"),
+                                  normalize_utc(interval_end, "interval_end"))
+        return None if row is None else self._record(row)
+
+    def status(self, scope: str) -> ScopeStatus:
+        with self._read() as db:
+            sdef = self._scope_row(db, scope, lock=False)
+            acct = budget.accountant_for(sdef)
+            names = [r[0] for r in db.all("SELECT bucket FROM buckets WHERE scope = ? ORDER BY bucket", (scope,))]
+            if not names and sdef.bucket is None:
+                names = [UNBUCKETED]
+            states = self._bucket_states(db, scope, names, acct, lock=False)
+            open_runs = self._open_runs(db, scope)
+            counts: dict[str, dict[str, int]] = {b: {} for b in names}
+            for state, bjson in db.all("SELECT state, buckets FROM runs WHERE scope = ?", (scope,)):
+                for b in json.loads(bjson):
+                    if b in counts:
+                        counts[b][state] = counts[b].get(state, 0) + 1
+        m = lambda st: budget.measure(acct, sdef, st)  # noqa: E731
+        rows = []
+        for b in names:
+            by_state = {s: [e for _, st, rb, evs in open_runs if st == s and b in rb for e in evs] for s in OPEN_STATES}
+            total = m(acct.add_events(states[b]["settled"], by_state["reserved"] + by_state["started"]))
+            rows.append(BucketStatus(
+                bucket=b, committed=m(states[b]["committed"]), spent_unpublished=m(states[b]["spent"]),
+                started=budget.measure_events(acct, sdef, by_state["started"]),
+                reserved=budget.measure_events(acct, sdef, by_state["reserved"]),
+                total=total, remaining=sdef.cap - total, runs=counts[b],
+            ))
+        top = max(rows, key=lambda r: r.total) if rows else BucketStatus(UNBUCKETED, 0, 0, 0, 0, 0, sdef.cap, {})
+        return ScopeStatus(
+            scope=scope, accountant=sdef.accountant, unit=sdef.cap_unit, cap=sdef.cap, delta=sdef.delta,
+            committed=top.committed, spent_unpublished=top.spent_unpublished, started=top.started,
+            reserved=top.reserved, total=top.total, remaining=top.remaining, buckets=rows,
+        )
+
+    def plan(self, scope: str, runs: Sequence[tuple[str, str, Sequence[PrivacyEvent]]]) -> PlanResult:
+        """What these future runs would cost, in order, and which would fit. Writes nothing.
+
+        A planned run that fits is assumed charged for the runs after it; one that does not is skipped.
+        """
+        with self._read() as db:
+            sdef = self._scope_row(db, scope, lock=False)
+            acct = budget.accountant_for(sdef)
+            parsed = []
+            for i, item in enumerate(runs):
+                try:
+                    start, end, events = item
+                except (TypeError, ValueError):
+                    raise InvalidParameter(f"planned run #{i}: expected (interval_start, interval_end, events)") from None
+                s, e = normalize_utc(start, f"planned run #{i} interval_start"), normalize_utc(end, f"planned run #{i} interval_end")
+                if not s < e:
+                    raise InvalidParameter(f"planned run #{i}: interval [{start}, {end}) is empty")
+                try:
+                    evs = coerce_events(events)
+                except InvalidParameter as exc:
+                    raise InvalidParameter(f"planned run #{i}: {exc}") from None
+                parsed.append((start, end, bucket_labels(sdef.bucket, s, e), evs))
+            all_buckets = sorted({b for *_, bs, _ in parsed for b in bs})
+            states = self._bucket_states(db, scope, all_buckets, acct, lock=False)
+            open_runs = self._open_runs(db, scope)
+        pending = {b: [e for _, _, rb, evs in open_runs if b in rb for e in evs] for b in all_buckets}
+        items = []
+        for start, end, buckets, evs in parsed:
+            totals = {b: budget.measure(acct, sdef, acct.add_events(states[b]["settled"], pending[b] + evs))
+                      for b in buckets}
+            fits = all(budget.within_cap(t, sdef.cap) for t in totals.values())
+            worst = max(totals.values())
+            if fits:
+                for b in buckets:
+                    pending[b] = pending[b] + evs
+            items.append(PlanItem(
+                interval_start=start, interval_end=end, buckets=buckets, cost=budget.measure_events(acct, sdef, evs),
+                fits=fits, total_after=worst, remaining_after=sdef.cap - worst,
+                reason="" if fits else f"would exceed the cap {sdef.cap_unit}={sdef.cap:.6g}",
+            ))
+        return PlanResult(scope=scope, unit=sdef.cap_unit, cap=sdef.cap, delta=sdef.delta, items=items)
+
+    @staticmethod
+    def _entry(row: tuple) -> Entry:
+        body = json.loads(row[7])
+        return Entry(id=int(row[0]), ts=row[1], kind=row[2], scope=row[3], run_id=row[4], buckets=json.loads(row[5]),
+                     actor=row[6], data=body.get("data", {}), prev_hash=row[8], hash=row[9])
+
+    def history(self, scope: str | None = None) -> list[Entry]:
+        if scope is None:
+            rows = self.db.all(f"SELECT {_ENTRY_COLS} FROM entries ORDER BY id")
+        else:
+            self.scope(scope)
+            rows = self.db.all(f"SELECT {_ENTRY_COLS} FROM entries WHERE scope = ? ORDER BY id", (scope,))
+        return [self._entry(r) for r in rows]
+
+    def export(self, fp) -> int:
+        """Write every entry as one canonical JSON line; an auditor can recompute each hash:
+        sha256(prev_hash + canonical_json({id, ts, kind, scope, run_id, buckets, actor, data}))."""
+        n = 0
+        for row in self.db.all(f"SELECT {_ENTRY_COLS} FROM entries ORDER BY id"):
+            fp.write(canonical_json(self._entry(row).to_dict()) + "\n")
+            n += 1
+        return n
+
+    def verify(self) -> VerifyReport:
+        from dpops.ledger.verify import verify_ledger
+
+        return verify_ledger(self)
+
+
+def _refusal(run_id: str, state: str, to: str) -> str:
+    if state == "committed":
+        return (f"run {run_id} is committed (published) and can never be changed; a correction is a new run key "
+                f"reserved with restates={run_id!r}")
+    if to == "released":
+        return (f"run {run_id} is {state}: its mechanism may have run, so its charge can never be refunded"
+                + ("; mark it spent_unpublished (or commit it)" if state == "started" else ""))
+    if state == "reserved":
+        return f"run {run_id} is reserved but not started: call start() right before drawing noise, then {to}"
+    if state == "released":
+        return f"run {run_id} was released (refunded); reserve it again under a new run key"
+    return f"run {run_id} is {state}; it cannot become {to}"

@@ -1,0 +1,236 @@
+"""Verify a ledger from its entries alone.
+
+1. The chain: ids are 1..N without gaps, each entry's ``prev_hash`` is the hash of
+   the entry before, each hash recomputes from its stored body, the body agrees with
+   the indexed columns, and the chain head names the last entry (a truncated tail is
+   caught). The first broken entry is named with the reason.
+2. The state machine: every transition is allowed from the run's state at that
+   point, every reservation was within the cap in force when it was made, and
+   every run key hashes to its run id.
+3. The caches: scopes, buckets (running accountant states) and runs are rebuilt
+   by replaying the entries and must equal the stored tables; each bucket's running
+   state must also agree with a one-shot composition of its history.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from dpops.errors import DpopsError
+from dpops.events import canonical_json, event_from_dict
+from dpops.ledger import budget
+from dpops.ledger.model import RunKey, ScopeDefinition, VerifyReport, bucket_labels
+from dpops.ledger.schema import GENESIS_HASH, entry_hash
+
+_REL_TOL = 1e-9
+_ONE_SHOT_REL_TOL = 1e-6  # incremental vs one-shot composition may differ by accountant numerics
+
+
+class _Broken(Exception):
+    def __init__(self, entry_id: int | None, why: str) -> None:
+        super().__init__(why)
+        self.entry_id, self.why = entry_id, why
+
+
+def _close(a: float, b: float, rel: float = _REL_TOL) -> bool:
+    if math.isinf(a) or math.isinf(b):
+        return a == b
+    return abs(a - b) <= rel * max(1.0, abs(a), abs(b))
+
+
+class _Replay:
+    def __init__(self) -> None:
+        self.scopes: dict[str, ScopeDefinition] = {}
+        self.scope_last: dict[str, int] = {}
+        self.buckets: dict[tuple[str, str], dict[str, Any]] = {}
+        self.history: dict[tuple[str, str], list] = {}  # settled events per bucket, for the one-shot check
+        self.runs: dict[str, dict[str, Any]] = {}
+        self.open: dict[str, dict[str, dict[str, Any]]] = {}  # scope -> open (reserved/started) runs
+
+    def apply(self, eid: int, ts: str, kind: str, scope: str | None, run_id: str | None, buckets: list[str],
+              data: dict[str, Any]) -> None:
+        if kind == "scope_created":
+            if scope in self.scopes:
+                raise _Broken(eid, f"scope {scope!r} created twice")
+            sdef = ScopeDefinition.from_dict(data["definition"])
+            if sdef.name != scope:
+                raise _Broken(eid, f"scope_created body names {sdef.name!r} but the entry's scope is {scope!r}")
+            self.scopes[scope] = sdef
+            self.scope_last[scope] = eid
+            return
+        if scope not in self.scopes:
+            raise _Broken(eid, f"{kind} on scope {scope!r} that was never created")
+        sdef = self.scopes[scope]
+        acct = budget.accountant_for(sdef)
+        if kind == "cap_changed":
+            if data["before"] != sdef.to_dict():
+                raise _Broken(eid, f"cap_changed 'before' does not match the definition of scope {scope!r} in force")
+            self.scopes[scope] = ScopeDefinition.from_dict(data["after"])
+            self.scope_last[scope] = eid
+            return
+        if kind == "reserved":
+            self._reserve(eid, ts, sdef, acct, run_id, buckets, data)
+            return
+        run = self.runs.get(run_id)
+        if run is None:
+            raise _Broken(eid, f"{kind} for run {run_id} that was never reserved")
+        from dpops.ledger.store import TRANSITIONS
+
+        if (run["state"], kind) not in TRANSITIONS:
+            raise _Broken(eid, f"run {run_id}: transition {run['state']} -> {kind} is not allowed")
+        if run["scope"] != scope or run["buckets"] != buckets:
+            raise _Broken(eid, f"run {run_id}: {kind} entry names scope/buckets other than its reservation")
+        if kind in ("committed", "spent_unpublished"):
+            which = "committed" if kind == "committed" else "spent"
+            for b in buckets:
+                st = self.buckets[(scope, b)]
+                st["settled"] = acct.add_events(st["settled"], run["events"])
+                st[which] = acct.add_events(st[which], run["events"])
+                self.history[(scope, b)].extend(run["events"])
+        if kind == "committed":
+            run["output_uri"] = data["output_uri"]
+            if data.get("details"):
+                run["details"] = {**run["details"], "commit": data["details"]}
+        run["state"] = kind
+        if kind != "started":
+            self.open[scope].pop(run_id, None)
+        run["entry_ids"].append(eid)
+        run["updated_at"] = ts
+        run["last_entry"] = eid
+
+    def _reserve(self, eid, ts, sdef, acct, run_id, buckets, data) -> None:
+        if run_id in self.runs:
+            raise _Broken(eid, f"run {run_id} reserved twice")
+        key = RunKey.from_dict(data["run_key"])
+        if key.run_id != run_id:
+            raise _Broken(eid, f"run key hashes to {key.run_id}, not to the entry's run id {run_id}")
+        if data["accountant"] != sdef.accountant:
+            raise _Broken(eid, f"reserved with accountant {data['accountant']} on a scope checked by {sdef.accountant}")
+        if buckets != bucket_labels(sdef.bucket, key.start_utc, key.end_utc):
+            raise _Broken(eid, f"run {run_id}: buckets {buckets} do not match its interval")
+        events = [event_from_dict(d) for d in data["events"]]
+        for b in buckets:
+            empty = acct.empty_state()
+            st = self.buckets.setdefault((sdef.name, b), {"settled": empty, "committed": empty, "spent": empty})
+            self.history.setdefault((sdef.name, b), [])
+            open_events = [e for r in self.open.get(sdef.name, {}).values() if b in r["buckets"] for e in r["events"]]
+            total = budget.measure(acct, sdef, acct.add_events(st["settled"], open_events + events))
+            if not budget.within_cap(total, sdef.cap):
+                raise _Broken(eid, f"run {run_id} was reserved over the cap of scope {sdef.name!r} bucket {b}: "
+                                   f"{sdef.cap_unit} {total:.6g} > {sdef.cap:.6g}")
+        self.runs[run_id] = {
+            "scope": sdef.name, "release": key.release, "interval_start": key.start_utc,
+            "interval_end": key.end_utc, "run_key": canonical_json(key.to_dict()), "state": "reserved",
+            "events": events, "events_json": canonical_json(data["events"]), "buckets": buckets,
+            "restates": data["restates"], "output_uri": None, "details": data["details"], "entry_ids": [eid],
+            "created_at": ts, "updated_at": ts, "last_entry": eid,
+        }
+        self.open.setdefault(sdef.name, {})[run_id] = self.runs[run_id]
+
+
+def verify_ledger(ledger) -> VerifyReport:
+    db = ledger.db
+    with db.transaction(write=False):
+        head = db.one("SELECT last_id, last_hash FROM chain_head WHERE singleton = 1")
+        entries = db.all("SELECT id, ts, kind, scope, run_id, buckets, actor, body, prev_hash, hash FROM entries "
+                         "ORDER BY id")
+        scope_rows = db.all("SELECT name, definition, accountant, last_entry FROM scopes")
+        bucket_rows = db.all("SELECT scope, bucket, settled_state, committed_state, spent_state FROM buckets")
+        run_rows = db.all("SELECT run_id, scope, release, interval_start, interval_end, run_key, state, events, "
+                          "buckets, restates, output_uri, details, entry_ids, entry_hashes, created_at, updated_at, "
+                          "last_entry FROM runs")
+    replay = _Replay()
+    hashes: dict[int, str] = {}
+    prev, expected = GENESIS_HASH, 1
+    report = VerifyReport(ok=True, entries=len(entries), head_hash=head[1] if head else "")
+    try:
+        for eid, ts, kind, scope, run_id, bjson, actor, body_text, prev_hash, digest in entries:
+            eid = int(eid)
+            if eid != expected:
+                raise _Broken(expected, f"entry {expected} is missing or out of order (found entry {eid} in its place)")
+            if prev_hash != prev:
+                raise _Broken(eid, "prev_hash does not match the hash of the entry before: an entry was deleted, "
+                                   "inserted or reordered")
+            if entry_hash(prev_hash, body_text) != digest:
+                raise _Broken(eid, "hash does not recompute from the stored body: the entry was edited")
+            try:
+                body = json.loads(body_text)
+            except json.JSONDecodeError:
+                raise _Broken(eid, "body is not valid JSON") from None
+            columns = {"id": eid, "ts": ts, "kind": kind, "scope": scope, "run_id": run_id,
+                       "buckets": json.loads(bjson), "actor": actor}
+            for name, value in columns.items():
+                if body.get(name) != value:
+                    raise _Broken(eid, f"column {name}={value!r} disagrees with the hashed body ({body.get(name)!r})")
+            try:
+                replay.apply(eid, ts, kind, scope, run_id, columns["buckets"], body["data"])
+            except _Broken:
+                raise
+            except (DpopsError, KeyError, TypeError, ValueError) as exc:
+                raise _Broken(eid, f"{kind} entry cannot be replayed: {exc}") from None
+            hashes[eid] = digest
+            prev, expected = digest, expected + 1
+        if head is None or int(head[0]) != expected - 1 or head[1] != prev:
+            raise _Broken(expected, f"chain head names entry {head[0] if head else None} but the entries end at "
+                                    f"{expected - 1}: entries at the end were deleted, or the head was edited")
+    except _Broken as broken:
+        report.ok = False
+        report.first_bad_entry = broken.entry_id
+        report.problems.append(f"entry {broken.entry_id}: {broken.why}")
+        return report
+    report.problems.extend(_compare_caches(replay, hashes, scope_rows, bucket_rows, run_rows))
+    report.ok = not report.problems
+    return report
+
+
+def _compare_caches(replay: _Replay, hashes, scope_rows, bucket_rows, run_rows) -> list[str]:
+    problems = []
+    stored_scopes = {r[0]: r for r in scope_rows}
+    if set(stored_scopes) != set(replay.scopes):
+        problems.append(f"scopes table holds {sorted(stored_scopes)} but the entries create {sorted(replay.scopes)}")
+    for name, sdef in replay.scopes.items():
+        row = stored_scopes.get(name)
+        if row and (row[1] != canonical_json(sdef.to_dict()) or row[2] != sdef.accountant
+                    or int(row[3]) != replay.scope_last[name]):
+            problems.append(f"scopes table row {name!r} differs from its entries (definition or cap edited?)")
+    stored_buckets = {(r[0], r[1]): r for r in bucket_rows}
+    if set(stored_buckets) != set(replay.buckets):
+        problems.append(f"buckets table rows {sorted(set(stored_buckets) ^ set(replay.buckets))} do not match the entries")
+    for (scope, b), states in replay.buckets.items():
+        row = stored_buckets.get((scope, b))
+        if row is None:
+            continue
+        sdef = replay.scopes[scope]
+        acct = budget.accountant_for(sdef)
+        for i, which in ((2, "settled"), (3, "committed"), (4, "spent")):
+            cached = budget.measure(acct, sdef, budget.load_state(row[i]))
+            recomputed = budget.measure(acct, sdef, states[which])
+            if not _close(cached, recomputed):
+                problems.append(f"scope {scope!r} bucket {b}: cached {which} {sdef.cap_unit} {cached!r} != "
+                                f"{recomputed!r} recomputed from the entries")
+        one_shot = budget.measure_events(acct, sdef, replay.history[(scope, b)])
+        if not _close(one_shot, budget.measure(acct, sdef, states["settled"]), _ONE_SHOT_REL_TOL):
+            problems.append(f"scope {scope!r} bucket {b}: running state disagrees with a one-shot composition "
+                            f"of its history ({one_shot!r}): accountant {acct.ref} is inconsistent")
+    stored_runs = {r[0]: r for r in run_rows}
+    if set(stored_runs) != set(replay.runs):
+        problems.append(f"runs table has runs {sorted(set(stored_runs) ^ set(replay.runs))[:5]} not matching the entries")
+    for run_id, run in replay.runs.items():
+        row = stored_runs.get(run_id)
+        if row is None:
+            continue
+        expect = (run_id, run["scope"], run["release"], run["interval_start"], run["interval_end"], run["run_key"],
+                  run["state"], run["events_json"], run["buckets"], run["restates"], run["output_uri"], run["details"],
+                  run["entry_ids"], [hashes[i] for i in run["entry_ids"]], run["created_at"], run["updated_at"],
+                  run["last_entry"])
+        got = (row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], json.loads(row[8]), row[9], row[10],
+               json.loads(row[11]), json.loads(row[12]), json.loads(row[13]), row[14], row[15], int(row[16]))
+        names = ("run_id", "scope", "release", "interval_start", "interval_end", "run_key", "state", "events",
+                 "buckets", "restates", "output_uri", "details", "entry_ids", "entry_hashes", "created_at",
+                 "updated_at", "last_entry")
+        for name, e, g in zip(names, expect, got):
+            if e != g:
+                problems.append(f"runs table row {run_id}: {name} is {g!r} but the entries say {e!r}")
+    return problems
