@@ -1,0 +1,347 @@
+"""Where noise comes from: two production modes and one test mode (semantics.md section 2-3).
+
+- ``os``    fresh noise from the operating system's CSPRNG (``os.urandom``). Never reproducible.
+- ``keyed`` a deterministic CSPRNG stream: AES-256 in counter mode whose key is
+            HMAC-SHA256(noise key, canonical label). The label is the run key (release, spec
+            hash, interval, input fingerprint) plus partition shard and metric, so a retry of
+            the same run over the same input reproduces the same noise (and reveals nothing
+            new), while any change of label gives an independent stream.
+- ``test``  the keyed construction with a key derived from a plain integer seed. Anyone who
+            knows the seed can recompute the noise, so ``publishable`` is False: such output
+            must be marked and may never reach a production output.
+
+The secret ``NoiseKey`` is never shown by ``repr``/``str``/``describe``. It *can* be pickled,
+because a Beam job must ship it to its workers; the pickle is as secret as the key file.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac as _hmac
+import os
+import stat
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+from dpops.errors import InvalidParameter
+
+MIN_KEY_BYTES = 32
+_KEY_ID_INFO = b"dpops/key-id"
+_STREAM_INFO = b"dpops/noise-stream/v1\x00"
+_TEST_SEED_INFO = b"dpops/test-seed/v1\x00"
+_U64_MAX = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+class NoiseKey:
+    """The secret behind keyed noise (>= 32 bytes). Only ``key_id`` is ever shown."""
+
+    __slots__ = ("_key", "key_id")
+
+    def __init__(self, key: bytes) -> None:
+        if not isinstance(key, (bytes, bytearray)):
+            raise InvalidParameter("noise key must be bytes")
+        if len(key) < MIN_KEY_BYTES:
+            raise InvalidParameter(
+                f"noise key is {len(key)} bytes; at least {MIN_KEY_BYTES} are required "
+                "(create one with `dpops key generate PATH`)"
+            )
+        self._key = bytes(key)
+        self.key_id = _hmac.new(self._key, _KEY_ID_INFO, hashlib.sha256).hexdigest()[:16]
+
+    # --- loading -----------------------------------------------------------------
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> "NoiseKey":
+        """Raw bytes, or hex / base64 text. Refuses a file readable by group or others."""
+        p = Path(path)
+        try:
+            st = p.stat()
+        except FileNotFoundError:
+            raise InvalidParameter(f"noise key file {str(p)!r} does not exist (create it with `dpops key generate`)") from None
+        except OSError as exc:
+            raise InvalidParameter(f"noise key file {str(p)!r} cannot be read: {exc.strerror}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidParameter(f"noise key file {str(p)!r} is not a regular file")
+        if st.st_mode & 0o077:
+            raise InvalidParameter(
+                f"noise key file {str(p)!r} is accessible by group/others (mode {stat.S_IMODE(st.st_mode):04o}); "
+                f"restrict it with `chmod 600 {p}`"
+            )
+        try:
+            data = p.read_bytes()
+        except OSError as exc:
+            raise InvalidParameter(f"noise key file {str(p)!r} cannot be read: {exc.strerror}") from None
+        return cls(_decode_key(data, f"noise key file {str(p)!r}"))
+
+    @classmethod
+    def from_env(cls, var: str = "DPOPS_NOISE_KEY") -> "NoiseKey":
+        """Hex or base64 text in an environment variable."""
+        value = os.environ.get(var)
+        if not value:
+            raise InvalidParameter(f"environment variable {var} holding the noise key is not set or empty")
+        return cls(_decode_key(value.encode(), f"environment variable {var}", allow_raw=False))
+
+    @classmethod
+    def generate(cls, path: str | os.PathLike) -> "NoiseKey":
+        """Write 32 fresh bytes from os.urandom as hex text, mode 0600. Never overwrites."""
+        p = Path(path)
+        key = os.urandom(MIN_KEY_BYTES)
+        try:
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            raise InvalidParameter(f"noise key file {str(p)!r} already exists; refusing to overwrite it") from None
+        except OSError as exc:
+            raise InvalidParameter(f"cannot create noise key file {str(p)!r}: {exc.strerror}") from None
+        try:
+            os.fchmod(fd, 0o600)  # the umask may only remove bits; make the mode explicit anyway
+            os.write(fd, key.hex().encode() + b"\n")
+        finally:
+            os.close(fd)
+        return cls(key)
+
+    # --- use -----------------------------------------------------------------------
+    def hmac(self, data: bytes) -> bytes:
+        """HMAC-SHA256 under the key: keyed fingerprints that do not let a reader confirm guesses."""
+        return _hmac.new(self._key, _KEY_ID_INFO + b"/fingerprint\x00" + bytes(data), hashlib.sha256).digest()
+
+    def _derive(self, info: bytes) -> bytes:
+        return _hmac.new(self._key, info, hashlib.sha256).digest()
+
+    def __repr__(self) -> str:
+        return f"NoiseKey(key_id={self.key_id!r})"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NoiseKey) and _hmac.compare_digest(self._key, other._key)
+
+    def __hash__(self) -> int:
+        return hash(self.key_id)
+
+    # Pickling is allowed on purpose: Beam ships the key to its workers inside the DoFn.
+    def __reduce__(self) -> tuple:
+        return (NoiseKey, (self._key,))
+
+
+def _decode_key(data: bytes, where: str, allow_raw: bool = True) -> bytes:
+    text = data.strip()
+    try:
+        s = text.decode("ascii")
+    except UnicodeDecodeError:
+        s = None
+    if s is not None and s:
+        if len(s) % 2 == 0 and all(c in "0123456789abcdefABCDEF" for c in s):
+            return bytes.fromhex(s)
+        try:
+            return base64.b64decode(s, validate=True)
+        except (binascii.Error, ValueError):
+            pass
+    if allow_raw:
+        return bytes(data)
+    raise InvalidParameter(f"{where}: the noise key must be hex or base64 text")
+
+
+def canonical_label(label: Any) -> bytes:
+    """Type-tagged canonical bytes of a label: a mapping and a list never collide."""
+    from dpops.events import canonical_json
+
+    def norm(x: Any) -> Any:
+        if isinstance(x, bool):
+            raise InvalidParameter(f"randomness label parts must be str or int, got bool {x!r}")
+        if isinstance(x, (str, int)):
+            return x
+        if isinstance(x, (np.integer,)):
+            return int(x)
+        if isinstance(x, Mapping):
+            out = {}
+            for k, v in x.items():
+                if not isinstance(k, str):
+                    raise InvalidParameter(f"randomness label keys must be str, got {k!r}")
+                out[k] = norm(v)
+            return {"m": out}
+        if isinstance(x, (list, tuple)):
+            return {"s": [norm(v) for v in x]}
+        raise InvalidParameter(f"randomness label parts must be str, int, mappings or sequences, got {type(x).__name__}")
+
+    return canonical_json(norm(label)).encode()
+
+
+class RandomSource:
+    """A source of uniform bits. Subclasses provide ``_bytes``; everything else is built on it."""
+
+    mode: str = ""
+    publishable: bool = True
+
+    def _bytes(self, n: int) -> bytes:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def uint64(self, n: int) -> np.ndarray:
+        if not isinstance(n, (int, np.integer)) or n < 0:
+            raise InvalidParameter(f"number of random words must be an integer >= 0, got {n!r}")
+        n = int(n)
+        if n == 0:
+            return np.empty(0, dtype=np.uint64)
+        return np.frombuffer(self._bytes(8 * n), dtype="<u8").astype(np.uint64, copy=False)
+
+    def random_bits(self, n: int) -> np.ndarray:
+        """n fair bits as a bool array."""
+        words = self.uint64((n + 63) // 64)
+        bits = np.unpackbits(words.view(np.uint8))[:n]
+        return bits.astype(bool)
+
+    def randbelow(self, bound: int | np.ndarray, n: int | None = None) -> np.ndarray:
+        """Exactly uniform integers in [0, bound) by rejection (no modulo bias).
+
+        ``bound`` is a positive int (then ``n`` values, or a 0-d array if n is None) or an
+        int64 array (one value per entry). Bounds up to 2**63 - 1 on this fast path.
+        """
+        scalar = np.ndim(bound) == 0
+        b = np.asarray(bound)
+        if b.dtype == object or not np.issubdtype(b.dtype, np.integer):
+            if scalar and isinstance(bound, int) and bound > 0:
+                if bound >= 2**63:
+                    return self._randbelow_big_array([bound] * (1 if n is None else n), scalar=n is None)
+                b = np.asarray(bound, dtype=np.int64)
+            else:
+                raise InvalidParameter(f"randbelow bound must be a positive integer or integer array, got {bound!r}")
+        if b.size and int(b.min()) < 1:
+            raise InvalidParameter("randbelow bound must be >= 1")
+        if scalar:
+            shape = () if n is None else (int(n),)
+            b = np.full(shape, int(b), dtype=np.uint64)
+        else:
+            if n is not None and n != b.size:
+                raise InvalidParameter(f"randbelow: n={n} does not match {b.size} bounds")
+            b = b.astype(np.uint64)
+        flat_b = b.reshape(-1)
+        out = np.empty(flat_b.size, dtype=np.uint64)
+        # x is accepted iff x <= 2**64 - 1 - (2**64 mod b): then x mod b is exactly uniform.
+        with np.errstate(over="ignore"):
+            cutoff = _U64_MAX - ((np.uint64(0) - flat_b) % flat_b)
+        pending = np.arange(flat_b.size)
+        while pending.size:
+            x = self.uint64(pending.size)
+            ok = x <= cutoff[pending]
+            idx = pending[ok]
+            out[idx] = x[ok] % flat_b[idx]
+            pending = pending[~ok]
+        return out.astype(np.int64).reshape(b.shape)
+
+    def randbelow_int(self, bound: int) -> int:
+        """One exactly uniform Python int in [0, bound) for any size of bound."""
+        if not isinstance(bound, int) or bound < 1:
+            raise InvalidParameter(f"randbelow bound must be a positive integer, got {bound!r}")
+        if bound == 1:
+            return 0
+        words = (bound.bit_length() + 63) // 64
+        span = 1 << (64 * words)
+        cutoff = span - span % bound
+        while True:
+            x = int.from_bytes(self._bytes(8 * words), "little")
+            if x < cutoff:
+                return x % bound
+
+    def _randbelow_big_array(self, bounds: list[int], scalar: bool) -> np.ndarray:
+        out = np.array([self.randbelow_int(int(b)) for b in bounds], dtype=object)
+        return out.reshape(()) if scalar else out
+
+    def uniform53(self, n: int) -> np.ndarray:
+        """Floats k/2**53 (documented float paths only; exact samplers never use this)."""
+        return (self.uint64(n) >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
+
+    def child(self, *label: str | int) -> "RandomSource":  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class _OSRandom(RandomSource):
+    mode = "os"
+    publishable = True
+
+    def _bytes(self, n: int) -> bytes:
+        return os.urandom(n)
+
+    def child(self, *label: str | int) -> RandomSource:
+        # OS noise is fresh by definition: a child is simply another fresh stream.
+        return _OSRandom()
+
+    def describe(self) -> dict[str, Any]:
+        return {"mode": "os", "key_id": None, "label": None, "publishable": True}
+
+    def __repr__(self) -> str:
+        return "RandomSource(mode='os')"
+
+
+class _StreamRandom(RandomSource):
+    """AES-256-CTR keystream under a derived key (keyed and test modes)."""
+
+    def __init__(self, root: NoiseKey, path: tuple, mode: str, publishable: bool, key_id: str | None) -> None:
+        self._root = root
+        self._path = path
+        self.mode = mode
+        self.publishable = publishable
+        self._key_id = key_id
+        derived = root._derive(_STREAM_INFO + canonical_label(list(path)))
+        # Counter mode from block 0; the derived key is unique per label, so no nonce reuse.
+        self._enc = Cipher(algorithms.AES(derived), modes.CTR(b"\x00" * 16)).encryptor()
+
+    def _bytes(self, n: int) -> bytes:
+        return self._enc.update(bytes(n))
+
+    def child(self, *label: str | int) -> RandomSource:
+        if not label:
+            raise InvalidParameter("child() needs at least one label part")
+        for part in label:
+            if isinstance(part, bool) or not isinstance(part, (str, int, np.integer)):
+                raise InvalidParameter(f"child label parts must be str or int, got {part!r}")
+        parts = tuple(int(p) if isinstance(p, np.integer) else p for p in label)
+        return _StreamRandom(self._root, self._path + (list(parts),), self.mode, self.publishable, self._key_id)
+
+    def describe(self) -> dict[str, Any]:
+        import json
+
+        return {
+            "mode": self.mode,
+            "key_id": self._key_id,
+            "label": json.loads(canonical_label(list(self._path)).decode()),
+            "publishable": self.publishable,
+        }
+
+    def __repr__(self) -> str:
+        return f"RandomSource(mode={self.mode!r}, key_id={self._key_id!r})"
+
+    # Re-create the stream from its start on unpickling: the Beam worker gets the same stream.
+    def __reduce__(self) -> tuple:
+        return (_StreamRandom, (self._root, self._path, self.mode, self.publishable, self._key_id))
+
+
+def os_random() -> RandomSource:
+    """Fresh noise from the OS CSPRNG; every call and every child is independent."""
+    return _OSRandom()
+
+
+def keyed_random(key: NoiseKey, label: Mapping[str, str | int] | Sequence) -> RandomSource:
+    """Deterministic CSPRNG stream for (key, label): same pair, same stream; any change, independent."""
+    if not isinstance(key, NoiseKey):
+        raise InvalidParameter("keyed_random needs a NoiseKey (load it with NoiseKey.from_file)")
+    canonical_label(label)  # validate early, with a clear error
+    return _StreamRandom(key, (label,), "keyed", True, key.key_id)
+
+
+def test_random(seed: int, label: Mapping[str, str | int] | Sequence = ()) -> RandomSource:
+    """Same construction from a plain seed. Not publishable: anyone with the seed can recompute it."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise InvalidParameter(f"test seed must be an integer, got {seed!r}")
+    root = NoiseKey(hashlib.sha256(_TEST_SEED_INFO + str(int(seed)).encode()).digest())
+    return _StreamRandom(root, (label,), "test", False, None)
+
+
+test_random.__test__ = False  # type: ignore[attr-defined]  # not a pytest test function
+
+__all__ = ["NoiseKey", "RandomSource", "os_random", "keyed_random", "test_random", "canonical_label"]
