@@ -189,7 +189,8 @@ class ReleaseStore:
             tmp.mkdir()
         return tmp
 
-    def finish_staging(self, tmp_dir: Path, interval_slug: str, run_id: str, internal: dict[str, Any]) -> StagedRun:
+    def finish_staging(self, tmp_dir: Path, interval_slug: str, run_id: str, internal: dict[str, Any], *,
+                       test_mode: bool = False) -> StagedRun:
         """Seal a staging directory the pipeline filled: write internal.json and the hash marker, fsync, rename.
 
         If another attempt already sealed this run id (a concurrent retry), that one is kept and ``tmp_dir``
@@ -208,7 +209,8 @@ class ReleaseStore:
                 for name in (DATA_FILE, SUMMARY_FILE, INTERNAL_FILE):
                     _fsync_file(tmp_dir / name)
                     hashes[name] = sha256_file(tmp_dir / name)
-                test_mode = bool(summary.get("test_mode", False))
+                # Either side saying "test mode" is enough: a seeded run must never look publishable.
+                test_mode = bool(test_mode or summary.get("test_mode", False))
                 _write_json(tmp_dir / STAGED_MARKER, {
                     "run_id": run_id, "files": hashes, "test_mode": test_mode, "staged_at": _now(),
                 })

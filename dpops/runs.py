@@ -1,0 +1,612 @@
+"""Run orchestration: one release over one data interval, as idempotent steps.
+
+The Airflow DAG calls the steps one by one (each task re-runs ``prepare``, which
+writes nothing); ``execute_release`` chains them for ``dpops release run``:
+
+1. ``prepare``  load the spec, resolve and check the input, fingerprint it (keyed),
+                build the run key and the plan. No ledger write, so bad input costs nothing.
+2. ``reserve``  serve an already published interval for free; refuse a changed input
+                without an explicit restatement; else reserve the plan's events.
+3. ``compute``  reuse a sealed staged output of this run, else ``ledger.start`` and run
+                the pipeline (``pipelines.release_pipeline:run_release``, imported lazily).
+4. ``publish``  post-processing checks on the noisy output, atomic versioned publish,
+                then ``ledger.commit``.
+5. ``restate``  the explicit operator action for a published interval whose input changed.
+
+Retries (semantics.md section 3):
+
+- keyed mode: noise is a function of (key, run key); the run key contains the input
+  fingerprint. A retry after ``start`` recomputes the same noise over the same input,
+  reveals nothing new and is not charged again.
+- os mode: fresh OS randomness cannot be reproduced. A run that started but left no
+  sealed staged output is marked ``spent_unpublished`` (its noise may exist somewhere)
+  and the next invocation reserves a NEW attempt (``key_id`` ``os/attempt-N``, so a
+  new run id) with a fresh charge. The operator sees this in the error and the ledger.
+- test mode: seeded noise, runs through the ledger like any other run (it did read
+  private data) but its output can never be published.
+"""
+
+from __future__ import annotations
+
+import getpass
+import importlib
+import logging
+import math
+import os
+import shutil
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from dpops.errors import DpopsError, IntegrityError, InvalidParameter, LedgerError, SpecError, StorageError
+from dpops.inputs import Interval, TestFingerprintKey, check_input, input_fingerprint, parse_interval, resolve_input_paths
+from dpops.spec import ReleaseSpec, load_spec
+from dpops.storage import ReleaseStore, StagedRun
+
+log = logging.getLogger("dpops.runs")
+
+RANDOMNESS = ("keyed", "os", "test")
+RUN_RELEASE = "pipelines.release_pipeline:run_release"
+MAX_OS_ATTEMPTS = 100
+
+
+def default_actor() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:  # noqa: BLE001 - no passwd entry in some containers
+        user = "unknown"
+    return f"dpops:{user}"
+
+
+# --------------------------------------------------------------------------- context and outcome
+
+
+@dataclass
+class RunContext:
+    """Everything a step needs; rebuilt cheaply by ``prepare`` in every DAG task."""
+
+    spec_path: str
+    spec: ReleaseSpec
+    interval: Interval
+    input_paths: list[str]
+    input_fingerprint: str
+    randomness: str
+    key_id: str
+    plan: Any
+    store: ReleaseStore
+    key_path: str | None = None
+    test_seed: int | None = None
+    attempt: int = 1  # os mode only; chosen by ``reserve``
+    actor: str = field(default_factory=default_actor)
+
+    @property
+    def run_key_id(self) -> str:
+        return f"os/attempt-{self.attempt}" if self.randomness == "os" else self.key_id
+
+    @property
+    def run_key(self) -> Any:
+        from dpops.ledger import RunKey
+
+        return RunKey(
+            release=self.spec.name, spec_hash=self.spec.spec_hash, interval_start=self.interval.start_iso,
+            interval_end=self.interval.end_iso, input_fingerprint=self.input_fingerprint, key_id=self.run_key_id,
+        )
+
+    @property
+    def run_id(self) -> str:
+        return self.run_key.run_id
+
+    @property
+    def noise_label(self) -> dict[str, str]:
+        return {
+            "release": self.spec.name, "spec_hash": self.spec.spec_hash, "interval_start": self.interval.start_iso,
+            "interval_end": self.interval.end_iso, "input_fingerprint": self.input_fingerprint,
+            **({"attempt": str(self.attempt)} if self.randomness == "os" else {}),
+        }
+
+    @property
+    def events(self) -> list[Any]:
+        return list(self.plan.events)
+
+
+@dataclass
+class RunOutcome:
+    """What happened to one release over one interval. ``line()`` is the one log line."""
+
+    release: str
+    interval: str
+    state: str  # published | already_published | staged | reserved | released | spent_unpublished | refused
+    run_id: str | None
+    output_uri: str | None = None
+    epsilon_charged: float = 0.0  # charged by THIS invocation (0 for a retry or a re-run of a published interval)
+    run_epsilon: float | None = None  # the run's whole charge, as the scope's accountant counts it
+    scope: str = ""
+    scope_remaining: float | None = None
+    restates: str | None = None
+    message: str = ""
+
+    def line(self) -> str:
+        rem = "?" if self.scope_remaining is None else f"{self.scope_remaining:.6g}"
+        run_eps = "" if self.run_epsilon is None else f" (run total {self.run_epsilon:.6g})"
+        text = (f"release={self.release} interval={self.interval} outcome={self.state} "
+                f"epsilon_charged={self.epsilon_charged:.6g}{run_eps} scope={self.scope} remaining={rem}")
+        if self.restates:
+            text += f" restates={self.restates}"
+        if self.output_uri:
+            text += f" output={self.output_uri}"
+        if self.message:
+            text += f" - {self.message}"
+        return text
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        for k in ("epsilon_charged", "run_epsilon", "scope_remaining"):
+            if isinstance(d[k], float) and not math.isfinite(d[k]):
+                d[k] = None
+        return d
+
+
+def _outcome(ctx: RunContext, ledger: Any, state: str, *, record: Any = None, charged: float = 0.0,
+             message: str = "", output_uri: str | None = None) -> RunOutcome:
+    remaining = None
+    try:
+        remaining = float(ledger.status(ctx.spec.budget.scope).remaining)
+    except Exception:  # noqa: BLE001 - the outcome line must not fail because a status read did
+        pass
+    out = RunOutcome(
+        release=ctx.spec.name, interval=str(ctx.interval), state=state,
+        run_id=getattr(record, "run_id", None) or ctx.run_id,
+        output_uri=output_uri or getattr(record, "output_uri", None),
+        epsilon_charged=charged, run_epsilon=getattr(record, "epsilon", None), scope=ctx.spec.budget.scope,
+        scope_remaining=remaining, restates=getattr(record, "restates", None), message=message,
+    )
+    log.info(out.line())
+    return out
+
+
+@contextmanager
+def open_run_ledger(url: str | None = None) -> Iterator[Any]:
+    """The ledger for one step (``None``: ``DPOPS_LEDGER_URL`` or the default SQLite file), closed afterwards."""
+    from dpops.ledger import open_ledger
+
+    ledger = open_ledger(url)
+    try:
+        yield ledger
+    finally:
+        close = getattr(ledger, "close", None)
+        if callable(close):
+            close()
+
+
+def step_summary(result: Any) -> dict[str, Any]:
+    """JSON-safe dict of a step's result (an Airflow XCom): never the key, never internal counters."""
+    if isinstance(result, RunOutcome):
+        return result.as_dict()
+    if isinstance(result, StagedRun):
+        return {"state": "staged", "run_id": result.run_id, "output_uri": result.directory.resolve().as_uri(),
+                "test_mode": result.test_mode}
+    raise TypeError(f"not a step result: {type(result).__name__}")
+
+
+# --------------------------------------------------------------------------- 1. prepare
+
+
+def _load_key(key_path: str | None) -> Any:
+    from dpops.randomness import NoiseKey  # lazy: owned by the mechanisms module
+
+    return NoiseKey.from_file(key_path) if key_path else NoiseKey.from_env()
+
+
+def _default_planner(spec: ReleaseSpec) -> Any:
+    from dpops.release_plan import plan_release
+
+    return plan_release(spec)
+
+
+def prepare(spec_path: str | os.PathLike[str], interval_start: Any, interval_end: Any = None, *,
+            randomness: str = "keyed", key_path: str | None = None, test_seed: int | None = None,
+            key: Any = None, planner: Callable[[ReleaseSpec], Any] | None = None,
+            actor: str | None = None) -> RunContext:
+    """Load and check everything a run needs, without touching the ledger.
+
+    ``key`` (an object with ``key_id`` and ``hmac(bytes)``) overrides ``key_path`` (tests, embedding);
+    ``planner`` overrides ``dpops.release_plan.plan_release``.
+    """
+    if randomness not in RANDOMNESS:
+        raise InvalidParameter(f"randomness must be one of {RANDOMNESS}, got {randomness!r}")
+    if randomness == "test":
+        if test_seed is None:
+            raise InvalidParameter("randomness 'test' needs a test seed")
+        fp_key: Any = TestFingerprintKey()
+        key_id = f"test/seed-{int(test_seed)}"
+    else:
+        if test_seed is not None:
+            raise InvalidParameter(f"a test seed is allowed only with randomness 'test', not {randomness!r}")
+        # os mode also needs the key: the input fingerprint is keyed (semantics.md section 5).
+        fp_key = key if key is not None else _load_key(key_path)
+        key_id = fp_key.key_id
+    spec = load_spec(spec_path)
+    interval = parse_interval(interval_start, interval_end)
+    paths = resolve_input_paths(spec, interval.start, interval.end)
+    check_input(spec, paths)
+    fingerprint = input_fingerprint(paths, fp_key)
+    plan = (planner or _default_planner)(spec)
+    if not list(plan.events):
+        raise SpecError(f"{spec.source}: the plan has no privacy events; nothing to release")
+    return RunContext(
+        spec_path=str(Path(spec_path).resolve()), spec=spec, interval=interval, input_paths=paths,
+        input_fingerprint=fingerprint, randomness=randomness, key_id=key_id, plan=plan,
+        store=ReleaseStore(spec.output_root, spec.name), key_path=str(Path(key_path).resolve()) if key_path else None,
+        test_seed=test_seed, actor=actor or default_actor(),
+    )
+
+
+# --------------------------------------------------------------------------- 2. reserve
+
+
+def _check_scope(ctx: RunContext, ledger: Any) -> Any:
+    name = ctx.spec.budget.scope
+    try:
+        scope = ledger.scope(name)
+    except DpopsError as exc:
+        raise LedgerError(
+            f"budget scope {name!r} (budget.scope in {ctx.spec.source}) is not in the ledger: scopes are created "
+            f"explicitly by an operator (dpops ledger scope create ...); nothing was reserved ({exc})"
+        ) from None
+    if scope is None:
+        raise LedgerError(f"budget scope {name!r} is not in the ledger; create it with dpops ledger scope create")
+    unit = ctx.spec.privacy_unit
+    if getattr(scope, "unit_column", unit.column) != unit.column:
+        raise SpecError(f"{ctx.spec.source}: privacy_unit.column {unit.column!r} differs from scope {name!r}'s unit "
+                        f"column {scope.unit_column!r}: releases on one scope must protect the same unit")
+    bucket = getattr(scope, "bucket", None)
+    if bucket is not None and unit.period != bucket:
+        raise SpecError(f"{ctx.spec.source}: scope {name!r} is bucketed by {bucket}, so the release's unit must be "
+                        f"{bucket}-scoped: set privacy_unit.period: {bucket} (got {unit.period!r})")
+    return scope
+
+
+def _refuse_changed(ctx: RunContext, published: Any, restates: str | None) -> None:
+    if published is None or published.run_id == ctx.run_id or restates == published.run_id:
+        return
+    old = published.key
+    what = []
+    if old.input_fingerprint != ctx.input_fingerprint:
+        what.append("the input changed (different keyed fingerprint)")
+    if old.spec_hash != ctx.spec.spec_hash:
+        what.append("the spec changed")
+    if old.key_id != ctx.run_key_id:
+        what.append(f"the randomness key differs ({old.key_id} vs {ctx.run_key_id})")
+    raise LedgerError(
+        f"{ctx.spec.name} {ctx.interval} is already published by run {published.run_id} and "
+        f"{' and '.join(what) or 'the run key differs'}: a second release of this interval is a fresh, charged "
+        f"restatement and is never done silently; if that is intended run: dpops release restate {ctx.spec_path} "
+        f"--interval {ctx.interval.start_iso}/{ctx.interval.end_iso}"
+    )
+
+
+def _pick_os_attempt(ctx: RunContext, ledger: Any) -> None:
+    # Attempts whose noise may exist (spent_unpublished) or which were refunded (released) are closed:
+    # the next free attempt number gets a new run id and a fresh charge.
+    for attempt in range(1, MAX_OS_ATTEMPTS + 1):
+        ctx.attempt = attempt
+        rec = ledger.run(ctx.run_id)
+        if rec is None or rec.state in ("reserved", "started", "committed"):
+            return
+    raise LedgerError(f"{ctx.spec.name} {ctx.interval}: {MAX_OS_ATTEMPTS} os-mode attempts failed; investigate first")
+
+
+def reserve(ctx: RunContext, ledger: Any, *, restates: str | None = None) -> RunOutcome:
+    """Reserve the plan's events for this run, or serve the interval if this very run is published."""
+    if ctx.randomness == "os":
+        _pick_os_attempt(ctx, ledger)
+    published = ledger.published(ctx.spec.name, ctx.interval.start_iso, ctx.interval.end_iso)
+    if published is not None and published.run_id == ctx.run_id:
+        return _outcome(ctx, ledger, "already_published", record=published,
+                        message="served from the published result, nothing charged")
+    _refuse_changed(ctx, published, restates)
+    if restates is not None and (published is None or published.run_id != restates):
+        raise LedgerError(f"run {restates} is not the published run of {ctx.spec.name} {ctx.interval}; "
+                          "only the current publication can be restated")
+    # Storage may hold a publication this ledger does not know (another ledger, a restore): never spend
+    # budget on a run that could not be published.
+    current = ctx.store.current(ctx.interval.slug)
+    if current is not None and current.run_id != ctx.run_id and current.run_id != restates:
+        raise StorageError(f"{ctx.store.published_interval_dir(ctx.interval.slug)} already holds run "
+                           f"{current.run_id}, unknown to this ledger as the published run; nothing reserved")
+    _check_scope(ctx, ledger)
+    existing = ledger.run(ctx.run_id)
+    if existing is not None and existing.state == "committed":
+        return _outcome(ctx, ledger, "already_published", record=existing, message="nothing charged")
+    if existing is not None and existing.state in ("released", "spent_unpublished"):
+        raise LedgerError(
+            f"run {ctx.run_id} of {ctx.spec.name} {ctx.interval} is {existing.state}: the same run key cannot be "
+            "reserved again (keyed mode: same key and input => same run); change the input, the spec or the key"
+        )
+    record = ledger.reserve(ctx.run_key, ctx.spec.budget.scope, ctx.events, actor=ctx.actor, restates=restates,
+                            details={"randomness": ctx.randomness, "spec": ctx.spec.source,
+                                     "plan_hash": getattr(ctx.plan, "plan_hash", None)})
+    charged = float(record.epsilon) if existing is None else 0.0
+    return _outcome(ctx, ledger, record.state if existing else "reserved", record=record, charged=charged)
+
+
+# --------------------------------------------------------------------------- 3. compute
+
+
+def _load_run_release() -> Callable[[Any], Any]:
+    mod_name, func = RUN_RELEASE.split(":")
+    return getattr(importlib.import_module(mod_name), func)
+
+
+def _compute_request(ctx: RunContext, staging_dir: Path, runner: str, runner_options: Sequence[str]) -> Any:
+    from dpops.compute import ComputeRequest
+
+    kwargs: dict[str, Any] = dict(
+        spec_path=ctx.spec_path, interval_start=ctx.interval.start_iso, interval_end=ctx.interval.end_iso,
+        input_paths=tuple(ctx.input_paths), noise_label=ctx.noise_label, randomness=ctx.randomness,
+        key_path=ctx.key_path if ctx.randomness == "keyed" else None, test_seed=ctx.test_seed,
+        staging_dir=str(staging_dir), runner=runner, runner_options=tuple(runner_options),
+    )
+    plan_hash = getattr(ctx.plan, "plan_hash", None)
+    if plan_hash is not None and "expected_plan_hash" in getattr(ComputeRequest, "__dataclass_fields__", {}):
+        kwargs["expected_plan_hash"] = plan_hash
+    return ComputeRequest(**kwargs)
+
+
+def compute(ctx: RunContext, ledger: Any, *, runner: str = "FnApiRunner", runner_options: Sequence[str] = (),
+            run_release: Callable[[Any], Any] | None = None) -> RunOutcome:
+    """Produce (or find) the sealed staged output of this run. Needs a reservation (``reserve`` first)."""
+    staged = compute_staged(ctx, ledger, runner=runner, runner_options=runner_options, run_release=run_release)
+    return _outcome(ctx, ledger, "staged", record=ledger.run(ctx.run_id),
+                    output_uri=staged.directory.resolve().as_uri(), message="noisy output staged, not yet published")
+
+
+def compute_staged(ctx: RunContext, ledger: Any, *, runner: str = "FnApiRunner", runner_options: Sequence[str] = (),
+                   run_release: Callable[[Any], Any] | None = None) -> StagedRun:
+    """``compute`` returning the ``StagedRun`` itself."""
+    if ctx.randomness == "os":
+        _pick_os_attempt(ctx, ledger)
+    record = ledger.run(ctx.run_id)
+    if record is None:
+        raise LedgerError(f"run {ctx.run_id} of {ctx.spec.name} {ctx.interval} is not reserved: reserve it first")
+    staged = ctx.store.find_staged(ctx.interval.slug, ctx.run_id)
+    if staged is not None:
+        return staged  # a retry: the noisy output exists; reuse it, nothing drawn or charged again
+    if record.state in ("committed", "released", "spent_unpublished"):
+        raise LedgerError(f"run {ctx.run_id} is {record.state}; it cannot be computed again")
+    if record.state == "started" and ctx.randomness == "os":
+        # Fresh noise may have been drawn and cannot be reproduced: the charge stays, the attempt is closed.
+        ledger.mark_spent_unpublished(ctx.run_id, reason="os-mode run started but left no staged output; "
+                                      "fresh noise cannot be recomputed under the same charge", actor=ctx.actor)
+        raise LedgerError(
+            f"os-mode run {ctx.run_id} (attempt {ctx.attempt}) of {ctx.spec.name} {ctx.interval} had started but "
+            "left no staged output; it is now spent_unpublished (the charge stays). Run again to reserve a new "
+            "attempt with a fresh charge, or use keyed randomness, whose retries are free"
+        )
+    # Everything that can fail without drawing noise happens before start, so such a failure is refunded.
+    fn = run_release or _load_run_release()
+    tmp = ctx.store.new_staging_dir(ctx.interval.slug, ctx.run_id)
+    try:
+        if record.state == "reserved":
+            ledger.start(ctx.run_id, actor=ctx.actor)  # right before the first noise is drawn: no refund after this
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    try:
+        result = fn(_compute_request(ctx, tmp, runner, runner_options))
+        for f in (result.output_file, result.summary_file):
+            if Path(f).resolve().parent != tmp.resolve():
+                raise StorageError(f"the pipeline wrote {f} outside its staging directory {tmp}")
+        staged = ctx.store.finish_staging(tmp, ctx.interval.slug, ctx.run_id, dict(result.internal or {}),
+                                          test_mode=ctx.randomness == "test")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if ctx.randomness == "os":
+            try:
+                ledger.mark_spent_unpublished(ctx.run_id, reason="os-mode computation failed after start",
+                                              actor=ctx.actor)
+            except Exception:  # noqa: BLE001 - keep the original error; recover() will close the run
+                log.exception("could not mark run %s spent_unpublished", ctx.run_id)
+        raise
+    return staged
+
+
+# --------------------------------------------------------------------------- 4. publish
+
+
+def check_noisy_output(spec: ReleaseSpec, data_file: str | os.PathLike[str]) -> list[str]:
+    """Post-processing checks on the NOISY output (free to block a publish): returns the checks that ran.
+
+    Partition columns and every metric's value/std/CI columns present; no NaN anywhere (nulls only where
+    ``suppress_below`` blanks a value); public partitions all present, once, and nothing else.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    where = f"noisy output {data_file}"
+    try:
+        table = pq.read_table(data_file)
+    except Exception as exc:  # noqa: BLE001
+        raise IntegrityError(f"{where}: cannot read it as Parquet ({exc}); not publishing") from None
+    names = set(table.column_names)
+    problems: list[str] = []
+    checks = ["partition columns present", "metric, std and 95% CI columns present", "no NaN values"]
+    for c in spec.partitions.columns:
+        if c not in names:
+            problems.append(f"partition column {c!r} missing")
+    for m in spec.metrics:
+        if m.type == "quantiles":
+            want = [f"{m.key}_{s}" for s in m.column_suffixes()]
+        elif m.type == "top_k":
+            want = []
+            if not any(n == m.key or n.startswith(m.key + "_") for n in names):
+                problems.append(f"no column for top_k metric {m.key!r}")
+        else:
+            want = [m.key, f"{m.key}_std", f"{m.key}_ci95_low", f"{m.key}_ci95_high"]
+        problems += [f"column {w!r} missing" for w in want if w not in names]
+    for name in table.column_names:
+        col = table.column(name)
+        if pa.types.is_floating(col.type):
+            if pc.any(pc.is_nan(col)).as_py():
+                problems.append(f"column {name!r} has NaN values")
+        if col.null_count and (spec.postprocess.suppress_below is None or name in spec.partitions.columns):
+            problems.append(f"column {name!r} has {col.null_count} null values")
+    public = spec.public_partitions()
+    if public is not None and not any(p.startswith("partition column") for p in problems):
+        checks.append("exactly the public partitions")
+        rows = list(zip(*(table.column(c).to_pylist() for c in spec.partitions.columns)))
+        want_set = set(public)
+        missing = want_set - set(rows)
+        extra = set(rows) - want_set
+        if missing:
+            problems.append(f"{len(missing)} public partition(s) missing, e.g. {sorted(map(str, missing))[:3]}")
+        if extra:
+            problems.append(f"{len(extra)} partition(s) not in the public list, e.g. {sorted(map(str, extra))[:3]}")
+        if len(rows) != len(set(rows)):
+            problems.append("a partition appears more than once")
+    if problems:
+        raise IntegrityError(f"{where} failed its post-processing checks, not publishing: " + "; ".join(problems))
+    return checks
+
+
+def publish(ctx: RunContext, ledger: Any, *, gx_checks: bool = False) -> RunOutcome:
+    """Check the noisy output, publish it atomically as the interval's next version, then commit the run."""
+    if ctx.randomness == "os":
+        _pick_os_attempt(ctx, ledger)
+    record = ledger.run(ctx.run_id)
+    if record is None:
+        raise LedgerError(f"run {ctx.run_id} is not in the ledger: reserve and compute it first")
+    if record.state == "committed":
+        return _outcome(ctx, ledger, "already_published", record=record, message="nothing charged")
+    if record.state != "started":
+        raise LedgerError(f"run {ctx.run_id} is {record.state}; only a started (computed) run can be published")
+    staged = ctx.store.verify_staged(ctx.interval.slug, ctx.run_id)
+    if staged.test_mode:
+        ledger.mark_spent_unpublished(ctx.run_id, reason="test-mode output is never published", actor=ctx.actor)
+        raise StorageError(f"run {ctx.run_id} used test-mode (seeded) noise; it is never published. It is now "
+                           "spent_unpublished; run with keyed or os randomness to publish")
+    check_noisy_output(ctx.spec, staged.data_file)
+    if gx_checks:
+        from dpops.validate import check_release_output
+
+        check_release_output(str(staged.data_file), partition_columns=ctx.spec.partitions.columns,
+                             public_partitions=ctx.spec.public_partitions(),
+                             allow_null=ctx.spec.postprocess.suppress_below is not None)
+    pub = ctx.store.publish(staged, ctx.interval.slug, restates=record.restates,
+                            extra={"spec_hash": ctx.spec.spec_hash, "randomness": ctx.randomness})
+    record = ledger.commit(ctx.run_id, output_uri=pub.uri, actor=ctx.actor,
+                           details={"version": pub.version, "files": pub.hashes})
+    return _outcome(ctx, ledger, "published", record=record, output_uri=pub.uri,
+                    message=f"version v{pub.version}")
+
+
+# --------------------------------------------------------------------------- the whole run
+
+
+def _release_before_start(ctx: RunContext, ledger: Any, exc: BaseException) -> None:
+    """A failure before any noise was drawn refunds the reservation (semantics.md section 4)."""
+    try:
+        rec = ledger.run(ctx.run_id)
+        if rec is not None and rec.state == "reserved":
+            ledger.release(ctx.run_id, reason=f"failed before any mechanism ran: {type(exc).__name__}: {exc}"[:500],
+                           actor=ctx.actor)
+            log.info("release=%s interval=%s outcome=released run=%s reason=%s", ctx.spec.name, ctx.interval,
+                     ctx.run_id, exc)
+    except Exception:  # noqa: BLE001 - keep the original error; `dpops ledger recover` releases it later
+        log.exception("could not release the reservation of run %s", ctx.run_id)
+
+
+def _run_steps(ctx: RunContext, ledger: Any, *, publish_output: bool, runner: str, runner_options: Sequence[str],
+               run_release: Callable[[Any], Any] | None, gx_checks: bool, restates: str | None,
+               reserved: RunOutcome | None = None) -> RunOutcome:
+    if reserved is None:
+        reserved = reserve(ctx, ledger, restates=restates)
+    if reserved.state == "already_published":
+        return reserved
+    try:
+        staged = compute_staged(ctx, ledger, runner=runner, runner_options=runner_options, run_release=run_release)
+    except BaseException as exc:
+        _release_before_start(ctx, ledger, exc)
+        raise
+    if not publish_output:
+        rec = ledger.run(ctx.run_id)
+        return _outcome(ctx, ledger, "staged", record=rec, charged=reserved.epsilon_charged,
+                        output_uri=staged.directory.resolve().as_uri(),
+                        message="computed and staged; publish with --publish (no new charge)")
+    out = publish(ctx, ledger, gx_checks=gx_checks)
+    out.epsilon_charged = reserved.epsilon_charged
+    return out
+
+
+def execute_release(spec_path: str | os.PathLike[str], interval_start: Any, interval_end: Any = None, *,
+                    ledger: Any, randomness: str = "keyed", key_path: str | None = None,
+                    test_seed: int | None = None, key: Any = None, runner: str = "FnApiRunner",
+                    runner_options: Sequence[str] = (), publish_output: bool = True,
+                    run_release: Callable[[Any], Any] | None = None, planner: Callable[[ReleaseSpec], Any] | None = None,
+                    gx_checks: bool = False, actor: str | None = None) -> RunOutcome:
+    """``dpops release run``: prepare, reserve, compute, publish. Safe to call again after any failure."""
+    ctx = prepare(spec_path, interval_start, interval_end, randomness=randomness, key_path=key_path,
+                  test_seed=test_seed, key=key, planner=planner, actor=actor)
+    return _run_steps(ctx, ledger, publish_output=publish_output, runner=runner, runner_options=runner_options,
+                      run_release=run_release, gx_checks=gx_checks, restates=None)
+
+
+def restate(ctx: RunContext, ledger: Any) -> RunOutcome:
+    """The restatement's reserve step: explicitly re-release a published interval whose input (or spec)
+    changed. A new run key, a fresh charge, linked (``restates``) to the run it corrects; ``compute`` and
+    ``publish`` then publish it as the interval's next version."""
+    if ctx.randomness == "os":
+        _pick_os_attempt(ctx, ledger)
+    published = ledger.published(ctx.spec.name, ctx.interval.start_iso, ctx.interval.end_iso)
+    if published is None:
+        raise LedgerError(f"{ctx.spec.name} {ctx.interval} has not been published: nothing to restate; "
+                          "use dpops release run")
+    if published.run_id == ctx.run_id:
+        return _outcome(ctx, ledger, "already_published", record=published,
+                        message="input, spec and key unchanged: the published result stands, nothing charged")
+    return reserve(ctx, ledger, restates=published.run_id)
+
+
+def execute_restatement(spec_path: str | os.PathLike[str], interval_start: Any, interval_end: Any = None, *,
+                        ledger: Any, randomness: str = "keyed", key_path: str | None = None, key: Any = None,
+                        runner: str = "FnApiRunner", runner_options: Sequence[str] = (),
+                        run_release: Callable[[Any], Any] | None = None,
+                        planner: Callable[[ReleaseSpec], Any] | None = None,
+                        gx_checks: bool = False, actor: str | None = None) -> RunOutcome:
+    """``dpops release restate``: prepare, restate (reserve linked to the published run), compute, publish."""
+    ctx = prepare(spec_path, interval_start, interval_end, randomness=randomness, key_path=key_path, key=key,
+                  planner=planner, actor=actor)
+    first = restate(ctx, ledger)
+    if first.state == "already_published":
+        return first
+    return _run_steps(ctx, ledger, publish_output=True, runner=runner, runner_options=runner_options,
+                      run_release=run_release, gx_checks=gx_checks, restates=first.restates, reserved=first)
+
+
+def status(spec_path: str | os.PathLike[str], interval_start: Any, interval_end: Any = None, *,
+           ledger: Any) -> dict[str, Any]:
+    """What the ledger and the storage say about a release's interval. Reads no private data."""
+    spec = load_spec(spec_path)
+    iv = parse_interval(interval_start, interval_end)
+    store = ReleaseStore(spec.output_root, spec.name)
+    runs = ledger.runs(release=spec.name, interval_start=iv.start_iso, interval_end=iv.end_iso)
+    published = ledger.published(spec.name, iv.start_iso, iv.end_iso)
+    try:
+        remaining = float(ledger.status(spec.budget.scope).remaining)
+    except DpopsError:
+        remaining = None
+    return {
+        "release": spec.name, "interval": str(iv), "scope": spec.budget.scope, "scope_remaining": remaining,
+        "published_run": published.run_id if published else None,
+        "output_uri": published.output_uri if published else None,
+        "versions": [{"version": v.version, "run_id": v.run_id, "restates": v.restates, "published_at": v.published_at}
+                     for v in store.versions(iv.slug)],
+        "runs": [{"run_id": r.run_id, "state": r.state, "epsilon": r.epsilon, "restates": r.restates,
+                  "key_id": r.key.key_id, "created_at": r.created_at, "updated_at": r.updated_at} for r in runs],
+    }
+
+
+__all__ = ["RunContext", "RunOutcome", "prepare", "reserve", "compute", "compute_staged", "publish", "restate",
+           "execute_release", "execute_restatement", "status", "check_noisy_output", "open_run_ledger", "step_summary"]
