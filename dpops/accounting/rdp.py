@@ -64,6 +64,7 @@ from dpops.validation import check_delta, check_epsilon
 
 ORDERS = tuple(1.0 + 10.0 ** (k / 20.0) for k in range(-40, 121))
 _A = np.array(ORDERS)
+_ATOMS = (Gaussian, DiscreteGaussian, ZCDP, Laplace, DiscreteLaplace, PureDP, ApproxDP)
 _STATE_KEYS = ("rdp_all", "rdp_noise", "pure_eps", "approx_eps", "approx_delta")
 
 
@@ -125,6 +126,8 @@ class RdpAccountant(Accountant):
         # Group identical atoms first: a history of 10,000 copies costs one curve evaluation.
         grouped: dict[PrivacyEvent, int] = {}
         for ev, k in flatten(events):
+            if not isinstance(ev, _ATOMS):
+                raise InvalidParameter(f"{self.ref} cannot compose {ev!r}: not a privacy event")
             grouped[ev] = grouped.get(ev, 0) + k
         for ev, k in grouped.items():
             if isinstance(ev, (Gaussian, DiscreteGaussian, ZCDP)):
