@@ -172,37 +172,67 @@ def build_release_dag(spec_path: str | os.PathLike[str]) -> DAG:
     return dag
 
 
+def _prepare(spec_path: str, context: dict[str, Any]) -> Any:
+    """The run context of this DAG run's interval (deterministic; writes nothing)."""
+    from dpops import runs
+
+    start, end = _interval(context)
+    s = _settings()
+    return runs.prepare(spec_path, start, end, randomness=s["randomness"], key_path=s["key_path"], actor=ACTOR)
+
+
+def _served(previous: dict[str, Any]) -> bool:
+    """This interval is already published by this very run: later steps only pass the result on."""
+    return previous.get("state") == "already_published"
+
+
+def _manifests_dir(run: Any) -> Path:
+    env = os.environ.get("DPOPS_MANIFESTS_DIR")
+    return Path(env) if env else Path(run.spec.output_root) / "manifests" / run.spec.name
+
+
+def _inject_publish_fault() -> None:
+    """Test hook: fail once, after the noise was drawn and staged, while the marker file exists."""
+    marker = os.environ.get("DPOPS_FAULT_PUBLISH")
+    if marker and os.path.exists(marker):
+        os.unlink(marker)
+        raise RuntimeError(f"injected publish fault ({marker}); a retry must publish the same numbers")
+
+
 def _tasks(spec_path: str) -> None:
     @task
     def check_input() -> dict[str, Any]:
         """Input exists and matches the declared schema (metadata only). Nothing is reserved yet."""
-        from dpops import runs
         from dpops.validate import check_input_schema
 
-        ctx = get_current_context()
-        start, end = _interval(ctx)
-        s = _settings()
+        context = get_current_context()
         try:
-            run = runs.prepare(spec_path, start, end, randomness=s["randomness"], key_path=s["key_path"])
+            run = _prepare(spec_path, context)
             report = check_input_schema(run.input_paths, run.spec.input.columns, run.spec.input.format)
         except Exception as exc:
             _fail_fast(exc)
             raise
-        log.info("input checks passed for %s/%s: %s", start, end, ", ".join(report.checks))
-        return {"run_id": run.run_id, "input_checks": report.as_dict()}
+        log.info("input checks passed for %s: %s", run.interval, ", ".join(report.checks))
+        return {"run_id": run.run_id, "checks": report.as_dict()}
 
     @task
     def reserve_budget(checked: dict[str, Any]) -> dict[str, Any]:
+        """Reserve the plan's events in the ledger, or find the interval already published (no charge)."""
         from dpops import runs
+        from dpops.errors import BudgetExceeded
 
-        ctx = get_current_context()
-        start, end = _interval(ctx)
-        s = _settings()
-        restate = bool(ctx["params"].get("restate", False))
+        context = get_current_context()
+        restate = bool(context["params"].get("restate", False))
+        run = _prepare(spec_path, context)
         try:
-            run = runs.prepare(spec_path, start, end, randomness=s["randomness"], key_path=s["key_path"])
-            with runs.open_run_ledger(s["ledger_url"]) as ledger:
-                res = runs.restate(run, ledger) if restate else runs.reserve(run, ledger)
+            with runs.open_run_ledger(_settings()["ledger_url"]) as ledger:
+                try:
+                    res = runs.restate(run, ledger) if restate else runs.reserve(run, ledger)
+                except BudgetExceeded as exc:
+                    _record_refusal(run, ledger, exc)
+                    raise AirflowFailException(_refusal_message(run, ledger, exc)) from exc
+        except AirflowFailException:
+            raise
         except Exception as exc:
             _fail_fast(exc)
             raise
@@ -210,13 +240,15 @@ def _tasks(spec_path: str) -> None:
 
     @task
     def compute_release(reserved: dict[str, Any]) -> dict[str, Any]:
+        """Draw the noise (keyed: a retry reproduces it) and stage the output; reuse a staged output."""
         from dpops import runs
 
-        ctx = get_current_context()
-        start, end = _interval(ctx)
+        if _served(reserved):
+            return reserved
+        context = get_current_context()
         s = _settings()
+        run = _prepare(spec_path, context)
         try:
-            run = runs.prepare(spec_path, start, end, randomness=s["randomness"], key_path=s["key_path"])
             with runs.open_run_ledger(s["ledger_url"]) as ledger:
                 res = runs.compute(run, ledger, runner=s["runner"], runner_options=s["runner_options"])
         except Exception as exc:
@@ -224,7 +256,157 @@ def _tasks(spec_path: str) -> None:
             raise
         return runs.step_summary(res)
 
-    # Placeholders until dpops.runs lands; replaced below.
-    check = check_input()
-    reserved = reserve_budget(check)
-    compute_release(reserved)
+    @task
+    def validate_output(computed: dict[str, Any]) -> dict[str, Any]:
+        """GX checks on the NOISY staged output: post-processing, so it may block the publish."""
+        from dpops.validate import check_release_output
+
+        if _served(computed):
+            return computed
+        run = _prepare(spec_path, get_current_context())
+        staged = run.store.find_staged(run.interval.slug, run.run_id)
+        if staged is None:
+            raise AirflowFailException(f"run {run.run_id}: no staged output to validate; clear compute_release")
+        try:
+            report = check_release_output(
+                str(staged.data_file),
+                partition_columns=run.spec.partitions.columns,
+                public_partitions=run.spec.public_partitions(),
+                allow_null=run.spec.postprocess.suppress_below is not None,
+            )
+        except Exception as exc:
+            _fail_fast(exc)
+            raise
+        return {**computed, "checks": report.as_dict()}
+
+    @task
+    def publish_release(validated: dict[str, Any]) -> dict[str, Any]:
+        """Publish atomically, then commit the run in the ledger (the charge becomes final)."""
+        from dpops import runs
+
+        if _served(validated):
+            return validated
+        run = _prepare(spec_path, get_current_context())
+        _inject_publish_fault()
+        try:
+            with runs.open_run_ledger(_settings()["ledger_url"]) as ledger:
+                res = runs.publish(run, ledger)
+        except Exception as exc:
+            _fail_fast(exc)
+            raise
+        return {**runs.step_summary(res), "checks": validated.get("checks")}
+
+    @task
+    def record_run(published: dict[str, Any], checked: dict[str, Any], reserved: dict[str, Any]) -> dict[str, Any]:
+        """Write the run manifest (once; a served re-run points at the existing one) and the summary line."""
+        from dpops import runs
+
+        run = _prepare(spec_path, get_current_context())
+        with runs.open_run_ledger(_settings()["ledger_url"]) as ledger:
+            manifest = _write_manifest(run, ledger, published, [checked.get("checks"), published.get("checks")])
+            summary = _summary(run, ledger, published, manifest, reserved.get("epsilon_charged"))
+        log.info(summary_line(summary))
+        return summary
+
+    checked = check_input()
+    reserved = reserve_budget(checked)
+    computed = compute_release(reserved)
+    validated = validate_output(computed)
+    published = publish_release(validated)
+    record_run(published, checked, reserved)
+
+
+def _validation(reports: list[dict[str, Any] | None]) -> dict[str, Any]:
+    checks = [
+        {"name": f"{r['name']}: {c}", "passed": bool(r["success"])} for r in reports if r for c in r.get("checks", [])
+    ]
+    return {"checks": checks, "proceeded": True}
+
+
+def _output_fingerprints(run: Any, output_uri: str | None) -> dict[str, str]:
+    """Keyed (HMAC) fingerprints of the published files: a plain hash would let a manifest reader
+    confirm a guess (semantics.md section 5)."""
+    from urllib.parse import urlparse
+    from urllib.request import url2pathname
+
+    from dpops.randomness import NoiseKey
+
+    if not output_uri or not run.key_path:
+        return {}
+    key = NoiseKey.from_file(run.key_path)
+    folder = Path(url2pathname(urlparse(output_uri).path))
+    out = {}
+    for f in sorted(folder.iterdir()) if folder.is_dir() else []:
+        if f.is_file() and not f.name.startswith("_"):
+            out[f.name] = "hmac-sha256:" + key.hmac(f.read_bytes()).hex()
+    return out
+
+
+def _write_manifest(run: Any, ledger: Any, published: dict[str, Any], reports: list[Any]) -> str | None:
+    from dpops.manifest.run_hook import write_run_manifest
+
+    folder = _manifests_dir(run)
+    existing = folder / f"{run.run_id}.published.json"
+    if existing.exists():  # a retry, or a served re-run: the manifest is immutable and already states the claim
+        return str(existing)
+    if published.get("state") != "published":
+        return None  # served from a publication whose manifest lives elsewhere (e.g. written by the CLI)
+    return write_run_manifest(
+        run,
+        ledger,
+        published.get("state"),
+        manifests_dir=folder,
+        validation=_validation(reports),
+        output_fingerprints=_output_fingerprints(run, published.get("output_uri")),
+    )
+
+
+def _record_refusal(run: Any, ledger: Any, exc: Exception) -> None:
+    """A refused run gets a manifest too (nothing spent); best effort, never masks the refusal."""
+    try:
+        from dpops.manifest.run_hook import write_run_manifest
+
+        folder = _manifests_dir(run)
+        if not (folder / f"{run.run_id}.refused.json").exists():
+            write_run_manifest(run, ledger, {"state": "refused", "reason": str(exc)}, manifests_dir=folder)
+    except Exception:  # noqa: BLE001
+        log.exception("could not write the refusal manifest of run %s", run.run_id)
+
+
+def _refusal_message(run: Any, ledger: Any, exc: Exception) -> str:
+    """Which scope, how much is left, what was asked; the interval stays unpublished."""
+    scope = getattr(exc, "scope", run.spec.budget.scope)
+    try:
+        left = f"{float(ledger.status(scope).remaining):.6g}"
+    except Exception:  # noqa: BLE001
+        left = "?"
+    unit = getattr(exc, "unit", "epsilon")
+    asked = getattr(exc, "requested", None)
+    return (
+        f"budget refused for {run.spec.name} {run.interval}: scope {scope!r} has {unit} {left} left "
+        f"(cap {getattr(exc, 'cap', '?')}), this run asked {unit} {asked if asked is None else f'{asked:.6g}'}; "
+        f"nothing was charged and the interval stays unpublished. Ledger: {exc}"
+    )
+
+
+def _summary(run: Any, ledger: Any, published: dict[str, Any], manifest: str | None,
+             charged_now: float | None) -> dict[str, Any]:
+    rec = ledger.run(run.run_id)
+    try:
+        remaining = float(ledger.status(run.spec.budget.scope).remaining)
+    except Exception:  # noqa: BLE001 - the summary must not fail on a status read
+        remaining = None
+    return {
+        "release": run.spec.name,
+        "interval_start": run.interval.start_iso,
+        "interval_end": run.interval.end_iso,
+        "outcome": published.get("state"),
+        "run_id": run.run_id,
+        "ledger_state": getattr(rec, "state", None),
+        "epsilon_charged": charged_now,
+        "run_epsilon": getattr(rec, "epsilon", None),
+        "scope": run.spec.budget.scope,
+        "scope_remaining_epsilon": remaining,
+        "output_uri": published.get("output_uri") or getattr(rec, "output_uri", None),
+        "manifest": manifest,
+    }

@@ -1,0 +1,134 @@
+"""The Airflow DAGs: import, shape, and (in test_dags_run.py) runs through dag.test()."""
+
+from __future__ import annotations
+
+import airflow_support  # noqa: F401  (sets AIRFLOW_HOME etc. before airflow is imported)
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from airflow_support import DAGS_FOLDER, REPO, SPEC_TEMPLATE
+
+
+def _bag(specs_dir: Path, monkeypatch):
+    from airflow.dag_processing.dagbag import DagBag
+
+    monkeypatch.setenv("DPOPS_SPECS_DIR", str(specs_dir))
+    return DagBag(dag_folder=str(DAGS_FOLDER))
+
+
+def _spec(tmp: Path, name: str, scope: str = "s1", schedule: str = '"0 0 * * *"') -> Path:
+    text = SPEC_TEMPLATE.format(name=name, scope=scope, epsilon=0.5, public="p0, p1")
+    text = text.replace('schedule: "0 0 * * *"', f"schedule: {schedule}")
+    p = tmp / f"{name}.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_dagbag_imports_the_examples_without_errors(monkeypatch):
+    bag = _bag(REPO / "examples", monkeypatch)
+    assert bag.import_errors == {}
+    assert "dpops_daily_purchases" in bag.dag_ids
+    assert not bag.captured_warnings
+
+
+def test_one_dag_per_spec_with_interval_timetable_and_tasks(tmp_path, monkeypatch):
+    _spec(tmp_path, "rel_a", "s1")
+    _spec(tmp_path, "rel_b", "s2", schedule='"@weekly"')
+    bag = _bag(tmp_path, monkeypatch)
+    assert bag.import_errors == {}
+    assert sorted(bag.dag_ids) == ["dpops_rel_a", "dpops_rel_b"]
+    dag = bag.dags["dpops_rel_a"]
+    from airflow.sdk import CronDataIntervalTimetable
+
+    assert isinstance(dag.timetable, CronDataIntervalTimetable)
+    assert dag.timetable.expression == "0 0 * * *"
+    assert bag.dags["dpops_rel_b"].timetable.expression == "0 0 * * 0"
+    # A data-interval timetable: a run due at D+1 covers [D, D+1), not a zero-width trigger.
+    from datetime import datetime, timezone
+
+    from airflow.serialization.encoders import coerce_to_core_timetable
+
+    iv = coerce_to_core_timetable(dag.timetable).infer_manual_data_interval(
+        run_after=datetime(2024, 1, 2, tzinfo=timezone.utc)
+    )
+    assert (iv.start.isoformat(), iv.end.isoformat()) == ("2024-01-01T00:00:00+00:00", "2024-01-02T00:00:00+00:00")
+    assert dag.catchup is False and dag.max_active_runs >= 1
+    assert {"dpops", "scope:s1", "release:rel_a"} <= set(dag.tags)
+    assert dag.params["restate"] is False
+    assert dag.doc_md and "adjacency `add_remove`" in dag.doc_md
+    chain = ["check_input", "reserve_budget", "compute_release", "validate_output", "publish_release", "record_run"]
+    assert sorted(dag.task_ids) == sorted(chain)
+    # A linear chain: each step strictly after the previous one.
+    for up, down in zip(chain, chain[1:]):
+        assert down in dag.task_dict[up].downstream_task_ids
+    for t in dag.tasks:
+        assert t.on_failure_callback, t.task_id
+        assert t.owner == "dpops"
+
+
+def test_bad_spec_is_reported_without_hiding_good_ones(tmp_path, monkeypatch):
+    _spec(tmp_path, "good")
+    (tmp_path / "broken.yaml").write_text("name: Not A Valid Name\n")
+    bag = _bag(tmp_path, monkeypatch)
+    assert bag.dag_ids == ["dpops_good"]
+    warnings = " ".join(str(w) for ws in bag.captured_warnings.values() for w in ws)
+    assert "broken.yaml" in warnings and "release name" in warnings
+
+
+def test_only_bad_specs_is_an_import_error(tmp_path, monkeypatch):
+    (tmp_path / "broken.yaml").write_text("name: x\n")
+    bag = _bag(tmp_path, monkeypatch)
+    assert bag.dag_ids == []
+    (err,) = bag.import_errors.values()
+    assert "no dpops release spec could be loaded" in err and "broken.yaml" in err
+
+
+def test_dag_module_never_imports_privacy_heavy_modules_at_parse_time(tmp_path, monkeypatch):
+    """Parsing must stay cheap and secret-free: no Beam, no GX, no ledger, no key at parse time."""
+    import subprocess
+    import sys
+
+    _spec(tmp_path, "rel_p")
+    code = (
+        "import sys, runpy; runpy.run_path(sys.argv[1]);"
+        "bad=[m for m in ('apache_beam','great_expectations','dpops.ledger','dpops.runs','dpops.randomness') if m in sys.modules];"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    env = dict(__import__("os").environ, DPOPS_SPECS_DIR=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", code, str(DAGS_FOLDER / "dpops_releases.py")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+
+
+def test_failure_callback_logs_one_structured_alert_and_calls_the_hook(monkeypatch, caplog):
+    import sys
+
+    sys.path.insert(0, str(DAGS_FOLDER))
+    import dpops_alerts
+
+    seen = []
+    mod = type(sys)("fake_pager")
+    mod.page = seen.append
+    monkeypatch.setitem(sys.modules, "fake_pager", mod)
+    monkeypatch.setenv("DPOPS_ALERT_HOOK", "fake_pager:page")
+
+    class TI:
+        task_id, dag_id, try_number = "reserve_budget", "dpops_x", 1
+
+    ctx = {"ti": TI(), "run_id": "r1", "exception": RuntimeError("budget refused: scope s left 0.1 asked 0.5"),
+           "data_interval_start": None, "data_interval_end": None}
+    with caplog.at_level(logging.ERROR, logger="dpops.airflow"):
+        dpops_alerts.on_failure(ctx)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("DPOPS_ALERT ")]
+    assert len(lines) == 1
+    payload = json.loads(lines[0][len("DPOPS_ALERT "):])
+    assert payload["task_id"] == "reserve_budget" and "asked 0.5" in payload["message"]
+    assert seen == [payload]
+    # A broken hook never masks the failure being reported.
+    monkeypatch.setenv("DPOPS_ALERT_HOOK", "no_such_module_xyz:f")
+    dpops_alerts.on_failure(ctx)
