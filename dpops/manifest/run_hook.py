@@ -23,6 +23,7 @@ from dpops.manifest.scope import scope_position
 # RunOutcome / ledger states -> manifest outcome
 _OUTCOME = {
     "published": "published", "committed": "published", "served": "published", "restated": "published",
+    "already_published": "published", "staged": "started",
     "refused": "refused", "budget_refused": "refused", "budget_exceeded": "refused",
     "spent_unpublished": "spent_unpublished",
     "failed": "failed", "released": "failed", "error": "failed",

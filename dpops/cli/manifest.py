@@ -1,0 +1,135 @@
+"""``dpops manifest``: print the schema, show a manifest, verify a manifest's claim.
+
+``verify`` exits 7 (IntegrityError) on any mismatch and names the field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+from dpops.errors import IntegrityError
+
+
+def _load(run_or_file: str, manifests: str | None) -> tuple[str, dict]:
+    from dpops.manifest.io import find_manifest, read_manifest
+
+    path = find_manifest(run_or_file, manifests)
+    return str(path), read_manifest(path)
+
+
+@click.group("manifest")
+def cli() -> None:
+    """Run manifests: the reviewer-safe record of each run's privacy claim."""
+
+
+@cli.command("schema")
+def schema_cmd() -> None:
+    """Print the JSON Schema (Draft 2020-12) of dpops.manifest/1."""
+    from dpops.manifest.schema import manifest_schema
+
+    click.echo(json.dumps(manifest_schema(), indent=2))
+
+
+@cli.command("show")
+@click.argument("run_or_file")
+@click.option("--manifests", "manifests", envvar="DPOPS_MANIFESTS_DIR", type=click.Path(file_okay=False),
+              help="directory to look a run id up in (default: $DPOPS_MANIFESTS_DIR)")
+@click.option("--json", "as_json", is_flag=True, help="print the manifest as JSON")
+def show_cmd(run_or_file: str, manifests: str | None, as_json: bool) -> None:
+    """Print a readable summary of a manifest (RUN_ID or FILE)."""
+    path, m = _load(run_or_file, manifests)
+    if as_json:
+        click.echo(json.dumps(m, indent=2, sort_keys=True))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(100, min(160, os.get_terminal_size(0).columns if os.isatty(0) else 120)))
+    k, p, u, c = m["run_key"], m["privacy"], m["privacy_unit"], m["contribution_bounds"]
+    console.print(f"[bold]{k['release']}[/bold]  [{k['interval_start']}, {k['interval_end']})  run {m['run_id']}")
+    console.print(f"file: {path}")
+    console.print(f"outcome: [bold]{m['outcome']['state']}[/bold] (ledger: {m['outcome']['ledger_state']})"
+                  + (f" - {m['outcome']['reason']}" if m["outcome"]["reason"] else ""))
+    if m["restates"]:
+        console.print(f"restates run {m['restates']['run_id']}")
+    console.print(f"protects: {u['description']} (unit column {u['column']}, adjacency {u['adjacency']}"
+                  f"{', record-level' if u['record_level'] else ''})")
+    console.print(f"contribution: at most {c['max_partitions_per_unit']} partitions per unit, "
+                  f"{c['max_rows_per_unit_per_partition']} rows per unit per partition; value bounds {m['value_bounds']}")
+    eps = p["run"]["epsilon"]
+    console.print(f"privacy: this run eps={_fmt(eps)} at delta={p['run']['delta']:g} with {m['accountant']['ref']} "
+                  f"(requested eps={p['requested']['epsilon']:g}, delta={p['requested']['delta']:g}; "
+                  f"charged: {p['run']['charged']})")
+    if p["scope"]:
+        s = p["scope"]
+        for b in s["buckets"]:
+            console.print(f"scope {s['name']} [{b['bucket']}]: cap {s['cap']['unit']}={s['cap']['value']:g}, "
+                          f"total {_fmt(b['total'])}, committed {_fmt(b['committed'])}, reserved {_fmt(b['reserved'])}, "
+                          f"remaining {_fmt(b['remaining'])}")
+    r = m["randomness"]
+    console.print(f"randomness: {r['mode']} (key id {r['key_id']}){'  [red]TEST MODE[/red]' if r['test_mode'] else ''}")
+    table = Table(title="mechanisms")
+    for col in ("metric", "vector", "mechanism", "scale", "std", "L1 charged", "L2 charged"):
+        table.add_column(col)
+    for metric in m["release_plan"].get("metrics", []):
+        for v in metric.get("vectors") or []:
+            table.add_row(metric["key"], v["name"], v["mechanism"], _fmt(v["scale"]), _fmt(v["std"]),
+                          _fmt(v.get("l1_sensitivity_charged")), _fmt(v.get("l2_sensitivity_charged")))
+        if not metric.get("vectors"):
+            table.add_row(metric["key"], "-", metric.get("mechanism", "?"),
+                          f"eps/run {_fmt(metric.get('epsilon_per_run'))}", "-", "-", "-")
+    console.print(table)
+    if m["validation"]:
+        checks = ", ".join(f"{c['name']}:{'ok' if c['passed'] else 'FAILED'}" for c in m["validation"]["checks"])
+        console.print(f"checks: {checks or 'none'}; proceeded: {m['validation']['proceeded']}")
+    console.print(f"code: dpops {m['code']['dpops']} ({m['code']['git_commit'] or 'no git commit'})")
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "inf"
+    if isinstance(x, float):
+        return f"{x:.6g}"
+    return str(x)
+
+
+@cli.command("verify")
+@click.argument("run_or_file")
+@click.option("--ledger", "ledger_url", envvar="DPOPS_LEDGER_URL", default=None,
+              help="ledger URL: also recompute the scope total from its entries (default: $DPOPS_LEDGER_URL)")
+@click.option("--manifests", "manifests", envvar="DPOPS_MANIFESTS_DIR", type=click.Path(file_okay=False),
+              help="directory to look a run id up in")
+@click.option("--public-key", "public_key", type=click.Path(dir_okay=False, exists=True),
+              help="Ed25519 public key (PEM): the manifest must carry a valid signature by it")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable result")
+def verify_cmd(run_or_file: str, ledger_url: str | None, manifests: str | None, public_key: str | None,
+               as_json: bool) -> None:
+    """Recompute a manifest's claim (RUN_ID or FILE); exit 7 naming the field on any mismatch."""
+    from dpops.manifest.verify import verify_manifest
+
+    path, m = _load(run_or_file, manifests)
+    ledger = None
+    if ledger_url:
+        from dpops.ledger import open_ledger
+
+        ledger = open_ledger(ledger_url)
+    try:
+        result = verify_manifest(m, ledger=ledger, public_key=public_key, source=path)
+    finally:
+        if ledger is not None:
+            ledger.close()
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        for c in result.checks:
+            mark = "skip" if c.skipped else ("ok" if c.ok else "FAIL")
+            click.echo(f"{mark:4}  {c.name}" + (f"  ({c.skipped})" if c.skipped else ""))
+            for p in c.problems:
+                click.echo(f"      {p}")
+    if not result.ok:
+        raise IntegrityError(f"{path}: verification failed: {len(result.problems)} problem(s); first: {result.problems[0]}")
+    if not as_json:
+        click.echo(f"verified: run {result.run_id}")

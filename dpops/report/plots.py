@@ -1,0 +1,88 @@
+"""Matplotlib figures as base64 PNG (Agg backend: no display, no network)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+from typing import Any
+
+from dpops.accounting import get_accountant
+
+CHARGED = ("committed", "spent_unpublished", "started", "reserved")
+
+
+def _png(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def cumulative_series(runs: list[Any], accountant: str, delta: float, key=lambda r: "all") -> dict[str, list[tuple[int, float]]]:
+    """Per group (``key(run)``), the composed epsilon after each charged run, in charge order."""
+    acct = get_accountant(accountant)
+    states: dict[str, Any] = {}
+    out: dict[str, list[tuple[int, float]]] = {}
+    for i, r in enumerate(runs):
+        if r.state not in CHARGED:
+            continue
+        g = key(r)
+        states[g] = acct.add_events(states.get(g, acct.empty_state()), r.events)
+        eps = acct.state_epsilon(states[g], delta)
+        out.setdefault(g, []).append((i, eps if math.isfinite(eps) else float("nan")))
+    return out
+
+
+def cumulative_plot(data: Any) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = data.scope
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    if s.bucket is None:
+        total = cumulative_series(data.runs, s.accountant, s.delta)
+        per_release = cumulative_series(data.runs, s.accountant, s.delta, key=lambda r: r.release)
+        if total:
+            xs, ys = zip(*total["all"])
+            ax.step(xs, ys, where="post", label="scope total", linewidth=2)
+        if len(per_release) > 1:
+            for name, pts in sorted(per_release.items()):
+                xs, ys = zip(*pts)
+                ax.step(xs, ys, where="post", label=f"release {name}", linestyle="--")
+        ax.set_xlabel("run (in the order charged)")
+    else:
+        per_bucket = cumulative_series(data.runs, s.accountant, s.delta,
+                                       key=lambda r: r.buckets[0] if r.buckets else "?")
+        labels = sorted(per_bucket)
+        ax.bar(range(len(labels)), [per_bucket[b][-1][1] for b in labels], label=f"per {s.bucket} bucket")
+        ax.set_xticks(range(len(labels)), labels, rotation=60, fontsize=7)
+        ax.set_xlabel(f"{s.bucket} bucket")
+    if s.cap_unit == "epsilon":
+        ax.axhline(s.cap, color="red", linestyle=":", label=f"cap eps={s.cap:g}")
+    ax.set_ylabel(f"composed epsilon at delta={s.delta:g}")
+    ax.set_title(f"scope {s.name}: cumulative epsilon ({s.accountant})")
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def per_interval_plot(data: Any) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.0))
+    colors = {"committed": "tab:blue", "spent_unpublished": "tab:orange", "reserved": "tab:gray",
+              "started": "tab:gray", "released": "tab:green", "refused": "tab:red"}
+    rows = [r for r in data.runs if r.epsilon is not None]
+    for i, r in enumerate(rows):
+        ax.bar(i, r.epsilon, color=colors.get(r.state, "black"))
+    ax.set_xticks(range(len(rows)), [r.interval_start[:10] for r in rows], rotation=70, fontsize=6)
+    ax.set_ylabel("epsilon of the run alone")
+    ax.set_title("per interval (blue committed, orange spent-unpublished, green refunded, red refused)")
+    return _png(fig)

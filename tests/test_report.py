@@ -1,0 +1,163 @@
+"""The reviewer's HTML report over a 36-run scope built directly through the ledger API."""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+
+import pytest
+
+from dpops.errors import BudgetExceeded
+from dpops.manifest import write_manifest
+from dpops.report import build_report, write_report
+from manifest_support import ACTOR, make_ledger, run_key, synthetic_events, synthetic_manifest
+
+
+class Tables(HTMLParser):
+    """Collects every table (by id) as rows of cell texts, plus images and links."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: dict[str, list[list[str]]] = {}
+        self.images: list[str] = []
+        self.links: list[str] = []
+        self.scripts = 0
+        self._table = None
+        self._cell = None
+        self._row = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "table":
+            self._table = a.get("id", f"t{len(self.tables)}")
+            self.tables[self._table] = []
+        elif tag == "tr" and self._table:
+            self._row = []
+        elif tag in ("td", "th") and self._row is not None:
+            self._cell = []
+        elif tag == "img":
+            self.images.append(a.get("src", ""))
+        elif tag == "a":
+            self.links.append(a.get("href", ""))
+        elif tag in ("script", "link"):
+            self.scripts += 1
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None:
+            self._row.append("".join(self._cell).strip())
+            self._cell = None
+        elif tag == "tr" and self._row is not None:
+            self.tables[self._table].append(self._row)
+            self._row = None
+        elif tag == "table":
+            self._table = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+@pytest.fixture(scope="module")
+def busy_scope(tmp_path_factory):
+    """36 daily runs of two releases on one rdp scope: committed, spent-unpublished, refunded, refused, restated."""
+    tmp_path = tmp_path_factory.mktemp("busy")
+    ledger = make_ledger(tmp_path, accountant="rdp/1", epsilon=1.0, delta=1e-7)
+    mdir = tmp_path / "manifests"
+    refused = 0
+    for i in range(36):
+        release = "daily_a" if i % 2 == 0 else "daily_b"
+        key = run_key(release, i, key_id="k1" if i < 20 else "k2")
+        try:
+            rec = ledger.reserve(key, "purchases", synthetic_events(sigma=25.0), actor=ACTOR)
+        except BudgetExceeded as exc:
+            refused += 1
+            write_manifest(synthetic_manifest("refused", key=key, reason=str(exc)), mdir)
+            continue
+        if i % 11 == 5:
+            ledger.release(rec.run_id, reason="input missing: failed before any mechanism ran", actor=ACTOR)
+            continue
+        ledger.start(rec.run_id, actor=ACTOR)
+        if i % 13 == 7:
+            ledger.mark_spent_unpublished(rec.run_id, reason="noisy output failed a post-processing check", actor=ACTOR)
+            continue
+        ledger.commit(rec.run_id, output_uri=f"file:///out/{release}/{i}", actor=ACTOR)
+        if i in (2, 3):  # late data: restate the interval with a new input fingerprint
+            new = run_key(release, i, variant="late", key_id="k1")
+            r2 = ledger.reserve(new, "purchases", synthetic_events(sigma=25.0), actor=ACTOR, restates=rec.run_id)
+            ledger.start(r2.run_id, actor=ACTOR)
+            ledger.commit(r2.run_id, output_uri=f"file:///out/{release}/{i}/v2", actor=ACTOR)
+    yield ledger, mdir, refused, tmp_path
+    ledger.close()
+
+
+def test_report_renders_and_matches_the_ledger(busy_scope, tmp_path):
+    ledger, mdir, refused, _ = busy_scope
+    assert refused >= 3, "the fixture must push the scope into refusals"
+    out = tmp_path / "report.html"
+    write_report(ledger, "purchases", out, manifests_dir=str(mdir))
+    text = out.read_text()
+    p = Tables()
+    p.feed(text)
+    # self-contained: no scripts, no external resources, every image inline
+    assert p.scripts == 0 and not re.search(r"(src|href)=['\"]https?:", text)
+    assert len(p.images) == 2 and all(s.startswith("data:image/png;base64,") for s in p.images)
+
+    status = ledger.status("purchases")
+    header, row = p.tables["status"][0], p.tables["status"][1]
+    for field in ("committed", "spent_unpublished", "reserved", "total", "remaining"):
+        col = header.index({"spent_unpublished": "spent, unpublished"}.get(field, field))
+        assert float(row[col]) == pytest.approx(getattr(status, field), rel=1e-11), field
+    assert status.total <= 1.0 + 1e-12 and status.spent_unpublished > 0
+
+    runs = p.tables["runs"][1:]
+    states = [r[3] for r in runs]
+    assert len(runs) == 36 + 2  # every run, the two restatements and the refusals included
+    assert states.count("refused") == refused
+    assert "released" in states and "spent_unpublished" in states
+    assert len(p.tables["restatements"]) - 1 == 2
+    assert len(p.tables["refused"]) - 1 == refused + states.count("released")
+    assert all("budget" in r[3].lower() or "failed before" in r[3] for r in p.tables["refused"][1:])
+    assert sum(1 for link in p.links if link.endswith(".json")) == refused  # refusals link to their manifests
+    assert "who is protected" in text.lower() and "a user&#x27;s purchases on one day" in text
+    assert any("noise key changed" in w for w in re.findall(r"<div class='warn'>(.*?)</div>", text))
+
+
+def test_accounting_comparison_orders_pld_rdp_basic(busy_scope, tmp_path):
+    ledger, mdir, _, home = busy_scope
+    _, data = build_report(ledger, "purchases", tmp_path / "r.html", manifests_dir=str(mdir))
+    c = data.comparison
+    assert {"basic/1", "rdp/1", "pld/1", "zcdp/1"} <= set(c)
+    assert c["pld/1"] <= c["rdp/1"] * (1 + 1e-9)
+    assert c["rdp/1"] <= c["basic/1"]
+    # the scope's own accountant over the charged history is the ledger's total
+    assert c["rdp/1"] == pytest.approx(ledger.status("purchases").total, rel=1e-9)
+
+
+def test_report_cli_and_window(busy_scope, tmp_path):
+    from dpops.cli.main import main
+
+    ledger, mdir, _, home = busy_scope
+    url = f"sqlite:///{home / 'ledger.sqlite'}"
+    out = tmp_path / "window.html"
+    code = main(["report", "--scope", "purchases", "--ledger", url, "--manifests", str(mdir), "--out", str(out),
+                 "--from", "2024-01-01T00:00:00Z", "--to", "2024-01-06T00:00:00Z"])
+    assert code == 0
+    p = Tables()
+    p.feed(out.read_text())
+    assert len(p.tables["runs"]) - 1 == 5 + 2  # five days, two of them restated
+    assert main(["report", "--scope", "nope", "--ledger", url, "--out", str(out)]) != 0
+
+
+def test_report_screenshot_when_chromium_is_installed(busy_scope, tmp_path):
+    import shutil
+    import subprocess
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("chromium is not installed")
+    ledger, mdir, _, home = busy_scope
+    out = write_report(ledger, "purchases", tmp_path / "r.html", manifests_dir=str(mdir))
+    png = tmp_path / "shot.png"
+    subprocess.run([browser, "--headless", "--no-sandbox", f"--screenshot={png}", f"file://{out}"],
+                   check=True, timeout=60, capture_output=True)
+    assert png.stat().st_size > 10_000
