@@ -42,10 +42,10 @@ def state_rho(acct: Accountant, state: dict[str, Any]) -> float:
     fn = getattr(acct, "state_rho", None)
     if callable(fn):
         return float(fn(state))
-    # A zCDP state holding nothing but rho (no approx-DP part) is read directly.
-    others = [v for k, v in state.items() if k != "rho" and isinstance(v, (int, float)) and v]
-    if acct.name == "zcdp" and isinstance(state.get("rho"), (int, float)) and not others:
-        return float(state["rho"])
+    # zcdp/1 keeps rho in "rho_noise" + "rho_pure" beside an approx-DP part that has no rho form.
+    if acct.name == "zcdp" and {"rho_noise", "rho_pure"} <= set(state):
+        if not state.get("approx_eps") and not state.get("approx_delta"):
+            return float(state["rho_noise"]) + float(state["rho_pure"])
     raise SpecError(
         f"accountant {acct.ref} cannot express this composition as a zCDP rho; a rho cap needs a zcdp accountant "
         "and mechanisms with a zCDP form (cap this scope with epsilon instead)"
