@@ -1,0 +1,136 @@
+"""``dpops release run|restate|status``: run one release over one data interval.
+
+Exit codes: 0 ok, 3 invalid spec or parameter, 4 invalid input, 5 budget refused,
+6 ledger or storage problem, 7 noisy output failed its checks, 1 internal error.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import traceback
+from typing import Any, Callable
+
+import click
+
+from dpops.errors import DpopsError
+
+
+def _internal_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Unexpected exceptions become one 'internal error' line (exit 1) instead of a bare traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (DpopsError, click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as exc:  # noqa: BLE001
+            logging.getLogger("dpops.cli").debug("internal error", exc_info=True)
+            last = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+            where = f" at {last.filename}:{last.lineno}" if last else ""
+            raise DpopsError(f"internal error (a bug, please report it): {type(exc).__name__}: {exc}{where}") from exc
+
+    return wrapper
+
+
+def _common(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option("--json", "as_json", is_flag=True, help="print the outcome as JSON")(fn)
+    fn = click.option("--ledger", "ledger_url", envvar="DPOPS_LEDGER_URL", default=None,
+                      help="ledger URL (sqlite:///path or postgresql://...; default $DPOPS_LEDGER_URL)")(fn)
+    fn = click.option("--interval", required=True, help="data interval START/END, ISO-8601 UTC, e.g. 2024-01-01/2024-01-02")(fn)
+    fn = click.argument("spec", type=click.Path(dir_okay=False))(fn)
+    return fn
+
+
+def _compute_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option("--runner", default="FnApiRunner", show_default=True, help="Beam runner")(fn)
+    fn = click.option("--runner-option", "runner_options", multiple=True,
+                      help="extra Beam pipeline option, repeatable (logged: never a secret)")(fn)
+    fn = click.option("--randomness", type=click.Choice(["keyed", "os"]), default="keyed", show_default=True,
+                      help="keyed: reproducible noise, free retries; os: fresh noise, a lost run costs a new charge")(fn)
+    fn = click.option("--key-file", "key_file", envvar="DPOPS_NOISE_KEY_FILE", type=click.Path(dir_okay=False),
+                      default=None, help="file holding the noise key (default $DPOPS_NOISE_KEY_FILE, else $DPOPS_NOISE_KEY)")(fn)
+    fn = click.option("--gx-checks/--no-gx-checks", default=True, show_default=True,
+                      help="also run the Great Expectations checks on the noisy output before publishing")(fn)
+    return fn
+
+
+def _emit(outcome: Any, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(outcome.as_dict(), indent=2, sort_keys=True))
+    else:
+        click.echo(outcome.line())
+
+
+@click.group("release")
+def cli() -> None:
+    """Run, restate and inspect releases (one spec, one data interval)."""
+
+
+@cli.command("run")
+@_common
+@_compute_options
+@click.option("--publish", "publish_output", is_flag=True,
+              help="publish the noisy output and commit the run (without it: compute and stage only)")
+@_internal_errors
+def run_cmd(spec: str, interval: str, ledger_url: str | None, as_json: bool, runner: str, runner_options: tuple,
+            randomness: str, key_file: str | None, gx_checks: bool, publish_output: bool) -> None:
+    """Reserve budget, compute and (with --publish) publish SPEC over --interval.
+
+    Safe to repeat: a published interval is served without a charge; a retry reuses the reservation
+    (keyed randomness reproduces the same noise)."""
+    from dpops import runs
+    from dpops.inputs import parse_interval
+
+    iv = parse_interval(interval)
+    with runs.open_run_ledger(ledger_url) as ledger:
+        outcome = runs.execute_release(spec, iv.start, iv.end, ledger=ledger, randomness=randomness,
+                                       key_path=key_file, runner=runner, runner_options=runner_options,
+                                       publish_output=publish_output, gx_checks=gx_checks, actor=None)
+    _emit(outcome, as_json)
+
+
+@cli.command("restate")
+@_common
+@_compute_options
+@_internal_errors
+def restate_cmd(spec: str, interval: str, ledger_url: str | None, as_json: bool, runner: str, runner_options: tuple,
+                randomness: str, key_file: str | None, gx_checks: bool) -> None:
+    """Publish a corrected input of an already published interval as a new version (a fresh charge,
+    linked to the run it corrects; the old version is kept)."""
+    from dpops import runs
+    from dpops.inputs import parse_interval
+
+    iv = parse_interval(interval)
+    with runs.open_run_ledger(ledger_url) as ledger:
+        outcome = runs.execute_restatement(spec, iv.start, iv.end, ledger=ledger, randomness=randomness,
+                                           key_path=key_file, runner=runner, runner_options=runner_options,
+                                           gx_checks=gx_checks)
+    _emit(outcome, as_json)
+
+
+@cli.command("status")
+@_common
+@_internal_errors
+def status_cmd(spec: str, interval: str, ledger_url: str | None, as_json: bool) -> None:
+    """What the ledger and the published outputs say about SPEC's --interval (reads no private data)."""
+    from dpops import runs
+    from dpops.inputs import parse_interval
+
+    iv = parse_interval(interval)
+    with runs.open_run_ledger(ledger_url) as ledger:
+        st = runs.status(spec, iv.start, iv.end, ledger=ledger)
+    if as_json:
+        click.echo(json.dumps(st, indent=2, sort_keys=True, default=str))
+        return
+    rem = "?" if st["scope_remaining"] is None else f"{st['scope_remaining']:.6g}"
+    click.echo(f"release={st['release']} interval={st['interval']} scope={st['scope']} remaining={rem}")
+    click.echo(f"  published run: {st['published_run'] or '-'}" + (f" at {st['output_uri']}" if st["output_uri"] else ""))
+    for v in st["versions"]:
+        click.echo(f"  v{v['version']}: run {v['run_id']}" + (f" restates {v['restates']}" if v["restates"] else "")
+                   + f" published {v['published_at']}")
+    for r in st["runs"]:
+        click.echo(f"  run {r['run_id']}: {r['state']}, epsilon {r['epsilon']:.6g}, key {r['key_id']}"
+                   + (f", restates {r['restates']}" if r["restates"] else ""))

@@ -1,0 +1,95 @@
+"""``dpops spec check FILE [--json]``: validate a release spec and show what it would spend.
+
+Exit 3 on an invalid spec (the error names the file and the field).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from typing import Any
+
+import click
+
+
+def _plan_summary(spec: Any) -> tuple[dict[str, Any] | None, str | None]:
+    try:
+        from dpops.release_plan import plan_release
+    except ImportError as exc:  # the plan module or one of its mechanism modules is missing
+        return None, f"the release plan is unavailable ({exc}): no mechanism details"
+    plan = plan_release(spec)
+    return plan.describe(), None
+
+
+def summary(spec: Any) -> dict[str, Any]:
+    weights = spec.split_weights()
+    total = sum(weights.values())
+    b = spec.budget
+    return {
+        "file": spec.source,
+        "release": spec.name,
+        "spec_hash": spec.spec_hash,
+        "privacy_unit": spec.privacy_unit.model_dump(mode="json"),
+        "contribution": spec.contribution.model_dump(mode="json"),
+        "scope": b.scope,
+        "epsilon": b.epsilon,
+        "delta": b.delta,
+        "noise": b.noise,
+        "partitions": {
+            "columns": spec.partitions.columns,
+            "strategy": "public" if spec.partitions.is_public else spec.partitions.private.strategy,
+            "public_count": len(spec.public_partitions() or []) if spec.partitions.is_public else None,
+        },
+        # The basic-composition view of the split; the plan below is authoritative.
+        "epsilon_split": {k: b.epsilon * w / total for k, w in weights.items()},
+        "metrics": [{"key": m.key, "type": m.type, "column": getattr(m, "column", None),
+                     "bounds": list(getattr(m, "bounds", ()) or ()) or None} for m in spec.metrics],
+        "output_root": str(spec.output_root),
+    }
+
+
+@click.group("spec")
+def cli() -> None:
+    """Release specs: validate them and see what they would spend."""
+
+
+@cli.command("check")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="print the summary as JSON")
+def check_cmd(file: str, as_json: bool) -> None:
+    """Validate FILE; print the metrics, the epsilon/delta split and each mechanism's sensitivity."""
+    from dpops.spec import load_spec
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        spec = load_spec(file)
+    doc = summary(spec)
+    plan, note = _plan_summary(spec)
+    doc["plan"] = plan
+    doc["warnings"] = [str(w.message) for w in caught] + ([note] if note else [])
+    if as_json:
+        click.echo(json.dumps(doc, indent=2, sort_keys=True, default=str))
+        return
+    u = spec.privacy_unit
+    click.echo(f"{doc['file']}: valid release spec {spec.name!r} (spec hash {spec.spec_hash[:16]})")
+    click.echo(f"  unit: {u.column} ({u.description}), adjacency {u.adjacency}"
+               f"{', record level' if u.record_level else ''}{', per ' + u.period if u.period else ''}")
+    c = spec.contribution
+    click.echo(f"  contribution: at most {c.max_partitions_per_unit} partition(s) per unit, "
+               f"{c.max_rows_per_unit_per_partition} row(s) per unit and partition")
+    p = doc["partitions"]
+    click.echo(f"  partitions by {', '.join(p['columns'])}: {p['strategy']}"
+               + (f" ({p['public_count']} listed)" if p["public_count"] is not None else ""))
+    click.echo(f"  budget: scope {doc['scope']}, epsilon {doc['epsilon']}, delta {doc['delta']}, {doc['noise']} noise")
+    for m in doc["metrics"]:
+        extra = f" of {m['column']}" if m["column"] else ""
+        extra += f" in [{m['bounds'][0]}, {m['bounds'][1]}]" if m["bounds"] else ""
+        click.echo(f"  - {m['key']}: {m['type']}{extra}, epsilon share {doc['epsilon_split'][m['key']]:.4g}")
+    if "partition_selection" in doc["epsilon_split"]:
+        click.echo(f"  - partition selection: epsilon share {doc['epsilon_split']['partition_selection']:.4g}")
+    if plan is not None:
+        click.echo("  plan (mechanisms, parameters, sensitivities):")
+        for line in json.dumps(plan, indent=2, sort_keys=True, default=str).splitlines():
+            click.echo("    " + line)
+    for w in doc["warnings"]:
+        click.echo(f"  warning: {w}")
