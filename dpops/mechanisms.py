@@ -1,0 +1,331 @@
+"""Calibrated additive-noise mechanisms: what the Beam pipeline calls.
+
+Every mechanism adds *integer* noise sampled exactly (``dpops.samplers``):
+
+- integer-valued queries (counts): true integer + integer noise, resolution r = 1, no rounding;
+- real-valued queries ("secure noise generation", Google 2020; Mironov 2012): each value is
+  rounded to the nearest multiple of a power-of-two resolution r and r·(integer noise) is added,
+  so the output is exactly representable and no floating-point artefact depends on the input.
+
+Rounding charge. Rounding moves each coordinate by at most r/2, so two neighbouring inputs
+whose query vectors differ by Δ1 (L1) / Δ2 (L2) and in at most ``max_coords`` = m coordinates
+have rounded vectors differing by at most Δ1 + r·m (L1) / Δ2 + r·sqrt(m) (L2). In lattice units
+(divided by r) we charge the integer ceil(Δ/r + m) (resp. ceil(Δ2/r + sqrt(m))), which is what
+``l1_sensitivity``/``l2_sensitivity`` record (times r).
+
+Resolution policy (public parameters only): r is the largest power of two with
+r·m ≤ Δ1/2**10 (L1) or r·sqrt(m) ≤ Δ2/2**10 (L2), so the rounding costs at most 2**-10 ≈ 0.1%
+of the sensitivity (plus the ceil, at most one more lattice step, another ≤ 0.1%), and the grid
+is ≥ 2**10·m/ε times finer than the Laplace scale.
+
+Calibration of the Gaussian: ``calibration="exact"`` uses the exact (ε, δ) of the discrete
+Gaussian (CKS20 Thm 7) when one coordinate changes (m = 1); that profile is what a PLD accountant
+certifies. With m > 1, or ``calibration="zcdp"``, σ is set so the event's ρ converts to ≤ ε by
+ε = ρ + 2 sqrt(ρ ln(1/δ)), which every accountant (basic, zcdp, rdp, pld) certifies.
+The scale is always rounded *up* to the exact rational the sampler uses; ``scale`` records
+a double ≤ that exact value, so a claim recomputed from the event is conservative.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from dpops.calibration import (
+    discrete_gaussian_delta,
+    discrete_gaussian_sigma,
+    gaussian_sigma_zcdp,
+    zcdp_epsilon,
+)
+from dpops.errors import InvalidParameter
+from dpops.events import DiscreteGaussian, DiscreteLaplace, PrivacyEvent
+from dpops.randomness import RandomSource
+from dpops.samplers import (
+    DiscreteGaussianParam,
+    DiscreteLaplaceParam,
+    discrete_gaussian,
+    discrete_gaussian_param,
+    discrete_laplace,
+    discrete_laplace_param,
+    float_up,
+)
+from dpops.validation import check_delta, check_epsilon, check_positive, check_positive_int
+
+RESOLUTION_BITS = 10
+_MAX_LATTICE = 2**52  # |rounded value + noise| in lattice units must stay exact in a double
+
+
+@dataclass(frozen=True)
+class NoiseParams:
+    family: str  # "laplace" | "gaussian"
+    integer_valued: bool
+    resolution: float
+    scale: float  # Laplace b or Gaussian sigma actually used, value units (<= exact value)
+    l1_sensitivity: float | None
+    l2_sensitivity: float | None
+    std: float
+    lattice: DiscreteLaplaceParam | DiscreteGaussianParam | None = field(default=None, repr=False)
+    max_coords: int = 1
+    calibration: str = "pure"  # "pure" | "cks20_exact" | "zcdp_conversion" | "zcdp"
+    target: tuple = ()  # requested (("epsilon", e), ("delta", d)) or (("rho", r),), for the record
+
+    def event(self) -> PrivacyEvent:
+        if self.family == "laplace":
+            return DiscreteLaplace(scale=self.scale, l1_sensitivity=self.l1_sensitivity, resolution=self.resolution)
+        return DiscreteGaussian(sigma=self.scale, l2_sensitivity=self.l2_sensitivity, resolution=self.resolution)
+
+    def lattice_halfwidth(self, coverage: float = 0.95) -> int:
+        """Smallest integer h with P(|K| > h) <= 1 - coverage for the integer noise K."""
+        alpha = 1.0 - coverage
+        lat = self._lattice()
+        if isinstance(lat, DiscreteLaplaceParam):
+            p = math.exp(-lat.s / lat.t)
+            # P(|K| > h) = 2 p^(h+1)/(1+p)
+            h = max(0, math.ceil(math.log(alpha / 2 * (1 + p)) / math.log(p)) - 1)
+            while h > 0 and 2 * lat.tail(h) <= alpha:
+                h -= 1
+            while 2 * lat.tail(h + 1) > alpha:
+                h += 1
+            return h
+        sigma = math.sqrt(float(lat.sigma2))
+        h = max(0, int(1.9 * sigma) - 2)
+        while 2 * lat.tail(h + 1) > alpha:
+            h += 1
+        return h
+
+    def ci95_halfwidth(self) -> float:
+        """Half-width of a 95% interval for the true value, from public parameters only.
+
+        Covers the noise (≥ 95%) plus, for real-valued queries, the rounding to the grid (r/2).
+        """
+        h = self.lattice_halfwidth(0.95) * self.resolution
+        return h if self.integer_valued else h + self.resolution / 2
+
+    def _lattice(self) -> DiscreteLaplaceParam | DiscreteGaussianParam:
+        if self.lattice is not None:
+            return self.lattice
+        if self.family == "laplace":
+            return discrete_laplace_param(Fraction(self.scale) / Fraction(self.resolution))
+        return discrete_gaussian_param(Fraction(self.scale) / Fraction(self.resolution))
+
+    def describe(self) -> dict[str, Any]:
+        """JSON for manifests: parameters, sensitivities and the exact lattice parameter."""
+        lat = self._lattice()
+        if isinstance(lat, DiscreteLaplaceParam):
+            exact = {"lattice_scale": f"{lat.t}/{lat.s}"}
+        else:
+            exact = {"lattice_sigma2": f"{lat.t * lat.c}/{lat.b}"}
+        return {
+            "family": self.family,
+            "sampler": "discrete_laplace" if self.family == "laplace" else "discrete_gaussian",
+            "integer_valued": self.integer_valued,
+            "resolution": self.resolution,
+            "scale": self.scale,
+            "l1_sensitivity": self.l1_sensitivity,
+            "l2_sensitivity": self.l2_sensitivity,
+            "max_coords": self.max_coords,
+            "std": self.std,
+            "ci95_halfwidth": self.ci95_halfwidth(),
+            "calibration": self.calibration,
+            "target": dict(self.target),
+            **exact,
+        }
+
+
+def choose_resolution(sensitivity: float, coord_factor: float) -> float:
+    """Largest power of two r with r·coord_factor <= sensitivity / 2**RESOLUTION_BITS."""
+    x = sensitivity / (coord_factor * 2.0**RESOLUTION_BITS)
+    _, e = math.frexp(x)  # x = f·2**e, f in [0.5, 1)
+    r = math.ldexp(1.0, e - 1)
+    if r * coord_factor * 2.0**RESOLUTION_BITS > sensitivity:  # float rounding in x: step down
+        r /= 2
+    return r
+
+
+def _lattice_sensitivity(sens: float, integer_valued: bool, m: int, norm: str) -> tuple[float, Fraction]:
+    """(resolution r, charged sensitivity in lattice units as an exact Fraction)."""
+    if integer_valued:
+        return 1.0, Fraction(sens)
+    factor = m if norm == "l1" else math.sqrt(m)
+    r = choose_resolution(sens, factor)
+    if norm == "l1":
+        extra = Fraction(m)
+    else:
+        extra = Fraction(float_up(Fraction(math.sqrt(m))))
+        if extra * extra < m:  # pragma: no cover - sqrt is correctly rounded
+            extra = Fraction(math.nextafter(float(extra), math.inf))
+    lat = Fraction(sens) / Fraction(r) + extra
+    return r, Fraction(math.ceil(lat))
+
+
+def _check_common(sens: float, name: str, integer_valued: Any, max_coords: int) -> tuple[float, bool, int]:
+    sens = check_positive(sens, name)
+    if not isinstance(integer_valued, bool):
+        raise InvalidParameter(f"integer_valued must be True or False, got {integer_valued!r}")
+    m = check_positive_int(max_coords, "max_coords")
+    return sens, integer_valued, m
+
+
+def laplace_mechanism(epsilon: float, l1_sensitivity: float, *, integer_valued: bool, max_coords: int = 1) -> NoiseParams:
+    """ε-DP discrete Laplace noise for a query with L1 sensitivity Δ1 (value units)."""
+    epsilon = check_epsilon(epsilon)
+    sens, integer_valued, m = _check_common(l1_sensitivity, "l1_sensitivity", integer_valued, max_coords)
+    r, lat_sens = _lattice_sensitivity(sens, integer_valued, m, "l1")
+    lat = discrete_laplace_param(lat_sens / Fraction(epsilon))
+    fr = Fraction(r)
+    scale = float(fr * lat.scale)  # r power of two, t < 2**53: exact
+    if Fraction(scale) != fr * lat.scale:  # pragma: no cover - guarded by the bit budget of the param
+        raise InvalidParameter("internal: Laplace scale is not exactly representable")
+    l1 = float_up(fr * lat_sens)
+    params = NoiseParams(
+        family="laplace",
+        integer_valued=integer_valued,
+        resolution=r,
+        scale=scale,
+        l1_sensitivity=l1,
+        l2_sensitivity=None,
+        std=r * math.sqrt(lat.variance()),
+        lattice=lat,
+        max_coords=m,
+        calibration="pure",
+        target=(("epsilon", epsilon),),
+    )
+    if not params.event().epsilon <= epsilon:  # pragma: no cover - rounding is upward by construction
+        raise InvalidParameter("internal: Laplace calibration does not certify the requested epsilon")
+    return params
+
+
+def _gaussian_params(lat: DiscreteGaussianParam, r: float, lat_sens: Fraction, integer_valued: bool, m: int,
+                     calibration: str, target: tuple) -> NoiseParams:
+    fr = Fraction(r)
+    return NoiseParams(
+        family="gaussian",
+        integer_valued=integer_valued,
+        resolution=r,
+        scale=r * lat.sigma_float,  # times a power of two: exact, and <= the exact sigma
+        l1_sensitivity=None,
+        l2_sensitivity=float_up(fr * lat_sens),
+        std=r * math.sqrt(lat.variance()),
+        lattice=lat,
+        max_coords=m,
+        calibration=calibration,
+        target=target,
+    )
+
+
+def gaussian_mechanism(
+    epsilon: float,
+    delta: float,
+    l2_sensitivity: float,
+    *,
+    integer_valued: bool,
+    max_coords: int = 1,
+    calibration: str = "exact",
+) -> NoiseParams:
+    """(ε, δ)-DP discrete Gaussian noise (see the module docstring for the two calibrations)."""
+    epsilon = check_epsilon(epsilon)
+    delta = check_delta(delta, allow_zero=False)
+    sens, integer_valued, m = _check_common(l2_sensitivity, "l2_sensitivity", integer_valued, max_coords)
+    if calibration not in ("exact", "zcdp"):
+        raise InvalidParameter(f"calibration must be 'exact' or 'zcdp', got {calibration!r}")
+    r, lat_sens = _lattice_sensitivity(sens, integer_valued, m, "l2")
+    target = (("epsilon", epsilon), ("delta", delta))
+    if calibration == "exact" and m == 1:
+        d_int = math.ceil(lat_sens)  # one coordinate: integer differences of size <= ceil
+        lat_sens = Fraction(d_int)
+        sigma = discrete_gaussian_sigma(epsilon, delta, float(d_int))
+        for _ in range(100):
+            lat = discrete_gaussian_param(sigma)
+            params = _gaussian_params(lat, r, lat_sens, integer_valued, m, "cks20_exact", target)
+            ev = params.event()
+            # verify on the recorded (conservative) floats, in lattice units
+            if discrete_gaussian_delta(epsilon, (ev.sigma / r) ** 2, round(ev.l2_sensitivity / r)) <= delta:
+                return params
+            sigma *= 1 + 1e-9
+        raise InvalidParameter("internal: discrete Gaussian calibration did not verify")  # pragma: no cover
+    sigma = gaussian_sigma_zcdp(epsilon, delta, float(lat_sens))
+    for _ in range(100):
+        lat = discrete_gaussian_param(sigma)
+        params = _gaussian_params(lat, r, lat_sens, integer_valued, m, "zcdp_conversion", target)
+        if zcdp_epsilon(params.event().rho, delta) <= epsilon:
+            return params
+        sigma *= 1 + 1e-12
+    raise InvalidParameter("internal: zCDP calibration did not verify")  # pragma: no cover
+
+
+def gaussian_mechanism_zcdp(rho: float, l2_sensitivity: float, *, integer_valued: bool, max_coords: int = 1) -> NoiseParams:
+    """ρ-zCDP discrete Gaussian noise: σ = Δ2'/sqrt(2ρ) with the rounding-charged Δ2'."""
+    rho = check_positive(rho, "rho")
+    sens, integer_valued, m = _check_common(l2_sensitivity, "l2_sensitivity", integer_valued, max_coords)
+    r, lat_sens = _lattice_sensitivity(sens, integer_valued, m, "l2")
+    sigma = float(lat_sens) / math.sqrt(2 * rho)
+    for _ in range(100):
+        lat = discrete_gaussian_param(sigma)
+        params = _gaussian_params(lat, r, lat_sens, integer_valued, m, "zcdp", (("rho", rho),))
+        if params.event().rho <= rho:
+            return params
+        sigma *= 1 + 1e-12
+    raise InvalidParameter("internal: zCDP calibration did not verify")  # pragma: no cover
+
+
+def _first_bad(mask: np.ndarray) -> int:
+    return int(np.flatnonzero(mask.reshape(-1))[0])
+
+
+def add_noise(values: np.ndarray, params: NoiseParams, rng: RandomSource) -> np.ndarray:
+    """Noisy copy of ``values``: int64 for integer-valued params, float64 on the r-grid otherwise.
+
+    NaN or infinite values are refused (the pipeline must clamp/drop them before noising).
+    """
+    if not isinstance(params, NoiseParams):
+        raise InvalidParameter("add_noise needs NoiseParams from laplace_mechanism/gaussian_mechanism")
+    if not isinstance(rng, RandomSource):
+        raise InvalidParameter("add_noise needs a RandomSource (os_random, keyed_random or test_random)")
+    arr = np.asarray(values)
+    if arr.dtype == bool or arr.dtype == object or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
+        raise InvalidParameter(f"values must be a numeric array, got dtype {arr.dtype}")
+    if np.issubdtype(arr.dtype, np.floating):
+        bad = ~np.isfinite(arr)
+        if bad.any():
+            i = _first_bad(bad)
+            raise InvalidParameter(f"values[{i}] is {arr.reshape(-1)[i]!r}: NaN/inf must never reach the noise step")
+    lat = params._lattice()
+    if params.integer_valued:
+        if np.issubdtype(arr.dtype, np.floating):
+            frac = arr != np.floor(arr)
+            if frac.any():
+                i = _first_bad(frac)
+                raise InvalidParameter(f"values[{i}]={arr.reshape(-1)[i]!r} is not an integer but the query is integer-valued")
+        if arr.size and np.abs(arr).max() >= _MAX_LATTICE:
+            raise InvalidParameter(f"values must be below 2**52 in magnitude, got {np.abs(arr).max()!r}")
+        base = arr.astype(np.int64)
+    else:
+        r = params.resolution
+        scaled = arr.astype(np.float64) / r  # r is a power of two: exact
+        base_f = np.rint(scaled)  # nearest multiple of r (ties to even: deterministic)
+        if base_f.size and np.abs(base_f).max() >= _MAX_LATTICE:
+            raise InvalidParameter(f"values too large for resolution {r}: |value|/r must stay below 2**52")
+        base = base_f.astype(np.int64)
+    if isinstance(lat, DiscreteLaplaceParam):
+        noise = discrete_laplace(lat, base.size, rng)
+    else:
+        noise = discrete_gaussian(lat, base.size, rng)
+    out = base + noise.reshape(base.shape)
+    if params.integer_valued:
+        return out
+    return out.astype(np.float64) * params.resolution
+
+
+__all__ = [
+    "NoiseParams",
+    "RESOLUTION_BITS",
+    "choose_resolution",
+    "laplace_mechanism",
+    "gaussian_mechanism",
+    "gaussian_mechanism_zcdp",
+    "add_noise",
+]
