@@ -1,0 +1,345 @@
+"""The release plan: from a spec ALONE (never data), every mechanism a run will use.
+
+The ledger reserves ``plan.events`` and the pipeline draws exactly the noise in
+``plan.metrics``; both come from ``plan_release(spec)``, a pure function of the
+validated spec, so they cannot disagree (``plan_hash`` lets the pipeline check).
+
+Budget split (documented in the manifest through ``describe()``):
+
+- epsilon: each metric key and ``partition_selection`` (private partitions only)
+  gets epsilon * w / sum(w) with the spec's ``budget.split`` weights.
+- delta goes only to Gaussian-noised metrics and to partition selection, split
+  by the same weights among those consumers. Laplace metrics and the
+  exponential-mechanism metrics (quantiles, top_k) are pure epsilon-DP.
+- Gaussian metrics are calibrated in zCDP so that the plan certifies under the
+  *basic* accountant too (which charges Gaussian events through their rho): the
+  Gaussian group's (eps_G, delta_G) becomes rho_G with
+  eps_G = rho_G + 2 sqrt(rho_G ln(1/delta_G)), split over the Gaussian metrics by
+  weight. rdp/pld accountants certify the same events with a smaller epsilon.
+- Inside a metric with several noised vectors the share is split equally:
+  mean = (normalised sum, count), each 1/2; variance = (normalised sum,
+  centred sum of squares, count), each 1/3. mean = mid + nsum/count,
+  variance = E[(x-mid)^2] - E[x-mid]^2 (post-processing of the noised vectors).
+- quantiles: one exponential mechanism per (partition, quantile). One unit can
+  change at most ``m`` partitions (m = L0 for add_remove, 2 L0 for replace: the
+  ``max_coords`` of the count sensitivity), so each run gets
+  eps_metric / (m * n_quantiles) and the metric is charged
+  SelfComposed(PureDP(that), m * n_quantiles) = eps_metric under basic composition.
+- top_k: ``selection.top_k`` per partition with eps_metric / m (it spends its
+  epsilon across the k picks itself); utility sensitivity = the per-partition
+  count sensitivity ``count(b).linf`` (a unit moves one category count by <= Linf).
+- partition selection: ``PartitionSelection`` over unit counts with its (eps, delta)
+  for add_remove (it already accounts for a unit touching L0 partitions). For
+  replace (a removal plus an addition) group privacy of size 2 is used: the
+  selection runs at (eps/2, delta / (1 + e^(eps/2))) and is charged (eps, delta).
+
+Every share is multiplied by (1 - 1e-9) so float rounding can never make the
+composed total exceed the spec; ``plan_release`` re-checks the total with the
+basic accountant and refuses a plan that does not certify.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from dpops import sensitivity
+from dpops.errors import InvalidParameter, SpecError
+from dpops.events import ApproxDP, PrivacyEvent, PureDP, SelfComposed, canonical_json, event_to_dict
+
+SAFETY = 1.0 - 1e-9
+QUANTILE_BINS = 256  # public candidate grid for quantiles: lo + j (hi - lo) / 256, j = 0..256 (dense per-partition histograms)
+PARTITION_SELECTION_KEY = "partition_selection"
+GAUSSIAN_ABLE = ("count", "unit_count", "sum", "mean", "variance")
+
+
+@dataclass(frozen=True)
+class NoisyVector:
+    """One noised vector (one value per partition) of a metric."""
+
+    name: str  # "count", "sum", "normalized_sum", "normalized_sum_squares"
+    accumulator: str  # which per-partition aggregate it noises
+    params: Any  # dpops.mechanisms.NoiseParams
+    sensitivity: Any  # dpops.sensitivity.Sensitivity (before the rounding charge)
+
+    def event(self) -> PrivacyEvent:
+        return self.params.event()
+
+
+@dataclass(frozen=True)
+class MetricPlan:
+    key: str
+    type: str
+    column: str | None
+    bounds: tuple[float, float] | None
+    epsilon: float  # share of the budget (basic-composition view)
+    delta: float
+    rho: float | None  # zCDP share when Gaussian
+    vectors: tuple[NoisyVector, ...] = ()
+    # exponential-mechanism metrics
+    quantiles: tuple[float, ...] = ()
+    quantile_suffixes: tuple[str, ...] = ()
+    n_bins: int = 0
+    per_run_epsilon: float | None = None  # epsilon of one EM run (one partition [, one quantile])
+    utility_sensitivity: float | None = None
+    runs_per_unit: int = 0  # how many EM runs one unit can influence
+    k: int = 0
+    domain: tuple[Any, ...] = ()
+
+    def events(self) -> list[PrivacyEvent]:
+        if self.vectors:
+            return [v.event() for v in self.vectors]
+        mech = "exponential_mechanism/quantile" if self.type == "quantiles" else "top_k"
+        return [SelfComposed(PureDP(self.per_run_epsilon, mechanism=mech), self.runs_per_unit)]
+
+
+@dataclass(frozen=True)
+class ReleasePlan:
+    release: str
+    spec_hash: str
+    epsilon: float
+    delta: float
+    noise: str
+    unit_column: str
+    adjacency: str
+    record_level: bool
+    max_partitions_per_unit: int
+    max_rows_per_unit_per_partition: int
+    partition_columns: tuple[str, ...]
+    public_partitions: tuple[tuple[Any, ...], ...] | None
+    partition_selection: Any | None  # dpops.selection.PartitionSelection (parameters it runs with)
+    partition_selection_event: PrivacyEvent | None  # what it is charged (group privacy for replace)
+    metrics: tuple[MetricPlan, ...]
+    postprocess: dict[str, Any] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def events(self) -> list[PrivacyEvent]:
+        """What the ledger reserves: one event per noised vector / EM metric, plus partition selection."""
+        out: list[PrivacyEvent] = []
+        for m in self.metrics:
+            out.extend(m.events())
+        if self.partition_selection_event is not None:
+            out.append(self.partition_selection_event)
+        return out
+
+    def total_epsilon(self, accountant: str = "basic") -> float:
+        """epsilon of this run at the spec's delta under ``accountant`` (for display)."""
+        from dpops.accounting import get_accountant
+
+        return get_accountant(accountant).epsilon(self.events, self.delta)
+
+    def describe(self) -> dict[str, Any]:
+        """JSON for the manifest: every mechanism with its parameters and sensitivity."""
+        metrics = []
+        for m in self.metrics:
+            d: dict[str, Any] = {
+                "key": m.key, "type": m.type, "column": m.column,
+                "bounds": list(m.bounds) if m.bounds else None,
+                "epsilon_share": m.epsilon, "delta_share": m.delta, "rho_share": m.rho,
+            }
+            if m.vectors:
+                d["vectors"] = [
+                    {
+                        "name": v.name,
+                        "mechanism": f"{'integer' if v.params.integer_valued else 'grid'}_{v.params.family}",
+                        "scale": v.params.scale, "resolution": v.params.resolution, "std": v.params.std,
+                        "l1_sensitivity_charged": v.params.l1_sensitivity,
+                        "l2_sensitivity_charged": v.params.l2_sensitivity,
+                        "sensitivity": {"l1": v.sensitivity.l1, "l2": v.sensitivity.l2,
+                                        "linf": v.sensitivity.linf, "max_coords": v.sensitivity.max_coords},
+                        "event": event_to_dict(v.event()),
+                    }
+                    for v in m.vectors
+                ]
+            else:
+                d.update({
+                    "mechanism": "exponential_mechanism" if m.type == "quantiles" else "top_k",
+                    "epsilon_per_run": m.per_run_epsilon, "utility_sensitivity": m.utility_sensitivity,
+                    "runs_per_unit": m.runs_per_unit, "event": event_to_dict(m.events()[0]),
+                })
+                if m.type == "quantiles":
+                    d.update({"quantiles": list(m.quantiles), "candidate_grid_bins": m.n_bins})
+                else:
+                    d.update({"k": m.k, "domain": list(m.domain)})
+            metrics.append(d)
+        ps = None
+        if self.partition_selection is not None:
+            s = self.partition_selection
+            ps = {"strategy": s.strategy, "epsilon_run": s.epsilon, "delta_run": s.delta,
+                  "max_partitions_per_unit": s.max_partitions_per_unit,
+                  "event": event_to_dict(self.partition_selection_event)}
+        return {
+            "schema": "dpops.plan/1",
+            "release": self.release, "spec_hash": self.spec_hash,
+            "budget": {"epsilon": self.epsilon, "delta": self.delta, "noise": self.noise, "weights": self.weights},
+            "privacy_unit": {"column": self.unit_column, "adjacency": self.adjacency, "record_level": self.record_level},
+            "contribution": {"max_partitions_per_unit": self.max_partitions_per_unit,
+                             "max_rows_per_unit_per_partition": self.max_rows_per_unit_per_partition},
+            "partitions": {"columns": list(self.partition_columns),
+                           "strategy": "public" if self.public_partitions is not None else "private",
+                           "public_count": None if self.public_partitions is None else len(self.public_partitions),
+                           "selection": ps},
+            "metrics": metrics,
+            "events": [event_to_dict(e) for e in self.events],
+            "postprocess": self.postprocess,
+        }
+
+    @property
+    def plan_hash(self) -> str:
+        return hashlib.sha256(canonical_json(self.describe()).encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def rho_for_epsilon_delta(epsilon: float, delta: float) -> float:
+    """Largest rho with rho + 2 sqrt(rho ln(1/delta)) <= epsilon (Bun & Steinke 2016, Prop 1.3, inverted)."""
+    if not (0 < delta < 1):
+        raise InvalidParameter(f"Gaussian metrics need 0 < delta < 1, got {delta!r}")
+    L = math.log(1.0 / delta)
+    return (math.sqrt(epsilon + L) - math.sqrt(L)) ** 2
+
+
+def plan_release(spec) -> ReleasePlan:
+    """Derive the whole release plan from a validated ``dpops.spec.ReleaseSpec``."""
+    from dpops import mechanisms, selection  # noqa: PLC0415 - keeps `import dpops.release_plan` light
+    eps, delta, noise = float(spec.budget.epsilon), float(spec.budget.delta), spec.budget.noise
+    unit = spec.privacy_unit
+    c = spec.contribution
+    bounds = sensitivity.ContributionBounds(
+        adjacency=unit.adjacency,
+        max_partitions=int(c.max_partitions_per_unit),
+        max_rows_per_partition=int(c.max_rows_per_unit_per_partition),
+    )
+    public = spec.public_partitions()
+    private = public is None
+    weights = spec.split_weights()
+    total_w = sum(weights.values())
+
+    def gaussian(m) -> bool:
+        return noise == "gaussian" and m.type in GAUSSIAN_ABLE
+
+    # delta consumers: Gaussian metrics + partition selection
+    delta_w = {m.key: weights[m.key] for m in spec.metrics if gaussian(m)}
+    if private:
+        delta_w[PARTITION_SELECTION_KEY] = weights[PARTITION_SELECTION_KEY]
+    if delta_w and delta <= 0:
+        raise SpecError(f"{spec.source}: budget.delta must be > 0 for gaussian noise or private partitions")
+    dw_total = sum(delta_w.values())
+    eps_share = {k: eps * w / total_w * SAFETY for k, w in weights.items()}
+    delta_share = {k: delta * w / dw_total * SAFETY for k, w in delta_w.items()}
+
+    g_keys = [m.key for m in spec.metrics if gaussian(m)]
+    rho_share: dict[str, float] = {}
+    if g_keys:
+        eps_g = sum(eps_share[k] for k in g_keys)
+        delta_g = sum(delta_share[k] for k in g_keys)
+        rho_g = rho_for_epsilon_delta(eps_g, delta_g) * SAFETY
+        wg = sum(weights[k] for k in g_keys)
+        rho_share = {k: rho_g * weights[k] / wg for k in g_keys}
+
+    count_s = sensitivity.count(bounds)
+    m_coords = int(count_s.max_coords)  # partitions one unit can change
+
+    metrics = []
+    for m in spec.metrics:
+        key = m.key
+        lohi = tuple(float(x) for x in m.bounds) if getattr(m, "bounds", None) is not None else None
+        base = dict(key=key, type=m.type, column=getattr(m, "column", None), bounds=lohi,
+                    epsilon=eps_share[key], delta=delta_share.get(key, 0.0), rho=rho_share.get(key))
+        if m.type in GAUSSIAN_ABLE:
+            parts = _vector_layout(m.type, key, bounds, lohi)
+            vecs = []
+            for name, acc, sens, integer in parts:
+                if gaussian(m):
+                    params = mechanisms.gaussian_mechanism_zcdp(
+                        rho_share[key] / len(parts), sens.l2, integer_valued=integer, max_coords=sens.max_coords)
+                else:
+                    params = mechanisms.laplace_mechanism(
+                        eps_share[key] / len(parts), sens.l1, integer_valued=integer, max_coords=sens.max_coords)
+                vecs.append(NoisyVector(name, acc, params, sens))
+            metrics.append(MetricPlan(**base, vectors=tuple(vecs)))
+        elif m.type == "quantiles":
+            qs = tuple(float(q) for q in m.quantiles)
+            runs = m_coords * len(qs)
+            metrics.append(MetricPlan(
+                **base, quantiles=qs, quantile_suffixes=tuple(m.column_suffixes()), n_bins=QUANTILE_BINS,
+                per_run_epsilon=eps_share[key] / runs, utility_sensitivity=float(sensitivity.quantile_utility(bounds)),
+                runs_per_unit=runs))
+        elif m.type == "top_k":
+            metrics.append(MetricPlan(
+                **base, k=int(m.k), domain=tuple(m.domain), per_run_epsilon=eps_share[key] / m_coords,
+                utility_sensitivity=float(count_s.linf), runs_per_unit=m_coords))
+        else:  # pragma: no cover - the spec model only admits known types
+            raise SpecError(f"unknown metric type {m.type!r}")
+
+    ps = ps_event = None
+    if private:
+        e_ps, d_ps = eps_share[PARTITION_SELECTION_KEY], delta_share[PARTITION_SELECTION_KEY]
+        if unit.adjacency == "replace":
+            e_run = e_ps / 2.0
+            d_run = d_ps / (1.0 + math.exp(e_run))
+        else:
+            e_run, d_run = e_ps, d_ps
+        ps = selection.PartitionSelection(
+            strategy=spec.partitions.private.strategy, epsilon=e_run, delta=d_run,
+            max_partitions_per_unit=int(c.max_partitions_per_unit))
+        if unit.adjacency == "replace":
+            # group privacy, k = 2: (2 e, (1 + e^e) d)
+            ps_event = ApproxDP(2.0 * e_run, d_run * (1.0 + math.exp(e_run)),
+                                mechanism=f"partition_selection/{ps.strategy}/replace")
+        else:
+            ps_event = ps.event()
+
+    plan = ReleasePlan(
+        release=spec.name, spec_hash=spec.spec_hash, epsilon=eps, delta=delta, noise=noise,
+        unit_column=unit.column, adjacency=unit.adjacency, record_level=bool(unit.record_level),
+        max_partitions_per_unit=int(c.max_partitions_per_unit),
+        max_rows_per_unit_per_partition=int(c.max_rows_per_unit_per_partition),
+        partition_columns=tuple(spec.partitions.columns),
+        public_partitions=None if public is None else tuple(tuple(p) for p in public),
+        partition_selection=ps, partition_selection_event=ps_event, metrics=tuple(metrics),
+        postprocess=spec.postprocess.model_dump(mode="json"), weights=weights,
+    )
+    _certify(plan)
+    return plan
+
+
+def _vector_layout(mtype: str, key: str, b, lohi):
+    """(vector name, accumulator, sensitivity, integer-valued) for the noised vectors of one metric.
+
+    Accumulator names are shared with the pipeline (pipelines/bounding.py): "count",
+    "unit_count", "sum:<key>", "nsum:<key>", "nsq:<key>".
+    """
+    if mtype == "count":
+        return [("count", "count", sensitivity.count(b), True)]
+    if mtype == "unit_count":
+        return [("unit_count", "unit_count", sensitivity.unit_count(b), True)]
+    lo, hi = lohi
+    if mtype == "sum":
+        return [("sum", f"sum:{key}", sensitivity.sum_(b, lo, hi), False)]
+    if mtype == "mean":
+        s = sensitivity.mean(b, lo, hi)
+        return [("normalized_sum", f"nsum:{key}", s["normalized_sum"], False), ("count", "count", s["count"], True)]
+    # variance: the centred squares (x - mid)^2 - h^2/2, h = (hi - lo)/2 (see dpops.sensitivity.variance)
+    s = sensitivity.variance(b, lo, hi)
+    return [
+        ("normalized_sum", f"nsum:{key}", s["normalized_sum"], False),
+        ("normalized_sum_squares", f"nsq:{key}", s["normalized_sum_of_squares"], False),
+        ("count", "count", s["count"], True),
+    ]
+
+
+def _certify(plan: ReleasePlan) -> None:
+    """Refuse a plan whose events do not certify the spec's (epsilon, delta) under basic composition."""
+    from dpops.accounting import get_accountant
+
+    got = get_accountant("basic").epsilon(plan.events, plan.delta)
+    if not got <= plan.epsilon:
+        raise InvalidParameter(
+            f"internal: release plan for {plan.release!r} certifies epsilon={got!r} > budget {plan.epsilon!r}; "
+            "this is a bug in dpops.release_plan"
+        )

@@ -1,0 +1,1 @@
+"""Apache Beam release pipeline (dpops core never imports this package)."""

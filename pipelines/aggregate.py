@@ -1,0 +1,169 @@
+"""Per partition shard: partition selection, noise, post-processing and 95% intervals.
+
+Everything here runs on exactly the mechanisms in the release plan. Noise is drawn
+from ``rng.child(<what>, <metric>, <vector>, shard)`` over partitions sorted by
+their hash, so one key and one input give the same numbers on every runner and
+with any parallelism.
+
+Post-processing (free, semantics.md section 3) uses noisy values and public
+parameters only:
+- counts / unit counts: ``non_negative`` clamps at 0; intervals are
+  noisy +- the mechanism's exact 95% half-width, clamped at 0 too (the truth is >= 0);
+- sums: non-negative clamping only when the lower value bound is >= 0;
+- mean = mid + nsum/max(count, 1), clamped to the bounds; std by the delta method
+  from the two noise stds (an approximation, stated in the summary);
+- variance = m2 - m1^2 from the centred vectors, clamped to [0, ((hi-lo)/2)^2];
+- quantiles: exponential mechanism per partition and quantile over the public grid
+  (no std/interval: the output is a selection, not additive noise); quantiles of a
+  partition are sorted, which is post-processing;
+- top_k: category names by rank;
+- suppress_below: partitions whose first noisy count is below it get null metrics.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pipelines.bounding import quantile_candidates
+
+Z95 = 1.959963984540054
+
+
+def select_and_noise(
+    shard: int,
+    parts: np.ndarray,
+    acc: dict[str, np.ndarray],
+    names: dict[int, tuple[Any, ...]],
+    plan,
+    public_hashes: np.ndarray | None,
+    public_names: dict[int, tuple[Any, ...]] | None,
+    rng,
+) -> dict[str, list | np.ndarray]:
+    """Columns (partition columns first, then metrics) of one shard's released partitions."""
+    from dpops.mechanisms import add_noise
+    from dpops.selection import exponential_mechanism, top_k
+
+    parts, acc = _align(parts, acc, public_hashes, plan)
+    if plan.partition_selection is not None and len(parts):
+        keep = np.asarray(plan.partition_selection.keep(acc["unit_count"], rng.child("partition_selection", shard)), bool)
+        parts = parts[keep]
+        acc = {k: v[keep] for k, v in acc.items()}
+    lookup = public_names if public_names is not None else names
+    cols: dict[str, Any] = {}
+    for j, c in enumerate(plan.partition_columns):
+        cols[c] = [lookup[int(h)][j] for h in parts]
+    n = len(parts)
+    suppress_basis = None
+
+    for m in plan.metrics:
+        if m.vectors:
+            noisy, std = {}, {}
+            for v in m.vectors:
+                true = acc[v.accumulator]
+                true = true.astype(np.int64) if v.params.integer_valued else true.astype(np.float64)
+                noisy[v.name] = np.asarray(add_noise(true, v.params, rng.child("noise", m.key, v.name, shard)))
+                std[v.name] = float(v.params.std)
+                hw = float(v.params.ci95_halfwidth())
+                noisy[v.name + "/hw"] = hw
+            _post_metric(cols, m, noisy, std, plan.postprocess, n)
+            if suppress_basis is None and m.type in ("count", "unit_count"):
+                suppress_basis = noisy[m.type].astype(np.float64)
+        elif m.type == "quantiles":
+            mrng = rng.child("quantile", m.key, shard)
+            lo, hi = m.bounds
+            cand = quantile_candidates(lo, hi, m.n_bins)
+            hist = acc[f"hist:{m.key}"]
+            out = np.empty((n, len(m.quantiles)))
+            for i in range(n):
+                ranks = np.cumsum(hist[i])
+                total = ranks[-1]
+                for jq, q in enumerate(m.quantiles):
+                    util = -np.abs(ranks - q * total)
+                    out[i, jq] = cand[int(exponential_mechanism(util, m.per_run_epsilon, m.utility_sensitivity, mrng))]
+            out.sort(axis=1)
+            for jq, suffix in enumerate(m.quantile_suffixes):
+                cols[f"{m.key}_{suffix}"] = out[:, jq]
+        elif m.type == "top_k":
+            mrng = rng.child("top_k", m.key, shard)
+            cats = acc[f"cat:{m.key}"]
+            ranks = [[None] * n for _ in range(m.k)]
+            for i in range(n):
+                picked = top_k(cats[i].astype(np.int64), m.k, m.per_run_epsilon, m.utility_sensitivity, mrng)
+                for r, idx in enumerate(picked):
+                    ranks[r][i] = m.domain[int(idx)]
+            for r in range(m.k):
+                cols[f"{m.key}_rank{r + 1}"] = ranks[r]
+
+    threshold = plan.postprocess.get("suppress_below")
+    if threshold is not None and suppress_basis is not None and n:
+        cols["suppressed"] = (suppress_basis < float(threshold)).tolist()
+    return cols
+
+
+def _align(parts, acc, public_hashes, plan):
+    """Public partitions: every public partition of this shard appears (zeros where no data)."""
+    if public_hashes is None:
+        return parts, acc
+    idx = np.searchsorted(public_hashes, parts)
+    out = {}
+    for k, v in acc.items():
+        z = np.zeros((len(public_hashes),) + v.shape[1:], dtype=v.dtype)
+        if len(parts):
+            z[idx] = v
+        out[k] = z
+    return public_hashes, out
+
+
+def _clamp_nonneg(x, on: bool):
+    return np.maximum(x, 0) if on else x
+
+
+def _post_metric(cols, m, noisy, std, post, n) -> None:
+    key = m.key
+    nonneg = bool(post.get("non_negative", True))
+    if m.type in ("count", "unit_count"):
+        raw = noisy[m.type]
+        hw = noisy[m.type + "/hw"]
+        val = _clamp_nonneg(raw, nonneg)
+        if not post.get("integer_counts", True):
+            val = val.astype(np.float64)
+        cols[key] = val
+        cols[f"{key}_std"] = np.full(n, std[m.type])
+        cols[f"{key}_ci95_low"] = _clamp_nonneg(raw - hw, nonneg).astype(np.float64)
+        cols[f"{key}_ci95_high"] = _clamp_nonneg(raw + hw, nonneg).astype(np.float64)
+        return
+    lo, hi = m.bounds
+    mid, half = (lo + hi) / 2.0, (hi - lo) / 2.0
+    if m.type == "sum":
+        raw, hw = noisy["sum"], noisy["sum/hw"]
+        on = nonneg and lo >= 0
+        cols[key] = _clamp_nonneg(raw, on)
+        cols[f"{key}_std"] = np.full(n, std["sum"])
+        cols[f"{key}_ci95_low"] = _clamp_nonneg(raw - hw, on)
+        cols[f"{key}_ci95_high"] = _clamp_nonneg(raw + hw, on)
+        return
+    cnt = np.maximum(noisy["count"].astype(np.float64), 1.0)
+    s1 = noisy["normalized_sum"]
+    clamp = bool(post.get("clamp_means_to_bounds", True))
+    if m.type == "mean":
+        m1 = s1 / cnt
+        val = mid + m1
+        sd = np.sqrt(std["normalized_sum"] ** 2 + (m1 * std["count"]) ** 2) / cnt
+        low, high = val - Z95 * sd, val + Z95 * sd
+        if clamp:
+            val, low, high = (np.clip(a, lo, hi) for a in (val, low, high))
+        cols[key], cols[f"{key}_std"], cols[f"{key}_ci95_low"], cols[f"{key}_ci95_high"] = val, sd, low, high
+        return
+    # variance
+    s2 = noisy["normalized_sum_squares"] + cnt * half * half / 2.0  # undo the centring of the squares
+    m1, m2 = s1 / cnt, s2 / cnt
+    val = m2 - m1 * m1
+    d_s2, d_s1, d_n = 1.0 / cnt, -2.0 * s1 / cnt**2, -s2 / cnt**2 + 2.0 * s1 * s1 / cnt**3
+    sd_c = std["count"]
+    sd = np.sqrt((d_s2 * std["normalized_sum_squares"]) ** 2 + (d_s1 * std["normalized_sum"]) ** 2 + (d_n * sd_c) ** 2)
+    low, high = val - Z95 * sd, val + Z95 * sd
+    vmax = half * half
+    val, low, high = (np.clip(a, 0.0, vmax) for a in (val, low, high))
+    cols[key], cols[f"{key}_std"], cols[f"{key}_ci95_low"], cols[f"{key}_ci95_high"] = val, sd, low, high

@@ -1,0 +1,469 @@
+"""The Beam release pipeline: read -> bucket by unit -> bound + pre-aggregate -> shard by
+partition -> select partitions + noise -> data.parquet + summary.json.
+
+Shape (one Beam element is a batch, never a row):
+
+  Create(work items: file x row group)
+    | ReadCheckHash    Arrow batches; malformed rows dropped (counted, internal);
+    |                  rows outside the public partition list dropped; emits
+    |                  (bucket = hash(unit) mod B, numpy batch) + partition names per shard
+    | GroupByKey(bucket)
+    | BoundAggregate   exact L0 / Linf bounding with the run's randomness (per-bucket
+    |                  stream), clamping, per-partition partial sums; emits per shard
+    | Flatten(partials, names, one empty seed per shard) | GroupByKey(shard)
+    | SelectNoiseWrite partition selection / public alignment, noise from the plan,
+                       post-processing; writes <staging>/_parts/shard-N.parquet
+
+The driver then merges the shard files into data.parquet and writes summary.json.
+DoFns hold only picklable configuration; the noise key is read from ``key_path``
+inside each worker (never on a command line, never logged). Staging must be a
+filesystem every worker can write (local for FnApiRunner / PortableRunner LOOPBACK).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+
+from dpops.compute import ComputeRequest, ComputeResult
+from dpops.errors import InputDataError, InvalidParameter, StorageError
+from pipelines.aggregate import select_and_noise
+from pipelines.bounding import AggregationSpec, aggregate_bucket, merge_partials
+from pipelines.io import (
+    ReadConfig,
+    hash_partition_tuples,
+    iter_record_batches,
+    prepare_batch,
+    shard_of,
+    split_by_bucket,
+    work_items,
+)
+
+N_BUCKETS = 64  # fixed (not per runner): the bounding randomness is drawn per bucket
+N_SHARDS = 16  # fixed: the noise is drawn per shard
+
+
+@dataclass(frozen=True)
+class RandomnessConfig:
+    """How a worker builds the run's randomness source. Holds the key's PATH, never the key."""
+
+    mode: str
+    label: tuple[tuple[str, str], ...]
+    key_path: str | None = None
+    test_seed: int | None = None
+
+    def source(self):
+        from dpops import randomness
+
+        label = dict(self.label)
+        if self.mode == "keyed":
+            return randomness.keyed_random(randomness.NoiseKey.from_file(self.key_path), label)
+        if self.mode == "os":
+            return randomness.os_random()
+        if self.mode == "test":
+            return randomness.test_random(int(self.test_seed), tuple(f"{k}={v}" for k, v in self.label))
+        raise InvalidParameter(f"randomness must be keyed, os or test, got {self.mode!r}")
+
+
+@dataclass(frozen=True)
+class PipelineContext:
+    read: ReadConfig
+    agg: AggregationSpec
+    plan: Any  # dpops.release_plan.ReleasePlan
+    randomness: RandomnessConfig
+    parts_dir: str
+    public_names: dict[int, tuple[Any, ...]] | None
+
+
+# --------------------------------------------------------------------------- DoFns
+
+
+class ReadCheckHash(beam.DoFn):
+    def __init__(self, ctx: PipelineContext):
+        self.ctx = ctx
+        self._source = None
+
+    def setup(self):
+        self._source = self.ctx.randomness.source()
+
+    def process(self, item):
+        cfg = self.ctx.read
+        stats: dict[str, int] = {}
+        for seq, (batch, offset) in enumerate(iter_record_batches(item, cfg)):
+            # bounding priorities: a stream per (file, row group, batch), independent of runner order
+            rng = self._source.child("bounding", item[0], -1 if item[2] is None else item[2], seq)
+            rows, (uniq, values), st = prepare_batch(batch, item[0], offset, cfg, rng)
+            _add(stats, st)
+            for bucket, chunk in split_by_bucket(rows, cfg.n_buckets):
+                yield bucket, chunk
+            if len(uniq) and self.ctx.public_names is None:
+                shards = shard_of(uniq, cfg.n_shards)
+                for s in np.unique(shards):
+                    sel = np.flatnonzero(shards == s)
+                    yield beam.pvalue.TaggedOutput(
+                        "names", (int(s), ("names", uniq[sel], [[col[i] for i in sel] for col in values])))
+        yield beam.pvalue.TaggedOutput("stats", stats)
+
+
+class BoundAggregate(beam.DoFn):
+    def __init__(self, ctx: PipelineContext):
+        self.ctx = ctx
+
+    def process(self, element):
+        bucket, chunks = element
+        chunks = list(chunks)
+        rows = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
+        parts, acc, stats = aggregate_bucket(rows, self.ctx.agg)
+        shards = shard_of(parts, self.ctx.read.n_shards)
+        for s in np.unique(shards):
+            sel = np.flatnonzero(shards == s)
+            yield int(s), ("agg", int(bucket), parts[sel], {k: v[sel] for k, v in acc.items()})
+        yield beam.pvalue.TaggedOutput("stats", stats)
+
+
+class SelectNoiseWrite(beam.DoFn):
+    def __init__(self, ctx: PipelineContext):
+        self.ctx = ctx
+        self._source = None
+
+    def setup(self):
+        self._source = self.ctx.randomness.source()
+
+    def process(self, element):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        shard, items = element
+        partials, names = [], {}
+        for it in items:
+            if it[0] == "agg":
+                partials.append((it[1], it[2], it[3]))
+            elif it[0] == "names":
+                for j, h in enumerate(it[1]):
+                    names[int(h)] = tuple(col[j] for col in it[2])
+        partials.sort(key=lambda t: t[0])  # bucket order: float sums add up identically on every runner
+        parts, acc = merge_partials([(p, a) for _, p, a in partials])
+        if not acc:
+            acc = _empty_acc(self.ctx.agg)
+        pub = None
+        if self.ctx.public_names is not None:
+            all_pub = np.array(sorted(self.ctx.public_names), dtype=np.uint64)
+            pub = all_pub[shard_of(all_pub, self.ctx.read.n_shards) == shard]
+        cols = select_and_noise(shard, parts, acc, names, self.ctx.plan, pub, self.ctx.public_names, self._source)
+        n = len(next(iter(cols.values()))) if cols else 0
+        if n:
+            table = pa.table({k: (v if isinstance(v, list) else pa.array(v)) for k, v in cols.items()})
+            final = os.path.join(self.ctx.parts_dir, f"shard-{shard:05d}.parquet")
+            tmp = final + f".tmp-{os.getpid()}"
+            pq.write_table(table, tmp)
+            os.replace(tmp, final)
+        yield n
+
+
+def _empty_acc(agg: AggregationSpec) -> dict[str, np.ndarray]:
+    acc = {"count": np.zeros(0, np.int64), "unit_count": np.zeros(0, np.int64)}
+    for name, *_ in agg.sums:
+        acc[name] = np.zeros(0)
+    for name, _c, _lo, _hi, bins in agg.hists:
+        acc[name] = np.zeros((0, bins + 1), np.int64)
+    for name, _c, k in agg.cats:
+        acc[name] = np.zeros((0, k), np.int64)
+    return acc
+
+
+def _add(total: dict[str, int], more: dict[str, int]) -> dict[str, int]:
+    for k, v in more.items():
+        total[k] = total.get(k, 0) + int(v)
+    return total
+
+
+class SumStats(beam.CombineFn):
+    def create_accumulator(self):
+        return {}
+
+    def add_input(self, acc, x):
+        return _add(acc, x)
+
+    def merge_accumulators(self, accs):
+        out: dict[str, int] = {}
+        for a in accs:
+            _add(out, a)
+        return out
+
+    def extract_output(self, acc):
+        return acc
+
+
+class WriteStats(beam.DoFn):
+    def __init__(self, path: str):
+        self.path = path
+
+    def process(self, stats):
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump(stats, fh, sort_keys=True)
+        os.replace(tmp, self.path)
+        yield self.path
+
+
+# --------------------------------------------------------------------------- building
+
+
+def build_context(spec, plan, request: ComputeRequest, parts_dir: str) -> PipelineContext:
+    types = dict(spec.input.columns)
+    unit_col = None if spec.privacy_unit.record_level else spec.privacy_unit.column
+    value_cols, cats, sums, hists, catspecs = [], {}, [], [], []
+    for m in plan.metrics:
+        if m.type in ("sum", "mean", "variance", "quantiles"):
+            value_cols.append(m.column)
+        if m.type == "top_k":
+            cats[m.column] = m.domain
+            catspecs.append((f"cat:{m.key}", m.column, len(m.domain)))
+        for v in m.vectors:
+            kind = v.accumulator.split(":")[0]
+            if kind in ("sum", "nsum", "nsq"):
+                sums.append((v.accumulator, m.column, m.bounds[0], m.bounds[1], kind))
+        if m.type == "quantiles":
+            hists.append((f"hist:{m.key}", m.column, m.bounds[0], m.bounds[1], m.n_bins))
+    public_names = public_hashes = None
+    if plan.public_partitions is not None:
+        tuples = [tuple(p) for p in plan.public_partitions]
+        hashes = hash_partition_tuples(tuples, plan.partition_columns, types)
+        public_names = {int(h): t for h, t in zip(hashes, tuples)}
+        if len(public_names) != len(tuples):
+            raise InvalidParameter("two public partitions hash to the same 64-bit value; rename one")
+        public_hashes = np.array(sorted(public_names), dtype=np.uint64)
+    read = ReadConfig(
+        format=spec.input.format, types=types, unit_column=unit_col,
+        partition_columns=tuple(plan.partition_columns), value_columns=tuple(dict.fromkeys(value_cols)),
+        category_columns=cats, public_hashes=public_hashes, n_buckets=N_BUCKETS, n_shards=N_SHARDS)
+    agg = AggregationSpec(
+        l0=plan.max_partitions_per_unit, linf=plan.max_rows_per_unit_per_partition,
+        sums=tuple(dict.fromkeys(sums)), hists=tuple(hists), cats=tuple(catspecs))
+    label = tuple(sorted((str(k), str(v)) for k, v in request.noise_label.items()))
+    rnd = RandomnessConfig(request.randomness, label, request.key_path, request.test_seed)
+    return PipelineContext(read, agg, plan, rnd, parts_dir, public_names)
+
+
+def build_pipeline(p: beam.Pipeline, ctx: PipelineContext, items: list) -> None:
+    read = (
+        p
+        | "WorkItems" >> beam.Create(items, reshuffle=False)
+        | "ReadCheckHash" >> beam.ParDo(ReadCheckHash(ctx)).with_outputs("names", "stats", main="rows")
+    )
+    bounded = (
+        read.rows
+        | "GroupByBucket" >> beam.GroupByKey()
+        | "BoundAggregate" >> beam.ParDo(BoundAggregate(ctx)).with_outputs("stats", main="partials")
+    )
+    seeds = p | "ShardSeeds" >> beam.Create([(s, ("seed",)) for s in range(ctx.read.n_shards)], reshuffle=False)
+    (
+        (bounded.partials, read.names, seeds)
+        | "FlattenShardInputs" >> beam.Flatten()
+        | "GroupByShard" >> beam.GroupByKey()
+        | "SelectNoiseWrite" >> beam.ParDo(SelectNoiseWrite(ctx))
+    )
+    (
+        (read.stats, bounded.stats)
+        | "FlattenStats" >> beam.Flatten()
+        | "SumStats" >> beam.CombineGlobally(SumStats())
+        | "WriteStats" >> beam.ParDo(WriteStats(os.path.join(ctx.parts_dir, "_internal_stats.json")))
+    )
+
+
+def _make_pipeline(request: ComputeRequest) -> beam.Pipeline:
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    opts = list(request.runner_options)
+    if request.runner == "FnApiRunner":
+        from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+        return beam.Pipeline(runner=FnApiRunner(), options=PipelineOptions(opts))
+    return beam.Pipeline(options=PipelineOptions([f"--runner={request.runner}", *opts]))
+
+
+def _check_request(request: ComputeRequest, spec) -> None:
+    if request.randomness not in ("keyed", "os", "test"):
+        raise InvalidParameter(f"ComputeRequest.randomness must be keyed, os or test, got {request.randomness!r}")
+    if request.randomness == "keyed" and not request.key_path:
+        raise InvalidParameter("ComputeRequest.key_path is required in keyed mode (the FILE holding the noise key)")
+    if request.randomness == "test" and request.test_seed is None:
+        raise InvalidParameter("ComputeRequest.test_seed is required in test mode")
+    if request.randomness != "test" and request.test_seed is not None:
+        raise InvalidParameter("ComputeRequest.test_seed is only allowed in test mode")
+    if not request.staging_dir:
+        raise StorageError("ComputeRequest.staging_dir is empty: give a run-specific empty directory")
+    if not request.input_paths:
+        raise InputDataError("ComputeRequest.input_paths is empty: there is no input to read")
+    want = request.noise_label.get("spec_hash")
+    if want is not None and want != spec.spec_hash:
+        raise InvalidParameter(
+            f"{request.spec_path}: the spec changed since the run was prepared (spec_hash {spec.spec_hash[:12]} "
+            f"!= {str(want)[:12]} in the noise label); prepare the run again"
+        )
+
+
+def run_release(request: ComputeRequest) -> ComputeResult:
+    """Build and run the Beam pipeline for one interval; write data.parquet + summary.json to staging."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dpops.release_plan import plan_release
+    from dpops.spec import load_spec
+
+    t0 = time.time()
+    spec = load_spec(request.spec_path)
+    _check_request(request, spec)
+    plan = plan_release(spec)
+    if request.expected_plan_hash is not None and request.expected_plan_hash != plan.plan_hash:
+        raise InvalidParameter(
+            "the release plan differs from the one the ledger reserved (expected_plan_hash mismatch); "
+            "prepare and reserve the run again"
+        )
+    staging = Path(request.staging_dir)
+    try:
+        staging.mkdir(parents=True, exist_ok=True)
+        if any(p.name in ("data.parquet", "summary.json") for p in staging.iterdir()):
+            raise StorageError(f"{staging}: staging directory already holds an output; use a fresh run directory")
+        parts_dir = staging / "_parts"
+        if parts_dir.exists():
+            shutil.rmtree(parts_dir)
+        parts_dir.mkdir()
+    except OSError as exc:
+        raise StorageError(f"{staging}: cannot prepare the staging directory: {exc}") from None
+
+    ctx = build_context(spec, plan, request, str(parts_dir))
+    if request.randomness == "keyed":
+        ctx.randomness.source()  # fail fast in the driver on a bad key file (message names the path, not the key)
+    items = work_items(list(request.input_paths), spec.input.format)
+    p = _make_pipeline(request)
+    build_pipeline(p, ctx, items)
+    result = p.run()
+    result.wait_until_finish()
+    t_pipe = time.time() - t0
+
+    shard_files = sorted(parts_dir.glob("shard-*.parquet"))
+    tables = [pq.read_table(f) for f in shard_files]
+    if tables:
+        table = pa.concat_tables(tables, promote_options="default")
+    else:
+        table = _empty_table(plan, spec)
+    table = table.sort_by([(c, "ascending") for c in plan.partition_columns])
+    internal_path = parts_dir / "_internal_stats.json"
+    internal = json.loads(internal_path.read_text()) if internal_path.exists() else {}
+
+    out_file = staging / "data.parquet"
+    _atomic_write_table(table, out_file)
+    summary = {
+        "release": plan.release,
+        "interval": {"start": request.interval_start, "end": request.interval_end},
+        "spec_hash": plan.spec_hash,
+        "plan_hash": plan.plan_hash,
+        "randomness": request.randomness,
+        "key_id": _key_id(request),
+        "test_mode": request.randomness == "test",
+        "partitions_released": table.num_rows,
+        "columns": table.column_names,
+        "runner": request.runner,
+        "plan": plan.describe(),
+        "notes": {
+            "malformed_rows": "rows with a null unit or partition, or a null/NaN/inf value in ANY metric "
+                              "column, are dropped for all metrics before contribution bounding",
+            "mean_variance_intervals": "delta-method approximations from the noise stds",
+            "quantiles": "exponential mechanism over a public grid; no std / interval",
+        },
+    }
+    summary_file = staging / "summary.json"
+    _atomic_write_text(summary_file, json.dumps(summary, indent=2, sort_keys=True, default=str))
+    shutil.rmtree(parts_dir, ignore_errors=True)
+    internal.update({"pipeline_seconds": round(t_pipe, 3), "work_items": len(items),
+                     "buckets": N_BUCKETS, "shards": N_SHARDS})
+    return ComputeResult(str(out_file), str(summary_file), table.num_rows, internal)
+
+
+def _key_id(request: ComputeRequest) -> str | None:
+    if request.randomness != "keyed":
+        return None
+    from dpops.randomness import NoiseKey
+
+    return NoiseKey.from_file(request.key_path).key_id
+
+
+def _empty_table(plan, spec):
+    import pyarrow as pa
+
+    from pipelines.io import ARROW_TYPES
+
+    cols = {c: pa.array([], ARROW_TYPES[spec.input.columns[c]]) for c in plan.partition_columns}
+    for m in plan.metrics:
+        if m.vectors:
+            for suffix in ("", "_std", "_ci95_low", "_ci95_high"):
+                cols[m.key + suffix] = pa.array([], pa.float64())
+        elif m.type == "quantiles":
+            for s in m.quantile_suffixes:
+                cols[f"{m.key}_{s}"] = pa.array([], pa.float64())
+        else:
+            for r in range(m.k):
+                cols[f"{m.key}_rank{r + 1}"] = pa.array([], ARROW_TYPES[spec.input.columns[m.column]])
+    return pa.table(cols)
+
+
+def _atomic_write_table(table, path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        pq.write_table(table, tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise StorageError(f"{path}: cannot write the output: {exc}") from None
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise StorageError(f"{path}: cannot write: {exc}") from None
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pipelines.release_pipeline --request REQUEST.json``: the request holds the key's path only."""
+    ap = argparse.ArgumentParser(prog="python -m pipelines.release_pipeline")
+    ap.add_argument("--request", required=True, help="JSON file with the ComputeRequest fields")
+    args = ap.parse_args(argv)
+    try:
+        data = json.loads(Path(args.request).read_text())
+        data["input_paths"] = tuple(data.get("input_paths", ()))
+        data["runner_options"] = tuple(data.get("runner_options", ()))
+        res = run_release(ComputeRequest(**data))
+    except Exception as exc:  # one clear line; exit code from the dpops error class
+        from dpops.errors import DpopsError
+
+        print(f"release_pipeline: error: {exc}", file=sys.stderr)
+        return exc.exit_code if isinstance(exc, DpopsError) else 1
+    print(json.dumps({k: v for k, v in asdict(res).items() if k != "internal"}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
