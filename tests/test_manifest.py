@@ -1,0 +1,255 @@
+"""Run manifests: schema, atomic immutable files, signing, and verification with negative controls."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sqlite3
+from types import SimpleNamespace
+
+import pytest
+
+from dpops.cli.main import main
+from dpops.errors import IntegrityError, InvalidParameter, StorageError
+from dpops.manifest import (
+    SCHEMA_VERSION, read_manifest, sign_manifest, verify_manifest, verify_signature, write_manifest,
+    write_run_manifest,
+)
+from dpops.manifest.schema import schema_problems, upgrade
+from dpops.manifest.sign import generate_signing_key
+from dpops.spec import load_spec
+from manifest_support import ACTOR, EXAMPLE_SPEC, fp, make_ledger, run_key, synthetic_manifest
+
+
+# --------------------------------------------------------------------------- schema and files
+
+
+def test_schema_accepts_a_built_manifest_and_names_bad_fields():
+    m = synthetic_manifest()
+    assert m["schema_version"] == SCHEMA_VERSION and schema_problems(m) == []
+    bad = copy.deepcopy(m)
+    del bad["privacy_unit"]["adjacency"]
+    bad["contribution_bounds"]["max_partitions_per_unit"] = "5"
+    probs = schema_problems(bad)
+    assert any(p.startswith("privacy_unit:") and "adjacency" in p for p in probs)
+    assert any(p.startswith("contribution_bounds.max_partitions_per_unit:") for p in probs)
+
+
+def test_no_input_statistics_can_enter_a_manifest():
+    m = synthetic_manifest(validation={"checks": [{"name": "input_schema", "passed": True, "rows": 10432}],
+                                       "proceeded": True, "unexpected_count": 3})
+    assert m["validation"] == {"checks": [{"name": "input_schema", "passed": True}], "proceeded": True}
+    for path in (("rows_read",), ("validation", "checks", 0, "unexpected_percent"), ("timings", "rows")):
+        bad = copy.deepcopy(m)
+        target = bad
+        for part in path[:-1]:
+            target = target[part]
+        target[path[-1]] = 12
+        assert any("Additional properties" in p or "is not of type" in p for p in schema_problems(bad)), path
+    # a plain (unkeyed) output hash is refused: only HMAC fingerprints are reviewer-safe
+    bad = copy.deepcopy(m)
+    bad["output"]["fingerprints"]["data.parquet"] = "ab" * 32
+    assert any(p.startswith("output.fingerprints.data.parquet") for p in schema_problems(bad))
+    assert m["timings"]["steps_seconds"] == {"compute": 3}  # whole seconds only
+
+
+def test_write_is_atomic_readonly_and_immutable(tmp_path):
+    m = synthetic_manifest()
+    path = write_manifest(m, tmp_path)
+    assert os.path.basename(path) == f"{m['run_id']}.published.json"
+    assert read_manifest(path) == json.loads(json.dumps(m))
+    assert not os.access(path, os.W_OK) or os.geteuid() == 0
+    assert [p.name for p in tmp_path.iterdir()] == [os.path.basename(path)]  # no temp file left behind
+    with pytest.raises(StorageError, match="immutable"):
+        write_manifest(m, tmp_path)
+    # a correction is a new document pointing at the old one
+    from dpops.manifest.io import file_sha256
+
+    fixed = dict(m, corrects={"manifest": os.path.basename(path), "sha256": file_sha256(path), "reason": "typo"})
+    path2 = write_manifest(fixed, tmp_path)
+    assert path2 != path and read_manifest(path2)["corrects"]["sha256"] == file_sha256(path)
+
+
+def test_read_rejects_bad_files_naming_the_field(tmp_path):
+    m = synthetic_manifest()
+    for mutate, field in (
+        (lambda d: d.pop("accountant"), "'accountant' is a required property"),
+        (lambda d: d["privacy"]["run"].__setitem__("epsilon", "0.5"), "privacy.run.epsilon"),
+        (lambda d: d["randomness"].__setitem__("mode", "urandom"), "randomness.mode"),
+    ):
+        d = copy.deepcopy(m)
+        mutate(d)
+        p = tmp_path / f"{len(list(tmp_path.iterdir()))}.json"
+        p.write_text(json.dumps(d))
+        with pytest.raises(IntegrityError, match=field.replace("[", r"\[").replace(".", r"\.")):
+            read_manifest(p)
+    p = tmp_path / "future.json"
+    p.write_text(json.dumps(dict(m, schema_version="dpops.manifest/9")))
+    with pytest.raises(IntegrityError, match="dpops.manifest/9"):
+        read_manifest(p)
+    p = tmp_path / "nan.json"
+    p.write_text(json.dumps(m).replace('"delta": 1e-07', '"delta": NaN', 1))
+    with pytest.raises(IntegrityError, match="NaN"):
+        read_manifest(p)
+    assert upgrade(m) is m
+
+
+def test_ed25519_signature(tmp_path):
+    kid = generate_signing_key(tmp_path / "k.pem", tmp_path / "k.pub")
+    other = generate_signing_key(tmp_path / "o.pem", tmp_path / "o.pub")
+    m = sign_manifest(synthetic_manifest(), tmp_path / "k.pem")
+    assert m["signature"]["public_key_id"] == kid and schema_problems(m) == []
+    assert verify_signature(m, tmp_path / "k.pub") == kid
+    with pytest.raises(IntegrityError, match="signature.public_key_id"):
+        verify_signature(m, tmp_path / "o.pub")
+    assert other != kid
+    tampered = copy.deepcopy(m)
+    tampered["privacy"]["run"]["epsilon"] *= 0.5
+    with pytest.raises(IntegrityError, match="signature.value"):
+        verify_signature(tampered, tmp_path / "k.pub")
+    assert oct((tmp_path / "k.pem").stat().st_mode & 0o777) == "0o600"
+
+
+# --------------------------------------------------------------------------- a real run, verified
+
+
+@pytest.fixture()
+def published(tmp_path):
+    """A published run of the example spec through the real ledger, its manifest written by the run hook."""
+    pytest.importorskip("dpops.selection", reason="release plans need dpops.selection")
+    from dpops.release_plan import plan_release
+
+    spec = load_spec(EXAMPLE_SPEC)
+    plan = plan_release(spec)
+    ledger = make_ledger(tmp_path, accountant="rdp/1", epsilon=10.0, delta=1e-7)
+    # an earlier release on the same scope, so the scope history has something to drop
+    earlier = run_key(spec.name, 0, spec_hash=spec.spec_hash)
+    r0 = ledger.reserve(earlier, "purchases", plan.events, actor=ACTOR)
+    ledger.start(r0.run_id, actor=ACTOR)
+    ledger.commit(r0.run_id, output_uri="file:///out/0", actor=ACTOR)
+    key = run_key(spec.name, 1, spec_hash=spec.spec_hash)
+    rec = ledger.reserve(key, "purchases", plan.events, actor=ACTOR)
+    ledger.start(rec.run_id, actor=ACTOR)
+    ctx = SimpleNamespace(spec=spec, run_key=key, plan=plan, randomness="keyed")
+    outcome = {"state": "published", "output_uri": "file:///out/1"}
+    mdir = tmp_path / "manifests"
+    path = write_run_manifest(ctx, ledger, outcome, manifests_dir=mdir,
+                              validation={"checks": [{"name": "input_schema", "passed": True}], "proceeded": True},
+                              output_fingerprints={"data.parquet": fp("noisy output")})
+    ledger.commit(rec.run_id, output_uri="file:///out/1", actor=ACTOR)
+    # a retry of the same step finds the same claim and does not fail
+    assert write_run_manifest(ctx, ledger, outcome, manifests_dir=mdir,
+                              validation={"checks": [{"name": "input_schema", "passed": True}], "proceeded": True},
+                              output_fingerprints={"data.parquet": fp("noisy output")}) == path
+    yield SimpleNamespace(ledger=ledger, path=path, manifest=read_manifest(path), tmp=tmp_path, earlier=r0.run_id,
+                          url=f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    ledger.close()
+
+
+def test_manifest_content(published):
+    m = published.manifest
+    assert m["outcome"]["state"] == "published" and m["outcome"]["ledger_state"] == "started"
+    assert m["privacy_unit"]["adjacency"] == "add_remove"
+    assert m["contribution_bounds"] == {"max_partitions_per_unit": 5, "max_rows_per_unit_per_partition": 2}
+    assert m["value_bounds"]["sum_amount"] == [0.0, 100.0]
+    assert m["accountant"]["ref"] == "rdp/1" and m["randomness"] == {"mode": "keyed", "key_id": "k1", "test_mode": False}
+    assert len(m["ledger"]["entry_ids"]) == 2 and m["privacy"]["scope"]["history"]["entries"] == 1 + 2 + 2
+    assert m["code"]["libraries"]["numpy"] and "apache_beam" not in __import__("sys").modules
+    text = json.dumps(m)
+    assert "user_id" in text and "rows" not in text.replace("max_rows", "")
+
+
+def test_verify_passes_alone_and_against_the_ledger(published):
+    r = verify_manifest(published.manifest, source=published.path)
+    assert r.ok, r.problems
+    r = verify_manifest(published.manifest, ledger=published.ledger)
+    assert r.ok, r.problems
+    assert main(["manifest", "verify", published.path, "--ledger", published.url]) == 0
+
+
+def _tamper(m, fn):
+    d = copy.deepcopy(m)
+    fn(d)
+    return d
+
+
+def _first_vector(d):
+    return next(x for x in d["release_plan"]["metrics"] if x.get("vectors"))["vectors"][0]
+
+
+# Each negative control must fail verification and name the field that does not recompute.
+NEGATIVE_CONTROLS = {
+    "drop one release from the plan": (lambda d: d["release_plan"]["metrics"].pop(0), "release_plan.metrics"),
+    "drop one release's event": (lambda d: d["events"].pop(), "events"),
+    "change a contribution bound": (
+        lambda d: d["contribution_bounds"].__setitem__("max_partitions_per_unit", 4),
+        "contribution_bounds.max_partitions_per_unit"),
+    "change sigma": (lambda d: _first_vector(d).__setitem__("scale", _first_vector(d)["scale"] * 0.9),
+                     "release_plan.metrics[0].vectors[0].scale"),
+    "swap the adjacency": (lambda d: d["privacy_unit"].__setitem__("adjacency", "replace"), "privacy_unit.adjacency"),
+    "change the accountant version": (lambda d: d["accountant"].update(version="2", ref="rdp/2"), "accountant.version"),
+    "edit a ledger hash": (lambda d: d["ledger"]["entry_hashes"].__setitem__(0, "f" * 64), "ledger.entry_hashes[0]"),
+    "understate the run's epsilon": (lambda d: d["privacy"]["run"].__setitem__("epsilon", 0.1), "privacy.run.epsilon"),
+    "edit the embedded spec": (lambda d: d["spec"]["contribution"].__setitem__("max_partitions_per_unit", 1),
+                               "spec_hash"),
+    "publish a test-mode run": (lambda d: d["randomness"].update(mode="test", test_mode=True), "outcome.state"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NEGATIVE_CONTROLS))
+def test_negative_controls_fail_and_name_the_field(published, name):
+    fn, field = NEGATIVE_CONTROLS[name]
+    bad = _tamper(published.manifest, fn)
+    r = verify_manifest(bad, ledger=published.ledger)
+    assert not r.ok, name
+    assert any(p.startswith(field) for p in r.problems), (name, r.problems)
+    with pytest.raises(IntegrityError, match=field.replace("[", r"\[").replace(".", r"\.")):
+        r.raise_for_problems()
+
+
+def test_dropping_a_release_from_the_ledger_history_fails(published):
+    db = published.tmp / "ledger.sqlite"
+    with sqlite3.connect(db) as con:  # a deliberate act: drop the append-only guard, then delete history
+        con.execute("DROP TRIGGER entries_no_delete")
+        con.execute("DELETE FROM entries WHERE run_id = ?", (published.earlier,))
+    r = verify_manifest(published.manifest, ledger=published.ledger)
+    assert not r.ok
+    assert any(p.startswith("privacy.scope.history.entries") for p in r.problems), r.problems
+    assert any(p.startswith("privacy.scope.buckets[0].committed") for p in r.problems), r.problems
+
+
+def test_cli_verify_show_schema(published, tmp_path, capsys):
+    bad = _tamper(published.manifest, NEGATIVE_CONTROLS["change sigma"][0])
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(bad))
+    assert main(["manifest", "verify", str(p)]) == 7
+    assert "release_plan.metrics[0].vectors[0].scale" in capsys.readouterr().out
+    assert main(["manifest", "verify", str(p), "--json"]) == 7
+    out = capsys.readouterr().out
+    assert json.loads(out[: out.rindex("}") + 1])["ok"] is False
+    run_id = published.manifest["run_id"]
+    assert main(["manifest", "show", run_id, "--manifests", os.path.dirname(published.path)]) == 0
+    assert "add_remove" in capsys.readouterr().out
+    assert main(["manifest", "show", published.path, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["run_id"] == run_id
+    assert main(["manifest", "schema"]) == 0
+    assert json.loads(capsys.readouterr().out)["properties"]["schema_version"]["const"] == SCHEMA_VERSION
+    assert main(["manifest", "verify", "no-such-run", "--manifests", str(tmp_path)]) == 6
+
+
+def test_signed_manifest_verifies_with_the_public_key(published, tmp_path):
+    generate_signing_key(tmp_path / "k.pem", tmp_path / "k.pub")
+    signed = sign_manifest(published.manifest, tmp_path / "k.pem")
+    d = tmp_path / "signed"
+    path = write_manifest(signed, d)
+    assert main(["manifest", "verify", path, "--public-key", str(tmp_path / "k.pub")]) == 0
+    edited = _tamper(signed, lambda x: x["outcome"].__setitem__("reason", "edited"))
+    assert not verify_manifest(edited, public_key=str(tmp_path / "k.pub")).ok
+
+
+def test_build_refuses_unknown_outcome_and_accountant():
+    with pytest.raises(InvalidParameter, match="outcome"):
+        synthetic_manifest(outcome="maybe")
+    with pytest.raises(InvalidParameter, match="accountant"):
+        synthetic_manifest(accountant="magic/7")
