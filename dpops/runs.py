@@ -79,6 +79,9 @@ class RunContext:
     test_seed: int | None = None
     attempt: int = 1  # os mode only; chosen by ``reserve``
     actor: str = field(default_factory=default_actor)
+    # The key behind the keyed fingerprints (input and published files). Never shown or serialized.
+    fingerprint_key: Any = field(default=None, repr=False, compare=False)
+    output_checks: list[str] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def run_key_id(self) -> str:
@@ -238,7 +241,7 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: Any, interval_end
         spec_path=str(Path(spec_path).resolve()), spec=spec, interval=interval, input_paths=paths,
         input_fingerprint=fingerprint, randomness=randomness, key_id=key_id, plan=plan,
         store=ReleaseStore(spec.output_root, spec.name), key_path=str(Path(key_path).resolve()) if key_path else None,
-        test_seed=test_seed, actor=actor or default_actor(),
+        test_seed=test_seed, actor=actor or default_actor(), fingerprint_key=fp_key,
     )
 
 
@@ -487,19 +490,60 @@ def publish(ctx: RunContext, ledger: Any, *, gx_checks: bool = False) -> RunOutc
         ledger.mark_spent_unpublished(ctx.run_id, reason="test-mode output is never published", actor=ctx.actor)
         raise StorageError(f"run {ctx.run_id} used test-mode (seeded) noise; it is never published. It is now "
                            "spent_unpublished; run with keyed or os randomness to publish")
-    check_noisy_output(ctx.spec, staged.data_file)
+    ctx.output_checks = check_noisy_output(ctx.spec, staged.data_file)
     if gx_checks:
         from dpops.validate import check_release_output
 
         check_release_output(str(staged.data_file), partition_columns=ctx.spec.partitions.columns,
                              public_partitions=ctx.spec.public_partitions(),
                              allow_null=ctx.spec.postprocess.suppress_below is not None)
+        ctx.output_checks = [*ctx.output_checks, "great expectations output suite"]
     pub = ctx.store.publish(staged, ctx.interval.slug, restates=record.restates,
                             extra={"spec_hash": ctx.spec.spec_hash, "randomness": ctx.randomness})
     record = ledger.commit(ctx.run_id, output_uri=pub.uri, actor=ctx.actor,
                            details={"version": pub.version, "files": pub.hashes})
     return _outcome(ctx, ledger, "published", record=record, output_uri=pub.uri,
                     message=f"version v{pub.version}")
+
+
+# --------------------------------------------------------------------------- manifests
+
+
+def manifests_dir(ctx: RunContext) -> Path:
+    """``$DPOPS_MANIFESTS_DIR`` or ``<output root>/manifests/<release>`` (the DAG uses the same rule)."""
+    env = os.environ.get("DPOPS_MANIFESTS_DIR")
+    return Path(env) if env else ctx.spec.output_root / "manifests" / ctx.spec.name
+
+
+def output_fingerprints(ctx: RunContext, directory: Path) -> dict[str, str]:
+    """Keyed fingerprints of the published files (a plain hash would let a manifest reader confirm guesses)."""
+    out: dict[str, str] = {}
+    if ctx.fingerprint_key is None or not directory.is_dir():
+        return out
+    for f in sorted(directory.iterdir()):
+        if f.is_file() and not f.name.startswith("_"):
+            out[f.name] = "hmac-sha256:" + ctx.fingerprint_key.hmac(f.read_bytes()).hex()
+    return out
+
+
+def ensure_manifest(ctx: RunContext, ledger: Any, outcome: RunOutcome, checks: Sequence[str] = ()) -> str | None:
+    """Write the run's manifest once (a retry finds the existing one). Only for published runs."""
+    if outcome.state not in ("published", "already_published") or outcome.run_id != ctx.run_id:
+        return None
+    folder = manifests_dir(ctx)
+    existing = folder / f"{ctx.run_id}.published.json"
+    if existing.exists():
+        return str(existing)
+    from dpops.manifest.run_hook import write_run_manifest
+
+    published = ctx.store.current(ctx.interval.slug)
+    directory = next((v.directory for v in ctx.store.versions(ctx.interval.slug) if v.run_id == ctx.run_id),
+                     published.directory if published else None)
+    validation = {"checks": [{"name": c, "passed": True} for c in checks], "proceeded": True} if checks else None
+    return write_run_manifest(
+        ctx, ledger, {"state": "published", "output_uri": outcome.output_uri}, manifests_dir=folder,
+        validation=validation, output_fingerprints=output_fingerprints(ctx, directory) if directory else {},
+    )
 
 
 # --------------------------------------------------------------------------- the whole run
@@ -520,10 +564,12 @@ def _release_before_start(ctx: RunContext, ledger: Any, exc: BaseException) -> N
 
 def _run_steps(ctx: RunContext, ledger: Any, *, publish_output: bool, runner: str, runner_options: Sequence[str],
                run_release: Callable[[Any], Any] | None, gx_checks: bool, restates: str | None,
-               reserved: RunOutcome | None = None) -> RunOutcome:
+               reserved: RunOutcome | None = None, write_manifest: bool = True) -> RunOutcome:
     if reserved is None:
         reserved = reserve(ctx, ledger, restates=restates)
     if reserved.state == "already_published":
+        if write_manifest:
+            ensure_manifest(ctx, ledger, reserved)
         return reserved
     try:
         staged = compute_staged(ctx, ledger, runner=runner, runner_options=runner_options, run_release=run_release)
@@ -537,6 +583,8 @@ def _run_steps(ctx: RunContext, ledger: Any, *, publish_output: bool, runner: st
                         message="computed and staged; publish with --publish (no new charge)")
     out = publish(ctx, ledger, gx_checks=gx_checks)
     out.epsilon_charged = reserved.epsilon_charged
+    if write_manifest:
+        ensure_manifest(ctx, ledger, out, ctx.output_checks)
     return out
 
 

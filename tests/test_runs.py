@@ -142,6 +142,15 @@ def test_publish_and_commit_once(env):
     assert "internal.json" not in {p.name for p in pub.iterdir()}
     assert "rows_dropped" not in (pub / "summary.json").read_text()
     assert "release=purchases_test" in out.line() and "epsilon_charged=0.5" in out.line()
+    # the manifest: written once, reviewer-safe (keyed fingerprints, no internal counters)
+    from dpops.manifest import read_manifest
+
+    mpath = env.tmp / "out/manifests/purchases_test" / f"{out.run_id}.published.json"
+    text = mpath.read_text()
+    m = read_manifest(mpath)
+    assert m["outcome"]["state"] == "published" and "rows_dropped" not in text and "rows_read" not in text
+    assert all(v.startswith("hmac-sha256:") for v in m["output"]["fingerprints"].values())
+    assert set(m["output"]["fingerprints"]) == {"data.parquet", "summary.json"}
 
 
 def test_rerun_of_published_interval_charges_nothing(env):
