@@ -11,6 +11,7 @@ immutable).
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -133,4 +134,5 @@ def _claim(m: Mapping[str, Any]) -> dict[str, Any]:
     # The scope position moves when other runs land between two attempts; the run's own claim does not.
     out["privacy"] = {k: v for k, v in m["privacy"].items() if k != "scope"}
     out["ledger"] = None
-    return out
+    out["outcome"] = {k: v for k, v in m["outcome"].items() if k != "ledger_state"}  # started -> committed
+    return json.loads(json.dumps(out))  # compare as the file stores it
