@@ -1,0 +1,379 @@
+"""Private selection: exponential mechanism, top-k, quantiles, partition selection.
+
+Exponential mechanism = permute-and-flip (McKenna & Sheldon 2020): visit the candidates in a
+uniformly random order and stop at the first one accepted with probability
+exp(ε·(u − u*)/(2Δ)) (exp(ε·(u − u*)/Δ) for monotonic utilities). It is ε-DP and its expected
+error is never worse than the classical exponential mechanism's. With integer utilities it is
+exact: the rate ε/(2Δ) is rounded *down* to a dyadic rational (less ε spent, never more) and
+each acceptance is an exact Bernoulli(exp(-rational)) (``samplers.bernoulli_exp``). With
+non-integer utilities a documented float path is used: exp() is evaluated in double precision
+(relative error ~1e-16 on each acceptance probability) and the Bernoulli is exact for that double.
+
+Top-k peels k times with ε/k each (sequential composition: ε-DP in total).
+
+Partition selection (which partitions to publish, from unit counts n after L0 bounding):
+- ``truncated_geometric`` (Desfontaines, Voss, Gipson, Mandayam 2022): the optimal keep
+  probability π(0)=0, π(n) = min(1, e^ε' π(n−1) + δ', 1 − e^−ε' (1 − π(n−1) − δ')), with
+  ε' = ε/L0 and δ' = δ/L0 per partition: a unit changes at most L0 partitions' counts by one,
+  so the composition over them is (ε, δ) (basic composition; the paper's Section 5 split).
+- ``laplace_threshold``: keep iff n + K ≥ T with K discrete Laplace of scale ≥ L0/ε (L1 of the
+  unit-count vector is L0) and T the smallest integer with L0·P(1 + K ≥ T) ≤ δ: δ is exactly the
+  union bound on a 1-unit partition (present in only one of the neighbours) being released.
+- ``gaussian_threshold``: keep iff n + Z ≥ T with Z discrete Gaussian calibrated to
+  (ε, δ/2) for L2 = sqrt(L0), and L0·P(1 + Z ≥ T) ≤ δ/2.
+Keep probabilities are doubles (relative error ~1e-15); sampling from a double is exact.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Sequence
+
+import numpy as np
+
+from dpops.calibration import discrete_gaussian_sigma, gaussian_sigma_zcdp
+from dpops.errors import InvalidParameter
+from dpops.events import ApproxDP, PrivacyEvent, PureDP
+from dpops.randomness import RandomSource
+from dpops.samplers import (
+    DiscreteGaussianParam,
+    DiscreteLaplaceParam,
+    bernoulli_exp,
+    bernoulli_float,
+    discrete_gaussian,
+    discrete_gaussian_param,
+    discrete_laplace,
+    discrete_laplace_param,
+)
+from dpops.validation import check_bounds, check_delta, check_epsilon, check_positive, check_positive_int
+
+QUANTILE_Q_BITS = 16  # q is rounded to a multiple of 2**-16 so utilities are integers
+DEFAULT_QUANTILE_CANDIDATES = 1025
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _permutation(n: int, rng: RandomSource) -> np.ndarray:
+    """Exactly uniform permutation (Fisher–Yates with exact uniform integers)."""
+    perm = np.arange(n)
+    if n < 2:
+        return perm
+    offsets = rng.randbelow(np.arange(n, 1, -1, dtype=np.int64))  # j_i uniform in [0, n-i)
+    for i, off in enumerate(offsets.tolist()):
+        j = i + off
+        perm[i], perm[j] = perm[j], perm[i]
+    return perm
+
+
+def _dyadic_rate_down(rate: Fraction, max_diff: int) -> tuple[int, int]:
+    """(P, k) with P/2**k <= rate, P of up to 30 bits (fewer if max_diff·P would leave int64)."""
+    bits = max(8, min(30, 61 - max(1, max_diff).bit_length()))
+    e = math.floor(math.log2(rate.numerator) - math.log2(rate.denominator))
+    k = max(0, bits - 1 - e)
+    return math.floor(rate * (1 << k)), k
+
+
+def _utilities(utilities: Any) -> tuple[np.ndarray, bool]:
+    u = np.asarray(utilities)
+    if u.ndim != 1 or u.size == 0:
+        raise InvalidParameter("utilities must be a non-empty 1-D array (one score per candidate)")
+    if u.dtype == bool or not (np.issubdtype(u.dtype, np.integer) or np.issubdtype(u.dtype, np.floating)):
+        raise InvalidParameter(f"utilities must be numbers, got dtype {u.dtype}")
+    if np.issubdtype(u.dtype, np.floating):
+        if not np.all(np.isfinite(u)):
+            i = int(np.flatnonzero(~np.isfinite(u))[0])
+            raise InvalidParameter(f"utilities[{i}] is {u[i]!r}; utilities must be finite")
+        if np.all(u == np.floor(u)) and np.abs(u).max() < 2.0**53:
+            return u.astype(np.int64), True
+        return u.astype(np.float64), False
+    if np.abs(u.astype(np.float64)).max() >= 2.0**62:
+        raise InvalidParameter("integer utilities must be below 2**62 in magnitude")
+    return u.astype(np.int64), True
+
+
+def _accept_in_order(u: np.ndarray, exact: bool, rate: Fraction, order: np.ndarray, rng: RandomSource) -> int:
+    """Permute-and-flip over candidates ``order``: index (into u) of the first accepted."""
+    uo = u[order]
+    if exact:
+        diff = uo.max() - uo  # >= 0, exact int64
+        p, k = _dyadic_rate_down(rate, int(diff.max()))
+        if int(diff.max()) * p < 2**62:
+            num = diff * np.int64(p)
+        else:  # exact Python ints for the far-away candidates
+            num = np.array([int(d) * p for d in diff.tolist()], dtype=object)
+        acc = bernoulli_exp(num, np.int64(1) << np.int64(k), rng)
+    else:
+        diff = uo.max() - uo
+        acc = bernoulli_float(np.exp(-float(rate) * diff), rng)
+    first = int(np.argmax(acc))  # the best candidate is accepted with probability 1
+    return int(order[first])
+
+
+def _rate(epsilon: float, sensitivity: float, monotonic: bool) -> Fraction:
+    return Fraction(epsilon) / (Fraction(sensitivity) * (1 if monotonic else 2))
+
+
+# --------------------------------------------------------------------------- exponential mechanism
+
+
+def exponential_mechanism(utilities, epsilon: float, sensitivity: float, rng: RandomSource, monotonic: bool = False) -> int:
+    """ε-DP choice of a candidate index (permute-and-flip; exact for integer utilities)."""
+    epsilon = check_epsilon(epsilon)
+    sensitivity = check_positive(sensitivity, "sensitivity")
+    u, exact = _utilities(utilities)
+    return _accept_in_order(u, exact, _rate(epsilon, sensitivity, monotonic), _permutation(u.size, rng), rng)
+
+
+def exponential_mechanism_event(epsilon: float) -> PrivacyEvent:
+    return PureDP(check_epsilon(epsilon), mechanism="exponential_mechanism/permute_and_flip")
+
+
+def top_k(utilities, k: int, epsilon: float, sensitivity: float, rng: RandomSource, monotonic: bool = False) -> list[int]:
+    """k distinct indices, best first, by k peels of permute-and-flip at ε/k each (ε-DP in total)."""
+    epsilon = check_epsilon(epsilon)
+    sensitivity = check_positive(sensitivity, "sensitivity")
+    k = check_positive_int(k, "k")
+    u, exact = _utilities(utilities)
+    if k > u.size:
+        raise InvalidParameter(f"top_k: k={k} is larger than the number of candidates ({u.size})")
+    rate = _rate(epsilon, sensitivity, monotonic) / k
+    remaining = np.arange(u.size)
+    chosen: list[int] = []
+    for _ in range(k):
+        pick = _accept_in_order(u, exact, rate, remaining[_permutation(remaining.size, rng)], rng)
+        chosen.append(pick)
+        remaining = remaining[remaining != pick]
+    return chosen
+
+
+def top_k_event(epsilon: float, k: int = 1) -> PrivacyEvent:
+    check_positive_int(k, "k")
+    return PureDP(check_epsilon(epsilon), mechanism="top_k/peeling_permute_and_flip")
+
+
+# --------------------------------------------------------------------------- quantiles
+
+
+def quantile_grid(lo: float, hi: float, n_candidates: int = DEFAULT_QUANTILE_CANDIDATES) -> np.ndarray:
+    """The public candidate grid: n_candidates evenly spaced points from lo to hi."""
+    lo, hi = check_bounds(lo, hi, "quantile bounds")
+    if not lo < hi:
+        raise InvalidParameter(f"quantile bounds need lo < hi, got [{lo}, {hi}]")
+    n = check_positive_int(n_candidates, "n_candidates")
+    if n < 2:
+        raise InvalidParameter("n_candidates must be >= 2")
+    return np.linspace(lo, hi, n)
+
+
+def quantile_histogram(values, lo: float, hi: float, n_candidates: int = DEFAULT_QUANTILE_CANDIDATES) -> np.ndarray:
+    """Counts per grid cell: cell j holds values in [c_j, c_{j+1}) (the last cell holds hi).
+
+    Values are clamped to [lo, hi] first. Histograms of disjoint data add up, so a pipeline can
+    pre-aggregate them; ``dp_quantile(counts, ..., histogram=True)`` consumes them.
+    """
+    grid = quantile_grid(lo, hi, n_candidates)
+    v = np.asarray(values, dtype=np.float64)
+    if v.size and not np.all(np.isfinite(v)):
+        raise InvalidParameter("quantile values must be finite (drop NaN rows before aggregating)")
+    v = np.clip(v, grid[0], grid[-1])
+    cell = np.searchsorted(grid, v, side="right") - 1
+    return np.bincount(cell, minlength=grid.size).astype(np.int64)
+
+
+def dp_quantile(
+    data,
+    lo: float,
+    hi: float,
+    q: float,
+    epsilon: float,
+    rng: RandomSource,
+    *,
+    histogram: bool = False,
+    n_candidates: int = DEFAULT_QUANTILE_CANDIDATES,
+    sensitivity: float = 1.0,
+) -> float:
+    """ε-DP q-quantile: exponential mechanism over the public grid of [lo, hi].
+
+    ``data`` is the values (any order; clamped to [lo, hi]) or, with histogram=True, the counts
+    from ``quantile_histogram``. Utility of candidate c: −|rank(c) − q·n|, rank(c) = #{v < c};
+    ``sensitivity`` is the most rows one privacy unit contributes (1 for record-level), which
+    bounds the change of both rank and n. q is rounded to a multiple of 2**-16 so the utility
+    (scaled by 2**16) is an integer and the mechanism exact.
+    """
+    epsilon = check_epsilon(epsilon)
+    sensitivity = check_positive(sensitivity, "sensitivity")
+    if isinstance(q, bool) or not isinstance(q, (int, float)) or not (0.0 <= q <= 1.0):
+        raise InvalidParameter(f"quantile q must be in [0, 1], got {q!r}")
+    grid = quantile_grid(lo, hi, n_candidates)
+    if histogram:
+        counts = np.asarray(data)
+        if counts.shape != grid.shape or not np.issubdtype(counts.dtype, np.integer) or (counts < 0).any():
+            raise InvalidParameter(f"histogram must hold {grid.size} non-negative integer counts (quantile_histogram)")
+        counts = counts.astype(np.int64)
+        rank = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        n = int(counts.sum())
+    else:
+        v = np.asarray(data, dtype=np.float64).reshape(-1)
+        if v.size and not np.all(np.isfinite(v)):
+            raise InvalidParameter("quantile values must be finite (drop NaN rows first)")
+        v = np.sort(np.clip(v, grid[0], grid[-1]))
+        rank = np.searchsorted(v, grid, side="left").astype(np.int64)
+        n = int(v.size)
+    scale = 1 << QUANTILE_Q_BITS
+    qq = round(q * scale)
+    util = -np.abs(rank * np.int64(scale) - np.int64(qq) * np.int64(n))
+    # one unit moves rank and n by at most `sensitivity` rows: |Δ(scale·rank − qq·n)| <= scale·sensitivity
+    idx = exponential_mechanism(util, epsilon, sensitivity * scale, rng)
+    return float(grid[idx])
+
+
+def dp_quantile_event(epsilon: float) -> PrivacyEvent:
+    return PureDP(check_epsilon(epsilon), mechanism="quantile/exponential_mechanism")
+
+
+# --------------------------------------------------------------------------- partition selection
+
+STRATEGIES = ("truncated_geometric", "laplace_threshold", "gaussian_threshold")
+_MAX_TABLE = 10_000_000
+
+
+@dataclass(frozen=True)
+class PartitionSelection:
+    strategy: str
+    epsilon: float
+    delta: float
+    max_partitions_per_unit: int = 1
+    _table: Any = field(default=None, init=False, repr=False, compare=False)
+    _noise: Any = field(default=None, init=False, repr=False, compare=False)
+    _threshold: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise InvalidParameter(f"partition selection strategy {self.strategy!r} is unknown; use one of {STRATEGIES}")
+        check_epsilon(self.epsilon)
+        check_delta(self.delta, allow_zero=False)
+        l0 = check_positive_int(self.max_partitions_per_unit, "max_partitions_per_unit")
+        if self.strategy == "truncated_geometric":
+            object.__setattr__(self, "_table", _truncated_geometric_table(self.epsilon / l0, self.delta / l0))
+        elif self.strategy == "laplace_threshold":
+            lat = discrete_laplace_param(Fraction(l0) / Fraction(self.epsilon))
+            object.__setattr__(self, "_noise", lat)
+            object.__setattr__(self, "_threshold", _threshold(lat.tail, self.delta / l0, lat.t / lat.s))
+        else:
+            if l0 == 1:
+                sigma = discrete_gaussian_sigma(float(self.epsilon), self.delta / 2, 1.0)
+            else:
+                sigma = gaussian_sigma_zcdp(self.epsilon, self.delta / 2, math.sqrt(l0) * (1 + 1e-15))
+            lat = discrete_gaussian_param(sigma)
+            object.__setattr__(self, "_noise", lat)
+            object.__setattr__(self, "_threshold", _threshold(lat.tail, self.delta / 2 / l0, math.sqrt(float(lat.sigma2))))
+
+    @property
+    def threshold(self) -> int | None:
+        """T for the thresholding strategies (keep iff n + noise >= T); None otherwise."""
+        return None if self.strategy == "truncated_geometric" else self._threshold
+
+    @property
+    def noise(self) -> DiscreteLaplaceParam | DiscreteGaussianParam | None:
+        return self._noise
+
+    def keep_probability(self, unit_counts) -> np.ndarray:
+        """Exact P(keep | n units) per entry (n <= 0 is never kept)."""
+        n = _counts(unit_counts)
+        if self.strategy == "truncated_geometric":
+            table = self._table
+            return np.where(n <= 0, 0.0, table[np.clip(n, 0, table.size - 1)])
+        out = np.zeros(n.shape, dtype=np.float64)
+        tail = self._noise.tail
+        cache: dict[int, float] = {}
+        for i, c in np.ndenumerate(n):
+            if c <= 0:
+                continue
+            d = self._threshold - int(c)  # keep iff noise >= d
+            if d not in cache:
+                cache[d] = tail(d) if d >= 1 else 1.0 - tail(1 - d)
+            out[i] = cache[d]
+        return out
+
+    def keep(self, unit_counts, rng: RandomSource) -> np.ndarray:
+        """Bool mask of the partitions to publish."""
+        n = _counts(unit_counts)
+        if self.strategy == "truncated_geometric":
+            return bernoulli_float(self.keep_probability(n).reshape(-1), rng).reshape(n.shape) & (n > 0)
+        if isinstance(self._noise, DiscreteLaplaceParam):
+            z = discrete_laplace(self._noise, n.size, rng)
+        else:
+            z = discrete_gaussian(self._noise, n.size, rng)
+        return ((n.reshape(-1) + z) >= self._threshold).reshape(n.shape) & (n > 0)
+
+    def event(self) -> PrivacyEvent:
+        return ApproxDP(self.epsilon, self.delta, mechanism=f"partition_selection/{self.strategy}")
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "strategy": self.strategy,
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "max_partitions_per_unit": self.max_partitions_per_unit,
+        }
+        if self.strategy != "truncated_geometric":
+            out["threshold"] = self._threshold
+            if isinstance(self._noise, DiscreteLaplaceParam):
+                out["noise"] = {"sampler": "discrete_laplace", "lattice_scale": f"{self._noise.t}/{self._noise.s}"}
+            else:
+                out["noise"] = {"sampler": "discrete_gaussian", "lattice_sigma2": f"{self._noise.t * self._noise.c}/{self._noise.b}"}
+        return out
+
+
+def _counts(unit_counts) -> np.ndarray:
+    n = np.asarray(unit_counts)
+    if n.dtype == bool or not np.issubdtype(n.dtype, np.integer):
+        if np.issubdtype(n.dtype, np.floating) and np.all(np.isfinite(n)) and np.all(n == np.floor(n)):
+            return n.astype(np.int64)
+        raise InvalidParameter(f"unit_counts must be integers, got dtype {n.dtype}")
+    return n.astype(np.int64)
+
+
+def _truncated_geometric_table(eps: float, delta: float) -> np.ndarray:
+    """π(0..N) of the optimal partition selection, N the first n with π(n) = 1."""
+    ee, em = math.exp(eps), math.exp(-eps)
+    table = [0.0]
+    p = 0.0
+    while p < 1.0:
+        p = min(1.0, ee * p + delta, 1.0 - em * (1.0 - p - delta))
+        table.append(p)
+        if len(table) > _MAX_TABLE:
+            raise InvalidParameter("partition selection: epsilon/delta per partition too small (keep table too long)")
+    return np.array(table)
+
+
+def _threshold(tail, delta_per_partition: float, scale: float) -> int:
+    """Smallest integer T with P(1 + noise >= T) = tail(T - 1) <= delta_per_partition."""
+    j = max(1, int(scale))
+    while tail(j) > delta_per_partition:
+        j *= 2
+    lo, hi = 0, j  # tail(hi) <= target; find the smallest such j >= 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if mid >= 1 and tail(mid) <= delta_per_partition:
+            hi = mid
+        else:
+            lo = mid
+    return hi + 1
+
+
+__all__ = [
+    "exponential_mechanism",
+    "exponential_mechanism_event",
+    "top_k",
+    "top_k_event",
+    "quantile_grid",
+    "quantile_histogram",
+    "dp_quantile",
+    "dp_quantile_event",
+    "PartitionSelection",
+    "STRATEGIES",
+]
