@@ -15,9 +15,10 @@ import click
 def _plan_summary(spec: Any) -> tuple[dict[str, Any] | None, str | None]:
     try:
         from dpops.release_plan import plan_release
+
+        plan = plan_release(spec)
     except ImportError as exc:  # the plan module or one of its mechanism modules is missing
         return None, f"the release plan is unavailable ({exc}): no mechanism details"
-    plan = plan_release(spec)
     return plan.describe(), None
 
 
@@ -88,8 +89,18 @@ def check_cmd(file: str, as_json: bool) -> None:
     if "partition_selection" in doc["epsilon_split"]:
         click.echo(f"  - partition selection: epsilon share {doc['epsilon_split']['partition_selection']:.4g}")
     if plan is not None:
-        click.echo("  plan (mechanisms, parameters, sensitivities):")
-        for line in json.dumps(plan, indent=2, sort_keys=True, default=str).splitlines():
-            click.echo("    " + line)
+        click.echo("  plan (from dpops.release_plan; --json for every parameter):")
+        for m in plan.get("metrics", []):
+            click.echo(f"  - {m.get('key')}: epsilon {m.get('epsilon_share', 0):.4g}, delta {m.get('delta_share', 0):.3g}")
+            for v in m.get("vectors", []) or []:
+                sens = v.get("sensitivity") or {}
+                click.echo(f"      {v.get('name')}: {v.get('mechanism')} std {v.get('std', float('nan')):.4g}, "
+                           f"sensitivity L1 {sens.get('l1')} L2 {sens.get('l2', 0):.4g}"
+                           + (f", charged L1 {v['l1_sensitivity_charged']:.6g}" if v.get("l1_sensitivity_charged") else "")
+                           + (f", charged L2 {v['l2_sensitivity_charged']:.6g}" if v.get("l2_sensitivity_charged") else ""))
+        ps = (plan.get("partitions") or {}).get("selection") if isinstance(plan.get("partitions"), dict) else None
+        if ps:
+            click.echo(f"  - partition selection: {json.dumps(ps, sort_keys=True, default=str)}")
+        click.echo(f"  privacy events reserved per run: {len(plan.get('events', []))}")
     for w in doc["warnings"]:
         click.echo(f"  warning: {w}")
