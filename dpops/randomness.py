@@ -287,14 +287,17 @@ class _StreamRandom(RandomSource):
         self.mode = mode
         self.publishable = publishable
         self._key_id = key_id
+        self._used = False
         derived = root._derive(_STREAM_INFO + canonical_label(list(path)))
         # Counter mode from block 0; the derived key is unique per label, so no nonce reuse.
         self._enc = Cipher(algorithms.AES(derived), modes.CTR(b"\x00" * 16)).encryptor()
 
     def _bytes(self, n: int) -> bytes:
+        self._used = True
         return self._enc.update(bytes(n))
 
     def child(self, *label: str | int) -> RandomSource:
+        """Independent deterministic sub-stream for (this label + label); the parent is not consumed."""
         if not label:
             raise InvalidParameter("child() needs at least one label part")
         for part in label:
@@ -316,8 +319,16 @@ class _StreamRandom(RandomSource):
     def __repr__(self) -> str:
         return f"RandomSource(mode={self.mode!r}, key_id={self._key_id!r})"
 
-    # Re-create the stream from its start on unpickling: the Beam worker gets the same stream.
+    # A pickled stream restarts from its beginning on the worker. That is only safe for a stream
+    # nobody has drawn from yet; and every worker unpickling the same source gets the *same*
+    # noise, so workers must derive ``child(shard, metric, ...)`` streams, never share one.
     def __reduce__(self) -> tuple:
+        if self._used:
+            raise InvalidParameter(
+                "refusing to pickle a keyed/test random stream that has already produced output "
+                "(it would replay the same noise); pickle the NoiseKey and label, or a fresh source, "
+                "and derive child() streams on the worker"
+            )
         return (_StreamRandom, (self._root, self._path, self.mode, self.publishable, self._key_id))
 
 

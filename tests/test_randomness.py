@@ -1,0 +1,187 @@
+"""Random sources: keyed reproducibility, independence, key secrecy, exact uniform integers."""
+
+from __future__ import annotations
+
+import base64
+import os
+import pickle
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from scipy import stats
+
+from dpops.cli.key import cli as key_cli
+from dpops.cli.main import main as dpops_main
+from dpops.errors import InvalidParameter
+from dpops.randomness import NoiseKey, keyed_random, os_random, test_random
+
+KEY = NoiseKey(bytes(range(32)))
+OTHER_KEY = NoiseKey(bytes(range(1, 33)))
+LABEL = {"release": "daily_visits", "spec": "abc123", "interval": "2026-01-01/2026-01-02", "input": "f00d"}
+ALPHA = 1e-4  # per-test false-failure rate of every statistical check in this file
+
+
+def test_same_key_and_label_give_the_same_stream():
+    a = keyed_random(KEY, LABEL).uint64(1000)
+    b = keyed_random(KEY, dict(reversed(list(LABEL.items())))).uint64(1000)  # key order is irrelevant
+    assert np.array_equal(a, b)
+
+
+def test_stream_is_consumed_in_order_not_restarted():
+    src = keyed_random(KEY, LABEL)
+    first, second = src.uint64(10), src.uint64(10)
+    assert np.array_equal(np.concatenate([first, second]), keyed_random(KEY, LABEL).uint64(20))
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        lambda: keyed_random(KEY, {**LABEL, "interval": "2026-01-02/2026-01-03"}),
+        lambda: keyed_random(KEY, {**LABEL, "input": "f00e"}),
+        lambda: keyed_random(OTHER_KEY, LABEL),
+        lambda: keyed_random(KEY, list(LABEL.values())),  # a list label never collides with a mapping
+        lambda: keyed_random(KEY, LABEL).child("shard", 0),
+    ],
+)
+def test_any_change_of_key_or_label_changes_the_stream(other):
+    a = keyed_random(KEY, LABEL).uint64(64)
+    b = other().uint64(64)
+    assert not np.array_equal(a, b)
+    assert np.mean(a == b) < 0.05
+
+
+def test_children_are_deterministic_and_distinct():
+    root = keyed_random(KEY, LABEL)
+    c1 = root.child("count", 3).uint64(50)
+    root.uint64(5)  # drawing from the parent does not move its children
+    assert np.array_equal(c1, keyed_random(KEY, LABEL).child("count", 3).uint64(50))
+    assert not np.array_equal(c1, root.child("count", 4).uint64(50))
+    assert not np.array_equal(c1, root.child("count").child(3).uint64(50))
+    assert root.child("count", 3).describe()["label"] != root.describe()["label"]
+
+
+def test_os_mode_differs_call_to_call():
+    assert not np.array_equal(os_random().uint64(8), os_random().uint64(8))
+    src = os_random()
+    assert not np.array_equal(src.uint64(8), src.uint64(8))
+    assert not np.array_equal(src.child("a").uint64(8), src.child("a").uint64(8))
+    assert os_random().describe() == {"mode": "os", "key_id": None, "label": None, "publishable": True}
+
+
+def test_test_mode_is_reproducible_and_never_publishable():
+    a, b = test_random(7, ["x"]), test_random(7, ["x"])
+    assert np.array_equal(a.uint64(16), b.uint64(16))
+    assert not np.array_equal(test_random(8, ["x"]).uint64(16), test_random(7, ["x"]).uint64(16))
+    assert a.publishable is False and a.mode == "test" and a.describe()["publishable"] is False
+    assert a.child("p").publishable is False
+    assert keyed_random(KEY, LABEL).publishable is True
+
+
+def test_the_key_never_shows():
+    raw = bytes(range(32))
+    src = keyed_random(KEY, LABEL)
+    texts = [repr(KEY), str(KEY), repr(src), str(src), repr(src.describe()), repr(src.child("x").describe())]
+    for t in texts:
+        for form in (raw.hex(), base64.b64encode(raw).decode(), repr(raw)):
+            assert form not in t
+    assert KEY.key_id in repr(KEY) and len(KEY.key_id) == 16
+    assert src.describe()["key_id"] == KEY.key_id
+
+
+def test_key_pickles_for_beam_workers_but_used_streams_do_not():
+    assert pickle.loads(pickle.dumps(KEY)) == KEY
+    fresh = keyed_random(KEY, LABEL)
+    clone = pickle.loads(pickle.dumps(fresh))
+    assert np.array_equal(clone.uint64(5), keyed_random(KEY, LABEL).uint64(5))
+    with pytest.raises(InvalidParameter, match="replay"):
+        pickle.dumps(clone)
+
+
+def test_key_from_file_formats_and_refusals(tmp_path):
+    raw = os.urandom(32)
+    for name, content in [("hex", raw.hex().encode() + b"\n"), ("b64", base64.b64encode(raw)), ("raw", raw)]:
+        p = tmp_path / name
+        p.write_bytes(content)
+        p.chmod(0o600)
+        assert NoiseKey.from_file(p) == NoiseKey(raw)
+    short = tmp_path / "short"
+    short.write_bytes(os.urandom(16).hex().encode())
+    short.chmod(0o600)
+    with pytest.raises(InvalidParameter, match="at least 32"):
+        NoiseKey.from_file(short)
+    loose = tmp_path / "loose"
+    loose.write_bytes(raw.hex().encode())
+    loose.chmod(0o640)
+    with pytest.raises(InvalidParameter, match="chmod 600"):
+        NoiseKey.from_file(loose)
+    with pytest.raises(InvalidParameter, match="does not exist"):
+        NoiseKey.from_file(tmp_path / "missing")
+
+
+def test_generate_and_env(tmp_path, monkeypatch):
+    p = tmp_path / "k"
+    key = NoiseKey.generate(p)
+    assert (p.stat().st_mode & 0o777) == 0o600
+    assert NoiseKey.from_file(p) == key
+    with pytest.raises(InvalidParameter, match="overwrite"):
+        NoiseKey.generate(p)
+    monkeypatch.setenv("DPOPS_NOISE_KEY", p.read_text().strip())
+    assert NoiseKey.from_env() == key
+    monkeypatch.setenv("DPOPS_NOISE_KEY", "")
+    with pytest.raises(InvalidParameter, match="DPOPS_NOISE_KEY"):
+        NoiseKey.from_env()
+
+
+def test_hmac_is_keyed():
+    assert KEY.hmac(b"data") == KEY.hmac(b"data")
+    assert KEY.hmac(b"data") != OTHER_KEY.hmac(b"data")
+    assert len(KEY.hmac(b"")) == 32
+
+
+def test_randbelow_is_uniform_and_in_range():
+    src = test_random(1, ["randbelow"])
+    x = src.randbelow(7, 70_000)
+    assert x.min() >= 0 and x.max() <= 6
+    counts = np.bincount(x, minlength=7)
+    assert stats.chisquare(counts).pvalue > ALPHA
+    bounds = np.array([1, 2, 3, 2**62 + 1, 2**63 - 1] * 1000, dtype=np.int64)
+    y = src.randbelow(bounds)
+    assert np.all((y >= 0) & (y < bounds))
+    assert np.all(y[bounds == 1] == 0)
+    # a bound just above 2**62: nearly half of raw words are rejected, results still below the bound
+    big = src.randbelow(2**62 + 1, 10_000)
+    assert abs(np.mean(big > 2**61) - 0.5) < 4 * 0.5 / np.sqrt(10_000)
+    assert 0 <= src.randbelow_int(10**40) < 10**40
+
+
+def test_randbelow_rejects_bad_bounds():
+    src = test_random(1)
+    for bad in (0, -3, 2.5, np.array([3, 0])):
+        with pytest.raises(InvalidParameter):
+            src.randbelow(bad, 3)
+
+
+def test_bad_labels_and_seeds():
+    with pytest.raises(InvalidParameter):
+        keyed_random(KEY, {"a": 1.5})
+    with pytest.raises(InvalidParameter):
+        keyed_random("not a key", LABEL)  # type: ignore[arg-type]
+    with pytest.raises(InvalidParameter):
+        test_random("seed")  # type: ignore[arg-type]
+    with pytest.raises(InvalidParameter):
+        keyed_random(KEY, LABEL).child()
+
+
+def test_key_cli(tmp_path):
+    runner = CliRunner()
+    p = tmp_path / "noise.key"
+    res = runner.invoke(key_cli, ["generate", str(p), "--json"])
+    assert res.exit_code == 0, res.output
+    kid = NoiseKey.from_file(p).key_id
+    assert kid in res.output and p.read_text().strip() not in res.output
+    res = runner.invoke(key_cli, ["id", str(p)])
+    assert res.output.strip() == kid
+    assert dpops_main(["key", "generate", str(p)]) == 3  # refuses to overwrite
+    p.chmod(0o644)
+    assert dpops_main(["key", "id", str(p)]) == 3
