@@ -117,7 +117,6 @@ def test_ed25519_signature(tmp_path):
 @pytest.fixture()
 def published(tmp_path):
     """A published run of the example spec through the real ledger, its manifest written by the run hook."""
-    pytest.importorskip("dpops.selection", reason="release plans need dpops.selection")
     from dpops.release_plan import plan_release
 
     spec = load_spec(EXAMPLE_SPEC)
