@@ -326,3 +326,59 @@ def test_status(env):
     st = runs.status(env.spec, *IV, ledger=env.ledger)
     assert st["published_run"] == out.run_id and st["versions"][0]["version"] == 1
     assert st["runs"][0]["state"] == "committed"
+
+
+# --------------------------------------------------------------------------- with the real plan and pipeline
+
+
+def test_end_to_end_keyed_retry_reproduces_noise_with_one_charge(tmp_path):
+    """Real release plan + Beam pipeline (FnApiRunner): a started run whose staged output was lost is
+    recomputed under the same key and input to the very same numbers, and charged once."""
+    import numpy as np
+
+    from dpops.randomness import NoiseKey
+
+    doc = {
+        "name": "e2e",
+        "input": {"path": "data/{start:%Y-%m-%d}.parquet", "format": "parquet",
+                  "columns": {"user_id": "string", "region": "string", "amount": "float"}},
+        "privacy_unit": {"column": "user_id", "description": "a user's purchases on one day",
+                         "adjacency": "add_remove"},
+        "budget": {"scope": "shop", "epsilon": 1.0, "delta": 0},
+        "contribution": {"max_partitions_per_unit": 2, "max_rows_per_unit_per_partition": 2},
+        "partitions": {"columns": ["region"], "public": ["north", "south", "east", "west"]},
+        "metrics": [{"type": "count"}, {"type": "sum", "column": "amount", "bounds": [0, 100]}],
+    }
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    rng = np.random.default_rng(3)
+    n = 500
+    (tmp_path / "data").mkdir()
+    pq.write_table(pa.table({
+        "user_id": [f"u{i}" for i in rng.integers(0, 100, n)],
+        "region": rng.choice(["north", "south", "east"], n).tolist(),
+        "amount": rng.uniform(0, 120, n),
+    }), tmp_path / "data/2024-01-01.parquet")
+    key = tmp_path / "noise.key"
+    NoiseKey.generate(key)
+    ledger = open_ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    ledger.create_scope(ScopeDefinition(name="shop", unit="a user's purchases", unit_column="user_id",
+                                        epsilon=3.0, delta=1e-6, rho=None, accountant="basic/1"), actor="test")
+    try:
+        ctx = runs.prepare(spec, *IV, key_path=str(key))
+        assert runs.reserve(ctx, ledger).state == "reserved"
+        first = runs.compute_staged(ctx, ledger)
+        table1 = pq.read_table(first.data_file)
+        import shutil
+
+        shutil.rmtree(first.directory)  # the worker's disk is lost after noise was drawn
+        again = runs.execute_release(spec, *IV, ledger=ledger, key_path=str(key))
+        assert again.state == "published" and again.epsilon_charged == 0
+        table2 = pq.read_table(tmp_path / "out/published/e2e" / SLUG / "current/data.parquet")
+        assert table2.equals(table1)  # same key + same input => the same noise, nothing new revealed
+        assert ledger.status("shop").total == pytest.approx(ledger.run(again.run_id).epsilon)
+        assert ledger.run(again.run_id).epsilon == pytest.approx(1.0, rel=1e-6)
+        assert set(table2.column("region").to_pylist()) == {"north", "south", "east", "west"}
+        assert ledger.verify().ok
+    finally:
+        ledger.close()
