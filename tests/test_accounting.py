@@ -35,7 +35,7 @@ MIXED = [
     SelfComposed(Gaussian(5.0, 1.0), 20),
     SelfComposed(Laplace(10.0, 1.0), 10),
     ApproxDP(0.1, 1e-8, mechanism="partition_selection/truncated_geometric"),
-    SelfComposed(DiscreteGaussian(3.0, 2.0), 3),
+    SelfComposed(DiscreteGaussian(6.0, 1.0), 3),
     DiscreteLaplace(4.0, 1.0),
     PureDP(0.05, mechanism="exponential"),
     ZCDP(0.01),
@@ -130,7 +130,7 @@ def test_pure_laplace_history_basic_is_exact_sum():
 @pytest.mark.parametrize("name", NAMES)
 def test_incremental_equals_all_at_once_and_state_is_json(name):
     acc = get_accountant(name)
-    flat = [Gaussian(5.0, 1.0)] * 3 + [Laplace(10.0, 1.0), ApproxDP(0.1, 1e-8), DiscreteGaussian(3.0, 2.0), PureDP(0.05),
+    flat = [Gaussian(5.0, 1.0)] * 3 + [Laplace(10.0, 1.0), ApproxDP(0.1, 1e-8), DiscreteGaussian(6.0, 1.0), PureDP(0.05),
                                        ZCDP(0.01), Composed((Laplace(5.0, 1.0), Gaussian(4.0, 1.0)))]
     state = acc.empty_state()
     for ev in flat:

@@ -125,7 +125,7 @@ def event_pld(ev: PrivacyEvent) -> pld_lib.PrivacyLossDistribution | None:
     raise InvalidParameter(f"pld/1 cannot compose {ev!r}: not a privacy event")
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=8)  # composed PLDs can be megabytes each
 def _composed(items: tuple[tuple[str, int], ...]):
     """(PLD or None, RDP state of the beside part) for a frozen multiset of events."""
     pld = None
