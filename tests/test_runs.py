@@ -87,8 +87,24 @@ def write_input(tmp_path: Path, day: str = "2024-01-01", amounts=(1.0, 2.0, 3.0,
     return p
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def ledger_url(request, tmp_path):
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+        return
+    import uuid
+
+    import psycopg
+
+    base = request.getfixturevalue("postgres_url")
+    schema = f"t_runs_{uuid.uuid4().hex[:12]}"
+    yield f"{base}?schema={schema}"
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
 @pytest.fixture
-def env(tmp_path):
+def env(tmp_path, ledger_url):
     doc = {
         "name": "purchases_test",
         "input": {"path": "data/{start:%Y-%m-%d}.parquet", "format": "parquet",
@@ -103,7 +119,7 @@ def env(tmp_path):
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(doc))
     write_input(tmp_path)
-    ledger = open_ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    ledger = open_ledger(ledger_url)
     ledger.create_scope(ScopeDefinition(name="shop", unit="a user's purchases", unit_column="user_id",
                                         epsilon=1.2, delta=1e-6, rho=None, accountant="basic/1"), actor="test")
     pipe = FakePipeline()
