@@ -265,3 +265,9 @@ def test_parse_spec_from_dict():
     assert spec.metric("sum_amount").bounds == (0.0, 100.0)
     with pytest.raises(SpecError, match=r"^inline: "):
         parse_spec({"name": "x"}, source="inline")
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLE.parent.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_is_valid(path):
+    spec = load_spec(path)
+    assert sum(spec.split_weights().values()) > 0
