@@ -212,7 +212,7 @@ class RandomSource:
             raise InvalidParameter("randbelow bound must be >= 1")
         if scalar:
             shape = () if n is None else (int(n),)
-            b = np.full(shape, int(b), dtype=np.uint64)
+            return self._randbelow_scalar(int(b), shape)
         else:
             if n is not None and n != b.size:
                 raise InvalidParameter(f"randbelow: n={n} does not match {b.size} bounds")
@@ -230,6 +230,21 @@ class RandomSource:
             out[idx] = x[ok] % flat_b[idx]
             pending = pending[~ok]
         return out.astype(np.int64).reshape(b.shape)
+
+    def _randbelow_scalar(self, bound: int, shape: tuple) -> np.ndarray:
+        size = int(np.prod(shape)) if shape else 1
+        if bound & (bound - 1) == 0:  # a power of two: masking is exactly uniform
+            return (self.uint64(size) & np.uint64(bound - 1)).astype(np.int64).reshape(shape)
+        last_ok = np.uint64((1 << 64) - (1 << 64) % bound - 1)
+        ub = np.uint64(bound)
+        out = np.empty(size, dtype=np.uint64)
+        pending = np.arange(size)
+        while pending.size:
+            x = self.uint64(pending.size)
+            ok = x <= last_ok
+            out[pending[ok]] = x[ok] % ub
+            pending = pending[~ok]
+        return out.astype(np.int64).reshape(shape)
 
     def randbelow_int(self, bound: int) -> int:
         """One exactly uniform Python int in [0, bound) for any size of bound."""

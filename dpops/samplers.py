@@ -47,26 +47,60 @@ def _as_int_array(x, name: str) -> np.ndarray:
 # --------------------------------------------------------------------------- Bernoulli
 
 
+_MARGIN = 2.0**-49  # far above the <= 2**-51 rounding error of the float screen below
+
+
+def bernoulli_ratio(num, den, rng: RandomSource) -> np.ndarray:
+    """Exact Bernoulli(num/den) for integer arrays with 0 <= num <= den (den may be a float-exact product).
+
+    One 64-bit word U per element is compared with num/den. A double-precision screen decides
+    every element whose U is more than 2**-49 away from num/den (its rounding error is below
+    2**-51, so the screen's answer equals the exact comparison); the rest (probability ~2**-48)
+    are decided exactly with Python integers, continuing with further words on a tie. The
+    outcome is therefore exactly the comparison of a uniform real with num/den.
+    """
+    num_a = np.asarray(num)
+    den_a = np.asarray(den)
+    num_a, den_a = np.broadcast_arrays(num_a, den_a)
+    n = num_a.size
+    x = rng.uint64(n)
+    u = x.astype(np.float64) * 2.0**-64
+    p = num_a.astype(np.float64) / den_a.astype(np.float64)
+    out = u < p - _MARGIN
+    band = np.nonzero(~out & (u <= p + _MARGIN))[0]
+    for i in band:
+        out[i] = _compare_exact(int(x[i]), int(num_a.flat[i]), int(den_a.flat[i]), rng)
+    return out
+
+
+def _compare_exact(x: int, num: int, den: int, rng: RandomSource) -> bool:
+    """Is 0.x1x2x3... (x the first 64-bit word, later words drawn lazily) < num/den?"""
+    while True:
+        scaled = num << 64
+        digit, rest = divmod(scaled, den)
+        if x != digit:
+            return x < digit
+        num = rest  # tie on this word: compare the next word with the remaining fraction
+        x = int(rng.uint64(1)[0])
+
+
 def _bernoulli_exp_le1(num: np.ndarray, den: np.ndarray, rng: RandomSource) -> np.ndarray:
     """Bernoulli(exp(-num/den)) for 0 <= num <= den, int64 arrays (CKS20 Alg. 1, gamma in [0,1]).
 
     K = 1, 2, ...: draw A ~ Bernoulli(gamma/K) until A = 0; the result is 1 iff the final K is odd.
+    All pending elements share the same K (they advance together).
     """
     n = num.size
     out = np.empty(n, dtype=bool)
-    k = np.ones(n, dtype=np.int64)
     pending = np.arange(n)
+    k = 1
     while pending.size:
-        kk = k[pending]
-        a = rng.randbelow(den[pending] * kk) < num[pending]  # Bernoulli(num / (den*K)), exact
+        # Bernoulli(num / (den*K)); den*K as an exact Python-int product on the exact path
+        a = bernoulli_ratio(num[pending], den[pending].astype(object) * k if k > 255 else den[pending] * np.int64(k), rng)
         stop = ~a
-        out[pending[stop]] = (kk[stop] & 1) == 1
+        out[pending[stop]] = (k & 1) == 1
         pending = pending[a]
-        k[pending] += 1
-        if pending.size and int(k[pending].max()) >= 256:  # den*K would leave the proven range
-            for i in pending:
-                out[i] = _bernoulli_exp_int(int(num[i]), int(den[i]), rng, k_start=int(k[i]))
-            break
+        k += 1
     return out
 
 
@@ -134,8 +168,9 @@ def bernoulli_rational(num, den, rng: RandomSource) -> np.ndarray:
     """Exact Bernoulli(num/den) for int64 arrays with 0 <= num <= den."""
     num_a = _as_int_array(num, "num")
     den_a = _as_int_array(den, "den")
-    num_a, den_a = np.broadcast_arrays(num_a, den_a)
-    return rng.randbelow(np.ascontiguousarray(den_a)) < num_a
+    if (num_a < 0).any() or (num_a > den_a).any():
+        raise InvalidParameter("bernoulli_rational needs 0 <= num <= den")
+    return bernoulli_ratio(num_a, den_a, rng)
 
 
 def bernoulli_float(p, rng: RandomSource) -> np.ndarray:
