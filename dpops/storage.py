@@ -334,9 +334,21 @@ class ReleaseStore:
                     "files": hashes, "restates": restates, "published_at": published_at, **(extra or {}),
                 })
                 _fsync_dir(tmp)
-                if final.exists():
-                    raise StorageError(f"{final} already exists (a concurrent publish?); nothing overwritten")
-                os.rename(tmp, final)
+                try:
+                    if final.exists():
+                        raise FileExistsError(errno.EEXIST, "exists", str(final))
+                    os.rename(tmp, final)  # fails on a non-empty target: never overwrites
+                except OSError as exc:
+                    if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                        raise
+                    # A concurrent publisher won the race for this version number: if it published this
+                    # very run, that is our result; otherwise nothing is overwritten and we stop.
+                    _rmtree_quiet(tmp)
+                    for v in self.versions(interval_slug):
+                        if v.run_id == staged.run_id:
+                            return v
+                    raise StorageError(f"{final} was published concurrently by another run; nothing overwritten "
+                                       "(check dpops release status)") from None
                 _fsync_dir(base)
         except BaseException:
             _rmtree_quiet(tmp)

@@ -398,3 +398,46 @@ def test_end_to_end_keyed_retry_reproduces_noise_with_one_charge(tmp_path):
         assert ledger.verify().ok
     finally:
         ledger.close()
+
+
+def test_concurrent_runs_of_one_interval_charge_once_and_publish_once(env, ledger_url):
+    """A scheduled run and a backfill of the same interval at the same moment (two threads, two ledger
+    connections, both inside the pipeline together): one charge, one published version."""
+    import threading
+
+    barrier = threading.Barrier(2, timeout=20)
+    inner = env.pipe
+
+    def pipeline(req):
+        try:
+            barrier.wait()  # both attempts are computing at the same time
+        except threading.BrokenBarrierError:
+            pass
+        return inner(req)
+
+    results, errors = [], []
+
+    def worker():
+        led = open_ledger(ledger_url)
+        try:
+            results.append(runs.execute_release(env.spec, *IV, ledger=led, key=FakeKey(), run_release=pipeline,
+                                                planner=planner))
+        except (LedgerError, StorageError) as exc:  # a lost race is a retryable error, never a double spend
+            errors.append(exc)
+        finally:
+            led.close()
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(results) + len(errors) == 2 and results
+    retry = env.run()  # whoever lost the race retries and is served
+    assert retry.state == "already_published"
+    assert charged(env.ledger) == pytest.approx(0.5)
+    from dpops.storage import ReleaseStore
+
+    store = ReleaseStore(env.tmp / "out", "purchases_test")
+    assert [v.version for v in store.versions(SLUG)] == [1]
+    assert env.ledger.verify().ok
