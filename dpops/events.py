@@ -9,7 +9,13 @@ Stable JSON: every event dict carries ``"schema": "dpops.event/1"`` and a
 ``"kind"``. ``canonical_json`` is the byte form that is hashed; it never changes
 for a given schema version. A new field or kind means a new schema version.
 
-Kinds (all sensitivities are in the same units as the noise scale):
+Kinds (all sensitivities are in the same units as the noise scale). ``max_coords``
+on the Laplace-type and discrete Gaussian kinds is the number of output
+coordinates one privacy unit can change: 1 for a scalar query, L0 (or 2·L0 for
+``replace``) for a per-partition vector. Accountants whose tight analysis holds
+only for scalars (PLDs of Laplace-type and discrete mechanisms) must fall back to
+a dominating analysis when it is above 1; the Gaussian is rotation invariant, so
+its scalar analysis is exact for any vector and it carries no such field.
 
 - ``laplace``            continuous Laplace, scale b, L1 sensitivity; pure eps = Δ1/b.
 - ``gaussian``           continuous Gaussian, std sigma, L2 sensitivity.
@@ -19,7 +25,11 @@ Kinds (all sensitivities are in the same units as the noise scale):
                          the rounding charge; pure eps = Δ1/b.
 - ``discrete_gaussian``  discrete Gaussian on the lattice rZ, ``sigma`` and
                          ``l2_sensitivity`` in value units (rounding charge included);
-                         rho-zCDP with rho = Δ2²/(2σ²) (Canonne, Kamath, Steinke 2020).
+                         rho-zCDP with rho = Δ2²/(2σ²) + τ (Canonne, Kamath, Steinke 2020,
+                         Thm 14: a multi-dimensional discrete Gaussian pays a small τ term;
+                         we require σ ≥ 2r, where τ < 1e-16 per affected coordinate, and
+                         charge a flat DISCRETE_GAUSSIAN_TAU = 1e-12, which covers up to
+                         10,000 affected coordinates).
 - ``pure_dp``            any eps-DP mechanism, e.g. the exponential mechanism or
                          report-noisy-max; ``mechanism`` names it.
 - ``approx_dp``          any (eps, delta)-DP mechanism, e.g. private partition
@@ -41,6 +51,11 @@ from dpops.errors import InvalidParameter
 
 EVENT_SCHEMA = "dpops.event/1"
 
+# CKS20 Thm 14: tau = 10 * sum_{k>=1} exp(-2 pi^2 s^2 k/(k+1)) per affected coordinate,
+# s = sigma/resolution. At s = 2 the sum is 7.1e-17; 1e-12 covers 10^4 coordinates.
+DISCRETE_GAUSSIAN_TAU = 1e-12
+DISCRETE_GAUSSIAN_MIN_SIGMA_STEPS = 2.0
+
 
 def canonical_json(obj: Any) -> str:
     """Deterministic JSON: sorted keys, no whitespace, floats by repr (round-trip exact).
@@ -56,6 +71,12 @@ def _finite_positive(x: Any, what: str) -> float:
     return float(x)
 
 
+def _max_coords(x: Any, kind: str) -> int:
+    if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+        raise InvalidParameter(f"privacy event: {kind} max_coords must be an integer >= 1, got {x!r}")
+    return x
+
+
 def _delta(x: Any, what: str = "delta") -> float:
     if isinstance(x, bool) or not isinstance(x, (int, float)) or not (0 <= x < 1):
         raise InvalidParameter(f"privacy event: {what} must be in [0, 1), got {x!r}")
@@ -66,11 +87,13 @@ def _delta(x: Any, what: str = "delta") -> float:
 class Laplace:
     scale: float
     l1_sensitivity: float
+    max_coords: int = 1
     kind: str = field(default="laplace", init=False)
 
     def __post_init__(self) -> None:
         _finite_positive(self.scale, "laplace scale")
         _finite_positive(self.l1_sensitivity, "laplace l1_sensitivity")
+        _max_coords(self.max_coords, "laplace")
 
     @property
     def epsilon(self) -> float:
@@ -97,12 +120,14 @@ class DiscreteLaplace:
     scale: float
     l1_sensitivity: float
     resolution: float = 1.0
+    max_coords: int = 1
     kind: str = field(default="discrete_laplace", init=False)
 
     def __post_init__(self) -> None:
         _finite_positive(self.scale, "discrete_laplace scale")
         _finite_positive(self.l1_sensitivity, "discrete_laplace l1_sensitivity")
         _finite_positive(self.resolution, "discrete_laplace resolution")
+        _max_coords(self.max_coords, "discrete_laplace")
 
     @property
     def epsilon(self) -> float:
@@ -114,16 +139,24 @@ class DiscreteGaussian:
     sigma: float
     l2_sensitivity: float
     resolution: float = 1.0
+    max_coords: int = 1
     kind: str = field(default="discrete_gaussian", init=False)
 
     def __post_init__(self) -> None:
         _finite_positive(self.sigma, "discrete_gaussian sigma")
         _finite_positive(self.l2_sensitivity, "discrete_gaussian l2_sensitivity")
         _finite_positive(self.resolution, "discrete_gaussian resolution")
+        _max_coords(self.max_coords, "discrete_gaussian")
+        if self.sigma < DISCRETE_GAUSSIAN_MIN_SIGMA_STEPS * self.resolution:
+            raise InvalidParameter(
+                f"privacy event: discrete_gaussian sigma={self.sigma!r} must be at least "
+                f"{DISCRETE_GAUSSIAN_MIN_SIGMA_STEPS:g} x resolution={self.resolution!r} (the zCDP bound "
+                "used for vectors needs it; calibrate with more noise or a finer resolution)"
+            )
 
     @property
     def rho(self) -> float:
-        return self.l2_sensitivity**2 / (2 * self.sigma**2)
+        return self.l2_sensitivity**2 / (2 * self.sigma**2) + DISCRETE_GAUSSIAN_TAU
 
 
 @dataclass(frozen=True)
@@ -191,10 +224,10 @@ PrivacyEvent = Union[
 ]
 
 _SIMPLE = {
-    "laplace": (Laplace, ("scale", "l1_sensitivity")),
+    "laplace": (Laplace, ("scale", "l1_sensitivity", "max_coords")),
     "gaussian": (Gaussian, ("sigma", "l2_sensitivity")),
-    "discrete_laplace": (DiscreteLaplace, ("scale", "l1_sensitivity", "resolution")),
-    "discrete_gaussian": (DiscreteGaussian, ("sigma", "l2_sensitivity", "resolution")),
+    "discrete_laplace": (DiscreteLaplace, ("scale", "l1_sensitivity", "resolution", "max_coords")),
+    "discrete_gaussian": (DiscreteGaussian, ("sigma", "l2_sensitivity", "resolution", "max_coords")),
     "pure_dp": (PureDP, ("epsilon", "mechanism")),
     "approx_dp": (ApproxDP, ("epsilon", "delta", "mechanism")),
     "zcdp": (ZCDP, ("rho", "mechanism")),

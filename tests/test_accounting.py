@@ -104,7 +104,9 @@ def test_rdp_and_zcdp_never_worse_over_a_range_of_rho():
 
 def test_ordering_on_a_mixed_history():
     eps = {n: get_accountant(n).epsilon(MIXED, 1e-6) for n in NAMES}
-    assert eps["pld"] <= eps["rdp"] <= eps["zcdp"] <= eps["basic"]
+    # 1e-12: pld takes min(own bound, rdp bound) and may sum the RDP vector in another order
+    assert eps["pld"] <= eps["rdp"] + 1e-12
+    assert eps["rdp"] <= eps["zcdp"] <= eps["basic"]
     assert eps["pld"] < eps["basic"]
     # and the inverse direction: delta at a fixed epsilon is ordered the same way
     dl = {n: get_accountant(n).delta(MIXED, 12.0) for n in NAMES}

@@ -98,3 +98,25 @@ def test_derived_quantities():
     assert DiscreteLaplace(4.0, 2.0).epsilon == 0.5
     assert Gaussian(2.0, 1.0).rho == pytest.approx(1 / 8)
     assert DiscreteGaussian(2.0, 2.0).rho == pytest.approx(0.5)
+
+
+def test_max_coords_and_discrete_gaussian_floor():
+    assert DiscreteLaplace(4.0, 2.0, max_coords=5).max_coords == 5
+    assert event_from_dict({"kind": "discrete_laplace", "scale": 4.0, "l1_sensitivity": 2.0}).max_coords == 1
+    with pytest.raises(InvalidParameter, match="max_coords"):
+        Laplace(1.0, 1.0, max_coords=0)
+    with pytest.raises(InvalidParameter, match="at least 2"):
+        DiscreteGaussian(sigma=1.5, l2_sensitivity=1.0, resolution=1.0)
+    # the tau term of CKS20 Thm 14 is always charged on top of Δ²/2σ²
+    assert DiscreteGaussian(4.0, 2.0).rho > 2.0**2 / (2 * 4.0**2)
+
+
+def test_pld_never_uses_a_scalar_analysis_for_vector_laplace():
+    from dpops.accounting import get_accountant
+
+    pld = get_accountant("pld/1")
+    scalar = pld.epsilon([DiscreteLaplace(scale=10.0, l1_sensitivity=5.0)], 1e-6)
+    vector = pld.epsilon([DiscreteLaplace(scale=10.0, l1_sensitivity=5.0, max_coords=5)], 1e-6)
+    # the vector falls back to randomized response at eps = 0.5, which is never tighter
+    assert vector >= scalar
+    assert vector <= 0.5 + 1e-9

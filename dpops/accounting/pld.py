@@ -98,6 +98,13 @@ def event_pld(ev: PrivacyEvent) -> pld_lib.PrivacyLossDistribution | None:
         return pld_lib.from_gaussian_mechanism(
             ev.sigma, sensitivity=ev.l2_sensitivity, pessimistic_estimate=True, value_discretization_interval=vdi
         )
+    if isinstance(ev, (Laplace, DiscreteLaplace)) and ev.max_coords > 1:
+        # The Laplace PLD is exact for a scalar shift; for a vector of L1 norm Δ no
+        # dominance of the scalar case is proven, so use randomized response at
+        # eps = Δ1/b, which dominates every eps-DP mechanism.
+        return _rr(ev.epsilon)
+    if isinstance(ev, DiscreteGaussian) and ev.max_coords > 1:
+        return None  # charged by its zCDP rho (CKS20 Thm 14, tau included) in the RDP part
     if isinstance(ev, Laplace):
         return pld_lib.from_laplace_mechanism(
             ev.scale, sensitivity=ev.l1_sensitivity, pessimistic_estimate=True, value_discretization_interval=vdi
