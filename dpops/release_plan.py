@@ -255,8 +255,7 @@ def plan_release(spec) -> ReleasePlan:
             vecs = []
             for name, acc, sens, integer in parts:
                 if gaussian(m):
-                    params = mechanisms.gaussian_mechanism_zcdp(
-                        rho_share[key] / len(parts), sens.l2, integer_valued=integer, max_coords=sens.max_coords)
+                    params = _gaussian_zcdp(mechanisms, rho_share[key] / len(parts), sens, integer)
                 else:
                     params = mechanisms.laplace_mechanism(
                         eps_share[key] / len(parts), sens.l1, integer_valued=integer, max_coords=sens.max_coords)
@@ -306,6 +305,19 @@ def plan_release(spec) -> ReleasePlan:
     )
     _certify(plan)
     return plan
+
+
+def _gaussian_zcdp(mechanisms, rho: float, sens, integer: bool):
+    """``mechanisms.gaussian_mechanism_zcdp``; if its self-check fails on float rounding (seen for
+    rho ~1e-3 on fine grids: recorded rho 1e-10 relative above the request), ask for a slightly
+    smaller rho -- more noise, never less, and the returned params are still verified by it."""
+    try:
+        return mechanisms.gaussian_mechanism_zcdp(rho, sens.l2, integer_valued=integer, max_coords=sens.max_coords)
+    except InvalidParameter as exc:
+        if "did not verify" not in str(exc):
+            raise
+        return mechanisms.gaussian_mechanism_zcdp(rho * (1 - 1e-6), sens.l2, integer_valued=integer,
+                                                  max_coords=sens.max_coords)
 
 
 def _vector_layout(mtype: str, key: str, b, lohi):
