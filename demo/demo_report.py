@@ -1,0 +1,90 @@
+"""The demo's final report (rich): one day's published statistics, the ledger, refusals, manifests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from demo_setup import DEMO_RELEASE, DEMO_SCOPE, DemoPaths
+from demo_steps import IntervalResult
+
+
+def report(paths: DemoPaths, ivs: list, scheduled: list[IntervalResult], backfill: list[IntervalResult], *,
+           console: Any) -> None:
+    from rich.table import Table
+
+    published = [r for r in backfill if r.outcome in ("published", "served")]
+    if published:
+        _published_table(paths, published[0], console)
+
+    from dpops.ledger import open_ledger
+
+    ledger = open_ledger(paths.ledger_url)
+    try:
+        st = ledger.status(DEMO_SCOPE)
+        verify = ledger.verify()
+    finally:
+        ledger.close()
+    t = Table(title=f"Ledger scope {DEMO_SCOPE!r} ({st.accountant}, {paths.ledger_url})")
+    for col in ("cap", "committed (published)", "spent unpublished", "reserved/started", "remaining", "verify"):
+        t.add_column(col, justify="right")
+    ok = getattr(verify, "ok", getattr(verify, "valid", None))
+    t.add_row(f"{st.cap:g}", f"{st.committed:.6g}", f"{st.spent_unpublished:.6g}", f"{st.reserved + st.started:.6g}",
+              f"{st.remaining:.6g}", "[green]passed[/]" if ok else f"[red]{verify}[/]")
+    console.print(t)
+
+    t = Table(title="Every interval: daily schedule, then the backfill")
+    for col in ("day", "schedule", "backfill", "epsilon charged", "why"):
+        t.add_column(col)
+    by_day = {r.day: r for r in scheduled}
+    for r in backfill:
+        first = by_day.get(r.day)
+        charged = (first.charged if first else 0.0) + r.charged
+        t.add_row(r.day, _fmt(first), _fmt(r), f"{charged:.3g}", r.reason if r.outcome in ("refused", "failed") else "")
+    console.print(t)
+
+    refused = [r for r in backfill if r.outcome == "refused"]
+    if refused:
+        console.print(f"[yellow]{len(refused)} interval(s) refused[/] ({', '.join(r.day for r in refused)}): the scope "
+                      "cap would be exceeded; nothing was charged and nothing was published for them.")
+    manifests = sorted(paths.manifests_dir.glob("*.json")) if paths.manifests_dir.is_dir() else []
+    console.print(f"\nManifests ({len(manifests)}): {paths.manifests_dir}")
+    if manifests:
+        console.print(f"  e.g. {manifests[0].name}; check one with: dpops manifest verify {manifests[0]}")
+    console.print(f"Published outputs: {paths.output_root / 'published' / DEMO_RELEASE}")
+
+
+def _fmt(r: IntervalResult | None) -> str:
+    if r is None:
+        return "-"
+    colour = {"published": "green", "served": "cyan", "refused": "yellow", "failed": "red"}[r.outcome]
+    return f"[{colour}]{r.outcome}[/]"
+
+
+def _published_table(paths: DemoPaths, r: IntervalResult, console: Any) -> None:
+    import pyarrow.parquet as pq
+    from rich.table import Table
+
+    from dpops.inputs import parse_interval
+    from dpops.storage import ReleaseStore
+
+    store = ReleaseStore(paths.output_root, DEMO_RELEASE)
+    cur = store.current(parse_interval(r.start, r.end).slug)
+    if cur is None:
+        return
+    table = pq.read_table(Path(cur.directory) / "data.parquet").to_pylist()
+    if not table:
+        return
+    cols = list(table[0])
+    metrics = [c for c in cols if f"{c}_ci95_low" in cols]
+    parts = [c for c in cols if not any(c == m or c.startswith(m + "_") for m in metrics)]
+    t = Table(title=f"Published {DEMO_RELEASE} for {r.day} (noisy values, 95% intervals from public parameters)")
+    for c in parts:
+        t.add_column(c)
+    for m in metrics:
+        t.add_column(m, justify="right")
+    for row in table:
+        t.add_row(*[str(row[c]) for c in parts],
+                  *[f"{row[m]:.4g} [dim][{row[m + '_ci95_low']:.3g}, {row[m + '_ci95_high']:.3g}][/]" for m in metrics])
+    console.print(t)
+    console.print(f"[dim]from {cur.directory} (version v{cur.version}, run {cur.run_id})[/]")

@@ -1,0 +1,166 @@
+"""The release DAG run through Airflow's ``dag.test()`` (SQLite metadata DB, the real pipeline).
+
+Each test has its own release (DAG id), workspace and SQLite ledger.
+"""
+
+from __future__ import annotations
+
+import airflow_support  # noqa: F401  (sets AIRFLOW_HOME etc. before airflow is imported)
+
+import json
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_support import DAGS_FOLDER, make_workspace, migrate_sqlite_db
+
+pytestmark = pytest.mark.slow
+
+
+def _day(d: int) -> datetime:
+    return datetime(2024, 1, d, tzinfo=timezone.utc)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _db():
+    migrate_sqlite_db()
+
+
+def _dag(ws, monkeypatch, retries: int = 0):
+    from airflow.dag_processing.dagbag import DagBag
+
+    for k, v in ws.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("DPOPS_TASK_RETRIES", str(retries))
+    bag = DagBag(dag_folder=str(DAGS_FOLDER))
+    assert bag.import_errors == {}
+    return bag.dags[ws.dag_id]
+
+
+def _run(dag, day_end: int, **kw):
+    """dag.test covers the interval ENDING at its logical date: day_end=2 runs [Jan 1, Jan 2)."""
+    dr = dag.test(logical_date=_day(day_end), **kw)
+    return dr, {ti.task_id: ti for ti in dr.get_task_instances()}
+
+
+def _ledger(ws):
+    from dpops.ledger import open_ledger
+
+    return open_ledger(ws.ledger_url)
+
+
+def _reservations(ledger, scope: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for e in ledger.history(scope):
+        if e.kind == "reserved":
+            counts[e.run_id] = counts.get(e.run_id, 0) + 1
+    return counts
+
+
+def _published_rows(uri: str) -> list[dict]:
+    from urllib.parse import urlparse
+
+    return pq.read_table(Path(urlparse(uri).path) / "data.parquet").to_pylist()
+
+
+def test_one_interval_publishes_commits_and_a_rerun_is_free(tmp_path, monkeypatch):
+    ws = make_workspace(tmp_path, release="af_e2e", scope="af_e2e_scope", days=1)
+    dag = _dag(ws, monkeypatch)
+    dr, tis = _run(dag, 2)
+    assert dr.state == "success", {k: t.state for k, t in tis.items()}
+    ledger = _ledger(ws)
+    (rec,) = ledger.runs(release=ws.release)
+    assert rec.state == "committed" and rec.key.interval_start.startswith("2024-01-01T00:00:00")
+    assert rec.key.interval_end.startswith("2024-01-02T00:00:00")
+    assert rec.output_uri and len(_published_rows(rec.output_uri)) == 4  # every public partition
+    total = ledger.status(ws.scope).total
+    assert total == pytest.approx(0.5)
+    manifests = list((ws.specs_dir / "out" / "manifests" / ws.release).glob("*.published.json"))
+    assert [m.name for m in manifests] == [f"{rec.run_id}.published.json"]
+    assert json.loads(manifests[0].read_text())["run_id"] == rec.run_id
+
+    # A plain re-run of the completed interval serves the published result: no charge, same numbers.
+    before = _published_rows(rec.output_uri)
+    dr2, _ = _run(dag, 2)
+    assert dr2.state == "success"
+    assert ledger.status(ws.scope).total == pytest.approx(total)
+    assert _reservations(ledger, ws.scope) == {rec.run_id: 1}
+    assert _published_rows(ledger.run(rec.run_id).output_uri) == before
+    assert ledger.verify().ok
+
+
+def test_publish_fault_after_noise_then_retry_publishes_same_numbers_with_one_charge(tmp_path, monkeypatch):
+    ws = make_workspace(tmp_path, release="af_fault", scope="af_fault_scope", days=2)
+    marker = tmp_path / "fault-once"
+
+    # 1. In-run Airflow retry: publish fails once after the noise was drawn and staged, the retry publishes.
+    dag = _dag(ws, monkeypatch, retries=1)
+    monkeypatch.setenv("DPOPS_FAULT_PUBLISH", str(marker))
+    marker.touch()
+    dr, tis = _run(dag, 2)
+    assert dr.state == "success" and not marker.exists()
+    assert tis["publish_release"].try_number == 2 and tis["compute_release"].try_number == 1
+    ledger = _ledger(ws)
+    (rec,) = ledger.runs(release=ws.release)
+    assert rec.state == "committed" and _reservations(ledger, ws.scope) == {rec.run_id: 1}
+
+    # 2. No retries left: the run fails after the noise was drawn; the staged output is then lost (another
+    #    worker, a wiped disk). Re-running recomputes with keyed noise: the very same numbers, one charge.
+    dag = _dag(ws, monkeypatch, retries=0)
+    marker.touch()
+    dr, tis = _run(dag, 3)
+    assert dr.state == "failed" and tis["publish_release"].state == "failed"
+    (day2,) = [r for r in ledger.runs(release=ws.release) if r.key.interval_start.startswith("2024-01-02")]
+    assert day2.state == "started"  # the charge is final: noise was drawn
+    staged_root = ws.specs_dir / "out" / "staged" / ws.release
+    (staged,) = [p for p in staged_root.glob(f"*/{day2.run_id}") if p.is_dir()]
+    drawn = pq.read_table(staged / "data.parquet").to_pylist()
+    shutil.rmtree(staged)
+    spent = ledger.status(ws.scope).total
+
+    dr, tis = _run(dag, 3)
+    assert dr.state == "success"
+    rec2 = ledger.run(day2.run_id)
+    assert rec2.state == "committed"
+    assert _published_rows(rec2.output_uri) == drawn
+    assert ledger.status(ws.scope).total == pytest.approx(spent) == pytest.approx(1.0)
+    assert _reservations(ledger, ws.scope) == {rec.run_id: 1, day2.run_id: 1}
+    assert ledger.verify().ok
+
+
+def test_budget_refusal_fails_without_retry_names_scope_left_and_asked(tmp_path, monkeypatch):
+    ws = make_workspace(tmp_path, release="af_refuse", scope="af_refuse_scope", days=2, scope_cap=0.7)
+    alerts = tmp_path / "alerts.jsonl"
+    hook_mod = tmp_path / "hookmod"
+    hook_mod.mkdir()
+    (hook_mod / "af_test_hook.py").write_text(
+        "import json, os\n"
+        "def record(payload):\n"
+        f"    open({str(alerts)!r}, 'a').write(json.dumps(payload) + '\\n')\n"
+    )
+    monkeypatch.syspath_prepend(str(hook_mod))
+    monkeypatch.setenv("DPOPS_ALERT_HOOK", "af_test_hook:record")
+    dag = _dag(ws, monkeypatch, retries=2)
+    assert _run(dag, 2)[0].state == "success"
+
+    dr, tis = _run(dag, 3)
+    assert dr.state == "failed"
+    assert tis["reserve_budget"].state == "failed" and tis["reserve_budget"].try_number == 1  # not retried
+    assert all(tis[t].state == "upstream_failed" for t in ("compute_release", "publish_release", "record_run"))
+    (alert,) = [json.loads(line) for line in alerts.read_text().splitlines()]
+    assert alert["task_id"] == "reserve_budget" and alert["error"] == "AirflowFailException"
+    msg = alert["message"]
+    assert "scope 'af_refuse_scope' has epsilon 0.2 left" in msg and "this run asked epsilon 0.5" in msg
+    assert "stays unpublished" in msg
+
+    ledger = _ledger(ws)
+    runs = ledger.runs(release=ws.release)
+    assert [r.key.interval_start[:10] for r in runs] == ["2024-01-01"]  # the refused day left no run
+    assert ledger.published(ws.release, "2024-01-02T00:00:00+00:00", "2024-01-03T00:00:00+00:00") is None
+    assert not list((ws.specs_dir / "out" / "published" / ws.release).glob("20240102*"))
+    assert ledger.status(ws.scope).total == pytest.approx(0.5)
+    refused = list((ws.specs_dir / "out" / "manifests" / ws.release).glob("*.refused.json"))
+    assert len(refused) == 1
