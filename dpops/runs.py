@@ -35,6 +35,7 @@ import math
 import os
 import shutil
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -45,6 +46,7 @@ from dpops.spec import ReleaseSpec, load_spec
 from dpops.storage import ReleaseStore, StagedRun
 
 log = logging.getLogger("dpops.runs")
+_QUIET: ContextVar[bool] = ContextVar("dpops_runs_quiet", default=False)
 
 RANDOMNESS = ("keyed", "os", "test")
 RUN_RELEASE = "pipelines.release_pipeline:run_release"
@@ -164,8 +166,29 @@ def _outcome(ctx: RunContext, ledger: Any, state: str, *, record: Any = None, ch
         epsilon_charged=charged, run_epsilon=getattr(record, "epsilon", None), scope=ctx.spec.budget.scope,
         scope_remaining=remaining, restates=getattr(record, "restates", None), message=message,
     )
-    log.info(out.line())
+    # Inside execute_release the steps' lines are DEBUG: the whole run logs ONE line at the end.
+    log.log(logging.DEBUG if _QUIET.get() else logging.INFO, out.line())
     return out
+
+
+def _log_failure(ctx: RunContext, ledger: Any, exc: BaseException) -> None:
+    """The one line of a run that ended in an error (the error itself still propagates)."""
+    from dpops.errors import BudgetExceeded
+
+    state = "refused" if isinstance(exc, BudgetExceeded) else "failed"
+    rec = None
+    try:
+        rec = ledger.run(ctx.run_id)
+    except Exception:  # noqa: BLE001
+        pass
+    out = RunOutcome(release=ctx.spec.name, interval=str(ctx.interval), state=state, run_id=ctx.run_id,
+                     run_epsilon=getattr(rec, "epsilon", None), scope=ctx.spec.budget.scope,
+                     message=f"{type(exc).__name__}: {exc}" + (f" (ledger state {rec.state})" if rec else ""))
+    try:
+        out.scope_remaining = float(ledger.status(ctx.spec.budget.scope).remaining)
+    except Exception:  # noqa: BLE001
+        pass
+    log.warning(out.line())
 
 
 @contextmanager
@@ -562,7 +585,20 @@ def _release_before_start(ctx: RunContext, ledger: Any, exc: BaseException) -> N
         log.exception("could not release the reservation of run %s", ctx.run_id)
 
 
-def _run_steps(ctx: RunContext, ledger: Any, *, publish_output: bool, runner: str, runner_options: Sequence[str],
+def _run_steps(ctx: RunContext, ledger: Any, **kwargs: Any) -> RunOutcome:
+    token = _QUIET.set(True)
+    try:
+        out = _run_steps_quiet(ctx, ledger, **kwargs)
+    except BaseException as exc:
+        _QUIET.reset(token)
+        _log_failure(ctx, ledger, exc)
+        raise
+    _QUIET.reset(token)
+    log.info(out.line())
+    return out
+
+
+def _run_steps_quiet(ctx: RunContext, ledger: Any, *, publish_output: bool, runner: str, runner_options: Sequence[str],
                run_release: Callable[[Any], Any] | None, gx_checks: bool, restates: str | None,
                reserved: RunOutcome | None = None, write_manifest: bool = True) -> RunOutcome:
     if reserved is None:
@@ -626,8 +662,13 @@ def execute_restatement(spec_path: str | os.PathLike[str], interval_start: Any, 
     """``dpops release restate``: prepare, restate (reserve linked to the published run), compute, publish."""
     ctx = prepare(spec_path, interval_start, interval_end, randomness=randomness, key_path=key_path, key=key,
                   planner=planner, actor=actor)
-    first = restate(ctx, ledger)
+    token = _QUIET.set(True)
+    try:
+        first = restate(ctx, ledger)
+    finally:
+        _QUIET.reset(token)
     if first.state == "already_published":
+        log.info(first.line())
         return first
     return _run_steps(ctx, ledger, publish_output=True, runner=runner, runner_options=runner_options,
                       run_release=run_release, gx_checks=gx_checks, restates=first.restates, reserved=first)

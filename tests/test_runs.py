@@ -441,3 +441,18 @@ def test_concurrent_runs_of_one_interval_charge_once_and_publish_once(env, ledge
     store = ReleaseStore(env.tmp / "out", "purchases_test")
     assert [v.version for v in store.versions(SLUG)] == [1]
     assert env.ledger.verify().ok
+
+
+def test_one_log_line_per_run(env, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="dpops.runs"):
+        env.run()
+    lines = [r.getMessage() for r in caplog.records if r.name == "dpops.runs" and r.levelno >= logging.INFO]
+    assert len(lines) == 1 and "outcome=published" in lines[0] and "remaining=0.7" in lines[0]
+    caplog.clear()
+    write_input(env.tmp, amounts=(7.0, 7.0, 7.0, 7.0))
+    with caplog.at_level(logging.INFO, logger="dpops.runs"), pytest.raises(LedgerError):
+        env.run()
+    lines = [r.getMessage() for r in caplog.records if r.name == "dpops.runs" and r.levelno >= logging.INFO]
+    assert len(lines) == 1 and "outcome=failed" in lines[0] and "restate" in lines[0]
