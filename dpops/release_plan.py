@@ -27,7 +27,11 @@ Budget split (documented in the manifest through ``describe()``):
   SelfComposed(PureDP(that), m * n_quantiles) = eps_metric under basic composition.
 - top_k: ``selection.top_k`` per partition with eps_metric / m (it spends its
   epsilon across the k picks itself); utility sensitivity = the per-partition
-  count sensitivity ``count(b).linf`` (a unit moves one category count by <= Linf).
+  count sensitivity ``count(b).linf`` (a unit moves one category count by <= Linf);
+  under add_remove the counts are monotone in the data (adding a unit never lowers
+  one), so the permute-and-flip monotone rate eps/Delta applies (McKenna & Sheldon 2020).
+- quantile utilities are made integers (q = a/d from its decimal form: utility
+  -|d rank - a n|, sensitivity d * Linf) so permute-and-flip runs its exact path.
 - partition selection: ``PartitionSelection`` over unit counts with its (eps, delta)
   for add_remove (it already accounts for a unit touching L0 partitions). For
   replace (a removal plus an addition) group privacy of size 2 is used: the
@@ -87,6 +91,7 @@ class MetricPlan:
     runs_per_unit: int = 0  # how many EM runs one unit can influence
     k: int = 0
     domain: tuple[Any, ...] = ()
+    monotonic: bool = False  # top_k under add_remove: category counts only grow when a unit is added
 
     def events(self) -> list[PrivacyEvent]:
         if self.vectors:
@@ -163,7 +168,7 @@ class ReleasePlan:
                 if m.type == "quantiles":
                     d.update({"quantiles": list(m.quantiles), "candidate_grid_bins": m.n_bins})
                 else:
-                    d.update({"k": m.k, "domain": list(m.domain)})
+                    d.update({"k": m.k, "domain": list(m.domain), "monotonic_utility": m.monotonic})
             metrics.append(d)
         ps = None
         if self.partition_selection is not None:

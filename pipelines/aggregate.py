@@ -22,6 +22,7 @@ parameters only:
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -76,12 +77,16 @@ def select_and_noise(
             cand = quantile_candidates(lo, hi, m.n_bins)
             hist = acc[f"hist:{m.key}"]
             out = np.empty((n, len(m.quantiles)))
+            # q = a/d exactly as written in the spec (Fraction of its decimal form): integer utilities
+            # -|d rank - a n| with sensitivity d * Delta give the exact (integer) permute-and-flip path.
+            fracs = [Fraction(repr(q)).limit_denominator(10**9) for q in m.quantiles]
             for i in range(n):
                 ranks = np.cumsum(hist[i])
-                total = ranks[-1]
-                for jq, q in enumerate(m.quantiles):
-                    util = -np.abs(ranks - q * total)
-                    out[i, jq] = cand[int(exponential_mechanism(util, m.per_run_epsilon, m.utility_sensitivity, mrng))]
+                total = int(ranks[-1])
+                for jq, f in enumerate(fracs):
+                    util = -np.abs(f.denominator * ranks - f.numerator * total)
+                    pick = exponential_mechanism(util, m.per_run_epsilon, m.utility_sensitivity * f.denominator, mrng)
+                    out[i, jq] = cand[int(pick)]
             out.sort(axis=1)
             for jq, suffix in enumerate(m.quantile_suffixes):
                 cols[f"{m.key}_{suffix}"] = out[:, jq]
@@ -90,7 +95,8 @@ def select_and_noise(
             cats = acc[f"cat:{m.key}"]
             ranks = [[None] * n for _ in range(m.k)]
             for i in range(n):
-                picked = top_k(cats[i].astype(np.int64), m.k, m.per_run_epsilon, m.utility_sensitivity, mrng)
+                picked = top_k(cats[i].astype(np.int64), m.k, m.per_run_epsilon, m.utility_sensitivity, mrng,
+                               monotonic=m.monotonic)
                 for r, idx in enumerate(picked):
                     ranks[r][i] = m.domain[int(idx)]
             for r in range(m.k):
