@@ -21,6 +21,7 @@ import numpy as np
 from scipy.special import log_ndtr, ndtr
 
 from dpops.errors import InvalidParameter
+from dpops.samplers import dg_norm as _dg_norm, dg_tail_unnorm as _dg_tail_unnorm
 from dpops.validation import check_delta, check_epsilon, check_positive
 
 
@@ -93,26 +94,6 @@ def gaussian_sigma_classical(epsilon: float, delta: float, l2_sensitivity: float
 
 
 # --------------------------------------------------------------------------- discrete Gaussian
-
-
-def _dg_norm(s2: float) -> float:
-    sigma = math.sqrt(s2)
-    if sigma >= 2.0:
-        # Poisson summation: Z = sqrt(2π)σ (1 + 2 Σ exp(-2π²σ²m²)); the correction is < e^-78.
-        return math.sqrt(2 * math.pi) * sigma
-    k = np.arange(1, int(40 * sigma) + 3, dtype=np.float64)
-    return 1.0 + 2.0 * float(np.exp(-(k * k) / (2 * s2)).sum())
-
-
-def _dg_tail_unnorm(j: int, s2: float) -> float:
-    """Σ_{k >= j} exp(-k²/(2σ²)) for integer j, truncated where terms fall below e^-80 of the first."""
-    if j <= 0:
-        # by symmetry: Σ_{k>=j} = Z - Σ_{k >= 1-j}
-        return _dg_norm(s2) - _dg_tail_unnorm(1 - j, s2)
-    top = math.isqrt(int(j * j + 160 * s2)) + 2
-    k = np.arange(j, top + 1, dtype=np.float64)
-    # factor out the first term to keep precision when the tail is tiny
-    return float(np.exp(-(k * k - float(j) * j) / (2 * s2)).sum()) * math.exp(-(float(j) * j) / (2 * s2))
 
 
 def discrete_gaussian_delta(epsilon: float, sigma2: float, l2_sensitivity: int) -> float:

@@ -22,6 +22,9 @@ Calibration of the Gaussian: ``calibration="exact"`` uses the exact (ε, δ) of 
 Gaussian (CKS20 Thm 7) when one coordinate changes (m = 1); that profile is what a PLD accountant
 certifies. With m > 1, or ``calibration="zcdp"``, σ is set so the event's ρ converts to ≤ ε by
 ε = ρ + 2 sqrt(ρ ln(1/δ)), which every accountant (basic, zcdp, rdp, pld) certifies.
+The discrete Gaussian event charges ρ = Δ²/(2σ²) + τ (``events.DISCRETE_GAUSSIAN_TAU``, CKS20
+Thm 14) and needs σ ≥ 2r: σ is calibrated against ρ − τ and never set below 2 lattice steps
+(more noise than asked in that corner, never less).
 The scale is always rounded *up* to the exact rational the sampler uses; ``scale`` records
 a double ≤ that exact value, so a claim recomputed from the event is conservative.
 """
@@ -38,11 +41,17 @@ import numpy as np
 from dpops.calibration import (
     discrete_gaussian_delta,
     discrete_gaussian_sigma,
-    gaussian_sigma_zcdp,
     zcdp_epsilon,
+    zcdp_rho_for,
 )
 from dpops.errors import InvalidParameter
-from dpops.events import DiscreteGaussian, DiscreteLaplace, PrivacyEvent
+from dpops.events import (
+    DISCRETE_GAUSSIAN_MIN_SIGMA_STEPS,
+    DISCRETE_GAUSSIAN_TAU,
+    DiscreteGaussian,
+    DiscreteLaplace,
+    PrivacyEvent,
+)
 from dpops.randomness import RandomSource
 from dpops.samplers import (
     DiscreteGaussianParam,
@@ -75,8 +84,12 @@ class NoiseParams:
 
     def event(self) -> PrivacyEvent:
         if self.family == "laplace":
-            return DiscreteLaplace(scale=self.scale, l1_sensitivity=self.l1_sensitivity, resolution=self.resolution)
-        return DiscreteGaussian(sigma=self.scale, l2_sensitivity=self.l2_sensitivity, resolution=self.resolution)
+            return DiscreteLaplace(
+                scale=self.scale, l1_sensitivity=self.l1_sensitivity, resolution=self.resolution, max_coords=self.max_coords
+            )
+        return DiscreteGaussian(
+            sigma=self.scale, l2_sensitivity=self.l2_sensitivity, resolution=self.resolution, max_coords=self.max_coords
+        )
 
     def lattice_halfwidth(self, coverage: float = 0.95) -> int:
         """Smallest integer h with P(|K| > h) <= 1 - coverage for the integer noise K."""
@@ -92,10 +105,14 @@ class NoiseParams:
                 h += 1
             return h
         sigma = math.sqrt(float(lat.sigma2))
-        h = max(0, int(1.9 * sigma) - 2)
-        while 2 * lat.tail(h + 1) > alpha:
-            h += 1
-        return h
+        lo, hi = -1, int(6 * sigma) + 10  # 2·tail(hi+1) <= alpha; find the smallest such h
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if 2 * lat.tail(mid + 1) <= alpha:
+                hi = mid
+            else:
+                lo = mid
+        return hi
 
     def ci95_halfwidth(self) -> float:
         """Half-width of a 95% interval for the true value, from public parameters only.
@@ -237,7 +254,7 @@ def gaussian_mechanism(
     if calibration == "exact" and m == 1:
         d_int = math.ceil(lat_sens)  # one coordinate: integer differences of size <= ceil
         lat_sens = Fraction(d_int)
-        sigma = discrete_gaussian_sigma(epsilon, delta, float(d_int))
+        sigma = max(discrete_gaussian_sigma(epsilon, delta, float(d_int)), DISCRETE_GAUSSIAN_MIN_SIGMA_STEPS)
         for _ in range(100):
             lat = discrete_gaussian_param(sigma)
             params = _gaussian_params(lat, r, lat_sens, integer_valued, m, "cks20_exact", target)
@@ -247,7 +264,10 @@ def gaussian_mechanism(
                 return params
             sigma *= 1 + 1e-9
         raise InvalidParameter("internal: discrete Gaussian calibration did not verify")  # pragma: no cover
-    sigma = gaussian_sigma_zcdp(epsilon, delta, float(lat_sens))
+    rho = zcdp_rho_for(epsilon, delta) - DISCRETE_GAUSSIAN_TAU  # the event charges tau on top
+    if rho <= 0:
+        raise InvalidParameter(f"epsilon={epsilon} is too small for a discrete Gaussian at delta={delta}")
+    sigma = max(float(lat_sens) / math.sqrt(2 * rho), DISCRETE_GAUSSIAN_MIN_SIGMA_STEPS)
     for _ in range(100):
         lat = discrete_gaussian_param(sigma)
         params = _gaussian_params(lat, r, lat_sens, integer_valued, m, "zcdp_conversion", target)
@@ -262,7 +282,9 @@ def gaussian_mechanism_zcdp(rho: float, l2_sensitivity: float, *, integer_valued
     rho = check_positive(rho, "rho")
     sens, integer_valued, m = _check_common(l2_sensitivity, "l2_sensitivity", integer_valued, max_coords)
     r, lat_sens = _lattice_sensitivity(sens, integer_valued, m, "l2")
-    sigma = float(lat_sens) / math.sqrt(2 * rho)
+    if rho <= DISCRETE_GAUSSIAN_TAU:
+        raise InvalidParameter(f"rho={rho} is not above the discrete Gaussian's tau term {DISCRETE_GAUSSIAN_TAU}")
+    sigma = max(float(lat_sens) / math.sqrt(2 * (rho - DISCRETE_GAUSSIAN_TAU)), DISCRETE_GAUSSIAN_MIN_SIGMA_STEPS)
     for _ in range(100):
         lat = discrete_gaussian_param(sigma)
         params = _gaussian_params(lat, r, lat_sens, integer_valued, m, "zcdp", (("rho", rho),))

@@ -238,6 +238,26 @@ def float_up(f: Fraction) -> float:
     return math.nextafter(x, math.inf) if Fraction(x) < f else x
 
 
+def dg_norm(s2: float) -> float:
+    sigma = math.sqrt(s2)
+    if sigma >= 2.0:
+        # Poisson summation: Z = sqrt(2π)σ (1 + 2 Σ exp(-2π²σ²m²)); the correction is < e^-78.
+        return math.sqrt(2 * math.pi) * sigma
+    k = np.arange(1, int(40 * sigma) + 3, dtype=np.float64)
+    return 1.0 + 2.0 * float(np.exp(-(k * k) / (2 * s2)).sum())
+
+
+def dg_tail_unnorm(j: int, s2: float) -> float:
+    """Σ_{k >= j} exp(-k²/(2σ²)) for integer j, truncated where terms fall below e^-80 of the first."""
+    if j <= 0:
+        # by symmetry: Σ_{k>=j} = Z - Σ_{k >= 1-j}
+        return dg_norm(s2) - dg_tail_unnorm(1 - j, s2)
+    top = math.isqrt(int(j * j + 160 * s2)) + 2
+    k = np.arange(j, top + 1, dtype=np.float64)
+    # factor out the first term to keep precision when the tail is tiny
+    return float(np.exp(-(k * k - float(j) * j) / (2 * s2)).sum()) * math.exp(-(float(j) * j) / (2 * s2))
+
+
 @dataclass(frozen=True)
 class DiscreteLaplaceParam:
     """P(k) ∝ exp(-|k| * s / t): scale exactly t/s (integers)."""
@@ -302,14 +322,7 @@ class DiscreteGaussianParam:
     def tail(self, k: int) -> float:
         """P(X >= k) for integer k (numerical sum of the pmf)."""
         s2 = float(self.sigma2)
-        sigma = math.sqrt(s2)
-        half = int(math.ceil(40.0 * sigma)) + 2
-        norm = 1.0 + 2.0 * np.exp(-(np.arange(1, half + 1, dtype=np.float64) ** 2) / (2 * s2)).sum()
-        if k > half:
-            return 0.0
-        lo = max(k, -half)
-        j = np.arange(lo, half + 1, dtype=np.float64)
-        return float(np.exp(-(j * j) / (2 * s2)).sum() / norm)
+        return min(1.0, max(0.0, dg_tail_unnorm(int(k), s2) / dg_norm(s2)))
 
 
 def discrete_laplace_param(scale) -> DiscreteLaplaceParam:
