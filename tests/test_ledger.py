@@ -318,6 +318,7 @@ def test_bad_input_clear_errors_nothing_written(ledger):
     ("not a url", "malformed"),
     ("sqlite:////nonexistent-dir-dpops/x.sqlite", "does not exist"),
     ("postgresql://postgres@127.0.0.1:5432/test?schema=Bad-Name", "schema"),
+    ("sqlite:////tmp/x.sqlite?journal=off", "only SQLite option"),
 ])
 def test_bad_urls(url, message):
     with pytest.raises(LedgerError, match=message):

@@ -83,7 +83,7 @@ class Backend:
 class SqliteBackend(Backend):
     dialect = "sqlite"
 
-    def __init__(self, url: str, path: str) -> None:
+    def __init__(self, url: str, path: str, synchronous: str = "full") -> None:
         self.url = url
         if path != ":memory:":
             parent = os.path.dirname(os.path.abspath(path))
@@ -94,8 +94,9 @@ class SqliteBackend(Backend):
             self.conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
             self.conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
             mode = self.conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            # FULL: a committed reservation survives power loss (NORMAL may lose the last transactions in WAL mode).
-            self.conn.execute("PRAGMA synchronous = FULL")
+            # FULL (default): a committed reservation survives power loss; NORMAL may lose the last transactions
+            # on power loss (not on a process crash) and is offered only as an explicit opt-out for scratch ledgers.
+            self.conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
         except sqlite3.DatabaseError as exc:
             raise LedgerError(f"cannot open SQLite ledger {url}: {exc}") from None
         if path != ":memory:" and str(mode).lower() != "wal":
@@ -104,6 +105,8 @@ class SqliteBackend(Backend):
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         try:
             return self.conn.execute(sql, tuple(params))
+        except sqlite3.IntegrityError as exc:
+            raise LedgerError(f"ledger {self.url}: conflicting write ({exc}); retry") from None
         except sqlite3.OperationalError as exc:
             if "locked" in str(exc) or "busy" in str(exc):
                 raise LedgerError(f"ledger {self.url} is busy (another writer held it for {BUSY_TIMEOUT_S:.0f}s); "
@@ -152,6 +155,10 @@ class PostgresBackend(Backend):
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         try:
             return self.conn.execute(sql.replace("?", "%s"), tuple(params))
+        except self._psycopg.IntegrityError as exc:
+            # e.g. the same run key reserved at the same moment on two different scopes
+            raise LedgerError(f"ledger {redact(self.url)}: conflicting concurrent write ({str(exc).strip()}); "
+                              "retry") from None
         except self._psycopg.OperationalError as exc:
             raise LedgerError(f"PostgreSQL ledger {redact(self.url)} failed: {str(exc).strip()}") from None
 
@@ -182,10 +189,15 @@ def connect(url: str | None) -> Backend:
     scheme = url.split("://", 1)[0].lower()
     if scheme == "sqlite":
         path = url[len("sqlite:///"):] if url.lower().startswith("sqlite:///") else ""
+        path, _, query = path.partition("?")
+        options = dict(parse_qsl(query))
+        synchronous = options.pop("synchronous", "full").lower()
+        if options or synchronous not in ("full", "normal"):
+            raise LedgerError(f"ledger URL {url!r}: the only SQLite option is synchronous=full|normal")
         if not path:
             raise LedgerError(f"malformed ledger URL {url!r}: give a file, e.g. sqlite:///dpops-ledger.sqlite "
                               "(relative) or sqlite:////var/lib/dpops/ledger.sqlite (absolute)")
-        return SqliteBackend(url, path)
+        return SqliteBackend(url, path, synchronous)
     if scheme in ("postgresql", "postgres", "postgresql+psycopg"):
         try:
             parts = urlsplit(url)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
@@ -130,6 +131,8 @@ class Ledger:
         self._backend = connect(url)
         self.url = self._backend.url
         self._pid = os.getpid()
+        # One connection per Ledger: threads sharing a Ledger take turns for whole transactions.
+        self._lock = threading.RLock()
         self.schema_version = migrate(self._backend)
 
     # --- connection -----------------------------------------------------------------------------
@@ -153,15 +156,17 @@ class Ledger:
 
     @contextmanager
     def _write(self) -> Iterator[Backend]:
-        db = self.db
-        with db.transaction(write=True):
-            yield db
+        with self._lock:
+            db = self.db
+            with db.transaction(write=True):
+                yield db
 
     @contextmanager
     def _read(self) -> Iterator[Backend]:
-        db = self.db
-        with db.transaction(write=False):
-            yield db
+        with self._lock:
+            db = self.db
+            with db.transaction(write=False):
+                yield db
 
     # --- the chain ------------------------------------------------------------------------------
     def _append(self, db: Backend, kind: str, scope: str | None, run_id: str | None, buckets: list[str],
@@ -381,10 +386,13 @@ class Ledger:
 
     def _same_run(self, row: tuple, scope: str, ev_dicts: list[dict]) -> RunRecord:
         record = self._record(row)
-        if record.scope != scope or json.loads(row[7]) != ev_dicts:
+        if record.scope != scope:
+            raise LedgerError(f"run {record.run_id} is already reserved on scope {record.scope!r}, not {scope!r}; "
+                              "one run key belongs to one scope")
+        if json.loads(row[7]) != ev_dicts:
             raise LedgerError(
-                f"run {record.run_id} is already reserved on scope {record.scope!r} with other events; the same run "
-                "key must always mean the same release plan (a changed plan needs a new spec hash)"
+                f"run {record.run_id} is already reserved with other events; the same run key must always mean "
+                "the same release plan (a changed plan needs a new spec hash)"
             )
         return record
 

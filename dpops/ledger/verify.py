@@ -131,8 +131,7 @@ class _Replay:
 
 
 def verify_ledger(ledger) -> VerifyReport:
-    db = ledger.db
-    with db.transaction(write=False):
+    with ledger._read() as db:  # one consistent snapshot
         head = db.one("SELECT last_id, last_hash FROM chain_head WHERE singleton = 1")
         entries = db.all("SELECT id, ts, kind, scope, run_id, buckets, actor, body, prev_hash, hash FROM entries "
                          "ORDER BY id")
