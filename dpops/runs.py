@@ -674,6 +674,23 @@ def execute_restatement(spec_path: str | os.PathLike[str], interval_start: Any, 
                       run_release=run_release, gx_checks=gx_checks, restates=first.restates, reserved=first)
 
 
+def abandon(ctx: RunContext, ledger: Any, *, reason: str) -> RunOutcome:
+    """Explicitly give up an unpublished run: a reservation is refunded (no noise was drawn), a started
+    run is marked spent_unpublished (its noise may exist, so the charge stays). Published runs are final."""
+    if ctx.randomness == "os":
+        _pick_os_attempt(ctx, ledger)
+    rec = ledger.run(ctx.run_id)
+    if rec is None:
+        raise LedgerError(f"run {ctx.run_id} of {ctx.spec.name} {ctx.interval} is not in the ledger: nothing to abandon")
+    if rec.state == "reserved":
+        rec = ledger.release(ctx.run_id, reason=f"abandoned by operator: {reason}", actor=ctx.actor)
+    elif rec.state == "started":
+        rec = ledger.mark_spent_unpublished(ctx.run_id, reason=f"abandoned by operator: {reason}", actor=ctx.actor)
+    elif rec.state == "committed":
+        raise LedgerError(f"run {ctx.run_id} is published; a publication is never withdrawn (restate it instead)")
+    return _outcome(ctx, ledger, rec.state, record=rec, message=f"abandoned: {reason}")
+
+
 def status(spec_path: str | os.PathLike[str], interval_start: Any, interval_end: Any = None, *,
            ledger: Any) -> dict[str, Any]:
     """What the ledger and the storage say about a release's interval. Reads no private data."""
@@ -698,4 +715,4 @@ def status(spec_path: str | os.PathLike[str], interval_start: Any, interval_end:
 
 
 __all__ = ["RunContext", "RunOutcome", "prepare", "reserve", "compute", "compute_staged", "publish", "restate",
-           "execute_release", "execute_restatement", "status", "check_noisy_output", "open_run_ledger", "step_summary"]
+           "execute_release", "execute_restatement", "abandon", "status", "check_noisy_output", "open_run_ledger", "step_summary"]

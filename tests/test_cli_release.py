@@ -136,3 +136,11 @@ def test_spec_check(capsys, tmp_path):
     bad.write_text(EXAMPLE.read_text().replace("bounds: [0, 100]}", "bounds: [5, 1]}", 1))
     assert main(["spec", "check", str(bad)]) == 3
     assert "bad.yaml: metrics[2].bounds: bounds: lower bound 5.0 is greater than upper bound 1.0" in capsys.readouterr().err
+
+
+def test_abandon_cli(cli_env, capsys):
+    tmp, spec, url, base, pipe = cli_env
+    assert main(["release", "run", str(spec), *base]) == 0  # staged, started, not published
+    capsys.readouterr()
+    assert main(["release", "abandon", str(spec), *base, "--reason", "operator test", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["state"] == "spent_unpublished"

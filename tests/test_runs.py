@@ -456,3 +456,18 @@ def test_one_log_line_per_run(env, caplog):
         env.run()
     lines = [r.getMessage() for r in caplog.records if r.name == "dpops.runs" and r.levelno >= logging.INFO]
     assert len(lines) == 1 and "outcome=failed" in lines[0] and "restate" in lines[0]
+
+
+def test_abandon(env):
+    ctx = runs.prepare(env.spec, *IV, key=FakeKey(), planner=planner)
+    runs.reserve(ctx, env.ledger)
+    assert runs.abandon(ctx, env.ledger, reason="wrong day").state == "released"
+    assert charged(env.ledger) == 0
+    write_input(env.tmp, amounts=(5.0, 5.0, 5.0, 5.0))
+    ctx = runs.prepare(env.spec, *IV, key=FakeKey(), planner=planner)
+    runs.reserve(ctx, env.ledger)
+    runs.compute(ctx, env.ledger, run_release=env.pipe)
+    assert runs.abandon(ctx, env.ledger, reason="bad output").state == "spent_unpublished"
+    assert charged(env.ledger) == pytest.approx(0.5)  # noise was drawn: the charge stays
+    with pytest.raises(LedgerError, match="cannot be reserved again"):
+        runs.reserve(ctx, env.ledger)

@@ -134,3 +134,24 @@ def status_cmd(spec: str, interval: str, ledger_url: str | None, as_json: bool) 
     for r in st["runs"]:
         click.echo(f"  run {r['run_id']}: {r['state']}, epsilon {r['epsilon']:.6g}, key {r['key_id']}"
                    + (f", restates {r['restates']}" if r["restates"] else ""))
+
+
+@cli.command("abandon")
+@_common
+@click.option("--key-file", "key_file", envvar="DPOPS_NOISE_KEY_FILE", type=click.Path(dir_okay=False), default=None,
+              help="file holding the noise key (identifies the run: the input fingerprint is keyed)")
+@click.option("--randomness", type=click.Choice(["keyed", "os"]), default="keyed", show_default=True)
+@click.option("--reason", required=True, help="why the run is given up (recorded in the ledger)")
+@_internal_errors
+def abandon_cmd(spec: str, interval: str, ledger_url: str | None, as_json: bool, key_file: str | None,
+                randomness: str, reason: str) -> None:
+    """Give up the unpublished run of SPEC over --interval: refund it if no noise was drawn yet, else mark
+    it spent_unpublished (the charge stays)."""
+    from dpops import runs
+    from dpops.inputs import parse_interval
+
+    iv = parse_interval(interval)
+    ctx = runs.prepare(spec, iv.start, iv.end, randomness=randomness, key_path=key_file)
+    with runs.open_run_ledger(ledger_url) as ledger:
+        outcome = runs.abandon(ctx, ledger, reason=reason)
+    _emit(outcome, as_json)
