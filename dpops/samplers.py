@@ -88,17 +88,24 @@ def _bernoulli_exp_le1(num: np.ndarray, den: np.ndarray, rng: RandomSource) -> n
     """Bernoulli(exp(-num/den)) for 0 <= num <= den, int64 arrays (CKS20 Alg. 1, gamma in [0,1]).
 
     K = 1, 2, ...: draw A ~ Bernoulli(gamma/K) until A = 0; the result is 1 iff the final K is odd.
-    All pending elements share the same K (they advance together).
+    All pending elements share the same K (they advance together). Each Bernoulli(num/(den*K))
+    is the float-screened exact comparison of ``bernoulli_ratio``, inlined to keep the float
+    ratio num/den computed once.
     """
     n = num.size
     out = np.empty(n, dtype=bool)
+    p0 = num.astype(np.float64) / den.astype(np.float64)
     pending = np.arange(n)
     k = 1
     while pending.size:
-        # Bernoulli(num / (den*K)); den*K as an exact Python-int product on the exact path
-        a = bernoulli_ratio(num[pending], den[pending].astype(object) * k if k > 255 else den[pending] * np.int64(k), rng)
-        stop = ~a
-        out[pending[stop]] = (k & 1) == 1
+        x = rng.uint64(pending.size)
+        u = x.astype(np.float64) * 2.0**-64
+        pk = p0[pending] / k  # <= 2 roundings more than p0: error still far below _MARGIN
+        a = u < pk - _MARGIN
+        for i in np.nonzero(~a & (u <= pk + _MARGIN))[0]:
+            j = pending[i]
+            a[i] = _compare_exact(int(x[i]), int(num[j]), int(den[j]) * k, rng)
+        out[pending[~a]] = (k & 1) == 1
         pending = pending[a]
         k += 1
     return out

@@ -39,6 +39,8 @@ from dpops.events import ApproxDP, PrivacyEvent, PureDP
 from dpops.randomness import RandomSource
 from dpops.samplers import (
     DiscreteGaussianParam,
+    _bernoulli_exp_int,
+    _compare_exact,
     DiscreteLaplaceParam,
     bernoulli_exp,
     bernoulli_float,
@@ -112,6 +114,32 @@ def _accept_in_order(u: np.ndarray, exact: bool, rate: Fraction, order: np.ndarr
     return int(order[first])
 
 
+_SEQUENTIAL_MAX = 32  # below this many candidates, a scalar loop beats numpy's per-call overhead
+
+
+def _permute_and_flip(u: np.ndarray, exact: bool, rate: Fraction, candidates: np.ndarray, rng: RandomSource) -> int:
+    """Permute-and-flip over ``candidates`` (indices into u)."""
+    if candidates.size > _SEQUENTIAL_MAX:
+        return _accept_in_order(u, exact, rate, candidates[_permutation(candidates.size, rng)], rng)
+    # Draw the random order lazily (each next candidate uniform among the rest) and stop at the
+    # first acceptance: the same distribution as a full permutation, with fewer draws.
+    rest = [int(c) for c in candidates]
+    best = max(int(u[c]) for c in rest) if exact else float(max(u[c] for c in rest))
+    if exact:
+        p, k = _dyadic_rate_down(rate, int(best - min(int(u[c]) for c in rest)))
+    while True:
+        j = rng.randbelow_int(len(rest))
+        rest[j], rest[-1] = rest[-1], rest[j]
+        c = rest.pop()
+        if exact:
+            ok = _bernoulli_exp_int((best - int(u[c])) * p, 1 << k, rng)
+        else:
+            prob = Fraction(float(np.exp(-float(rate) * (best - float(u[c])))))
+            ok = _compare_exact(int(rng.uint64(1)[0]), prob.numerator, prob.denominator, rng)
+        if ok:
+            return c
+
+
 def _rate(epsilon: float, sensitivity: float, monotonic: bool) -> Fraction:
     return Fraction(epsilon) / (Fraction(sensitivity) * (1 if monotonic else 2))
 
@@ -124,7 +152,7 @@ def exponential_mechanism(utilities, epsilon: float, sensitivity: float, rng: Ra
     epsilon = check_epsilon(epsilon)
     sensitivity = check_positive(sensitivity, "sensitivity")
     u, exact = _utilities(utilities)
-    return _accept_in_order(u, exact, _rate(epsilon, sensitivity, monotonic), _permutation(u.size, rng), rng)
+    return _permute_and_flip(u, exact, _rate(epsilon, sensitivity, monotonic), np.arange(u.size), rng)
 
 
 def exponential_mechanism_event(epsilon: float) -> PrivacyEvent:
@@ -143,7 +171,7 @@ def top_k(utilities, k: int, epsilon: float, sensitivity: float, rng: RandomSour
     remaining = np.arange(u.size)
     chosen: list[int] = []
     for _ in range(k):
-        pick = _accept_in_order(u, exact, rate, remaining[_permutation(remaining.size, rng)], rng)
+        pick = _permute_and_flip(u, exact, rate, remaining, rng)
         chosen.append(pick)
         remaining = remaining[remaining != pick]
     return chosen
