@@ -443,6 +443,40 @@ def _atomic_write_text(path: Path, text: str) -> None:
         raise StorageError(f"{path}: cannot write: {exc}") from None
 
 
+def bounded_truth(request: ComputeRequest) -> tuple[list[tuple[Any, ...]], dict[str, np.ndarray]]:
+    """Reference path without Beam and WITHOUT noise: the exact bounded per-partition aggregates the
+    pipeline noises for this request (same randomness, hence the same kept rows).
+
+    For benchmarks and tests only: its output is not differentially private and must never be
+    published. Returns (partition keys, accumulators aligned with them).
+    """
+    from dpops.release_plan import plan_release
+    from dpops.spec import load_spec
+
+    spec = load_spec(request.spec_path)
+    plan = plan_release(spec)
+    ctx = build_context(spec, plan, request, "")
+    source = ctx.randomness.source()
+    buckets: dict[int, list[dict]] = {}
+    names: dict[int, tuple[Any, ...]] = dict(ctx.public_names or {})
+    for item in work_items(list(request.input_paths), spec.input.format):
+        for seq, (batch, offset) in enumerate(iter_record_batches(item, ctx.read)):
+            rng = source.child("bounding", item[0], -1 if item[2] is None else item[2], seq)
+            rows, (uniq, values), _ = prepare_batch(batch, item[0], offset, ctx.read, rng)
+            for j, h in enumerate(uniq):
+                names.setdefault(int(h), tuple(col[j] for col in values))
+            for bucket, chunk in split_by_bucket(rows, ctx.read.n_buckets):
+                buckets.setdefault(bucket, []).append(chunk)
+    partials = []
+    for bucket in sorted(buckets):
+        chunks = buckets[bucket]
+        rows = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
+        parts, acc, _ = aggregate_bucket(rows, ctx.agg)
+        partials.append((parts, acc))
+    parts, acc = merge_partials(partials)
+    return [names[int(h)] for h in parts], acc
+
+
 # --------------------------------------------------------------------------- CLI
 
 
