@@ -1,0 +1,177 @@
+"""Run a release plan on a synthetic dataset through the pipeline's own numpy code path.
+
+The Beam DoFns of ``pipelines/release_pipeline.py`` are thin shells around three functions:
+``pipelines.io.prepare_batch`` (row checks: null/NaN/inf rows dropped, hashing, bounding
+priorities), ``pipelines.bounding.aggregate_bucket`` (exact L0/Linf bounding, clamping,
+per-partition accumulators) and ``pipelines.aggregate.select_and_noise`` (partition
+selection, noise from the plan, post-processing). The auditor calls exactly those, with the
+randomness source a run would use, so a bug in any of them shows up in the audit; it skips
+only Beam's shuffles, which move data but compute nothing. (None of these modules imports
+Beam; they are imported lazily so ``import dpops`` stays light.)
+
+Trials are vectorised: one call processes T independent "groups" of partitions, each group
+holding its own copy of the neighbouring datasets' difference. The noise of distinct
+partitions is drawn independently, so the T groups are T independent trials of the mechanism.
+
+Free post-processing is switched off (non-negative clamping, mean clamping, suppression):
+the auditor then observes the raw noisy values, a stronger adversary than a reader of the
+published table, and post-processing can never raise ε.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dpops.errors import DpopsError, SpecError
+
+AUDIT_POSTPROCESS = {"non_negative": False, "integer_counts": True, "clamp_means_to_bounds": False,
+                     "suppress_below": None}
+
+
+@dataclass
+class Rows:
+    """A synthetic dataset: one entry per input row (unit id, partition index, value, category code)."""
+
+    unit: np.ndarray  # int64 unit ids
+    part: np.ndarray  # int64 partition index (group * J + j)
+    value: np.ndarray  # float64 (NaN allowed: the row checks must drop it)
+    cat: np.ndarray  # int64 category code in the metric's domain, -1 = none
+
+    @staticmethod
+    def concat(parts: list["Rows"]) -> "Rows":
+        parts = [p for p in parts if p.unit.size] or [Rows.empty()]
+        return Rows(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("unit", "part", "value", "cat")))
+
+    @staticmethod
+    def empty() -> "Rows":
+        return Rows(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64))
+
+
+def block(units: np.ndarray, parts: np.ndarray, value: float, cat: int = -1) -> Rows:
+    units = np.asarray(units, np.int64)
+    parts = np.asarray(parts, np.int64)
+    return Rows(units, parts, np.full(units.size, float(value)), np.full(units.size, int(cat), np.int64))
+
+
+class Harness:
+    """Everything needed to push synthetic rows through the pipeline functions for one plan."""
+
+    def __init__(self, spec, plan, *, category_column: str | None = None, category_domain: tuple = ()):
+        from pipelines.bounding import AggregationSpec
+        from pipelines.io import ReadConfig
+
+        self.spec = spec
+        self.plan = dataclasses.replace(plan, postprocess={**plan.postprocess, **AUDIT_POSTPROCESS})
+        self.types = dict(spec.input.columns)
+        self.record_level = bool(spec.privacy_unit.record_level)
+        self.unit_col = None if self.record_level else spec.privacy_unit.column
+        self.part_cols = tuple(plan.partition_columns)
+        self.public = plan.public_partitions is not None
+        if self.types[self.part_cols[0]] == "bool":
+            raise SpecError(f"{spec.source}: audit needs a non-bool first partition column to lay out trials, "
+                            f"{self.part_cols[0]!r} is bool")
+        # Mirror of pipelines.release_pipeline.build_context (that module imports Beam).
+        value_cols, cats, sums, hists, catspecs = [], {}, [], [], []
+        for m in plan.metrics:
+            if m.type in ("sum", "mean", "variance", "quantiles"):
+                value_cols.append(m.column)
+            if m.type == "top_k":
+                cats[m.column] = m.domain
+                catspecs.append((f"cat:{m.key}", m.column, len(m.domain)))
+            for v in m.vectors:
+                kind = v.accumulator.split(":")[0]
+                if kind in ("sum", "nsum", "nsq"):
+                    sums.append((v.accumulator, m.column, m.bounds[0], m.bounds[1], kind))
+            if m.type == "quantiles":
+                hists.append((f"hist:{m.key}", m.column, m.bounds[0], m.bounds[1], m.n_bins))
+        self.value_cols = tuple(dict.fromkeys(value_cols))
+        self.cat_cols = cats
+        self.read = ReadConfig(format="parquet", types=self.types, unit_column=self.unit_col,
+                               partition_columns=self.part_cols, value_columns=self.value_cols,
+                               category_columns=cats, public_hashes=None)
+        self.agg = AggregationSpec(l0=plan.max_partitions_per_unit, linf=plan.max_rows_per_unit_per_partition,
+                                   sums=tuple(dict.fromkeys(sums)), hists=tuple(hists), cats=tuple(catspecs))
+
+    # ------------------------------------------------------------------ layout
+    def partition_values(self, n_parts: int) -> list[list[Any]]:
+        """Partition column values of partition index 0..n-1 (first column carries the index)."""
+        idx = np.arange(n_parts)
+        out = []
+        for i, c in enumerate(self.part_cols):
+            t = self.types[c]
+            if i == 0:
+                out.append([f"p{k}" for k in idx] if t == "string" else
+                           [int(k) for k in idx] if t == "int" else [float(k) for k in idx])
+            else:
+                out.append(["x"] * n_parts if t == "string" else [0] * n_parts if t == "int"
+                           else [0.0] * n_parts if t == "float" else [False] * n_parts)
+        return out
+
+    def partition_index(self, first_col_values: list[Any]) -> np.ndarray:
+        t = self.types[self.part_cols[0]]
+        if t == "string":
+            return np.array([int(v[1:]) for v in first_col_values], np.int64)
+        return np.array([int(v) for v in first_col_values], np.int64)
+
+    def to_batch(self, rows: Rows, n_parts: int):
+        import pyarrow as pa
+
+        from pipelines.io import ARROW_TYPES
+
+        cols: dict[str, Any] = {}
+        if self.unit_col is not None:
+            t = self.types[self.unit_col]
+            u = rows.unit
+            cols[self.unit_col] = [f"u{k}" for k in u] if t == "string" else (u if t == "int" else u.astype(float))
+        pvals = self.partition_values(n_parts)
+        for c, vals in zip(self.part_cols, pvals):
+            arr = np.array(vals, dtype=object)
+            cols[c] = arr[rows.part].tolist()
+        for c in self.value_cols:
+            cols[c] = rows.value
+        for c, domain in self.cat_cols.items():
+            dom = np.array(list(domain) + [None], dtype=object)
+            cols[c] = dom[np.where(rows.cat >= 0, rows.cat, len(domain))].tolist()
+        needed = self.read.needed
+        return pa.RecordBatch.from_arrays(
+            [pa.array(cols[c], type=ARROW_TYPES[self.types[c]]) for c in needed], names=needed)
+
+    # ------------------------------------------------------------------ run
+    def run(self, rows: Rows, n_parts: int, rng) -> dict[str, Any]:
+        """Released columns (before free post-processing) plus ``_part``: the partition index of each row."""
+        from pipelines.aggregate import select_and_noise
+        from pipelines.bounding import aggregate_bucket
+        from pipelines.io import hash_partition_tuples, prepare_batch
+
+        read = self.read
+        pub_hashes = pub_names = None
+        if self.public:
+            tuples = list(zip(*self.partition_values(n_parts)))
+            hashes = hash_partition_tuples(tuples, self.part_cols, self.types)
+            pub_names = {int(h): t for h, t in zip(hashes, tuples)}
+            pub_hashes = np.array(sorted(pub_names), dtype=np.uint64)
+            read = dataclasses.replace(read, public_hashes=pub_hashes)
+        batch = self.to_batch(rows, n_parts)
+        # same stream labels as the DoFns: bounding per (file, row group, batch), noise per shard
+        prows, (uniq, name_vals), _ = prepare_batch(batch, 0, 0, read, rng.child("bounding", 0, -1, 0))
+        parts, acc, _ = aggregate_bucket(prows, self.agg)
+        names = {int(h): tuple(col[j] for col in name_vals) for j, h in enumerate(uniq)}
+        cols = select_and_noise(0, parts, acc, names, self.plan, pub_hashes, pub_names, rng)
+        first = cols.get(self.part_cols[0], [])
+        cols["_part"] = self.partition_index(list(first))
+        return cols
+
+
+def safe_run(h: Harness, rows: Rows, n_parts: int, rng) -> dict[str, Any] | Exception:
+    """A run that raises on some input is an observable outcome (a data-dependent abort leaks)."""
+    try:
+        return h.run(rows, n_parts, rng)
+    except (DpopsError, ValueError, FloatingPointError) as exc:
+        return exc
+
+
+__all__ = ["Rows", "block", "Harness", "safe_run", "AUDIT_POSTPROCESS"]

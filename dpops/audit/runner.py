@@ -1,0 +1,121 @@
+"""Drive an audit: sample the statistic on both neighbours, bound ε, compare with the claim."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from dpops.audit.harness import Harness, safe_run
+from dpops.audit.scenarios import Scenario, ScenarioBuilder
+from dpops.audit.stats import held_out_bound
+from dpops.errors import InvalidParameter, SpecError
+from dpops.randomness import test_random
+
+MAX_ROWS_PER_CALL = 600_000  # rows pushed through the pipeline functions in one call (memory/latency)
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    target: str  # metric key, or "partition_selection"
+    mechanism: str  # metric type / selection strategy
+    claimed_epsilon: float
+    delta: float
+    epsilon_lb: float
+    trials: int  # per neighbour and scenario
+    confidence: float
+    scenario: str  # the scenario that gave the bound
+    event: str
+    passed: bool
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def sample_statistic(h: Harness, sc: Scenario, world: int, trials: int, seed: int, label: str) -> np.ndarray:
+    """The statistic of ``trials`` independent trials on one neighbour (NaN where the run failed)."""
+    rows_per_group = max(1, sc.rows(world, 1).unit.size)
+    chunk = max(1, min(trials, MAX_ROWS_PER_CALL // rows_per_group))
+    out = np.empty(trials)
+    for c, start in enumerate(range(0, trials, chunk)):
+        t = min(chunk, trials - start)
+        rng = test_random(seed, ("audit", label, sc.name, world, c))
+        cols = safe_run(h, sc.rows(world, t), t * sc.n_parts, rng)
+        if not isinstance(cols, Exception):
+            out[start:start + t] = sc.statistic(cols, t)
+            continue
+        # The batch failed: find out, trial by trial, which trials fail (each one is an outcome).
+        for i in range(t):
+            rng_i = test_random(seed, ("audit", label, sc.name, world, c, i))
+            cols_i = safe_run(h, sc.rows(world, 1), sc.n_parts, rng_i)
+            out[start + i] = np.nan if isinstance(cols_i, Exception) else sc.statistic(cols_i, 1)[0]
+    return out
+
+
+def audit_scenarios(h: Harness, scenarios: list[Scenario], *, target: str, mechanism: str, claimed_epsilon: float,
+                    delta: float, trials: int, confidence: float, seed: int) -> AuditResult:
+    """Bound ε for every scenario at confidence 1 − α/S (Bonferroni over the S scenarios); keep the largest."""
+    if not (0 < confidence < 1):
+        raise InvalidParameter(f"confidence must be in (0, 1), got {confidence!r}")
+    if not isinstance(trials, int) or trials < 8:
+        raise InvalidParameter(f"trials must be an integer >= 8, got {trials!r}")
+    t0 = time.time()
+    alpha = (1.0 - confidence) / max(1, len(scenarios))
+    best = None
+    for sc in scenarios:
+        s_d = sample_statistic(h, sc, 0, trials, seed, target)
+        s_dp = sample_statistic(h, sc, 1, trials, seed, target)
+        b = held_out_bound(s_d, s_dp, delta, alpha)
+        if best is None or b.epsilon_lb > best[0].epsilon_lb:
+            best = (b, sc.name)
+    b, name = best
+    return AuditResult(target=target, mechanism=mechanism, claimed_epsilon=claimed_epsilon, delta=delta,
+                       epsilon_lb=b.epsilon_lb, trials=trials, confidence=confidence, scenario=name, event=b.event,
+                       passed=b.epsilon_lb <= claimed_epsilon, seconds=round(time.time() - t0, 2))
+
+
+def audit_plan(spec, plan=None, *, metrics: list[str] | None = None, trials: int = 4000, confidence: float = 0.99,
+               seed: int = 0) -> list[AuditResult]:
+    """Audit each metric of a release plan (and its partition selection) against its share of the budget.
+
+    Claimed ε of a metric = its share in the plan; with private partitions the auditor also sees
+    which partitions were kept, so the claim it checks is the metric's share plus the selection's.
+    """
+    from dpops.release_plan import PARTITION_SELECTION_KEY, plan_release
+
+    plan = plan if plan is not None else plan_release(spec)
+    h = Harness(spec, plan)
+    sb = ScenarioBuilder(h)
+    keys = [m.key for m in plan.metrics]
+    if plan.partition_selection is not None:
+        keys.append(PARTITION_SELECTION_KEY)
+    wanted = metrics or keys
+    unknown = [k for k in wanted if k not in keys]
+    if unknown:
+        raise SpecError(f"{spec.source}: no metric {unknown} in this release; metrics are {keys}")
+    ps_eps = ps_delta = 0.0
+    if plan.partition_selection_event is not None:
+        ps_eps = float(plan.partition_selection_event.epsilon)
+        ps_delta = float(plan.partition_selection_event.delta)
+    results = []
+    for key in wanted:
+        if key == PARTITION_SELECTION_KEY:
+            results.append(audit_scenarios(
+                h, sb.partition_selection(trials), target=key, mechanism=plan.partition_selection.strategy,
+                claimed_epsilon=ps_eps, delta=ps_delta, trials=trials, confidence=confidence, seed=seed))
+            continue
+        m = next(x for x in plan.metrics if x.key == key)
+        results.append(audit_scenarios(
+            h, sb.metric(key), target=key, mechanism=m.type, claimed_epsilon=float(m.epsilon) + ps_eps,
+            delta=float(m.delta) + ps_delta, trials=trials, confidence=confidence, seed=seed))
+    return results
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else 0.0
+
+
+__all__ = ["AuditResult", "sample_statistic", "audit_scenarios", "audit_plan"]
