@@ -114,7 +114,7 @@ def _accept_in_order(u: np.ndarray, exact: bool, rate: Fraction, order: np.ndarr
     return int(order[first])
 
 
-_SEQUENTIAL_MAX = 32  # below this many candidates, a scalar loop beats numpy's per-call overhead
+_SEQUENTIAL_MAX = 256  # up to this many candidates a lazy scalar loop beats numpy (measured)
 
 
 def _permute_and_flip(u: np.ndarray, exact: bool, rate: Fraction, candidates: np.ndarray, rng: RandomSource) -> int:
