@@ -1,0 +1,196 @@
+"""Fault injection over whole release runs, on both ledger backends (issue #7).
+
+A real ``dpops release run --publish`` (real plan, Beam FnApiRunner, 300 rows) is SIGKILLed at
+every step boundary and inside the ledger transactions, the Beam job and the publish; then it is
+retried (``dpops release run`` again) or closed with the documented recovery
+(``dpops ledger recover``) and retried. After every case ``check_invariants`` asserts: the ledger
+verifies, the interval is published at most once and with the very values of an uncrashed run,
+every drawn noise stays charged, nothing is left dangling after recovery, staged/published/ledger/
+manifest agree. The fault matrix (point x backend -> outcome) is printed at the end of the module.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fault_support import (FAULT_POINTS, RELEASE, SLUG, check_invariants, drop_schema, make_env,
+                           postgres_schema_url, published_table, run_cli, warm_imports)
+
+pytestmark = pytest.mark.timeout(300)
+
+MATRIX: list[tuple[str, str, str, str]] = []  # (point, fault, backend, outcome)
+# Storage and Beam points do not depend on the ledger backend: PostgreSQL runs the ledger
+# transactions and the step boundaries around each ledger call (keeps the matrix ~3 min).
+POSTGRES_POINTS = {"ledger.reserve:locked", "ledger.reserve:before_commit", "reserve.after",
+                   "ledger.started:before_commit", "start.after", "publish.after", "ledger.committed:locked",
+                   "ledger.committed:before_commit", "commit.after"}
+KILL_CASES = [pytest.param(point, where, left, backend, id=f"{point}-{backend}",
+                           marks=[pytest.mark.postgres] if backend == "postgres" else [])
+              for point, where, left in FAULT_POINTS for backend in ("sqlite", "postgres")
+              if backend == "sqlite" or point in POSTGRES_POINTS]
+PUBLISHED_NOT_COMMITTED = pytest.mark.xfail(strict=True, reason=(
+    "bug: killed between the storage publish and the ledger commit, `dpops ledger recover` marks the run "
+    "spent_unpublished while its output is live under current/ (no manifest), and every retry is refused; "
+    "recover (or the retry) must see the publication and commit the run"))
+RECOVER_CASES = [pytest.param(p, b, id=f"{p}-{b}", marks=([PUBLISHED_NOT_COMMITTED] if p == "publish.after" else [])
+                              + ([pytest.mark.postgres] if b == "postgres" else []))
+                 for p, b in [("reserve.after", "sqlite"), ("beam.noise", "sqlite"), ("publish.after", "sqlite"),
+                              ("commit.after", "sqlite"), ("start.after", "postgres"), ("publish.after", "postgres")]]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fault_matrix(request):
+    warm_imports()
+    yield
+    if not MATRIX:
+        return
+    tr = request.config.pluginmanager.get_plugin("terminalreporter")
+    w = max(len(p) for p, *_ in MATRIX)
+    lines = ["", "fault matrix (step x fault x backend -> outcome):"]
+    lines += [f"  {p:<{w}}  {f:<14} {b:<8} -> {o}" for p, f, b, o in MATRIX]
+    for line in lines:
+        tr.write_line(line) if tr else print(line)
+
+
+@pytest.fixture(scope="module")
+def key_file(tmp_path_factory):
+    from dpops.randomness import NoiseKey
+
+    path = tmp_path_factory.mktemp("key") / "noise.key"
+    NoiseKey.generate(path)
+    return path
+
+
+@pytest.fixture
+def ledger_url(request, tmp_path, backend):
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+        return
+    base = request.getfixturevalue("postgres_url")
+    url, schema = postgres_schema_url(base)
+    try:
+        yield url
+    finally:
+        drop_schema(base, schema)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, key_file):
+    """The published table of an uncrashed run: same spec, input and key => every retry must equal it."""
+    root = tmp_path_factory.mktemp("reference")
+    env = make_env(root, f"sqlite:///{root / 'ledger.sqlite'}", key_file)
+    r = run_cli(env.run_args())
+    assert r.rc == 0, r.err
+    MATRIX.append(("(no fault)", "-", "sqlite", f"published in {r.seconds:.1f}s"))
+    return published_table(env)
+
+
+def _ledger_states(env) -> list[str]:
+    with env.ledger() as led:
+        return sorted(r.state for r in led.runs(release=RELEASE))
+
+
+def _fault(point: str) -> str:
+    return "beam.noise@2=kill" if point == "beam.noise" else f"{point}=kill"
+
+
+@pytest.mark.parametrize("point,where,left,backend", KILL_CASES)
+def test_sigkill_then_retry(tmp_path, ledger_url, key_file, reference, point, where, left, backend):
+    env = make_env(tmp_path / "rel", ledger_url, key_file)
+    killed = run_cli(env.run_args(), fault=_fault(point))
+    assert killed.killed, f"fault point {point} was not reached: rc={killed.rc}\n{killed.err}"
+    assert _ledger_states(env) == ([] if left == "none" else [left]), f"kill at {point} ({where})"
+    check_invariants(env, settled=False)  # the crash itself leaves a consistent state
+    retry = run_cli(env.run_args())
+    assert retry.rc == 0 and not retry.traceback, retry.err
+    out = retry.json()
+    assert out["state"] in ("published", "already_published")
+    # keyed noise: charged once in total, whichever invocation reserved it
+    assert out["epsilon_charged"] == (0 if left != "none" else pytest.approx(1.0))
+    try:
+        summary = check_invariants(env, reference=reference)
+    except AssertionError as exc:
+        MATRIX.append((point, "SIGKILL+retry", backend, f"{left} -> INVARIANT BROKEN: {exc}"))
+        raise
+    assert summary["states"] == ["committed"] and summary["charged"] == pytest.approx(1.0)
+    assert summary["versions"] == 1 and summary["manifests"] == 1
+    MATRIX.append((point, "SIGKILL+retry", backend, f"{left} -> {out['state']}, charged once, same values "
+                   f"(kill {killed.seconds:.1f}s, retry {retry.seconds:.1f}s)"))
+
+
+def test_fault_points_cover_every_step():
+    """Every ledger state a crash can leave is exercised, and the list has no typo'd duplicates."""
+    names = [p for p, *_ in FAULT_POINTS]
+    assert len(names) == len(set(names))
+    assert {left for *_, left in FAULT_POINTS} == {"none", "reserved", "started", "committed"}
+
+
+@pytest.mark.parametrize("point,backend", RECOVER_CASES)
+def test_sigkill_then_documented_recovery(tmp_path, ledger_url, key_file, reference, point, backend):
+    """``dpops ledger recover`` closes whatever a crash left open: a reservation is refunded, a started
+    run stays charged (spent_unpublished), a committed run is untouched; nothing dangles afterwards.
+    A retry then either is served (committed) or is refused with a clear message (exit 6): a closed
+    run key is never reserved twice, so the same key and input cannot be charged again silently."""
+    env = make_env(tmp_path / "rel", ledger_url, key_file)
+    assert run_cli(env.run_args(), fault=_fault(point)).killed
+    before = _ledger_states(env)
+    rec = run_cli(env.recover_args())
+    assert rec.rc == 0 and "recovered" in rec.out, rec.err
+    try:
+        summary = check_invariants(env, recovered=True)
+    except AssertionError as exc:
+        MATRIX.append((point, "SIGKILL+recover", backend, f"{before[0]} -> INVARIANT BROKEN: {exc}"))
+        raise
+    want = {"reserved": ["released"], "started": ["spent_unpublished"], "committed": ["committed"]}[before[0]]
+    assert summary["states"] == want
+    assert summary["charged"] == pytest.approx(0.0 if want == ["released"] else 1.0)
+    retry = run_cli(env.run_args())
+    assert not retry.traceback, retry.err
+    if want == ["committed"]:
+        assert retry.rc == 0 and retry.json()["state"] == "already_published"
+        outcome = "served (already_published)"
+    else:
+        assert retry.rc == 6 and f"is {want[0]}" in retry.err and "change the input, the spec or the key" in retry.err
+        outcome = f"refused exit 6 ({want[0]}: same run key never reserved twice)"
+    after = check_invariants(env, recovered=True, reference=reference if want == ["committed"] else None)
+    assert after["charged"] == summary["charged"]
+    MATRIX.append((point, "SIGKILL+recover", backend, f"{before[0]} -> {want[0]}; retry {outcome}"))
+
+
+def test_external_sigkill_of_a_fresh_interpreter(tmp_path, key_file, reference):
+    """The whole path without fork tricks: a fresh ``python`` (the driver installs the fault points,
+    then runs the CLI) pauses inside the Beam job and the TEST kills it from outside."""
+    env = make_env(tmp_path / "rel", f"sqlite:///{tmp_path / 'ledger.sqlite'}", key_file)
+    support = Path(__file__).resolve().parent / "fault_support.py"
+    cue = tmp_path / "cue"
+    cue.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, str(support), *env.run_args()], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "DPOPS_FAULT": "beam.noise=pause", "DPOPS_FAULT_DIR": str(cue)},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (cue / "beam.noise.reached").exists():
+            assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
+            assert time.monotonic() < deadline, "the run never reached the Beam job"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert _ledger_states(env) == ["started"]
+    check_invariants(env, settled=False)
+    retry = run_cli(env.run_args())
+    assert retry.rc == 0 and retry.json()["state"] == "published"
+    check_invariants(env, reference=reference)
+    MATRIX.append(("beam.noise", "external SIGKILL", "sqlite", "started -> published, charged once, same values"))
