@@ -17,7 +17,9 @@ parameters only:
   (no std/interval: the output is a selection, not additive noise); quantiles of a
   partition are sorted, which is post-processing;
 - top_k: category names by rank;
-- suppress_below: partitions whose first noisy count is below it get null metrics.
+- suppress_below: partitions whose first noisy count (a count / unit_count metric, else a
+  mean's or variance's count vector) is below it get null metric values; without any count
+  vector in the plan nothing is suppressed.
 """
 
 from __future__ import annotations
@@ -69,8 +71,11 @@ def select_and_noise(
                 hw = float(v.params.ci95_halfwidth())
                 noisy[v.name + "/hw"] = hw
             _post_metric(cols, m, noisy, std, plan.postprocess, n)
-            if suppress_basis is None and m.type in ("count", "unit_count"):
-                suppress_basis = noisy[m.type].astype(np.float64)
+            if suppress_basis is None:
+                for name in ("count", "unit_count"):
+                    if name in noisy:
+                        suppress_basis = noisy[name].astype(np.float64)
+                        break
         elif m.type == "quantiles":
             mrng = rng.child("quantile", m.key, shard)
             lo, hi = m.bounds
@@ -104,7 +109,16 @@ def select_and_noise(
 
     threshold = plan.postprocess.get("suppress_below")
     if threshold is not None and suppress_basis is not None and n:
-        cols["suppressed"] = (suppress_basis < float(threshold)).tolist()
+        # Post-processing of a noisy count: blank (null) every metric value of such partitions.
+        import pyarrow as pa
+
+        blank = suppress_basis < float(threshold)
+        for name in list(cols):
+            if name in plan.partition_columns:
+                continue
+            v = cols[name]
+            cols[name] = pa.array([None if b else x for x, b in zip(v, blank)]) if isinstance(v, list) \
+                else pa.array(np.asarray(v), mask=blank)
     return cols
 
 

@@ -162,7 +162,7 @@ class SelectNoiseWrite(beam.DoFn):
         cols = select_and_noise(shard, parts, acc, names, self.ctx.plan, pub, self.ctx.public_names, self._source)
         n = len(next(iter(cols.values()))) if cols else 0
         if n:
-            table = pa.table({k: (v if isinstance(v, list) else pa.array(v)) for k, v in cols.items()})
+            table = pa.table({k: (v if isinstance(v, (list, pa.Array)) else pa.array(v)) for k, v in cols.items()})
             final = os.path.join(self.ctx.parts_dir, f"shard-{shard:05d}.parquet")
             tmp = final + f".tmp-{os.getpid()}"
             pq.write_table(table, tmp)

@@ -191,3 +191,19 @@ def test_confidence_intervals_cover(tmp_path):
         total += 40
     assert hit_c / total >= 0.9415, hit_c / total
     assert hit_s / total >= 0.9415, hit_s / total
+
+
+def test_suppress_below_blanks_small_noisy_counts(tmp_path):
+    import yaml
+
+    rows = {"user_id": [f"u{i}" for i in range(300)] + ["x"], "region": ["big"] * 300 + ["small"],
+            "amount": [1.0] * 301, "category": ["x"] * 301}
+    spec = write_spec(tmp_path, COUNT_SUM_MEAN, {"columns": ["region"], "public": ["big", "small"]}, epsilon=3.0)
+    doc = yaml.safe_load(spec.read_text())
+    doc["postprocess"] = {"suppress_below": 100}
+    spec.write_text(yaml.safe_dump(doc))
+    df, _, _ = run(request(spec, [write_input(tmp_path, rows)], tmp_path / "stage"))
+    df = df.set_index("region")
+    # count noise std ~ 8.5 at eps 1 with L0*Linf = 4: 300 vs 1 row are ~23 std from the threshold
+    assert df.loc["small"][["count", "sum_amount", "mean_amount_ci95_high"]].isna().all()
+    assert df.loc["big"][["count", "sum_amount", "mean_amount"]].notna().all()
