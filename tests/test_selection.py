@@ -66,10 +66,14 @@ def test_pf_formula_matches_enumeration():
     assert np.allclose(pf_distribution(U, 0.7), pf_distribution_formula(U, 0.7), rtol=1e-12)
 
 
-def test_vectorised_path_has_the_exact_distribution():
-    u = np.arange(40) // 4  # 40 candidates (> the sequential cut-off), ties included
-    n = 3000
-    src = test_random(11, ["pf-vec"])
+@pytest.mark.parametrize("sequential_max", [8, 256], ids=["vectorised", "sequential"])
+def test_both_pf_paths_have_the_exact_distribution(sequential_max, monkeypatch):
+    import dpops.selection as sel
+
+    monkeypatch.setattr(sel, "_SEQUENTIAL_MAX", sequential_max)
+    u = np.arange(40) // 4  # 40 candidates, ties included
+    n = 1500
+    src = test_random(11, ["pf", sequential_max])
     counts = np.bincount([exponential_mechanism(u, 2.0, 1.0, src) for _ in range(n)], minlength=u.size)
     expected = pf_distribution_formula(u, 1.0) * n
     keep = expected >= 5
