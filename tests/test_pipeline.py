@@ -207,3 +207,16 @@ def test_suppress_below_blanks_small_noisy_counts(tmp_path):
     # count noise std ~ 8.5 at eps 1 with L0*Linf = 4: 300 vs 1 row are ~23 std from the threshold
     assert df.loc["small"][["count", "sum_amount", "mean_amount_ci95_high"]].isna().all()
     assert df.loc["big"][["count", "sum_amount", "mean_amount"]].notna().all()
+
+
+def test_input_without_valid_rows(tmp_path):
+    # Every row malformed: public partitions still appear (noised zeros); private ones: an empty table
+    # with the full schema. Neither case aborts (an abort would itself depend on the data).
+    rows = {"user_id": [None, None], "region": ["n", "s"], "amount": [1.0, 2.0], "category": ["x", "x"]}
+    inp = write_input(tmp_path, rows)
+    spec = write_spec(tmp_path, COUNT_SUM_MEAN, {"columns": ["region"], "public": ["n", "s"]})
+    df, _, _ = run(request(spec, [inp], tmp_path / "public"))
+    assert sorted(df["region"]) == ["n", "s"]
+    spec = write_spec(tmp_path, COUNT_SUM_MEAN, {"columns": ["region"], "private": {"strategy": "truncated_geometric"}})
+    df, summary, _ = run(request(spec, [inp], tmp_path / "private"))
+    assert len(df) == 0 and "mean_amount_ci95_high" in df.columns and summary["partitions_released"] == 0
