@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterator, Sequence
 from dpops.errors import DpopsError, IntegrityError, InvalidParameter, LedgerError, SpecError, StorageError
 from dpops.inputs import Interval, TestFingerprintKey, check_input, input_fingerprint, parse_interval, resolve_input_paths
 from dpops.spec import ReleaseSpec, load_spec
-from dpops.storage import ReleaseStore, StagedRun
+from dpops.storage import PUBLISHED_FILES, ReleaseStore, StagedRun, sha256_file
 
 log = logging.getLogger("dpops.runs")
 _QUIET: ContextVar[bool] = ContextVar("dpops_runs_quiet", default=False)
@@ -84,6 +84,7 @@ class RunContext:
     # The key behind the keyed fingerprints (input and published files). Never shown or serialized.
     fingerprint_key: Any = field(default=None, repr=False, compare=False)
     output_checks: list[str] = field(default_factory=list, repr=False, compare=False)
+    write_manifest: bool = field(default=True, repr=False, compare=False)
 
     @property
     def run_key_id(self) -> str:
@@ -521,10 +522,19 @@ def publish(ctx: RunContext, ledger: Any, *, gx_checks: bool = False) -> RunOutc
                              public_partitions=ctx.spec.public_partitions(),
                              allow_null=ctx.spec.postprocess.suppress_below is not None)
         ctx.output_checks = [*ctx.output_checks, "great expectations output suite"]
+    # The manifest is written BEFORE anything becomes visible (semantics.md section 5): it
+    # fingerprints the staged files, and the published copies are verified byte-identical.
+    target = ctx.store.next_version_dir(ctx.interval.slug, ctx.run_id)
+    manifest_path = write_manifest_before_publish(ctx, ledger, target.resolve().as_uri(), staged.directory,
+                                                  ctx.output_checks)
     pub = ctx.store.publish(staged, ctx.interval.slug, restates=record.restates,
                             extra={"spec_hash": ctx.spec.spec_hash, "randomness": ctx.randomness})
-    record = ledger.commit(ctx.run_id, output_uri=pub.uri, actor=ctx.actor,
-                           details={"version": pub.version, "files": pub.hashes})
+    if pub.directory.resolve() != target.resolve():  # pragma: no cover - publish refuses races first
+        raise StorageError(f"run {ctx.run_id} was published to {pub.directory}, not {target} as its manifest says")
+    details = {"version": pub.version, "files": pub.hashes}
+    if manifest_path:
+        details["manifest"] = {"file": Path(manifest_path).name, "sha256": sha256_file(Path(manifest_path))}
+    record = ledger.commit(ctx.run_id, output_uri=pub.uri, actor=ctx.actor, details=details)
     return _outcome(ctx, ledger, "published", record=record, output_uri=pub.uri,
                     message=f"version v{pub.version}")
 
@@ -543,10 +553,29 @@ def output_fingerprints(ctx: RunContext, directory: Path) -> dict[str, str]:
     out: dict[str, str] = {}
     if ctx.fingerprint_key is None or not directory.is_dir():
         return out
-    for f in sorted(directory.iterdir()):
-        if f.is_file() and not f.name.startswith("_"):
-            out[f.name] = "hmac-sha256:" + ctx.fingerprint_key.hmac(f.read_bytes()).hex()
+    for name in PUBLISHED_FILES:  # staged dirs also hold internal.json, which is never published
+        f = directory / name
+        if f.is_file():
+            out[name] = "hmac-sha256:" + ctx.fingerprint_key.hmac(f.read_bytes()).hex()
     return out
+
+
+def write_manifest_before_publish(ctx: RunContext, ledger: Any, output_uri: str, staged_dir: Path,
+                                  checks: Sequence[str] = ()) -> str | None:
+    """Write the published run's manifest from its staged files; a retry finds the existing one."""
+    if not ctx.write_manifest:
+        return None
+    folder = manifests_dir(ctx)
+    existing = folder / f"{ctx.run_id}.published.json"
+    if existing.exists():
+        return str(existing)
+    from dpops.manifest.run_hook import write_run_manifest
+
+    validation = {"checks": [{"name": c, "passed": True} for c in checks], "proceeded": True} if checks else None
+    return write_run_manifest(
+        ctx, ledger, {"state": "published", "output_uri": output_uri}, manifests_dir=folder,
+        validation=validation, output_fingerprints=output_fingerprints(ctx, staged_dir),
+    )
 
 
 def ensure_manifest(ctx: RunContext, ledger: Any, outcome: RunOutcome, checks: Sequence[str] = ()) -> str | None:
@@ -601,6 +630,7 @@ def _run_steps(ctx: RunContext, ledger: Any, **kwargs: Any) -> RunOutcome:
 def _run_steps_quiet(ctx: RunContext, ledger: Any, *, publish_output: bool, runner: str, runner_options: Sequence[str],
                run_release: Callable[[Any], Any] | None, gx_checks: bool, restates: str | None,
                reserved: RunOutcome | None = None, write_manifest: bool = True) -> RunOutcome:
+    ctx.write_manifest = write_manifest
     if reserved is None:
         reserved = reserve(ctx, ledger, restates=restates)
     if reserved.state == "already_published":

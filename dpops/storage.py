@@ -273,6 +273,20 @@ class ReleaseStore:
                 ))
         return sorted(out, key=lambda r: r.version)
 
+    def next_version_dir(self, interval_slug: str, run_id: str) -> Path:
+        """Where ``publish`` will put this run: its existing version, else the next number.
+
+        Used to write the run manifest *before* publishing (semantics.md section 5). If a
+        concurrent restatement takes that number first, ``publish`` refuses (it never
+        overwrites), so a manifest can never name another run's output.
+        """
+        existing = self.versions(interval_slug)
+        for v in existing:
+            if v.run_id == run_id:
+                return v.directory
+        version = max((e.version for e in existing), default=0) + 1
+        return self.published_interval_dir(interval_slug) / f"v{version}"
+
     def current(self, interval_slug: str) -> PublishedRun | None:
         """The version the ``current`` pointer names (the newest restatement), or None if unpublished."""
         base = self.published_interval_dir(interval_slug)

@@ -9,6 +9,7 @@ printed as one clear line on stderr and mapped to the exit codes documented in
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 import click
@@ -75,6 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - a bug: one clear line and exit 1, never a bare traceback
+        click.echo(f"dpops: internal error ({type(exc).__name__}): {exc}. This is a bug; please report it "
+                   "with the command you ran.", err=True)
+        if os.environ.get("DPOPS_DEBUG"):
+            raise
         return 1
     return 0
 
