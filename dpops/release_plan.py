@@ -18,7 +18,10 @@ Budget split (documented in the manifest through ``describe()``):
   weight. rdp/pld accountants certify the same events with a smaller epsilon.
 - Inside a metric with several noised vectors the share is split equally:
   mean = (normalised sum, count), each 1/2; variance = (normalised sum,
-  centred sum of squares, count), each 1/3. mean = mid + nsum/count,
+  centred sum of squares, count), each 1/3. When the spec also releases a
+  ``count`` metric, means and variances reuse that noisy count vector (the same
+  bounded rows, so it is post-processing of a released value) and spend their
+  whole share on their sums: mean = nsum alone, variance = (nsum, squares) 1/2 each. mean = mid + nsum/count,
   variance = E[(x-mid)^2] - E[x-mid]^2 (post-processing of the noised vectors).
 - quantiles: one exponential mechanism per (partition, quantile). One unit can
   change at most ``m`` partitions (m = L0 for add_remove, 2 L0 for replace: the
@@ -92,6 +95,7 @@ class MetricPlan:
     k: int = 0
     domain: tuple[Any, ...] = ()
     monotonic: bool = False  # top_k under add_remove: category counts only grow when a unit is added
+    count_from: str | None = None  # mean/variance: key of the count metric whose noisy vector is reused
 
     def events(self) -> list[PrivacyEvent]:
         if self.vectors:
@@ -145,6 +149,8 @@ class ReleasePlan:
                 "bounds": list(m.bounds) if m.bounds else None,
                 "epsilon_share": m.epsilon, "delta_share": m.delta, "rho_share": m.rho,
             }
+            if m.count_from:
+                d["count_reused_from"] = m.count_from
             if m.vectors:
                 d["vectors"] = [
                     {
@@ -250,6 +256,8 @@ def plan_release(spec) -> ReleasePlan:
     m_coords = int(count_s.max_coords)  # partitions one unit can change
 
     metrics = []
+    # A released count metric is reused (post-processing) as the denominator of means and variances.
+    count_key = next((m.key for m in spec.metrics if m.type == "count"), None)
     for m in spec.metrics:
         key = m.key
         lohi = tuple(float(x) for x in m.bounds) if getattr(m, "bounds", None) is not None else None
@@ -257,6 +265,10 @@ def plan_release(spec) -> ReleasePlan:
                     epsilon=eps_share[key], delta=delta_share.get(key, 0.0), rho=rho_share.get(key))
         if m.type in GAUSSIAN_ABLE:
             parts = _vector_layout(m.type, key, bounds, lohi)
+            reuse = m.type in ("mean", "variance") and count_key is not None
+            if reuse:
+                parts = [p for p in parts if p[0] != "count"]
+                base["count_from"] = count_key
             vecs = []
             for name, acc, sens, integer in parts:
                 if gaussian(m):

@@ -60,16 +60,25 @@ def select_and_noise(
     n = len(parts)
     suppress_basis = None
 
+    # Noise every vector first: means/variances may reuse the count metric's noisy vector.
+    noisy_by_metric: dict[str, tuple[dict, dict]] = {}
+    for m in plan.metrics:
+        noisy, std = {}, {}
+        for v in m.vectors:
+            true = acc[v.accumulator]
+            true = true.astype(np.int64) if v.params.integer_valued else true.astype(np.float64)
+            noisy[v.name] = np.asarray(add_noise(true, v.params, rng.child("noise", m.key, v.name, shard)))
+            std[v.name] = float(v.params.std)
+            noisy[v.name + "/hw"] = float(v.params.ci95_halfwidth())
+        noisy_by_metric[m.key] = (noisy, std)
+
     for m in plan.metrics:
         if m.vectors:
-            noisy, std = {}, {}
-            for v in m.vectors:
-                true = acc[v.accumulator]
-                true = true.astype(np.int64) if v.params.integer_valued else true.astype(np.float64)
-                noisy[v.name] = np.asarray(add_noise(true, v.params, rng.child("noise", m.key, v.name, shard)))
-                std[v.name] = float(v.params.std)
-                hw = float(v.params.ci95_halfwidth())
-                noisy[v.name + "/hw"] = hw
+            noisy, std = noisy_by_metric[m.key]
+            if m.count_from:
+                c_noisy, c_std = noisy_by_metric[m.count_from]
+                noisy = {**noisy, "count": c_noisy["count"], "count/hw": c_noisy["count/hw"]}
+                std = {**std, "count": c_std["count"]}
             _post_metric(cols, m, noisy, std, plan.postprocess, n)
             if suppress_basis is None:
                 for name in ("count", "unit_count"):

@@ -79,8 +79,9 @@ def test_all_metrics_together_certify(adjacency, noise):
     plan = plan_release(spec)
     for ref in [r for r in known_accountants() if not r.startswith("pld")]:
         assert get_accountant(ref).epsilon(plan.events, spec.budget.delta) <= 1.0
-    # one event per noised vector (count 1, unit_count 1, sum 1, mean 2, variance 3) + quantiles + top_k + selection
-    assert len(plan.events) == 1 + 1 + 1 + 2 + 3 + 1 + 1 + 1
+    # one event per noised vector + quantiles + top_k + selection; mean (nsum) and variance (nsum,
+    # squares) reuse the count metric's noisy vector instead of noising their own count
+    assert len(plan.events) == 1 + 1 + 1 + 1 + 2 + 1 + 1 + 1
 
 
 def test_pure_laplace_with_public_partitions_needs_no_delta():
@@ -98,11 +99,16 @@ def test_sensitivities_come_from_dpops_sensitivity():
     assert by_key["unit_count"].vectors[0].sensitivity == sensitivity.unit_count(b)
     assert by_key["sum_amount"].vectors[0].sensitivity == sensitivity.sum_(b, 0, 100)
     mean = {v.name: v.sensitivity for v in by_key["mean_amount"].vectors}
-    assert mean == sensitivity.mean(b, -10, 100)
+    assert mean == {"normalized_sum": sensitivity.mean(b, -10, 100)["normalized_sum"]}
+    assert by_key["mean_amount"].count_from == "count"  # the released count is reused
     var = {v.name: v.sensitivity for v in by_key["variance_amount"].vectors}
     ref = sensitivity.variance(b, 0, 50)
-    assert var == {"normalized_sum": ref["normalized_sum"], "normalized_sum_squares": ref["normalized_sum_of_squares"],
-                   "count": ref["count"]}
+    assert var == {"normalized_sum": ref["normalized_sum"], "normalized_sum_squares": ref["normalized_sum_of_squares"]}
+    # without a count metric, a mean noises its own count with half its share
+    alone = plan_release(make_spec([ALL_METRICS[3]], adjacency="replace")).metrics[0]
+    assert {v.name: v.sensitivity for v in alone.vectors} == sensitivity.mean(b, -10, 100)
+    assert alone.count_from is None
+    assert alone.vectors[0].params.scale == pytest.approx(2 * alone.vectors[0].sensitivity.l1 / 1.0, rel=0.02)
     assert by_key["quantiles_amount"].utility_sensitivity == sensitivity.quantile_utility(b)
     # the charged sensitivity includes the grid rounding, never less than the true one
     for m in plan.metrics:
