@@ -91,3 +91,27 @@ def test_histograms_categories_and_merge_order():
     assert acc["cat:t"].tolist() == [[1, 0, 1]]
     merged_parts, merged = merge_partials([(parts, acc), (parts, acc)])
     assert merged["hist:q"].sum() == 6 and merged["count"].tolist() == [6]
+
+
+def test_hashes_are_stable_across_processes():
+    # Bucket/shard placement and public-partition matching rely on hashes that do not change
+    # between worker processes (Python's salted hash() would).
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+
+    from pipelines.io import combine_hashes, hash_column
+
+    code = ("import pyarrow as pa; from pipelines.io import hash_column, combine_hashes; "
+            "h = combine_hashes([hash_column(pa.array(['a', 'b', None]), 'string'), "
+            "hash_column(pa.array([1, 2, 3]), 'int')]); print(','.join(map(str, h.tolist())))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={"PYTHONHASHSEED": "123", "PATH": ""}).stdout.strip()
+    here = combine_hashes([hash_column(pa.array(["a", "b", None]), "string"), hash_column(pa.array([1, 2, 3]), "int")])
+    assert out == ",".join(map(str, here.tolist()))
+    assert len(set(here.tolist())) == 3
+    # dictionary-encoded and plain strings hash alike (Parquet may give either)
+    plain = hash_column(pa.array(["x", "y", "x"]), "string")
+    dic = hash_column(pa.array(["x", "y", "x"]).dictionary_encode(), "string")
+    assert plain.tolist() == dic.tolist()
