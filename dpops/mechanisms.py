@@ -22,6 +22,10 @@ Calibration of the Gaussian: ``calibration="exact"`` uses the exact (ε, δ) of 
 Gaussian (CKS20 Thm 7) when one coordinate changes (m = 1); that profile is what a PLD accountant
 certifies. With m > 1, or ``calibration="zcdp"``, σ is set so the event's ρ converts to ≤ ε by
 ε = ρ + 2 sqrt(ρ ln(1/δ)), which every accountant (basic, zcdp, rdp, pld) certifies.
+Measured for ε=1, δ=1e-6, Δ=1: exact σ=4.2308 is certified as ε=1.00006 by pld/1 (its
+pessimistic discretisation), 1.076 by rdp/1 and 1.27 by zcdp/1. When the scope's accountant is
+known, pass ``accountant="pld/1"`` (or any ref): σ is then bisected until that accountant
+certifies ≤ ε for the single event (pld/1: σ=4.2311; rdp/1: 4.537; basic/zcdp: 5.350).
 The discrete Gaussian event charges ρ = Δ²/(2σ²) + τ (``events.DISCRETE_GAUSSIAN_TAU``, CKS20
 Thm 14) and needs σ ≥ 2r: σ is calibrated against ρ − τ and never set below 2 lattice steps
 (more noise than asked in that corner, never less).
@@ -41,6 +45,7 @@ import numpy as np
 from dpops.calibration import (
     discrete_gaussian_delta,
     discrete_gaussian_sigma,
+    gaussian_sigma_analytic,
     zcdp_epsilon,
     zcdp_rho_for,
 )
@@ -242,8 +247,14 @@ def gaussian_mechanism(
     integer_valued: bool,
     max_coords: int = 1,
     calibration: str = "exact",
+    accountant: str | None = None,
 ) -> NoiseParams:
-    """(ε, δ)-DP discrete Gaussian noise (see the module docstring for the two calibrations)."""
+    """(ε, δ)-DP discrete Gaussian noise (see the module docstring for the calibrations).
+
+    ``accountant="pld/1"`` (any registered ref) calibrates instead to the smallest σ whose single
+    event that accountant certifies at ≤ ε (bisection between a lower bound and the zCDP σ):
+    use it when the budget scope is checked by that accountant.
+    """
     epsilon = check_epsilon(epsilon)
     delta = check_delta(delta, allow_zero=False)
     sens, integer_valued, m = _check_common(l2_sensitivity, "l2_sensitivity", integer_valued, max_coords)
@@ -251,6 +262,8 @@ def gaussian_mechanism(
         raise InvalidParameter(f"calibration must be 'exact' or 'zcdp', got {calibration!r}")
     r, lat_sens = _lattice_sensitivity(sens, integer_valued, m, "l2")
     target = (("epsilon", epsilon), ("delta", delta))
+    if accountant is not None:
+        return _gaussian_for_accountant(epsilon, delta, r, lat_sens, integer_valued, m, accountant, target)
     if calibration == "exact" and m == 1:
         d_int = math.ceil(lat_sens)  # one coordinate: integer differences of size <= ceil
         lat_sens = Fraction(d_int)
@@ -275,6 +288,38 @@ def gaussian_mechanism(
             return params
         sigma *= 1 + 1e-12
     raise InvalidParameter("internal: zCDP calibration did not verify")  # pragma: no cover
+
+
+def _gaussian_for_accountant(epsilon: float, delta: float, r: float, lat_sens: Fraction, integer_valued: bool,
+                             m: int, ref: str, target: tuple) -> NoiseParams:
+    from dpops.accounting import get_accountant  # lazy: accounting is a separate layer
+
+    acct = get_accountant(ref)
+    label = f"accountant:{acct.ref}"
+
+    def build(sigma: float) -> NoiseParams:
+        sigma = max(sigma, DISCRETE_GAUSSIAN_MIN_SIGMA_STEPS)
+        return _gaussian_params(discrete_gaussian_param(sigma), r, lat_sens, integer_valued, m, label, target)
+
+    def ok(p: NoiseParams) -> bool:
+        return acct.epsilon([p.event()], delta) <= epsilon
+
+    # the analytic continuous Gaussian is a lower bound for any valid analysis of this event
+    lo = gaussian_sigma_analytic(epsilon, delta, float(lat_sens)) * 0.5
+    hi = max(float(lat_sens) / math.sqrt(2 * zcdp_rho_for(epsilon, delta)), lo * 2)
+    while not ok(build(hi)):
+        hi *= 1.5
+        if hi > 2.0**49:
+            raise InvalidParameter(f"accountant {acct.ref} certifies no discrete Gaussian at epsilon={epsilon}")
+    if ok(build(lo)):
+        return build(lo)
+    while hi - lo > 1e-9 * hi:
+        mid = 0.5 * (lo + hi)
+        if ok(build(mid)):
+            hi = mid
+        else:
+            lo = mid
+    return build(hi)
 
 
 def gaussian_mechanism_zcdp(rho: float, l2_sensitivity: float, *, integer_valued: bool, max_coords: int = 1) -> NoiseParams:

@@ -189,3 +189,21 @@ def test_std_and_ci95_are_right(params: NoiseParams):
 def test_bad_input_is_refused(call):
     with pytest.raises(InvalidParameter):
         call()
+
+
+@pytest.mark.parametrize("m", [1, 4])
+def test_accountant_aware_calibration(m):
+    eps, delta = 1.0, 1e-6
+    exact = gaussian_mechanism(eps, delta, 1.0, integer_valued=True, max_coords=m)
+    for ref in ("basic", "rdp", "pld"):
+        if not any(k.startswith(ref + "/") for k in known_accountants()):
+            continue
+        p = gaussian_mechanism(eps, delta, 1.0, integer_valued=True, max_coords=m, accountant=ref)
+        acct = get_accountant(ref)
+        assert acct.epsilon([p.event()], delta) <= eps
+        assert acct.epsilon([p.event()], delta) >= eps * (1 - 1e-3)  # and not wastefully more noise
+        assert p.calibration.startswith("accountant:" + ref)
+        if m == 1:
+            assert p.scale >= exact.scale * (1 - 1e-6)  # no valid analysis beats the exact profile
+    with pytest.raises(InvalidParameter):
+        gaussian_mechanism(eps, delta, 1.0, integer_valued=True, accountant="nope")
