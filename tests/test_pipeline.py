@@ -220,3 +220,19 @@ def test_input_without_valid_rows(tmp_path):
     spec = write_spec(tmp_path, COUNT_SUM_MEAN, {"columns": ["region"], "private": {"strategy": "truncated_geometric"}})
     df, summary, _ = run(request(spec, [inp], tmp_path / "private"))
     assert len(df) == 0 and "mean_amount_ci95_high" in df.columns and summary["partitions_released"] == 0
+
+
+def test_module_entry_point_reports_errors_with_exit_codes(tmp_path, capsys):
+    from pipelines.release_pipeline import main
+
+    req = {"spec_path": str(tmp_path / "missing.yaml"), "interval_start": "a", "interval_end": "b",
+           "input_paths": ["x.parquet"], "noise_label": {}, "randomness": "test", "test_seed": 1,
+           "staging_dir": str(tmp_path / "stage")}
+    (tmp_path / "req.json").write_text(json.dumps(req))
+    assert main(["--request", str(tmp_path / "req.json")]) == 3  # SpecError: fix the configuration
+    assert "missing.yaml" in capsys.readouterr().err
+    spec = write_spec(tmp_path, [{"type": "count"}], {"columns": ["region"], "public": ["n"]})
+    req.update(spec_path=str(spec), randomness="keyed", test_seed=None, key_path=None)
+    (tmp_path / "req.json").write_text(json.dumps(req))
+    assert main(["--request", str(tmp_path / "req.json")]) == 3  # keyed mode without a key file
+    assert "key_path" in capsys.readouterr().err
