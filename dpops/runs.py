@@ -79,7 +79,7 @@ class RunContext:
     store: ReleaseStore
     key_path: str | None = None
     test_seed: int | None = None
-    attempt: int = 1  # os mode only; chosen by ``reserve``
+    attempt: int = 1  # chosen by ``reserve``: os mode always; keyed mode only after a refunded attempt
     actor: str = field(default_factory=default_actor)
     # The key behind the keyed fingerprints (input and published files). Never shown or serialized.
     fingerprint_key: Any = field(default=None, repr=False, compare=False)
@@ -88,7 +88,11 @@ class RunContext:
 
     @property
     def run_key_id(self) -> str:
-        return f"os/attempt-{self.attempt}" if self.randomness == "os" else self.key_id
+        if self.randomness == "os":
+            return f"os/attempt-{self.attempt}"
+        # keyed/test: attempt 1 is the plain key id, so run ids stay stable; a later attempt exists only
+        # after a refund (released: no noise was ever drawn), and its noise label is unchanged.
+        return self.key_id if self.attempt == 1 else f"{self.key_id}/retry-{self.attempt}"
 
     @property
     def run_key(self) -> Any:
@@ -313,21 +317,26 @@ def _refuse_changed(ctx: RunContext, published: Any, restates: str | None) -> No
     )
 
 
-def _pick_os_attempt(ctx: RunContext, ledger: Any) -> None:
-    # Attempts whose noise may exist (spent_unpublished) or which were refunded (released) are closed:
-    # the next free attempt number gets a new run id and a fresh charge.
+def _pick_attempt(ctx: RunContext, ledger: Any) -> None:
+    """Choose the attempt number, i.e. the run key, this invocation works on.
+
+    os mode: attempts whose noise may exist (spent_unpublished) or which were refunded
+    (released) are closed: the next free attempt number gets a new run id and a fresh charge.
+    keyed/test mode: only a refunded attempt is skipped (a transient failure before any noise was
+    drawn must not block the interval forever); a spent_unpublished keyed run stays final.
+    """
+    closed = ("released", "spent_unpublished") if ctx.randomness == "os" else ("released",)
     for attempt in range(1, MAX_OS_ATTEMPTS + 1):
         ctx.attempt = attempt
         rec = ledger.run(ctx.run_id)
-        if rec is None or rec.state in ("reserved", "started", "committed"):
+        if rec is None or rec.state not in closed:
             return
     raise LedgerError(f"{ctx.spec.name} {ctx.interval}: {MAX_OS_ATTEMPTS} os-mode attempts failed; investigate first")
 
 
 def reserve(ctx: RunContext, ledger: Any, *, restates: str | None = None) -> RunOutcome:
     """Reserve the plan's events for this run, or serve the interval if this very run is published."""
-    if ctx.randomness == "os":
-        _pick_os_attempt(ctx, ledger)
+    _pick_attempt(ctx, ledger)
     published = ledger.published(ctx.spec.name, ctx.interval.start_iso, ctx.interval.end_iso)
     if published is not None and published.run_id == ctx.run_id:
         return _outcome(ctx, ledger, "already_published", record=published,
@@ -392,8 +401,7 @@ def compute(ctx: RunContext, ledger: Any, *, runner: str = "FnApiRunner", runner
 def compute_staged(ctx: RunContext, ledger: Any, *, runner: str = "FnApiRunner", runner_options: Sequence[str] = (),
                    run_release: Callable[[Any], Any] | None = None) -> StagedRun:
     """``compute`` returning the ``StagedRun`` itself."""
-    if ctx.randomness == "os":
-        _pick_os_attempt(ctx, ledger)
+    _pick_attempt(ctx, ledger)
     record = ledger.run(ctx.run_id)
     if record is None:
         raise LedgerError(f"run {ctx.run_id} of {ctx.spec.name} {ctx.interval} is not reserved: reserve it first")
@@ -500,8 +508,7 @@ def check_noisy_output(spec: ReleaseSpec, data_file: str | os.PathLike[str]) -> 
 
 def publish(ctx: RunContext, ledger: Any, *, gx_checks: bool = False) -> RunOutcome:
     """Check the noisy output, publish it atomically as the interval's next version, then commit the run."""
-    if ctx.randomness == "os":
-        _pick_os_attempt(ctx, ledger)
+    _pick_attempt(ctx, ledger)
     record = ledger.run(ctx.run_id)
     if record is None:
         raise LedgerError(f"run {ctx.run_id} is not in the ledger: reserve and compute it first")
@@ -671,8 +678,7 @@ def restate(ctx: RunContext, ledger: Any) -> RunOutcome:
     """The restatement's reserve step: explicitly re-release a published interval whose input (or spec)
     changed. A new run key, a fresh charge, linked (``restates``) to the run it corrects; ``compute`` and
     ``publish`` then publish it as the interval's next version."""
-    if ctx.randomness == "os":
-        _pick_os_attempt(ctx, ledger)
+    _pick_attempt(ctx, ledger)
     published = ledger.published(ctx.spec.name, ctx.interval.start_iso, ctx.interval.end_iso)
     if published is None:
         raise LedgerError(f"{ctx.spec.name} {ctx.interval} has not been published: nothing to restate; "
@@ -707,8 +713,7 @@ def execute_restatement(spec_path: str | os.PathLike[str], interval_start: Any, 
 def abandon(ctx: RunContext, ledger: Any, *, reason: str) -> RunOutcome:
     """Explicitly give up an unpublished run: a reservation is refunded (no noise was drawn), a started
     run is marked spent_unpublished (its noise may exist, so the charge stays). Published runs are final."""
-    if ctx.randomness == "os":
-        _pick_os_attempt(ctx, ledger)
+    _pick_attempt(ctx, ledger)
     rec = ledger.run(ctx.run_id)
     if rec is None:
         raise LedgerError(f"run {ctx.run_id} of {ctx.spec.name} {ctx.interval} is not in the ledger: nothing to abandon")

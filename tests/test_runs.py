@@ -270,6 +270,19 @@ def test_failure_before_start_releases_reservation(env):
     rec = env.ledger.runs(release="purchases_test")[0]
     assert rec.state == "released"
     assert charged(env.ledger) == 0
+    # The failure was transient: a retry must not be blocked by the refunded run key. It reserves a new
+    # attempt (no noise was ever drawn under the first), publishes, and is charged exactly once.
+    out = runs.execute_release(env.spec, *IV, ledger=env.ledger, key=FakeKey(), run_release=env.pipe,
+                               planner=planner)
+    assert out.state == "published" and out.run_id != rec.run_id
+    assert charged(env.ledger) == pytest.approx(0.5)
+    states = sorted(r.state for r in env.ledger.runs(release="purchases_test"))
+    assert states == ["committed", "released"]
+    # and a later re-run serves the published attempt without a charge
+    again = runs.execute_release(env.spec, *IV, ledger=env.ledger, key=FakeKey(), run_release=env.pipe,
+                                 planner=planner)
+    assert again.state == "already_published" and again.run_id == out.run_id
+    assert charged(env.ledger) == pytest.approx(0.5)
 
 
 def test_bad_input_touches_no_ledger(env):
