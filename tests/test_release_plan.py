@@ -161,3 +161,13 @@ def test_plan_is_deterministic_and_describable():
     assert d["metrics"][0]["vectors"][0]["sensitivity"]["l1"] == 6.0  # L0 * Linf
     assert make_spec(epsilon=0.5).spec_hash != make_spec().spec_hash
     assert plan_release(make_spec(epsilon=0.5)).plan_hash != a.plan_hash
+
+
+@pytest.mark.parametrize("noise", ["laplace", "gaussian"])
+def test_local_basic_composition_matches_the_basic_accountant(noise):
+    from dpops.release_plan import basic_epsilon
+
+    plan = plan_release(make_spec(noise=noise, private=True, adjacency="replace"))
+    for delta in (1e-7, 5e-7, 1e-3):
+        assert basic_epsilon(plan.events, delta) == pytest.approx(get_accountant("basic/1").epsilon(plan.events, delta),
+                                                                  rel=1e-12)
