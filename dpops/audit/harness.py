@@ -118,27 +118,33 @@ class Harness:
         return np.array([int(v) for v in first_col_values], np.int64)
 
     def to_batch(self, rows: Rows, n_parts: int):
+        """An Arrow batch with the declared column types (Arrow casts and takes: no per-row Python)."""
         import pyarrow as pa
+        import pyarrow.compute  # noqa: F401 - pa.compute below
 
         from pipelines.io import ARROW_TYPES
 
         cols: dict[str, Any] = {}
         if self.unit_col is not None:
-            t = self.types[self.unit_col]
-            u = rows.unit
-            cols[self.unit_col] = [f"u{k}" for k in u] if t == "string" else (u if t == "int" else u.astype(float))
+            cols[self.unit_col] = pa.array(rows.unit, pa.int64())
         pvals = self.partition_values(n_parts)
+        take = pa.array(rows.part, pa.int64())
         for c, vals in zip(self.part_cols, pvals):
-            arr = np.array(vals, dtype=object)
-            cols[c] = arr[rows.part].tolist()
+            cols[c] = pa.array(vals, ARROW_TYPES[self.types[c]]).take(take)
         for c in self.value_cols:
-            cols[c] = rows.value
+            cols[c] = pa.array(rows.value, pa.float64(), from_pandas=False)
         for c, domain in self.cat_cols.items():
-            dom = np.array(list(domain) + [None], dtype=object)
-            cols[c] = dom[np.where(rows.cat >= 0, rows.cat, len(domain))].tolist()
+            dom = pa.array(list(domain) + [None], ARROW_TYPES[self.types[c]])
+            cols[c] = dom.take(pa.array(np.where(rows.cat >= 0, rows.cat, len(domain)), pa.int64()))
         needed = self.read.needed
-        return pa.RecordBatch.from_arrays(
-            [pa.array(cols[c], type=ARROW_TYPES[self.types[c]]) for c in needed], names=needed)
+        arrays = []
+        for c in needed:
+            a = cols[c]
+            t = ARROW_TYPES[self.types[c]]
+            if c == self.unit_col and self.types[c] == "string":
+                a = pa.compute.binary_join_element_wise("u", a.cast(pa.string()), "")
+            arrays.append(a if a.type == t else a.cast(t))
+        return pa.RecordBatch.from_arrays(arrays, names=needed)
 
     # ------------------------------------------------------------------ run
     def run(self, rows: Rows, n_parts: int, rng) -> dict[str, Any]:

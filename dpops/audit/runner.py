@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -87,8 +88,6 @@ def audit_plan(spec, plan=None, *, metrics: list[str] | None = None, trials: int
     from dpops.release_plan import PARTITION_SELECTION_KEY, plan_release
 
     plan = plan if plan is not None else plan_release(spec)
-    h = Harness(spec, plan)
-    sb = ScenarioBuilder(h)
     keys = [m.key for m in plan.metrics]
     if plan.partition_selection is not None:
         keys.append(PARTITION_SELECTION_KEY)
@@ -102,15 +101,23 @@ def audit_plan(spec, plan=None, *, metrics: list[str] | None = None, trials: int
         ps_delta = float(plan.partition_selection_event.delta)
     results = []
     for key in wanted:
+        # Only the audited metric is computed: every metric draws its noise from its own child
+        # stream, so its output does not depend on the others (and top_k/quantiles are slow).
+        # A mean/variance that reuses a count metric's noisy vector depends on it: keep both, claim both.
+        m = next((x for x in plan.metrics if x.key == key), None)
+        deps = {key} | ({m.count_from} if m is not None and getattr(m, "count_from", None) else set())
+        only = tuple(x for x in plan.metrics if x.key in deps) or plan.metrics[:1]
+        h = Harness(spec, dataclasses.replace(plan, metrics=only))
+        sb = ScenarioBuilder(h)
         if key == PARTITION_SELECTION_KEY:
             results.append(audit_scenarios(
                 h, sb.partition_selection(trials), target=key, mechanism=plan.partition_selection.strategy,
                 claimed_epsilon=ps_eps, delta=ps_delta, trials=trials, confidence=confidence, seed=seed))
             continue
-        m = next(x for x in plan.metrics if x.key == key)
         results.append(audit_scenarios(
-            h, sb.metric(key), target=key, mechanism=m.type, claimed_epsilon=float(m.epsilon) + ps_eps,
-            delta=float(m.delta) + ps_delta, trials=trials, confidence=confidence, seed=seed))
+            h, sb.metric(key), target=key, mechanism=m.type,
+            claimed_epsilon=sum(float(x.epsilon) for x in only) + ps_eps,
+            delta=sum(float(x.delta) for x in only) + ps_delta, trials=trials, confidence=confidence, seed=seed))
     return results
 
 

@@ -39,7 +39,7 @@ import numpy as np
 from dpops.audit.harness import Harness, Rows, block
 
 UNIT_STRIDE = 1_000_000  # unit ids g * UNIT_STRIDE + k: target u = 0, u' = 1, base units from 2
-MAX_BASE_ROWS_PER_PARTITION = 400
+MAX_BASE_ROWS_PER_PARTITION = 200
 Z_PLAN = 2.6  # z-score used only to pick n0 for partition selection (not part of the bound)
 
 
@@ -177,7 +177,10 @@ class ScenarioBuilder:
             mid = (lo + hi) / 2.0
             base_vals = mid
             if m.type in ("mean", "variance"):
-                std_c = max(float(v.params.std) for v in m.vectors if v.name == "count")
+                src = m
+                if getattr(m, "count_from", None):  # the count vector is another metric's
+                    src = next(x for x in self.plan.metrics if x.key == m.count_from)
+                std_c = max(float(v.params.std) for v in src.vectors if v.name == "count")
                 base_units = max(base_units, min(MAX_BASE_ROWS_PER_PARTITION, max(4 * self.linf, math.ceil(10 * std_c))))
             if m.type == "quantiles":
                 base_units = max(base_units, 16)
