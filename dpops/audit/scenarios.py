@@ -15,7 +15,7 @@ per partition, values at the extreme of the clamp range (largest |contribution|)
 Two scenarios per metric:
 
 - ``at_bounds``: exactly L0 partitions, Linf rows, extreme values: the tight case.
-- ``over_bounds``: the unit breaks every declared bound -- 2·L0 partitions, 2·Linf rows,
+- ``over_bounds``: the unit breaks every declared bound -- 2·L0 partitions, 4·Linf rows,
   values 10 ranges beyond the clamp, a NaN row first -- which correct bounding reduces to
   the tight case; a bounding bug (L0/Linf not enforced, clamp skipped, NaN kept) makes the
   unit's influence larger than the noise was calibrated for, or makes the run fail only when
@@ -95,7 +95,7 @@ class ScenarioBuilder:
     # -------------------------------------------------------------- target placement
     def _target(self, world: int, groups: int, over: bool, value: float, cat: int) -> Rows:
         n_p = 2 * self.l0 if over and not self.h.record_level else self.l0
-        rows_per = 2 * self.linf if over and not self.h.record_level else self.linf
+        rows_per = 4 * self.linf if over and not self.h.record_level else self.linf
         if self.replace:
             offset, k = (n_p, 1) if world == 1 else (0, 0)
         else:
