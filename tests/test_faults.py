@@ -36,8 +36,8 @@ KILL_CASES = [pytest.param(point, where, left, backend, id=f"{point}-{backend}",
               if backend == "sqlite" or point in POSTGRES_POINTS]
 PUBLISHED_NOT_COMMITTED = pytest.mark.xfail(strict=True, reason=(
     "bug: killed between the storage publish and the ledger commit, `dpops ledger recover` marks the run "
-    "spent_unpublished while its output is live under current/ (no manifest), and every retry is refused; "
-    "recover (or the retry) must see the publication and commit the run"))
+    "spent_unpublished while its output is live under current/ and its manifest says published; every retry "
+    "is then refused; recover (or the retry) must see the publication and commit the run"))
 RECOVER_CASES = [pytest.param(p, b, id=f"{p}-{b}", marks=([PUBLISHED_NOT_COMMITTED] if p == "publish.after" else [])
                               + ([pytest.mark.postgres] if b == "postgres" else []))
                  for p, b in [("reserve.after", "sqlite"), ("beam.noise", "sqlite"), ("publish.after", "sqlite"),
@@ -52,8 +52,9 @@ def fault_matrix(request):
         return
     capman = request.config.pluginmanager.get_plugin("capturemanager")
     w = max(len(p) for p, *_ in MATRIX)
+    wf = max(len(f) for _, f, *_ in MATRIX)
     lines = ["", "fault matrix (step x fault x backend -> outcome):"]
-    lines += [f"  {p:<{w}}  {f:<14} {b:<8} -> {o}" for p, f, b, o in MATRIX]
+    lines += [f"  {p:<{w}}  {f:<{wf}}  {b:<10} -> {o}" for p, f, b, o in MATRIX]
     with capman.global_and_fixture_disabled():  # shown even without -s
         print("\n".join(lines), flush=True)
     MATRIX.clear()  # test_faults_env shares this list and prints its own rows
