@@ -170,6 +170,33 @@ def test_sigkill_then_documented_recovery(tmp_path, ledger_url, key_file, refere
     MATRIX.append((point, "SIGKILL+recover", backend, f"{before[0]} -> {want}; retry {outcome}"))
 
 
+@pytest.mark.parametrize("point", ["beam.noise", "publish.after"])
+def test_os_randomness_kill_then_retry(tmp_path, key_file, point):
+    """Fresh OS noise cannot be reproduced. Killed before the output was sealed, the attempt's noise may
+    exist somewhere: the next invocation closes it as spent_unpublished (exit 6, saying so) and the one
+    after reserves attempt 2 with a fresh charge. Killed after sealing, the retry publishes the sealed
+    output under the first charge."""
+    env = make_env(tmp_path / "rel", f"sqlite:///{tmp_path / 'ledger.sqlite'}", key_file)
+    args = env.run_args("--randomness", "os")
+    assert run_cli(args, fault=_fault(point)).killed
+    check_invariants(env, settled=False)
+    first = run_cli(args)
+    assert not first.traceback, first.err
+    if point == "beam.noise":
+        assert first.rc == 6 and "spent_unpublished" in first.err and "fresh charge" in first.err, first.err
+        second = run_cli(args)
+        assert second.rc == 0 and second.json()["state"] == "published", second.err
+        summary = check_invariants(env, max_charge=2.0)
+        assert summary["states"] == ["committed", "spent_unpublished"] and summary["charged"] == pytest.approx(2.0)
+        outcome = "started -> exit 6 (spent_unpublished) -> attempt 2 published, charged twice"
+    else:
+        assert first.rc == 0 and first.json()["state"] == "published", first.err
+        summary = check_invariants(env)
+        assert summary["states"] == ["committed"] and summary["charged"] == pytest.approx(1.0)
+        outcome = "started -> sealed output published, charged once"
+    MATRIX.append((point, "SIGKILL+retry (os)", "sqlite", outcome))
+
+
 def test_external_sigkill_of_a_fresh_interpreter(tmp_path, key_file, reference):
     """The whole path without fork tricks: a fresh ``python`` (the driver installs the fault points,
     then runs the CLI) pauses inside the Beam job and the TEST kills it from outside."""
