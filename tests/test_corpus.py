@@ -251,3 +251,52 @@ def test_nan_never_reaches_an_aggregate_even_when_every_value_is_bad(tmp_path, k
     case.spec_doc(BASE)
     table = _assert_published(case, case.run(), dropped=["dropped_bad_value"])
     assert all(math.isfinite(x) for x in table.column("sum_amount").to_pylist())
+
+
+# --------------------------------------------------------------------------- hostile command lines
+
+# name -> (argv after "dpops", with {spec} {key} {url} {root} placeholders; exit code; message fragment)
+HOSTILE_ARGS = {
+    "reversed_interval": ("release run {spec} --interval 2024-01-02/2024-01-01 --key-file {key} --ledger {url}", 3,
+                          "must be before its end"),
+    "garbage_interval": ("release run {spec} --interval yesterday --key-file {key} --ledger {url}", 3, "START/END"),
+    "missing_key_file": ("release run {spec} --interval 2024-01-01/2024-01-02 --key-file {root}/nokey --ledger {url}",
+                         3, "does not exist"),
+    "short_key_file": ("release run {spec} --interval 2024-01-01/2024-01-02 --key-file {root}/short.key --ledger {url}",
+                       3, "at least 32 are required"),  # the message does not name the file (reported)
+    "unknown_ledger_scheme": ("release run {spec} --interval 2024-01-01/2024-01-02 --key-file {key} --ledger mysql://x/y",
+                              6, "unsupported ledger URL scheme"),
+    "ledger_not_a_database": ("release run {spec} --interval 2024-01-01/2024-01-02 --key-file {key} "
+                              "--ledger sqlite:///{root}/short.key", 6, "not a database"),
+    "unreachable_postgres": ("release run {spec} --interval 2024-01-01/2024-01-02 --key-file {key} "
+                             "--ledger postgresql://postgres@127.0.0.1:1/x", 6, "cannot connect"),
+    "spec_missing": ("release run {root}/none.yaml --interval 2024-01-01/2024-01-02 --key-file {key} --ledger {url}", 3,
+                     "cannot read the release spec"),
+    "scope_not_in_ledger": ("release run {root}/c/other_scope.yaml --interval 2024-01-01/2024-01-02 --key-file {key} "
+                            "--ledger {url}", 6, "is not in the ledger"),
+    "recover_negative_age": ("ledger --ledger {url} recover --older-than -1", 3, "finite number >= 0"),
+    "recover_nan_age": ("ledger --ledger {url} recover --older-than nan", 3, "finite number >= 0"),
+    "scope_infinite_cap": ("ledger --ledger {url} scope create x --unit u --unit-column u --epsilon inf --delta 0 "
+                           "--accountant rdp", 3, "finite number > 0"),
+    "scope_unknown_accountant": ("ledger --ledger {url} scope create x --unit u --unit-column u --epsilon 1 --delta 0 "
+                                 "--accountant nope/9", 3, "unknown accountant"),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE_ARGS))
+def test_hostile_command_line(tmp_path, key_file, name):
+    """Bad arguments: a dpops exit code and a message naming the problem, no traceback, no run in the ledger."""
+    case = Case(tmp_path / "c", key_file)
+    shutil.copy(CORPUS / "inputs/single_row.csv", tmp_path / "c/data/2024-01-01.csv")
+    spec = case.spec_doc(BASE)
+    (tmp_path / "c/other_scope.yaml").write_text(yaml.safe_dump(_merge(BASE, {"budget": {"scope": "nope"}})))
+    short = tmp_path / "short.key"
+    short.write_bytes(b"abc")
+    short.chmod(0o600)
+    template, code, fragment = HOSTILE_ARGS[name]
+    argv = [a.format(spec=spec, key=key_file, url=case.url, root=tmp_path) for a in template.split()]
+    r = run_cli(argv)
+    assert not r.traceback and r.rc == code, f"exit {r.rc}: {r.err[-2000:]}"
+    assert fragment.lower() in r.err.lower(), r.err[-2000:]
+    assert case.published() is None
+    assert case.ledger_runs() == []
