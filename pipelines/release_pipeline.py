@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import shutil
 import sys
 import time
@@ -105,7 +106,7 @@ class ReadCheckHash(beam.DoFn):
             rows, (uniq, values), st = prepare_batch(batch, item[0], offset, cfg, rng)
             _add(stats, st)
             for bucket, chunk in split_by_bucket(rows, cfg.n_buckets):
-                yield bucket, chunk
+                yield bucket, _pack(chunk)
             if len(uniq) and self.ctx.public_names is None:
                 shards = shard_of(uniq, cfg.n_shards)
                 for s in np.unique(shards):
@@ -121,13 +122,13 @@ class BoundAggregate(beam.DoFn):
 
     def process(self, element):
         bucket, chunks = element
-        chunks = list(chunks)
+        chunks = [_unpack(c) for c in chunks]
         rows = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
         parts, acc, stats = aggregate_bucket(rows, self.ctx.agg)
         shards = shard_of(parts, self.ctx.read.n_shards)
         for s in np.unique(shards):
             sel = np.flatnonzero(shards == s)
-            yield int(s), ("agg", int(bucket), parts[sel], {k: v[sel] for k, v in acc.items()})
+            yield int(s), ("agg", int(bucket), _pack((parts[sel], {k: v[sel] for k, v in acc.items()})))
         yield beam.pvalue.TaggedOutput("stats", stats)
 
 
@@ -147,7 +148,7 @@ class SelectNoiseWrite(beam.DoFn):
         partials, names = [], {}
         for it in items:
             if it[0] == "agg":
-                partials.append((it[1], it[2], it[3]))
+                partials.append((it[1], *_unpack(it[2])))
             elif it[0] == "names":
                 for j, h in enumerate(it[1]):
                     names[int(h)] = tuple(col[j] for col in it[2])
@@ -168,6 +169,16 @@ class SelectNoiseWrite(beam.DoFn):
             pq.write_table(table, tmp)
             os.replace(tmp, final)
         yield n
+
+
+def _pack(obj: Any) -> bytes:
+    """One pickle per element (numpy arrays inside): Beam's coder would pickle each array on its own,
+    which dominated the shuffle cost; bytes go through its fast path."""
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _unpack(data: bytes) -> Any:
+    return pickle.loads(data)  # noqa: S301 - our own bytes, produced by _pack inside this pipeline
 
 
 def _empty_acc(agg: AggregationSpec) -> dict[str, np.ndarray]:
