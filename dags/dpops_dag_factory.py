@@ -241,10 +241,10 @@ def _tasks(spec_path: str) -> None:
     @task
     def compute_release(reserved: dict[str, Any]) -> dict[str, Any]:
         """Draw the noise (keyed: a retry reproduces it) and stage the output; reuse a staged output."""
-        from dpops import runs
-
         if _served(reserved):
             return reserved
+        from dpops import runs
+
         context = get_current_context()
         s = _settings()
         run = _prepare(spec_path, context)
@@ -259,10 +259,10 @@ def _tasks(spec_path: str) -> None:
     @task
     def validate_output(computed: dict[str, Any]) -> dict[str, Any]:
         """GX checks on the NOISY staged output: post-processing, so it may block the publish."""
-        from dpops.validate import check_release_output
-
         if _served(computed):
             return computed
+        from dpops.validate import check_release_output  # GX takes seconds to import: only when needed
+
         run = _prepare(spec_path, get_current_context())
         staged = run.store.find_staged(run.interval.slug, run.run_id)
         if staged is None:
@@ -282,10 +282,10 @@ def _tasks(spec_path: str) -> None:
     @task
     def publish_release(validated: dict[str, Any]) -> dict[str, Any]:
         """Publish atomically, then commit the run in the ledger (the charge becomes final)."""
-        from dpops import runs
-
         if _served(validated):
             return validated
+        from dpops import runs
+
         run = _prepare(spec_path, get_current_context())
         _inject_publish_fault()
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -26,32 +27,51 @@ def report(paths: DemoPaths, ivs: list, scheduled: list[IntervalResult], backfil
     finally:
         ledger.close()
     t = Table(title=f"Ledger scope {DEMO_SCOPE!r} ({st.accountant}, {paths.ledger_url})")
-    for col in ("cap", "committed (published)", "spent unpublished", "reserved/started", "remaining", "verify"):
+    for col in ("cap", "published", "spent, unpublished", "in flight", "remaining", "verify"):
         t.add_column(col, justify="right")
     ok = getattr(verify, "ok", getattr(verify, "valid", None))
     t.add_row(f"{st.cap:g}", f"{st.committed:.6g}", f"{st.spent_unpublished:.6g}", f"{st.reserved + st.started:.6g}",
-              f"{st.remaining:.6g}", "[green]passed[/]" if ok else f"[red]{verify}[/]")
+              f"{max(0.0, round(st.remaining, 9)):.6g}", "[green]passed[/]" if ok else f"[red]{verify}[/]")
     console.print(t)
 
     t = Table(title="Every interval: daily schedule, then the backfill")
-    for col in ("day", "schedule", "backfill", "epsilon charged", "why"):
+    for col in ("day", "schedule", "backfill", "epsilon charged by this demo run", "why"):
         t.add_column(col)
     by_day = {r.day: r for r in scheduled}
     for r in backfill:
         first = by_day.get(r.day)
         charged = (first.charged if first else 0.0) + r.charged
-        t.add_row(r.day, _fmt(first), _fmt(r), f"{charged:.3g}", r.reason if r.outcome in ("refused", "failed") else "")
+        t.add_row(r.day, _fmt(first), _fmt(r), f"{charged:.3g}", _why(r))
     console.print(t)
 
     refused = [r for r in backfill if r.outcome == "refused"]
     if refused:
         console.print(f"[yellow]{len(refused)} interval(s) refused[/] ({', '.join(r.day for r in refused)}): the scope "
-                      "cap would be exceeded; nothing was charged and nothing was published for them.")
+                      "cap would be exceeded; nothing was charged and nothing was published for them. The ledger said:")
+        console.print(f"  [dim]{refused[0].reason}[/]")
     manifests = sorted(paths.manifests_dir.glob("*.json")) if paths.manifests_dir.is_dir() else []
     console.print(f"\nManifests ({len(manifests)}): {paths.manifests_dir}")
     if manifests:
-        console.print(f"  e.g. {manifests[0].name}; check one with: dpops manifest verify {manifests[0]}")
+        console.print(f"  check one: dpops manifest verify {manifests[0]} --ledger {paths.ledger_url}")
     console.print(f"Published outputs: {paths.output_root / 'published' / DEMO_RELEASE}")
+
+
+def _value(row: dict, m: str) -> str:
+    """``541 ±72``: the interval comes from public parameters only (noise scale), never from the data."""
+    half = (row[m + "_ci95_high"] - row[m + "_ci95_low"]) / 2
+    v = row[m]
+    return f"{v:,.0f} [dim]±{half:,.0f}[/]" if abs(v) >= 100 or half >= 100 else f"{v:.3g} [dim]±{half:.2g}[/]"
+
+
+def _why(r: IntervalResult) -> str:
+    if r.outcome not in ("refused", "failed"):
+        return ""
+    m = re.search(r"cap (\w+)=([\d.e+-]+), spent ([\d.e+-]+), reserved ([\d.e+-]+), requested ([\d.e+-]+)", r.reason)
+    if r.outcome == "refused" and m:
+        unit, cap, spent, reserved, asked = m.groups()
+        left = max(0.0, float(cap) - float(spent) - float(reserved))
+        return f"budget: {unit} {left:.3g} left of {cap}, run asked {asked}"
+    return r.reason
 
 
 def _fmt(r: IntervalResult | None) -> str:
@@ -78,13 +98,13 @@ def _published_table(paths: DemoPaths, r: IntervalResult, console: Any) -> None:
     cols = list(table[0])
     metrics = [c for c in cols if f"{c}_ci95_low" in cols]
     parts = [c for c in cols if not any(c == m or c.startswith(m + "_") for m in metrics)]
-    t = Table(title=f"Published {DEMO_RELEASE} for {r.day} (noisy values, 95% intervals from public parameters)")
+    t = Table(title=f"Published {DEMO_RELEASE} for {r.day}: noisy value ± half-width of its 95% interval")
     for c in parts:
         t.add_column(c)
     for m in metrics:
         t.add_column(m, justify="right")
     for row in table:
         t.add_row(*[str(row[c]) for c in parts],
-                  *[f"{row[m]:.4g} [dim][{row[m + '_ci95_low']:.3g}, {row[m + '_ci95_high']:.3g}][/]" for m in metrics])
+                  *[_value(row, m) for m in metrics])
     console.print(t)
     console.print(f"[dim]from {cur.directory} (version v{cur.version}, run {cur.run_id})[/]")

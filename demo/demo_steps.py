@@ -181,7 +181,7 @@ def run_intervals(dag: Any, ivs: list[tuple[datetime, datetime]], paths: DemoPat
                                  ctx.run_id, f"DAG run {getattr(dr, 'state', '?')}, ledger state {state}; see {paths.task_log}")
         results.append(res)
         colour = {"published": "green", "served": "cyan", "refused": "yellow", "failed": "red"}[res.outcome]
-        rem = "?" if res.remaining is None else f"{res.remaining:.3g}"
+        rem = "?" if res.remaining is None else f"{max(0.0, round(res.remaining, 6)):.3g}"
         console.print(f"  [{i:>2}/{len(ivs)}] {res.day}  [{colour}]{res.outcome:<9}[/]  epsilon charged "
                       f"{res.charged:.3g}  scope remaining {rem}  ({seconds:.1f} s)")
     return results

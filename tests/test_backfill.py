@@ -1,0 +1,269 @@
+"""A real backfill through Airflow's scheduler, on the PostgreSQL ledger.
+
+api-server + scheduler + dag-processor (LocalExecutor, PARALLELISM=4) run as subprocesses
+against a fresh PostgreSQL metadata database created for this test; the ledger lives in
+its own schema of the test database. ``airflow backfill create --max-active-runs 2`` over
+6 daily intervals with a scope cap that fits 4: the cap is never exceeded, every
+published interval is charged exactly once, refused intervals stay unpublished, verify
+passes. Then the same backfill with ``--reprocess-behavior completed`` charges nothing
+and changes no published byte.
+"""
+
+from __future__ import annotations
+
+import airflow_support  # noqa: F401  (environment before airflow)
+
+import hashlib
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+from airflow_support import AIRFLOW_BIN, airflow_env, make_workspace
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(900)]
+
+DAYS = 6
+EPS_PER_RUN = 0.5
+CAP = 2.0  # fits exactly 4 runs under basic composition
+WAIT_RUNS_S = 420
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pg(url: str, sql: str, params: tuple = (), fetch: bool = False):
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
+        cur = conn.execute(sql, params)
+        return cur.fetchall() if fetch else None
+
+
+@pytest.fixture
+def airflow_pg_db(postgres_url):
+    """A fresh PostgreSQL database for Airflow's metadata, dropped afterwards."""
+    name = f"airflow_test_{secrets.token_hex(4)}"
+    _pg(postgres_url, f'CREATE DATABASE "{name}"')
+    base = postgres_url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+    try:
+        yield f"{base}/{name}"
+    finally:
+        _pg(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def ledger_pg_url(postgres_url):
+    schema = f"af_backfill_{secrets.token_hex(4)}"
+    sep = "&" if "?" in postgres_url else "?"
+    try:
+        yield f"{postgres_url}{sep}schema={schema}"
+    finally:
+        _pg(postgres_url, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def _cli(env: dict, *args: str, timeout: float = 240) -> str:
+    proc = subprocess.run([AIRFLOW_BIN, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"airflow {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def _start(env: dict, logdir: Path, stack: ExitStack, *args: str) -> subprocess.Popen:
+    log = open(logdir / f"{args[0]}.log", "wb")
+    stack.callback(log.close)
+    # A new session: the process's own PID is its group id, so we stop it and its children by that id.
+    proc = subprocess.Popen([AIRFLOW_BIN, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    stack.callback(_stop, proc)
+    return proc
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_health(port: int, procs: list, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in procs:
+            assert p.poll() is None, f"{p.args[1]} exited early with {p.returncode}"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=3):
+                return
+        except OSError:
+            time.sleep(1)
+    raise AssertionError("api-server did not become healthy")
+
+
+def _dag_runs(meta_url: str, dag_id: str) -> list[tuple]:
+    url = meta_url.replace("postgresql+psycopg://", "postgresql://", 1)
+    return _pg(url, "SELECT run_id, state, start_date, end_date, clear_number, data_interval_start FROM dag_run "
+               "WHERE dag_id = %s AND run_type = 'backfill' ORDER BY data_interval_start", (dag_id,), fetch=True)
+
+
+def _wait_runs(meta_url: str, dag_id: str, n: int, procs: list, min_clear: int = 0) -> list[tuple]:
+    deadline = time.monotonic() + WAIT_RUNS_S
+    rows: list[tuple] = []
+    while time.monotonic() < deadline:
+        for p in procs:
+            assert p.poll() is None, f"{p.args[1]} died with {p.returncode}"
+        rows = _dag_runs(meta_url, dag_id)
+        if len(rows) == n and all(r[1] in ("success", "failed") and r[4] >= min_clear for r in rows):
+            return rows
+        time.sleep(2)
+    raise AssertionError(f"backfill runs did not finish in {WAIT_RUNS_S} s: {[(r[0], r[1], r[4]) for r in rows]}")
+
+
+def _task_durations(meta_url: str, dag_id: str) -> list[tuple]:
+    url = meta_url.replace("postgresql+psycopg://", "postgresql://", 1)
+    return _pg(url, "SELECT task_id, count(*), round(avg(duration)::numeric, 1), round(max(duration)::numeric, 1), "
+               "round(avg(extract(epoch from start_date - queued_dttm))::numeric, 1) FROM task_instance "
+               "WHERE dag_id = %s GROUP BY task_id", (dag_id,), fetch=True)
+
+
+def _max_overlap(rows: list[tuple]) -> int:
+    events = sorted([(r[2], 1) for r in rows if r[2]] + [(r[3], -1) for r in rows if r[3]])
+    cur = best = 0
+    for _, d in events:
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+def _published_digests(ledger, release: str) -> dict[str, str]:
+    from urllib.parse import urlparse
+
+    out = {}
+    for rec in ledger.runs(release=release, states=["committed"]):
+        data = Path(urlparse(rec.output_uri).path) / "data.parquet"
+        out[rec.key.interval_start] = hashlib.sha256(data.read_bytes()).hexdigest()
+    return out
+
+
+def test_backfill_through_scheduler_never_exceeds_cap_and_rerun_is_free(
+    tmp_path, airflow_pg_db, ledger_pg_url
+):
+    from dpops.ledger import open_ledger
+
+    ws = make_workspace(tmp_path / "ws", ledger_url=ledger_pg_url, release="af_backfill", scope="af_bf_scope",
+                        days=DAYS, epsilon_per_run=EPS_PER_RUN, scope_cap=CAP, rows_per_day=1500)
+    port = _free_port()
+    home = tmp_path / "airflow"
+    home.mkdir()
+    env = airflow_env(
+        home, airflow_pg_db, ws.specs_dir, **ws.env(),
+        AIRFLOW__CORE__EXECUTOR="LocalExecutor",
+        AIRFLOW__CORE__PARALLELISM="4",
+        AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="False",
+        # Only the backfill runs: no scheduled run of the latest real-world interval.
+        AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE="False",
+        AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://127.0.0.1:{port}/execution/",
+        AIRFLOW__API__PORT=str(port),
+        AIRFLOW__API_AUTH__JWT_SECRET=secrets.token_hex(16),
+        AIRFLOW__API__SECRET_KEY=secrets.token_hex(16),
+        AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="2",
+        AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="30",
+        AIRFLOW__LOGGING__BASE_LOG_FOLDER=str(home / "logs"),
+        DPOPS_TASK_RETRIES="1",
+        DPOPS_RETRY_DELAY_SECONDS="2",
+    )
+    t0 = time.monotonic()
+    phases: list[tuple[str, float]] = []
+
+    def phase(name: str) -> None:
+        phases.append((name, round(time.monotonic() - t0, 1)))
+        print(f"[backfill test] {name} at {phases[-1][1]} s", flush=True)
+
+    _cli(env, "db", "migrate")
+    phase("metadata db migrated")
+    _cli(env, "dags", "reserialize")
+    phase("dags reserialized")
+    dag_id = ws.dag_id
+
+    with ExitStack() as stack:
+        api = _start(env, home, stack, "api-server", "--port", str(port))
+        sched = _start(env, home, stack, "scheduler")
+        proc_ = _start(env, home, stack, "dag-processor")
+        procs = [api, sched, proc_]
+        _wait_health(port, procs)
+        phase("api-server healthy")
+        _cli(env, "dags", "unpause", dag_id)
+        _cli(env, "backfill", "create", "--dag-id", dag_id, "--from-date", "2024-01-01",
+             "--to-date", f"2024-01-{DAYS:02d}", "--max-active-runs", "2")
+        rows = _wait_runs(airflow_pg_db, dag_id, DAYS, procs)
+        phase("first backfill finished")
+        print(_task_durations(airflow_pg_db, dag_id), flush=True)
+
+        ledger = open_ledger(ws.ledger_url)
+        committed = ledger.runs(release=ws.release, states=["committed"])
+        status = ledger.status(ws.scope)
+        reserved_entries: dict[str, int] = {}
+        for e in ledger.history(ws.scope):
+            if e.kind == "reserved":
+                reserved_entries[e.run_id] = reserved_entries.get(e.run_id, 0) + 1
+
+        # At least two intervals really ran at the same time.
+        assert _max_overlap(rows) >= 2, rows
+        # The cap is never exceeded, and it is used: exactly cap / eps runs fit.
+        assert status.total <= CAP * (1 + 1e-9)
+        assert len(committed) == int(CAP / EPS_PER_RUN)
+        assert status.total == pytest.approx(CAP)
+        # Each published interval: one committed run, reserved (charged) exactly once.
+        starts = [r.key.interval_start for r in committed]
+        assert len(set(starts)) == len(starts)
+        assert all(reserved_entries[r.run_id] == 1 for r in committed)
+        assert sum(reserved_entries.values()) == len(committed)  # refused runs charged nothing
+        # Refused intervals: failed DAG runs, nothing in the ledger, nothing published.
+        states = {str(r[5])[:10]: r[1] for r in rows}
+        assert sorted(states.values()).count("success") == len(committed)
+        published_days = {s[:10] for s in starts}
+        for day, state in states.items():
+            if day not in published_days:
+                assert state == "failed"
+                assert not list((ws.specs_dir / "out" / "published" / ws.release).glob(day.replace("-", "") + "*"))
+        assert ledger.verify().ok
+        digests = _published_digests(ledger, ws.release)
+        ledger.close()
+
+        # The same backfill again, reprocessing completed runs: served, nothing charged, nothing changed.
+        deadline = time.monotonic() + 60
+        while True:  # the first backfill must be marked complete before another is accepted
+            try:
+                _cli(env, "backfill", "create", "--dag-id", dag_id, "--from-date", "2024-01-01",
+                     "--to-date", f"2024-01-{DAYS:02d}", "--max-active-runs", "2",
+                     "--reprocess-behavior", "completed")
+                break
+            except AssertionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(3)
+        rows2 = _wait_runs(airflow_pg_db, dag_id, DAYS, procs, min_clear=1)
+        phase("reprocessing backfill finished")
+        assert {str(r[5])[:10]: r[1] for r in rows2} == states
+
+        ledger = open_ledger(ws.ledger_url)
+        assert ledger.status(ws.scope).total == pytest.approx(status.total)
+        assert len(ledger.runs(release=ws.release)) == len(committed)
+        assert sum(1 for e in ledger.history(ws.scope) if e.kind == "reserved") == len(committed)
+        assert _published_digests(ledger, ws.release) == digests
+        assert ledger.verify().ok
+        ledger.close()
