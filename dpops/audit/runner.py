@@ -82,8 +82,9 @@ def audit_plan(spec, plan=None, *, metrics: list[str] | None = None, trials: int
                seed: int = 0) -> list[AuditResult]:
     """Audit each metric of a release plan (and its partition selection) against its share of the budget.
 
-    Claimed ε of a metric = its share in the plan; with private partitions the auditor also sees
-    which partitions were kept, so the claim it checks is the metric's share plus the selection's.
+    Claimed ε of a metric = its share in the plan (plus the share of a count metric whose noisy
+    vector it reuses). Metrics are audited over fixed partitions; private partition selection is
+    audited on its own against its (ε, δ).
     """
     from dpops.release_plan import PARTITION_SELECTION_KEY, plan_release
 
@@ -107,7 +108,14 @@ def audit_plan(spec, plan=None, *, metrics: list[str] | None = None, trials: int
         m = next((x for x in plan.metrics if x.key == key), None)
         deps = {key} | ({m.count_from} if m is not None and getattr(m, "count_from", None) else set())
         only = tuple(x for x in plan.metrics if x.key in deps) or plan.metrics[:1]
-        h = Harness(spec, dataclasses.replace(plan, metrics=only))
+        if key == PARTITION_SELECTION_KEY:
+            sub = dataclasses.replace(plan, metrics=only)
+        else:
+            # A metric is audited over fixed partitions: its noise is drawn independently of the
+            # selection, which is audited (and charged) on its own.
+            sub = dataclasses.replace(plan, metrics=only, partition_selection=None, partition_selection_event=None,
+                                      public_partitions=plan.public_partitions or (("audit",),))
+        h = Harness(spec, sub)
         sb = ScenarioBuilder(h)
         if key == PARTITION_SELECTION_KEY:
             results.append(audit_scenarios(
@@ -116,8 +124,8 @@ def audit_plan(spec, plan=None, *, metrics: list[str] | None = None, trials: int
             continue
         results.append(audit_scenarios(
             h, sb.metric(key), target=key, mechanism=m.type,
-            claimed_epsilon=sum(float(x.epsilon) for x in only) + ps_eps,
-            delta=sum(float(x.delta) for x in only) + ps_delta, trials=trials, confidence=confidence, seed=seed))
+            claimed_epsilon=sum(float(x.epsilon) for x in only),
+            delta=sum(float(x.delta) for x in only), trials=trials, confidence=confidence, seed=seed))
     return results
 
 

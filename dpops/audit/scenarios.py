@@ -183,8 +183,9 @@ class ScenarioBuilder:
                 std_c = max(float(v.params.std) for v in src.vectors if v.name == "count")
                 base_units = max(base_units, min(MAX_BASE_ROWS_PER_PARTITION, max(4 * self.linf, math.ceil(10 * std_c))))
             if m.type == "quantiles":
-                base_units = max(base_units, 16)
-                base_vals = np.linspace(lo, hi, base_units)
+                # Linf other rows at mid: on D every candidate ties; the unit's Linf rows at hi lift
+                # the candidates in [mid, hi) above those below mid by the utility sensitivity.
+                base_units = max(base_units, self.linf)
         if m.type == "top_k":
             cat_target, cat_base = 0, 1 if len(m.domain) > 1 else 0
         target_value = over_value if over else value

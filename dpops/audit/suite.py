@@ -38,8 +38,8 @@ class Profile:
 
 PROFILES = {
     # ci: the whole suite in well under 2 minutes on 2 shared cores
-    "ci": Profile("ci", 4000, {"top_k": 2000, "mean": 2000, "quantiles": 400}, 0.99),
-    "thorough": Profile("thorough", 40000, {"top_k": 20000, "mean": 20000, "quantiles": 4000}, 0.999),
+    "ci": Profile("ci", 10000, {"top_k": 4000, "mean": 4000, "quantiles": 1000}, 0.99),
+    "thorough": Profile("thorough", 100000, {"top_k": 40000, "mean": 40000, "quantiles": 10000}, 0.999),
 }
 
 

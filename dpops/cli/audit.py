@@ -29,7 +29,10 @@ def _render(results, title: str, as_json: bool) -> None:
         table.add_row(r.target, r.mechanism, f"{r.claimed_epsilon:.4g}", f"{r.delta:.3g}", f"{r.epsilon_lb:.3f}",
                       str(r.trials), f"{r.confidence:g}", f"{r.scenario}: {r.event}", f"{r.seconds:.1f}",
                       "[green]PASS[/green]" if r.passed else "[bold red]FAIL[/bold red]")
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)  # piped or captured output: do not squeeze the table to 80 columns
+    console.print(table)
 
 
 def _finish(results) -> None:
