@@ -38,6 +38,8 @@ import numpy as np
 
 from dpops.compute import ComputeRequest, ComputeResult
 from dpops.errors import InputDataError, InvalidParameter, StorageError
+from dpops.release_plan import plan_release
+from dpops.spec import load_spec
 from pipelines.aggregate import select_and_noise
 from pipelines.bounding import AggregationSpec, aggregate_bucket, merge_partials
 from pipelines.io import (
@@ -329,9 +331,6 @@ def run_release(request: ComputeRequest) -> ComputeResult:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from dpops.release_plan import plan_release
-    from dpops.spec import load_spec
-
     t0 = time.time()
     spec = load_spec(request.spec_path)
     _check_request(request, spec)
@@ -461,9 +460,6 @@ def bounded_truth(request: ComputeRequest) -> tuple[list[tuple[Any, ...]], dict[
     For benchmarks and tests only: its output is not differentially private and must never be
     published. Returns (partition keys, accumulators aligned with them).
     """
-    from dpops.release_plan import plan_release
-    from dpops.spec import load_spec
-
     spec = load_spec(request.spec_path)
     plan = plan_release(spec)
     ctx = build_context(spec, plan, request, "")
