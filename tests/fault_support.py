@@ -191,13 +191,14 @@ def run_cli(argv: list[str], *, fault: str | None = None, env: dict[str, str] | 
         deadline = time.monotonic() + timeout
         while not done():
             if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
                 raise AssertionError(f"dpops {' '.join(argv)} did not finish within {timeout}s")
             time.sleep(0.02)
         rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
         return CliRun(rc, (outdir / "out").read_text(), (outdir / "err").read_text(), time.monotonic() - t0)
     finally:
+        if not done():  # a failed test or a timeout: never leave the child behind
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
         shutil.rmtree(outdir, ignore_errors=True)
 
 

@@ -28,8 +28,8 @@ pytestmark = pytest.mark.timeout(300)
 MATRIX: list[tuple[str, str, str, str]] = []  # (point, fault, backend, outcome)
 # Storage and Beam points do not depend on the ledger backend: PostgreSQL runs the ledger
 # transactions and the step boundaries around each ledger call (keeps the matrix ~3 min).
-POSTGRES_POINTS = {"ledger.reserve:before_commit", "reserve.after", "ledger.started:before_commit",
-                   "publish.after", "ledger.committed:before_commit", "commit.after"}
+POSTGRES_POINTS = {"ledger.reserve:before_commit", "ledger.started:before_commit", "publish.after",
+                   "ledger.committed:before_commit"}
 KILL_CASES = [pytest.param(point, where, left, backend, id=f"{point}-{backend}",
                            marks=[pytest.mark.postgres] if backend == "postgres" else [])
               for point, where, left in FAULT_POINTS for backend in ("sqlite", "postgres")
@@ -41,7 +41,7 @@ PUBLISHED_NOT_COMMITTED = pytest.mark.xfail(strict=True, reason=(
 RECOVER_CASES = [pytest.param(p, b, id=f"{p}-{b}", marks=([PUBLISHED_NOT_COMMITTED] if p == "publish.after" else [])
                               + ([pytest.mark.postgres] if b == "postgres" else []))
                  for p, b in [("reserve.after", "sqlite"), ("beam.noise", "sqlite"), ("publish.after", "sqlite"),
-                              ("commit.after", "sqlite"), ("reserve.after", "postgres"), ("start.after", "postgres")]]
+                              ("commit.after", "sqlite"), ("start.after", "postgres")]]
 
 
 @pytest.fixture(scope="module", autouse=True)
