@@ -77,6 +77,12 @@ SPLITS = (0.5, 0.1, 0.01, 0.001, 0.9, 0.99)
 _LATTICE_TOL = 1e-9
 
 
+# Fine grids (real-valued sums: r <= Δ/2^10) give lattice sensitivities above 1000 whose exact
+# discrete-Gaussian PLDs take seconds to build and compose; those are charged by their zCDP rho
+# in the RDP part instead (valid, slightly looser), which keeps a ledger reservation fast.
+MAX_EXACT_DG_LATTICE_SENSITIVITY = 256
+
+
 def _lattice_sensitivity(sensitivity: float, resolution: float) -> int | None:
     n = sensitivity / resolution
     k = round(n)
@@ -118,7 +124,7 @@ def event_pld(ev: PrivacyEvent) -> pld_lib.PrivacyLossDistribution | None:
         )
     if isinstance(ev, DiscreteGaussian):
         n = _lattice_sensitivity(ev.l2_sensitivity, ev.resolution)
-        if n is None:
+        if n is None or n > MAX_EXACT_DG_LATTICE_SENSITIVITY:
             return None
         return pld_lib.from_discrete_gaussian_mechanism(
             ev.sigma / ev.resolution, sensitivity=n, pessimistic_estimate=True, value_discretization_interval=vdi
