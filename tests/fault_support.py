@@ -3,13 +3,17 @@
 Every release under test runs in a FORKED child process (``run_cli``): the child runs
 ``dpops.cli.main.main(argv)`` and a fault point can SIGKILL it for real (no ``finally``,
 no rollback in Python). Forking from a parent that already imported Beam and dpops
-makes one killed run cost ~1 s instead of ~8 s for a fresh interpreter. The parent
-never runs a Beam pipeline itself, so no runner threads exist when it forks.
+makes one killed run cost ~1 s instead of ~8 s for a fresh interpreter. These tests
+never run a pipeline in the parent; forking after other test files ran Beam in-process
+was checked to work, and ``run_cli``'s timeout turns a stuck child into a failure.
 
 Fault points (``dpops.faults.fault_point``) are installed in the child by wrapping
 functions of ``dpops.runs``, ``dpops.storage``, ``dpops.ledger`` and the pipeline
 (``install_fault_points``), plus the ledger's own in-transaction test hook, so no
-module owned by someone else needs a change. The names, in run order:
+module owned by someone else needs a change. ``FAULT_POINTS`` lists them in run order.
+
+Run as a script it is the driver for a fresh interpreter:
+``DPOPS_FAULT=beam.noise=pause python tests/fault_support.py release run ...``.
 """
 
 from __future__ import annotations

@@ -126,6 +126,24 @@ def test_sigkill_then_retry(tmp_path, ledger_url, key_file, reference, point, wh
                    f"(kill {killed.seconds:.1f}s, retry {retry.seconds:.1f}s)"))
 
 
+def test_fault_point_hook(monkeypatch, tmp_path):
+    from dpops import faults
+
+    assert faults.parse_fault("beam.noise@3=raise") == ("beam.noise", 3, "raise")
+    assert faults.parse_fault("ledger.reserve:locked") == ("ledger.reserve:locked", 1, "kill")
+    for bad in ("", "=kill", "x=explode", "x@0", "x@two"):
+        with pytest.raises(ValueError):
+            faults.parse_fault(bad)
+    monkeypatch.setattr(faults, "_hits", {})
+    monkeypatch.delenv(faults.ENV, raising=False)
+    faults.fault_point("p")  # unset: a no-op
+    monkeypatch.setenv(faults.ENV, "p@2=raise")
+    faults.fault_point("other")
+    faults.fault_point("p")  # first hit: not yet
+    with pytest.raises(faults.InjectedFault, match="injected fault at p"):
+        faults.fault_point("p")
+
+
 def test_fault_points_cover_every_step():
     """Every ledger state a crash can leave is exercised, and the list has no typo'd duplicates."""
     names = [p for p, *_ in FAULT_POINTS]
