@@ -55,6 +55,7 @@ FAULT_POINTS: list[tuple[str, str, str]] = [
     ("beam.noise", "inside the Beam job (SelectNoiseWrite, 2nd shard)", "started"),
     ("pipeline.after", "pipeline done, output not sealed", "started"),
     ("stage.after", "step boundary compute -> publish (sealed)", "started"),
+    ("manifest.after", "manifest written (before publishing), nothing visible yet", "started"),
     ("publish.before_pointer", "publish: version dir in place, current pointer not moved", "started"),
     ("publish.after", "published, before the ledger commit", "started"),
     ("ledger.committed:locked", "commit transaction, buckets updated, before the entry", "started"),
@@ -90,6 +91,7 @@ def install_fault_points() -> None:
 
     runs.prepare = _after("prepare.after", runs.prepare)
     runs.reserve = _after("reserve.after", runs.reserve)
+    runs.write_manifest_before_publish = _after("manifest.after", runs.write_manifest_before_publish)
     Ledger.start = _after("start.after", Ledger.start)
     Ledger.commit = _after("commit.after", Ledger.commit)
     real_load = runs._load_run_release

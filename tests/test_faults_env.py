@@ -35,7 +35,7 @@ def _wait_for(path: Path, done, timeout: float = 120.0) -> None:
         time.sleep(0.05)
 
 
-def _paused_run(env, point: str, cue: Path, action):
+def _paused_run(env, point: str, cue: Path, action, extra_env: dict | None = None):
     """Run the release, pause it at ``point``, call ``action()`` (break something), let it go on."""
     cue.mkdir(exist_ok=True)
 
@@ -46,7 +46,8 @@ def _paused_run(env, point: str, cue: Path, action):
         finally:
             (cue / f"{point}.go").touch()
 
-    return run_cli(env.run_args(), fault=f"{point}=pause", env={"DPOPS_FAULT_DIR": str(cue)}, on_start=on_start)
+    return run_cli(env.run_args(), fault=f"{point}=pause", env={"DPOPS_FAULT_DIR": str(cue), **(extra_env or {})},
+                   on_start=on_start)
 
 
 def _clean_failure(r, code: int, *fragments: str | tuple[str, ...]) -> None:
@@ -160,21 +161,25 @@ def _fill(folder: Path) -> Path:
     return filler
 
 
-def test_full_disk_during_publish(tmp_path, mount_tmpfs, key_file, reference):
+@pytest.mark.parametrize("manifests", ["same disk", "elsewhere"])
+def test_full_disk_during_publish(tmp_path, mount_tmpfs, key_file, reference, manifests):
+    """The disk fills between staging and publishing. With the manifests on the same disk the manifest
+    write fails first; with them elsewhere (DPOPS_MANIFESTS_DIR) the copy into published/ does."""
     env = make_env(tmp_path / "rel", f"sqlite:///{tmp_path / 'ledger.sqlite'}", key_file)
+    extra = {} if manifests == "same disk" else {"DPOPS_MANIFESTS_DIR": str(tmp_path / "manifests")}
     mount_tmpfs(env.out, "1m")
-    filler: list[Path] = []
-    r = _paused_run(env, "stage.after", tmp_path / "cue", lambda: filler.append(_fill(env.out)))
+    r = _paused_run(env, "stage.after", tmp_path / "cue", lambda: _fill(env.out), extra)
     _clean_failure(r, 6, ("the disk is full", "no space left on device"))
     _nothing_published(env)
     check_invariants(env)
     for f in env.out.glob("filler*.bin"):
         f.unlink()
-    retry = run_cli(env.run_args())
+    retry = run_cli(env.run_args(), env=extra)
     assert retry.rc == 0 and retry.json()["state"] == "published", retry.err
     assert retry.json()["epsilon_charged"] == 0  # the retry reused the sealed staged output
     check_invariants(env, reference=reference)
-    MATRIX.append(("publish", "disk full", "sqlite", "exit 6 'the disk is full' -> freed -> published once"))
+    MATRIX.append(("publish", f"disk full ({manifests})", "sqlite",
+                   f"exit 6 '{r.err.strip()[-40:]}' -> freed -> published once"))
 
 
 def test_full_disk_before_the_run(tmp_path, mount_tmpfs, key_file, reference):
@@ -207,18 +212,21 @@ def test_full_disk_inside_the_beam_job_is_a_storage_error(tmp_path, mount_tmpfs,
     _clean_failure(run_cli(env.run_args()), 6, ("the disk is full",))
 
 
-def test_read_only_output_during_publish(tmp_path, mount_tmpfs, key_file, reference):
+@pytest.mark.parametrize("manifests", ["same disk", "elsewhere"])
+def test_read_only_output_during_publish(tmp_path, mount_tmpfs, key_file, reference, manifests):
     env = make_env(tmp_path / "rel", f"sqlite:///{tmp_path / 'ledger.sqlite'}", key_file)
+    extra = {} if manifests == "same disk" else {"DPOPS_MANIFESTS_DIR": str(tmp_path / "manifests")}
     mount_tmpfs(env.out, "4m")
-    r = _paused_run(env, "stage.after", tmp_path / "cue", lambda: _remount(env.out, "ro"))
+    r = _paused_run(env, "stage.after", tmp_path / "cue", lambda: _remount(env.out, "ro"), extra)
     _clean_failure(r, 6, ("read-only",))
     _nothing_published(env)
     check_invariants(env)
     _remount(env.out, "rw")
-    retry = run_cli(env.run_args())
+    retry = run_cli(env.run_args(), env=extra)
     assert retry.rc == 0 and retry.json()["state"] == "published", retry.err
     check_invariants(env, reference=reference)
-    MATRIX.append(("publish", "read-only output", "sqlite", "exit 6 'read-only' -> rw again -> published once"))
+    MATRIX.append(("publish", f"read-only output ({manifests})", "sqlite",
+                   f"exit 6 '{r.err.strip()[-40:]}' -> rw again -> published once"))
 
 
 def test_read_only_output_before_the_run(tmp_path, mount_tmpfs, key_file, reference):
