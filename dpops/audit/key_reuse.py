@@ -87,7 +87,7 @@ def audit_key_reuse(spec=None, *, trials: int = 2000, confidence: float = 0.99, 
                 keep = np.asarray(cols["_part"]) < n_parts - 1  # drop v's partition
                 sub = {k: (np.asarray(v)[keep] if len(v) == len(keep) else v) for k, v in cols.items()}
                 outs.append(sc.statistic(sub, trials))
-            stats.append(outs[1] - outs[0])
+            stats.append(outs[1][:, 0] - outs[0][:, 0])  # difference of the weighted sums
     b = held_out_bound(stats[0], stats[1], 2 * float(m.delta), 1.0 - confidence)
     claimed = 2.0 * float(m.epsilon)
     return AuditResult(target=f"{m.key}/restatement", mechanism="key_reuse", claimed_epsilon=claimed,

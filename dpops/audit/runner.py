@@ -37,14 +37,16 @@ class AuditResult:
 
 
 def sample_statistic(h: Harness, sc: Scenario, world: int, trials: int, seed: int, label: str) -> np.ndarray:
-    """The statistic of ``trials`` independent trials on one neighbour (NaN where the run failed)."""
+    """The statistics (one row per trial) of ``trials`` independent trials on one neighbour (NaN: the run failed)."""
     rows_per_group = max(1, sc.rows(world, 1).unit.size)
     chunk = max(1, min(trials, MAX_ROWS_PER_CALL // rows_per_group))
-    out = np.empty(trials)
+    out = None
     for c, start in enumerate(range(0, trials, chunk)):
         t = min(chunk, trials - start)
         rng = test_random(seed, ("audit", label, sc.name, world, c))
         cols = safe_run(h, sc.rows(world, t), t * sc.n_parts, rng)
+        if out is None:
+            out = np.full((trials, 1 if sc.n_parts == 1 else 2), np.nan)
         if not isinstance(cols, Exception):
             out[start:start + t] = sc.statistic(cols, t)
             continue
@@ -53,6 +55,7 @@ def sample_statistic(h: Harness, sc: Scenario, world: int, trials: int, seed: in
             rng_i = test_random(seed, ("audit", label, sc.name, world, c, i))
             cols_i = safe_run(h, sc.rows(world, 1), sc.n_parts, rng_i)
             out[start + i] = np.nan if isinstance(cols_i, Exception) else sc.statistic(cols_i, 1)[0]
+    assert out is not None
     return out
 
 

@@ -60,11 +60,14 @@ class Event:
 
     op: str  # ">=", "<=", "==", "error"
     threshold: float = 0.0
+    column: int = 0  # which statistic, when a trial yields several (one row per trial)
 
     def indicator(self, s: np.ndarray) -> np.ndarray:
-        err = np.isnan(s)
+        s = _as_2d(s)
+        err = np.isnan(s).any(axis=1)
         if self.op == "error":
             return err
+        s = s[:, self.column]
         with np.errstate(invalid="ignore"):
             if self.op == ">=":
                 hit = s >= self.threshold
@@ -75,25 +78,35 @@ class Event:
         return hit & ~err
 
     def describe(self) -> str:
-        return "run failed" if self.op == "error" else f"s {self.op} {self.threshold:.6g}"
+        if self.op == "error":
+            return "run failed"
+        return f"{'s' if self.column == 0 else f's{self.column}'} {self.op} {self.threshold:.6g}"
+
+
+def _as_2d(s: np.ndarray) -> np.ndarray:
+    s = np.asarray(s, np.float64)
+    return s.reshape(-1, 1) if s.ndim == 1 else s
 
 
 def candidate_events(s0: np.ndarray, s1: np.ndarray) -> list[Event]:
     """Events from the pooled selection half only (never from the evaluation half)."""
-    pooled = np.concatenate([s0, s1])
+    pooled = np.concatenate([_as_2d(s0), _as_2d(s1)])
     events: list[Event] = []
-    if np.isnan(pooled).any():
+    bad = np.isnan(pooled).any(axis=1)
+    if bad.any():
         events.append(Event("error"))
-    finite = pooled[~np.isnan(pooled)]
-    if finite.size == 0:
+    ok = pooled[~bad]
+    if ok.shape[0] == 0:
         return events
-    uniq = np.unique(finite)
-    if uniq.size <= MAX_CATEGORIES:
-        events += [Event("==", float(u)) for u in uniq]
-        cuts = uniq
-    else:
-        cuts = np.unique(np.quantile(finite, np.linspace(0.0, 1.0, MAX_THRESHOLDS)))
-    events += [Event(">=", float(t)) for t in cuts] + [Event("<=", float(t)) for t in cuts]
+    for col in range(ok.shape[1]):
+        finite = ok[:, col]
+        uniq = np.unique(finite)
+        if uniq.size <= MAX_CATEGORIES:
+            events += [Event("==", float(u), col) for u in uniq]
+            cuts = uniq
+        else:
+            cuts = np.unique(np.quantile(finite, np.linspace(0.0, 1.0, MAX_THRESHOLDS)))
+        events += [Event(">=", float(t), col) for t in cuts] + [Event("<=", float(t), col) for t in cuts]
     return events
 
 
@@ -109,10 +122,11 @@ class Bound:
 def held_out_bound(s_d: np.ndarray, s_dp: np.ndarray, delta: float, alpha: float) -> Bound:
     """Choose (event, direction) on the first half, bound ε with the second half (confidence 1 − α).
 
-    ``s_d`` / ``s_dp``: the statistic of each trial on D and on D' (NaN = the run raised an error).
+    ``s_d`` / ``s_dp``: the statistic of each trial on D and on D' (NaN = the run raised an error);
+    one row per trial and one column per statistic when a trial yields several.
     """
-    s_d, s_dp = np.asarray(s_d, np.float64), np.asarray(s_dp, np.float64)
-    n = min(s_d.size, s_dp.size)
+    s_d, s_dp = _as_2d(s_d), _as_2d(s_dp)
+    n = min(s_d.shape[0], s_dp.shape[0])
     if n < 4:
         raise InvalidParameter(f"an audit needs at least 4 trials per neighbour, got {n}")
     h = n // 2
