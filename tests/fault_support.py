@@ -254,6 +254,10 @@ class ReleaseEnv:
                 "--key-file", str(self.key_file), "--no-gx-checks", "--json"]
         return args + (["--publish"] if publish else []) + list(extra)
 
+    def restate_args(self) -> list[str]:
+        return ["release", "restate", str(self.spec), "--interval", INTERVAL, "--ledger", self.ledger_url,
+                "--key-file", str(self.key_file), "--no-gx-checks", "--json"]
+
     def recover_args(self) -> list[str]:
         return ["ledger", "--ledger", self.ledger_url, "recover", "--older-than", "0"]
 

@@ -215,6 +215,60 @@ def test_os_randomness_kill_then_retry(tmp_path, key_file, point):
     MATRIX.append((point, "SIGKILL+retry (os)", "sqlite", outcome))
 
 
+@pytest.mark.parametrize("ledger_url,backend", [("sqlite", "sqlite"), ("postgres", "postgres")],
+                         indirect=["ledger_url"], ids=["sqlite", "postgres"])
+def test_recover_itself_killed_mid_transaction(tmp_path, ledger_url, key_file, backend):
+    """The recovery command is crash-safe too: killed inside its spent_unpublished transaction it
+    changes nothing, and running it again closes the run."""
+    env = make_env(tmp_path / "rel", ledger_url, key_file)
+    assert run_cli(env.run_args(), fault="start.after=kill").killed
+    assert run_cli(env.recover_args(), fault="ledger.spent_unpublished:before_commit=kill").killed
+    assert _ledger_states(env) == ["started"]
+    check_invariants(env, settled=False)
+    again = run_cli(env.recover_args())
+    assert again.rc == 0 and "recovered 1 run(s)" in again.out, again.err
+    summary = check_invariants(env, recovered=True)
+    assert summary["states"] == ["spent_unpublished"] and summary["charged"] == pytest.approx(1.0)
+    MATRIX.append(("ledger.spent_unpublished:before_commit", "SIGKILL recover", backend,
+                   "started kept -> recover again -> spent_unpublished"))
+
+
+@pytest.mark.parametrize("point", ["beam.noise", "publish.before_pointer", "ledger.committed:before_commit"])
+def test_sigkill_during_a_restatement_then_retry(tmp_path, key_file, reference, point):
+    """A corrected input restated over a published interval, killed midway and restated again: v1 stays
+    byte-identical, v2 is published once and points back at v1, each version charged exactly once."""
+    import pyarrow.parquet as pq
+
+    from fault_support import write_events
+
+    env = make_env(tmp_path / "rel", f"sqlite:///{tmp_path / 'ledger.sqlite'}", key_file)
+    first = run_cli(env.run_args())
+    assert first.rc == 0, first.err
+    v1_bytes = (env.out / "published" / RELEASE / SLUG / "v1" / "data.parquet").read_bytes()
+    write_events(env.root / "data/2024-01-01.parquet", 320, seed=4)  # late data: a new input
+    assert run_cli(env.restate_args(), fault=_fault(point)).killed
+    retry = run_cli(env.restate_args())
+    assert retry.rc == 0 and retry.json()["state"] == "published", retry.err
+    again = run_cli(env.restate_args())  # and once more: served, nothing new
+    assert again.rc == 0 and again.json()["state"] == "already_published" and again.json()["epsilon_charged"] == 0
+    from dpops.storage import ReleaseStore
+
+    with env.ledger() as led:
+        assert led.verify().ok
+        runs = {r.run_id: r for r in led.runs(release=RELEASE)}
+        total = led.status("shop").total
+    store = ReleaseStore(env.out, RELEASE)
+    versions = store.versions(SLUG)
+    assert [v.version for v in versions] == [1, 2] and store.current(SLUG).version == 2
+    v1, v2 = versions
+    assert (v1.directory / "data.parquet").read_bytes() == v1_bytes  # never overwritten
+    assert pq.read_table(v1.directory / "data.parquet").equals(reference)
+    assert v2.restates == v1.run_id and runs[v2.run_id].restates == v1.run_id
+    assert sorted(r.state for r in runs.values()) == ["committed", "committed"]
+    assert total == pytest.approx(2.0)  # two inputs, two charges, no more
+    MATRIX.append((point, "SIGKILL restate", "sqlite", "v1 kept, v2 published once, charged once each"))
+
+
 def test_external_sigkill_of_a_fresh_interpreter(tmp_path, key_file, reference):
     """The whole path without fork tricks: a fresh ``python`` (the driver installs the fault points,
     then runs the CLI) pauses inside the Beam job and the TEST kills it from outside."""
