@@ -132,7 +132,8 @@ def test_publish_fault_after_noise_then_retry_publishes_same_numbers_with_one_ch
 
 
 def test_budget_refusal_fails_without_retry_names_scope_left_and_asked(tmp_path, monkeypatch):
-    ws = make_workspace(tmp_path, release="af_refuse", scope="af_refuse_scope", days=2, scope_cap=0.7)
+    # A cap below one run's cost: the very first interval is refused before any data is touched.
+    ws = make_workspace(tmp_path, release="af_refuse", scope="af_refuse_scope", days=1, scope_cap=0.3)
     alerts = tmp_path / "alerts.jsonl"
     hook_mod = tmp_path / "hookmod"
     hook_mod.mkdir()
@@ -144,23 +145,50 @@ def test_budget_refusal_fails_without_retry_names_scope_left_and_asked(tmp_path,
     monkeypatch.syspath_prepend(str(hook_mod))
     monkeypatch.setenv("DPOPS_ALERT_HOOK", "af_test_hook:record")
     dag = _dag(ws, monkeypatch, retries=2)
-    assert _run(dag, 2)[0].state == "success"
 
-    dr, tis = _run(dag, 3)
+    dr, tis = _run(dag, 2)
     assert dr.state == "failed"
     assert tis["reserve_budget"].state == "failed" and tis["reserve_budget"].try_number == 1  # not retried
     assert all(tis[t].state == "upstream_failed" for t in ("compute_release", "publish_release", "record_run"))
     (alert,) = [json.loads(line) for line in alerts.read_text().splitlines()]
     assert alert["task_id"] == "reserve_budget" and alert["error"] == "AirflowFailException"
     msg = alert["message"]
-    assert "scope 'af_refuse_scope' has epsilon 0.2 left" in msg and "this run asked epsilon 0.5" in msg
+    assert "scope 'af_refuse_scope' has epsilon 0.3 left" in msg and "this run asked epsilon 0.5" in msg
     assert "stays unpublished" in msg
 
     ledger = _ledger(ws)
-    runs = ledger.runs(release=ws.release)
-    assert [r.key.interval_start[:10] for r in runs] == ["2024-01-01"]  # the refused day left no run
-    assert ledger.published(ws.release, "2024-01-02T00:00:00+00:00", "2024-01-03T00:00:00+00:00") is None
-    assert not list((ws.specs_dir / "out" / "published" / ws.release).glob("20240102*"))
-    assert ledger.status(ws.scope).total == pytest.approx(0.5)
+    assert ledger.runs(release=ws.release) == []  # nothing reserved, nothing charged
+    assert ledger.published(ws.release, "2024-01-01T00:00:00+00:00", "2024-01-02T00:00:00+00:00") is None
+    assert not (ws.specs_dir / "out" / "published" / ws.release).exists()
+    assert not (ws.specs_dir / "out" / "staged" / ws.release).exists()  # no noise was ever drawn
+    assert ledger.status(ws.scope).total == pytest.approx(0.0)
     refused = list((ws.specs_dir / "out" / "manifests" / ws.release).glob("*.refused.json"))
-    assert len(refused) == 1
+    assert len(refused) == 1 and "budget refused" in json.loads(refused[0].read_text())["outcome"]["reason"]
+
+
+def test_changed_input_needs_explicit_restate_param(tmp_path, monkeypatch):
+    from dpops.synthetic import generate_events
+
+    ws = make_workspace(tmp_path, release="af_restate", scope="af_restate_scope", days=1)
+    dag = _dag(ws, monkeypatch, retries=0)
+    assert _run(dag, 2)[0].state == "success"
+    ledger = _ledger(ws)
+    (v1,) = ledger.runs(release=ws.release)
+    v1_rows = _published_rows(v1.output_uri)
+
+    # Late/corrected data for the same day: a plain re-run never restates silently.
+    generate_events(str(ws.specs_dir / "data" / "{start:%Y-%m-%d}.parquet"), n_rows=2100, n_users=400,
+                    n_partitions=4, days=1, seed=99, start="2024-01-01")
+    dr, tis = _run(dag, 2)
+    assert dr.state == "failed" and tis["reserve_budget"].state == "failed"
+    assert [r.run_id for r in ledger.runs(release=ws.release)] == [v1.run_id]
+    assert ledger.status(ws.scope).total == pytest.approx(0.5)
+
+    # The explicit restatement: a new, charged run linked to the one it corrects; v1 stays on disk.
+    dr, _ = _run(dag, 2, run_conf={"restate": True})
+    assert dr.state == "success"
+    new = ledger.published(ws.release, v1.key.interval_start, v1.key.interval_end)
+    assert new.run_id != v1.run_id and new.restates == v1.run_id and new.state == "committed"
+    assert new.output_uri != v1.output_uri and _published_rows(v1.output_uri) == v1_rows
+    assert ledger.status(ws.scope).total == pytest.approx(1.0)
+    assert ledger.verify().ok
