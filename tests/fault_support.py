@@ -223,11 +223,11 @@ SPEC_DOC: dict[str, Any] = {
 }
 
 
-def write_events(path: Path, n: int = 300, seed: int = 3) -> None:
+def write_events(path: Path, n: int = 300, seed: int = 3, users: int = 100) -> None:
     rng = np.random.default_rng(seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table({
-        "user_id": [f"u{i}" for i in rng.integers(0, 100, n)],
+        "user_id": [f"u{i}" for i in rng.integers(0, users, n)],
         "region": rng.choice(["north", "south", "east"], n).tolist(),
         "amount": rng.uniform(0, 120, n),
     }), path)
@@ -268,14 +268,14 @@ class ReleaseEnv:
 
 
 def make_env(root: Path, ledger_url: str, key_file: Path, *, spec_doc: dict | None = None, cap: float = 3.0,
-             rows: int = 300) -> ReleaseEnv:
+             rows: int = 300, users: int = 100) -> ReleaseEnv:
     """A spec + a day of input + a fresh scope ``shop`` (basic accountant, cap ``cap``) on ``ledger_url``."""
     from dpops.ledger import ScopeDefinition
 
     root.mkdir(parents=True, exist_ok=True)
     env = ReleaseEnv(root, ledger_url, key_file)
     env.spec.write_text(yaml.safe_dump(spec_doc or SPEC_DOC))
-    write_events(root / "data/2024-01-01.parquet", rows)
+    write_events(root / "data/2024-01-01.parquet", rows, users=users)
     with env.ledger() as led:
         led.create_scope(ScopeDefinition(name=SCOPE, unit="a user's purchases on one day", unit_column="user_id",
                                          epsilon=cap, delta=1e-6, rho=None, accountant="basic/1"), actor="test")

@@ -269,6 +269,41 @@ def test_sigkill_during_a_restatement_then_retry(tmp_path, key_file, reference, 
     MATRIX.append((point, "SIGKILL restate", "sqlite", "v1 kept, v2 published once, charged once each"))
 
 
+def test_private_partition_selection_kill_then_retry(tmp_path, key_file):
+    """Private partition selection (truncated geometric) is part of the keyed noise: a run killed inside
+    the Beam job and retried selects the very same partitions with the same values as an uncrashed run."""
+    from fault_support import SPEC_DOC, published_table
+
+    doc = {**SPEC_DOC, "budget": {**SPEC_DOC["budget"], "delta": 1e-8},
+           "partitions": {"columns": ["region"], "private": {"strategy": "truncated_geometric"}}}
+    # 2000 units over 3 regions (~600 kept units each, far above the selection threshold of about
+    # ln(1/delta)/eps ~ 10^2 units: a miss is astronomically unlikely under any key); "west" has no data
+    # and can never be selected
+    data = dict(spec_doc=doc, rows=3000, users=2000)
+    clean = make_env(tmp_path / "clean", f"sqlite:///{tmp_path / 'clean.sqlite'}", key_file, **data)
+    assert run_cli(clean.run_args()).rc == 0
+    want = published_table(clean)
+    assert 0 < want.num_rows <= 3 and "west" not in want.column("region").to_pylist()
+    env = make_env(tmp_path / "rel", f"sqlite:///{tmp_path / 'ledger.sqlite'}", key_file, **data)
+    assert run_cli(env.run_args(), fault="beam.noise@2=kill").killed
+    retry = run_cli(env.run_args())
+    assert retry.rc == 0 and retry.json()["state"] == "published", retry.err
+    check_invariants(env, reference=want)
+    MATRIX.append(("beam.noise", "SIGKILL+retry (private)", "sqlite",
+                   f"started -> published, same {want.num_rows} selected partitions and values"))
+
+
+def test_kill_with_great_expectations_checks_on(tmp_path, key_file, reference):
+    """The CLI default (GX output checks before publishing): killed after the publish, retried."""
+    env = make_env(tmp_path / "rel", f"sqlite:///{tmp_path / 'ledger.sqlite'}", key_file)
+    args = [a for a in env.run_args() if a != "--no-gx-checks"]
+    assert run_cli(args, fault="publish.after=kill").killed
+    retry = run_cli(args)
+    assert retry.rc == 0 and retry.json()["state"] == "published", retry.err
+    check_invariants(env, reference=reference)
+    MATRIX.append(("publish.after", "SIGKILL+retry (GX)", "sqlite", "started -> published, charged once"))
+
+
 def test_external_sigkill_of_a_fresh_interpreter(tmp_path, key_file, reference):
     """The whole path without fork tricks: a fresh ``python`` (the driver installs the fault points,
     then runs the CLI) pauses inside the Beam job and the TEST kills it from outside."""
