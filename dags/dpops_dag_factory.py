@@ -178,7 +178,10 @@ def _prepare(spec_path: str, context: dict[str, Any]) -> Any:
 
     start, end = _interval(context)
     s = _settings()
-    return runs.prepare(spec_path, start, end, randomness=s["randomness"], key_path=s["key_path"], actor=ACTOR)
+    ti = context.get("ti")
+    # The ledger records who asked: the DAG and task, so an entry leads back to its Airflow log.
+    actor = f"{ACTOR}:{getattr(ti, 'dag_id', '?')}.{getattr(ti, 'task_id', '?')}"
+    return runs.prepare(spec_path, start, end, randomness=s["randomness"], key_path=s["key_path"], actor=actor)
 
 
 def _already_published(run: Any) -> bool:
