@@ -22,8 +22,17 @@ DAG file is parsed), so the dag-processor needs neither the key nor the ledger:
     DPOPS_RANDOMNESS        keyed (default) | os
     DPOPS_BEAM_RUNNER       Beam runner for the in-process pipeline (default FnApiRunner)
     DPOPS_BEAM_OPTIONS      extra Beam options, whitespace separated (no secrets here: they are logged)
+    DPOPS_MANIFESTS_DIR     where run manifests go (default <output root>/manifests/<release>)
     DPOPS_ALERT_HOOK        optional package.module:function called with each failure alert
     DPOPS_FAULT_PUBLISH     test hook: a file path; while it exists publish fails once noise is drawn
+
+Read when the DAG file is parsed: DPOPS_SPECS_DIR (one DAG per *.yaml there), DPOPS_START_DATE
+(default 2024-01-01), DPOPS_TASK_RETRIES (2), DPOPS_RETRY_DELAY_SECONDS (60),
+DPOPS_MAX_ACTIVE_RUNS (2), DPOPS_DAG_OWNER (dpops).
+
+Errors a retry cannot fix (budget refused, invalid spec or parameter, a noisy output that
+fails its checks) fail the task at once (``AirflowFailException``); the rest (missing input,
+ledger unreachable) are retried.
 """
 
 from __future__ import annotations
@@ -166,7 +175,6 @@ def build_release_dag(spec_path: str | os.PathLike[str]) -> DAG:
                 description="Publish a corrected input of an already published interval as a new, charged version.",
             )
         },
-        render_template_as_native_obj=True,
     ) as dag:
         _tasks(spec_path)
     return dag

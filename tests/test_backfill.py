@@ -211,7 +211,8 @@ def test_backfill_through_scheduler_never_exceeds_cap_and_rerun_is_free(
              "--to-date", f"2024-01-{DAYS:02d}", "--max-active-runs", "2")
         rows = _wait_runs(airflow_pg_db, dag_id, DAYS, procs)
         phase("first backfill finished")
-        print(_task_durations(airflow_pg_db, dag_id), flush=True)
+        print("[backfill test] task_id, count, avg s, max s, avg queue s:", _task_durations(airflow_pg_db, dag_id),
+              flush=True)
 
         ledger = open_ledger(ws.ledger_url)
         committed = ledger.runs(release=ws.release, states=["committed"])
@@ -256,6 +257,7 @@ def test_backfill_through_scheduler_never_exceeds_cap_and_rerun_is_free(
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(3)
+        phase("reprocessing backfill created")
         rows2 = _wait_runs(airflow_pg_db, dag_id, DAYS, procs, min_clear=1)
         phase("reprocessing backfill finished")
         assert {str(r[5])[:10]: r[1] for r in rows2} == states
