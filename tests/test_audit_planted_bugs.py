@@ -29,7 +29,7 @@ def _audit(name: str, trials: int = TRIALS, **spec_kw):
 
 
 # ---------------------------------------------------------------- correct code passes, tightly
-@pytest.mark.parametrize("name", ["count", "sum", "unit_count", "partition_selection"])
+@pytest.mark.parametrize("name", ["count", "sum", "mean", "unit_count", "partition_selection"])
 def test_correct_code_passes_with_a_tight_bound(name):
     res = _audit(name)
     assert res.passed, res

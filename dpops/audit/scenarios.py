@@ -210,7 +210,9 @@ class ScenarioBuilder:
                 parts.append(block(uid, g * J + j, 0.0, cat_base))
             return Rows.concat(parts)
 
-        if m.vectors:
+        if m.type == "mean":
+            read = self._mean_reader(m, J, base_units, value)
+        elif m.vectors:
             col = m.key
             def read(cols, groups):
                 return _per_partition(cols, groups, J, col)
@@ -225,6 +227,35 @@ class ScenarioBuilder:
                 return _per_partition(cols, groups, J, col,
                                       lambda v: np.array([x == target_name for x in v], np.float64))
         return Scenario("over_bounds" if over else "at_bounds", J, w, build, read)
+
+    def _mean_reader(self, m, J: int, base: int, value: float):
+        """Per partition: min(noisy normalised sum / its shift, (noisy count - base) / its shift).
+
+        The released std of a mean is sqrt(sd_nsum² + (m1·sd_count)²)/count with m1 = mean - mid,
+        so (with clamping off) the noisy count and normalised sum are both recoverable from the
+        published columns -- post-processing of released values, not a leak. Requiring both to
+        have moved ("min") makes an event whose ratio reaches e^ε for the two Laplace halves.
+        """
+        lo, hi = m.bounds
+        mid = (lo + hi) / 2.0
+        src = m
+        if getattr(m, "count_from", None):
+            src = next(x for x in self.plan.metrics if x.key == m.count_from)
+        sd_c = next(float(v.params.std) for v in src.vectors if v.name == "count")
+        sd_s = next(float(v.params.std) for v in m.vectors if v.name == "normalized_sum")
+        shift_s = self.linf * abs(value - mid) or 1.0
+        shift_c = float(self.linf)
+        key = m.key
+
+        def read(cols, groups):
+            val = _per_partition(cols, groups, J, key)
+            sd = _per_partition(cols, groups, J, f"{key}_std")
+            m1 = val - mid
+            with np.errstate(divide="ignore", invalid="ignore"):
+                cnt = np.where(sd > 0, np.sqrt(sd_s**2 + (m1 * sd_c) ** 2) / sd, 0.0)
+            return np.minimum(m1 * cnt / shift_s, (cnt - base) / shift_c)
+
+        return read
 
     # -------------------------------------------------------------- partition selection
     def partition_selection(self, trials_hint: int) -> list[Scenario]:
