@@ -139,3 +139,16 @@ def test_key_reused_on_changed_input_fails(monkeypatch):
     res = audit_key_reuse(trials=2000, confidence=CONF, seed=3)
     assert not res.passed and res.epsilon_lb > 4, res
     assert "==" in res.event  # the difference of the two releases is exact
+
+
+def test_top_k_and_quantiles_pass_and_an_overspending_top_k_fails(monkeypatch):
+    assert _audit("top_k", trials=2000).passed
+    assert _audit("quantiles", trials=200).passed
+    from dpops import selection
+
+    real = selection.top_k
+    # BUG: top_k runs with 4x the epsilon it is charged (e.g. the eps/k split applied twice the wrong way)
+    monkeypatch.setattr(selection, "top_k", lambda u, k, eps, sens, rng, monotonic=False: real(u, k, 4 * eps, sens, rng,
+                                                                                               monotonic=monotonic))
+    res = _audit("top_k", trials=2000)
+    assert not res.passed, res
