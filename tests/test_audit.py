@@ -142,3 +142,27 @@ def test_cli_bad_input_errors(tmp_path, capsys):
     assert "no metric ['nope']" in capsys.readouterr().err
     assert main(["audit", "spec", str(tmp_path / "missing.yaml")]) == 3
     assert main(["audit", "spec", "examples/daily_purchases.yaml", "--trials", "3"]) == 3
+
+
+# ---------------------------------------------------------------- end to end through Beam
+def test_audit_through_the_beam_pipeline_passes_and_catches_a_halved_scale(monkeypatch):
+    """run_release (FnApiRunner) on D and D': one pipeline run gives 1500 trials (groups of partitions)."""
+    import dataclasses
+
+    from dpops import mechanisms
+    from dpops.audit.pipeline_path import audit_metric_via_pipeline
+    from dpops.audit.suite import mechanism_spec
+    from dpops.samplers import discrete_laplace_param
+
+    spec = mechanism_spec("count")
+    ok = audit_metric_via_pipeline(spec, "count", trials=1500, seed=5)
+    assert ok.passed and ok.epsilon_lb > 0.5, ok
+    real = mechanisms.laplace_mechanism
+
+    def half(*a, **kw):
+        p = real(*a, **kw)
+        return dataclasses.replace(p, lattice=discrete_laplace_param(p.lattice.scale / 2))
+
+    monkeypatch.setattr(mechanisms, "laplace_mechanism", half)
+    bad = audit_metric_via_pipeline(spec, "count", trials=1500, seed=5)
+    assert not bad.passed, bad

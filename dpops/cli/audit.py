@@ -79,8 +79,10 @@ def mechanisms_cmd(profile: str, names: tuple[str, ...], seed: int, as_json: boo
 @click.option("--trials", type=int, default=4000, show_default=True, help="trials per neighbour and scenario")
 @click.option("--confidence", type=float, default=0.99, show_default=True, help="confidence of each lower bound")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--beam", is_flag=True,
+              help="also run each metric end to end through the Beam pipeline (run_release; public partitions only)")
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
-def spec_cmd(spec_path: str, metrics: tuple[str, ...], trials: int, confidence: float, seed: int,
+def spec_cmd(spec_path: str, metrics: tuple[str, ...], trials: int, confidence: float, seed: int, beam: bool,
              as_json: bool) -> None:
     """Audit every metric of the release in SPEC_PATH (its bounds, adjacency, noise and budget split)."""
     from dpops.audit.runner import audit_plan
@@ -92,5 +94,12 @@ def spec_cmd(spec_path: str, metrics: tuple[str, ...], trials: int, confidence: 
         raise InvalidParameter(f"--confidence must be in (0, 1), got {confidence}")
     spec = load_spec(spec_path)
     results = audit_plan(spec, metrics=list(metrics) or None, trials=trials, confidence=confidence, seed=seed)
+    if beam:
+        from dpops.audit.pipeline_path import audit_metric_via_pipeline
+
+        for r in list(results):
+            if r.target != "partition_selection":
+                results.append(audit_metric_via_pipeline(spec, r.target, trials=trials, confidence=confidence,
+                                                         seed=seed))
     _render(results, f"dpops audit spec {spec.name}", as_json)
     _finish(results)
