@@ -16,6 +16,12 @@ from dpops.errors import InvalidParameter, SpecError
 from dpops.randomness import test_random
 
 MAX_ROWS_PER_CALL = 600_000  # rows pushed through the pipeline functions in one call (memory/latency)
+# Automatic trial counts (audit_plan(trials=None)): DEFAULT_TRIALS, fewer where the pipeline works per
+# partition in Python (exponential mechanism) and where one trial needs very many rows.
+DEFAULT_TRIALS = 4000
+SLOW_TRIALS = {"top_k": 2000, "mean": 2000, "variance": 2000, "quantiles": 500}
+ROW_BUDGET = 5_000_000  # rows per neighbour and scenario
+MIN_AUTO_TRIALS = 200
 
 
 @dataclass(frozen=True)
@@ -81,8 +87,13 @@ def audit_scenarios(h: Harness, scenarios: list[Scenario], *, target: str, mecha
                        passed=b.epsilon_lb <= claimed_epsilon, seconds=round(time.time() - t0, 2))
 
 
-def audit_plan(spec, plan=None, *, metrics: list[str] | None = None, trials: int = 4000, confidence: float = 0.99,
-               seed: int = 0) -> list[AuditResult]:
+def auto_trials(kind: str, scenarios: list[Scenario]) -> int:
+    rows = max(max(1, sc.rows(w, 1).unit.size) for sc in scenarios for w in (0, 1))
+    return max(MIN_AUTO_TRIALS, min(SLOW_TRIALS.get(kind, DEFAULT_TRIALS), ROW_BUDGET // rows))
+
+
+def audit_plan(spec, plan=None, *, metrics: list[str] | None = None, trials: int | None = None,
+               confidence: float = 0.99, seed: int = 0) -> list[AuditResult]:
     """Audit each metric of a release plan (and its partition selection) against its share of the budget.
 
     Claimed ε of a metric = its share in the plan (plus the share of a count metric whose noisy
@@ -121,14 +132,18 @@ def audit_plan(spec, plan=None, *, metrics: list[str] | None = None, trials: int
         h = Harness(spec, sub)
         sb = ScenarioBuilder(h)
         if key == PARTITION_SELECTION_KEY:
+            scen = sb.partition_selection(trials or DEFAULT_TRIALS)
+            n = trials or auto_trials(key, scen)
             results.append(audit_scenarios(
-                h, sb.partition_selection(trials), target=key, mechanism=plan.partition_selection.strategy,
-                claimed_epsilon=ps_eps, delta=ps_delta, trials=trials, confidence=confidence, seed=seed))
+                h, scen, target=key, mechanism=plan.partition_selection.strategy,
+                claimed_epsilon=ps_eps, delta=ps_delta, trials=n, confidence=confidence, seed=seed))
             continue
+        scen = sb.metric(key)
+        n = trials or auto_trials(m.type, scen)
         results.append(audit_scenarios(
-            h, sb.metric(key), target=key, mechanism=m.type,
+            h, scen, target=key, mechanism=m.type,
             claimed_epsilon=sum(float(x.epsilon) for x in only),
-            delta=sum(float(x.delta) for x in only), trials=trials, confidence=confidence, seed=seed))
+            delta=sum(float(x.delta) for x in only), trials=n, confidence=confidence, seed=seed))
     return results
 
 
