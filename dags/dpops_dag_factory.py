@@ -200,6 +200,20 @@ def _already_published(run: Any) -> bool:
     return rec is not None and rec.run_id == run.run_id
 
 
+def _refuse_silent_restatement(run: Any, ledger: Any) -> None:
+    """A published interval whose input (or spec, or key) changed is only re-released on purpose.
+
+    ``dpops.runs.reserve`` refuses it too; this says so in Airflow terms and without retries.
+    """
+    rec = ledger.published(run.spec.name, run.interval.start_iso, run.interval.end_iso)
+    if rec is not None and rec.run_id != run.run_id:
+        raise AirflowFailException(
+            f"{run.spec.name} {run.interval} is already published by run {rec.run_id}, and this run's key differs "
+            "(the input, the spec or the noise key changed). A re-release is a fresh, charged restatement and is "
+            "never done silently: trigger this DAG run with the param restate=true (or use dpops release restate)."
+        )
+
+
 def _served(previous: dict[str, Any]) -> bool:
     """This interval is already published by this very run: later steps only pass the result on."""
     return previous.get("state") == "already_published"
@@ -249,6 +263,8 @@ def _tasks(spec_path: str) -> None:
         run = _prepare(spec_path, context)
         try:
             with runs.open_run_ledger(_settings()["ledger_url"]) as ledger:
+                if not restate:
+                    _refuse_silent_restatement(run, ledger)
                 try:
                     res = runs.restate(run, ledger) if restate else runs.reserve(run, ledger)
                 except BudgetExceeded as exc:

@@ -179,8 +179,10 @@ def test_changed_input_needs_explicit_restate_param(tmp_path, monkeypatch):
     # Late/corrected data for the same day: a plain re-run never restates silently.
     generate_events(str(ws.specs_dir / "data" / "{start:%Y-%m-%d}.parquet"), n_rows=2100, n_users=400,
                     n_partitions=4, days=1, seed=99, start="2024-01-01")
+    dag = _dag(ws, monkeypatch, retries=2)
     dr, tis = _run(dag, 2)
     assert dr.state == "failed" and tis["reserve_budget"].state == "failed"
+    assert tis["reserve_budget"].try_number == 1  # a retry cannot fix it: not retried
     assert [r.run_id for r in ledger.runs(release=ws.release)] == [v1.run_id]
     assert ledger.status(ws.scope).total == pytest.approx(0.5)
 
