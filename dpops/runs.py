@@ -339,6 +339,7 @@ def reserve(ctx: RunContext, ledger: Any, *, restates: str | None = None) -> Run
     _pick_attempt(ctx, ledger)
     published = ledger.published(ctx.spec.name, ctx.interval.start_iso, ctx.interval.end_iso)
     if published is not None and published.run_id == ctx.run_id:
+        _make_visible(ctx, published)  # a crash between the ledger commit and the file publish is healed here
         return _outcome(ctx, ledger, "already_published", record=published,
                         message="served from the published result, nothing charged")
     _refuse_changed(ctx, published, restates)
@@ -507,12 +508,14 @@ def check_noisy_output(spec: ReleaseSpec, data_file: str | os.PathLike[str]) -> 
 
 
 def publish(ctx: RunContext, ledger: Any, *, gx_checks: bool = False) -> RunOutcome:
-    """Check the noisy output, publish it atomically as the interval's next version, then commit the run."""
+    """Check the noisy output, write the manifest, commit the run, then publish it atomically as the
+    interval's next version (see the ordering note below)."""
     _pick_attempt(ctx, ledger)
     record = ledger.run(ctx.run_id)
     if record is None:
         raise LedgerError(f"run {ctx.run_id} is not in the ledger: reserve and compute it first")
     if record.state == "committed":
+        _make_visible(ctx, record)
         return _outcome(ctx, ledger, "already_published", record=record, message="nothing charged")
     if record.state != "started":
         raise LedgerError(f"run {ctx.run_id} is {record.state}; only a started (computed) run can be published")
@@ -534,16 +537,43 @@ def publish(ctx: RunContext, ledger: Any, *, gx_checks: bool = False) -> RunOutc
     target = ctx.store.next_version_dir(ctx.interval.slug, ctx.run_id)
     manifest_path = write_manifest_before_publish(ctx, ledger, target.resolve().as_uri(), staged.directory,
                                                   ctx.output_checks)
-    pub = ctx.store.publish(staged, ctx.interval.slug, restates=record.restates,
-                            extra={"spec_hash": ctx.spec.spec_hash, "randomness": ctx.randomness})
-    if pub.directory.resolve() != target.resolve():  # pragma: no cover - publish refuses races first
-        raise StorageError(f"run {ctx.run_id} was published to {pub.directory}, not {target} as its manifest says")
-    details = {"version": pub.version, "files": pub.hashes}
+    # Order: ledger commit, then the files become visible. The charge was already final at start;
+    # the commit records the decision to publish. A crash in between leaves a committed run whose
+    # output is not visible yet, which every retry (and every served re-run) completes through
+    # ``_make_visible``; `dpops ledger recover` never touches committed runs. The opposite order
+    # would let recovery mark a run whose output is live as spent_unpublished.
+    details = {"version": _version_number(target),
+               "files": {n: staged.hashes[n] for n in PUBLISHED_FILES if n in staged.hashes}}
     if manifest_path:
         details["manifest"] = {"file": Path(manifest_path).name, "sha256": sha256_file(Path(manifest_path))}
-    record = ledger.commit(ctx.run_id, output_uri=pub.uri, actor=ctx.actor, details=details)
+    record = ledger.commit(ctx.run_id, output_uri=target.resolve().as_uri(), actor=ctx.actor, details=details)
+    pub = _make_visible(ctx, record)
+    if pub.directory.resolve() != target.resolve():  # pragma: no cover - publish refuses races first
+        raise StorageError(f"run {ctx.run_id} was published to {pub.directory}, not {target} as its ledger "
+                           "entry and manifest say; investigate before publishing anything else for this interval")
     return _outcome(ctx, ledger, "published", record=record, output_uri=pub.uri,
                     message=f"version v{pub.version}")
+
+
+def _version_number(directory: Path) -> int:
+    return int(directory.name.lstrip("v"))
+
+
+def _make_visible(ctx: RunContext, record: Any) -> Any:
+    """Make a committed run's output the interval's current version (idempotent; repairs a crash)."""
+    slug = ctx.interval.slug
+    current = ctx.store.current(slug)
+    if current is not None and current.run_id == record.run_id:
+        return current
+    staged = ctx.store.find_staged(slug, record.run_id)
+    if staged is None:
+        raise StorageError(
+            f"run {record.run_id} of {ctx.spec.name} {ctx.interval} is committed in the ledger but its staged "
+            f"output is missing under {ctx.store.staged_interval_dir(slug)}: restore the staging area from "
+            "backup; nothing was charged again"
+        )
+    return ctx.store.publish(staged, slug, restates=record.restates,
+                             extra={"spec_hash": ctx.spec.spec_hash, "randomness": ctx.randomness})
 
 
 # --------------------------------------------------------------------------- manifests
@@ -684,6 +714,7 @@ def restate(ctx: RunContext, ledger: Any) -> RunOutcome:
         raise LedgerError(f"{ctx.spec.name} {ctx.interval} has not been published: nothing to restate; "
                           "use dpops release run")
     if published.run_id == ctx.run_id:
+        _make_visible(ctx, published)  # completes a restatement killed between its commit and the file publish
         return _outcome(ctx, ledger, "already_published", record=published,
                         message="input, spec and key unchanged: the published result stands, nothing charged")
     return reserve(ctx, ledger, restates=published.run_id)

@@ -205,10 +205,13 @@ def test_publish_failure_after_compute_is_retried_without_recompute(env, monkeyp
     monkeypatch.setattr(ReleaseStore, "publish", broken)
     with pytest.raises(StorageError, match="disk is full"):
         env.run()
-    assert env.ledger.runs(release="purchases_test")[0].state == "started"
+    # the ledger commits before the files become visible: committed, nothing visible yet
+    assert env.ledger.runs(release="purchases_test")[0].state == "committed"
+    assert not (env.tmp / "out/published/purchases_test" / SLUG / "current").exists()
     monkeypatch.setattr(ReleaseStore, "publish", real)
-    out = env.run()
-    assert out.state == "published" and env.pipe.calls == 1  # the staged output was reused
+    out = env.run()  # the retry completes the publication from the sealed staged output
+    assert out.state == "already_published" and env.pipe.calls == 1
+    assert published_bytes(env.tmp)
     assert charged(env.ledger) == pytest.approx(0.5)
 
 
