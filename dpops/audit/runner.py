@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import asdict, dataclass
 
@@ -145,10 +144,6 @@ def audit_plan(spec, plan=None, *, metrics: list[str] | None = None, trials: int
             claimed_epsilon=sum(float(x.epsilon) for x in only),
             delta=sum(float(x.delta) for x in only), trials=n, confidence=confidence, seed=seed))
     return results
-
-
-def _finite(x: float) -> float:
-    return x if math.isfinite(x) else 0.0
 
 
 __all__ = ["AuditResult", "sample_statistic", "audit_scenarios", "audit_plan"]

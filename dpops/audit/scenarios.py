@@ -201,7 +201,7 @@ class ScenarioBuilder:
         target_value = over_value if over else value
 
         def build(world: int, groups: int) -> Rows:
-            parts = [self._base(groups, J, base_units, base_vals, cat=-1 if m.type != "top_k" else -1),
+            parts = [self._base(groups, J, base_units, base_vals, cat=-1),
                      self._target(world, groups, over, target_value, cat_target)]
             if m.type == "top_k":  # a competitor: one base unit with Linf rows of category 1 per partition
                 g = np.repeat(np.arange(groups), J * self.linf)
