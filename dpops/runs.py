@@ -28,6 +28,7 @@ Retries (semantics.md section 3):
 
 from __future__ import annotations
 
+import errno
 import getpass
 import importlib
 import logging
@@ -430,7 +431,15 @@ def compute_staged(ctx: RunContext, ledger: Any, *, runner: str = "FnApiRunner",
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     try:
-        result = fn(_compute_request(ctx, tmp, runner, runner_options))
+        try:
+            result = fn(_compute_request(ctx, tmp, runner, runner_options))
+        except DpopsError:
+            raise
+        except Exception as exc:  # Beam wraps worker errors; a full or read-only disk is not a bug
+            storage = _storage_error_from(exc, tmp)
+            if storage is None:
+                raise
+            raise storage from exc
         for f in (result.output_file, result.summary_file):
             if Path(f).resolve().parent != tmp.resolve():
                 raise StorageError(f"the pipeline wrote {f} outside its staging directory {tmp}")
@@ -446,6 +455,34 @@ def compute_staged(ctx: RunContext, ledger: Any, *, runner: str = "FnApiRunner",
                 log.exception("could not mark run %s spent_unpublished", ctx.run_id)
         raise
     return staged
+
+
+_DISK_ERRORS = {errno.ENOSPC: "the disk is full", errno.EROFS: "the file system is read-only",
+                errno.EDQUOT: "the disk quota is exceeded"}
+
+
+def _storage_error_from(exc: BaseException, where: Path) -> StorageError | None:
+    """A StorageError (exit 6) if ``exc`` is, or wraps, a full/read-only disk error; else None."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    found = None
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno in _DISK_ERRORS:
+            found = _DISK_ERRORS[cur.errno]
+            break
+        cur = cur.__cause__ or cur.__context__
+    if found is None:  # Beam re-raises worker errors as RuntimeError with only the text kept
+        text = str(exc)
+        for code, words in _DISK_ERRORS.items():
+            if os.strerror(code) in text:
+                found = words
+                break
+    if found is None:
+        return None
+    return StorageError(f"the pipeline could not write its staged output under {where}: {found}. Noise was drawn, "
+                        "so the run stays charged (started); fix the disk and run again: keyed noise reproduces "
+                        "the same output at no new charge")
 
 
 # --------------------------------------------------------------------------- 4. publish

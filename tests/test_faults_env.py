@@ -190,7 +190,7 @@ def test_full_disk_before_the_run(tmp_path, mount_tmpfs, key_file, reference):
     mount_tmpfs(env.out, "64k")
     filler = _fill(env.out)
     r = run_cli(env.run_args())
-    assert r.rc in (1, 6) and not r.traceback, r.err[-3000:]  # 6 wanted: see the xfail test below
+    assert r.rc == 6 and not r.traceback, r.err[-3000:]
     assert "No space left on device" in r.err or "the disk is full" in r.err, r.err[-3000:]
     _nothing_published(env)
     check_invariants(env)
@@ -202,10 +202,6 @@ def test_full_disk_before_the_run(tmp_path, mount_tmpfs, key_file, reference):
     MATRIX.append(("compute", "disk full", "sqlite", f"exit {r.rc} -> freed -> published once"))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug: a full disk inside the Beam job (pyarrow ENOSPC wrapped in Beam's RuntimeError) reaches the CLI as "
-    "exit 1 'internal error (a bug, please report it)' instead of a StorageError (exit 6, 'the disk is full'); "
-    "run_release or compute_staged should map the wrapped OSError errno"))
 def test_full_disk_inside_the_beam_job_is_a_storage_error(tmp_path, mount_tmpfs, key_file):
     env = make_env(tmp_path / "rel", f"sqlite:///{tmp_path / 'ledger.sqlite'}", key_file)
     mount_tmpfs(env.out, "64k")
