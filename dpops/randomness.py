@@ -75,7 +75,11 @@ class NoiseKey:
             data = p.read_bytes()
         except OSError as exc:
             raise InvalidParameter(f"noise key file {str(p)!r} cannot be read: {exc.strerror}") from None
-        return cls(_decode_key(data, f"noise key file {str(p)!r}"))
+        key = _decode_key(data, f"noise key file {str(p)!r}")
+        try:
+            return cls(key)
+        except InvalidParameter as exc:  # e.g. too short: say which file
+            raise InvalidParameter(f"noise key file {str(p)!r}: {exc}") from None
 
     @classmethod
     def from_env(cls, var: str = "DPOPS_NOISE_KEY") -> "NoiseKey":
