@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow.sdk import DAG, CronDataIntervalTimetable, Param, get_current_context, task
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from dpops_alerts import on_failure, summary_line
 
@@ -214,11 +214,6 @@ def _refuse_silent_restatement(run: Any, ledger: Any) -> None:
         )
 
 
-def _served(previous: dict[str, Any]) -> bool:
-    """This interval is already published by this very run: later steps only pass the result on."""
-    return previous.get("state") == "already_published"
-
-
 def _manifests_dir(run: Any) -> Path:
     env = os.environ.get("DPOPS_MANIFESTS_DIR")
     return Path(env) if env else Path(run.spec.output_root) / "manifests" / run.spec.name
@@ -270,7 +265,14 @@ def _tasks(spec_path: str) -> None:
                 except BudgetExceeded as exc:
                     _record_refusal(run, ledger, exc)
                     raise AirflowFailException(_refusal_message(run, ledger, exc)) from exc
-        except AirflowFailException:
+                if res.state == "already_published":
+                    # Served: nothing to compute, publish or charge. Skipping the rest (rather than
+                    # running pass-through tasks) keeps a reprocessed backfill cheap.
+                    summary = _summary(run, ledger, runs.step_summary(res), _existing_manifest(run), 0.0)
+                    log.info(summary_line({**summary, "outcome": "served"}))
+                    raise AirflowSkipException(f"{run.interval} is already published by run {res.run_id}: "
+                                               "served, nothing computed or charged")
+        except (AirflowFailException, AirflowSkipException):
             raise
         except Exception as exc:
             _fail_fast(exc)
@@ -280,8 +282,6 @@ def _tasks(spec_path: str) -> None:
     @task
     def compute_release(reserved: dict[str, Any]) -> dict[str, Any]:
         """Draw the noise (keyed: a retry reproduces it) and stage the output; reuse a staged output."""
-        if _served(reserved):
-            return reserved
         from dpops import runs
 
         context = get_current_context()
@@ -298,8 +298,6 @@ def _tasks(spec_path: str) -> None:
     @task
     def validate_output(computed: dict[str, Any]) -> dict[str, Any]:
         """GX checks on the NOISY staged output: post-processing, so it may block the publish."""
-        if _served(computed):
-            return computed
         from dpops.validate import check_release_output  # GX takes seconds to import: only when needed
 
         run = _prepare(spec_path, get_current_context())
@@ -321,8 +319,6 @@ def _tasks(spec_path: str) -> None:
     @task
     def publish_release(validated: dict[str, Any]) -> dict[str, Any]:
         """Publish atomically, then commit the run in the ledger (the charge becomes final)."""
-        if _served(validated):
-            return validated
         from dpops import runs
 
         run = _prepare(spec_path, get_current_context())
@@ -381,19 +377,26 @@ def _output_fingerprints(run: Any, output_uri: str | None) -> dict[str, str]:
     return out
 
 
+def _existing_manifest(run: Any) -> str | None:
+    path = _manifests_dir(run) / f"{run.run_id}.published.json"
+    return str(path) if path.exists() else None
+
+
 def _write_manifest(run: Any, ledger: Any, published: dict[str, Any], reports: list[Any]) -> str | None:
     from dpops.manifest.run_hook import write_run_manifest
 
+    existing = _existing_manifest(run)
+    if existing:  # a retry, or a served re-run: the manifest is immutable and already states the claim
+        return existing
     folder = _manifests_dir(run)
-    existing = folder / f"{run.run_id}.published.json"
-    if existing.exists():  # a retry, or a served re-run: the manifest is immutable and already states the claim
-        return str(existing)
-    if published.get("state") != "published":
-        return None  # served from a publication whose manifest lives elsewhere (e.g. written by the CLI)
+    rec = ledger.run(run.run_id)
+    if rec is None or rec.state != "committed":
+        return None
+    # "already_published" here means a publish retry found its own earlier commit: still this run's manifest.
     return write_run_manifest(
         run,
         ledger,
-        published.get("state"),
+        "published",
         manifests_dir=folder,
         validation=_validation(reports),
         output_fingerprints=_output_fingerprints(run, published.get("output_uri")),

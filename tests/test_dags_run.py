@@ -84,8 +84,10 @@ def test_one_interval_publishes_commits_and_a_rerun_is_free(tmp_path, monkeypatc
 
     # A plain re-run of the completed interval serves the published result: no charge, same numbers.
     before = _published_rows(rec.output_uri)
-    dr2, _ = _run(dag, 2)
+    dr2, tis2 = _run(dag, 2)
     assert dr2.state == "success"
+    assert tis2["reserve_budget"].state == "skipped"  # served: nothing computed, published or charged
+    assert {tis2[t].state for t in ("compute_release", "validate_output", "publish_release", "record_run")} == {"skipped"}
     assert ledger.status(ws.scope).total == pytest.approx(total)
     assert _reservations(ledger, ws.scope) == {rec.run_id: 1}
     assert _published_rows(ledger.run(rec.run_id).output_uri) == before
