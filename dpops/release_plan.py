@@ -288,7 +288,8 @@ def plan_release(spec) -> ReleasePlan:
         elif m.type == "top_k":
             metrics.append(MetricPlan(
                 **base, k=int(m.k), domain=tuple(m.domain), per_run_epsilon=eps_share[key] / m_coords,
-                utility_sensitivity=float(count_s.linf), runs_per_unit=m_coords))
+                utility_sensitivity=float(count_s.linf), runs_per_unit=m_coords,
+                monotonic=unit.adjacency == "add_remove"))
         else:  # pragma: no cover - the spec model only admits known types
             raise SpecError(f"unknown metric type {m.type!r}")
 
