@@ -31,7 +31,7 @@ def report(paths: DemoPaths, ivs: list, scheduled: list[IntervalResult], backfil
         t.add_column(col, justify="right")
     ok = getattr(verify, "ok", getattr(verify, "valid", None))
     t.add_row(f"{st.cap:g}", f"{st.committed:.6g}", f"{st.spent_unpublished:.6g}", f"{st.reserved + st.started:.6g}",
-              f"{max(0.0, round(st.remaining, 9)):.6g}", "[green]passed[/]" if ok else f"[red]{verify}[/]")
+              f"{max(0.0, round(st.remaining, 6)):.6g}", "[green]passed[/]" if ok else f"[red]{verify}[/]")
     console.print(t)
 
     t = Table(title="Every interval: daily schedule, then the backfill")
