@@ -402,6 +402,9 @@ _WORKER_LEDGERS: dict = {}
 def _race_init(barrier):
     global _BARRIER
     _BARRIER = barrier
+    # Forked from a pytest process where Beam/Airflow may have installed SIGTERM handlers: restore the
+    # default so Pool.terminate() can always stop the workers (else the whole suite hangs in join).
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _race_worker(args):
@@ -419,7 +422,8 @@ def _race_worker(args):
 def test_race_16_processes_never_oversubscribe(ledger, ledger_url):
     ctx = mp.get_context("fork")
     barrier = ctx.Barrier(16)
-    with ctx.Pool(16, initializer=_race_init, initargs=(barrier,)) as pool:
+    pool = ctx.Pool(16, initializer=_race_init, initargs=(barrier,))
+    try:
         for rep in range(20):
             scope = f"race{rep}"
             ledger.create_scope(scope_def(name=scope, epsilon=1.0), actor="a")
@@ -427,6 +431,10 @@ def test_race_16_processes_never_oversubscribe(ledger, ledger_url):
             assert results.count("ok") == 10 and results.count("refused") == 6, (rep, results)
             st = ledger.status(scope)
             assert st.reserved == pytest.approx(1.0, rel=1e-12) and st.total <= 1.0 * (1 + 1e-12)
+        pool.close()  # normal shutdown: workers exit on the sentinel
+    finally:
+        pool.terminate()
+        pool.join()
     assert ledger.verify().ok
 
 
