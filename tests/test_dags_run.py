@@ -29,6 +29,19 @@ def _db():
     migrate_sqlite_db()
 
 
+@pytest.fixture(autouse=True)
+def _restore_signal_handlers():
+    """In-process dag.test installs Airflow's signal handlers in the pytest process; put ours back so
+    later tests (e.g. multiprocessing pools that SIGTERM their workers) see the defaults."""
+    import signal
+
+    sigs = [signal.SIGTERM, signal.SIGINT, signal.SIGUSR2]
+    saved = {sig: signal.getsignal(sig) for sig in sigs}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
 def _dag(ws, monkeypatch, retries: int = 0):
     from airflow.dag_processing.dagbag import DagBag
 
