@@ -1,7 +1,29 @@
 """Benchmark: the dpops Beam release pipeline vs PipelineDP 0.3.1 on its Beam backend.
 
 Query (both engines): COUNT + SUM + MEAN of ``amount`` per ``region``, L0 = 5, Linf = 2,
-values in [0, 100], epsilon = 1, delta = 1e-6, private partition selection, in-process runner.
+values in [0, 100], epsilon = 1, delta = 1e-6 in total for each engine, private partition
+selection (truncated geometric), Laplace noise, in-process runner.
+
+Budget split (``--split``):
+
+- PipelineDP 0.3.1, NaiveBudgetAccountant with default weights (read from its
+  ``budget_accounting.py``, ``dp_engine.py``, ``combiners.py`` and checked by printing the
+  accountant's mechanism specs): COUNT+SUM+MEAN is ONE ``MeanCombiner`` requesting two Laplace
+  mechanisms, ``MeanCount`` and ``MeanSum`` (normalised sum), weight 1 each; COUNT and SUM are
+  post-processing of those two vectors. Private partition selection requests one more
+  mechanism, weight 1, inside the same aggregation scope. Weights are normalised to the scope's
+  ``budget_weight`` and epsilon is split by weight: count 1/3, normalised sum 1/3, partition
+  selection 1/3. Laplace mechanisms use no delta, so partition selection gets all of delta.
+- ``pipelinedp`` (default): dpops ``budget.split`` = count 2, sum_amount 1, mean_amount 1,
+  partition_selection 2, i.e. epsilon count 1/3, partition selection 1/3 (and all of delta, as
+  dpops gives delta only to Gaussian metrics and partition selection), sum 1/6, mean 1/6 (the
+  mean reuses the count metric's noisy vector, so its share goes to its normalised sum alone).
+  Count and partition selection get exactly PipelineDP's shares; dpops releases SUM from its own
+  vector (a metric cannot have weight 0), so the remaining third is shared by sum and mean,
+  each getting half of the epsilon PipelineDP's one normalised-sum vector gets.
+- ``equal``: no ``budget.split`` (the spec default: 1/4 each for count, sum, mean and
+  partition selection) -- the split of the earlier runs.
+
 Data: synthetic power-law activity, 100k users, 1,000 partitions, lognormal values in [0, 100]
 (``dpops.synthetic.generate_events``), cached under benchmarks/out/data/.
 
@@ -13,7 +35,7 @@ used, which is approximate because PipelineDP samples its own contributions.
 PipelineDP is not a project dependency: ``--with-pipelinedp`` creates
 ``benchmarks/.venv-pipelinedp`` (pip install pipeline-dp==0.3.1 apache-beam) and runs it there.
 
-    python benchmarks/bench_pipeline.py --sizes 1e5,1e6 [--with-pipelinedp] [--pipelinedp-max 1e6]
+    python benchmarks/bench_pipeline.py --sizes 1e5,1e6 [--with-pipelinedp] [--pipelinedp-max 1e6] [--split equal]
 """
 
 from __future__ import annotations
@@ -40,7 +62,7 @@ input:
   format: parquet
   columns: {{user_id: string, region: string, amount: float, category: string}}
 privacy_unit: {{column: user_id, description: "a user-day", adjacency: add_remove}}
-budget: {{scope: bench, epsilon: {EPS}, delta: {DELTA}, noise: laplace}}
+budget: {{scope: bench, epsilon: {EPS}, delta: {DELTA}, noise: laplace{{SPLIT}}}}
 contribution: {{max_partitions_per_unit: {L0}, max_rows_per_unit_per_partition: {LINF}}}
 partitions: {{columns: [region], private: {{strategy: truncated_geometric}}}}
 metrics:
@@ -48,6 +70,19 @@ metrics:
   - {{type: sum, column: amount, bounds: [0, 100]}}
   - {{type: mean, column: amount, bounds: [0, 100]}}
 """
+
+
+# --split: dpops budget.split weights (see the module docstring); "equal" = no split key (spec default).
+SPLITS = {
+    "pipelinedp": {"count": 2, "sum_amount": 1, "mean_amount": 1, "partition_selection": 2},
+    "equal": None,
+}
+
+
+def spec_text(n: int, split: str) -> str:
+    w = SPLITS[split]
+    split_yaml = "" if w is None else ", split: {" + ", ".join(f"{k}: {v}" for k, v in w.items()) + "}"
+    return SPEC.replace("{DATA}", str(data_dir(n))).replace("{SPLIT}", split_yaml)
 
 
 def data_dir(n: int) -> Path:
@@ -70,7 +105,7 @@ def ensure_data(n: int) -> Path:
 # --------------------------------------------------------------------------- children
 
 
-def child_dpops(n: int) -> dict:
+def child_dpops(n: int, split: str) -> dict:
     import numpy as np
     import pyarrow.parquet as pq
 
@@ -83,7 +118,7 @@ def child_dpops(n: int) -> dict:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     spec = work / "spec.yaml"
-    spec.write_text(SPEC.replace("{DATA}", str(data_dir(n))))
+    spec.write_text(spec_text(n, split))
     req = ComputeRequest(
         spec_path=str(spec), interval_start="2024-01-01T00:00:00+00:00", interval_end="2024-01-02T00:00:00+00:00",
         input_paths=(str(data_dir(n) / "2024-01-01.parquet"),), noise_label={"release": "bench"},
@@ -95,8 +130,12 @@ def child_dpops(n: int) -> dict:
     keys, acc = bounded_truth(req)
     truth = dict(zip((k[0] for k in keys), acc["count"]))
     err = [abs(int(c) - int(truth.get(r, 0))) for r, c in zip(out["region"], out["count"])]
+    from dpops.spec import load_spec
+
+    weights = load_spec(str(spec)).split_weights()
+    eps_shares = {k: round(w / sum(weights.values()), 4) for k, w in weights.items()}
     return {"engine": "dpops", "rows": n, "seconds": seconds, "partitions": len(out),
-            "mae_count": float(np.median(err)) if err else None}
+            "mae_count": float(np.median(err)) if err else None, "split": split, "eps_shares": eps_shares}
 
 
 def child_pipelinedp(n: int, truth_file: str | None) -> dict:
@@ -177,6 +216,7 @@ def run_child_measured(python: str, args: list[str]) -> dict:
         return {"error": log.read_text()[-2000:]}
     res = json.loads((OUT / "child.out").read_text().strip().splitlines()[-1])
     res["peak_rss_mb"] = usage.ru_maxrss / 1024.0
+    res["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     return res
 
 
@@ -203,13 +243,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="1e5,1e6,1e7", help="comma-separated row counts, e.g. 1e5,1e6")
     ap.add_argument("--with-pipelinedp", action="store_true", help="also run PipelineDP 0.3.1 in its own venv")
     ap.add_argument("--pipelinedp-max", type=float, default=1e6, help="largest size PipelineDP is run on")
+    ap.add_argument("--split", choices=sorted(SPLITS), default="pipelinedp",
+                    help="dpops budget split: 'pipelinedp' (PipelineDP's count and partition-selection "
+                         "shares, default) or 'equal' (the spec default, 1/4 each)")
     ap.add_argument("--child", choices=["dpops", "pipelinedp"], help=argparse.SUPPRESS)
     ap.add_argument("--rows", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--truth", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
     if args.child == "dpops":
-        print(json.dumps(child_dpops(args.rows)))
+        print(json.dumps(child_dpops(args.rows, args.split)))
         return 0
     if args.child == "pipelinedp":
         print(json.dumps(child_pipelinedp(args.rows, args.truth)))
@@ -222,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in sizes:
         print(f"{n:,} rows", flush=True)
         ensure_data(n)
-        r = run_child_measured(sys.executable, ["--child", "dpops", "--rows", str(n)])
+        r = run_child_measured(sys.executable, ["--child", "dpops", "--rows", str(n), "--split", args.split])
         results.append(r)
         print("  dpops:", r, flush=True)
         if pdp and n <= args.pipelinedp_max:
@@ -233,13 +276,17 @@ def main(argv: list[str] | None = None) -> int:
             print("  pipelinedp:", r2, flush=True)
 
     print()
+    print(f"dpops budget split: {args.split} {SPLITS[args.split] or '(spec default, equal weights)'}; "
+          f"load average now {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} "
+          f"on {os.cpu_count()} CPUs")
     print(f"{'engine':<11} {'rows':>11} {'seconds':>8} {'rows/s':>10} {'peak RSS MB':>11} {'partitions':>10} {'MAE count':>9}")
     for r in results:
         if "error" in r:
             print("error:", r["error"][-300:])
             continue
         print(f"{r['engine']:<11} {r['rows']:>11,} {r['seconds']:>8.1f} {r['rows'] / r['seconds']:>10,.0f} "
-              f"{r['peak_rss_mb']:>11.0f} {r['partitions']:>10} {r['mae_count'] if r['mae_count'] is not None else '-':>9}")
+              f"{r['peak_rss_mb']:>11.0f} {r['partitions']:>10} "
+              f"{'-' if r['mae_count'] is None else format(r['mae_count'], '.1f'):>9}")
     for n in sizes:
         a = [r for r in results if r.get("engine") == "dpops" and r["rows"] == n]
         b = [r for r in results if r.get("engine") == "pipelinedp" and r["rows"] == n]
