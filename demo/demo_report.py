@@ -54,6 +54,24 @@ def report(paths: DemoPaths, ivs: list, scheduled: list[IntervalResult], backfil
     if manifests:
         console.print(f"  check one: dpops manifest verify {manifests[0]} --ledger {paths.ledger_url}")
     console.print(f"Published outputs: {paths.output_root / 'published' / DEMO_RELEASE}")
+    _verify_and_report(paths, manifests, console)
+
+
+def _verify_and_report(paths: DemoPaths, manifests: list, console: Any) -> None:
+    """What a reviewer does next: recompute every published claim, then read the scope report."""
+    from dpops.ledger import open_ledger
+    from dpops.manifest.io import read_manifest
+    from dpops.manifest.verify import verify_manifest
+    from dpops.report import write_report
+
+    published = [m for m in manifests if m.name.endswith(".published.json")]
+    with open_ledger(paths.ledger_url) as ledger:
+        bad = [m.name for m in published if not verify_manifest(read_manifest(m), ledger=ledger).ok]
+        out = write_report(ledger, DEMO_SCOPE, paths.root / "report.html", manifests_dir=str(paths.manifests_dir))
+    status = "[green]all verified[/]" if not bad else f"[red]{len(bad)} FAILED: {', '.join(bad)}[/]"
+    console.print(f"Manifest verification (claims recomputed from each manifest + ledger): "
+                  f"{len(published)} published, {status}")
+    console.print(f"Reviewer report (self-contained HTML): {out}")
 
 
 def _value(row: dict, m: str) -> str:
