@@ -363,34 +363,11 @@ def _vector_layout(mtype: str, key: str, b, lohi):
     ]
 
 
-def basic_epsilon(events, delta: float) -> float:
-    """Sequential composition exactly as the ``basic/1`` accountant computes it (pure and approximate
-    epsilons add, deltas add, Gaussian-type events through their summed rho converted once at the
-    delta left over). Kept here so that planning does not import the accountant registry (its PLD
-    accountant pulls in dp_accounting/scipy, seconds of import per worker); tests check it equals
-    ``get_accountant("basic")``."""
-    from dpops.events import ZCDP, ApproxDP, DiscreteGaussian, DiscreteLaplace, Gaussian, Laplace, PureDP, flatten
-
-    eps = dlt = rho = 0.0
-    for ev, k in flatten(events):
-        if isinstance(ev, (Laplace, DiscreteLaplace, PureDP)):
-            eps += k * ev.epsilon
-        elif isinstance(ev, ApproxDP):
-            eps += k * ev.epsilon
-            dlt += k * ev.delta
-        elif isinstance(ev, (Gaussian, DiscreteGaussian, ZCDP)):
-            rho += k * ev.rho
-        else:  # pragma: no cover
-            raise InvalidParameter(f"cannot compose {ev!r}")
-    left = delta - dlt
-    if left < 0 or (rho > 0 and left == 0):
-        return math.inf
-    return eps + (rho + 2.0 * math.sqrt(rho * math.log(1.0 / left)) if rho > 0 else 0.0)
-
-
 def _certify(plan: ReleasePlan) -> None:
     """Refuse a plan whose events do not certify the spec's (epsilon, delta) under basic composition."""
-    got = basic_epsilon(plan.events, plan.delta)
+    from dpops.accounting import get_accountant  # lazy registry: importing basic/1 is cheap
+
+    got = get_accountant("basic/1").epsilon(plan.events, plan.delta)
     if not got <= plan.epsilon:
         raise InvalidParameter(
             f"internal: release plan for {plan.release!r} certifies epsilon={got!r} > budget {plan.epsilon!r}; "

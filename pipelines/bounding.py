@@ -186,3 +186,23 @@ def merge_partials(partials: list[tuple[np.ndarray, dict]]) -> tuple[np.ndarray,
                 out[name] = np.zeros((n,) + arr.shape[1:], dtype=arr.dtype)
             out[name][idx] += arr  # idx is unique within one partial: plain fancy-index add is exact
     return parts, out
+
+
+def metric_layout(plan) -> tuple[tuple[str, ...], dict, tuple, tuple, tuple]:
+    """What the plan's metrics need from each row: (value columns, top_k category domains,
+    sum accumulators, quantile histograms, category accumulators). One function, used by the
+    Beam pipeline's context and by the auditor's harness, so the two can never drift apart."""
+    value_cols, cats, sums, hists, catspecs = [], {}, [], [], []
+    for m in plan.metrics:
+        if m.type in ("sum", "mean", "variance", "quantiles"):
+            value_cols.append(m.column)
+        if m.type == "top_k":
+            cats[m.column] = m.domain
+            catspecs.append((f"cat:{m.key}", m.column, len(m.domain)))
+        for v in m.vectors:
+            kind = v.accumulator.split(":")[0]
+            if kind in ("sum", "nsum", "nsq"):
+                sums.append((v.accumulator, m.column, m.bounds[0], m.bounds[1], kind))
+        if m.type == "quantiles":
+            hists.append((f"hist:{m.key}", m.column, m.bounds[0], m.bounds[1], m.n_bins))
+    return (tuple(dict.fromkeys(value_cols)), cats, tuple(dict.fromkeys(sums)), tuple(hists), tuple(catspecs))

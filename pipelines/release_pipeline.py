@@ -41,7 +41,7 @@ from dpops.errors import InputDataError, InvalidParameter, StorageError
 from dpops.release_plan import plan_release
 from dpops.spec import load_spec
 from pipelines.aggregate import select_and_noise
-from pipelines.bounding import AggregationSpec, aggregate_bucket, merge_partials
+from pipelines.bounding import AggregationSpec, aggregate_bucket, merge_partials, metric_layout
 from pipelines.io import (
     ReadConfig,
     hash_partition_tuples,
@@ -235,19 +235,7 @@ class WriteStats(beam.DoFn):
 def build_context(spec, plan, request: ComputeRequest, parts_dir: str) -> PipelineContext:
     types = dict(spec.input.columns)
     unit_col = None if spec.privacy_unit.record_level else spec.privacy_unit.column
-    value_cols, cats, sums, hists, catspecs = [], {}, [], [], []
-    for m in plan.metrics:
-        if m.type in ("sum", "mean", "variance", "quantiles"):
-            value_cols.append(m.column)
-        if m.type == "top_k":
-            cats[m.column] = m.domain
-            catspecs.append((f"cat:{m.key}", m.column, len(m.domain)))
-        for v in m.vectors:
-            kind = v.accumulator.split(":")[0]
-            if kind in ("sum", "nsum", "nsq"):
-                sums.append((v.accumulator, m.column, m.bounds[0], m.bounds[1], kind))
-        if m.type == "quantiles":
-            hists.append((f"hist:{m.key}", m.column, m.bounds[0], m.bounds[1], m.n_bins))
+    value_cols, cats, sums, hists, catspecs = metric_layout(plan)
     public_names = public_hashes = None
     if plan.public_partitions is not None:
         tuples = [tuple(p) for p in plan.public_partitions]
@@ -258,11 +246,11 @@ def build_context(spec, plan, request: ComputeRequest, parts_dir: str) -> Pipeli
         public_hashes = np.array(sorted(public_names), dtype=np.uint64)
     read = ReadConfig(
         format=spec.input.format, types=types, unit_column=unit_col,
-        partition_columns=tuple(plan.partition_columns), value_columns=tuple(dict.fromkeys(value_cols)),
+        partition_columns=tuple(plan.partition_columns), value_columns=value_cols,
         category_columns=cats, public_hashes=public_hashes, n_buckets=N_BUCKETS, n_shards=N_SHARDS)
     agg = AggregationSpec(
         l0=plan.max_partitions_per_unit, linf=plan.max_rows_per_unit_per_partition,
-        sums=tuple(dict.fromkeys(sums)), hists=tuple(hists), cats=tuple(catspecs))
+        sums=sums, hists=hists, cats=catspecs)
     label = tuple(sorted((str(k), str(v)) for k, v in request.noise_label.items()))
     rnd = RandomnessConfig(request.randomness, label, request.key_path, request.test_seed)
     return PipelineContext(read, agg, plan, rnd, parts_dir, public_names)

@@ -1,16 +1,25 @@
-"""Accountants behind one interface, looked up by ``name`` or ``name/version``."""
+"""Accountants behind one interface, looked up by ``name`` or ``name/version``.
+
+Classes are imported on first use: ``pld`` pulls in dp_accounting (seconds of import),
+which planning and Beam workers never need, so ``get_accountant("basic")`` stays cheap.
+"""
 
 from __future__ import annotations
 
+import importlib
+
 from dpops.accounting.base import Accountant, State
-from dpops.accounting.basic import BasicAccountant
-from dpops.accounting.pld import PldAccountant
-from dpops.accounting.rdp import RdpAccountant
-from dpops.accounting.zcdp import ZcdpAccountant
 from dpops.errors import InvalidParameter
 
-_REGISTRY: dict[str, type[Accountant]] = {}
-_LATEST: dict[str, str] = {}
+# ref -> "module:Class", in registration order (a later version of a name is its "latest").
+_BUILTIN = {
+    "basic/1": "dpops.accounting.basic:BasicAccountant",
+    "zcdp/1": "dpops.accounting.zcdp:ZcdpAccountant",
+    "rdp/1": "dpops.accounting.rdp:RdpAccountant",
+    "pld/1": "dpops.accounting.pld:PldAccountant",
+}
+_REGISTRY: dict[str, type[Accountant] | str] = dict(_BUILTIN)
+_LATEST: dict[str, str] = {ref.split("/")[0]: ref for ref in _BUILTIN}
 
 
 def register(cls: type[Accountant]) -> type[Accountant]:
@@ -21,10 +30,13 @@ def register(cls: type[Accountant]) -> type[Accountant]:
     return cls
 
 
-register(BasicAccountant)
-register(ZcdpAccountant)
-register(RdpAccountant)
-register(PldAccountant)
+def _load(ref: str) -> type[Accountant]:
+    entry = _REGISTRY[ref]
+    if isinstance(entry, str):
+        module, name = entry.split(":")
+        entry = getattr(importlib.import_module(module), name)
+        _REGISTRY[ref] = entry
+    return entry
 
 
 def get_accountant(ref: str) -> Accountant:
@@ -32,10 +44,9 @@ def get_accountant(ref: str) -> Accountant:
     if not isinstance(ref, str) or not ref:
         raise InvalidParameter(f"accountant must be a name like 'rdp' or 'rdp/1', got {ref!r}")
     full = ref if "/" in ref else _LATEST.get(ref, "")
-    cls = _REGISTRY.get(full)
-    if cls is None:
+    if full not in _REGISTRY:
         raise InvalidParameter(f"unknown accountant {ref!r}; known: {sorted(_REGISTRY)}")
-    return cls()
+    return _load(full)()
 
 
 def known_accountants() -> list[str]:

@@ -61,7 +61,7 @@ class Harness:
     """Everything needed to push synthetic rows through the pipeline functions for one plan."""
 
     def __init__(self, spec, plan, *, category_column: str | None = None, category_domain: tuple = ()):
-        from pipelines.bounding import AggregationSpec
+        from pipelines.bounding import AggregationSpec, metric_layout
         from pipelines.io import ReadConfig
 
         self.spec = spec
@@ -74,27 +74,14 @@ class Harness:
         if self.types[self.part_cols[0]] == "bool":
             raise SpecError(f"{spec.source}: audit needs a non-bool first partition column to lay out trials, "
                             f"{self.part_cols[0]!r} is bool")
-        # Mirror of pipelines.release_pipeline.build_context (that module imports Beam).
-        value_cols, cats, sums, hists, catspecs = [], {}, [], [], []
-        for m in plan.metrics:
-            if m.type in ("sum", "mean", "variance", "quantiles"):
-                value_cols.append(m.column)
-            if m.type == "top_k":
-                cats[m.column] = m.domain
-                catspecs.append((f"cat:{m.key}", m.column, len(m.domain)))
-            for v in m.vectors:
-                kind = v.accumulator.split(":")[0]
-                if kind in ("sum", "nsum", "nsq"):
-                    sums.append((v.accumulator, m.column, m.bounds[0], m.bounds[1], kind))
-            if m.type == "quantiles":
-                hists.append((f"hist:{m.key}", m.column, m.bounds[0], m.bounds[1], m.n_bins))
-        self.value_cols = tuple(dict.fromkeys(value_cols))
+        value_cols, cats, sums, hists, catspecs = metric_layout(plan)  # the pipeline's own layout
+        self.value_cols = value_cols
         self.cat_cols = cats
         self.read = ReadConfig(format="parquet", types=self.types, unit_column=self.unit_col,
                                partition_columns=self.part_cols, value_columns=self.value_cols,
                                category_columns=cats, public_hashes=None)
         self.agg = AggregationSpec(l0=plan.max_partitions_per_unit, linf=plan.max_rows_per_unit_per_partition,
-                                   sums=tuple(dict.fromkeys(sums)), hists=tuple(hists), cats=tuple(catspecs))
+                                   sums=sums, hists=hists, cats=catspecs)
 
     # ------------------------------------------------------------------ layout
     def partition_values(self, n_parts: int) -> list[list[Any]]:
