@@ -119,18 +119,14 @@ def test_key_from_file_formats_and_refusals(tmp_path):
         NoiseKey.from_file(tmp_path / "missing")
 
 
-def test_generate_and_env(tmp_path, monkeypatch):
+def test_generate(tmp_path):
     p = tmp_path / "k"
     key = NoiseKey.generate(p)
     assert (p.stat().st_mode & 0o777) == 0o600
     assert NoiseKey.from_file(p) == key
     with pytest.raises(InvalidParameter, match="overwrite"):
         NoiseKey.generate(p)
-    monkeypatch.setenv("DPOPS_NOISE_KEY", p.read_text().strip())
-    assert NoiseKey.from_env() == key
-    monkeypatch.setenv("DPOPS_NOISE_KEY", "")
-    with pytest.raises(InvalidParameter, match="DPOPS_NOISE_KEY"):
-        NoiseKey.from_env()
+    assert not hasattr(NoiseKey, "from_env")  # the key value is never read from the environment
 
 
 def test_hmac_is_keyed():

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from dpops.errors import StorageError
+from dpops.errors import IntegrityError, StorageError
+from dpops.randomness import NoiseKey
 from dpops.storage import ReleaseStore
 
 IV = "20240101T000000Z_20240102T000000Z"
+KEY = NoiseKey(os.urandom(32))
 
 
 def stage(store: ReleaseStore, run_id: str, payload: bytes = b"PAR1 noisy", test_mode: bool = False):
@@ -29,10 +31,12 @@ def visible(root: Path) -> list[str]:
 
 
 def test_stage_and_publish(tmp_path):
-    store = ReleaseStore(tmp_path, "rel")
+    store = ReleaseStore(tmp_path, "rel", sealer=KEY)
     staged = stage(store, "run1")
     assert staged.directory == tmp_path / "staged/rel" / IV / "run1"
-    assert json.loads((staged.directory / "internal.json").read_text()) == {"rows_dropped": {"null_unit": 3}}
+    assert not (staged.directory / "internal.json").exists()  # the run log is private, outside output.root
+    assert store.read_internal_log(IV, "run1") == {"rows_dropped": {"null_unit": 3}}
+    assert not str(store.internal_log_path(IV, "run1").resolve()).startswith(str(tmp_path.resolve()))
     assert store.find_staged(IV, "run1") == staged
     assert store.find_staged(IV, "other") is None
     pub = store.publish(staged, IV)
@@ -46,7 +50,7 @@ def test_stage_and_publish(tmp_path):
 
 
 def test_publish_is_idempotent_per_run(tmp_path):
-    store = ReleaseStore(tmp_path, "rel")
+    store = ReleaseStore(tmp_path, "rel", sealer=KEY)
     staged = stage(store, "run1")
     a = store.publish(staged, IV)
     b = store.publish(staged, IV)
@@ -54,7 +58,7 @@ def test_publish_is_idempotent_per_run(tmp_path):
 
 
 def test_never_overwrite_and_restatement_versions(tmp_path):
-    store = ReleaseStore(tmp_path, "rel")
+    store = ReleaseStore(tmp_path, "rel", sealer=KEY)
     p1 = store.publish(stage(store, "run1", b"first"), IV)
     s2 = stage(store, "run2", b"second")
     with pytest.raises(StorageError, match="already published .*explicit restatement"):
@@ -71,26 +75,26 @@ def test_never_overwrite_and_restatement_versions(tmp_path):
 
 
 def test_corrupted_staged_file_refused(tmp_path):
-    store = ReleaseStore(tmp_path, "rel")
+    store = ReleaseStore(tmp_path, "rel", sealer=KEY)
     staged = stage(store, "run1")
     original = staged.data_file.read_bytes()
     with open(staged.data_file, "r+b") as fh:
         fh.write(b"X")
-    with pytest.raises(StorageError, match=r"data.parquet does not match its recorded sha256.*corrupt") as info:
+    with pytest.raises(IntegrityError, match=r"data.parquet does not match the sealed sha256.*not be published") as info:
         store.publish(staged, IV)
-    assert info.value.exit_code == 6
+    assert info.value.exit_code == 7
     assert not (tmp_path / "published").exists() or not list((tmp_path / "published").rglob("data.parquet"))
-    with pytest.raises(StorageError, match="corrupt"):
+    with pytest.raises(IntegrityError, match="changed after it was written"):
         store.find_staged(IV, "run1")
     staged.data_file.write_bytes(original)
     assert store.find_staged(IV, "run1") == staged
     (staged.directory / "summary.json").unlink()
-    with pytest.raises(StorageError, match="summary.json is unreadable"):
+    with pytest.raises(IntegrityError, match="summary.json is unreadable"):
         store.verify_staged(IV, "run1")
 
 
 def test_test_mode_never_published(tmp_path):
-    store = ReleaseStore(tmp_path, "rel")
+    store = ReleaseStore(tmp_path, "rel", sealer=KEY)
     staged = stage(store, "run1", test_mode=True)
     assert staged.test_mode
     with pytest.raises(StorageError, match="test mode .*can never be published"):
@@ -98,7 +102,7 @@ def test_test_mode_never_published(tmp_path):
 
 
 def test_unfinished_staging_is_invisible(tmp_path):
-    store = ReleaseStore(tmp_path, "rel")
+    store = ReleaseStore(tmp_path, "rel", sealer=KEY)
     tmp = store.new_staging_dir(IV, "run1")
     (tmp / "data.parquet").write_bytes(b"half")  # pipeline crashed before summary.json
     assert store.find_staged(IV, "run1") is None
@@ -110,7 +114,7 @@ def test_unfinished_staging_is_invisible(tmp_path):
 @pytest.mark.parametrize("code,words", [(errno.ENOSPC, "the disk is full"), (errno.EROFS, "read-only")])
 def test_disk_full_or_read_only_during_publish(tmp_path, monkeypatch, code, words):
     # The tests run as root, for whom chmod does not make a directory read-only: inject the OS error instead.
-    store = ReleaseStore(tmp_path, "rel")
+    store = ReleaseStore(tmp_path, "rel", sealer=KEY)
     staged = stage(store, "run1")
     import shutil
 
@@ -140,7 +144,7 @@ def test_read_only_root(tmp_path):
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o555)
-    store = ReleaseStore(ro, "rel")
+    store = ReleaseStore(ro, "rel", sealer=KEY)
     with pytest.raises(StorageError, match="permission denied"):
         store.new_staging_dir(IV, "run1")
 
@@ -149,4 +153,4 @@ def test_unsafe_names(tmp_path):
     with pytest.raises(StorageError):
         ReleaseStore(tmp_path, "../x")
     with pytest.raises(StorageError):
-        ReleaseStore(tmp_path, "rel").staged_dir(IV, "../../etc")
+        ReleaseStore(tmp_path, "rel", sealer=KEY).staged_dir(IV, "../../etc")
