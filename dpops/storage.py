@@ -282,10 +282,8 @@ class ReleaseStore:
     def _write_internal_log(self, interval_slug: str, run_id: str, internal: dict[str, Any]) -> Path:
         """Atomically write the run log with 0700 directories and a 0600 file (explicit, not the umask)."""
         path = self.internal_log_path(interval_slug, run_id)
+        folder = self._private_log_dir(interval_slug)
         with _storage_errors("write the private run log in", self.state_dir):
-            self.state_dir.mkdir(parents=True, exist_ok=True)
-            os.chmod(self.state_dir, PRIVATE_DIR_MODE)
-            folder = _mkdirs(self.state_dir, ("runs", self.release, interval_slug), PRIVATE_DIR_MODE, force=True)
             tmp = folder / f".tmp-{run_id}-{secrets.token_hex(4)}"
             try:
                 _write_json(tmp, internal, PRIVATE_FILE_MODE)
@@ -295,6 +293,12 @@ class ReleaseStore:
                     os.unlink(tmp)
             _fsync_dir(folder)
         return path
+
+    def _private_log_dir(self, interval_slug: str) -> Path:
+        with _storage_errors("prepare the private state directory", self.state_dir):
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            os.chmod(self.state_dir, PRIVATE_DIR_MODE)
+            return _mkdirs(self.state_dir, ("runs", self.release, interval_slug), PRIVATE_DIR_MODE, force=True)
 
     def _require_sealer(self, what: str) -> Any:
         if self.sealer is None or not callable(getattr(self.sealer, "seal_mac", None)):
@@ -312,6 +316,13 @@ class ReleaseStore:
             _mkdirs(self.root, ("staged", self.release, interval_slug), PRIVATE_DIR_MODE, force=True)
             os.mkdir(tmp, PRIVATE_DIR_MODE)
             os.chmod(tmp, PRIVATE_DIR_MODE)
+        try:
+            # The private run log's folder too, now: this runs before ledger.start, so a state directory
+            # that cannot be written fails while the reservation is still refundable.
+            self._private_log_dir(interval_slug)
+        except BaseException:
+            _rmtree_quiet(tmp)
+            raise
         return tmp
 
     def finish_staging(self, tmp_dir: Path, interval_slug: str, run_id: str, internal: dict[str, Any], *,

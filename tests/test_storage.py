@@ -334,10 +334,14 @@ def test_swapped_staged_counts_with_recomputed_sha256_are_not_published(tmp_path
     run_dir = env["out"] / "staged/shop_daily" / IV / run_id
     data = run_dir / "data.parquet"
     table = pq.read_table(data)
-    raw = pa.array([env["true_count"]] * table.num_rows, table.schema.field("count").type)
-    pq.write_table(table.set_column(table.schema.get_field_index("count"), "count", raw), data)
+    for col, value in (("count", env["true_count"]), ("sum_amount", float(env["true_count"]))):  # the raw values
+        raw = pa.array([value] * table.num_rows, table.schema.field(col).type)
+        table = table.set_column(table.schema.get_field_index(col), col, raw)
+    pq.write_table(table, data)
     marker = json.loads((run_dir / "_STAGED.json").read_text())
-    marker["files"]["data.parquet"] = hashlib.sha256(data.read_bytes()).hexdigest()
+    swapped = hashlib.sha256(data.read_bytes()).hexdigest()
+    assert swapped != marker["files"]["data.parquet"]  # the swap really changed the staged values
+    marker["files"]["data.parquet"] = swapped
     (run_dir / "_STAGED.json").write_text(json.dumps(marker))
     assert main(["release", "run", env["spec"], *env["base"], "--publish"]) == 7
     err = capsys.readouterr().err
@@ -373,3 +377,19 @@ def test_seal_is_bound_to_the_key_and_the_run(tmp_path):
     path.write_text(json.dumps(doc))
     with pytest.raises(IntegrityError, match="seal does not verify"):
         store.find_staged(IV, "run2")
+
+
+def test_unwritable_state_dir_fails_before_start_and_is_refunded(tmp_path, monkeypatch, capsys):
+    """The private run log's directory is prepared before ledger.start, so a bad state dir costs nothing."""
+    from dpops.cli.main import main
+    from dpops.ledger import open_ledger
+
+    bad = tmp_path / "not-a-dir"
+    bad.write_text("")
+    monkeypatch.setenv("DPOPS_STATE_DIR", str(bad))
+    env = _release_env(tmp_path)
+    assert main(["release", "run", env["spec"], *env["base"], "--publish"]) == 6
+    assert "private state directory" in capsys.readouterr().err
+    with open_ledger(env["url"]) as led:
+        assert [r.state for r in led.runs()] == ["released"] and led.status("shop").total == 0
+    assert not list((env["out"] / "staged").rglob("*.parquet"))
