@@ -299,7 +299,8 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: Any, interval_end
     return RunContext(
         spec_path=str(Path(spec_path).resolve()), spec=spec, interval=interval, input_paths=paths,
         input_fingerprint=fingerprint, randomness=randomness, key_id=key_id, plan=plan,
-        store=ReleaseStore(spec.output_root, spec.name, sealer=_sealer(randomness, fp_key)), key_path=str(Path(key_path).resolve()) if key_path else None,
+        store=ReleaseStore(spec.output_root, spec.name, sealer=_sealer(randomness, fp_key)),
+        key_path=str(Path(key_path).resolve()) if key_path else None,
         test_seed=test_seed, actor=actor or default_actor(), fingerprint_key=fp_key,
     )
 

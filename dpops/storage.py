@@ -3,8 +3,8 @@
 Layout (``<interval>`` is ``Interval.slug``, e.g. ``20240101T000000Z_20240102T000000Z``)::
 
     <output.root>/staged/<release>/<interval>/<run_id>/data.parquet   noisy output written by the pipeline
-                                                      /summary.json   release, interval, plan, randomness mode, test_mode
-                                                      /_STAGED.json   the seal: sha256 of each file, HMAC under the noise key
+                                                      /summary.json   release, interval, plan, randomness, test_mode
+                                                      /_STAGED.json   the seal: sha256 of each file, keyed HMAC
     <output.root>/published/<release>/<interval>/v1/data.parquet, summary.json, _PUBLISHED.json
                                                 /v2/...               a restatement: a new version, v1 is kept
                                                 /current -> v2        symlink, moved atomically
@@ -426,7 +426,8 @@ class ReleaseStore:
             try:
                 st = os.lstat(path)
                 if not stat.S_ISREG(st.st_mode):
-                    raise IntegrityError(f"staged file {path} is not a regular file; it will not be published; {remedy}")
+                    raise IntegrityError(f"staged file {path} is not a regular file; it will not be published; "
+                                         f"{remedy}")
                 got = sha256_file(path)
             except OSError as exc:
                 raise IntegrityError(f"staged file {path} is unreadable ({exc.strerror or exc}): the staged output is "

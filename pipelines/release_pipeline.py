@@ -17,8 +17,9 @@ Shape (one Beam element is a batch, never a row):
 The driver then merges the shard files into data.parquet and writes summary.json.
 DoFns hold only picklable configuration; the noise key is read from ``key_path``
 inside each worker (never on a command line, never logged), at most once per worker
-process, and refused unless its id is the run's ``key_id`` (``randomness.key_for_run``). Staging must be a
-filesystem every worker can write (local for FnApiRunner / PortableRunner LOOPBACK).
+process, and refused unless its id is the run's ``key_id`` (``randomness.key_for_run``).
+Staging must be a filesystem every worker can write (local for FnApiRunner / PortableRunner
+LOOPBACK).
 """
 
 from __future__ import annotations

@@ -80,7 +80,8 @@ def test_corrupted_staged_file_refused(tmp_path):
     original = staged.data_file.read_bytes()
     with open(staged.data_file, "r+b") as fh:
         fh.write(b"X")
-    with pytest.raises(IntegrityError, match=r"data.parquet does not match the sealed sha256.*not be published") as info:
+    with pytest.raises(IntegrityError, match=r"data.parquet does not match the sealed sha256.*not be published") \
+            as info:
         store.publish(staged, IV)
     assert info.value.exit_code == 7
     assert not (tmp_path / "published").exists() or not list((tmp_path / "published").rglob("data.parquet"))
@@ -264,7 +265,8 @@ def _release_env(root: Path) -> dict:
         "name": "shop_daily",
         "input": {"path": "data/{start:%Y-%m-%d}.parquet", "format": "parquet",
                   "columns": {"user_id": "string", "region": "string", "amount": "float"}},
-        "privacy_unit": {"column": "user_id", "description": "a user's purchases on one day", "adjacency": "add_remove"},
+        "privacy_unit": {"column": "user_id", "description": "a user's purchases on one day",
+                         "adjacency": "add_remove"},
         "budget": {"scope": "shop", "epsilon": 1.0, "delta": 0},
         "contribution": {"max_partitions_per_unit": 1, "max_rows_per_unit_per_partition": 1},
         "partitions": {"columns": ["region"], "public": ["north"]},
