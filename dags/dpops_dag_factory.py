@@ -364,11 +364,9 @@ def _output_fingerprints(run: Any, output_uri: str | None) -> dict[str, str]:
     from urllib.parse import urlparse
     from urllib.request import url2pathname
 
-    from dpops.randomness import NoiseKey
-
     if not output_uri or not run.key_path:
         return {}
-    key = NoiseKey.from_file(run.key_path)
+    key = run.fingerprint_key  # loaded once by _prepare (never re-read from the file)
     folder = Path(url2pathname(urlparse(output_uri).path))
     out = {}
     for f in sorted(folder.iterdir()) if folder.is_dir() else []:

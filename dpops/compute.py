@@ -23,6 +23,9 @@ class ComputeRequest:
     noise_label: dict
     randomness: str  # "keyed" | "os" | "test"
     key_path: str | None = None  # keyed mode: the FILE holding the noise key (never the key itself)
+    # keyed mode: the public id of the key the run was prepared (and charged) with; every worker
+    # refuses to draw noise with a key file holding another key
+    key_id: str | None = None
     test_seed: int | None = None  # test mode only
     staging_dir: str = ""  # run-specific empty directory: data.parquet + summary.json are written there
     runner: str = "FnApiRunner"

@@ -10,6 +10,11 @@
             knows the seed can recompute the noise, so ``publishable`` is False: such output
             must be marked and may never reach a production output.
 
+The noise key only ever comes from a file (``NoiseKey.from_file``: one open handle, owner/mode/
+directory checks, entropy check); never from the environment, where it would show in process
+listings, crash dumps and child processes. A run loads it once (``load_key``) and every Beam
+worker checks it holds the run's key id (``key_for_run``).
+
 The secret ``NoiseKey`` is never shown by ``repr``/``str``/``describe``. It *can* be pickled,
 because a Beam job must ship it to its workers; the pickle is as secret as the key file.
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import errno
 import hashlib
 import hmac as _hmac
 import os
@@ -31,9 +37,12 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from dpops.errors import InvalidParameter
 
 MIN_KEY_BYTES = 32
+MAX_KEY_FILE_BYTES = 4096  # a key file is at most a few hundred bytes of text; refuse reading anything bigger
+MIN_DISTINCT = 16  # see _check_entropy
 _KEY_ID_INFO = b"dpops/key-id"
 _STREAM_INFO = b"dpops/noise-stream/v1\x00"
 _TEST_SEED_INFO = b"dpops/test-seed/v1\x00"
+_SEAL_INFO = b"dpops/staging-seal/v1\x00"
 _U64_MAX = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
@@ -56,38 +65,74 @@ class NoiseKey:
     # --- loading -----------------------------------------------------------------
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "NoiseKey":
-        """Raw bytes, or hex / base64 text. Refuses a file readable by group or others."""
-        p = Path(path)
-        try:
-            st = p.stat()
-        except FileNotFoundError:
-            raise InvalidParameter(f"noise key file {str(p)!r} does not exist (create it with `dpops key generate`)") from None
-        except OSError as exc:
-            raise InvalidParameter(f"noise key file {str(p)!r} cannot be read: {exc.strerror}") from None
-        if not stat.S_ISREG(st.st_mode):
-            raise InvalidParameter(f"noise key file {str(p)!r} is not a regular file")
-        if st.st_mode & 0o077:
-            raise InvalidParameter(
-                f"noise key file {str(p)!r} is accessible by group/others (mode {stat.S_IMODE(st.st_mode):04o}); "
-                f"restrict it with `chmod 600 {p}`"
-            )
-        try:
-            data = p.read_bytes()
-        except OSError as exc:
-            raise InvalidParameter(f"noise key file {str(p)!r} cannot be read: {exc.strerror}") from None
-        key = _decode_key(data, f"noise key file {str(p)!r}")
-        try:
-            return cls(key)
-        except InvalidParameter as exc:  # e.g. too short: say which file
-            raise InvalidParameter(f"noise key file {str(p)!r}: {exc}") from None
+        """Load a key file (raw bytes, or hex / base64 text) through ONE open handle.
 
-    @classmethod
-    def from_env(cls, var: str = "DPOPS_NOISE_KEY") -> "NoiseKey":
-        """Hex or base64 text in an environment variable."""
-        value = os.environ.get(var)
-        if not value:
-            raise InvalidParameter(f"environment variable {var} holding the noise key is not set or empty")
-        return cls(_decode_key(value.encode(), f"environment variable {var}", allow_raw=False))
+        Privacy reasons, each one a way the key could be swapped or read by someone else:
+
+        - a symlinked path is resolved once (Kubernetes mounts secrets through ``..data/``
+          symlinks), then the parent directory is opened and the file is opened relative to that
+          handle with ``O_NOFOLLOW``: a symlink flipped after resolution is refused, not followed;
+        - the checks use ``fstat`` of the open handles and the bytes are read from the same handle,
+          so what was checked is what is read (no stat-then-open race);
+        - the file must be a regular file owned by this user (or root) with no group/other bits,
+          and its directory owned by this user (or root) and not writable by group/others, so no
+          other local user can read it or put another key in its place;
+        - a low-entropy key (see ``_check_entropy``) is refused: noise under a guessable key is
+          reproducible by anyone.
+
+        Errors name the path and what to do; they never contain the file's bytes.
+        """
+        shown = str(path)
+        where = f"noise key file {shown!r}"
+        real = os.path.realpath(os.fspath(path))
+        parent, name = os.path.split(real)
+        try:
+            dfd = os.open(parent or os.sep, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            raise InvalidParameter(f"{where} does not exist (create it with `dpops key generate`)") from None
+        except OSError as exc:
+            raise InvalidParameter(f"{where}: its directory cannot be opened: {exc.strerror}") from None
+        try:
+            _check_owner_and_mode(os.fstat(dfd), f"{where}: its directory {parent!r}", directory=True)
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0),
+                             dir_fd=dfd)
+            except FileNotFoundError:
+                raise InvalidParameter(f"{where} does not exist (create it with `dpops key generate`)") from None
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise InvalidParameter(f"{where} was replaced by a symlink while it was being loaded; "
+                                           "check who can write its directory") from None
+                raise InvalidParameter(f"{where} cannot be read: {exc.strerror}") from None
+        finally:
+            os.close(dfd)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise InvalidParameter(f"{where} is not a regular file")
+            _check_owner_and_mode(st, where, directory=False)
+            chunks = []
+            size = 0
+            while size <= MAX_KEY_FILE_BYTES:
+                chunk = os.read(fd, MAX_KEY_FILE_BYTES + 1 - size)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+        except OSError as exc:
+            raise InvalidParameter(f"{where} cannot be read: {exc.strerror}") from None
+        finally:
+            os.close(fd)
+        data = b"".join(chunks)
+        if len(data) > MAX_KEY_FILE_BYTES:
+            raise InvalidParameter(f"{where} is larger than {MAX_KEY_FILE_BYTES} bytes: it is not a noise key file")
+        key = _decode_key(data, where)
+        try:
+            loaded = cls(key)  # length first: a short key gets the clearer message
+            _check_entropy(key)
+            return loaded
+        except InvalidParameter as exc:  # e.g. too short: say which file
+            raise InvalidParameter(f"{where}: {exc}") from None
 
     @classmethod
     def generate(cls, path: str | os.PathLike) -> "NoiseKey":
@@ -115,6 +160,12 @@ class NoiseKey:
     def _derive(self, info: bytes) -> bytes:
         return _hmac.new(self._key, info, hashlib.sha256).digest()
 
+    def seal_mac(self, data: bytes) -> str:
+        """The staging seal (``dpops.storage``): HMAC-SHA256 under a key derived from the noise key with
+        its own label. A plain hash of the staged files could be recomputed by anyone who can write
+        the staging area after swapping the noisy values for raw ones; this one needs the secret."""
+        return "hmac-sha256:" + _hmac.new(self._derive(_SEAL_INFO), bytes(data), hashlib.sha256).hexdigest()
+
     def __repr__(self) -> str:
         return f"NoiseKey(key_id={self.key_id!r})"
 
@@ -129,6 +180,72 @@ class NoiseKey:
     # Pickling is allowed on purpose: Beam ships the key to its workers inside the DoFn.
     def __reduce__(self) -> tuple:
         return (NoiseKey, (self._key,))
+
+
+def _check_owner_and_mode(st: os.stat_result, where: str, *, directory: bool) -> None:
+    """Owner must be this user or root; a file has no group/other bits, a directory no group/other write."""
+    euid = os.geteuid()
+    if st.st_uid not in (euid, 0):
+        raise InvalidParameter(f"{where} is owned by uid {st.st_uid}, not by this user ({euid}) or root: "
+                               "another user could replace the key")
+    mode = stat.S_IMODE(st.st_mode)
+    if directory and mode & 0o022:
+        raise InvalidParameter(f"{where} is writable by group/others (mode {mode:04o}): someone else could put "
+                               "another key in its place; restrict it with `chmod go-w` or move the key")
+    if not directory and mode & 0o077:
+        raise InvalidParameter(f"{where} is accessible by group/others (mode {mode:04o}); restrict it with "
+                               "`chmod 600` on the file")
+
+
+def _check_entropy(key: bytes) -> None:
+    """Refuse keys an attacker could guess: fewer than ``MIN_DISTINCT`` (16) distinct byte values, or
+    fewer than 16 distinct differences between consecutive bytes (counting sequences such as
+    00 01 02 ...). 32 bytes from a CSPRNG fail either test with probability below 5e-16, so a
+    generated key is never refused; 64 hex zeros, a repeated short pattern or a counter always are."""
+    if len(set(key)) < MIN_DISTINCT or len({(b - a) & 0xFF for a, b in zip(key, key[1:])}) < MIN_DISTINCT:
+        raise InvalidParameter("the noise key has too little entropy (repeated or sequential bytes); "
+                               "create a random one with `dpops key generate PATH`")
+
+
+# Keys loaded in this process, by key id: the driver loads the key once per run (``load_key``), and a
+# Beam worker in the same process reuses it, while a worker in another process loads it once and
+# checks it is the run's key (``key_for_run``).
+_LOADED: dict[str, NoiseKey] = {}
+
+
+def load_key(path: str | os.PathLike) -> NoiseKey:
+    """Load the run's key from its file (checked as in ``NoiseKey.from_file``) and remember it in
+    this process, so the rest of the run (fingerprints, seal, pipeline) does not re-read the file."""
+    key = NoiseKey.from_file(path)
+    _LOADED[key.key_id] = key
+    return key
+
+
+def key_for_run(path: str | os.PathLike, key_id: str) -> NoiseKey:
+    """The run's key on a worker: the one already loaded in this process, else loaded once from
+    ``path``. Refuses a key whose id differs from the run's: a worker that sees another key (a
+    different secret mounted, a rotated or flipped file) must not draw noise the ledger and the
+    manifest do not describe."""
+    key = _LOADED.get(key_id)
+    if key is not None:
+        return key
+    key = NoiseKey.from_file(path)
+    if not _hmac.compare_digest(key.key_id, str(key_id)):
+        raise InvalidParameter(
+            f"noise key file {str(path)!r} holds key id {key.key_id}, but the run was prepared with key id "
+            f"{key_id}: every worker must see the same key (check the secret mounted on this worker)"
+        )
+    _LOADED[key.key_id] = key
+    return key
+
+
+def test_seal_key() -> NoiseKey:
+    """The public key that seals test-mode staging. Test-mode output is never publishable, and a
+    production run's seal is always checked with the production key, so a public key is harmless."""
+    return NoiseKey(hashlib.sha256(_TEST_SEED_INFO + b"staging-seal").digest())
+
+
+test_seal_key.__test__ = False  # type: ignore[attr-defined]
 
 
 def _decode_key(data: bytes, where: str, allow_raw: bool = True) -> bytes:
@@ -374,4 +491,5 @@ def test_random(seed: int, label: Mapping[str, str | int] | Sequence = ()) -> Ra
 
 test_random.__test__ = False  # type: ignore[attr-defined]  # not a pytest test function
 
-__all__ = ["NoiseKey", "RandomSource", "os_random", "keyed_random", "test_random", "canonical_label"]
+__all__ = ["NoiseKey", "RandomSource", "os_random", "keyed_random", "test_random", "canonical_label", "load_key",
+           "key_for_run"]

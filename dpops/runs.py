@@ -224,10 +224,39 @@ def step_summary(result: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- 1. prepare
 
 
-def _load_key(key_path: str | None) -> Any:
-    from dpops.randomness import NoiseKey  # lazy: owned by the mechanisms module
+REMOVED_KEY_ENV = "DPOPS_NOISE_KEY"
 
-    return NoiseKey.from_file(key_path) if key_path else NoiseKey.from_env()
+
+def _refuse_key_in_env() -> None:
+    """The key VALUE in the environment is refused before anything is reserved: environments leak
+    (process listings, crash dumps, every child process, Airflow task metadata)."""
+    if REMOVED_KEY_ENV in os.environ:
+        raise InvalidParameter(
+            f"the environment variable {REMOVED_KEY_ENV} is set, but dpops no longer reads a noise key from the "
+            "environment (it leaks into process listings and child processes): put the key in a file "
+            "(dpops key generate PATH), pass --key-file PATH or set DPOPS_NOISE_KEY_FILE, and unset "
+            f"{REMOVED_KEY_ENV}; nothing was reserved"
+        )
+
+
+def _load_key(key_path: str | None) -> Any:
+    """Load the noise key once per run (``randomness.load_key`` keeps it for the in-process pipeline)."""
+    from dpops.randomness import load_key  # lazy: owned by the mechanisms module
+
+    if not key_path:
+        raise InvalidParameter("no noise key file given: pass --key-file PATH or set DPOPS_NOISE_KEY_FILE "
+                               "(create a key with dpops key generate PATH)")
+    return load_key(key_path)
+
+
+def _sealer(randomness: str, fp_key: Any) -> Any:
+    """The key that seals this run's staged output (storage.py): the noise key in keyed and os mode
+    (both always load it), the public test seal key in test mode (never publishable anyway)."""
+    if randomness == "test":
+        from dpops.randomness import test_seal_key
+
+        return test_seal_key()
+    return fp_key
 
 
 def _default_planner(spec: ReleaseSpec) -> Any:
@@ -247,6 +276,7 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: Any, interval_end
     """
     if randomness not in RANDOMNESS:
         raise InvalidParameter(f"randomness must be one of {RANDOMNESS}, got {randomness!r}")
+    _refuse_key_in_env()
     if randomness == "test":
         if test_seed is None:
             raise InvalidParameter("randomness 'test' needs a test seed")
@@ -269,7 +299,8 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: Any, interval_end
     return RunContext(
         spec_path=str(Path(spec_path).resolve()), spec=spec, interval=interval, input_paths=paths,
         input_fingerprint=fingerprint, randomness=randomness, key_id=key_id, plan=plan,
-        store=ReleaseStore(spec.output_root, spec.name), key_path=str(Path(key_path).resolve()) if key_path else None,
+        store=ReleaseStore(spec.output_root, spec.name, sealer=_sealer(randomness, fp_key)),
+        key_path=str(Path(key_path).resolve()) if key_path else None,
         test_seed=test_seed, actor=actor or default_actor(), fingerprint_key=fp_key,
     )
 
@@ -384,6 +415,7 @@ def _compute_request(ctx: RunContext, staging_dir: Path, runner: str, runner_opt
         spec_path=ctx.spec_path, interval_start=ctx.interval.start_iso, interval_end=ctx.interval.end_iso,
         input_paths=tuple(ctx.input_paths), noise_label=ctx.noise_label, randomness=ctx.randomness,
         key_path=ctx.key_path if ctx.randomness == "keyed" else None, test_seed=ctx.test_seed,
+        key_id=ctx.key_id if ctx.randomness == "keyed" else None,
         staging_dir=str(staging_dir), runner=runner, runner_options=tuple(runner_options),
     )
     plan_hash = getattr(ctx.plan, "plan_hash", None)
@@ -627,7 +659,7 @@ def output_fingerprints(ctx: RunContext, directory: Path) -> dict[str, str]:
     out: dict[str, str] = {}
     if ctx.fingerprint_key is None or not directory.is_dir():
         return out
-    for name in PUBLISHED_FILES:  # staged dirs also hold internal.json, which is never published
+    for name in PUBLISHED_FILES:
         f = directory / name
         if f.is_file():
             out[name] = "hmac-sha256:" + ctx.fingerprint_key.hmac(f.read_bytes()).hex()

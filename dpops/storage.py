@@ -2,13 +2,35 @@
 
 Layout (``<interval>`` is ``Interval.slug``, e.g. ``20240101T000000Z_20240102T000000Z``)::
 
-    staged/<release>/<interval>/<run_id>/data.parquet     noisy output written by the pipeline
-                                        /summary.json     release, interval, plan, randomness mode, test_mode
-                                        /internal.json    INTERNAL run log (rows read/dropped/clamped): never published
-                                        /_STAGED.json     sha256 of every file above, written last
-    published/<release>/<interval>/v1/data.parquet, summary.json, _PUBLISHED.json
-                                  /v2/...                 a restatement: a new version, v1 is kept
-                                  /current -> v2          symlink, moved atomically
+    <output.root>/staged/<release>/<interval>/<run_id>/data.parquet   noisy output written by the pipeline
+                                                      /summary.json   release, interval, plan, randomness, test_mode
+                                                      /_STAGED.json   the seal: sha256 of each file, keyed HMAC
+    <output.root>/published/<release>/<interval>/v1/data.parquet, summary.json, _PUBLISHED.json
+                                                /v2/...               a restatement: a new version, v1 is kept
+                                                /current -> v2        symlink, moved atomically
+    <private state dir>/runs/<release>/<interval>/<run_id>.internal.json
+                                  INTERNAL run log (rows read/kept/dropped/clamped): PRIVATE, never under output.root
+
+Who may read what (issue 14, semantics.md section 6):
+
+- ``published/`` is the product: directories 0755, files 0644, set explicitly.
+- ``staged/`` holds noisy values that are not released yet (a reader who sees two staged attempts,
+  or a staged output that is then refused, learns more than the release promises): every
+  directory of the ``staged/`` tree is 0700 and every file 0600, set explicitly with ``chmod``,
+  never left to the umask; an older, looser tree is tightened on the next run.
+- The internal run log holds EXACT counts of the private data (with one public partition,
+  published count - rows_kept is the noise). It never lives under ``output.root``: it goes to
+  the private state directory, ``$DPOPS_STATE_DIR`` or by default ``$XDG_STATE_HOME/dpops``
+  (``~/.local/state/dpops``), directories 0700 and files 0600. A state directory under
+  ``output.root`` is refused.
+
+The seal (``_STAGED.json``) names every staged file's sha256 and is authenticated with
+HMAC-SHA256 under a key derived from the noise key (``NoiseKey.seal_mac``): whoever can write the
+staging area but does not hold the key cannot swap the noisy values for raw ones and reseal them.
+Publishing re-verifies the seal and every hash and refuses a mismatch with an ``IntegrityError``
+(exit 7). keyed and os runs always load the noise key (the input fingerprint is keyed), so every
+publishable run is sealed with the secret; a test-mode run is sealed with a public test key and can
+never be published.
 
 Every published interval is versioned, the first one included, so readers always
 use ``<interval>/current/`` and nothing is ever overwritten.
@@ -24,11 +46,13 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import hmac
 import json
 import os
 import re
 import secrets
 import shutil
+import stat
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -36,7 +60,7 @@ from typing import Any, Iterator
 
 from contextlib import contextmanager
 
-from dpops.errors import StorageError
+from dpops.errors import IntegrityError, StorageError
 
 DATA_FILE = "data.parquet"
 SUMMARY_FILE = "summary.json"
@@ -44,7 +68,13 @@ INTERNAL_FILE = "internal.json"
 STAGED_MARKER = "_STAGED.json"
 PUBLISHED_MARKER = "_PUBLISHED.json"
 CURRENT = "current"
-PUBLISHED_FILES = (DATA_FILE, SUMMARY_FILE)  # internal.json never leaves staging
+STATE_DIR_ENV = "DPOPS_STATE_DIR"
+PRIVATE_DIR_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
+PUBLIC_DIR_MODE = 0o755
+PUBLIC_FILE_MODE = 0o644
+SEAL_VERSION = "dpops.staging-seal/1"
+PUBLISHED_FILES = (DATA_FILE, SUMMARY_FILE)  # the internal run log is never under output.root
 _VERSION_RE = re.compile(r"^v(\d+)$")
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
@@ -93,12 +123,57 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_json(path: Path, doc: Any) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
+def _write_json(path: Path, doc: Any, mode: int = PRIVATE_FILE_MODE) -> None:
+    """Write a new JSON file with an explicit mode (fchmod: the umask can only remove bits)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
+    with open(fd, "w", encoding="utf-8") as fh:
+        os.fchmod(fh.fileno(), mode)
         json.dump(doc, fh, indent=2, sort_keys=True, allow_nan=False)
         fh.write("\n")
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def _mkdirs(base: Path, parts: tuple[str, ...], mode: int, *, force: bool) -> Path:
+    """Create ``base/parts...`` one level at a time with an explicit ``mode``.
+
+    ``force``: also chmod levels that already exist (the staged tree, so a tree an older version
+    left 0755 is tightened). ``base`` itself (e.g. ``output.root``, which readers traverse) is
+    created if missing but its mode is left alone."""
+    base.mkdir(parents=True, exist_ok=True)
+    cur = base
+    for part in parts:
+        cur = cur / part
+        try:
+            os.mkdir(cur, mode)
+            created = True
+        except FileExistsError:
+            created = False
+        if created or force:
+            if cur.is_symlink() or not cur.is_dir():
+                raise StorageError(f"{cur} must be a directory, not a symlink or file: remove it and retry")
+            os.chmod(cur, mode)
+    return cur
+
+
+def private_state_dir() -> Path:
+    """Where the private run log goes: ``$DPOPS_STATE_DIR``, else ``$XDG_STATE_HOME/dpops``, else
+    ``~/.local/state/dpops``. Operators point it at a directory only the dpops user can read."""
+    env = os.environ.get(STATE_DIR_ENV)
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "dpops"
+
+
+def _is_within(path: Path, root: Path) -> bool:
+    p, r = os.path.realpath(path), os.path.realpath(root)
+    return p == r or p.startswith(r.rstrip(os.sep) + os.sep)
+
+
+def _seal_payload(release: str, interval_slug: str, run_id: str, files: dict[str, str], test_mode: bool) -> bytes:
+    return json.dumps({"version": SEAL_VERSION, "release": release, "interval": interval_slug, "run_id": run_id,
+                       "files": files, "test_mode": bool(test_mode)}, sort_keys=True, separators=(",", ":")).encode()
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -162,11 +237,24 @@ class PublishedRun:
 class ReleaseStore:
     """Staged and published outputs of one release under one output root."""
 
-    def __init__(self, root: str | os.PathLike[str], release: str):
+    def __init__(self, root: str | os.PathLike[str], release: str, *, sealer: Any = None,
+                 state_dir: str | os.PathLike[str] | None = None):
+        """``sealer``: the run's noise key (anything with ``seal_mac(bytes) -> str`` and ``key_id``);
+        needed to seal and to verify staged output, not to list published versions.
+        ``state_dir``: the private state directory (default ``private_state_dir()``), refused when it
+        lies under ``root``, where readers could reach the exact counts in the run log."""
         if not re.match(r"^[a-z0-9_-]{1,64}$", release):
             raise StorageError(f"release name {release!r} is not safe for a path")
         self.root = Path(root)
         self.release = release
+        self.sealer = sealer
+        self.state_dir = Path(state_dir) if state_dir is not None else private_state_dir()
+        if _is_within(self.state_dir, self.root):
+            raise StorageError(
+                f"the private state directory {self.state_dir} (${STATE_DIR_ENV}) lies under output.root {self.root}: "
+                "the internal run log holds exact counts of the private data and must not be where readers of the "
+                f"output can reach it; set {STATE_DIR_ENV} to a directory outside output.root"
+            )
 
     # ---- paths ------------------------------------------------------------------
     def staged_interval_dir(self, interval_slug: str) -> Path:
@@ -179,40 +267,103 @@ class ReleaseStore:
     def published_interval_dir(self, interval_slug: str) -> Path:
         return self.root / "published" / self.release / interval_slug
 
+    def internal_log_path(self, interval_slug: str, run_id: str) -> Path:
+        """The PRIVATE run log of one run (exact counts): under the state directory, never output.root."""
+        _check_run_id(run_id)
+        return self.state_dir / "runs" / self.release / interval_slug / f"{run_id}.internal.json"
+
+    def read_internal_log(self, interval_slug: str, run_id: str) -> dict[str, Any] | None:
+        """The run's internal counters, or None if this machine has no log for it (operators only)."""
+        try:
+            return _read_json(self.internal_log_path(interval_slug, run_id))
+        except FileNotFoundError:
+            return None
+
+    def _write_internal_log(self, interval_slug: str, run_id: str, internal: dict[str, Any]) -> Path:
+        """Atomically write the run log with 0700 directories and a 0600 file (explicit, not the umask)."""
+        path = self.internal_log_path(interval_slug, run_id)
+        folder = self._private_log_dir(interval_slug)
+        with _storage_errors("write the private run log in", self.state_dir):
+            tmp = folder / f".tmp-{run_id}-{secrets.token_hex(4)}"
+            try:
+                _write_json(tmp, internal, PRIVATE_FILE_MODE)
+                os.replace(tmp, path)
+            finally:
+                if os.path.lexists(tmp):
+                    os.unlink(tmp)
+            _fsync_dir(folder)
+        return path
+
+    def _private_log_dir(self, interval_slug: str) -> Path:
+        with _storage_errors("prepare the private state directory", self.state_dir):
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            os.chmod(self.state_dir, PRIVATE_DIR_MODE)
+            return _mkdirs(self.state_dir, ("runs", self.release, interval_slug), PRIVATE_DIR_MODE, force=True)
+
+    def _require_sealer(self, what: str) -> Any:
+        if self.sealer is None or not callable(getattr(self.sealer, "seal_mac", None)):
+            raise StorageError(f"cannot {what} without the noise key: the staging seal is an HMAC under it "
+                               "(pass --key-file / DPOPS_NOISE_KEY_FILE)")
+        return self.sealer
+
     # ---- staging ----------------------------------------------------------------
     def new_staging_dir(self, interval_slug: str, run_id: str) -> Path:
         """An empty, run-specific temporary directory for the pipeline to write into (hidden from readers)."""
         parent = self.staged_interval_dir(interval_slug)
         tmp = parent / f".tmp-{_check_run_id(run_id)}-{secrets.token_hex(4)}"
         with _storage_errors("create the staging directory", tmp):
-            parent.mkdir(parents=True, exist_ok=True)
-            tmp.mkdir()
+            # Every level of staged/ is 0700, set explicitly: unreleased noisy values are not for readers.
+            _mkdirs(self.root, ("staged", self.release, interval_slug), PRIVATE_DIR_MODE, force=True)
+            os.mkdir(tmp, PRIVATE_DIR_MODE)
+            os.chmod(tmp, PRIVATE_DIR_MODE)
+        try:
+            # The private run log's folder too, now: this runs before ledger.start, so a state directory
+            # that cannot be written fails while the reservation is still refundable.
+            self._private_log_dir(interval_slug)
+        except BaseException:
+            _rmtree_quiet(tmp)
+            raise
         return tmp
 
     def finish_staging(self, tmp_dir: Path, interval_slug: str, run_id: str, internal: dict[str, Any], *,
                        test_mode: bool = False) -> StagedRun:
-        """Seal a staging directory the pipeline filled: write internal.json and the hash marker, fsync, rename.
+        """Seal a staging directory the pipeline filled: private run log, 0600 files, keyed seal, fsync, rename.
 
-        If another attempt already sealed this run id (a concurrent retry), that one is kept and ``tmp_dir``
-        discarded: both hold the same run, and the first one is what the ledger's start covers.
+        The internal counters go to the private run log (``internal_log_path``), never next to the
+        output. If another attempt already sealed this run id (a concurrent retry), that one is kept and
+        ``tmp_dir`` discarded: both hold the same run, and the first one is what the ledger's start covers.
         """
         tmp_dir = Path(tmp_dir)
         final = self.staged_dir(interval_slug, run_id)
         try:
+            sealer = self._require_sealer("seal the staged output")
             with _storage_errors("stage the output in", tmp_dir):
+                os.chmod(tmp_dir, PRIVATE_DIR_MODE)
                 for name in PUBLISHED_FILES:
-                    if not (tmp_dir / name).is_file():
-                        raise StorageError(f"the pipeline did not write {name} in {tmp_dir}")
+                    st = os.lstat(tmp_dir / name) if os.path.lexists(tmp_dir / name) else None
+                    if st is None or not stat.S_ISREG(st.st_mode):
+                        raise StorageError(f"the pipeline did not write {name} as a regular file in {tmp_dir}")
+                    os.chmod(tmp_dir / name, PRIVATE_FILE_MODE)
+                for extra in os.listdir(tmp_dir):  # scratch (e.g. shard files with counters) never stays behind
+                    if extra not in PUBLISHED_FILES:
+                        path = tmp_dir / extra
+                        if path.is_dir() and not path.is_symlink():
+                            shutil.rmtree(path)
+                        else:
+                            os.unlink(path)
                 summary = _read_json(tmp_dir / SUMMARY_FILE)
-                _write_json(tmp_dir / INTERNAL_FILE, internal)
+                self._write_internal_log(interval_slug, run_id, internal)
                 hashes = {}
-                for name in (DATA_FILE, SUMMARY_FILE, INTERNAL_FILE):
+                for name in PUBLISHED_FILES:
                     _fsync_file(tmp_dir / name)
                     hashes[name] = sha256_file(tmp_dir / name)
                 # Either side saying "test mode" is enough: a seeded run must never look publishable.
                 test_mode = bool(test_mode or summary.get("test_mode", False))
+                payload = _seal_payload(self.release, interval_slug, run_id, hashes, test_mode)
                 _write_json(tmp_dir / STAGED_MARKER, {
                     "run_id": run_id, "files": hashes, "test_mode": test_mode, "staged_at": _now(),
+                    "seal": {"version": SEAL_VERSION, "key_id": getattr(sealer, "key_id", None),
+                             "mac": sealer.seal_mac(payload)},
                 })
                 _fsync_dir(tmp_dir)
                 if final.exists():
@@ -237,25 +388,54 @@ class ReleaseStore:
         return self.verify_staged(interval_slug, run_id)
 
     def verify_staged(self, interval_slug: str, run_id: str) -> StagedRun:
+        """Check the seal (HMAC under the noise key) and then every file's sha256.
+
+        Any mismatch is an ``IntegrityError`` (exit 7): the staged output was changed, or sealed by
+        someone without the key, and is never published. The remedy is to remove the run's staged
+        directory and run again (keyed noise is recomputed under the same charge)."""
         d = self.staged_dir(interval_slug, run_id)
+        remedy = f"remove {d} and run again (keyed randomness recomputes the same noise at no new charge)"
         try:
             marker = _read_json(d / STAGED_MARKER)
         except FileNotFoundError:
             raise StorageError(f"no sealed staged output for run {run_id} in {d} (compute it first)") from None
+        except StorageError:
+            raise IntegrityError(f"{d / STAGED_MARKER} is not a readable seal: the staged output is corrupt and will "
+                                 f"not be published; {remedy}") from None
         files = marker.get("files")
-        if marker.get("run_id") != run_id or not isinstance(files, dict) or set(PUBLISHED_FILES) - set(files):
-            raise StorageError(f"{d / STAGED_MARKER} does not describe run {run_id}: the staged output is corrupt")
+        seal = marker.get("seal")
+        if (marker.get("run_id") != run_id or not isinstance(files, dict) or set(files) != set(PUBLISHED_FILES)
+                or not all(isinstance(v, str) for v in files.values())):
+            raise IntegrityError(f"{d / STAGED_MARKER} does not describe run {run_id}: the staged output is corrupt "
+                                 f"and will not be published; {remedy}")
+        if not isinstance(seal, dict) or seal.get("version") != SEAL_VERSION or not isinstance(seal.get("mac"), str):
+            raise IntegrityError(f"{d / STAGED_MARKER} carries no keyed seal (written by an older dpops or by "
+                                 f"hand): it will not be published; {remedy}")
+        sealer = self._require_sealer("verify the staged output")
+        test_mode = marker.get("test_mode", False)
+        if not isinstance(test_mode, bool):
+            raise IntegrityError(f"{d / STAGED_MARKER}: test_mode is not a boolean; {remedy}")
+        want_mac = sealer.seal_mac(_seal_payload(self.release, interval_slug, run_id, files, test_mode))
+        if not hmac.compare_digest(want_mac, seal["mac"]):
+            raise IntegrityError(
+                f"{d / STAGED_MARKER}: the seal does not verify under the noise key (key id "
+                f"{getattr(sealer, 'key_id', '?')}): the staged output was changed or resealed without the key; "
+                f"it will not be published; {remedy}")
         for name, want in files.items():
             path = d / name
             try:
+                st = os.lstat(path)
+                if not stat.S_ISREG(st.st_mode):
+                    raise IntegrityError(f"staged file {path} is not a regular file; it will not be published; "
+                                         f"{remedy}")
                 got = sha256_file(path)
             except OSError as exc:
-                raise StorageError(f"staged file {path} is unreadable ({exc.strerror or exc}): the staged output is corrupt; "
-                                   "recompute it with a new attempt") from None
+                raise IntegrityError(f"staged file {path} is unreadable ({exc.strerror or exc}): the staged output is "
+                                     f"corrupt; {remedy}") from None
             if got != want:
-                raise StorageError(f"staged file {path} does not match its recorded sha256: the staged output is corrupt "
-                                   "(changed after it was written); it will not be published")
-        return StagedRun(run_id, d, dict(files), bool(marker.get("test_mode", False)))
+                raise IntegrityError(f"staged file {path} does not match the sealed sha256: the staged output was "
+                                     f"changed after it was written; it will not be published; {remedy}")
+        return StagedRun(run_id, d, dict(files), test_mode)
 
     # ---- publishing -------------------------------------------------------------
     def versions(self, interval_slug: str) -> list[PublishedRun]:
@@ -335,15 +515,18 @@ class ReleaseStore:
         published_at = _now()
         try:
             with _storage_errors("publish into", base):
-                base.mkdir(parents=True, exist_ok=True)
-                tmp.mkdir()
+                # The product is for readers: explicit modes, not the umask (staged copies are 0600).
+                _mkdirs(self.root, ("published", self.release, interval_slug), PUBLIC_DIR_MODE, force=False)
+                os.mkdir(tmp, PUBLIC_DIR_MODE)
+                os.chmod(tmp, PUBLIC_DIR_MODE)
                 for name in PUBLISHED_FILES:
                     shutil.copyfile(staged.directory / name, tmp / name)
+                    os.chmod(tmp / name, PUBLIC_FILE_MODE)
                     _fsync_file(tmp / name)
                     hashes[name] = sha256_file(tmp / name)
                     if hashes[name] != staged.hashes[name]:
                         raise StorageError(f"copy of {name} to {tmp} does not match the staged file; nothing published")
-                _write_json(tmp / PUBLISHED_MARKER, {
+                _write_json(tmp / PUBLISHED_MARKER, mode=PUBLIC_FILE_MODE, doc={
                     "release": self.release, "interval": interval_slug, "run_id": staged.run_id, "version": version,
                     "files": hashes, "restates": restates, "published_at": published_at, **(extra or {}),
                 })
@@ -395,4 +578,5 @@ def _check_run_id(run_id: str) -> str:
     return run_id
 
 
-__all__ = ["ReleaseStore", "StagedRun", "PublishedRun", "sha256_file", "DATA_FILE", "SUMMARY_FILE", "INTERNAL_FILE"]
+__all__ = ["ReleaseStore", "StagedRun", "PublishedRun", "sha256_file", "private_state_dir", "DATA_FILE",
+           "SUMMARY_FILE", "INTERNAL_FILE", "STATE_DIR_ENV"]

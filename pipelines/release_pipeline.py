@@ -16,8 +16,10 @@ Shape (one Beam element is a batch, never a row):
 
 The driver then merges the shard files into data.parquet and writes summary.json.
 DoFns hold only picklable configuration; the noise key is read from ``key_path``
-inside each worker (never on a command line, never logged). Staging must be a
-filesystem every worker can write (local for FnApiRunner / PortableRunner LOOPBACK).
+inside each worker (never on a command line, never logged), at most once per worker
+process, and refused unless its id is the run's ``key_id`` (``randomness.key_for_run``).
+Staging must be a filesystem every worker can write (local for FnApiRunner / PortableRunner
+LOOPBACK).
 """
 
 from __future__ import annotations
@@ -58,19 +60,22 @@ N_SHARDS = 16  # fixed: the noise is drawn per shard
 
 @dataclass(frozen=True)
 class RandomnessConfig:
-    """How a worker builds the run's randomness source. Holds the key's PATH, never the key."""
+    """How a worker builds the run's randomness source. Holds the key's PATH and public id, never the key."""
 
     mode: str
     label: tuple[tuple[str, str], ...]
     key_path: str | None = None
     test_seed: int | None = None
+    key_id: str | None = None
 
     def source(self):
         from dpops import randomness
 
         label = dict(self.label)
         if self.mode == "keyed":
-            return randomness.keyed_random(randomness.NoiseKey.from_file(self.key_path), label)
+            # Loaded once per worker process and checked against the run's key id: a worker that
+            # sees another key must not draw noise the ledger and manifest do not describe.
+            return randomness.keyed_random(randomness.key_for_run(self.key_path, self.key_id), label)
         if self.mode == "os":
             return randomness.os_random()
         if self.mode == "test":
@@ -252,7 +257,7 @@ def build_context(spec, plan, request: ComputeRequest, parts_dir: str) -> Pipeli
         l0=plan.max_partitions_per_unit, linf=plan.max_rows_per_unit_per_partition,
         sums=sums, hists=hists, cats=catspecs)
     label = tuple(sorted((str(k), str(v)) for k, v in request.noise_label.items()))
-    rnd = RandomnessConfig(request.randomness, label, request.key_path, request.test_seed)
+    rnd = RandomnessConfig(request.randomness, label, request.key_path, request.test_seed, _key_id(request))
     return PipelineContext(read, agg, plan, rnd, parts_dir, public_names)
 
 
@@ -368,7 +373,7 @@ def run_release(request: ComputeRequest) -> ComputeResult:
         "spec_hash": plan.spec_hash,
         "plan_hash": plan.plan_hash,
         "randomness": request.randomness,
-        "key_id": _key_id(request),
+        "key_id": ctx.randomness.key_id,
         "test_mode": request.randomness == "test",
         "partitions_released": table.num_rows,
         "columns": table.column_names,
@@ -390,11 +395,15 @@ def run_release(request: ComputeRequest) -> ComputeResult:
 
 
 def _key_id(request: ComputeRequest) -> str | None:
+    """The run's key id: given by the request (``dpops.runs``, which loaded the key), else the key is
+    loaded here once (a hand-written request JSON) and every worker is held to it."""
     if request.randomness != "keyed":
         return None
-    from dpops.randomness import NoiseKey
+    if request.key_id:
+        return request.key_id
+    from dpops.randomness import load_key
 
-    return NoiseKey.from_file(request.key_path).key_id
+    return load_key(request.key_path).key_id
 
 
 def _empty_table(plan, spec):

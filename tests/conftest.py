@@ -7,6 +7,12 @@ import os
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("SCARF_ANALYTICS", "false")
 os.environ.setdefault("DO_NOT_TRACK", "true")
+# The private run log (exact counts) goes to the state directory, never under an output root: keep the
+# tests' logs out of the real ~/.local/state/dpops.
+if "DPOPS_STATE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["DPOPS_STATE_DIR"] = tempfile.mkdtemp(prefix="dpops-test-state-")
 
 import pytest
 

@@ -345,7 +345,9 @@ def check_invariants(env: ReleaseEnv, *, settled: bool = True, recovered: bool =
     assert abs(status.total - charged) < 1e-9, f"scope total {status.total} != charged runs {charged}"
     assert charged <= max_charge + 1e-9, f"charged {charged}: more than {max_charge} for one interval"
 
-    store = ReleaseStore(env.out, RELEASE)
+    from dpops.randomness import NoiseKey
+
+    store = ReleaseStore(env.out, RELEASE, sealer=NoiseKey.from_file(env.key_file))
     versions = store.versions(SLUG)
     assert len(versions) <= 1, f"interval published {len(versions)} times"
     current = store.current(SLUG)

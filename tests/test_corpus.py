@@ -78,7 +78,8 @@ class Case:
 
     def run(self):
         return run_cli(["release", "run", str(self.root / "spec.yaml"), "--interval", INTERVAL, "--ledger", self.url,
-                        "--key-file", str(self.key_file), "--no-gx-checks", "--publish", "--json"])
+                        "--key-file", str(self.key_file), "--no-gx-checks", "--publish", "--json"],
+                       env={"DPOPS_STATE_DIR": str(self.root / "state")})
 
     def ledger_runs(self) -> list:
         from dpops.ledger import open_ledger
@@ -93,7 +94,7 @@ class Case:
         return pq.read_table(hits[0]) if hits else None
 
     def internal(self) -> dict:
-        hits = list((self.root / "out" / "staged").glob(f"*/{SLUG}/*/internal.json"))
+        hits = list((self.root / "state" / "runs").glob(f"*/{SLUG}/*.internal.json"))  # private run log
         return json.loads(hits[0].read_text()) if hits else {}
 
 

@@ -258,7 +258,7 @@ def test_corrupted_staged_file_is_never_published(tmp_path, key_file, reference,
     data[len(data) // 2] ^= 0xFF  # one flipped byte
     target.write_bytes(bytes(data))
     r = run_cli(env.run_args())
-    _clean_failure(r, 6, str(target))
+    _clean_failure(r, 7, str(target))  # tampering/verification: IntegrityError
     _nothing_published(env)
     check_invariants(env)
     # the fault gone: the operator removes the corrupt staged output; the keyed retry recomputes the same
@@ -269,5 +269,5 @@ def test_corrupted_staged_file_is_never_published(tmp_path, key_file, reference,
     retry = run_cli(env.run_args())
     assert retry.rc == 0 and retry.json()["state"] == "published" and retry.json()["epsilon_charged"] == 0, retry.err
     check_invariants(env, reference=reference)
-    MATRIX.append(("publish", f"corrupt staged {what}", "sqlite", "exit 6 naming the file -> removed -> "
+    MATRIX.append(("publish", f"corrupt staged {what}", "sqlite", "exit 7 naming the file -> removed -> "
                    "recomputed, same values, published once"))

@@ -119,18 +119,14 @@ def test_key_from_file_formats_and_refusals(tmp_path):
         NoiseKey.from_file(tmp_path / "missing")
 
 
-def test_generate_and_env(tmp_path, monkeypatch):
+def test_generate(tmp_path):
     p = tmp_path / "k"
     key = NoiseKey.generate(p)
     assert (p.stat().st_mode & 0o777) == 0o600
     assert NoiseKey.from_file(p) == key
     with pytest.raises(InvalidParameter, match="overwrite"):
         NoiseKey.generate(p)
-    monkeypatch.setenv("DPOPS_NOISE_KEY", p.read_text().strip())
-    assert NoiseKey.from_env() == key
-    monkeypatch.setenv("DPOPS_NOISE_KEY", "")
-    with pytest.raises(InvalidParameter, match="DPOPS_NOISE_KEY"):
-        NoiseKey.from_env()
+    assert not hasattr(NoiseKey, "from_env")  # the key value is never read from the environment
 
 
 def test_hmac_is_keyed():
@@ -185,3 +181,186 @@ def test_key_cli(tmp_path):
     assert dpops_main(["key", "generate", str(p)]) == 3  # refuses to overwrite
     p.chmod(0o644)
     assert dpops_main(["key", "id", str(p)]) == 3
+
+
+# --------------------------------------------------------------------------- issue 14 item 6: loading the key
+
+
+def _key_file(path, content: bytes, mode: int = 0o600):
+    path.write_bytes(content)
+    path.chmod(mode)
+    return path
+
+
+def test_kubernetes_style_symlinked_secret_is_resolved_once(tmp_path):
+    """Kubernetes mounts a secret as ``key -> ..data/key``, ``..data -> ..<timestamp>``, in a 1777 mount."""
+    mount = tmp_path / "secret"
+    real_dir = mount / "..2026_01_01_00_00_00.123"
+    real_dir.mkdir(parents=True)
+    raw = os.urandom(32)
+    _key_file(real_dir / "noise.key", raw.hex().encode())
+    os.symlink(real_dir.name, mount / "..data")
+    os.symlink("..data/noise.key", mount / "noise.key")
+    mount.chmod(0o1777)
+    assert NoiseKey.from_file(mount / "noise.key") == NoiseKey(raw)
+
+
+def test_flipped_symlink_never_yields_the_other_key(tmp_path):
+    """The race of issue 14: a symlink flipped between a proper key file and a world-readable one. Checks
+    and read go through one handle, so every load returns the proper key or is refused as a whole."""
+    import subprocess
+    import sys
+    import time
+
+    good, bad = os.urandom(32), os.urandom(32)
+    _key_file(tmp_path / "good.key", good.hex().encode())
+    _key_file(tmp_path / "bad.key", bad.hex().encode(), 0o644)
+    link = tmp_path / "noise.key"
+    os.symlink("good.key", link)
+    flipper = subprocess.Popen([sys.executable, "-c", (
+        "import os, sys\nd = sys.argv[1]\nwhile True:\n"
+        "    for t in ('bad.key', 'good.key'):\n"
+        "        os.symlink(t, d + '/tmp-link'); os.replace(d + '/tmp-link', d + '/noise.key')\n"), str(tmp_path)])
+    results = {"good": 0, "bad": 0, "refused": 0}
+    try:
+        t0 = time.monotonic()  # at least 3 s, and until the race was really hit both ways (at most 20 s)
+        while time.monotonic() - t0 < 3.0 or (not (results["good"] and results["refused"])
+                                               and time.monotonic() - t0 < 20.0):
+            try:
+                k = NoiseKey.from_file(link)
+            except InvalidParameter:
+                results["refused"] += 1
+                continue
+            results["good" if k == NoiseKey(good) else "bad"] += 1
+    finally:
+        flipper.kill()
+        flipper.wait()
+    assert results["bad"] == 0, results
+    assert results["good"] > 0 and results["refused"] > 0, results  # the flipper really raced the loads
+
+
+def test_key_file_owner_directory_type_and_size_checks(tmp_path):
+    raw = os.urandom(32)
+    d = tmp_path / "keys"
+    d.mkdir(mode=0o700)
+    p = _key_file(d / "noise.key", raw.hex().encode())
+    assert NoiseKey.from_file(p) == NoiseKey(raw)
+    if os.geteuid() == 0:  # only root can give a file away to another uid
+        os.chown(p, 65534, 65534)
+        with pytest.raises(InvalidParameter, match="owned by uid 65534"):
+            NoiseKey.from_file(p)
+        os.chown(p, 0, 0)
+    d.chmod(0o770)
+    with pytest.raises(InvalidParameter, match="directory .* writable by group/others"):
+        NoiseKey.from_file(p)
+    d.chmod(0o700)
+    fifo = d / "fifo.key"
+    os.mkfifo(fifo, 0o600)
+    with pytest.raises(InvalidParameter, match="not a regular file"):  # and no hang waiting for a writer
+        NoiseKey.from_file(fifo)
+    big = _key_file(d / "big.key", os.urandom(8192))
+    with pytest.raises(InvalidParameter, match="larger than 4096 bytes"):
+        NoiseKey.from_file(big)
+
+
+@pytest.mark.parametrize("content", [b"0" * 64, b"ab" * 32, bytes(range(32)).hex().encode(), b"\x00" * 32,
+                                     bytes(range(100, 164)), base64.b64encode(b"\x07\x09" * 16)])
+def test_low_entropy_keys_are_refused_without_echoing_them(tmp_path, content):
+    p = _key_file(tmp_path / "weak.key", content)
+    with pytest.raises(InvalidParameter, match="too little entropy") as info:
+        NoiseKey.from_file(p)
+    assert content.decode("latin-1") not in str(info.value)
+
+
+def test_generated_keys_pass_the_entropy_check(tmp_path):
+    for i in range(200):  # a false refusal has probability < 5e-16 per key
+        NoiseKey.generate(tmp_path / f"k{i}")
+        NoiseKey.from_file(tmp_path / f"k{i}")
+
+
+def test_refusals_never_contain_key_bytes(tmp_path):
+    raw = os.urandom(32)
+    text = raw.hex()
+    loose = _key_file(tmp_path / "loose.key", text.encode(), 0o644)
+    short = _key_file(tmp_path / "short.key", text[:40].encode())
+    for p in (loose, short):
+        with pytest.raises(InvalidParameter) as info:
+            NoiseKey.from_file(p)
+        assert text[:16] not in str(info.value) and text[-16:] not in str(info.value)
+
+
+def test_worker_refuses_a_key_that_is_not_the_runs(tmp_path, monkeypatch):
+    from dpops import randomness
+
+    monkeypatch.setattr(randomness, "_LOADED", {})
+    a = NoiseKey.generate(tmp_path / "a.key")
+    b = NoiseKey(os.urandom(32))
+    with pytest.raises(InvalidParameter, match=f"holds key id {a.key_id}.*prepared with key id {b.key_id}"):
+        randomness.key_for_run(tmp_path / "a.key", b.key_id)
+    assert randomness.key_for_run(tmp_path / "a.key", a.key_id) == a
+
+
+def test_pipeline_refuses_a_key_file_that_is_not_the_runs(tmp_path, monkeypatch):
+    import dataclasses
+
+    from dpops import randomness
+    from test_pipeline_helpers import request, write_input, write_spec
+
+    monkeypatch.setattr(randomness, "_LOADED", {})
+    NoiseKey.generate(tmp_path / "worker.key")
+    prepared_with = NoiseKey(os.urandom(32)).key_id
+    spec = write_spec(tmp_path, [{"type": "count"}], {"columns": ["region"], "public": ["north"]})
+    inp = write_input(tmp_path, {"user_id": ["a", "b"], "region": ["north", "north"], "amount": [1.0, 2.0],
+                                 "category": ["x", "x"]})
+    req = dataclasses.replace(request(spec, [inp], tmp_path / "stage", randomness="keyed",
+                                      key_path=str(tmp_path / "worker.key")), key_id=prepared_with)
+    from pipelines.release_pipeline import run_release
+
+    with pytest.raises(InvalidParameter, match="every worker must see the same key"):
+        run_release(req)
+    assert not (tmp_path / "stage" / "data.parquet").exists()
+
+
+def test_key_is_loaded_once_per_run(tmp_path, monkeypatch, capsys):
+    """A whole release (prepare, fingerprint, seal, pipeline driver and every DoFn) reads the key file once."""
+    from dpops import randomness
+    from test_storage import _release_env
+
+    monkeypatch.setenv("DPOPS_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr(randomness, "_LOADED", {}, raising=False)
+    env = _release_env(tmp_path)
+    real = NoiseKey.from_file.__func__
+    calls = []
+
+    def counting(cls, path):
+        calls.append(str(path))
+        return real(cls, path)
+
+    monkeypatch.setattr(NoiseKey, "from_file", classmethod(counting))
+    assert dpops_main(["release", "run", env["spec"], *env["base"], "--publish", "--json"]) == 0
+    assert '"published"' in capsys.readouterr().out
+    assert len(calls) == 1, calls
+
+
+def test_key_in_environment_is_refused_before_reserving(tmp_path, monkeypatch, capsys):
+    from dpops.ledger import open_ledger
+    from test_storage import _release_env
+
+    monkeypatch.setenv("DPOPS_STATE_DIR", str(tmp_path / "state"))
+    env = _release_env(tmp_path)
+    value = os.urandom(32).hex()
+    monkeypatch.setenv("DPOPS_NOISE_KEY", value)
+    assert dpops_main(["release", "run", env["spec"], *env["base"], "--publish"]) == 3
+    err = capsys.readouterr().err
+    assert "DPOPS_NOISE_KEY" in err and "--key-file" in err and value not in err
+    with open_ledger(env["url"]) as led:
+        assert led.runs() == [] and led.status("shop").total == 0
+    res = CliRunner().invoke(dpops_cli_group(), ["run", "--help"])
+    assert "DPOPS_NOISE_KEY_FILE" in res.output and "$DPOPS_NOISE_KEY)" not in res.output
+    assert "DPOPS_NOISE_KEY " not in res.output.replace("\n", " ").replace("DPOPS_NOISE_KEY_FILE", "")
+
+
+def dpops_cli_group():
+    from dpops.cli.release import cli
+
+    return cli

@@ -32,6 +32,9 @@ class FakeKey:
     def hmac(self, data: bytes) -> bytes:
         return hmac.new(b"0123456789abcdef0123456789abcdef", data, hashlib.sha256).digest()
 
+    def seal_mac(self, data: bytes) -> str:  # the staging seal (dpops.storage)
+        return "hmac-sha256:" + hmac.new(b"seal-key-0123456789abcdef0123456", data, hashlib.sha256).hexdigest()
+
 
 class FakePlan:
     """Charges eps 0.5 per run (one Laplace event)."""
@@ -153,7 +156,11 @@ def test_publish_and_commit_once(env):
     assert env.ledger.published("purchases_test", "2024-01-01T00:00:00Z", "2024-01-02T00:00:00Z").run_id == out.run_id
     assert env.pipe.calls == 1
     staged = env.tmp / "out/staged/purchases_test" / SLUG / out.run_id
-    assert json.loads((staged / "internal.json").read_text())["rows_dropped"] == {"null_unit": 1}
+    assert not (staged / "internal.json").exists()  # the run log is private: outside output.root
+    from dpops.storage import ReleaseStore
+
+    assert ReleaseStore(env.tmp / "out", "purchases_test").read_internal_log(SLUG, out.run_id)["rows_dropped"] == \
+        {"null_unit": 1}
     pub = env.tmp / "out/published/purchases_test" / SLUG / "v1"
     assert "internal.json" not in {p.name for p in pub.iterdir()}
     assert "rows_dropped" not in (pub / "summary.json").read_text()

@@ -30,7 +30,8 @@ def generate(path: str, as_json: bool) -> None:
 @click.argument("path", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def key_id(path: str, as_json: bool) -> None:
-    """Print the public key id of the key in PATH."""
+    """Check the key file PATH (owner, mode 0600, directory not writable by others, entropy) and print its
+    public key id. The key itself is never printed."""
     key = NoiseKey.from_file(path)
     if as_json:
         click.echo(json.dumps({"path": path, "key_id": key.key_id}))

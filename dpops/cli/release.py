@@ -51,7 +51,7 @@ def _compute_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--randomness", type=click.Choice(["keyed", "os"]), default="keyed", show_default=True,
                       help="keyed: reproducible noise, free retries; os: fresh noise, a lost run costs a new charge")(fn)
     fn = click.option("--key-file", "key_file", envvar="DPOPS_NOISE_KEY_FILE", type=click.Path(dir_okay=False),
-                      default=None, help="file holding the noise key (default $DPOPS_NOISE_KEY_FILE, else $DPOPS_NOISE_KEY)")(fn)
+                      default=None, help="file holding the noise key, mode 0600 (default $DPOPS_NOISE_KEY_FILE)")(fn)
     fn = click.option("--gx-checks/--no-gx-checks", default=True, show_default=True,
                       help="also run the Great Expectations checks on the noisy output before publishing")(fn)
     return fn
