@@ -7,7 +7,9 @@ a chat webhook...). A broken hook is logged, never raised: alerting must not mas
 original failure.
 
 Alerts carry only public facts (release, interval, task, error class and message). dpops
-error messages never contain private values (row counts stay in the internal run log).
+error messages never contain private values (row counts stay in the internal run log); any
+other exception contributes only its class name (``dpops.errors.public_message``), since
+pyarrow/pandas/Beam error texts can quote a cell or a whole input line.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import json
 import logging
 import os
 from typing import Any, Callable
+
+from dpops.errors import public_message
 
 log = logging.getLogger("dpops.airflow")
 
@@ -47,7 +51,8 @@ def alert_payload(context: dict[str, Any]) -> dict[str, Any]:
         "interval_start": _iso(context.get("data_interval_start")),
         "interval_end": _iso(context.get("data_interval_end")),
         "error": type(exc).__name__ if exc is not None else None,
-        "message": str(exc) if exc is not None else None,
+        # dpops errors keep their text (written without data); any other exception only its class.
+        "message": public_message(exc) if exc is not None else None,
     }
 
 

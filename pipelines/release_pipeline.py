@@ -102,7 +102,7 @@ class ReadCheckHash(beam.DoFn):
     def process(self, item):
         cfg = self.ctx.read
         stats: dict[str, int] = {}
-        for seq, (batch, offset) in enumerate(iter_record_batches(item, cfg)):
+        for seq, (batch, offset) in enumerate(iter_record_batches(item, cfg, stats)):
             # bounding priorities: a stream per (file, row group, batch), independent of runner order
             rng = self._source.child("bounding", item[0], -1 if item[2] is None else item[2], seq)
             rows, (uniq, values), st = prepare_batch(batch, item[0], offset, cfg, rng)
@@ -488,7 +488,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # one clear line; exit code from the dpops error class
         from dpops.errors import DpopsError
 
-        print(f"release_pipeline: error: {exc}", file=sys.stderr)
+        from dpops.errors import public_message
+
+        print(f"release_pipeline: error: {public_message(exc)}", file=sys.stderr)
         return exc.exit_code if isinstance(exc, DpopsError) else 1
     print(json.dumps({k: v for k, v in asdict(res).items() if k != "internal"}))
     return 0
