@@ -23,12 +23,14 @@ filesystem every worker can write (local for FnApiRunner / PortableRunner LOOPBA
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import pickle
 import shutil
 import sys
 import time
+import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +39,7 @@ import apache_beam as beam
 import numpy as np
 
 from dpops.compute import ComputeRequest, ComputeResult
-from dpops.errors import InputDataError, InvalidParameter, StorageError
+from dpops.errors import DEBUG_ENV, DpopsError, InputDataError, InternalError, InvalidParameter, StorageError
 from dpops.release_plan import plan_release
 from dpops.spec import load_spec
 from pipelines.aggregate import select_and_noise
@@ -91,6 +93,34 @@ class PipelineContext:
 # --------------------------------------------------------------------------- DoFns
 
 
+def _withhold_data_in_errors(process):
+    """Wrap a DoFn's ``process`` so no foreign exception (pyarrow, numpy, a bug) leaves it with its text.
+
+    Beam logs a failing DoFn's exception at ERROR itself (``apache_beam.runners.common``) and re-raises it
+    wrapped with the original text, before dpops can see it; such text may quote a cell or a whole input
+    line. dpops's own errors are written without data and pass unchanged; anything else becomes an
+    ``InternalError`` naming only its class and code location, ``from None`` so no chained text follows.
+    ``DPOPS_DEBUG=1`` keeps the original (a trusted terminal only).
+    """
+
+    @functools.wraps(process)
+    def wrapper(self, *args, **kwargs):
+        try:
+            yield from process(self, *args, **kwargs)
+        except DpopsError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            if os.environ.get(DEBUG_ENV):
+                raise
+            last = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+            where = f" at {Path(last.filename).name}:{last.lineno}" if last else ""
+            raise InternalError(f"internal error in {type(self).__name__}: {type(exc).__name__}{where} (a bug, "
+                                f"please report it; the error text is withheld because it may quote input data, "
+                                f"{DEBUG_ENV}=1 shows it on a trusted terminal)") from None
+
+    return wrapper
+
+
 class ReadCheckHash(beam.DoFn):
     def __init__(self, ctx: PipelineContext):
         self.ctx = ctx
@@ -99,6 +129,7 @@ class ReadCheckHash(beam.DoFn):
     def setup(self):
         self._source = self.ctx.randomness.source()
 
+    @_withhold_data_in_errors
     def process(self, item):
         cfg = self.ctx.read
         stats: dict[str, int] = {}
@@ -122,6 +153,7 @@ class BoundAggregate(beam.DoFn):
     def __init__(self, ctx: PipelineContext):
         self.ctx = ctx
 
+    @_withhold_data_in_errors
     def process(self, element):
         bucket, chunks = element
         chunks = [_unpack(c) for c in chunks]
@@ -142,6 +174,7 @@ class SelectNoiseWrite(beam.DoFn):
     def setup(self):
         self._source = self.ctx.randomness.source()
 
+    @_withhold_data_in_errors
     def process(self, element):
         import pyarrow as pa
         import pyarrow.parquet as pq
