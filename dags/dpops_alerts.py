@@ -51,9 +51,18 @@ def alert_payload(context: dict[str, Any]) -> dict[str, Any]:
         "interval_start": _iso(context.get("data_interval_start")),
         "interval_end": _iso(context.get("data_interval_end")),
         "error": type(exc).__name__ if exc is not None else None,
-        # dpops errors keep their text (written without data); any other exception only its class.
-        "message": public_message(exc) if exc is not None else None,
+        "message": _message(exc),
     }
+
+
+def _message(exc: BaseException | None) -> str | None:
+    """dpops errors and Airflow's own exceptions keep their text: the DAG raises the latter only with text
+    from a dpops error (``_fail_fast``) or about scheduling. Any other exception keeps only its class."""
+    if exc is None:
+        return None
+    if type(exc).__module__.split(".")[0] == "airflow":
+        return str(exc)
+    return public_message(exc)
 
 
 def on_failure(context: dict[str, Any]) -> None:
