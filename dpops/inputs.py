@@ -9,6 +9,12 @@ in the internal run log).
 CSV files carry no types, so for CSV only the header's names are checked; the
 declared types are enforced row by row by the pipeline.
 
+Which files may be read at all: ``input.path`` must resolve under the operator's data
+roots (``$DPOPS_DATA_ROOTS``, default the spec's directory) and never to the noise key
+or its directory (``dpops.dataroots``). No error here repeats what a file holds (header
+names found, values): a spec author could otherwise point the input at a secret and
+read it back from the error. Errors name the file and the declared column instead.
+
 The fingerprint is an HMAC under the run's noise key, never a plain hash: a
 plain hash of a small input would let anyone holding the manifest confirm a
 guess of the data (semantics.md section 5).

@@ -3,6 +3,12 @@
 One Beam element is a whole batch (or a slice of it), never one row: per-element
 Python overhead is what makes naive DP pipelines slow.
 
+Malformed input never stops a run (it runs after the budget is charged): a CSV line
+with the wrong number of fields is skipped by the parser (``invalid_row_handler``), a
+cell that does not convert to its declared type drops its row (``_convert_column``),
+both counted only in the internal run log. No error raised here carries a cell value
+or a raw line; pyarrow's own error texts (which quote them) are never passed on.
+
 Hashes must be identical in every worker process and on every run (they decide
 bucket and shard placement, and the bounding randomness is drawn per bucket), so
 Python's salted ``hash`` is out. Strings use pandas' SipHash-2-4 with its fixed
