@@ -330,6 +330,7 @@ def test_leak_scan_through_the_cli(tmp_path, clean_env):
         release(bad_input, "2024-01-01/2024-01-02", 3)  # input.path is the key
         release(bad_public, "2024-01-01/2024-01-02", 3)  # public_file is the key
         run(["spec", "check", str(bad_public), "--key-file", str(key)], 3)
+        run(["spec", "check", str(bad_input), "--key-file", str(key)], 3)
         run(["spec", "check", str(bad_public)], 3, env={"DPOPS_NOISE_KEY_FILE": str(key)})
         run(["spec", "check", str(rel / "symlinked.yaml")], 3)
         release(spec, "2024-01-03/2024-01-04", 3)  # a symlink to the key under the data root
