@@ -157,9 +157,10 @@ def iter_record_batches(item: tuple[int, str, int | None, int], cfg: ReadConfig,
     if cfg.format == "parquet":
         import pyarrow.parquet as pq
 
-        strings = [c for c in needed if cfg.types[c] == "string"]
         try:
-            pf = pq.ParquetFile(path, read_dictionary=strings)
+            # No read_dictionary: pyarrow's dictionary reader fails the whole row group on one invalid UTF-8
+            # cell (quoting it); the plain reader does not, and _convert_column drops that row instead.
+            pf = pq.ParquetFile(path)
             missing = [c for c in needed if c not in pf.schema_arrow.names]
             if missing:
                 raise InputDataError(f"{path}: column(s) {missing} declared in the spec are missing from the file")
@@ -235,9 +236,12 @@ def _convert_column(arr: pa.Array, want: str) -> tuple[pa.Array, np.ndarray]:
     ok_mask = np.zeros(n, bool)
     target = ARROW_TYPES[want]
     if pa.types.is_dictionary(arr.type):
-        if want == "string" and (pa.types.is_string(arr.type.value_type) or pa.types.is_large_string(arr.type.value_type)):
-            return arr, ok_mask
         arr = arr.cast(arr.type.value_type)
+    if want == "string" and (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+        try:
+            arr.validate(full=True)  # UTF-8 check; Parquet's plain reader does not do it
+        except pa.ArrowException:
+            arr = arr.view(pa.binary() if pa.types.is_string(arr.type) else pa.large_binary())
     if pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type):
         return _parse_text(arr, want)
     if arr.type == target:

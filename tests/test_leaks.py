@@ -388,3 +388,12 @@ def test_leak_scan_through_the_cli(tmp_path, clean_env):
             if i >= 0:
                 leaks.append((where, what, data[max(0, i - 300):i + 100].decode(errors="replace")))
     assert not leaks, "\n".join(map(repr, leaks))
+
+
+def test_parquet_string_cell_with_invalid_utf8_is_dropped(tmp_path):
+    raw = pa.array([b"a", b"\xff\xfe", b"c"], pa.binary())
+    bad = pa.Array.from_buffers(pa.string(), len(raw), raw.buffers())  # a writer that skipped validation
+    p = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"user_id": bad, "region": ["n", "n", "s"], "amount": [1.0, 2.0, 3.0]}), p)
+    st = _read(p, "parquet", {"user_id": "string", "region": "string", "amount": "float"})
+    assert st["rows_read"] == 3 and st["dropped_wrong_type"] == 1
