@@ -408,8 +408,10 @@ def run_release(request: ComputeRequest) -> ComputeResult:
         "runner": request.runner,
         "plan": plan.describe(),
         "notes": {
-            "malformed_rows": "rows with a null unit or partition, or a null/NaN/inf value in ANY metric "
-                              "column, are dropped for all metrics before contribution bounding",
+            "malformed_rows": "rows with a null unit or partition, a null/NaN/inf value in ANY metric "
+                              "column, or a cell that does not convert to its declared type, and CSV lines "
+                              "with the wrong number of fields, are dropped for all metrics before "
+                              "contribution bounding",
             "mean_variance_intervals": "delta-method approximations from the noise stds",
             "quantiles": "exponential mechanism over a public grid; no std / interval",
         },
