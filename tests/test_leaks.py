@@ -397,3 +397,51 @@ def test_parquet_string_cell_with_invalid_utf8_is_dropped(tmp_path):
     pq.write_table(pa.table({"user_id": bad, "region": ["n", "n", "s"], "amount": [1.0, 2.0, 3.0]}), p)
     st = _read(p, "parquet", {"user_id": "string", "region": "string", "amount": "float"})
     assert st["rows_read"] == 3 and st["dropped_wrong_type"] == 1
+
+
+def test_run_failure_lines_and_ledger_reasons_withhold_foreign_error_text(tmp_path, clean_env, caplog):
+    from dpops import runs
+    from dpops.errors import InternalError
+    from dpops.ledger import ScopeDefinition, open_ledger
+    from test_runs import FakeKey, FakePipeline, planner, write_input
+
+    doc = _spec_doc(input={"path": "data/{start:%Y-%m-%d}.parquet", "format": "parquet",
+                           "columns": {"user_id": "string", "region": "string", "amount": "float"}},
+                    metrics=[{"type": "count"}])
+    spec = _write(tmp_path, doc)
+    write_input(tmp_path)
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    led = open_ledger(url)
+    led.create_scope(ScopeDefinition(name="shop", unit="u", unit_column="user_id", epsilon=5.0, delta=1e-6,
+                                     rho=None, accountant="basic/1"), actor="test")
+    pipe = FakePipeline()
+    caplog.set_level(logging.DEBUG)
+
+    def boom(*a, **k):  # fails before any noise: the reservation is refunded with a reason
+        raise ValueError(f"cannot parse {SENT_STR}")
+
+    clean_env.setattr(runs.ReleaseStore, "new_staging_dir", boom)
+    with pytest.raises(ValueError):
+        runs.execute_release(spec, "2024-01-01", "2024-01-02", ledger=led, key=FakeKey(), run_release=pipe,
+                             planner=planner)
+    clean_env.undo()
+    real_call = FakePipeline.__call__
+
+    def leaky(self, req):
+        raise RuntimeError(f"Could not convert {SENT_STR}")
+
+    FakePipeline.__call__ = leaky
+    try:
+        with pytest.raises(InternalError) as err:
+            runs.execute_release(spec, "2024-01-01", "2024-01-02", ledger=led, key=FakeKey(), run_release=pipe,
+                                 planner=planner)
+    finally:
+        FakePipeline.__call__ = real_call
+    assert SENT_STR not in str(err.value) and err.value.__cause__ is None and err.value.__suppress_context__
+    states = [e.kind for e in led.history()]
+    assert "released" in states and "started" in states
+    ledger_text = json.dumps([e.__dict__ for e in led.history()], default=str)
+    led.close()
+    assert "ValueError" in ledger_text and SENT_STR not in ledger_text
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "outcome=failed" in logged and SENT_STR not in logged
