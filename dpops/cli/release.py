@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import os
 import traceback
 from typing import Any, Callable
@@ -28,7 +27,6 @@ def _internal_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except (DpopsError, click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except Exception as exc:  # noqa: BLE001
-            logging.getLogger("dpops.cli").debug("internal error", exc_info=True)
             last = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
             where = f" at {last.filename}:{last.lineno}" if last else ""
             if os.environ.get(DEBUG_ENV):
