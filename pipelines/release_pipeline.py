@@ -23,6 +23,7 @@ filesystem every worker can write (local for FnApiRunner / PortableRunner LOOPBA
 from __future__ import annotations
 
 import argparse
+import errno
 import functools
 import json
 import os
@@ -93,6 +94,16 @@ class PipelineContext:
 # --------------------------------------------------------------------------- DoFns
 
 
+_DISK_ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT)
+
+
+def _is_disk_error(exc: BaseException) -> bool:
+    """An OSError about the disk (full, read-only, quota), as the OS or pyarrow's writer reports it."""
+    if not isinstance(exc, OSError):
+        return False
+    return exc.errno in _DISK_ERRNOS or any(os.strerror(code) in str(exc) for code in _DISK_ERRNOS)
+
+
 def _withhold_data_in_errors(process):
     """Wrap a DoFn's ``process`` so no foreign exception (pyarrow, numpy, a bug) leaves it with its text.
 
@@ -110,8 +121,8 @@ def _withhold_data_in_errors(process):
         except DpopsError:
             raise
         except Exception as exc:  # noqa: BLE001
-            if os.environ.get(DEBUG_ENV):
-                raise
+            if os.environ.get(DEBUG_ENV) or _is_disk_error(exc):
+                raise  # a full or read-only disk: its text is the OS's, and dpops.runs makes it a StorageError
             last = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
             where = f" at {Path(last.filename).name}:{last.lineno}" if last else ""
             raise InternalError(f"internal error in {type(self).__name__}: {type(exc).__name__}{where} (a bug, "
