@@ -25,6 +25,23 @@ SENT_NUM = "61829374650192"
 
 
 @pytest.fixture(autouse=True)
+def _restore_logging():
+    """dag.test points Airflow's log handlers at the streams capfd captures; once capfd closes them, any later
+    test's log line (in a forked CLI run, say) would hit a closed file. Put every logger's handlers back."""
+    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(lg, logging.Logger)]
+    saved = {lg: (list(lg.handlers), lg.level, lg.propagate, lg.disabled) for lg in loggers}
+    yield
+    for lg in [logging.getLogger()] + [x for x in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(x, logging.Logger)]:
+        if lg in saved:
+            lg.handlers[:], lg.level, lg.propagate, lg.disabled = saved[lg]
+        else:
+            lg.handlers[:] = []
+            lg.propagate = True
+
+
+@pytest.fixture(autouse=True)
 def _restore_signal_handlers():
     import signal
 
