@@ -191,9 +191,10 @@ def iter_record_batches(item: tuple[int, str, int | None, int], cfg: ReadConfig,
                 offset += batch.num_rows
         except (OSError, pa.ArrowException) as exc:
             # The exception text quotes the offending line: only its class is kept.
-            raise InputDataError(f"{path}: cannot read the CSV file ({type(exc).__name__}) after about {offset} "
-                                 "data rows: a declared column may be missing, or the file is damaged or was "
-                                 "replaced after the input check; fix the file and retry") from None
+            # (No row count either: how many rows a private file holds is itself internal.)
+            raise InputDataError(f"{path}: cannot read the CSV file ({type(exc).__name__}): a declared column may "
+                                 "be missing, or the file is damaged or was replaced after the input check; fix "
+                                 "the file and retry") from None
         finally:
             if counters is not None and skipped.count:
                 counters[MALFORMED_LINES] = counters.get(MALFORMED_LINES, 0) + skipped.count
