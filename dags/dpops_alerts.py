@@ -7,7 +7,9 @@ a chat webhook...). A broken hook is logged, never raised: alerting must not mas
 original failure.
 
 Alerts carry only public facts (release, interval, task, error class and message). dpops
-error messages never contain private values (row counts stay in the internal run log).
+error messages never contain private values (row counts stay in the internal run log); any
+other exception contributes only its class name (``dpops.errors.public_message``), since
+pyarrow/pandas/Beam error texts can quote a cell or a whole input line.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import json
 import logging
 import os
 from typing import Any, Callable
+
+from dpops.errors import public_message
 
 log = logging.getLogger("dpops.airflow")
 
@@ -47,8 +51,18 @@ def alert_payload(context: dict[str, Any]) -> dict[str, Any]:
         "interval_start": _iso(context.get("data_interval_start")),
         "interval_end": _iso(context.get("data_interval_end")),
         "error": type(exc).__name__ if exc is not None else None,
-        "message": str(exc) if exc is not None else None,
+        "message": _message(exc),
     }
+
+
+def _message(exc: BaseException | None) -> str | None:
+    """dpops errors and Airflow's own exceptions keep their text: the DAG raises the latter only with text
+    from a dpops error (``_fail_fast``) or about scheduling. Any other exception keeps only its class."""
+    if exc is None:
+        return None
+    if type(exc).__module__.split(".")[0] == "airflow":
+        return str(exc)
+    return public_message(exc)
 
 
 def on_failure(context: dict[str, Any]) -> None:

@@ -18,13 +18,16 @@ if _HERE not in sys.path:  # the dag-processor adds the DAGs folder; other impor
 
 from dpops_dag_factory import build_release_dag, discover_specs  # noqa: E402
 
+from dpops.errors import public_message  # noqa: E402
+
 _specs = discover_specs()
 _errors: list[str] = []
 for _spec_path in _specs:
     try:
         _dag = build_release_dag(_spec_path)
     except Exception as _exc:  # noqa: BLE001 - see module docstring
-        _errors.append(f"{_spec_path}: {_exc}")
+        # Only dpops's own text (never a file's content); a foreign exception keeps only its class.
+        _errors.append(f"{_spec_path}: {public_message(_exc)}")
         continue
     globals()[_dag.dag_id] = _dag
 

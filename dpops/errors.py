@@ -60,3 +60,27 @@ class IntegrityError(DpopsError):
     """Verification failed: a hash chain, a total or a manifest claim does not recompute."""
 
     exit_code = 7
+
+
+class InternalError(DpopsError):
+    """An unexpected failure (a bug) whose original text is withheld because it may quote input data."""
+
+    exit_code = 1
+
+
+DEBUG_ENV = "DPOPS_DEBUG"
+
+
+def public_message(exc: BaseException) -> str:
+    """The text of ``exc`` that may go to a log line, an alert, the ledger or the terminal.
+
+    dpops's own errors are written never to contain file contents or cell values (they name the file, the
+    declared column, a row number and what to do), so their text is kept. Any other exception (pyarrow,
+    numpy, pandas, GX, Beam's wrapper of a worker error) may quote the offending cell or line, e.g.
+    ``CSV parse error: Expected 4 columns, got 5: <the private row>``, so only its class name is kept.
+    Privacy reason: logs and alerts leave the trusted boundary (semantics.md section 6).
+    """
+    if isinstance(exc, DpopsError):
+        return f"{type(exc).__name__}: {exc}"
+    return f"{type(exc).__name__} (its text is withheld because it may quote input data; rerun with " \
+           f"{DEBUG_ENV}=1 on a trusted terminal to see it)"

@@ -9,6 +9,12 @@ in the internal run log).
 CSV files carry no types, so for CSV only the header's names are checked; the
 declared types are enforced row by row by the pipeline.
 
+Which files may be read at all: ``input.path`` must resolve under the operator's data
+roots (``$DPOPS_DATA_ROOTS``, default the spec's directory) and never to the noise key
+or its directory (``dpops.dataroots``). No error here repeats what a file holds (header
+names found, values): a spec author could otherwise point the input at a secret and
+read it back from the error. Errors name the file and the declared column instead.
+
 The fingerprint is an HMAC under the run's noise key, never a plain hash: a
 plain hash of a small input would let anyone holding the manifest confirm a
 guess of the data (semantics.md section 5).
@@ -27,6 +33,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timezone
 from typing import Any, Iterable, Protocol, Sequence
 
+from dpops.dataroots import check_data_paths
 from dpops.errors import InputDataError, InvalidParameter
 from dpops.events import canonical_json
 
@@ -101,9 +108,13 @@ def parse_interval(start: Any, end: Any = None) -> Interval:
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
 
-def resolve_input_paths(spec: Any, interval_start: Any, interval_end: Any = None) -> list[str]:
+def resolve_input_paths(spec: Any, interval_start: Any, interval_end: Any = None, *,
+                        key_path: str | None = None) -> list[str]:
     """The input files of one interval: ``input.path`` formatted with {start}/{end}, relative to the spec's
     directory; a template with glob characters (``*``, ``?``, ``[``) expands to its sorted matches.
+
+    Every path must resolve under a data root and away from the noise key (``key_path`` and
+    ``$DPOPS_NOISE_KEY_FILE``): see ``dpops.dataroots``; a refusal is a ``SpecError``.
 
     Only path resolution: existence and schema are ``check_input``'s job (a missing single file is reported
     there, an empty glob here since there is no name to report).
@@ -115,8 +126,17 @@ def resolve_input_paths(spec: Any, interval_start: Any, interval_end: Any = None
         matches = sorted(p for p in glob.glob(path) if os.path.isfile(p))
         if not matches:
             raise InputDataError(f"input: no file matches {path} for interval {iv} (input.path {spec.input.path!r})")
-        return matches
-    return [path]
+        paths = matches
+    else:
+        paths = [path]
+    # Only files under the operator's data roots, never the noise key (dpops.dataroots): checked here, before
+    # any file is opened or any budget reserved, because a spec author chooses input.path.
+    check_data_paths(paths, "input.path", source=spec.source, spec_dir=spec.base_dir, key_path=key_path)
+    public_file = getattr(spec.partitions, "public_file", None)
+    if public_file is not None:  # already read by load_spec; re-checked against the key path known here
+        check_data_paths([spec.resolve_path(public_file)], "partitions.public_file", source=spec.source,
+                         spec_dir=spec.base_dir, key_path=key_path)
+    return paths
 
 
 # --------------------------------------------------------------------------- schema check
@@ -158,13 +178,15 @@ def _check_parquet(spec: Any, path: str) -> None:
     try:
         schema = pq.read_schema(path)
     except Exception as exc:  # pyarrow raises ArrowInvalid/OSError variants for a damaged or foreign file
-        raise InputDataError(f"input file {path} is not a readable Parquet file: {exc}") from None
+        raise InputDataError(f"input file {path} is not a readable Parquet file ({type(exc).__name__}); "
+                             "fix or replace it") from None
     names = schema.names
     for col, declared in spec.input.columns.items():
         n = names.count(col)
         if n == 0:
             raise InputDataError(
-                f"input file {path}: column {col!r} declared in input.columns is missing (file has {names})"
+                f"input file {path}: column {col!r} declared in input.columns is missing from the file; "
+                "add it or fix input.columns"
             )
         if n > 1:
             raise InputDataError(f"input file {path}: column {col!r} appears {n} times")
@@ -191,7 +213,8 @@ def _check_csv(spec: Any, path: str) -> None:
         n = header.count(col)
         if n == 0:
             raise InputDataError(
-                f"input file {path}: column {col!r} declared in input.columns is missing from the CSV header {header}"
+                f"input file {path}: column {col!r} declared in input.columns is missing from the CSV header "
+                "(line 1); add it or fix input.columns"
             )
         if n > 1:
             raise InputDataError(f"input file {path}: column {col!r} appears {n} times in the CSV header")

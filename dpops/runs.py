@@ -35,13 +35,15 @@ import logging
 import math
 import os
 import shutil
+import traceback
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from dpops.errors import DpopsError, IntegrityError, InvalidParameter, LedgerError, SpecError, StorageError
+from dpops.errors import (DEBUG_ENV, DpopsError, IntegrityError, InternalError, InvalidParameter, LedgerError, SpecError,
+                          StorageError, public_message)
 from dpops.inputs import Interval, TestFingerprintKey, check_input, input_fingerprint, parse_interval, resolve_input_paths
 from dpops.spec import ReleaseSpec, load_spec
 from dpops.storage import PUBLISHED_FILES, ReleaseStore, StagedRun, sha256_file
@@ -189,7 +191,7 @@ def _log_failure(ctx: RunContext, ledger: Any, exc: BaseException) -> None:
         pass
     out = RunOutcome(release=ctx.spec.name, interval=str(ctx.interval), state=state, run_id=ctx.run_id,
                      run_epsilon=getattr(rec, "epsilon", None), scope=ctx.spec.budget.scope,
-                     message=f"{type(exc).__name__}: {exc}" + (f" (ledger state {rec.state})" if rec else ""))
+                     message=public_message(exc) + (f" (ledger state {rec.state})" if rec else ""))
     try:
         out.scope_remaining = float(ledger.status(ctx.spec.budget.scope).remaining)
     except Exception:  # noqa: BLE001
@@ -290,7 +292,7 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: Any, interval_end
         key_id = fp_key.key_id
     spec = load_spec(spec_path)
     interval = parse_interval(interval_start, interval_end)
-    paths = resolve_input_paths(spec, interval.start, interval.end)
+    paths = resolve_input_paths(spec, interval.start, interval.end, key_path=key_path)
     check_input(spec, paths)
     fingerprint = input_fingerprint(paths, fp_key)
     plan = (planner or _default_planner)(spec)
@@ -469,9 +471,17 @@ def compute_staged(ctx: RunContext, ledger: Any, *, runner: str = "FnApiRunner",
             raise
         except Exception as exc:  # Beam wraps worker errors; a full or read-only disk is not a bug
             storage = _storage_error_from(exc, tmp)
-            if storage is None:
+            if storage is not None:
+                raise storage from None
+            if os.environ.get(DEBUG_ENV):
                 raise
-            raise storage from exc
+            # A bug inside the pipeline: its text (and its chained causes, which Airflow prints) may quote
+            # a cell, so neither leaves this process (dpops.errors.public_message).
+            last = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+            where = f" at {Path(last.filename).name}:{last.lineno}" if last else ""
+            raise InternalError(f"internal error in the release pipeline: {type(exc).__name__}{where} (a bug, "
+                                f"please report it; the error text is withheld because it may quote input data, "
+                                f"{DEBUG_ENV}=1 shows it on a trusted terminal)") from None
         for f in (result.output_file, result.summary_file):
             if Path(f).resolve().parent != tmp.resolve():
                 raise StorageError(f"the pipeline wrote {f} outside its staging directory {tmp}")
@@ -534,7 +544,7 @@ def check_noisy_output(spec: ReleaseSpec, data_file: str | os.PathLike[str]) -> 
     try:
         table = pq.read_table(data_file)
     except Exception as exc:  # noqa: BLE001
-        raise IntegrityError(f"{where}: cannot read it as Parquet ({exc}); not publishing") from None
+        raise IntegrityError(f"{where}: cannot read it as Parquet ({type(exc).__name__}); not publishing") from None
     names = set(table.column_names)
     problems: list[str] = []
     checks = ["partition columns present", "metric, std and 95% CI columns present", "no NaN values"]
@@ -568,7 +578,8 @@ def check_noisy_output(spec: ReleaseSpec, data_file: str | os.PathLike[str]) -> 
         if missing:
             problems.append(f"{len(missing)} public partition(s) missing, e.g. {sorted(map(str, missing))[:3]}")
         if extra:
-            problems.append(f"{len(extra)} partition(s) not in the public list, e.g. {sorted(map(str, extra))[:3]}")
+            # No examples: a partition outside the public list is a raw value from the input, not public.
+            problems.append(f"{len(extra)} partition(s) not in the public list")
         if len(rows) != len(set(rows)):
             problems.append("a partition appears more than once")
     if problems:
@@ -712,10 +723,10 @@ def _release_before_start(ctx: RunContext, ledger: Any, exc: BaseException) -> N
     try:
         rec = ledger.run(ctx.run_id)
         if rec is not None and rec.state == "reserved":
-            ledger.release(ctx.run_id, reason=f"failed before any mechanism ran: {type(exc).__name__}: {exc}"[:500],
-                           actor=ctx.actor)
+            reason = public_message(exc)  # the ledger and the log keep no input data (dpops.errors)
+            ledger.release(ctx.run_id, reason=f"failed before any mechanism ran: {reason}"[:500], actor=ctx.actor)
             log.info("release=%s interval=%s outcome=released run=%s reason=%s", ctx.spec.name, ctx.interval,
-                     ctx.run_id, exc)
+                     ctx.run_id, reason)
     except Exception:  # noqa: BLE001 - keep the original error; `dpops ledger recover` releases it later
         log.exception("could not release the reservation of run %s", ctx.run_id)
 

@@ -635,17 +635,31 @@ def load_spec(path: str | os.PathLike[str]) -> ReleaseSpec:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise SpecError(f"{label}: not UTF-8 text ({exc})") from None
+        raise SpecError(f"{label}: not UTF-8 text (first bad byte at offset {exc.start})") from None
     try:
         data = yaml.load(text, Loader=_SpecLoader)  # noqa: S506 - _SpecLoader is a SafeLoader
     except yaml.YAMLError as exc:
-        raise SpecError(f"{label}: invalid YAML: {exc}") from None
+        raise SpecError(f"{label}: invalid YAML{_yaml_where(exc)}") from None
     return parse_spec(data, source=label, base_dir=p.resolve().parent)
+
+
+def _yaml_where(exc: Exception) -> str:
+    """The parser's complaint, line and column, without the snippet of the file PyYAML adds: a spec path may
+    be a symlink to a secret, and the error must not print the file's lines."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = str(getattr(exc, "problem", "") or "")
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    return f": {problem or 'cannot parse'}{where}"
 
 
 def _read_public_file(spec: ReleaseSpec, path: Path) -> list[tuple[Any, ...]]:
     """CSV with a header naming the partition columns; values converted to the declared column types."""
     where = f"{spec.source}: partitions.public_file ({path})"
+    # The path must resolve under a data root and away from the noise key (dpops.dataroots), and no error
+    # below repeats the file's content: a spec author could otherwise point it at a secret and read it back.
+    from dpops.dataroots import check_data_path
+
+    check_data_path(path, "partitions.public_file", source=spec.source, spec_dir=spec.base_dir)
     try:
         if path.stat().st_size > MAX_PUBLIC_FILE_BYTES:
             raise SpecError(f"{where}: larger than {MAX_PUBLIC_FILE_BYTES} bytes")
@@ -660,7 +674,8 @@ def _read_public_file(spec: ReleaseSpec, path: Path) -> list[tuple[Any, ...]]:
     header = [h.strip() for h in rows[0]]
     want = spec.partitions.columns
     if header != want:
-        raise SpecError(f"{where}: header {header} must be exactly the partition columns {want}")
+        raise SpecError(f"{where}: the header line (line 1) must be exactly the partition columns {want}, "
+                        "comma-separated; fix the file's first line")
     types = [spec.input.columns[c] for c in want]
     out: list[tuple[Any, ...]] = []
     seen: set[tuple[Any, ...]] = set()
@@ -671,15 +686,26 @@ def _read_public_file(spec: ReleaseSpec, path: Path) -> list[tuple[Any, ...]]:
             raise SpecError(f"{where}: line {lineno} has {len(row)} values, expected {len(want)}")
         try:
             tup = tuple(_convert(v, t) for v, t in zip(row, types))
-        except ValueError as exc:
-            raise SpecError(f"{where}: line {lineno}: {exc}") from None
+        except ValueError:
+            bad = next(c for c, v, t in zip(want, row, types) if not _converts(v, t))
+            raise SpecError(f"{where}: line {lineno}: the value of column {bad!r} is not a valid "
+                            f"{spec.input.columns[bad]} (input.columns); fix that line") from None
         if tup in seen:
-            raise SpecError(f"{where}: line {lineno}: duplicate partition {list(tup)}")
+            raise SpecError(f"{where}: line {lineno}: duplicate partition (same values as an earlier line); "
+                            "remove the line")
         seen.add(tup)
         out.append(tup)
     if not out:
         raise SpecError(f"{where}: lists no partitions")
     return out
+
+
+def _converts(v: str, ctype: str) -> bool:
+    try:
+        _convert(v, ctype)
+    except ValueError:
+        return False
+    return True
 
 
 def _convert(v: str, ctype: str) -> Any:
@@ -690,13 +716,13 @@ def _convert(v: str, ctype: str) -> Any:
     if ctype == "float":
         f = float(v)
         if not math.isfinite(f):
-            raise ValueError(f"value {v!r} is not finite")
+            raise ValueError("value is not finite")
         return f
     if v.strip().lower() in ("true", "1"):
         return True
     if v.strip().lower() in ("false", "0"):
         return False
-    raise ValueError(f"value {v!r} is not a boolean")
+    raise ValueError("value is not a boolean")
 
 
 __all__ = [

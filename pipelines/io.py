@@ -3,6 +3,12 @@
 One Beam element is a whole batch (or a slice of it), never one row: per-element
 Python overhead is what makes naive DP pipelines slow.
 
+Malformed input never stops a run (it runs after the budget is charged): a CSV line
+with the wrong number of fields is skipped by the parser (``invalid_row_handler``), a
+cell that does not convert to its declared type drops its row (``_convert_column``),
+both counted only in the internal run log. No error raised here carries a cell value
+or a raw line; pyarrow's own error texts (which quote them) are never passed on.
+
 Hashes must be identical in every worker process and on every run (they decide
 bucket and shard placement, and the bounding randomness is drawn per bucket), so
 Python's salted ``hash`` is out. Strings use pandas' SipHash-2-4 with its fixed
@@ -14,6 +20,7 @@ within L0/Linf), so it costs accuracy with probability ~n^2/2^65, never privacy.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -29,6 +36,9 @@ _MIX = np.uint64(0x9E3779B97F4A7C15)
 
 ARROW_TYPES = {"string": pa.string(), "int": pa.int64(), "float": pa.float64(), "bool": pa.bool_()}
 DROP_REASONS = ("null_unit", "null_partition", "bad_value", "wrong_type")
+MALFORMED_LINES = "dropped_malformed_line"  # CSV lines with too many/few fields, skipped by the parser
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_FLOAT_EXACT = 1 << 53  # integers beyond +-2^53 do not convert to float64 exactly: a malformed cell
 
 
 @dataclass(frozen=True)
@@ -119,7 +129,8 @@ def work_items(paths: list[str] | tuple[str, ...], fmt: str) -> list[tuple[int, 
             try:
                 meta = pq.ParquetFile(path).metadata
             except (OSError, pa.ArrowException) as exc:
-                raise InputDataError(f"{path}: cannot read Parquet metadata: {exc}") from None
+                raise InputDataError(f"{path}: cannot read Parquet metadata ({type(exc).__name__}); fix or "
+                                     "replace the file") from None
             offset = 0
             for rg in range(meta.num_row_groups):
                 items.append((i, path, rg, offset))
@@ -131,34 +142,47 @@ def work_items(paths: list[str] | tuple[str, ...], fmt: str) -> list[tuple[int, 
     return items
 
 
-def iter_record_batches(item: tuple[int, str, int | None, int], cfg: ReadConfig) -> Iterator[tuple[pa.RecordBatch, int]]:
-    """Yield (batch with the needed columns cast to declared types, row offset in file)."""
+def iter_record_batches(item: tuple[int, str, int | None, int], cfg: ReadConfig,
+                        counters: dict[str, int] | None = None) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """Yield (batch of the needed columns, row offset in file). Conversion to the declared types is
+    ``prepare_batch``'s job, cell by cell, so a bad cell drops its row instead of failing the run.
+
+    CSV lines with more or fewer fields than the header are skipped and counted in
+    ``counters[MALFORMED_LINES]`` (internal run log only). Privacy reason: this runs after the budget is
+    charged, so a data-dependent abort would be an unaccounted release of one bit (semantics.md section 6);
+    and pyarrow's error text quotes the line, i.e. private values, so none of it is ever passed on.
+    """
     _, path, rg, offset = item
     needed = cfg.needed
     if cfg.format == "parquet":
         import pyarrow.parquet as pq
 
-        strings = [c for c in needed if cfg.types[c] == "string"]
         try:
-            pf = pq.ParquetFile(path, read_dictionary=strings)
+            # No read_dictionary: pyarrow's dictionary reader fails the whole row group on one invalid UTF-8
+            # cell (quoting it); the plain reader does not, and _convert_column drops that row instead.
+            pf = pq.ParquetFile(path)
             missing = [c for c in needed if c not in pf.schema_arrow.names]
             if missing:
                 raise InputDataError(f"{path}: column(s) {missing} declared in the spec are missing from the file")
             for batch in pf.iter_batches(batch_size=cfg.batch_rows, row_groups=[rg], columns=needed):
-                yield _cast_parquet(batch, cfg, path), offset
+                yield batch, offset
                 offset += batch.num_rows
         except (OSError, pa.ArrowException) as exc:
-            raise InputDataError(f"{path}: cannot read row group {rg}: {exc}") from None
+            raise InputDataError(f"{path}: cannot read row group {rg} ({type(exc).__name__}): the file is "
+                                 "damaged or was replaced after the input check; restore it and retry") from None
     else:
         import pyarrow.csv as pcsv
 
+        skipped = _LineCounter()
         try:
             reader = pcsv.open_csv(
                 path,
                 read_options=pcsv.ReadOptions(block_size=16 << 20),
+                parse_options=pcsv.ParseOptions(invalid_row_handler=skipped),
                 convert_options=pcsv.ConvertOptions(
                     include_columns=needed,
-                    column_types={c: pa.string() for c in needed},  # parse ourselves: bad cells drop rows, not the file
+                    # Bytes, parsed by us: a bad cell (even invalid UTF-8) drops its row, not the file.
+                    column_types={c: pa.binary() for c in needed},
                     strings_can_be_null=True,
                 ),
             )
@@ -166,44 +190,159 @@ def iter_record_batches(item: tuple[int, str, int | None, int], cfg: ReadConfig)
                 yield batch, offset
                 offset += batch.num_rows
         except (OSError, pa.ArrowException) as exc:
-            raise InputDataError(f"{path}: cannot read CSV (a declared column may be missing): {exc}") from None
+            # The exception text quotes the offending line: only its class is kept.
+            # (No row count either: how many rows a private file holds is itself internal.)
+            raise InputDataError(f"{path}: cannot read the CSV file ({type(exc).__name__}): a declared column may "
+                                 "be missing, or the file is damaged or was replaced after the input check; fix "
+                                 "the file and retry") from None
+        finally:
+            if counters is not None and skipped.count:
+                counters[MALFORMED_LINES] = counters.get(MALFORMED_LINES, 0) + skipped.count
 
 
-def _cast_parquet(batch: pa.RecordBatch, cfg: ReadConfig, path: str) -> pa.RecordBatch:
-    cols = []
-    for name in batch.schema.names:
-        arr, want = batch.column(name), cfg.types[name]
-        ok_string = want == "string" and (pa.types.is_dictionary(arr.type) or pa.types.is_string(arr.type))
-        if not ok_string and arr.type != ARROW_TYPES[want]:
-            try:
-                arr = arr.cast(ARROW_TYPES[want])
-            except pa.ArrowException as exc:
-                raise InputDataError(
-                    f"{path}: column {name!r} has type {arr.type}, not the declared {want}: {exc}"
-                ) from None
-        cols.append(arr)
-    return pa.RecordBatch.from_arrays(cols, names=batch.schema.names)
+class _LineCounter:
+    """pyarrow's ``invalid_row_handler``: skip a line whose field count differs from the header's, count it,
+    and never look at (or keep) its text."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, row: Any) -> str:
+        self.count += 1
+        return "skip"
+
+
+def _int_mask(arr: pa.Array, lo: int, hi: int) -> pa.Array:
+    """Cells of an integer array outside [lo, hi] (nulls: False)."""
+    bits = arr.type.bit_width
+    signed = pa.types.is_signed_integer(arr.type)
+    tmin, tmax = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+    out = pa.array(np.zeros(len(arr), bool))
+    if lo > tmin:
+        out = pc.or_(out, pc.less(arr, pa.scalar(lo, arr.type)))
+    if hi < tmax:
+        out = pc.or_(out, pc.greater(arr, pa.scalar(hi, arr.type)))
+    return out.fill_null(False)
+
+
+def _convert_column(arr: pa.Array, want: str) -> tuple[pa.Array, np.ndarray]:
+    """A column of any stored type -> the declared type; returns (array, mask of cells that do not convert).
+
+    A cell that does not convert (a uint64 >= 2^63 declared int, an int64 beyond +-2^53 declared float, ...)
+    becomes null and its row is dropped by the caller as ``wrong_type``: a per-row, data-independent rule,
+    so one unit's bad cell never changes another unit's rows and never aborts the run (semantics.md
+    section 6). Nothing here raises with a cell's value in its text.
+    """
+    n = len(arr)
+    ok_mask = np.zeros(n, bool)
+    target = ARROW_TYPES[want]
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.cast(arr.type.value_type)
+    if want == "string" and (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+        try:
+            arr.validate(full=True)  # UTF-8 check; Parquet's plain reader does not do it
+        except pa.ArrowException:
+            arr = arr.view(pa.binary() if pa.types.is_string(arr.type) else pa.large_binary())
+    if pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type):
+        return _parse_text(arr, want)
+    if arr.type == target:
+        return arr, ok_mask
+    if pa.types.is_null(arr.type):  # an all-null column: every row is dropped for its null, not its type
+        return pa.nulls(n, target), ok_mask
+    bad: pa.Array | None = None
+    if pa.types.is_integer(arr.type) and want == "int":
+        bad = _int_mask(arr, _INT64_MIN, _INT64_MAX)
+    elif pa.types.is_integer(arr.type) and want == "float":
+        bad = _int_mask(arr, -_FLOAT_EXACT, _FLOAT_EXACT)
+    elif want == "string" and (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)
+                               or pa.types.is_string_view(arr.type)):
+        bad = None
+    elif want == "float" and pa.types.is_floating(arr.type):
+        bad = None
+    else:
+        # A type the input check refuses: the file changed after the check. Fail without any value.
+        raise InputDataError(f"a column has stored type {arr.type}, which does not convert to the declared "
+                             f"{want}: the file was replaced after the input check; restore it and retry")
+    if bad is not None and pc.any(bad).as_py():
+        arr = pc.if_else(bad, pa.scalar(None, arr.type), arr)
+        ok_mask = bad.to_numpy(zero_copy_only=False)
+    try:
+        return arr.cast(target), ok_mask
+    except pa.ArrowException:
+        raise InputDataError(f"a column of stored type {arr.type} does not convert to the declared {want}; "
+                             "restore the input and retry") from None
+
+
+_INT_TEXT = re.compile(r"[+-]?[0-9]+")
+
+
+def _parse_int_cell(text: str) -> int | None:
+    """One CSV cell declared ``int``: an integer (or an integral float such as ``1e3`` or ``2.0``) within
+    int64; anything else (``1e20``, ``9223372036854775808``, ``1.5``, ``abc``) is None."""
+    t = text.strip()
+    if _INT_TEXT.fullmatch(t):
+        v = int(t)
+    else:
+        try:
+            f = float(t)
+        except ValueError:
+            return None
+        if not (f == f and abs(f) != float("inf") and f == int(f)):
+            return None
+        v = int(f)
+    return v if _INT64_MIN <= v <= _INT64_MAX else None
+
+
+def _parse_float_cell(text: str) -> float | None:
+    try:
+        return float(text.strip())
+    except ValueError:
+        return None
+
+
+_BOOLS = {"true": True, "false": False, "1": True, "0": False}
 
 
 def _parse_text(arr: pa.Array, want: str) -> tuple[pa.Array, np.ndarray]:
-    """CSV cells (strings) -> declared type; returns (array, mask of cells that did not parse)."""
-    if want == "string":
-        return arr, np.zeros(len(arr), bool)
+    """CSV cells (bytes) -> declared type; returns (array, mask of cells that did not parse).
+
+    Fast path: Arrow's own vectorised cast of the whole column. Only when it fails (one or more bad cells)
+    is the column parsed cell by cell, exactly (no detour through float for integers), and the bad cells
+    become null. Never raises because of a cell, and never puts a cell's text in an exception.
+    """
+    n = len(arr)
+    bad = np.zeros(n, bool)
     try:
-        return arr.cast(ARROW_TYPES[want]), np.zeros(len(arr), bool)
-    except pa.ArrowException:
-        pass
-    raw = pd.Series(arr.to_numpy(zero_copy_only=False), dtype=object)
-    if want == "bool":
-        low = raw.str.strip().str.lower()
-        parsed = low.map({"true": True, "false": False, "1": True, "0": False})
-    else:
-        parsed = pd.to_numeric(raw, errors="coerce")
-        if want == "int":
-            parsed = parsed.where(parsed.isna() | (parsed == np.floor(parsed)))
-    bad = (raw.notna() & parsed.isna()).to_numpy()
-    out = pa.array(parsed.where(~bad, None).tolist(), type=ARROW_TYPES[want], from_pandas=True)
-    return out, bad
+        text = arr.cast(pa.string())
+    except pa.ArrowException:  # invalid UTF-8 somewhere: decode cell by cell
+        cells = arr.to_pylist()
+        out = []
+        for i, b in enumerate(cells):
+            if b is None:
+                out.append(None)
+                continue
+            try:
+                out.append(b.decode("utf-8"))
+            except UnicodeDecodeError:
+                out.append(None)
+                bad[i] = True
+        text = pa.array(out, type=pa.string())
+    if want == "string":
+        return text, bad
+    if not bad.any():
+        try:
+            return text.cast(ARROW_TYPES[want]), bad
+        except pa.ArrowException:
+            pass
+    parse = {"int": _parse_int_cell, "float": _parse_float_cell,
+             "bool": lambda t: _BOOLS.get(t.strip().lower())}[want]
+    values = []
+    for i, cell in enumerate(text.to_pylist()):
+        v = None if cell is None or bad[i] else parse(cell)
+        if v is None and cell is not None:
+            bad[i] = True
+        values.append(v)
+    return pa.array(values, type=ARROW_TYPES[want]), bad
 
 
 # --------------------------------------------------------------------------- checked, hashed rows
@@ -223,9 +362,8 @@ def prepare_batch(
     cols: dict[str, pa.Array] = {}
     for name in batch.schema.names:
         arr = batch.column(name)
-        if cfg.format == "csv":
-            arr, bad = _parse_text(arr, cfg.types[name])
-            _mark(drop, bad, "wrong_type")
+        arr, bad = _convert_column(arr, cfg.types[name])
+        _mark(drop, bad, "wrong_type")
         cols[name] = arr
 
     if cfg.unit_column is not None:
@@ -234,7 +372,9 @@ def prepare_batch(
         _mark(drop, _nulls(cols[c]), "null_partition")
     values = {}
     for c in cfg.value_columns:
-        v = cols[c].cast(pa.float64()).to_numpy(zero_copy_only=False)  # nulls become NaN
+        # An int beyond +-2^53 rounds to the nearest float (safe=False) instead of raising with its value in the
+        # text: it is clamped to the metric's public bounds next, so the rounding never matters.
+        v = pc.cast(cols[c], pa.float64(), safe=False).to_numpy(zero_copy_only=False)  # nulls become NaN
         _mark(drop, ~np.isfinite(v), "bad_value")
         values[c] = v
 

@@ -25,12 +25,15 @@ LOOPBACK).
 from __future__ import annotations
 
 import argparse
+import errno
+import functools
 import json
 import os
 import pickle
 import shutil
 import sys
 import time
+import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +42,7 @@ import apache_beam as beam
 import numpy as np
 
 from dpops.compute import ComputeRequest, ComputeResult
-from dpops.errors import InputDataError, InvalidParameter, StorageError
+from dpops.errors import DEBUG_ENV, DpopsError, InputDataError, InternalError, InvalidParameter, StorageError
 from dpops.release_plan import plan_release
 from dpops.spec import load_spec
 from pipelines.aggregate import select_and_noise
@@ -96,6 +99,44 @@ class PipelineContext:
 # --------------------------------------------------------------------------- DoFns
 
 
+_DISK_ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT)
+
+
+def _is_disk_error(exc: BaseException) -> bool:
+    """An OSError about the disk (full, read-only, quota), as the OS or pyarrow's writer reports it."""
+    if not isinstance(exc, OSError):
+        return False
+    return exc.errno in _DISK_ERRNOS or any(os.strerror(code) in str(exc) for code in _DISK_ERRNOS)
+
+
+def _withhold_data_in_errors(process):
+    """Wrap a DoFn's ``process`` so no foreign exception (pyarrow, numpy, a bug) leaves it with its text.
+
+    Beam logs a failing DoFn's exception at ERROR itself (``apache_beam.runners.common``) and re-raises it
+    wrapped with the original text, before dpops can see it; such text may quote a cell or a whole input
+    line. dpops's own errors are written without data and pass unchanged; anything else becomes an
+    ``InternalError`` naming only its class and code location, ``from None`` so no chained text follows.
+    ``DPOPS_DEBUG=1`` keeps the original (a trusted terminal only).
+    """
+
+    @functools.wraps(process)
+    def wrapper(self, *args, **kwargs):
+        try:
+            yield from process(self, *args, **kwargs)
+        except DpopsError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            if os.environ.get(DEBUG_ENV) or _is_disk_error(exc):
+                raise  # a full or read-only disk: its text is the OS's, and dpops.runs makes it a StorageError
+            last = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+            where = f" at {Path(last.filename).name}:{last.lineno}" if last else ""
+            raise InternalError(f"internal error in {type(self).__name__}: {type(exc).__name__}{where} (a bug, "
+                                f"please report it; the error text is withheld because it may quote input data, "
+                                f"{DEBUG_ENV}=1 shows it on a trusted terminal)") from None
+
+    return wrapper
+
+
 class ReadCheckHash(beam.DoFn):
     def __init__(self, ctx: PipelineContext):
         self.ctx = ctx
@@ -104,10 +145,11 @@ class ReadCheckHash(beam.DoFn):
     def setup(self):
         self._source = self.ctx.randomness.source()
 
+    @_withhold_data_in_errors
     def process(self, item):
         cfg = self.ctx.read
         stats: dict[str, int] = {}
-        for seq, (batch, offset) in enumerate(iter_record_batches(item, cfg)):
+        for seq, (batch, offset) in enumerate(iter_record_batches(item, cfg, stats)):
             # bounding priorities: a stream per (file, row group, batch), independent of runner order
             rng = self._source.child("bounding", item[0], -1 if item[2] is None else item[2], seq)
             rows, (uniq, values), st = prepare_batch(batch, item[0], offset, cfg, rng)
@@ -127,6 +169,7 @@ class BoundAggregate(beam.DoFn):
     def __init__(self, ctx: PipelineContext):
         self.ctx = ctx
 
+    @_withhold_data_in_errors
     def process(self, element):
         bucket, chunks = element
         chunks = [_unpack(c) for c in chunks]
@@ -147,6 +190,7 @@ class SelectNoiseWrite(beam.DoFn):
     def setup(self):
         self._source = self.ctx.randomness.source()
 
+    @_withhold_data_in_errors
     def process(self, element):
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -380,8 +424,10 @@ def run_release(request: ComputeRequest) -> ComputeResult:
         "runner": request.runner,
         "plan": plan.describe(),
         "notes": {
-            "malformed_rows": "rows with a null unit or partition, or a null/NaN/inf value in ANY metric "
-                              "column, are dropped for all metrics before contribution bounding",
+            "malformed_rows": "rows with a null unit or partition, a null/NaN/inf value in ANY metric "
+                              "column, or a cell that does not convert to its declared type, and CSV lines "
+                              "with the wrong number of fields, are dropped for all metrics before "
+                              "contribution bounding",
             "mean_variance_intervals": "delta-method approximations from the noise stds",
             "quantiles": "exponential mechanism over a public grid; no std / interval",
         },
@@ -497,7 +543,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # one clear line; exit code from the dpops error class
         from dpops.errors import DpopsError
 
-        print(f"release_pipeline: error: {exc}", file=sys.stderr)
+        from dpops.errors import public_message
+
+        print(f"release_pipeline: error: {public_message(exc)}", file=sys.stderr)
         return exc.exit_code if isinstance(exc, DpopsError) else 1
     print(json.dumps({k: v for k, v in asdict(res).items() if k != "internal"}))
     return 0

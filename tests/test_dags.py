@@ -120,7 +120,10 @@ def test_failure_callback_logs_one_structured_alert_and_calls_the_hook(monkeypat
     class TI:
         task_id, dag_id, try_number = "reserve_budget", "dpops_x", 1
 
-    ctx = {"ti": TI(), "run_id": "r1", "exception": RuntimeError("budget refused: scope s left 0.1 asked 0.5"),
+    from airflow.sdk.exceptions import AirflowFailException
+
+    # what reserve_budget raises on a refusal (dags/dpops_dag_factory.py: _refusal_message)
+    ctx = {"ti": TI(), "run_id": "r1", "exception": AirflowFailException("budget refused: scope s left 0.1 asked 0.5"),
            "data_interval_start": None, "data_interval_end": None}
     with caplog.at_level(logging.ERROR, logger="dpops.airflow"):
         dpops_alerts.on_failure(ctx)

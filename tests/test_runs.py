@@ -18,7 +18,8 @@ import yaml
 
 from dpops import runs
 from dpops.compute import ComputeResult
-from dpops.errors import BudgetExceeded, InputDataError, IntegrityError, LedgerError, SpecError, StorageError
+from dpops.errors import (BudgetExceeded, InputDataError, IntegrityError, InternalError, LedgerError, SpecError,
+                          StorageError)
 from dpops.events import Laplace
 from dpops.ledger import ScopeDefinition, open_ledger
 
@@ -187,7 +188,8 @@ def test_rerun_of_published_interval_charges_nothing(env):
 
 def test_retry_after_failure_post_start_same_numbers_one_charge(env):
     env.pipe.fail_after_start = True
-    with pytest.raises(RuntimeError, match="worker lost"):
+    # The pipeline's own error text is withheld (it may quote input data): only its class is named.
+    with pytest.raises(InternalError, match="RuntimeError"):
         env.run()
     rec = env.ledger.runs(release="purchases_test")[0]
     assert rec.state == "started"  # noise may have been drawn: no refund
@@ -332,7 +334,7 @@ def test_test_mode_never_published(env):
 
 def test_os_mode_retry_takes_a_new_attempt(env):
     env.pipe.fail_after_start = True
-    with pytest.raises(RuntimeError):
+    with pytest.raises(InternalError, match="RuntimeError"):
         env.run(randomness="os")
     first = env.ledger.runs(release="purchases_test")[0]
     assert first.state == "spent_unpublished" and first.key.key_id == "os/attempt-1"

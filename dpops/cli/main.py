@@ -15,7 +15,7 @@ import sys
 import click
 
 from dpops import __version__
-from dpops.errors import DpopsError
+from dpops.errors import DEBUG_ENV, DpopsError, public_message
 
 # (command name, module under dpops.cli). A module that does not exist yet is skipped.
 SUBCOMMANDS = [
@@ -78,10 +78,11 @@ def main(argv: list[str] | None = None) -> int:
         click.echo("aborted", err=True)
         return 1
     except Exception as exc:  # noqa: BLE001 - a bug: one clear line and exit 1, never a bare traceback
-        click.echo(f"dpops: internal error ({type(exc).__name__}): {exc}. This is a bug; please report it "
-                   "with the command you ran.", err=True)
-        if os.environ.get("DPOPS_DEBUG"):
+        if os.environ.get(DEBUG_ENV):
             raise
+        # Only the class: a foreign exception's text may quote input data (dpops.errors.public_message).
+        click.echo(f"dpops: internal error ({public_message(exc)}). This is a bug; please report it "
+                   "with the command you ran.", err=True)
         return 1
     return 0
 

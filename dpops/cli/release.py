@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
+import os
 import traceback
 from typing import Any, Callable
 
 import click
 
-from dpops.errors import DpopsError
+from dpops.errors import DEBUG_ENV, DpopsError, public_message
 
 
 def _internal_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -27,10 +27,12 @@ def _internal_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except (DpopsError, click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except Exception as exc:  # noqa: BLE001
-            logging.getLogger("dpops.cli").debug("internal error", exc_info=True)
             last = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
             where = f" at {last.filename}:{last.lineno}" if last else ""
-            raise DpopsError(f"internal error (a bug, please report it): {type(exc).__name__}: {exc}{where}") from exc
+            if os.environ.get(DEBUG_ENV):
+                raise
+            # Only the class and the code location: the text may quote input data (dpops.errors).
+            raise DpopsError(f"internal error (a bug, please report it): {public_message(exc)}{where}") from None
 
     return wrapper
 

@@ -57,13 +57,20 @@ def cli() -> None:
 @cli.command("check")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="print the summary as JSON")
-def check_cmd(file: str, as_json: bool) -> None:
-    """Validate FILE; print the metrics, the epsilon/delta split and each mechanism's sensitivity."""
+@click.option("--key-file", "key_file", envvar="DPOPS_NOISE_KEY_FILE", type=click.Path(dir_okay=False), default=None,
+              help="the noise key file (default $DPOPS_NOISE_KEY_FILE): the spec's files must not be it or beside it")
+def check_cmd(file: str, as_json: bool, key_file: str | None) -> None:
+    """Validate FILE; print the metrics, the epsilon/delta split and each mechanism's sensitivity.
+
+    The spec's input and public files must resolve under the data roots ($DPOPS_DATA_ROOTS, default the
+    spec's directory) and away from the noise key (see dpops.dataroots)."""
+    from dpops.dataroots import check_spec_paths
     from dpops.spec import load_spec
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         spec = load_spec(file)
+    check_spec_paths(spec, key_file)
     doc = summary(spec)
     plan, note = _plan_summary(spec)
     doc["plan"] = plan
