@@ -4,7 +4,8 @@ At manifest time the position is read from ``ledger.status``. ``verify`` rebuild
 the same figures independently: it replays the scope's entries up to the recorded
 last entry (each run's state is the kind of its latest entry), composes each group
 of runs (committed, spent-unpublished, started, reserved, and all of them) with the
-scope's pinned accountant, and compares. A dropped, added or altered release in
+scope's pinned accountant at the cap and delta in force at that entry (a later
+legitimate cap change does not alter an old manifest's figures), and compares. A dropped, added or altered release in
 the history changes the replay and fails verification.
 """
 
@@ -60,6 +61,20 @@ def scope_position(ledger: Any, scope_name: str, buckets: Sequence[str] | None =
     }
 
 
+def scope_in_force(entries: Sequence[Any]) -> Any:
+    """The scope definition in force after ``entries`` (a scope's entries, oldest first): its creation,
+    then each ``cap_changed`` entry's ``after``. None if the entries do not create the scope."""
+    from dpops.ledger.model import ScopeDefinition
+
+    sdef = None
+    for e in entries:
+        if e.kind == "scope_created":
+            sdef = ScopeDefinition.from_dict(e.data["definition"])
+        elif e.kind == "cap_changed" and sdef is not None:
+            sdef = ScopeDefinition.from_dict(e.data["after"])
+    return sdef
+
+
 def replay_position(ledger: Any, recorded: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Recompute ``recorded`` (a manifest's ``privacy.scope``) from the ledger's entries; return (position, problems)."""
     from dpops.ledger.budget import measure_events  # the same number the ledger compares with the cap
@@ -84,12 +99,22 @@ def replay_position(ledger: Any, recorded: Mapping[str, Any]) -> tuple[dict[str,
         problems.append(f"privacy.scope.accountant: manifest says {recorded['accountant']}, "
                         f"the ledger's scope uses {scope.accountant}")
 
+    # The cap and delta in force at the manifest's point of the chain, not today's: a legitimate
+    # `dpops ledger cap` later must not make an older manifest fail (issue 13), while an edited cap in
+    # the manifest is still compared with what the ledger recorded at that point.
+    acct_scope = scope_in_force(entries) or scope
+    cap = recorded.get("cap") or {}
+    in_force = {"unit": acct_scope.cap_unit, "value": float(acct_scope.cap), "delta": float(acct_scope.delta)}
+    for field_name in ("unit", "value", "delta"):
+        if cap.get(field_name) != in_force[field_name]:
+            problems.append(f"privacy.scope.cap.{field_name}: manifest says {cap.get(field_name)!r}, the ledger's "
+                            f"cap in force at entry #{through} is {in_force[field_name]!r}")
+
     state: dict[str, str] = {}
     for e in entries:
         if e.run_id and e.kind in RUN_ENTRY_KINDS:
             state[e.run_id] = e.kind
     runs = {rid: ledger.run(rid) for rid in state}
-    acct_scope = scope
     from dpops.accounting import get_accountant
 
     acct = get_accountant(recorded["accountant"]) if "/" in recorded["accountant"] else get_accountant(scope.accountant)
@@ -109,6 +134,6 @@ def replay_position(ledger: Any, recorded: Mapping[str, Any]) -> tuple[dict[str,
             out[g] = _num(measure_events(acct, acct_scope, members[g]))
         every = [e for g in GROUPS for e in members[g]]
         out["total"] = _num(measure_events(acct, acct_scope, every))
-        out["remaining"] = None if out["total"] is None else float(scope.cap) - out["total"]
+        out["remaining"] = None if out["total"] is None else float(acct_scope.cap) - out["total"]
         rows.append(out)
     return {"buckets": rows}, problems
