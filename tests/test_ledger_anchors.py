@@ -381,3 +381,43 @@ def test_export_tail_drop_needs_an_anchor(tmp_path, capsys, keys):
     path.write_text("SENTINEL-4242 private\n")
     code, out, err = cli(capsys, "ledger", "verify", "--export", str(path))
     assert code == 7 and "line 1 is not JSON" in err and "SENTINEL" not in out + err  # never echoes content
+
+
+@pytest.mark.postgres
+def test_deploy_roles_sql_then_init_app_role(postgres_url, capsys, tmp_path):
+    """deploy/ledger-roles.sql + `dpops ledger init --app-role` give a working, restricted app role."""
+    import shutil
+    import subprocess
+
+    if shutil.which("psql") is None:
+        pytest.skip("psql not installed")
+    tag = uuid.uuid4().hex[:8]
+    db, owner, app = f"t_roles_{tag}", f"dpops_owner_{tag}", f"dpops_app_{tag}"
+    base = postgres_url.rsplit("/", 1)[0]
+    admin = psycopg.connect(postgres_url, autocommit=True)
+    admin.execute(f'CREATE DATABASE "{db}"')
+    sql = Path(__file__).resolve().parent.parent / "deploy" / "ledger-roles.sql"
+    try:
+        subprocess.run(["psql", f"{base}/{db}", "-q", "-v", f"owner_role={owner}", "-v", f"app_role={app}",
+                        "-v", "owner_password=x", "-v", "app_password=y", "-f", str(sql)],
+                       check=True, capture_output=True, timeout=60)
+        owner_url, app_url = f"{base.replace('postgres@', owner + '@')}/{db}?schema=dpops", \
+            f"{base.replace('postgres@', app + '@')}/{db}?schema=dpops"
+        code, out, err = cli(capsys, "ledger", "--ledger", owner_url, "init", "--app-role", app, "--print-sql")
+        assert code == 0 and "GRANT SELECT, INSERT ON" in out, err
+        code, _, err = cli(capsys, "ledger", "--ledger", app_url, "init", "--app-role", app)
+        assert code != 0  # the app role cannot grant itself anything
+        with open_ledger(owner_url) as led:
+            led.create_scope(scope_def(), actor="owner")
+        with open_ledger(app_url) as led:
+            full_run(led, key(1), lap(0.3))
+            assert led.verify().ok
+            for stmt in ("TRUNCATE entries", "DELETE FROM entries", "DROP TRIGGER entries_no_truncate ON entries",
+                         "CREATE TABLE dpops.x (a int)", "CREATE TABLE public.x (a int)"):
+                with pytest.raises(psycopg.Error):
+                    led.db.conn.execute(stmt)
+    finally:
+        admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+        for role in (app, owner):
+            admin.execute(f'DROP ROLE IF EXISTS "{role}"')
+        admin.close()

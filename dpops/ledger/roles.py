@@ -83,6 +83,11 @@ def grant_app_role(ledger, role: str) -> list[str]:
     if role == owner[0] or (member and member[0]):
         raise LedgerError(f"role {role!r} owns the ledger tables (or is a member of their owner {owner[0]!r}): "
                           "it could drop the triggers; the application role must be a separate role")
+    me = db.one("SELECT current_user, pg_has_role(current_user, ?, 'USAGE')", (owner[0],))
+    if not me[1]:
+        # PostgreSQL only warns when a non-owner GRANTs or REVOKEs; refuse instead of pretending it worked.
+        raise LedgerError(f"connected as {me[0]!r}, which does not own the ledger tables (owner {owner[0]!r}): "
+                          "run `dpops ledger init --app-role` as the owner role")
     schema = db.one("SELECT current_schema()")[0]
     statements = app_role_sql(role, schema)
     with db.transaction():
