@@ -3,9 +3,11 @@
 -- Run once as the PostgreSQL superuser of the ledger database (psql variables, passwords from files):
 --
 --   psql "postgresql://postgres@ledger-db:5432/dpops_ledger" \
---        -v owner_password="$(cat secrets/ledger_owner_password)" \
---        -v app_password="$(cat secrets/ledger_app_password)" \
+--        -v owner_password_file=secrets/ledger_owner_password \
+--        -v app_password_file=secrets/ledger_app_password \
 --        -f deploy/ledger-roles.sql
+--
+-- (docker-compose runs it on the ledger database's first start: deploy/ledger-db-init.sh.)
 --
 -- then, as the OWNER (never as the app role, never as a superuser), create the schema and grant the
 -- application role exactly its rights (append entries, update the derived tables; no UPDATE/DELETE/
@@ -36,6 +38,15 @@
 \if :{?ledger_schema}
 \else
   \set ledger_schema dpops
+\endif
+-- Passwords are read from files (never on a command line): -v owner_password_file=... -v app_password_file=...
+\if :{?owner_password}
+\else
+  \set owner_password `cat :owner_password_file`
+\endif
+\if :{?app_password}
+\else
+  \set app_password `cat :app_password_file`
 \endif
 
 CREATE ROLE :"owner_role" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS

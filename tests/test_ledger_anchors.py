@@ -397,10 +397,15 @@ def test_deploy_roles_sql_then_init_app_role(postgres_url, capsys, tmp_path):
     admin = psycopg.connect(postgres_url, autocommit=True)
     admin.execute(f'CREATE DATABASE "{db}"')
     sql = Path(__file__).resolve().parent.parent / "deploy" / "ledger-roles.sql"
+    pw = tmp_path / "pw"
+    pw.write_text("not-used-with-trust-auth\n")
     try:
         subprocess.run(["psql", f"{base}/{db}", "-q", "-v", f"owner_role={owner}", "-v", f"app_role={app}",
-                        "-v", "owner_password=x", "-v", "app_password=y", "-f", str(sql)],
+                        "-v", f"owner_password_file={pw}", "-v", f"app_password_file={pw}", "-f", str(sql)],
                        check=True, capture_output=True, timeout=60)
+        for role in (owner, app):  # the passwords were read from the files
+            assert admin.execute("SELECT rolpassword IS NOT NULL AND NOT rolsuper FROM pg_authid WHERE rolname = %s",
+                                 (role,)).fetchone() == (True,)
         owner_url, app_url = f"{base.replace('postgres@', owner + '@')}/{db}?schema=dpops", \
             f"{base.replace('postgres@', app + '@')}/{db}?schema=dpops"
         code, out, err = cli(capsys, "ledger", "--ledger", owner_url, "init", "--app-role", app, "--print-sql")
