@@ -70,3 +70,38 @@ def test_edited_position_still_caught_after_cap_change(old_manifest, edit, field
     edit(bad["privacy"]["scope"])
     problems = ledger_problems(verify_manifest(bad, ledger=led))
     assert any(p.startswith(field) for p in problems), problems
+
+
+def test_concurrent_reservation_while_the_position_is_read_is_no_false_alarm(tmp_path, monkeypatch):
+    """A run reserved by another process between the reads of the position must not make the manifest
+    disagree with its own history (a backfill writes many manifests while others reserve)."""
+    from dpops.manifest.scope import scope_position
+    from dpops.release_plan import plan_release
+
+    spec = load_spec(EXAMPLE_SPEC)
+    plan = plan_release(spec)
+    led = make_ledger(tmp_path, accountant="rdp/1", epsilon=10.0, delta=1e-7)
+    key = run_key(spec.name, 1, spec_hash=spec.spec_hash)
+    rec = led.reserve(key, "purchases", plan.events, actor=ACTOR)
+    led.start(rec.run_id, actor=ACTOR)
+    real_status, real_history = led.status, led.history
+    concurrent = iter([run_key(spec.name, 2, spec_hash=spec.spec_hash)])
+
+    def interleaved(reader):
+        def read(*a, **kw):
+            out = reader(*a, **kw)
+            k = next(concurrent, None)
+            if k is not None:  # another writer commits right after this read
+                led.reserve(k, "purchases", plan.events, actor="other")
+            return out
+        return read
+
+    monkeypatch.setattr(led, "status", interleaved(real_status))
+    monkeypatch.setattr(led, "history", interleaved(real_history))
+    position = scope_position(led, "purchases", rec.buckets)
+    monkeypatch.undo()
+    from dpops.manifest.scope import replay_position
+
+    replayed, problems = replay_position(led, position)
+    assert problems == [] and replayed["buckets"] == position["buckets"]
+    led.close()

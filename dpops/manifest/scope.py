@@ -31,26 +31,28 @@ def history_digest(entries: Iterable[Any]) -> tuple[int, str]:
 
 
 def scope_position(ledger: Any, scope_name: str, buckets: Sequence[str] | None = None) -> dict[str, Any]:
-    """The manifest's ``privacy.scope`` block, read from the ledger now (after this run's latest transition)."""
+    """The manifest's ``privacy.scope`` block, read from the ledger now (after this run's latest transition).
+
+    The figures are computed from the scope's entries themselves (one read), exactly as ``replay_position``
+    recomputes them, so a run reserved concurrently between two reads can never make the manifest
+    disagree with its own history (a false alarm at verification during a backfill).
+    """
+    from dpops.accounting import get_accountant
+
     scope = ledger.scope(scope_name)
-    status = ledger.status(scope_name)
     entries = list(ledger.history(scope_name))
     count, digest = history_digest(entries)
-    by_bucket = {b.bucket: b for b in (status.buckets or [])}
-    wanted = list(buckets) if buckets else (list(by_bucket) or ["*"])
-    rows = []
-    for b in wanted:
-        src = by_bucket.get(b, status if not by_bucket or b == "*" else None)
-        if src is None:  # a bucket the status does not list has nothing charged yet
-            rows.append({"bucket": b, **{g: 0.0 for g in GROUPS}, "total": 0.0, "remaining": _num(scope.cap)})
-            continue
-        rows.append({"bucket": b, **{g: _num(getattr(src, g)) for g in GROUPS},
-                     "total": _num(src.total), "remaining": _num(src.remaining)})
+    in_force = scope_in_force(entries) or scope
+    if buckets:
+        wanted = list(buckets)
+    else:
+        wanted = [b.bucket for b in (ledger.status(scope_name).buckets or [])] or ["*"]
+    rows = _replay_rows(ledger, entries, get_accountant(in_force.accountant), in_force, wanted)
     return {
-        "name": scope.name,
-        "unit": scope.unit,
-        "accountant": scope.accountant,
-        "cap": {"unit": scope.cap_unit, "value": float(scope.cap), "delta": float(scope.delta)},
+        "name": in_force.name,
+        "unit": in_force.unit,
+        "accountant": in_force.accountant,
+        "cap": {"unit": in_force.cap_unit, "value": float(in_force.cap), "delta": float(in_force.delta)},
         "buckets": rows,
         "history": {
             "through_entry_id": int(entries[-1].id) if entries else None,
@@ -59,6 +61,36 @@ def scope_position(ledger: Any, scope_name: str, buckets: Sequence[str] | None =
             "digest": digest,
         },
     }
+
+
+def _replay_rows(ledger: Any, entries: Sequence[Any], acct: Any, sdef: Any, bucket_names: Sequence[str]) -> list:
+    """Per bucket: each group of runs (by the kind of its latest entry among ``entries``) composed alone,
+    all of them together, and what remains under ``sdef``'s cap (at ``sdef``'s delta)."""
+    from dpops.ledger.budget import measure_events  # the same number the ledger compares with the cap
+
+    state: dict[str, str] = {}
+    for e in entries:
+        if e.run_id and e.kind in RUN_ENTRY_KINDS:
+            state[e.run_id] = e.kind
+    runs = {rid: ledger.run(rid) for rid in state}
+    rows = []
+    for b in bucket_names:
+        members = {g: [] for g in GROUPS}
+        for rid, st in state.items():
+            rec = runs.get(rid)
+            if rec is None or st not in members:
+                continue
+            if b != "*" and b not in (rec.buckets or []):
+                continue
+            members[st].extend(rec.events)
+        out = {"bucket": b}
+        for g in GROUPS:
+            out[g] = _num(measure_events(acct, sdef, members[g]))
+        every = [e for g in GROUPS for e in members[g]]
+        out["total"] = _num(measure_events(acct, sdef, every))
+        out["remaining"] = None if out["total"] is None else float(sdef.cap) - out["total"]
+        rows.append(out)
+    return rows
 
 
 def scope_in_force(entries: Sequence[Any]) -> Any:
@@ -77,8 +109,6 @@ def scope_in_force(entries: Sequence[Any]) -> Any:
 
 def replay_position(ledger: Any, recorded: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Recompute ``recorded`` (a manifest's ``privacy.scope``) from the ledger's entries; return (position, problems)."""
-    from dpops.ledger.budget import measure_events  # the same number the ledger compares with the cap
-
     problems: list[str] = []
     name = recorded["name"]
     scope = ledger.scope(name)
@@ -110,30 +140,8 @@ def replay_position(ledger: Any, recorded: Mapping[str, Any]) -> tuple[dict[str,
             problems.append(f"privacy.scope.cap.{field_name}: manifest says {cap.get(field_name)!r}, the ledger's "
                             f"cap in force at entry #{through} is {in_force[field_name]!r}")
 
-    state: dict[str, str] = {}
-    for e in entries:
-        if e.run_id and e.kind in RUN_ENTRY_KINDS:
-            state[e.run_id] = e.kind
-    runs = {rid: ledger.run(rid) for rid in state}
     from dpops.accounting import get_accountant
 
     acct = get_accountant(recorded["accountant"]) if "/" in recorded["accountant"] else get_accountant(scope.accountant)
-    rows = []
-    for row in recorded["buckets"]:
-        b = row["bucket"]
-        members = {g: [] for g in GROUPS}
-        for rid, st in state.items():
-            rec = runs.get(rid)
-            if rec is None or st not in members:
-                continue
-            if b != "*" and b not in (rec.buckets or []):
-                continue
-            members[st].extend(rec.events)
-        out = {"bucket": b}
-        for g in GROUPS:
-            out[g] = _num(measure_events(acct, acct_scope, members[g]))
-        every = [e for g in GROUPS for e in members[g]]
-        out["total"] = _num(measure_events(acct, acct_scope, every))
-        out["remaining"] = None if out["total"] is None else float(acct_scope.cap) - out["total"]
-        rows.append(out)
+    rows = _replay_rows(ledger, entries, acct, acct_scope, [row["bucket"] for row in recorded["buckets"]])
     return {"buckets": rows}, problems
