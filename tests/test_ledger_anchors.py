@@ -19,10 +19,10 @@ import psycopg
 import pytest
 
 from dpops.cli.main import main
-from dpops.errors import IntegrityError, InvalidParameter
+from dpops.errors import IntegrityError
 from dpops.events import Laplace
 from dpops.ledger import RunKey, ScopeBudgetExceeded, ScopeDefinition, open_ledger
-from dpops.ledger.checkpoint import DIR_ENV, KEY_ENV, checkpoint_ledger, load_checkpoints
+from dpops.ledger.checkpoint import DIR_ENV, KEY_ENV, PUBLIC_KEY_ENV, checkpoint_ledger, load_checkpoints
 from dpops.ledger.schema import GENESIS_HASH
 from dpops.ledger.verify import verify_export
 from dpops.manifest.sign import generate_signing_key
@@ -301,6 +301,9 @@ def test_d_legitimate_growth_after_checkpoints_passes(tmp_path, keys, capsys, mo
     assert code == 0 and json.loads(out)["entries"] == 15
     code, _, err = cli(capsys, "ledger", "--ledger", url, "verify", "--expect-head", f"3:{first_head}")
     assert code == 7
+    monkeypatch.setenv(PUBLIC_KEY_ENV, keys[1])  # a reviewer's environment: anchored without flags
+    code, out, err = cli(capsys, "ledger", "--ledger", url, "verify")
+    assert code == 0 and "extends 5 signed checkpoint(s)" in out, err
     assert rec.state == "reserved"
 
 

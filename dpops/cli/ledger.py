@@ -244,7 +244,8 @@ def keygen(private_key, public_key) -> None:
 @click.option("--export", "export_file", type=click.File("r"), default=None, metavar="FILE",
               help="Verify a `dpops ledger export` file alone (chain, state machine, totals); no database needed.")
 @click.option("--checkpoints", "checkpoints_dir", default=None, metavar="DIR",
-              help="Also require the chain to extend every signed checkpoint in DIR (needs --public-key).")
+              help="Also require the chain to extend every signed checkpoint in DIR (needs --public-key). Default: "
+                   "DPOPS_LEDGER_CHECKPOINTS_DIR when DPOPS_LEDGER_CHECKPOINT_PUBLIC_KEY is also set.")
 @click.option("--public-key", default=None, metavar="PEM",
               help="Ed25519 public key of the checkpoints (env DPOPS_LEDGER_CHECKPOINT_PUBLIC_KEY).")
 @click.option("--expect-head", "expect_heads", multiple=True, metavar="[N:]HASH",
@@ -260,6 +261,12 @@ def verify(ctx, export_file, checkpoints_dir, public_key, expect_heads, as_json)
     from dpops.errors import InvalidParameter
     from dpops.ledger.checkpoint import default_public_key, load_checkpoints
 
+    import os
+
+    from dpops.ledger.checkpoint import DIR_ENV, PUBLIC_KEY_ENV
+
+    if not checkpoints_dir and os.environ.get(DIR_ENV) and os.environ.get(PUBLIC_KEY_ENV):
+        checkpoints_dir = os.environ[DIR_ENV]  # a reviewer's environment: anchored by default
     checkpoints = None
     if checkpoints_dir:
         key = default_public_key(public_key)

@@ -34,7 +34,6 @@ from typing import Any, Iterable
 from cryptography.exceptions import InvalidSignature
 
 from dpops.errors import IntegrityError, InvalidParameter
-from dpops.events import canonical_json
 from dpops.ledger.backend import redact
 from dpops.ledger.model import utc_now
 
