@@ -128,6 +128,13 @@ def test_app_role_can_run_releases_but_not_rewrite_history(postgres_url, pg_sche
                     led.db.conn.execute(sql)
             n = led.db.one("SELECT COUNT(*) FROM entries")[0]
             assert n == 6 and led.verify().ok
+        # a dpops upgrade needing a migration: the app role is told to run init as the owner
+        with open_ledger(owner_url) as led:
+            led.db.execute("DELETE FROM schema_version WHERE version = 2")
+        code, _, err = cli(capsys, "ledger", "--ledger", app_url, "status", "s")
+        assert code != 0 and "run `dpops ledger init` once as the ledger's owner role" in err
+        assert cli(capsys, "ledger", "--ledger", owner_url, "init")[0] == 0
+        assert cli(capsys, "ledger", "--ledger", app_url, "verify")[0] == 0
     finally:
         admin.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')
         for role in (app, owner):

@@ -26,7 +26,7 @@ Append a new migration to MIGRATIONS; never edit an applied one.
 from __future__ import annotations
 
 from dpops.errors import LedgerError
-from dpops.ledger.backend import Backend
+from dpops.ledger.backend import Backend, redact
 from dpops.ledger.model import utc_now
 
 GENESIS_HASH = "0" * 64
@@ -159,9 +159,25 @@ SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 def migrate(db: Backend) -> int:
     """Bring the schema to SCHEMA_VERSION; safe when many processes open the ledger at once."""
-    if _current_version(db) == SCHEMA_VERSION:
+    current = _current_version(db)
+    if current == SCHEMA_VERSION:
         # Up to date: no DDL at all, so an application role without CREATE rights can open the ledger.
         return SCHEMA_VERSION
+    if current is not None and current > SCHEMA_VERSION:
+        raise LedgerError(f"ledger {redact(db.url)} has schema version {current}, newer than this dpops "
+                          f"({SCHEMA_VERSION}): upgrade dpops")
+    try:
+        return _migrate(db)
+    except Exception as exc:
+        if getattr(exc, "sqlstate", None) == "42501":  # insufficient_privilege: an application role
+            raise LedgerError(
+                f"ledger {redact(db.url)} needs schema version {SCHEMA_VERSION} but this role may not change the "
+                "schema: run `dpops ledger init` once as the ledger's owner role"
+            ) from None
+        raise
+
+
+def _migrate(db: Backend) -> int:
     with db.transaction():
         if db.dialect == "postgresql":
             # One migrator per schema at a time; released at commit.
