@@ -436,3 +436,19 @@ def test_deploy_roles_sql_then_init_app_role(postgres_url, capsys, tmp_path):
         for role in (app, owner):
             admin.execute(f'DROP ROLE IF EXISTS "{role}"')
         admin.close()
+
+
+def test_forged_cache_lets_a_reservation_through_but_verify_names_it(tmp_path):
+    """The app role may write the derived tables: lowering a bucket's cached spend admits an over-cap
+    reservation, which verify's replay then refuses (detected, not prevented: docs/threat-model.md)."""
+    from dpops.accounting import get_accountant
+
+    with open_ledger(f"sqlite:///{tmp_path}/l.sqlite") as led:
+        populate(led)
+        with pytest.raises(ScopeBudgetExceeded):
+            led.reserve(key(4), "s", lap(0.3), actor="op")
+        empty = json.dumps(get_accountant("basic").empty_state())
+        led.db.execute("UPDATE buckets SET settled_state = ?, committed_state = ? WHERE scope = 's'", (empty, empty))
+        led.reserve(key(4), "s", lap(0.3), actor="op")  # admitted against the forged cache
+        report = led.verify()
+        assert not report.ok and report.first_bad_entry == 11 and "over the cap" in report.problems[0]
