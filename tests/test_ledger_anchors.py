@@ -80,7 +80,7 @@ def cli(capsys, *argv):
 
 
 @pytest.mark.postgres
-def test_app_role_can_run_releases_but_not_rewrite_history(postgres_url, pg_schema, capsys):
+def test_app_role_can_run_releases_but_not_rewrite_history(postgres_url, pg_schema, capsys, monkeypatch):
     tag = uuid.uuid4().hex[:8]
     owner, app = f"dpops_owner_{tag}", f"dpops_app_{tag}"
     admin = psycopg.connect(postgres_url, autocommit=True)
@@ -128,9 +128,12 @@ def test_app_role_can_run_releases_but_not_rewrite_history(postgres_url, pg_sche
                     led.db.conn.execute(sql)
             n = led.db.one("SELECT COUNT(*) FROM entries")[0]
             assert n == 6 and led.verify().ok
-        # a dpops upgrade needing a migration: the app role is told to run init as the owner
-        with open_ledger(owner_url) as led:
-            led.db.execute("DELETE FROM schema_version WHERE version = 2")
+        # a dpops upgrade bringing a new migration: the app role is told to run init as the owner
+        from dpops.ledger import schema as schema_mod
+
+        upgrade = schema_mod.SCHEMA_VERSION + 1
+        monkeypatch.setattr(schema_mod, "MIGRATIONS", [*schema_mod.MIGRATIONS, (upgrade, lambda db: None)])
+        monkeypatch.setattr(schema_mod, "SCHEMA_VERSION", upgrade)
         code, _, err = cli(capsys, "ledger", "--ledger", app_url, "status", "s")
         assert code != 0 and "run `dpops ledger init` once as the ledger's owner role" in err
         assert cli(capsys, "ledger", "--ledger", owner_url, "init")[0] == 0
