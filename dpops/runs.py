@@ -442,6 +442,18 @@ def compute_staged(ctx: RunContext, ledger: Any, *, runner: str = "FnApiRunner",
     if record is None:
         raise LedgerError(f"run {ctx.run_id} of {ctx.spec.name} {ctx.interval} is not reserved: reserve it first")
     staged = ctx.store.find_staged(ctx.interval.slug, ctx.run_id)
+    if staged is not None and record.state == "reserved":
+        # Sealed output exists only after ``start``, so this ledger never started this run: another ledger
+        # (sharing this output root) or a ledger restored from an older backup computed it. No mechanism ran
+        # under this reservation, so it is refunded rather than left stuck (issue 13).
+        msg = (f"run {ctx.run_id} of {ctx.spec.name} {ctx.interval}: {ctx.store.staged_interval_dir(ctx.interval.slug)} "
+               "holds a staged output of this run that this ledger never started: another ledger shares this "
+               "output root (or this ledger was restored from an older backup). The reservation was refunded. "
+               "Use one ledger per output root: run with the ledger that computed it, or give this release "
+               "its own output.root")
+        ledger.release(ctx.run_id, reason="staged output computed under another ledger; nothing drawn here",
+                       actor=ctx.actor)
+        raise LedgerError(msg)
     if staged is not None:
         return staged  # a retry: the noisy output exists; reuse it, nothing drawn or charged again
     if record.state in ("committed", "released", "spent_unpublished"):

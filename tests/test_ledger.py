@@ -21,6 +21,7 @@ from dpops.errors import BudgetExceeded, InvalidParameter, LedgerError, SpecErro
 from dpops.events import Gaussian, Laplace
 from dpops.ledger import RunKey, ScopeBudgetExceeded, ScopeDefinition, bucket_labels, open_ledger
 from dpops.ledger.backend import set_test_hook
+from dpops.ledger.schema import SCHEMA_VERSION
 
 DAY = "2024-03-{:02d}T00:00:00Z"
 
@@ -329,7 +330,7 @@ def test_bad_urls(url, message):
 def test_default_url_from_env(tmp_path, monkeypatch):
     monkeypatch.setenv("DPOPS_LEDGER_URL", f"sqlite:///{tmp_path}/env.sqlite")
     with open_ledger() as led:
-        assert led.schema_version == 1
+        assert led.schema_version == SCHEMA_VERSION >= 2
     assert (tmp_path / "env.sqlite").exists()
 
 

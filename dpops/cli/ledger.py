@@ -66,11 +66,51 @@ def cli(ctx: click.Context, url: str | None) -> None:
 
 
 @cli.command()
+@click.option("--app-role", "app_roles", multiple=True, metavar="ROLE",
+              help="PostgreSQL: give existing ROLE the application rights only (append entries, update the derived "
+                   "tables; no UPDATE/DELETE/TRUNCATE of entries, no DDL). Run as the owner role. Repeatable.")
+@click.option("--print-sql", is_flag=True, help="With --app-role: print the GRANT statements run.")
 @click.pass_context
-def init(ctx: click.Context) -> None:
+def init(ctx: click.Context, app_roles, print_sql) -> None:
     """Create the ledger database (or migrate it to the current schema)."""
+    from dpops.ledger.backend import redact
+    from dpops.ledger.roles import grant_app_role
+
     with _ledger(ctx) as led:
-        click.echo(f"ledger ready at {led.url} (schema version {led.schema_version})")
+        click.echo(f"ledger ready at {redact(led.url)} (schema version {led.schema_version})")
+        for role in app_roles:
+            statements = grant_app_role(led, role)
+            if print_sql:
+                click.echo(";\n".join(statements) + ";")
+            click.echo(f"role {role}: may append entries and update the derived tables; cannot UPDATE, DELETE or "
+                       "TRUNCATE entries, nor drop or disable triggers")
+
+
+@cli.command()
+@click.option("--dir", "directory", default=None, metavar="DIR",
+              help="Where checkpoints are kept (env DPOPS_LEDGER_CHECKPOINTS_DIR), e.g. beside the manifests.")
+@click.option("--signing-key", default=None, metavar="PEM",
+              help="Ed25519 private key PEM (env DPOPS_LEDGER_CHECKPOINT_KEY), e.g. from `dpops ledger keygen`.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def checkpoint(ctx, directory, signing_key, as_json) -> None:
+    """Sign the current chain head into DIR: an anchor a database administrator cannot recompute."""
+    import os
+
+    from dpops.errors import InvalidParameter
+    from dpops.ledger.checkpoint import DIR_ENV, KEY_ENV, checkpoint_ledger
+
+    directory = directory or os.environ.get(DIR_ENV)
+    signing_key = signing_key or os.environ.get(KEY_ENV)
+    if not directory or not signing_key:
+        raise InvalidParameter(f"give --dir (or {DIR_ENV}) and --signing-key (or {KEY_ENV})")
+    with _ledger(ctx) as led:
+        path = checkpoint_ledger(led, directory, signing_key)
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    if as_json:
+        echo_json({"file": str(path), "entries": doc["entries"], "head_hash": doc["head_hash"]})
+    else:
+        click.echo(f"checkpoint {path}: {doc['entries']} entries, head {doc['head_hash']}")
 
 
 @cli.group()
@@ -182,16 +222,81 @@ def history(ctx, scope_name, as_json) -> None:
 
 
 @cli.command()
+@click.argument("private_key", metavar="PRIVATE_PEM")
+@click.argument("public_key", metavar="PUBLIC_PEM")
+def keygen(private_key, public_key) -> None:
+    """Create an Ed25519 key pair for checkpoints (private file 0600, never overwritten).
+
+    Keep the private key with the operator or reviewer, never with the database administrator.
+    """
+    from dpops.manifest.sign import generate_signing_key
+
+    try:
+        kid = generate_signing_key(private_key, public_key)
+    except FileExistsError:
+        from dpops.errors import InvalidParameter
+
+        raise InvalidParameter(f"{private_key} exists; a signing key is never overwritten") from None
+    click.echo(f"Ed25519 key {kid}: private {private_key}, public {public_key}")
+
+
+@cli.command()
+@click.option("--export", "export_file", type=click.File("r"), default=None, metavar="FILE",
+              help="Verify a `dpops ledger export` file alone (chain, state machine, totals); no database needed.")
+@click.option("--checkpoints", "checkpoints_dir", default=None, metavar="DIR",
+              help="Also require the chain to extend every signed checkpoint in DIR (needs --public-key). Default: "
+                   "DPOPS_LEDGER_CHECKPOINTS_DIR when DPOPS_LEDGER_CHECKPOINT_PUBLIC_KEY is also set.")
+@click.option("--public-key", default=None, metavar="PEM",
+              help="Ed25519 public key of the checkpoints (env DPOPS_LEDGER_CHECKPOINT_PUBLIC_KEY).")
+@click.option("--expect-head", "expect_heads", multiple=True, metavar="[N:]HASH",
+              help="Also require an entry with this hash (at entry N), e.g. a head a reviewer wrote down. Repeatable.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def verify(ctx, as_json) -> None:
-    """Recompute the hash chain, the state machine and every cached total. Exit 7 on failure."""
-    with _ledger(ctx) as led:
-        report = led.verify()
+def verify(ctx, export_file, checkpoints_dir, public_key, expect_heads, as_json) -> None:
+    """Recompute the hash chain, the state machine and every cached total. Exit 7 on failure.
+
+    Without --checkpoints or --expect-head this proves only that the database is self-consistent: its
+    owner could have rebuilt it. The anchors prove it still extends what a reviewer saw.
+    """
+    from dpops.errors import InvalidParameter
+    from dpops.ledger.checkpoint import default_public_key, load_checkpoints
+
+    import os
+
+    from dpops.ledger.checkpoint import DIR_ENV, PUBLIC_KEY_ENV
+
+    if not checkpoints_dir and os.environ.get(DIR_ENV) and os.environ.get(PUBLIC_KEY_ENV):
+        checkpoints_dir = os.environ[DIR_ENV]  # a reviewer's environment: anchored by default
+    checkpoints = None
+    if checkpoints_dir:
+        key = default_public_key(public_key)
+        if not key:
+            raise InvalidParameter("--checkpoints needs --public-key (or DPOPS_LEDGER_CHECKPOINT_PUBLIC_KEY): "
+                                   "an unverified checkpoint proves nothing")
+        checkpoints = load_checkpoints(checkpoints_dir, key)
+    if export_file is not None:
+        from dpops.ledger.verify import verify_export
+
+        report = verify_export(export_file, getattr(export_file, "name", "export"), checkpoints, expect_heads)
+    else:
+        with _ledger(ctx) as led:
+            report = led.verify(checkpoints=checkpoints, expect_heads=expect_heads)
     if as_json:
         echo_json(report.to_dict())
     elif report.ok:
-        click.echo(f"ledger OK: {report.entries} entries, head {report.head_hash}")
+        what = "export" if export_file is not None else "ledger"
+        click.echo(f"{what} OK: {report.entries} entries, head {report.head_hash}")
+        if report.anchors.get("checkpoints"):
+            click.echo(f"extends {report.anchors['checkpoints']} signed checkpoint(s), latest at entry "
+                       f"{report.anchors['latest_entries']} (key {report.anchors['public_key_id']})")
+        if report.anchors.get("expect_head"):
+            click.echo(f"contains the expected head(s) {', '.join(report.anchors['expect_head'])}")
+        if not report.anchors:
+            click.echo("not anchored: give --checkpoints DIR --public-key PEM (or --expect-head) to show the chain "
+                       "was not rebuilt by someone with database write access")
+        for scope_name, t in sorted(report.totals.items()):
+            spent = ", ".join(f"{b}: {fmt(v['settled'])}" for b, v in sorted(t["buckets"].items()))
+            click.echo(f"scope {scope_name}: cap {t['unit']}={fmt(t['cap'])}; settled {spent}")
     else:
         for p in report.problems:
             click.echo(f"FAILED: {p}")

@@ -143,7 +143,9 @@ class PostgresBackend(Backend):
             raise LedgerError(f"cannot connect to PostgreSQL ledger {redact(url)}: {str(exc).strip()}") from None
         if schema:
             try:
-                self.conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+                # Only when missing: an application role has no CREATE right on the database.
+                if self.conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)).fetchone() is None:
+                    self.conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
             except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateSchema):
                 pass  # created concurrently by another process
             self.conn.execute(f'SET search_path TO "{schema}"')

@@ -307,6 +307,8 @@ class VerifyReport:
     head_hash: str
     first_bad_entry: int | None = None
     problems: list[str] = field(default_factory=list)
+    totals: dict[str, Any] = field(default_factory=dict)  # per scope/bucket, replayed from the entries
+    anchors: dict[str, Any] = field(default_factory=dict)  # the checkpoints / expected heads checked, if any
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

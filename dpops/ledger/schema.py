@@ -3,10 +3,22 @@
 ``entries`` is the append-only, hash-chained record of everything (the truth).
 ``chain_head`` holds the id and hash of the last entry: one row that every writer
 locks last, so entry ids are gap-free and in commit order, and truncating the
-tail of the chain is detected by ``verify``. ``scopes``, ``buckets`` and ``runs``
-are caches derived from the entries in the same transaction; ``verify``
-recomputes them. Triggers refuse UPDATE and DELETE on ``entries`` so that only a
-deliberate act (dropping the trigger) can alter history, and ``verify`` catches it.
+tail of the chain is detected by ``verify`` (as long as ``chain_head`` itself is
+not reset). ``scopes``, ``buckets`` and ``runs`` are caches derived from the
+entries in the same transaction; ``verify`` recomputes them.
+
+What the database guards do, and what they do not (docs/threat-model.md):
+
+- Triggers refuse UPDATE, DELETE and (PostgreSQL, migration 2) TRUNCATE on
+  ``entries``, and let ``chain_head`` only move forward by one to an entry that
+  exists. They stop mistakes and an *application* role (``dpops ledger init
+  --app-role``), which has no right to drop or disable them.
+- They do NOT stop the table owner or a superuser: they can disable the
+  triggers, rewrite every entry and recompute every hash (the chain is an unkeyed
+  sha256), and ``verify`` alone then passes. Only an anchor kept outside the
+  database catches that: Ed25519-signed checkpoints of the chain head
+  (``dpops.ledger.checkpoint``, ``dpops ledger verify --checkpoints``) or a head
+  hash a reviewer wrote down (``--expect-head``).
 
 Append a new migration to MIGRATIONS; never edit an applied one.
 """
@@ -14,7 +26,7 @@ Append a new migration to MIGRATIONS; never edit an applied one.
 from __future__ import annotations
 
 from dpops.errors import LedgerError
-from dpops.ledger.backend import Backend
+from dpops.ledger.backend import Backend, redact
 from dpops.ledger.model import utc_now
 
 GENESIS_HASH = "0" * 64
@@ -97,12 +109,75 @@ def _v1(db: Backend) -> None:
         db.execute("INSERT INTO chain_head (singleton, last_id, last_hash) VALUES (1, 0, ?)", (GENESIS_HASH,))
 
 
-MIGRATIONS = [(1, _v1)]
+# --- version 2: TRUNCATE refused, chain head only moves forward ------------------------------------
+# Why: an application role that may INSERT entries and UPDATE chain_head could otherwise reset the head
+# to 0 and truncate history; these refuse that for every role that cannot disable triggers (i.e. is not
+# the table owner or a superuser).
+
+_V2_SQLITE_GUARDS = [
+    # SQLite has no TRUNCATE: "DELETE FROM entries" is already refused by entries_no_delete.
+    """CREATE TRIGGER IF NOT EXISTS chain_head_forward_only BEFORE UPDATE ON chain_head
+       WHEN NEW.singleton != 1 OR NEW.last_id != OLD.last_id + 1
+            OR NOT EXISTS (SELECT 1 FROM entries WHERE id = NEW.last_id AND hash = NEW.last_hash)
+       BEGIN SELECT RAISE(ABORT, 'the ledger chain head only moves forward to the entry just appended'); END""",
+    """CREATE TRIGGER IF NOT EXISTS chain_head_no_delete BEFORE DELETE ON chain_head
+       BEGIN SELECT RAISE(ABORT, 'the ledger chain head cannot be deleted'); END""",
+]
+
+_V2_POSTGRES_GUARDS = [
+    "DROP TRIGGER IF EXISTS entries_no_truncate ON entries",
+    """CREATE TRIGGER entries_no_truncate BEFORE TRUNCATE ON entries
+       FOR EACH STATEMENT EXECUTE FUNCTION dpops_entries_append_only()""",
+    """CREATE OR REPLACE FUNCTION dpops_chain_head_forward_only() RETURNS trigger AS $$
+       BEGIN
+         IF TG_OP <> 'UPDATE' THEN
+           RAISE EXCEPTION 'the ledger chain head cannot be deleted or truncated';
+         END IF;
+         IF NEW.singleton <> 1 OR NEW.last_id <> OLD.last_id + 1 OR NOT EXISTS (
+              SELECT 1 FROM entries WHERE id = NEW.last_id AND hash = NEW.last_hash) THEN
+           RAISE EXCEPTION 'the ledger chain head only moves forward to the entry just appended';
+         END IF;
+         RETURN NEW;
+       END; $$ LANGUAGE plpgsql""",
+    "DROP TRIGGER IF EXISTS chain_head_forward_only ON chain_head",
+    """CREATE TRIGGER chain_head_forward_only BEFORE UPDATE OR DELETE ON chain_head
+       FOR EACH ROW EXECUTE FUNCTION dpops_chain_head_forward_only()""",
+    "DROP TRIGGER IF EXISTS chain_head_no_truncate ON chain_head",
+    """CREATE TRIGGER chain_head_no_truncate BEFORE TRUNCATE ON chain_head
+       FOR EACH STATEMENT EXECUTE FUNCTION dpops_chain_head_forward_only()""",
+]
+
+
+def _v2(db: Backend) -> None:
+    for sql in _V2_SQLITE_GUARDS if db.dialect == "sqlite" else _V2_POSTGRES_GUARDS:
+        db.execute(sql)
+
+
+MIGRATIONS = [(1, _v1), (2, _v2)]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 
 def migrate(db: Backend) -> int:
     """Bring the schema to SCHEMA_VERSION; safe when many processes open the ledger at once."""
+    current = _current_version(db)
+    if current == SCHEMA_VERSION:
+        # Up to date: no DDL at all, so an application role without CREATE rights can open the ledger.
+        return SCHEMA_VERSION
+    if current is not None and current > SCHEMA_VERSION:
+        raise LedgerError(f"ledger {redact(db.url)} has schema version {current}, newer than this dpops "
+                          f"({SCHEMA_VERSION}): upgrade dpops")
+    try:
+        return _migrate(db)
+    except Exception as exc:
+        if getattr(exc, "sqlstate", None) == "42501":  # insufficient_privilege: an application role
+            raise LedgerError(
+                f"ledger {redact(db.url)} needs schema version {SCHEMA_VERSION} but this role may not change the "
+                "schema: run `dpops ledger init` once as the ledger's owner role"
+            ) from None
+        raise
+
+
+def _migrate(db: Backend) -> int:
     with db.transaction():
         if db.dialect == "postgresql":
             # One migrator per schema at a time; released at commit.
@@ -119,6 +194,19 @@ def migrate(db: Backend) -> int:
                 step(db)
                 db.execute("INSERT INTO schema_version (version, applied_at) VALUES (?, ?)", (version, utc_now()))
     return SCHEMA_VERSION
+
+
+def _current_version(db: Backend) -> int | None:
+    """The applied schema version, or None when the version table does not exist yet (read only)."""
+    if db.dialect == "sqlite":
+        exists = db.one("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'")
+    else:
+        exists = db.one("SELECT to_regclass('schema_version')")
+        exists = exists if exists and exists[0] is not None else None
+    if not exists:
+        return None
+    row = db.one("SELECT MAX(version) FROM schema_version")
+    return int(row[0]) if row and row[0] is not None else None
 
 
 def entry_hash(prev_hash: str, body_text: str) -> str:

@@ -425,8 +425,12 @@ class Ledger:
         """started -> committed: the result is published at ``output_uri``."""
         if not isinstance(output_uri, str) or not output_uri:
             raise InvalidParameter(f"output_uri must say where the result is published, got {output_uri!r}")
-        return self._transition(run_id, "committed", actor,
-                                {"output_uri": output_uri, "details": _check_details(details)})
+        record = self._transition(run_id, "committed", actor,
+                                  {"output_uri": output_uri, "details": _check_details(details)})
+        from dpops.ledger.checkpoint import auto_checkpoint
+
+        auto_checkpoint(self)  # a signed anchor outside the database, when configured (see checkpoint.py)
+        return record
 
     def mark_spent_unpublished(self, run_id: str, *, reason: str, actor: str) -> RunRecord:
         """started -> spent_unpublished: noise was (or may have been) drawn; the charge stays."""
@@ -638,10 +642,12 @@ class Ledger:
             n += 1
         return n
 
-    def verify(self) -> VerifyReport:
+    def verify(self, *, checkpoints=None, expect_heads=()) -> VerifyReport:
+        """Chain, state machine and caches; with ``checkpoints`` (``checkpoint.load_checkpoints``) or
+        ``expect_heads`` also that the chain still extends those anchors (an owner's rewrite is caught)."""
         from dpops.ledger.verify import verify_ledger
 
-        return verify_ledger(self)
+        return verify_ledger(self, checkpoints=checkpoints, expect_heads=expect_heads)
 
 
 def _refusal(run_id: str, state: str, to: str) -> str:

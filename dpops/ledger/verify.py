@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, Iterable
 
 from dpops.errors import DpopsError
 from dpops.events import canonical_json, event_from_dict
@@ -130,20 +130,14 @@ class _Replay:
         self.open.setdefault(sdef.name, {})[run_id] = self.runs[run_id]
 
 
-def verify_ledger(ledger) -> VerifyReport:
-    with ledger._read() as db:  # one consistent snapshot
-        head = db.one("SELECT last_id, last_hash FROM chain_head WHERE singleton = 1")
-        entries = db.all("SELECT id, ts, kind, scope, run_id, buckets, actor, body, prev_hash, hash FROM entries "
-                         "ORDER BY id")
-        scope_rows = db.all("SELECT name, definition, accountant, last_entry FROM scopes")
-        bucket_rows = db.all("SELECT scope, bucket, settled_state, committed_state, spent_state FROM buckets")
-        run_rows = db.all("SELECT run_id, scope, release, interval_start, interval_end, run_key, state, events, "
-                          "buckets, restates, output_uri, details, entry_ids, entry_hashes, created_at, updated_at, "
-                          "last_entry FROM runs")
+def _verify_chain(entries, head) -> tuple[VerifyReport, _Replay, list[str]]:
+    """Chain and state machine over ``entries`` rows (id, ts, kind, scope, run_id, buckets_json, actor, body,
+    prev_hash, hash); ``head`` is (last_id, last_hash) or None when there is no head to compare (an export)."""
     replay = _Replay()
-    hashes: dict[int, str] = {}
+    hashes: list[str] = []
     prev, expected = GENESIS_HASH, 1
-    report = VerifyReport(ok=True, entries=len(entries), head_hash=head[1] if head else "")
+    report = VerifyReport(ok=True, entries=len(entries), head_hash=head[1] if head else (
+        entries[-1][9] if entries else GENESIS_HASH))
     try:
         for eid, ts, kind, scope, run_id, bjson, actor, body_text, prev_hash, digest in entries:
             eid = int(eid)
@@ -169,19 +163,110 @@ def verify_ledger(ledger) -> VerifyReport:
                 raise
             except (DpopsError, KeyError, TypeError, ValueError) as exc:
                 raise _Broken(eid, f"{kind} entry cannot be replayed: {exc}") from None
-            hashes[eid] = digest
+            hashes.append(digest)
             prev, expected = digest, expected + 1
-        if head is None or int(head[0]) != expected - 1 or head[1] != prev:
-            raise _Broken(expected, f"chain head names entry {head[0] if head else None} but the entries end at "
+        if head is not None and (int(head[0]) != expected - 1 or head[1] != prev):
+            raise _Broken(expected, f"chain head names entry {head[0]} but the entries end at "
                                     f"{expected - 1}: entries at the end were deleted, or the head was edited")
     except _Broken as broken:
         report.ok = False
         report.first_bad_entry = broken.entry_id
         report.problems.append(f"entry {broken.entry_id}: {broken.why}")
+    return report, replay, hashes
+
+
+def _totals(replay: _Replay) -> dict[str, Any]:
+    """Per scope and bucket: the cap in force at the end and the settled composition (committed + spent)."""
+    out: dict[str, Any] = {}
+    for (scope, b), states in sorted(replay.buckets.items()):
+        sdef = replay.scopes[scope]
+        acct = budget.accountant_for(sdef)
+        total = budget.measure(acct, sdef, states["settled"])
+        row = out.setdefault(scope, {"cap": sdef.cap, "unit": sdef.cap_unit, "delta": sdef.delta,
+                                     "accountant": sdef.accountant, "buckets": {}})
+        row["buckets"][b] = {"settled": total if math.isfinite(total) else None,
+                             "open_runs": sum(1 for r in replay.open.get(scope, {}).values() if b in r["buckets"])}
+    return out
+
+
+def _anchor(report: VerifyReport, hashes: list[str], checkpoints, expect_heads) -> VerifyReport:
+    from dpops.ledger.checkpoint import check_anchors, summary
+
+    if not report.ok or (not checkpoints and not expect_heads):
         return report
-    report.problems.extend(_compare_caches(replay, hashes, scope_rows, bucket_rows, run_rows))
-    report.ok = not report.problems
+    problems = check_anchors(hashes, checkpoints or (), expect_heads or ())
+    if checkpoints:
+        report.anchors = summary(list(checkpoints))
+    if expect_heads:
+        report.anchors["expect_head"] = list(expect_heads)
+    if problems:
+        report.ok = False
+        report.problems = problems + report.problems
     return report
+
+
+def verify_ledger(ledger, checkpoints=None, expect_heads=()) -> VerifyReport:
+    """Chain, state machine, caches; then (if given) that the chain extends every signed checkpoint and head."""
+    with ledger._read() as db:  # one consistent snapshot
+        head = db.one("SELECT last_id, last_hash FROM chain_head WHERE singleton = 1")
+        entries = db.all("SELECT id, ts, kind, scope, run_id, buckets, actor, body, prev_hash, hash FROM entries "
+                         "ORDER BY id")
+        scope_rows = db.all("SELECT name, definition, accountant, last_entry FROM scopes")
+        bucket_rows = db.all("SELECT scope, bucket, settled_state, committed_state, spent_state FROM buckets")
+        run_rows = db.all("SELECT run_id, scope, release, interval_start, interval_end, run_key, state, events, "
+                          "buckets, restates, output_uri, details, entry_ids, entry_hashes, created_at, updated_at, "
+                          "last_entry FROM runs")
+    if head is None:
+        head = (-1, "")  # no chain head row: reported as a broken head below
+    report, replay, hashes = _verify_chain(entries, head)
+    if not report.ok:
+        return report
+    report.problems.extend(_compare_caches(replay, dict(enumerate(hashes, start=1)), scope_rows, bucket_rows,
+                                           run_rows))
+    report.ok = not report.problems
+    report.totals = _totals(replay)
+    return _anchor(report, hashes, checkpoints, expect_heads)
+
+
+_EXPORT_FIELDS = ("id", "ts", "kind", "scope", "run_id", "buckets", "actor", "data", "prev_hash", "hash")
+
+
+def verify_export(lines: Iterable[str], source: str = "export", checkpoints=None, expect_heads=()) -> VerifyReport:
+    """Verify a ``dpops ledger export`` file alone: chain, state machine (every reservation within the cap
+    in force), totals. Each hashed body is rebuilt from the line exactly as the ledger built it.
+
+    A removed *last* entry leaves a valid shorter chain: only an anchor (``checkpoints`` or ``expect_heads``)
+    catches that, as for the database.
+    """
+    rows = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            doc = json.loads(line)
+        except json.JSONDecodeError:
+            raise _export_error(source, n, "is not JSON") from None
+        if not isinstance(doc, dict) or set(doc) != set(_EXPORT_FIELDS):
+            raise _export_error(source, n, f"must be an object with exactly the fields {list(_EXPORT_FIELDS)}")
+        if isinstance(doc["id"], bool) or not isinstance(doc["id"], int) or not isinstance(doc["buckets"], list):
+            raise _export_error(source, n, "has a malformed id or buckets field")
+        body = {k: doc[k] for k in ("id", "ts", "kind", "scope", "run_id", "buckets", "actor", "data")}
+        try:
+            body_text = canonical_json(body)
+        except (TypeError, ValueError):
+            raise _export_error(source, n, "holds a value JSON cannot hash (NaN or infinity)") from None
+        rows.append((doc["id"], doc["ts"], doc["kind"], doc["scope"], doc["run_id"], json.dumps(doc["buckets"]),
+                     doc["actor"], body_text, doc["prev_hash"], doc["hash"]))
+    report, replay, hashes = _verify_chain(rows, None)
+    if report.ok:
+        report.totals = _totals(replay)
+    return _anchor(report, hashes, checkpoints, expect_heads)
+
+
+def _export_error(source: str, line: int, what: str):
+    from dpops.errors import IntegrityError
+
+    return IntegrityError(f"{source} line {line} {what}: it is not a dpops ledger export (dpops ledger export)")
 
 
 def _compare_caches(replay: _Replay, hashes, scope_rows, bucket_rows, run_rows) -> list[str]:

@@ -4,7 +4,8 @@ At manifest time the position is read from ``ledger.status``. ``verify`` rebuild
 the same figures independently: it replays the scope's entries up to the recorded
 last entry (each run's state is the kind of its latest entry), composes each group
 of runs (committed, spent-unpublished, started, reserved, and all of them) with the
-scope's pinned accountant, and compares. A dropped, added or altered release in
+scope's pinned accountant at the cap and delta in force at that entry (a later
+legitimate cap change does not alter an old manifest's figures), and compares. A dropped, added or altered release in
 the history changes the replay and fails verification.
 """
 
@@ -30,26 +31,28 @@ def history_digest(entries: Iterable[Any]) -> tuple[int, str]:
 
 
 def scope_position(ledger: Any, scope_name: str, buckets: Sequence[str] | None = None) -> dict[str, Any]:
-    """The manifest's ``privacy.scope`` block, read from the ledger now (after this run's latest transition)."""
+    """The manifest's ``privacy.scope`` block, read from the ledger now (after this run's latest transition).
+
+    The figures are computed from the scope's entries themselves (one read), exactly as ``replay_position``
+    recomputes them, so a run reserved concurrently between two reads can never make the manifest
+    disagree with its own history (a false alarm at verification during a backfill).
+    """
+    from dpops.accounting import get_accountant
+
     scope = ledger.scope(scope_name)
-    status = ledger.status(scope_name)
     entries = list(ledger.history(scope_name))
     count, digest = history_digest(entries)
-    by_bucket = {b.bucket: b for b in (status.buckets or [])}
-    wanted = list(buckets) if buckets else (list(by_bucket) or ["*"])
-    rows = []
-    for b in wanted:
-        src = by_bucket.get(b, status if not by_bucket or b == "*" else None)
-        if src is None:  # a bucket the status does not list has nothing charged yet
-            rows.append({"bucket": b, **{g: 0.0 for g in GROUPS}, "total": 0.0, "remaining": _num(scope.cap)})
-            continue
-        rows.append({"bucket": b, **{g: _num(getattr(src, g)) for g in GROUPS},
-                     "total": _num(src.total), "remaining": _num(src.remaining)})
+    in_force = scope_in_force(entries) or scope
+    if buckets:
+        wanted = list(buckets)
+    else:
+        wanted = [b.bucket for b in (ledger.status(scope_name).buckets or [])] or ["*"]
+    rows = _replay_rows(ledger, entries, get_accountant(in_force.accountant), in_force, wanted)
     return {
-        "name": scope.name,
-        "unit": scope.unit,
-        "accountant": scope.accountant,
-        "cap": {"unit": scope.cap_unit, "value": float(scope.cap), "delta": float(scope.delta)},
+        "name": in_force.name,
+        "unit": in_force.unit,
+        "accountant": in_force.accountant,
+        "cap": {"unit": in_force.cap_unit, "value": float(in_force.cap), "delta": float(in_force.delta)},
         "buckets": rows,
         "history": {
             "through_entry_id": int(entries[-1].id) if entries else None,
@@ -60,10 +63,52 @@ def scope_position(ledger: Any, scope_name: str, buckets: Sequence[str] | None =
     }
 
 
-def replay_position(ledger: Any, recorded: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """Recompute ``recorded`` (a manifest's ``privacy.scope``) from the ledger's entries; return (position, problems)."""
+def _replay_rows(ledger: Any, entries: Sequence[Any], acct: Any, sdef: Any, bucket_names: Sequence[str]) -> list:
+    """Per bucket: each group of runs (by the kind of its latest entry among ``entries``) composed alone,
+    all of them together, and what remains under ``sdef``'s cap (at ``sdef``'s delta)."""
     from dpops.ledger.budget import measure_events  # the same number the ledger compares with the cap
 
+    state: dict[str, str] = {}
+    for e in entries:
+        if e.run_id and e.kind in RUN_ENTRY_KINDS:
+            state[e.run_id] = e.kind
+    runs = {rid: ledger.run(rid) for rid in state}
+    rows = []
+    for b in bucket_names:
+        members = {g: [] for g in GROUPS}
+        for rid, st in state.items():
+            rec = runs.get(rid)
+            if rec is None or st not in members:
+                continue
+            if b != "*" and b not in (rec.buckets or []):
+                continue
+            members[st].extend(rec.events)
+        out = {"bucket": b}
+        for g in GROUPS:
+            out[g] = _num(measure_events(acct, sdef, members[g]))
+        every = [e for g in GROUPS for e in members[g]]
+        out["total"] = _num(measure_events(acct, sdef, every))
+        out["remaining"] = None if out["total"] is None else float(sdef.cap) - out["total"]
+        rows.append(out)
+    return rows
+
+
+def scope_in_force(entries: Sequence[Any]) -> Any:
+    """The scope definition in force after ``entries`` (a scope's entries, oldest first): its creation,
+    then each ``cap_changed`` entry's ``after``. None if the entries do not create the scope."""
+    from dpops.ledger.model import ScopeDefinition
+
+    sdef = None
+    for e in entries:
+        if e.kind == "scope_created":
+            sdef = ScopeDefinition.from_dict(e.data["definition"])
+        elif e.kind == "cap_changed" and sdef is not None:
+            sdef = ScopeDefinition.from_dict(e.data["after"])
+    return sdef
+
+
+def replay_position(ledger: Any, recorded: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Recompute ``recorded`` (a manifest's ``privacy.scope``) from the ledger's entries; return (position, problems)."""
     problems: list[str] = []
     name = recorded["name"]
     scope = ledger.scope(name)
@@ -84,31 +129,19 @@ def replay_position(ledger: Any, recorded: Mapping[str, Any]) -> tuple[dict[str,
         problems.append(f"privacy.scope.accountant: manifest says {recorded['accountant']}, "
                         f"the ledger's scope uses {scope.accountant}")
 
-    state: dict[str, str] = {}
-    for e in entries:
-        if e.run_id and e.kind in RUN_ENTRY_KINDS:
-            state[e.run_id] = e.kind
-    runs = {rid: ledger.run(rid) for rid in state}
-    acct_scope = scope
+    # The cap and delta in force at the manifest's point of the chain, not today's: a legitimate
+    # `dpops ledger cap` later must not make an older manifest fail (issue 13), while an edited cap in
+    # the manifest is still compared with what the ledger recorded at that point.
+    acct_scope = scope_in_force(entries) or scope
+    cap = recorded.get("cap") or {}
+    in_force = {"unit": acct_scope.cap_unit, "value": float(acct_scope.cap), "delta": float(acct_scope.delta)}
+    for field_name in ("unit", "value", "delta"):
+        if cap.get(field_name) != in_force[field_name]:
+            problems.append(f"privacy.scope.cap.{field_name}: manifest says {cap.get(field_name)!r}, the ledger's "
+                            f"cap in force at entry #{through} is {in_force[field_name]!r}")
+
     from dpops.accounting import get_accountant
 
     acct = get_accountant(recorded["accountant"]) if "/" in recorded["accountant"] else get_accountant(scope.accountant)
-    rows = []
-    for row in recorded["buckets"]:
-        b = row["bucket"]
-        members = {g: [] for g in GROUPS}
-        for rid, st in state.items():
-            rec = runs.get(rid)
-            if rec is None or st not in members:
-                continue
-            if b != "*" and b not in (rec.buckets or []):
-                continue
-            members[st].extend(rec.events)
-        out = {"bucket": b}
-        for g in GROUPS:
-            out[g] = _num(measure_events(acct, acct_scope, members[g]))
-        every = [e for g in GROUPS for e in members[g]]
-        out["total"] = _num(measure_events(acct, acct_scope, every))
-        out["remaining"] = None if out["total"] is None else float(scope.cap) - out["total"]
-        rows.append(out)
+    rows = _replay_rows(ledger, entries, acct, acct_scope, [row["bucket"] for row in recorded["buckets"]])
     return {"buckets": rows}, problems

@@ -1,0 +1,63 @@
+-- Separate owner and application roles for the dpops budget ledger (docs/threat-model.md).
+--
+-- Run once as the PostgreSQL superuser of the ledger database (psql variables, passwords from files):
+--
+--   psql "postgresql://postgres@ledger-db:5432/dpops_ledger" \
+--        -v owner_password_file=secrets/ledger_owner_password \
+--        -v app_password_file=secrets/ledger_app_password \
+--        -f deploy/ledger-roles.sql
+--
+-- (docker-compose runs it on the ledger database's first start: deploy/ledger-db-init.sh.)
+--
+-- then, as the OWNER (never as the app role, never as a superuser), create the schema and grant the
+-- application role exactly its rights (append entries, update the derived tables; no UPDATE/DELETE/
+-- TRUNCATE of entries, no DDL, no trigger changes):
+--
+--   dpops ledger --ledger "postgresql://dpops_ledger_owner@ledger-db:5432/dpops_ledger?schema=dpops" \
+--        init --app-role dpops_app --print-sql
+--
+-- DAG tasks and operators' `dpops release` runs connect as dpops_app
+-- (DPOPS_LEDGER_URL=postgresql://dpops_app@ledger-db:5432/dpops_ledger?schema=dpops, password via PGPASSFILE).
+-- The owner's credentials stay with the database administrator, who must NOT hold the checkpoint signing
+-- key (DPOPS_LEDGER_CHECKPOINT_KEY): that separation is what makes an owner's rewrite detectable by
+-- `dpops ledger verify --checkpoints DIR --public-key PEM`.
+--
+-- Neither role is a superuser or may create roles or databases, so neither can `COPY ... TO PROGRAM`
+-- or read server files (pg_execute_server_program / pg_read_server_files are not granted).
+
+\set ON_ERROR_STOP on
+-- Role and schema names may be overridden with -v owner_role=... -v app_role=... -v ledger_schema=...
+\if :{?owner_role}
+\else
+  \set owner_role dpops_ledger_owner
+\endif
+\if :{?app_role}
+\else
+  \set app_role dpops_app
+\endif
+\if :{?ledger_schema}
+\else
+  \set ledger_schema dpops
+\endif
+-- Passwords are read from files (never on a command line): -v owner_password_file=... -v app_password_file=...
+\if :{?owner_password}
+\else
+  \set owner_password `cat :owner_password_file`
+\endif
+\if :{?app_password}
+\else
+  \set app_password `cat :app_password_file`
+\endif
+
+CREATE ROLE :"owner_role" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS
+    PASSWORD :'owner_password';
+CREATE ROLE :"app_role" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS NOINHERIT
+    PASSWORD :'app_password';
+
+-- The ledger lives in its own schema, owned by the owner role. Nobody else may create objects in it or
+-- in public (an object planted there could shadow a ledger table on the search path).
+REVOKE CREATE ON SCHEMA public FROM PUBLIC;
+REVOKE ALL ON DATABASE :"DBNAME" FROM PUBLIC;
+GRANT CONNECT ON DATABASE :"DBNAME" TO :"owner_role", :"app_role";
+CREATE SCHEMA IF NOT EXISTS :"ledger_schema" AUTHORIZATION :"owner_role";
+REVOKE ALL ON SCHEMA :"ledger_schema" FROM PUBLIC;

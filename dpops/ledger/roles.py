@@ -1,0 +1,96 @@
+"""PostgreSQL owner and application roles for the ledger (issue 14 item 4, docs/threat-model.md).
+
+The **owner** role creates and migrates the schema (``dpops ledger init``) and owns
+the tables and triggers. The **application** role is what DAG tasks and operators'
+``dpops release`` runs connect as. It may:
+
+- SELECT and INSERT ``entries`` (append), never UPDATE, DELETE or TRUNCATE them;
+- SELECT and UPDATE ``chain_head`` (the triggers let it move forward by one only);
+- SELECT, INSERT and UPDATE the derived caches ``scopes``, ``buckets``, ``runs``
+  (``verify`` recomputes all three from the entries, so a forged cache is caught);
+- SELECT ``schema_version``.
+
+It is not the tables' owner and not a member of the owner role, so it can neither
+drop nor disable the triggers nor ALTER the tables. Privacy reason: whoever runs
+releases must not be able to lower what was charged; the budget is only as
+trustworthy as the least-privileged writer that can rewrite it. The owner (and any
+superuser) can still rewrite everything; only signed checkpoints held outside the
+database (``dpops.ledger.checkpoint``) catch that.
+"""
+
+from __future__ import annotations
+
+import re
+
+from dpops.errors import LedgerError
+
+_ROLE_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+TABLE_GRANTS = (
+    ("entries", "SELECT, INSERT"),
+    ("chain_head", "SELECT, UPDATE"),
+    ("scopes", "SELECT, INSERT, UPDATE"),
+    ("buckets", "SELECT, INSERT, UPDATE"),
+    ("runs", "SELECT, INSERT, UPDATE"),
+    ("schema_version", "SELECT"),
+)
+
+
+def check_role_name(role: str) -> str:
+    if not isinstance(role, str) or not _ROLE_RE.match(role):
+        raise LedgerError(f"application role must be a lower-case SQL identifier (letters, digits, _), got {role!r}")
+    return role
+
+
+def app_role_sql(role: str, schema: str) -> list[str]:
+    """The statements that give ``role`` exactly the application rights on the ledger in ``schema``.
+
+    Everything is revoked first, so running it again (or on a role that had more) converges.
+    """
+    check_role_name(role)
+    if not _ROLE_RE.match(schema):
+        raise LedgerError(f"schema must be a lower-case SQL identifier, got {schema!r}")
+    tables = ", ".join(f'"{schema}"."{t}"' for t, _ in TABLE_GRANTS)
+    out = [
+        f'REVOKE ALL ON {tables} FROM PUBLIC',
+        f'REVOKE ALL ON {tables} FROM "{role}"',
+        f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"',
+    ]
+    out += [f'GRANT {privs} ON "{schema}"."{table}" TO "{role}"' for table, privs in TABLE_GRANTS]
+    return out
+
+
+def grant_app_role(ledger, role: str) -> list[str]:
+    """Grant the application rights to an existing ``role``; run as the owner. Returns the SQL it ran.
+
+    Refuses a role that could undo the guards: a superuser, the tables' owner, or a member of the owner role.
+    """
+    db = ledger.db
+    if db.dialect != "postgresql":
+        raise LedgerError("--app-role applies to PostgreSQL ledgers only: a SQLite ledger is guarded by its file's "
+                          "permissions (make the file and its directory writable only by the service account)")
+    check_role_name(role)
+    row = db.one("SELECT rolsuper FROM pg_roles WHERE rolname = ?", (role,))
+    if row is None:
+        raise LedgerError(f"role {role!r} does not exist: create it first (deploy/ledger-roles.sql), "
+                          "then run `dpops ledger init --app-role` again as the owner")
+    if row[0]:
+        raise LedgerError(f"role {role!r} is a superuser: it could disable every guard; use an ordinary role")
+    owner = db.one("SELECT tableowner FROM pg_tables WHERE schemaname = current_schema() AND tablename = 'entries'")
+    if owner is None:
+        raise LedgerError("the ledger tables are not in the current schema: run `dpops ledger init` first")
+    member = db.one("SELECT pg_has_role(?, ?, 'MEMBER')", (role, owner[0]))
+    if role == owner[0] or (member and member[0]):
+        raise LedgerError(f"role {role!r} owns the ledger tables (or is a member of their owner {owner[0]!r}): "
+                          "it could drop the triggers; the application role must be a separate role")
+    me = db.one("SELECT current_user, pg_has_role(current_user, ?, 'USAGE')", (owner[0],))
+    if not me[1]:
+        # PostgreSQL only warns when a non-owner GRANTs or REVOKEs; refuse instead of pretending it worked.
+        raise LedgerError(f"connected as {me[0]!r}, which does not own the ledger tables (owner {owner[0]!r}): "
+                          "run `dpops ledger init --app-role` as the owner role")
+    schema = db.one("SELECT current_schema()")[0]
+    statements = app_role_sql(role, schema)
+    with db.transaction():
+        for sql in statements:
+            db.execute(sql)
+    return statements
