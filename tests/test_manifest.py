@@ -193,6 +193,16 @@ NEGATIVE_CONTROLS = {
     "edit the embedded spec": (lambda d: d["spec"]["contribution"].__setitem__("max_partitions_per_unit", 1),
                                "spec_hash"),
     "publish a test-mode run": (lambda d: d["randomness"].update(mode="test", test_mode=True), "outcome.state"),
+    # issue 13: edits that verify --ledger did not catch
+    "raise the scope cap": (lambda d: d["privacy"]["scope"]["cap"].__setitem__("value", 20.0),
+                            "privacy.scope.cap.value"),
+    "raise the cap and the remaining budget together": (
+        lambda d: (d["privacy"]["scope"]["cap"].__setitem__("value", 20.0),
+                   [b.__setitem__("remaining", b["remaining"] + 10.0) for b in d["privacy"]["scope"]["buckets"]]),
+        "privacy.scope.cap.value"),
+    "point the output at another version": (lambda d: d["output"].__setitem__("uri", "file:///out/7"), "output.uri"),
+    "claim os randomness with a keyed key id": (lambda d: d["randomness"].__setitem__("mode", "os"),
+                                                "randomness.mode"),
 }
 
 
@@ -268,3 +278,52 @@ def test_code_version_never_imports_beam():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().startswith("2.")
+
+
+# --------------------------------------------------------------------------- issue 13: edits --ledger missed
+
+
+def test_edited_cap_is_caught_without_the_ledger_too(published):
+    bad = _tamper(published.manifest, NEGATIVE_CONTROLS["raise the scope cap"][0])
+    r = verify_manifest(bad)
+    assert not r.ok and any(p.startswith("privacy.scope.buckets[0].remaining") for p in r.problems), r.problems
+
+
+def test_cli_exits_7_naming_each_field(published, tmp_path, capsys):
+    for name in ("raise the scope cap", "point the output at another version",
+                 "claim os randomness with a keyed key id"):
+        fn, field = NEGATIVE_CONTROLS[name]
+        p = tmp_path / f"{abs(hash(name))}.json"
+        p.write_text(json.dumps(_tamper(published.manifest, fn)))
+        assert main(["manifest", "verify", str(p), "--ledger", published.url]) == 7, name
+        assert field in capsys.readouterr().out, name
+
+
+def test_randomness_mode_is_compared_with_the_ledger_reservation(tmp_path):
+    """A keyed-looking key id alone does not prove the mode: the ledger's reservation says which it was."""
+    from dpops.release_plan import plan_release
+
+    spec = load_spec(EXAMPLE_SPEC)
+    plan = plan_release(spec)
+    ledger = make_ledger(tmp_path, epsilon=10.0, delta=1e-7)
+    key = run_key(spec.name, 0, spec_hash=spec.spec_hash, key_id="os/attempt-1")
+    rec = ledger.reserve(key, "purchases", plan.events, actor=ACTOR, details={"randomness": "os"})
+    ledger.start(rec.run_id, actor=ACTOR)
+    ctx = SimpleNamespace(spec=spec, run_key=key, plan=plan, randomness="os")
+    path = write_run_manifest(ctx, ledger, {"state": "published", "output_uri": "file:///o/v1"},
+                              manifests_dir=tmp_path / "m")
+    m = read_manifest(path)
+    assert verify_manifest(m, ledger=ledger).ok
+    bad = _tamper(m, lambda d: d["randomness"].__setitem__("mode", "keyed"))
+    r = verify_manifest(bad, ledger=ledger)
+    assert any(p.startswith("randomness.mode") and "'os' randomness" in p for p in r.problems), r.problems
+    ledger.close()
+
+
+def test_a_later_cap_change_does_not_flag_the_recorded_cap(published):
+    """The cap compared is the one in force at the manifest's last scope entry, not today's."""
+    published.ledger.change_cap("purchases", epsilon=12.0, reason="raise", actor=ACTOR)
+    r = verify_manifest(published.manifest, ledger=published.ledger)
+    assert not any(p.startswith("privacy.scope.cap") for p in r.problems), r.problems
+    bad = _tamper(published.manifest, lambda d: d["privacy"]["scope"]["cap"].__setitem__("value", 12.0))
+    assert any(p.startswith("privacy.scope.cap.value") for p in verify_manifest(bad, ledger=published.ledger).problems)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -220,6 +221,36 @@ def _check_randomness(m: dict[str, Any]) -> list[str]:
         out.append("outcome.state: a test-mode run (seeded noise) can never be published")
     if r["key_id"] != m["run_key"]["key_id"]:
         out.append(f"randomness.key_id: {r['key_id']!r} differs from run_key.key_id {m['run_key']['key_id']!r}")
+    # The key id's form is fixed by the mode (dpops.runs.RunContext.run_key_id), and the key id is part
+    # of the run key and so of the run id: an edited mode cannot keep a key id of another mode's form.
+    # Privacy reason: "os" tells a reviewer the noise cannot be recomputed by anyone, "keyed" that a
+    # key holder can; claiming the wrong one misstates who can reproduce the noise.
+    kid = str(r["key_id"])
+    form = "os" if _OS_KEY_ID.match(kid) else "test" if _TEST_KEY_ID.match(kid) else \
+        "invalid" if kid.startswith(("os/", "test/")) else "keyed"
+    if form != r["mode"]:
+        out.append(f"randomness.mode: manifest says {r['mode']!r}, but the run's key id {kid!r} has the form of "
+                   f"{form!r} randomness")
+    return out
+
+
+_OS_KEY_ID = re.compile(r"^os/attempt-[0-9]+$")
+_TEST_KEY_ID = re.compile(r"^test/seed-[0-9]+$")
+
+
+def _check_scope_arithmetic(m: dict[str, Any]) -> list[str]:
+    """Each bucket's ``remaining`` is ``cap.value - total``: an edited cap (or remaining) without the ledger."""
+    scope = m["privacy"]["scope"]
+    out: list[str] = []
+    if scope is None:
+        return out
+    cap = scope["cap"]["value"]
+    for i, b in enumerate(scope["buckets"]):
+        if b["total"] is None or b["remaining"] is None:
+            continue
+        if not _close(b["remaining"], cap - b["total"]):
+            out.append(f"privacy.scope.buckets[{i}].remaining: {b['remaining']} is not privacy.scope.cap.value "
+                       f"{cap} minus the total {b['total']} (the cap or the remaining budget was edited)")
     return out
 
 
@@ -258,6 +289,13 @@ def _check_ledger(m: dict[str, Any], ledger: Any) -> list[str]:
                 out.append(f"ledger.entry_hashes[{i}]: manifest says {h}, ledger entry {eid} has {ledger_hash[eid]}")
         if m["outcome"]["state"] == "published" and rec.state not in ("committed", "started"):
             out.append(f"outcome.state: manifest says published, the ledger has the run {rec.state}")
+        out.extend(_check_output_location(m, rec))
+        ledger_mode = (rec.details or {}).get("randomness")
+        if isinstance(ledger_mode, str) and ledger_mode != m["randomness"]["mode"]:
+            out.append(f"randomness.mode: manifest says {m['randomness']['mode']!r}, the ledger reserved the run with "
+                       f"{ledger_mode!r} randomness")
+    if m["privacy"]["scope"] is not None:
+        out.extend(_check_cap(m["privacy"]["scope"], ledger))
     if m["privacy"]["scope"] is not None:
         replayed, problems = replay_position(ledger, m["privacy"]["scope"])
         out.extend(problems)
@@ -265,12 +303,72 @@ def _check_ledger(m: dict[str, Any], ledger: Any) -> list[str]:
     return out
 
 
+def _check_output_location(m: dict[str, Any], rec: Any) -> list[str]:
+    """The published location is the one the ledger committed (a manifest pointing at another
+    version would make a reviewer check, and a reader trust, files this run never produced)."""
+    out: list[str] = []
+    uri = (m.get("output") or {}).get("uri")
+    if m["outcome"]["state"] != "published" or rec.state != "committed" or rec.output_uri is None:
+        return out  # started: the commit (and so the committed location) comes after the manifest
+    if uri != rec.output_uri:
+        out.append(f"output.uri: manifest says {uri!r}, the ledger committed the run's output at {rec.output_uri!r}")
+    return out
+
+
+def scope_definition_at(ledger: Any, name: str, through_entry_id: int | None) -> dict[str, Any] | None:
+    """The scope's definition as it stood after entry ``through_entry_id`` (creation, then each cap change)."""
+    definition = None
+    for e in ledger.history(name):
+        if through_entry_id is not None and int(e.id) > int(through_entry_id):
+            break
+        if e.kind == "scope_created" and isinstance(e.data, dict):
+            definition = e.data.get("definition")
+        elif e.kind == "cap_changed" and isinstance(e.data, dict):
+            definition = e.data.get("after")
+    return definition
+
+
+def _check_cap(scope: dict[str, Any], ledger: Any) -> list[str]:
+    """The recorded cap is the one in force when the manifest was written (a later, legitimate cap
+    change does not make an old manifest wrong; an edited cap overstates the budget the unit had)."""
+    from dpops.ledger.model import ScopeDefinition
+
+    d = scope_definition_at(ledger, scope["name"], scope["history"]["through_entry_id"])
+    if d is None:
+        return [f"privacy.scope.name: the ledger has no creation entry for scope {scope['name']!r}"]
+    sdef = ScopeDefinition.from_dict(d)
+    out = []
+    want = {"unit": sdef.cap_unit, "value": float(sdef.cap), "delta": float(sdef.delta)}
+    for k, v in want.items():
+        if not _close(scope["cap"][k], v):
+            out.append(f"privacy.scope.cap.{k}: manifest says {_short(scope['cap'][k])}, the ledger's cap at entry "
+                       f"#{scope['history']['through_entry_id']} was {_short(v)}")
+    return out
+
+
+def _check_file_digest(m: dict[str, Any], ledger: Any, file_name: str, file_digest: str) -> list[str]:
+    """The ledger's commit entry records the manifest file's sha256: any byte changed since is caught."""
+    rec = ledger.run(m["run_id"])
+    recorded = ((rec.details or {}).get("commit") or {}).get("manifest") if rec is not None else None
+    if not isinstance(recorded, dict) or recorded.get("file") != file_name:
+        return []
+    if recorded.get("sha256") != file_digest:
+        return [f"manifest file {file_name}: its sha256 differs from the one the ledger recorded when the run was "
+                "committed (the file was edited after publication)"]
+    return []
+
+
 # --------------------------------------------------------------------------- entry point
 
 
 def verify_manifest(manifest: dict[str, Any], *, ledger: Any = None, public_key: str | None = None,
-                    source: str = "manifest") -> VerificationResult:
-    """Run every check; never raises for a mismatch (see ``VerificationResult.raise_for_problems``)."""
+                    source: str = "manifest", file_name: str | None = None, file_digest: str | None = None,
+                    require_signature: bool = False) -> VerificationResult:
+    """Run every check; never raises for a mismatch (see ``VerificationResult.raise_for_problems``).
+
+    ``file_name``/``file_digest``: the manifest file's base name and sha256, compared (with a ledger)
+    to what the run's commit entry recorded. ``require_signature``: a missing or unverifiable
+    signature is a failure, not a note."""
     checks: list[Check] = []
     problems = schema_problems(manifest)
     checks.append(Check("schema", not problems, problems))
@@ -283,14 +381,22 @@ def verify_manifest(manifest: dict[str, Any], *, ledger: Any = None, public_key:
     _run("sensitivity", lambda: _check_sensitivity(m), checks)
     _run("accounting", lambda: _check_accounting(m), checks)
     _run("randomness", lambda: _check_randomness(m), checks)
+    _run("scope arithmetic", lambda: _check_scope_arithmetic(m), checks)
     if ledger is not None:
-        _run("ledger", lambda: _check_ledger(m, ledger), checks)
+        _run("ledger", lambda: _check_ledger(m, ledger)
+             + (_check_file_digest(m, ledger, file_name, file_digest) if file_name and file_digest else []), checks)
     else:
-        checks.append(Check("ledger", True, skipped="no ledger given: the scope total was not recomputed"))
+        checks.append(Check("ledger", True, skipped="no ledger given: the scope total, cap and output location "
+                                                    "were not compared with the ledger"))
     if public_key is not None:
         from dpops.manifest.sign import verify_signature
 
         _run("signature", lambda: (verify_signature(m, public_key), [])[1], checks)
+    elif require_signature:
+        checks.append(Check("signature", False, ["signature: a valid signature is required, but no public key was "
+                                                 "given to check it (--public-key)"]))
     elif "signature" in m:
-        checks.append(Check("signature", True, skipped="signed, but no public key given"))
+        # Anyone can attach bytes that look like a signature: without the public key nothing was checked.
+        checks.append(Check("signature", True, skipped="unverified signature: the manifest carries a signature, but "
+                                                       "no public key was given to check it"))
     return VerificationResult(source, run_id, checks)
