@@ -327,3 +327,75 @@ def test_a_later_cap_change_does_not_flag_the_recorded_cap(published):
     assert not any(p.startswith("privacy.scope.cap") for p in r.problems), r.problems
     bad = _tamper(published.manifest, lambda d: d["privacy"]["scope"]["cap"].__setitem__("value", 12.0))
     assert any(p.startswith("privacy.scope.cap.value") for p in verify_manifest(bad, ledger=published.ledger).problems)
+
+
+# --------------------------------------------------------------------------- issue 13: published file edited
+
+
+from test_cli_release import cli_env  # noqa: E402,F401 - the CLI release fixture (fake pipeline, real ledger)
+
+
+@pytest.fixture
+def real_plan(monkeypatch):
+    """The CLI fixture stubs the plan for speed; a manifest must verify, so use the real planner."""
+    from dpops import runs
+    from dpops.release_plan import plan_release
+
+    monkeypatch.setattr(runs, "_default_planner", plan_release)
+    monkeypatch.delenv("DPOPS_MANIFESTS_DIR", raising=False)
+
+
+def _publish_and_find(cli_env, capsys):
+    tmp, spec, url, base, _ = cli_env
+    assert main(["release", "run", str(spec), *base, "--publish", "--no-gx-checks", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    manifest = next(tmp.rglob(f"{out['run_id']}.published.json"))
+    data = next(p for p in tmp.rglob("data.parquet") if "published" in p.parts)
+    return out, manifest, data
+
+
+def test_edited_published_file_is_caught_everywhere(cli_env, real_plan, capsys):
+    tmp, spec, url, base, pipe = cli_env
+    key = base[base.index("--key-file") + 1]
+    out, manifest, data = _publish_and_find(cli_env, capsys)
+    assert main(["manifest", "verify", str(manifest), "--ledger", url, "--key-file", key]) == 0
+    text = capsys.readouterr().out
+    assert "ok    published files" in text and "not checked" not in text
+    status_args = ["release", "status", str(spec), "--interval", "2024-01-01/2024-01-02", "--ledger", url]
+    assert main(status_args) == 0 and "published files: ok" in capsys.readouterr().out
+
+    # an insider swaps the published bytes (here: the file is rewritten with one byte changed)
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    os.chmod(data, 0o644)
+    data.write_bytes(bytes(raw))
+
+    assert main(["manifest", "verify", str(manifest), "--ledger", url, "--key-file", key]) == 7
+    text = capsys.readouterr().out
+    assert "output.fingerprints.data.parquet" in text and "changed after publication" in text
+    assert main(["manifest", "verify", str(manifest), "--ledger", url]) == 7  # no key: the ledger's digests
+    assert "ledger commit files.data.parquet" in capsys.readouterr().out
+    assert main(["manifest", "verify", str(manifest)]) == 0  # neither: says clearly that nothing was checked
+    text = capsys.readouterr().out
+    assert "skip  published files  (NOT CHECKED" in text and "not checked: ledger, published files" in text
+    assert main(status_args) == 7
+    captured = capsys.readouterr()
+    assert "published files: CHANGED" in captured.out and "data.parquet" in captured.err
+    assert main(status_args + ["--key-file", key, "--json"]) == 7
+    st = json.loads(capsys.readouterr().out)
+    assert st["published_files"]["ok"] is False and len(st["published_files"]["problems"]) == 2
+    # a re-run must not serve the edited file as published
+    assert main(["release", "run", str(spec), *base, "--publish", "--no-gx-checks"]) == 7
+    err = capsys.readouterr().err
+    assert "refusing to serve" in err and "data.parquet" in err and pipe.calls == 1
+
+
+def test_wrong_key_is_reported_not_checked(cli_env, real_plan, capsys, tmp_path):
+    from dpops.randomness import NoiseKey
+
+    _, _, url, _, _ = cli_env
+    out, manifest, data = _publish_and_find(cli_env, capsys)
+    other = tmp_path / "other.key"
+    NoiseKey.generate(other)
+    assert main(["manifest", "verify", str(manifest), "--key-file", str(other)]) == 0
+    assert "is not the run's key" in capsys.readouterr().out

@@ -40,9 +40,11 @@ class Check:
     ok: bool
     problems: list[str] = field(default_factory=list)
     skipped: str | None = None
+    note: str | None = None  # ran, but part of it could not (e.g. one file unreachable)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "ok": self.ok, "skipped": self.skipped, "problems": self.problems}
+        return {"name": self.name, "ok": self.ok, "skipped": self.skipped, "problems": self.problems,
+                "note": self.note}
 
 
 @dataclass
@@ -358,17 +360,39 @@ def _check_file_digest(m: dict[str, Any], ledger: Any, file_name: str, file_dige
     return []
 
 
+def _check_published_files(m: dict[str, Any], ledger: Any, key: Any) -> Check:
+    """The published bytes are still the ones fingerprinted at publication (see dpops.manifest.files)."""
+    from dpops.manifest.files import check_ledger_files, check_manifest_files, merge, uri_directory
+
+    try:
+        result = check_manifest_files(m, key=key)
+        if ledger is not None and m["outcome"]["state"] == "published":
+            rec = ledger.run(m["run_id"])
+            if rec is not None and rec.state == "committed":
+                result = merge(result, check_ledger_files(rec, uri_directory((m.get("output") or {}).get("uri"))))
+    except DpopsError as exc:
+        return Check("published files", False, [f"published files: {exc}"])
+    if result.problems:
+        return Check("published files", False, result.problems)
+    if not result.ran:
+        return Check("published files", True, skipped="NOT CHECKED: " + "; ".join(result.not_checked))
+    note = ("partly: " + "; ".join(result.not_checked)) if result.not_checked else None
+    return Check("published files", True, note=note)
+
+
 # --------------------------------------------------------------------------- entry point
 
 
 def verify_manifest(manifest: dict[str, Any], *, ledger: Any = None, public_key: str | None = None,
                     source: str = "manifest", file_name: str | None = None, file_digest: str | None = None,
-                    require_signature: bool = False) -> VerificationResult:
+                    require_signature: bool = False, key: Any = None, check_files: bool = True) -> VerificationResult:
     """Run every check; never raises for a mismatch (see ``VerificationResult.raise_for_problems``).
 
     ``file_name``/``file_digest``: the manifest file's base name and sha256, compared (with a ledger)
     to what the run's commit entry recorded. ``require_signature``: a missing or unverifiable
-    signature is a failure, not a note."""
+    signature is a failure, not a note. ``key``: the noise key (``NoiseKey``), to check the published
+    files' keyed fingerprints; ``check_files``: compare the published files at ``output.uri`` with the
+    manifest (and the ledger's commit entry) -- a check that cannot run says why."""
     checks: list[Check] = []
     problems = schema_problems(manifest)
     checks.append(Check("schema", not problems, problems))
@@ -388,6 +412,8 @@ def verify_manifest(manifest: dict[str, Any], *, ledger: Any = None, public_key:
     else:
         checks.append(Check("ledger", True, skipped="no ledger given: the scope total, cap and output location "
                                                     "were not compared with the ledger"))
+    if check_files:
+        checks.append(_check_published_files(m, ledger, key))
     if public_key is not None:
         from dpops.manifest.sign import verify_signature
 
