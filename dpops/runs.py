@@ -266,6 +266,9 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: Any, interval_end
     plan = (planner or _default_planner)(spec)
     if not list(plan.events):
         raise SpecError(f"{spec.source}: the plan has no privacy events; nothing to release")
+    from dpops.manifest.run_hook import check_signing_key
+
+    check_signing_key()  # a configured manifest signing key must load before anything is reserved
     return RunContext(
         spec_path=str(Path(spec_path).resolve()), spec=spec, interval=interval, input_paths=paths,
         input_fingerprint=fingerprint, randomness=randomness, key_id=key_id, plan=plan,

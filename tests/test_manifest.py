@@ -399,3 +399,51 @@ def test_wrong_key_is_reported_not_checked(cli_env, real_plan, capsys, tmp_path)
     NoiseKey.generate(other)
     assert main(["manifest", "verify", str(manifest), "--key-file", str(other)]) == 0
     assert "is not the run's key" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- issue 14 item 6: signing
+
+
+def test_unverified_signature_is_not_called_signed(published, tmp_path, capsys):
+    import base64
+
+    generate_signing_key(tmp_path / "k.pem", tmp_path / "k.pub")
+    bogus = dict(published.manifest, signature={"algorithm": "ed25519", "public_key_id": "0" * 16,
+                                                "value": base64.b64encode(b"x" * 64).decode()})
+    path = write_manifest(bogus, tmp_path / "bogus")
+    assert main(["manifest", "verify", path]) == 0
+    out = capsys.readouterr().out
+    assert "unverified signature" in out and "published files, signature)" in out
+    assert "signed, but" not in out
+    assert main(["manifest", "verify", path, "--require-signature"]) == 7
+    assert "a valid signature is required" in capsys.readouterr().out
+    assert main(["manifest", "verify", path, "--public-key", str(tmp_path / "k.pub"), "--require-signature"]) == 7
+    unsigned = write_manifest(published.manifest, tmp_path / "unsigned")
+    assert main(["manifest", "verify", unsigned, "--public-key", str(tmp_path / "k.pub"),
+                 "--require-signature"]) == 7
+    assert "not signed" in capsys.readouterr().out
+
+
+def test_publish_signs_when_a_signing_key_is_configured(cli_env, real_plan, capsys, monkeypatch, tmp_path):
+    assert main(["manifest", "keygen", str(tmp_path / "sign.pem"), str(tmp_path / "sign.pub")]) == 0
+    capsys.readouterr()
+    monkeypatch.setenv("DPOPS_MANIFEST_SIGNING_KEY", str(tmp_path / "sign.pem"))
+    _, _, url, _, _ = cli_env
+    out, manifest, _ = _publish_and_find(cli_env, capsys)
+    assert read_manifest(manifest)["signature"]["algorithm"] == "ed25519"
+    assert main(["manifest", "verify", str(manifest), "--ledger", url, "--public-key", str(tmp_path / "sign.pub"),
+                 "--require-signature"]) == 0
+    assert "ok    signature" in capsys.readouterr().out
+
+
+def test_a_bad_signing_key_fails_before_anything_is_reserved(cli_env, real_plan, capsys, monkeypatch, tmp_path):
+    from dpops.ledger import open_ledger
+
+    bad = tmp_path / "bad.pem"
+    bad.write_text("not a key\n")
+    monkeypatch.setenv("DPOPS_MANIFEST_SIGNING_KEY", str(bad))
+    _, spec, url, base, pipe = cli_env
+    assert main(["release", "run", str(spec), *base, "--publish", "--no-gx-checks"]) == 3
+    led = open_ledger(url)
+    assert led.runs(scope="shop") == [] and pipe.calls == 0
+    led.close()

@@ -33,6 +33,20 @@ def schema_cmd() -> None:
     click.echo(json.dumps(manifest_schema(), indent=2))
 
 
+@cli.command("keygen")
+@click.argument("private_key", type=click.Path(dir_okay=False))
+@click.argument("public_key", type=click.Path(dir_okay=False))
+def keygen_cmd(private_key: str, public_key: str) -> None:
+    """Create an Ed25519 manifest signing key pair (private file mode 0600, never overwritten).
+
+    Runs sign their manifests when $DPOPS_MANIFEST_SIGNING_KEY names PRIVATE_KEY; reviewers check
+    them with `dpops manifest verify --public-key PUBLIC_KEY --require-signature`."""
+    from dpops.manifest.sign import generate_signing_key
+
+    kid = generate_signing_key(private_key, public_key)
+    click.echo(f"wrote signing key {private_key} and public key {public_key} (public key id {kid})")
+
+
 @cli.command("show")
 @click.argument("run_or_file")
 @click.option("--manifests", "manifests", envvar="DPOPS_MANIFESTS_DIR", type=click.Path(file_okay=False),
