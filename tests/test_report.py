@@ -109,15 +109,23 @@ def test_report_renders_and_matches_the_ledger(busy_scope, tmp_path):
         assert float(row[col]) == pytest.approx(getattr(status, field), rel=1e-11), field
     assert status.total <= 1.0 + 1e-12 and status.spent_unpublished > 0
 
-    runs = p.tables["runs"][1:]
-    states = [r[3] for r in runs]
+    timeline = p.tables["runs"][1:]
+    runs = [r for r in timeline if r[2] != "gap"]
+    states = [r[2] for r in runs]
     assert len(runs) == 36 + 2  # every run, the two restatements and the refusals included
+    # date order, refusals in place; each release runs every other day, so the timeline shows its gaps
+    starts = [r[0][1:21] for r in timeline]
+    assert starts == sorted(starts)
+    assert sum(1 for r in timeline if r[2] == "gap") == 2 * (18 - 1)  # 18 intervals per release, a hole after each
+    # the synthetic refusal manifests carry a stub plan and a made-up spec hash: they must not verify
+    assert {r[5] for r in runs if r[2] == "refused"} == {"FAILED"}
     assert states.count("refused") == refused
     assert "released" in states and "spent_unpublished" in states
     assert len(p.tables["restatements"]) - 1 == 2
     assert len(p.tables["refused"]) - 1 == refused + states.count("released")
     assert all("budget" in r[3].lower() or "failed before" in r[3] for r in p.tables["refused"][1:])
-    assert sum(1 for link in p.links if link.endswith(".json")) == refused  # refusals link to their manifests
+    # refusals link to their manifests, from the timeline and from the verification table
+    assert sum(1 for link in p.links if link.endswith(".json")) == 2 * refused
     assert "who is protected" in text.lower() and "a user&#x27;s purchases on one day" in text
     assert any("noise key changed" in w for w in re.findall(r"<div class='warn'>(.*?)</div>", text))
 
@@ -144,7 +152,7 @@ def test_report_cli_and_window(busy_scope, tmp_path):
     assert code == 0
     p = Tables()
     p.feed(out.read_text())
-    assert len(p.tables["runs"]) - 1 == 5 + 2  # five days, two of them restated
+    assert len([r for r in p.tables["runs"][1:] if r[2] != "gap"]) == 5 + 2  # five days, two of them restated
     assert main(["report", "--scope", "nope", "--ledger", url, "--out", str(out)]) != 0
 
 
