@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import base64
+import os
 import re
+import shutil
 from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -156,16 +161,71 @@ def test_report_cli_and_window(busy_scope, tmp_path):
     assert main(["report", "--scope", "nope", "--ledger", url, "--out", str(out)]) != 0
 
 
-def test_report_screenshot_when_chromium_is_installed(busy_scope, tmp_path):
-    import shutil
-    import subprocess
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    from browser_support import Browser, require_chromium
 
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    if browser is None:
-        pytest.skip("chromium is not installed")
+    b = Browser(require_chromium(), tmp_path_factory.mktemp("chromium-profile"))
+    yield b
+    b.close()
+
+
+def test_report_screenshot(busy_scope, tmp_path, browser):
     ledger, mdir, _, home = busy_scope
     out = write_report(ledger, "purchases", tmp_path / "r.html", manifests_dir=str(mdir))
-    png = tmp_path / "shot.png"
-    subprocess.run([browser, "--headless", "--no-sandbox", f"--screenshot={png}", f"file://{out}"],
-                   check=True, timeout=60, capture_output=True)
-    assert png.stat().st_size > 10_000
+    page = browser.open(Path(out).resolve().as_uri())
+    shot = page.send("Page.captureScreenshot", format="png")
+    assert len(base64.b64decode(shot["data"])) > 10_000
+    assert page.console_errors() == []
+    page.close()
+
+
+# --------------------------------------------------------------------------- issue 14 item 6: hardening
+
+
+JS_NAME = "javascript:document.title='PWNED';x.json"
+
+
+def _copy_manifests(mdir, dest):
+    dest.mkdir()
+    for f in mdir.iterdir():
+        shutil.copyfile(f, dest / f.name)
+    return dest
+
+
+def test_a_javascript_manifest_name_is_not_a_script_link(busy_scope, tmp_path, browser):
+    ledger, mdir, _, _ = busy_scope
+    copy = _copy_manifests(mdir, tmp_path / "m")
+    shutil.copyfile(next(copy.glob("*.refused.json")), copy / JS_NAME)
+    # the report beside the manifests, as the exploit had it: the relative link is the bare file name
+    out = write_report(ledger, "purchases", copy / "r.html", manifests_dir=str(copy))
+    p = Tables()
+    p.feed(Path(out).read_text())
+    js = [h for h in p.links if "PWNED" in h]
+    assert js, "the planted manifest must be linked"
+    assert all(urlsplit(h).scheme == "" for h in p.links), [h for h in p.links if urlsplit(h).scheme]
+    page = browser.open(Path(out).resolve().as_uri())
+    assert page.console_errors() == []
+    assert set(page.evaluate("Array.from(document.links).map(a => a.protocol)")) == {"file:"}
+    policy = page.evaluate("document.querySelector('meta[http-equiv=Content-Security-Policy]').content")
+    assert "default-src 'none'" in policy and "script-src 'none'" in policy
+    page.evaluate("document.querySelector('a[href*=PWNED]').click()")
+    page.pump(1.5)
+    assert page.evaluate("document.title") != "PWNED"
+    assert page.evaluate("location.protocol") == "file:"
+    page.close()
+
+
+def test_report_write_does_not_follow_planted_symlinks(busy_scope, tmp_path):
+    ledger, mdir, _, _ = busy_scope
+    victim, victim2 = tmp_path / "victim", tmp_path / "victim2"
+    victim.write_text("precious")
+    victim2.write_text("precious too")
+    out_dir = tmp_path / "reports"
+    out_dir.mkdir()
+    os.symlink(victim, out_dir / ".r.html.tmp")  # the old predictable temp name
+    os.symlink(victim2, out_dir / "r.html")  # the target itself is a symlink
+    write_report(ledger, "purchases", out_dir / "r.html", manifests_dir=str(mdir))
+    assert victim.read_text() == "precious" and victim2.read_text() == "precious too"
+    assert not (out_dir / "r.html").is_symlink() and "<!DOCTYPE html>" in (out_dir / "r.html").read_text()
+    assert sorted(p.name for p in out_dir.iterdir()) == [".r.html.tmp", "r.html"]  # no temp file left behind
