@@ -111,7 +111,8 @@ def _verify_all(manifests: dict[str, dict[str, Any]], ledger: Any, key: Any, pub
         not_checked = [f"{c.name}: {c.skipped}" for c in r.checks if c.skipped]
         not_checked += [f"{c.name}: {c.note}" for c in r.checks if c.note]
         files = by.get("published files")
-        files_state = "not checked" if files is None or files.skipped else ("ok" if files.ok else "CHANGED")
+        files_state = ("n/a" if files is None and m["outcome"]["state"] != "published" else
+                       "not checked" if files is None or files.skipped else ("ok" if files.ok else "CHANGED"))
         sig = by.get("signature")
         sig_state = ("none" if sig is None else "unverified" if sig.skipped else "valid" if sig.ok else "FAILED")
         status = "FAILED" if not r.ok else ("verified (partly)" if not_checked else "verified")
