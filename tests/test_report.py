@@ -154,7 +154,7 @@ def test_report_cli_and_window(busy_scope, tmp_path):
     out = tmp_path / "window.html"
     code = main(["report", "--scope", "purchases", "--ledger", url, "--manifests", str(mdir), "--out", str(out),
                  "--from", "2024-01-01T00:00:00Z", "--to", "2024-01-06T00:00:00Z"])
-    assert code == 0
+    assert code == 7  # written, but the fixture's synthetic refusal manifests (stub plan) do not verify
     p = Tables()
     p.feed(out.read_text())
     assert len([r for r in p.tables["runs"][1:] if r[2] != "gap"]) == 5 + 2  # five days, two of them restated
@@ -381,6 +381,11 @@ def test_forged_or_edited_outputs_are_marked_not_trusted(reviewed_scope, tmp_pat
     assert all(float(r[5]) == pytest.approx(vec["std"] * 100) for r in p.tables["noise"][1:] if r[3] == vec["name"])
     row = next(r for r in p.tables["verification"][1:] if r[0] == target.name)
     assert row[1] == "FAILED" and "release_plan.metrics" in row[4]
+    from dpops.cli.main import main
+
+    args = ["report", "--scope", "purchases", "--ledger", rs.url, "--out", str(tmp_path / "cli.html")]
+    assert main(args + ["--manifests", str(copy)]) == 7 and (tmp_path / "cli.html").is_file()
+    assert main(args + ["--manifests", str(rs.mdir)]) == 0
 
     # now an edited published file, manifests intact
     victim = next((rs.home / "published").rglob("data.parquet"))

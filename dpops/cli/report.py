@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 
@@ -32,10 +34,22 @@ def cli(scope: str, start: str | None, end: str | None, ledger_url: str | None, 
         from dpops.randomness import NoiseKey
 
         key = NoiseKey.from_file(key_file)
+    from dpops.errors import IntegrityError
+    from dpops.report import build_report, write_html
+
     ledger = open_ledger(ledger_url)
     try:
-        path = write_report(ledger, scope, out, manifests_dir=manifests, start=start, end=end, key=key,
-                            public_key=public_key)
+        text, data = build_report(ledger, scope, out, manifests_dir=manifests, start=start, end=end, key=key,
+                                  public_key=public_key)
+        path = write_html(text, out)
     finally:
         ledger.close()
     click.echo(f"report written: {path}")
+    failed = [c for c in data.checks.values() if not c.ok]
+    ledger_ok = data.provenance.get("ledger_verify", {}).get("ok", False)
+    if failed or not ledger_ok:
+        # The report is written (it shows what failed); the exit status tells automation it is not clean.
+        raise IntegrityError(
+            f"{path}: " + ("the ledger's hash chain does not verify; " if not ledger_ok else "")
+            + (f"{len(failed)} manifest(s) failed verification, first {os.path.basename(failed[0].path)}: "
+               f"{(failed[0].problems or ['?'])[0]}" if failed else "").rstrip("; "))

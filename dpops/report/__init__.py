@@ -32,6 +32,11 @@ def write_report(ledger: Any, scope: str, out_path: str | os.PathLike[str], *, m
     onto the target (a rename replaces a symlink at ``out_path`` itself, never the file it points to)."""
     text, _ = build_report(ledger, scope, out_path, manifests_dir=manifests_dir, start=start, end=end, key=key,
                            public_key=public_key)
+    return write_html(text, out_path)
+
+
+def write_html(text: str, out_path: str | os.PathLike[str]) -> str:
+    """Write ``text`` to ``out_path`` atomically without following planted symlinks (see ``write_report``)."""
     out = Path(out_path)
     directory = out.parent if str(out.parent) else Path(".")
     tmp_name = None
@@ -54,4 +59,4 @@ def write_report(ledger: Any, scope: str, out_path: str | os.PathLike[str], *, m
     return str(out)
 
 
-__all__ = ["ReportData", "build_report", "gather", "write_report"]
+__all__ = ["ReportData", "build_report", "gather", "write_html", "write_report"]
