@@ -574,6 +574,12 @@ def publish(ctx: RunContext, ledger: Any, *, gx_checks: bool = False) -> RunOutc
                              public_partitions=ctx.spec.public_partitions(),
                              allow_null=ctx.spec.postprocess.suppress_below is not None)
         ctx.output_checks = [*ctx.output_checks, "great expectations output suite"]
+    if os.environ.get("DPOPS_GX_PROJECT"):  # the deployment's GX project: checkpoint + Data Docs (noisy output only)
+        from dpops.gx_project import run_output_checkpoint
+
+        gx_result = run_output_checkpoint(os.environ["DPOPS_GX_PROJECT"], ctx.spec, staged.data_file, run_id=ctx.run_id)
+        ctx.output_checks = [*ctx.output_checks,
+                             *(f"great expectations checkpoint {gx_result.checkpoint}: suite {s}" for s in gx_result.suites)]
     # The manifest is written BEFORE anything becomes visible (semantics.md section 5): it
     # fingerprints the staged files, and the published copies are verified byte-identical.
     target = ctx.store.next_version_dir(ctx.interval.slug, ctx.run_id)

@@ -20,8 +20,10 @@ import click
 @click.option("--public-key", "public_key", envvar="DPOPS_MANIFEST_PUBLIC_KEY",
               type=click.Path(dir_okay=False, exists=True), default=None,
               help="Ed25519 public key (PEM): check the manifests' signatures (default $DPOPS_MANIFEST_PUBLIC_KEY)")
+@click.option("--gx-project", "gx_project", envvar="DPOPS_GX_PROJECT", type=click.Path(file_okay=False), default=None,
+              help="the deployment's GX project: link its Data Docs (default $DPOPS_GX_PROJECT)")
 def cli(scope: str, start: str | None, end: str | None, ledger_url: str | None, manifests: str | None, out: str,
-        key_file: str | None, public_key: str | None) -> None:
+        key_file: str | None, public_key: str | None, gx_project: str | None) -> None:
     """Write one self-contained HTML report (no network) for a budget scope.
 
     Every manifest is verified against the ledger first; one that fails is shown as FAILED and its
@@ -40,7 +42,7 @@ def cli(scope: str, start: str | None, end: str | None, ledger_url: str | None, 
     ledger = open_ledger(ledger_url)
     try:
         text, data = build_report(ledger, scope, out, manifests_dir=manifests, start=start, end=end, key=key,
-                                  public_key=public_key)
+                                  public_key=public_key, gx_project=gx_project)
         path = write_html(text, out)
     finally:
         ledger.close()

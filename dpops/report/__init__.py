@@ -16,22 +16,22 @@ from dpops.report.data import ReportData, gather
 
 def build_report(ledger: Any, scope: str, out_path: str | os.PathLike[str], *, manifests_dir: str | None = None,
                  start: str | None = None, end: str | None = None, key: Any = None,
-                 public_key: str | None = None) -> tuple[str, ReportData]:
+                 public_key: str | None = None, gx_project: str | None = None) -> tuple[str, ReportData]:
     """Gather the scope's facts (verifying every manifest) and render the HTML; returns (html, data)."""
     from dpops.report.render import render_html
 
-    data = gather(ledger, scope, manifests_dir, start, end, key=key, public_key=public_key)
+    data = gather(ledger, scope, manifests_dir, start, end, key=key, public_key=public_key, gx_project=gx_project)
     return render_html(data, out_path), data
 
 
 def write_report(ledger: Any, scope: str, out_path: str | os.PathLike[str], *, manifests_dir: str | None = None,
                  start: str | None = None, end: str | None = None, key: Any = None,
-                 public_key: str | None = None) -> str:
+                 public_key: str | None = None, gx_project: str | None = None) -> str:
     """Render, then write atomically: a fresh ``mkstemp`` file in the target directory (unpredictable
     name, created O_EXCL, so nobody can pre-plant it or a symlink in its place), then ``os.replace``
     onto the target (a rename replaces a symlink at ``out_path`` itself, never the file it points to)."""
     text, _ = build_report(ledger, scope, out_path, manifests_dir=manifests_dir, start=start, end=end, key=key,
-                           public_key=public_key)
+                           public_key=public_key, gx_project=gx_project)
     return write_html(text, out_path)
 
 

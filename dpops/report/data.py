@@ -164,6 +164,16 @@ def _provenance(ledger: Any, checks: dict[str, ManifestCheck]) -> dict[str, Any]
     }
 
 
+def _data_docs(gx_project: str | None) -> str | None:
+    """The deployment GX project's Data Docs index (checkpoint results on the noisy outputs), if built."""
+    if not gx_project:
+        return None
+    from dpops.gx_project import data_docs_index
+
+    index = data_docs_index(gx_project)
+    return str(index) if index.is_file() else None
+
+
 def _schedule_flags(rows: list[RunRow]) -> list[RunRow]:
     """Flag intervals off the release's usual length or grid, and add a row for each gap.
 
@@ -258,7 +268,7 @@ def ci95_halfwidth(vector: dict[str, Any]) -> tuple[float, str]:
 
 def gather(ledger: Any, scope_name: str, manifests_dir: str | os.PathLike[str] | None = None,
            start: str | None = None, end: str | None = None, *, key: Any = None,
-           public_key: str | None = None) -> ReportData:
+           public_key: str | None = None, gx_project: str | None = None) -> ReportData:
     """Everything the report shows. Every manifest is verified against the ledger (and, given the
     noise ``key``, its published files; given ``public_key``, its signature) before its numbers
     are used: a forged manifest shows as FAILED and contributes nothing."""
@@ -354,7 +364,7 @@ def gather(ledger: Any, scope_name: str, manifests_dir: str | os.PathLike[str] |
                               "std": float(v["std"]), "ci95_width": 2.0 * half, "ci_method": how})
     data = ReportData(scope=scope, status=status, runs=rows, manifests=manifests, comparison=comparison,
                       adjacencies=adjacencies, contribution=contribution, noise=noise, start=start, end=end,
-                      checks=checks, provenance=_provenance(ledger, checks),
+                      checks=checks, provenance={**_provenance(ledger, checks), "data_docs": _data_docs(gx_project)},
                       releases=_release_details(rows, manifests, checks))
     data.warnings = _warnings(data)
     return data

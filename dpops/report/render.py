@@ -88,7 +88,7 @@ def render_html(data: Any, out_path: str | os.PathLike[str]) -> str:
       f"<meta name='referrer' content='no-referrer'>"
       f"<title>dpops privacy report: {_e(s.name)}</title><style>{CSS}</style></head><body>")
     a(f"<h1>Privacy report for budget scope <code>{_e(s.name)}</code>{_e(window)}</h1>")
-    a(_provenance_html(data))
+    a(_provenance_html(data, out_dir))
     a("<h2>What is protected</h2><ul id='definition'>")
     a(f"<li><b>Who is protected:</b> {_e(s.unit)} (unit id column <code>{_e(s.unit_column)}</code>)"
       + (f"; declared population n = {s.population}" if s.population else "") + ".</li>")
@@ -184,7 +184,7 @@ def render_html(data: Any, out_path: str | os.PathLike[str]) -> str:
     return "".join(p)
 
 
-def _provenance_html(data: Any) -> str:
+def _provenance_html(data: Any, out_dir: Path | None = None) -> str:
     pv = data.provenance
     lv = pv.get("ledger_verify", {})
     mf, fl, sg = pv.get("manifests", {}), pv.get("files", {}), pv.get("signatures", {})
@@ -207,6 +207,9 @@ def _provenance_html(data: Any) -> str:
         ("files", "published-file fingerprints",
          f"{fl.get('ok', 0)} match, <span class='{'bad' if fl.get('changed') else ''}'>{fl.get('changed', 0)} "
          f"CHANGED</span>, {fl.get('not_checked', 0)} not checked"),
+        ("data_docs", "Great Expectations Data Docs",
+         _a(href(pv["data_docs"], out_dir), "Data Docs of the output checkpoints") if pv.get("data_docs") and out_dir
+         else "none (no GX project given)"),
         ("signatures", "manifest signatures",
          f"{sg.get('valid', 0)} valid, {sg.get('unverified', 0)} unverified (no public key), "
          f"{sg.get('FAILED', 0)} FAILED, {sg.get('none', 0)} unsigned"),
