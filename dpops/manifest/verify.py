@@ -259,11 +259,11 @@ def _check_scope_arithmetic(m: dict[str, Any]) -> list[str]:
 # --------------------------------------------------------------------------- ledger
 
 
-def _check_ledger(m: dict[str, Any], ledger: Any) -> list[str]:
+def _check_ledger(m: dict[str, Any], ledger: Any, chain_report: Any = None) -> list[str]:
     from dpops.manifest.scope import replay_position
 
     out = []
-    report = ledger.verify()
+    report = chain_report if chain_report is not None else ledger.verify()
     if not report.ok:
         out.append(f"ledger: the ledger's hash chain does not verify (first bad entry {report.first_bad_entry}): "
                    + "; ".join(report.problems[:3]))
@@ -385,14 +385,16 @@ def _check_published_files(m: dict[str, Any], ledger: Any, key: Any) -> Check:
 
 def verify_manifest(manifest: dict[str, Any], *, ledger: Any = None, public_key: str | None = None,
                     source: str = "manifest", file_name: str | None = None, file_digest: str | None = None,
-                    require_signature: bool = False, key: Any = None, check_files: bool = True) -> VerificationResult:
+                    require_signature: bool = False, key: Any = None, check_files: bool = True,
+                    chain_report: Any = None) -> VerificationResult:
     """Run every check; never raises for a mismatch (see ``VerificationResult.raise_for_problems``).
 
     ``file_name``/``file_digest``: the manifest file's base name and sha256, compared (with a ledger)
     to what the run's commit entry recorded. ``require_signature``: a missing or unverifiable
     signature is a failure, not a note. ``key``: the noise key (``NoiseKey``), to check the published
     files' keyed fingerprints; ``check_files``: compare the published files at ``output.uri`` with the
-    manifest (and the ledger's commit entry) -- a check that cannot run says why."""
+    manifest (and the ledger's commit entry) -- a check that cannot run says why. ``chain_report``: a
+    ``ledger.verify()`` result to reuse when verifying many manifests against one ledger."""
     checks: list[Check] = []
     problems = schema_problems(manifest)
     checks.append(Check("schema", not problems, problems))
@@ -407,7 +409,7 @@ def verify_manifest(manifest: dict[str, Any], *, ledger: Any = None, public_key:
     _run("randomness", lambda: _check_randomness(m), checks)
     _run("scope arithmetic", lambda: _check_scope_arithmetic(m), checks)
     if ledger is not None:
-        _run("ledger", lambda: _check_ledger(m, ledger)
+        _run("ledger", lambda: _check_ledger(m, ledger, chain_report)
              + (_check_file_digest(m, ledger, file_name, file_digest) if file_name and file_digest else []), checks)
     else:
         checks.append(Check("ledger", True, skipped="no ledger given: the scope total, cap and output location "

@@ -104,9 +104,13 @@ def _verify_all(manifests: dict[str, dict[str, Any]], ledger: Any, key: Any, pub
     from dpops.manifest.verify import verify_manifest
 
     out = {}
+    try:
+        chain = ledger.verify() if manifests else None  # once for all manifests, not once each
+    except Exception:  # noqa: BLE001 - each manifest's ledger check then reports it
+        chain = None
     for path, m in manifests.items():
         r = verify_manifest(m, ledger=ledger, key=key, public_key=public_key, source=path,
-                            file_name=os.path.basename(path), file_digest=file_sha256(path))
+                            file_name=os.path.basename(path), file_digest=file_sha256(path), chain_report=chain)
         by = {c.name: c for c in r.checks}
         not_checked = [f"{c.name}: {c.skipped}" for c in r.checks if c.skipped]
         not_checked += [f"{c.name}: {c.note}" for c in r.checks if c.note]
