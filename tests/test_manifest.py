@@ -203,6 +203,15 @@ NEGATIVE_CONTROLS = {
     "point the output at another version": (lambda d: d["output"].__setitem__("uri", "file:///out/7"), "output.uri"),
     "claim os randomness with a keyed key id": (lambda d: d["randomness"].__setitem__("mode", "os"),
                                                 "randomness.mode"),
+    # tamperings tried beyond the list
+    "edit the input fingerprint": (lambda d: d["run_key"].__setitem__("input_fingerprint", fp("other input")),
+                                   "run_id"),
+    "claim nothing was charged": (lambda d: d["privacy"]["run"].__setitem__("charged", False), "privacy.run.charged"),
+    "relabel a published run as refused": (lambda d: d["outcome"].update(state="refused", ledger_state=None),
+                                           "outcome.state"),
+    "invent a ledger state": (lambda d: d["outcome"].__setitem__("ledger_state", "released"), "outcome.ledger_state"),
+    "edit the accountant's method": (lambda d: d["accountant"]["details"].__setitem__("orders", [2.0]),
+                                     "accountant.details.orders"),
 }
 
 

@@ -236,6 +236,34 @@ def _check_randomness(m: dict[str, Any]) -> list[str]:
     return out
 
 
+def _check_identity(m: dict[str, Any]) -> list[str]:
+    """Self-consistency a forger must keep: the run id is the hash of the run key (so an edited input
+    fingerprint or key id shows), the charge flag follows the outcome, the accountant's description is
+    the registered one."""
+    from dpops.accounting import get_accountant, known_accountants
+    from dpops.ledger.model import RunKey
+    from dpops.manifest.build import CHARGED_LEDGER_STATES
+
+    out = []
+    rid = RunKey(**{k: m["run_key"][k] for k in ("release", "spec_hash", "interval_start", "interval_end",
+                                                 "input_fingerprint", "key_id")}).run_id
+    if rid != m["run_id"]:
+        out.append(f"run_id: manifest says {m['run_id']}, the run key hashes to {rid} (the run key was edited)")
+    o = m["outcome"]
+    charged = o["ledger_state"] in CHARGED_LEDGER_STATES if o["ledger_state"] else \
+        o["state"] in ("published", "spent_unpublished")
+    if m["privacy"]["run"]["charged"] != charged:
+        out.append(f"privacy.run.charged: manifest says {m['privacy']['run']['charged']}, but outcome "
+                   f"{o['state']!r} (ledger state {o['ledger_state']!r}) means {charged}")
+    ref = m["accountant"]["ref"]
+    if ref in known_accountants():
+        # The library versions are provenance (an upgrade must not fail old manifests); the rest is the method.
+        strip = lambda d: {k: v for k, v in dict(d).items() if k != "libraries"}  # noqa: E731
+        out.extend(diff(strip(m["accountant"]["details"]), strip(_jsonable(get_accountant(ref).describe())),
+                        "accountant.details"))
+    return out
+
+
 _OS_KEY_ID = re.compile(r"^os/attempt-[0-9]+$")
 _TEST_KEY_ID = re.compile(r"^test/seed-[0-9]+$")
 
@@ -292,6 +320,7 @@ def _check_ledger(m: dict[str, Any], ledger: Any, chain_report: Any = None) -> l
         if m["outcome"]["state"] == "published" and rec.state not in ("committed", "started"):
             out.append(f"outcome.state: manifest says published, the ledger has the run {rec.state}")
         out.extend(_check_output_location(m, rec))
+        out.extend(_check_outcome_against_ledger(m, rec, ledger))
         ledger_mode = (rec.details or {}).get("randomness")
         if isinstance(ledger_mode, str) and ledger_mode != m["randomness"]["mode"]:
             out.append(f"randomness.mode: manifest says {m['randomness']['mode']!r}, the ledger reserved the run with "
@@ -302,6 +331,23 @@ def _check_ledger(m: dict[str, Any], ledger: Any, chain_report: Any = None) -> l
         replayed, problems = replay_position(ledger, m["privacy"]["scope"])
         out.extend(problems)
         out.extend(diff(m["privacy"]["scope"]["buckets"], replayed["buckets"], "privacy.scope.buckets"))
+    return out
+
+
+def _check_outcome_against_ledger(m: dict[str, Any], rec: Any, ledger: Any) -> list[str]:
+    """The outcome and the ledger state the manifest records are ones the ledger's entries show for the run."""
+    out = []
+    state, recorded = m["outcome"]["state"], m["outcome"]["ledger_state"]
+    if state == "refused":
+        out.append(f"outcome.state: manifest says refused (nothing charged), the ledger has run {rec.run_id} "
+                   f"{rec.state}")
+    elif state == "spent_unpublished" and rec.state != "spent_unpublished":
+        out.append(f"outcome.state: manifest says spent_unpublished, the ledger has the run {rec.state}")
+    if recorded is not None:
+        kinds = {e.kind for e in ledger.history(rec.scope) if e.run_id == rec.run_id}
+        if recorded not in kinds:
+            out.append(f"outcome.ledger_state: manifest says {recorded!r}, the ledger's entries for the run are "
+                       f"{sorted(kinds)}")
     return out
 
 
@@ -408,6 +454,7 @@ def verify_manifest(manifest: dict[str, Any], *, ledger: Any = None, public_key:
     _run("accounting", lambda: _check_accounting(m), checks)
     _run("randomness", lambda: _check_randomness(m), checks)
     _run("scope arithmetic", lambda: _check_scope_arithmetic(m), checks)
+    _run("identity", lambda: _check_identity(m), checks)
     if ledger is not None:
         _run("ledger", lambda: _check_ledger(m, ledger, chain_report)
              + (_check_file_digest(m, ledger, file_name, file_digest) if file_name and file_digest else []), checks)
