@@ -398,3 +398,11 @@ def test_forged_or_edited_outputs_are_marked_not_trusted(reviewed_scope, tmp_pat
         assert len(bad) == 1 and bad[0].files == "CHANGED" and any("data.parquet" in p for p in bad[0].problems)
     finally:
         victim.write_bytes(original)
+
+
+def test_ledger_url_in_the_report_has_no_credentials():
+    from dpops.report.data import redact_url
+
+    assert redact_url("postgresql://dpops_app:s3cret@db.internal:5432/ledger?sslmode=require") == \
+        "postgresql://db.internal:5432/ledger"
+    assert redact_url("sqlite:////var/lib/dpops/ledger.sqlite") == "sqlite:////var/lib/dpops/ledger.sqlite"

@@ -137,7 +137,9 @@ def redact_url(url: str | None) -> str:
     host = u.hostname or ""
     if u.port:
         host = f"{host}:{u.port}"
-    return urlunsplit((u.scheme, host if u.netloc else "", u.path, "", ""))
+    if str(url).startswith(f"{u.scheme}://"):  # keep sqlite:////abs/path intact (urlunsplit drops the empty host)
+        return f"{u.scheme}://{host}{u.path}"
+    return urlunsplit((u.scheme, host, u.path, "", ""))
 
 
 def _provenance(ledger: Any, checks: dict[str, ManifestCheck]) -> dict[str, Any]:
