@@ -298,6 +298,9 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: Any, interval_end
     plan = (planner or _default_planner)(spec)
     if not list(plan.events):
         raise SpecError(f"{spec.source}: the plan has no privacy events; nothing to release")
+    from dpops.manifest.run_hook import check_signing_key
+
+    check_signing_key()  # a configured manifest signing key must load before anything is reserved
     return RunContext(
         spec_path=str(Path(spec_path).resolve()), spec=spec, interval=interval, input_paths=paths,
         input_fingerprint=fingerprint, randomness=randomness, key_id=key_id, plan=plan,
@@ -374,6 +377,7 @@ def reserve(ctx: RunContext, ledger: Any, *, restates: str | None = None) -> Run
     published = ledger.published(ctx.spec.name, ctx.interval.start_iso, ctx.interval.end_iso)
     if published is not None and published.run_id == ctx.run_id:
         _make_visible(ctx, published)  # a crash between the ledger commit and the file publish is healed here
+        check_served_files(ctx, published)
         return _outcome(ctx, ledger, "already_published", record=published,
                         message="served from the published result, nothing charged")
     _refuse_changed(ctx, published, restates)
@@ -608,6 +612,7 @@ def publish(ctx: RunContext, ledger: Any, *, gx_checks: bool = False) -> RunOutc
         raise LedgerError(f"run {ctx.run_id} is not in the ledger: reserve and compute it first")
     if record.state == "committed":
         _make_visible(ctx, record)
+        check_served_files(ctx, record)
         return _outcome(ctx, ledger, "already_published", record=record, message="nothing charged")
     if record.state != "started":
         raise LedgerError(f"run {ctx.run_id} is {record.state}; only a started (computed) run can be published")
@@ -624,6 +629,12 @@ def publish(ctx: RunContext, ledger: Any, *, gx_checks: bool = False) -> RunOutc
                              public_partitions=ctx.spec.public_partitions(),
                              allow_null=ctx.spec.postprocess.suppress_below is not None)
         ctx.output_checks = [*ctx.output_checks, "great expectations output suite"]
+    if os.environ.get("DPOPS_GX_PROJECT"):  # the deployment's GX project: checkpoint + Data Docs (noisy output only)
+        from dpops.gx_project import run_output_checkpoint
+
+        gx_result = run_output_checkpoint(os.environ["DPOPS_GX_PROJECT"], ctx.spec, staged.data_file, run_id=ctx.run_id)
+        ctx.output_checks = [*ctx.output_checks,
+                             *(f"great expectations checkpoint {gx_result.checkpoint}: suite {s}" for s in gx_result.suites)]
     # The manifest is written BEFORE anything becomes visible (semantics.md section 5): it
     # fingerprints the staged files, and the published copies are verified byte-identical.
     target = ctx.store.next_version_dir(ctx.interval.slug, ctx.run_id)
@@ -666,6 +677,43 @@ def _make_visible(ctx: RunContext, record: Any) -> Any:
         )
     return ctx.store.publish(staged, slug, restates=record.restates,
                              extra={"spec_hash": ctx.spec.spec_hash, "randomness": ctx.randomness})
+
+
+def published_file_check(store: ReleaseStore, slug: str, record: Any, manifest_dir: Path, key: Any = None) -> Any:
+    """Compare a committed run's published files with the ledger's commit entry and (with the noise
+    key) the manifest's keyed fingerprints. Returns a ``dpops.manifest.files.FileCheck``."""
+    from dpops.manifest.files import FileCheck, check_ledger_files, check_manifest_files, merge
+
+    version = next((v for v in store.versions(slug) if v.run_id == record.run_id), None)
+    if version is None:
+        return FileCheck(not_checked=[f"no published version of run {record.run_id} under "
+                                      f"{store.published_interval_dir(slug)}"])
+    checks = [check_ledger_files(record, version.directory)]
+    mpath = manifest_dir / f"{record.run_id}.published.json"
+    if key is not None and mpath.is_file():
+        from dpops.manifest.io import read_manifest
+
+        checks.append(check_manifest_files(read_manifest(mpath), key=key, directory=version.directory))
+    elif key is None:
+        checks.append(FileCheck(not_checked=["no noise key given: the manifest's keyed fingerprints were not checked"]))
+    else:
+        checks.append(FileCheck(not_checked=[f"no manifest {mpath}"]))
+    return merge(*checks)
+
+
+def check_served_files(ctx: RunContext, record: Any) -> None:
+    """Refuse to serve a published interval whose files changed after publication.
+
+    Privacy reason: a re-run reports the interval as published (a DP release); if its files were
+    edited (e.g. the noise replaced by exact values) serving them would put dpops' name on a
+    non-private release. Nothing is charged either way."""
+    key = ctx.fingerprint_key if ctx.randomness != "test" else None
+    check = published_file_check(ctx.store, ctx.interval.slug, record, manifests_dir(ctx), key)
+    if check.problems:
+        raise IntegrityError(
+            f"{ctx.spec.name} {ctx.interval}: refusing to serve run {record.run_id}: " + "; ".join(check.problems)
+            + ". Restore the published files from a backup (or the staged copy) and investigate who changed them; "
+            "nothing was charged")
 
 
 # --------------------------------------------------------------------------- manifests
@@ -807,6 +855,7 @@ def restate(ctx: RunContext, ledger: Any) -> RunOutcome:
                           "use dpops release run")
     if published.run_id == ctx.run_id:
         _make_visible(ctx, published)  # completes a restatement killed between its commit and the file publish
+        check_served_files(ctx, published)
         return _outcome(ctx, ledger, "already_published", record=published,
                         message="input, spec and key unchanged: the published result stands, nothing charged")
     return reserve(ctx, ledger, restates=published.run_id)
@@ -850,8 +899,11 @@ def abandon(ctx: RunContext, ledger: Any, *, reason: str) -> RunOutcome:
 
 
 def status(spec_path: str | os.PathLike[str], interval_start: Any, interval_end: Any = None, *,
-           ledger: Any) -> dict[str, Any]:
-    """What the ledger and the storage say about a release's interval. Reads no private data."""
+           ledger: Any, key: Any = None) -> dict[str, Any]:
+    """What the ledger and the storage say about a release's interval. Reads no private data.
+
+    ``published_files``: the published run's files compared with the ledger's commit entry and, given
+    the noise ``key``, with the manifest's keyed fingerprints (``ok`` False names each changed file)."""
     spec = load_spec(spec_path)
     iv = parse_interval(interval_start, interval_end)
     store = ReleaseStore(spec.output_root, spec.name)
@@ -869,6 +921,10 @@ def status(spec_path: str | os.PathLike[str], interval_start: Any, interval_end:
                      for v in store.versions(iv.slug)],
         "runs": [{"run_id": r.run_id, "state": r.state, "epsilon": r.epsilon, "restates": r.restates,
                   "key_id": r.key.key_id, "created_at": r.created_at, "updated_at": r.updated_at} for r in runs],
+        "published_files": published_file_check(
+            store, iv.slug, published,
+            Path(os.environ.get("DPOPS_MANIFESTS_DIR") or spec.output_root / "manifests" / spec.name),
+            key).to_dict() if published is not None else None,
     }
 
 

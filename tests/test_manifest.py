@@ -193,6 +193,25 @@ NEGATIVE_CONTROLS = {
     "edit the embedded spec": (lambda d: d["spec"]["contribution"].__setitem__("max_partitions_per_unit", 1),
                                "spec_hash"),
     "publish a test-mode run": (lambda d: d["randomness"].update(mode="test", test_mode=True), "outcome.state"),
+    # issue 13: edits that verify --ledger did not catch
+    "raise the scope cap": (lambda d: d["privacy"]["scope"]["cap"].__setitem__("value", 20.0),
+                            "privacy.scope.cap.value"),
+    "raise the cap and the remaining budget together": (
+        lambda d: (d["privacy"]["scope"]["cap"].__setitem__("value", 20.0),
+                   [b.__setitem__("remaining", b["remaining"] + 10.0) for b in d["privacy"]["scope"]["buckets"]]),
+        "privacy.scope.cap.value"),
+    "point the output at another version": (lambda d: d["output"].__setitem__("uri", "file:///out/7"), "output.uri"),
+    "claim os randomness with a keyed key id": (lambda d: d["randomness"].__setitem__("mode", "os"),
+                                                "randomness.mode"),
+    # tamperings tried beyond the issue's list
+    "edit the input fingerprint": (lambda d: d["run_key"].__setitem__("input_fingerprint", fp("other input")),
+                                   "run_id"),
+    "claim nothing was charged": (lambda d: d["privacy"]["run"].__setitem__("charged", False), "privacy.run.charged"),
+    "relabel a published run as refused": (lambda d: d["outcome"].update(state="refused", ledger_state=None),
+                                           "outcome.state"),
+    "invent a ledger state": (lambda d: d["outcome"].__setitem__("ledger_state", "released"), "outcome.ledger_state"),
+    "edit the accountant's method": (lambda d: d["accountant"]["details"].__setitem__("orders", [2.0]),
+                                     "accountant.details.orders"),
 }
 
 
@@ -268,3 +287,172 @@ def test_code_version_never_imports_beam():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().startswith("2.")
+
+
+# --------------------------------------------------------------------------- issue 13: edits --ledger missed
+
+
+def test_edited_cap_is_caught_without_the_ledger_too(published):
+    bad = _tamper(published.manifest, NEGATIVE_CONTROLS["raise the scope cap"][0])
+    r = verify_manifest(bad)
+    assert not r.ok and any(p.startswith("privacy.scope.buckets[0].remaining") for p in r.problems), r.problems
+
+
+def test_cli_exits_7_naming_each_field(published, tmp_path, capsys):
+    for name in ("raise the scope cap", "point the output at another version",
+                 "claim os randomness with a keyed key id"):
+        fn, field = NEGATIVE_CONTROLS[name]
+        p = tmp_path / f"{abs(hash(name))}.json"
+        p.write_text(json.dumps(_tamper(published.manifest, fn)))
+        assert main(["manifest", "verify", str(p), "--ledger", published.url]) == 7, name
+        assert field in capsys.readouterr().out, name
+
+
+def test_randomness_mode_is_compared_with_the_ledger_reservation(tmp_path):
+    """A keyed-looking key id alone does not prove the mode: the ledger's reservation says which it was."""
+    from dpops.release_plan import plan_release
+
+    spec = load_spec(EXAMPLE_SPEC)
+    plan = plan_release(spec)
+    ledger = make_ledger(tmp_path, epsilon=10.0, delta=1e-7)
+    key = run_key(spec.name, 0, spec_hash=spec.spec_hash, key_id="os/attempt-1")
+    rec = ledger.reserve(key, "purchases", plan.events, actor=ACTOR, details={"randomness": "os"})
+    ledger.start(rec.run_id, actor=ACTOR)
+    ctx = SimpleNamespace(spec=spec, run_key=key, plan=plan, randomness="os")
+    path = write_run_manifest(ctx, ledger, {"state": "published", "output_uri": "file:///o/v1"},
+                              manifests_dir=tmp_path / "m")
+    m = read_manifest(path)
+    assert verify_manifest(m, ledger=ledger).ok
+    bad = _tamper(m, lambda d: d["randomness"].__setitem__("mode", "keyed"))
+    r = verify_manifest(bad, ledger=ledger)
+    assert any(p.startswith("randomness.mode") and "'os' randomness" in p for p in r.problems), r.problems
+    ledger.close()
+
+
+def test_a_later_cap_change_does_not_flag_the_recorded_cap(published):
+    """The cap compared is the one in force at the manifest's last scope entry, not today's."""
+    published.ledger.change_cap("purchases", epsilon=12.0, reason="raise", actor=ACTOR)
+    r = verify_manifest(published.manifest, ledger=published.ledger)
+    assert not any(p.startswith("privacy.scope.cap") for p in r.problems), r.problems
+    bad = _tamper(published.manifest, lambda d: d["privacy"]["scope"]["cap"].__setitem__("value", 12.0))
+    assert any(p.startswith("privacy.scope.cap.value") for p in verify_manifest(bad, ledger=published.ledger).problems)
+
+
+# --------------------------------------------------------------------------- issue 13: published file edited
+
+
+from test_cli_release import cli_env  # noqa: E402,F401 - the CLI release fixture (fake pipeline, real ledger)
+
+
+@pytest.fixture
+def real_plan(monkeypatch):
+    """The CLI fixture stubs the plan for speed; a manifest must verify, so use the real planner."""
+    from dpops import runs
+    from dpops.release_plan import plan_release
+
+    monkeypatch.setattr(runs, "_default_planner", plan_release)
+    monkeypatch.delenv("DPOPS_MANIFESTS_DIR", raising=False)
+
+
+def _publish_and_find(cli_env, capsys):
+    tmp, spec, url, base, _ = cli_env
+    assert main(["release", "run", str(spec), *base, "--publish", "--no-gx-checks", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    manifest = next(tmp.rglob(f"{out['run_id']}.published.json"))
+    data = next(p for p in tmp.rglob("data.parquet") if "published" in p.parts)
+    return out, manifest, data
+
+
+def test_edited_published_file_is_caught_everywhere(cli_env, real_plan, capsys):
+    tmp, spec, url, base, pipe = cli_env
+    key = base[base.index("--key-file") + 1]
+    out, manifest, data = _publish_and_find(cli_env, capsys)
+    assert main(["manifest", "verify", str(manifest), "--ledger", url, "--key-file", key]) == 0
+    text = capsys.readouterr().out
+    assert "ok    published files" in text and "not checked" not in text
+    status_args = ["release", "status", str(spec), "--interval", "2024-01-01/2024-01-02", "--ledger", url]
+    assert main(status_args) == 0 and "published files: ok" in capsys.readouterr().out
+
+    # an insider swaps the published bytes (here: the file is rewritten with one byte changed)
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    os.chmod(data, 0o644)
+    data.write_bytes(bytes(raw))
+
+    assert main(["manifest", "verify", str(manifest), "--ledger", url, "--key-file", key]) == 7
+    text = capsys.readouterr().out
+    assert "output.fingerprints.data.parquet" in text and "changed after publication" in text
+    assert main(["manifest", "verify", str(manifest), "--ledger", url]) == 7  # no key: the ledger's digests
+    assert "ledger commit files.data.parquet" in capsys.readouterr().out
+    assert main(["manifest", "verify", str(manifest)]) == 0  # neither: says clearly that nothing was checked
+    text = capsys.readouterr().out
+    assert "skip  published files  (NOT CHECKED" in text and "not checked: ledger, published files" in text
+    assert main(status_args) == 7
+    captured = capsys.readouterr()
+    assert "published files: CHANGED" in captured.out and "data.parquet" in captured.err
+    assert main(status_args + ["--key-file", key, "--json"]) == 7
+    st = json.loads(capsys.readouterr().out)
+    assert st["published_files"]["ok"] is False and len(st["published_files"]["problems"]) == 2
+    # a re-run must not serve the edited file as published
+    assert main(["release", "run", str(spec), *base, "--publish", "--no-gx-checks"]) == 7
+    err = capsys.readouterr().err
+    assert "refusing to serve" in err and "data.parquet" in err and pipe.calls == 1
+
+
+def test_wrong_key_is_reported_not_checked(cli_env, real_plan, capsys, tmp_path):
+    from dpops.randomness import NoiseKey
+
+    _, _, url, _, _ = cli_env
+    out, manifest, data = _publish_and_find(cli_env, capsys)
+    other = tmp_path / "other.key"
+    NoiseKey.generate(other)
+    assert main(["manifest", "verify", str(manifest), "--key-file", str(other)]) == 0
+    assert "is not the run's key" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- issue 14 item 6: signing
+
+
+def test_unverified_signature_is_not_called_signed(published, tmp_path, capsys):
+    import base64
+
+    generate_signing_key(tmp_path / "k.pem", tmp_path / "k.pub")
+    bogus = dict(published.manifest, signature={"algorithm": "ed25519", "public_key_id": "0" * 16,
+                                                "value": base64.b64encode(b"x" * 64).decode()})
+    path = write_manifest(bogus, tmp_path / "bogus")
+    assert main(["manifest", "verify", path]) == 0
+    out = capsys.readouterr().out
+    assert "unverified signature" in out and "published files, signature)" in out
+    assert "signed, but" not in out
+    assert main(["manifest", "verify", path, "--require-signature"]) == 7
+    assert "a valid signature is required" in capsys.readouterr().out
+    assert main(["manifest", "verify", path, "--public-key", str(tmp_path / "k.pub"), "--require-signature"]) == 7
+    unsigned = write_manifest(published.manifest, tmp_path / "unsigned")
+    assert main(["manifest", "verify", unsigned, "--public-key", str(tmp_path / "k.pub"),
+                 "--require-signature"]) == 7
+    assert "not signed" in capsys.readouterr().out
+
+
+def test_publish_signs_when_a_signing_key_is_configured(cli_env, real_plan, capsys, monkeypatch, tmp_path):
+    assert main(["manifest", "keygen", str(tmp_path / "sign.pem"), str(tmp_path / "sign.pub")]) == 0
+    capsys.readouterr()
+    monkeypatch.setenv("DPOPS_MANIFEST_SIGNING_KEY", str(tmp_path / "sign.pem"))
+    _, _, url, _, _ = cli_env
+    out, manifest, _ = _publish_and_find(cli_env, capsys)
+    assert read_manifest(manifest)["signature"]["algorithm"] == "ed25519"
+    assert main(["manifest", "verify", str(manifest), "--ledger", url, "--public-key", str(tmp_path / "sign.pub"),
+                 "--require-signature"]) == 0
+    assert "ok    signature" in capsys.readouterr().out
+
+
+def test_a_bad_signing_key_fails_before_anything_is_reserved(cli_env, real_plan, capsys, monkeypatch, tmp_path):
+    from dpops.ledger import open_ledger
+
+    bad = tmp_path / "bad.pem"
+    bad.write_text("not a key\n")
+    monkeypatch.setenv("DPOPS_MANIFEST_SIGNING_KEY", str(bad))
+    _, spec, url, base, pipe = cli_env
+    assert main(["release", "run", str(spec), *base, "--publish", "--no-gx-checks"]) == 3
+    led = open_ledger(url)
+    assert led.runs(scope="shop") == [] and pipe.calls == 0
+    led.close()

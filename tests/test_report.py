@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import base64
+import os
 import re
+import shutil
 from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -109,15 +114,23 @@ def test_report_renders_and_matches_the_ledger(busy_scope, tmp_path):
         assert float(row[col]) == pytest.approx(getattr(status, field), rel=1e-11), field
     assert status.total <= 1.0 + 1e-12 and status.spent_unpublished > 0
 
-    runs = p.tables["runs"][1:]
-    states = [r[3] for r in runs]
+    timeline = p.tables["runs"][1:]
+    runs = [r for r in timeline if r[2] != "gap"]
+    states = [r[2] for r in runs]
     assert len(runs) == 36 + 2  # every run, the two restatements and the refusals included
+    # date order, refusals in place; each release runs every other day, so the timeline shows its gaps
+    starts = [r[0][1:21] for r in timeline]
+    assert starts == sorted(starts)
+    assert sum(1 for r in timeline if r[2] == "gap") == 2 * (18 - 1)  # 18 intervals per release, a hole after each
+    # the synthetic refusal manifests carry a stub plan and a made-up spec hash: they must not verify
+    assert {r[5] for r in runs if r[2] == "refused"} == {"FAILED"}
     assert states.count("refused") == refused
     assert "released" in states and "spent_unpublished" in states
     assert len(p.tables["restatements"]) - 1 == 2
     assert len(p.tables["refused"]) - 1 == refused + states.count("released")
     assert all("budget" in r[3].lower() or "failed before" in r[3] for r in p.tables["refused"][1:])
-    assert sum(1 for link in p.links if link.endswith(".json")) == refused  # refusals link to their manifests
+    # refusals link to their manifests, from the timeline and from the verification table
+    assert sum(1 for link in p.links if link.endswith(".json")) == 2 * refused
     assert "who is protected" in text.lower() and "a user&#x27;s purchases on one day" in text
     assert any("noise key changed" in w for w in re.findall(r"<div class='warn'>(.*?)</div>", text))
 
@@ -141,23 +154,255 @@ def test_report_cli_and_window(busy_scope, tmp_path):
     out = tmp_path / "window.html"
     code = main(["report", "--scope", "purchases", "--ledger", url, "--manifests", str(mdir), "--out", str(out),
                  "--from", "2024-01-01T00:00:00Z", "--to", "2024-01-06T00:00:00Z"])
-    assert code == 0
+    assert code == 7  # written, but the fixture's synthetic refusal manifests (stub plan) do not verify
     p = Tables()
     p.feed(out.read_text())
-    assert len(p.tables["runs"]) - 1 == 5 + 2  # five days, two of them restated
+    assert len([r for r in p.tables["runs"][1:] if r[2] != "gap"]) == 5 + 2  # five days, two of them restated
     assert main(["report", "--scope", "nope", "--ledger", url, "--out", str(out)]) != 0
 
 
-def test_report_screenshot_when_chromium_is_installed(busy_scope, tmp_path):
-    import shutil
-    import subprocess
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    from browser_support import Browser, require_chromium
 
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    if browser is None:
-        pytest.skip("chromium is not installed")
+    b = Browser(require_chromium(), tmp_path_factory.mktemp("chromium-profile"))
+    yield b
+    b.close()
+
+
+def test_report_screenshot(busy_scope, tmp_path, browser):
     ledger, mdir, _, home = busy_scope
     out = write_report(ledger, "purchases", tmp_path / "r.html", manifests_dir=str(mdir))
-    png = tmp_path / "shot.png"
-    subprocess.run([browser, "--headless", "--no-sandbox", f"--screenshot={png}", f"file://{out}"],
-                   check=True, timeout=60, capture_output=True)
-    assert png.stat().st_size > 10_000
+    page = browser.open(Path(out).resolve().as_uri())
+    shot = page.send("Page.captureScreenshot", format="png")
+    assert len(base64.b64decode(shot["data"])) > 10_000
+    assert page.console_errors() == []
+    page.close()
+
+
+# --------------------------------------------------------------------------- issue 14 item 6: hardening
+
+
+JS_NAME = "javascript:document.title='PWNED';x.json"
+
+
+def _copy_manifests(mdir, dest):
+    dest.mkdir()
+    for f in mdir.iterdir():
+        shutil.copyfile(f, dest / f.name)
+    return dest
+
+
+def test_a_javascript_manifest_name_is_not_a_script_link(busy_scope, tmp_path, browser):
+    ledger, mdir, _, _ = busy_scope
+    copy = _copy_manifests(mdir, tmp_path / "m")
+    shutil.copyfile(next(copy.glob("*.refused.json")), copy / JS_NAME)
+    # the report beside the manifests, as the exploit had it: the relative link is the bare file name
+    out = write_report(ledger, "purchases", copy / "r.html", manifests_dir=str(copy))
+    p = Tables()
+    p.feed(Path(out).read_text())
+    js = [h for h in p.links if "PWNED" in h]
+    assert js, "the planted manifest must be linked"
+    assert all(urlsplit(h).scheme == "" for h in p.links), [h for h in p.links if urlsplit(h).scheme]
+    page = browser.open(Path(out).resolve().as_uri())
+    assert page.console_errors() == []
+    assert set(page.evaluate("Array.from(document.links).map(a => a.protocol)")) == {"file:"}
+    policy = page.evaluate("document.querySelector('meta[http-equiv=Content-Security-Policy]').content")
+    assert "default-src 'none'" in policy and "script-src 'none'" in policy
+    page.evaluate("document.querySelector('a[href*=PWNED]').click()")
+    page.pump(1.5)
+    assert page.evaluate("document.title") != "PWNED"
+    assert page.evaluate("location.protocol") == "file:"
+    page.close()
+
+
+def test_report_write_does_not_follow_planted_symlinks(busy_scope, tmp_path):
+    ledger, mdir, _, _ = busy_scope
+    victim, victim2 = tmp_path / "victim", tmp_path / "victim2"
+    victim.write_text("precious")
+    victim2.write_text("precious too")
+    out_dir = tmp_path / "reports"
+    out_dir.mkdir()
+    os.symlink(victim, out_dir / ".r.html.tmp")  # the old predictable temp name
+    os.symlink(victim2, out_dir / "r.html")  # the target itself is a symlink
+    write_report(ledger, "purchases", out_dir / "r.html", manifests_dir=str(mdir))
+    assert victim.read_text() == "precious" and victim2.read_text() == "precious too"
+    assert not (out_dir / "r.html").is_symlink() and "<!DOCTYPE html>" in (out_dir / "r.html").read_text()
+    assert sorted(p.name for p in out_dir.iterdir()) == [".r.html.tmp", "r.html"]  # no temp file left behind
+
+
+# --------------------------------------------------------------------------- issue 13: the reviewer's report
+
+
+@pytest.fixture(scope="module")
+def reviewed_scope(tmp_path_factory):
+    """Real runs of the example spec with real manifests and published files: days 0, 1 and 3 (a gap on
+    day 2), one interval off the daily grid, then a refusal once the cap (4.5 with basic/1) is reached."""
+    from types import SimpleNamespace
+
+    from dpops.ledger import RunKey
+    from dpops.manifest import write_run_manifest
+    from dpops.randomness import NoiseKey
+    from dpops.release_plan import plan_release
+    from dpops.spec import load_spec
+    from dpops.storage import sha256_file
+    from manifest_support import EXAMPLE_SPEC, day, fp
+
+    home = tmp_path_factory.mktemp("reviewed")
+    spec = load_spec(EXAMPLE_SPEC)
+    plan = plan_release(spec)
+    key = NoiseKey.generate(home / "noise.key")
+    ledger = make_ledger(home, accountant="basic/1", epsilon=4.5, delta=1e-7)
+    mdir = home / "manifests"
+    intervals = [day(0), day(1), day(3), ("2024-01-05T12:00:00Z", "2024-01-06T12:00:00Z"), day(6)]
+    refused = None
+    for i, (s, e) in enumerate(intervals):
+        rk = RunKey(release=spec.name, spec_hash=spec.spec_hash, interval_start=s, interval_end=e,
+                    input_fingerprint=fp(f"in/{i}"), key_id=key.key_id)
+        ctx = SimpleNamespace(spec=spec, run_key=rk, plan=plan, randomness="keyed")
+        try:
+            rec = ledger.reserve(rk, "purchases", plan.events, actor=ACTOR, details={"randomness": "keyed"})
+        except BudgetExceeded as exc:
+            refused = write_run_manifest(ctx, ledger, {"state": "refused", "reason": str(exc)}, manifests_dir=mdir)
+            continue
+        ledger.start(rec.run_id, actor=ACTOR)
+        out = home / "published" / f"v{i}"
+        out.mkdir(parents=True)
+        (out / "data.parquet").write_bytes(f"noisy values {i}".encode())
+        fps = {"data.parquet": "hmac-sha256:" + key.hmac((out / "data.parquet").read_bytes()).hex()}
+        path = write_run_manifest(ctx, ledger, {"state": "published", "output_uri": out.as_uri()},
+                                  manifests_dir=mdir, output_fingerprints=fps)
+        ledger.commit(rec.run_id, output_uri=out.as_uri(), actor=ACTOR,
+                      details={"files": {"data.parquet": sha256_file(out / "data.parquet")},
+                               "manifest": {"file": os.path.basename(path), "sha256": sha256_file(Path(path))}})
+    assert refused is not None, "the fixture must reach the cap"
+    yield SimpleNamespace(ledger=ledger, mdir=mdir, key=key, home=home, url=f"sqlite:///{home / 'ledger.sqlite'}",
+                          refused=refused)
+    ledger.close()
+
+
+def _ledger_json(url, *args, capsys):
+    import json
+
+    from dpops.cli.main import main
+
+    capsys.readouterr()
+    assert main(["ledger", "--ledger", url, *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_reviewer_report_in_chromium(reviewed_scope, tmp_path, browser, capsys):
+    import json
+
+    from dpops.cli.main import main
+    from dpops.manifest import read_manifest
+
+    rs = reviewed_scope
+    out = tmp_path / "review.html"
+    assert main(["report", "--scope", "purchases", "--ledger", rs.url, "--manifests", str(rs.mdir), "--out", str(out),
+                 "--key-file", str(rs.home / "noise.key")]) == 0
+    status = _ledger_json(rs.url, "status", "purchases", capsys=capsys)
+    page = browser.open(out.resolve().as_uri())
+    assert page.console_errors() == []
+    # provenance is the first section, and its facts are the ledger's
+    assert page.evaluate("document.querySelector('h2').textContent") == "Provenance"
+    prov = page.evaluate("Object.fromEntries(Array.from(document.querySelectorAll('#provenance tr'))"
+                         ".map(r => [r.dataset.field, r.cells[1].textContent]))")
+    head = rs.ledger.verify().head_hash
+    assert head in prov["head_hash"] and prov["ledger_verify"].startswith("verified")
+    assert prov["checkpoint"] == "none configured" and "sqlite://" in prov["ledger_url"]
+    assert prov["manifests"].startswith("5 verified") and "0 FAILED" in prov["manifests"]
+    assert prov["files"].startswith("4 match") and "0 CHANGED" in prov["files"]
+    # the budget table equals `dpops ledger status --json`
+    cells = page.evaluate("Object.fromEntries(Array.from(document.querySelectorAll('#status td[data-field]'))"
+                          ".map(td => [td.dataset.field, td.textContent]))")
+    for f in ("committed", "spent_unpublished", "reserved", "total", "remaining"):
+        assert float(cells[f]) == pytest.approx(status[f], rel=1e-11), f
+    # the timeline: date order, the refusal in place, the gap and the off-grid interval flagged
+    rows = page.evaluate("Array.from(document.querySelectorAll('#runs tr[data-kind]')).map(r => "
+                         "({kind: r.dataset.kind, run: r.dataset.run || '', cells: Array.from(r.cells).map(c => c.textContent)}))")
+    starts = [r["cells"][0][1:21] for r in rows]
+    assert starts == sorted(starts)
+    assert [r["cells"][2] for r in rows] == ["committed", "committed", "gap", "committed", "gap", "committed", "gap",
+                                              "refused"]  # the off-grid interval leaves half-day gaps either side
+    assert "misaligned" in rows[5]["cells"][4] and rows[2]["cells"][4].startswith("gap")
+    assert not any(r["cells"][4] for r in rows if r["kind"] == "run" and r is not rows[5])
+    assert all(r["cells"][5] == "verified" for r in rows if r["kind"] == "run")
+    # per release: each figure equals its manifest
+    blocks = page.evaluate("Array.from(document.querySelectorAll('#releases .release')).map(b => ({run: b.dataset.run, "
+                           "trusted: b.dataset.trusted, eps: b.querySelector('[data-field=run_epsilon]').textContent, "
+                           "total: b.querySelector('[data-field=scope_total_after]').textContent, "
+                           "acct: b.querySelector('[data-field=accountant]').textContent, "
+                           "mech: b.querySelectorAll('table.mechanisms tr').length - 1, text: b.textContent}))")
+    manifests = {m["run_id"]: m for m in (read_manifest(p) for p in rs.mdir.glob("*.json"))}
+    assert len(blocks) == 5
+    for b in blocks:
+        m = manifests[b["run"]]
+        assert b["trusted"] == "true"
+        assert float(b["eps"]) == pytest.approx(m["privacy"]["run"]["epsilon"], rel=1e-11)
+        assert float(b["total"]) == pytest.approx(max(x["total"] for x in m["privacy"]["scope"]["buckets"]), rel=1e-11)
+        assert b["acct"] == m["accountant"]["ref"] == "basic/1"
+        assert b["mech"] == sum(len(x.get("vectors") or []) for x in m["release_plan"]["metrics"]) > 0
+        assert m["privacy_unit"]["description"] in b["text"]
+    # the committed runs' epsilons in the timeline equal the ledger's
+    for r in rows:
+        if r["kind"] == "run" and r["cells"][2] == "committed":
+            assert float(r["cells"][3]) == pytest.approx(rs.ledger.run(r["run"]).epsilon, rel=1e-11)
+    page.close()
+
+
+def test_forged_or_edited_outputs_are_marked_not_trusted(reviewed_scope, tmp_path):
+    """A forged manifest (noise std divided by 100) and an edited published file both show as FAILED."""
+    import json
+
+    from dpops.manifest import read_manifest
+
+    rs = reviewed_scope
+    copy = _copy_manifests(rs.mdir, tmp_path / "m")
+    target = sorted(p for p in copy.glob("*.published.json"))[0]
+    m = read_manifest(target)
+    vec = next(x for x in m["release_plan"]["metrics"] if x.get("vectors"))["vectors"][0]
+    forged_std = vec["std"] / 100
+    vec["std"] = forged_std
+    os.chmod(target, 0o644)
+    target.write_text(json.dumps(m))
+    _, data = build_report(rs.ledger, "purchases", tmp_path / "r.html", manifests_dir=str(copy), key=rs.key)
+    text = write_report(rs.ledger, "purchases", tmp_path / "r.html", manifests_dir=str(copy), key=rs.key)
+    html = Path(text).read_text()
+    assert data.checks[str(target)].status == "FAILED"
+    assert data.provenance["manifests"]["failed"] == 1
+    assert f"data-run='{m['run_id']}' data-trusted='false'" in html
+    p = Tables()
+    p.feed(html)
+    # the forged number is never shown as a fact (only quoted in the verification failure itself)
+    cut = html.index("<table id='verification'>")
+    facts = html[:cut] + html[html.index("</table>", cut):]
+    assert f"{forged_std:.6g}" not in facts
+    assert all(float(r[5]) == pytest.approx(vec["std"] * 100) for r in p.tables["noise"][1:] if r[3] == vec["name"])
+    row = next(r for r in p.tables["verification"][1:] if r[0] == target.name)
+    assert row[1] == "FAILED" and "release_plan.metrics" in row[4]
+    from dpops.cli.main import main
+
+    args = ["report", "--scope", "purchases", "--ledger", rs.url, "--out", str(tmp_path / "cli.html")]
+    assert main(args + ["--manifests", str(copy)]) == 7 and (tmp_path / "cli.html").is_file()
+    assert main(args + ["--manifests", str(rs.mdir)]) == 0
+
+    # now an edited published file, manifests intact
+    victim = next((rs.home / "published").rglob("data.parquet"))
+    original = victim.read_bytes()
+    try:
+        victim.write_bytes(original + b" edited")
+        _, data = build_report(rs.ledger, "purchases", tmp_path / "r2.html", manifests_dir=str(rs.mdir), key=rs.key)
+        assert data.provenance["files"]["changed"] == 1
+        bad = [c for c in data.checks.values() if not c.ok]
+        assert len(bad) == 1 and bad[0].files == "CHANGED" and any("data.parquet" in p for p in bad[0].problems)
+    finally:
+        victim.write_bytes(original)
+
+
+def test_ledger_url_in_the_report_has_no_credentials():
+    from dpops.report.data import redact_url
+
+    assert redact_url("postgresql://dpops_app:s3cret@db.internal:5432/ledger?sslmode=require") == \
+        "postgresql://db.internal:5432/ledger"
+    assert redact_url("sqlite:////var/lib/dpops/ledger.sqlite") == "sqlite:////var/lib/dpops/ledger.sqlite"

@@ -33,6 +33,20 @@ def schema_cmd() -> None:
     click.echo(json.dumps(manifest_schema(), indent=2))
 
 
+@cli.command("keygen")
+@click.argument("private_key", type=click.Path(dir_okay=False))
+@click.argument("public_key", type=click.Path(dir_okay=False))
+def keygen_cmd(private_key: str, public_key: str) -> None:
+    """Create an Ed25519 manifest signing key pair (private file mode 0600, never overwritten).
+
+    Runs sign their manifests when $DPOPS_MANIFEST_SIGNING_KEY names PRIVATE_KEY; reviewers check
+    them with `dpops manifest verify --public-key PUBLIC_KEY --require-signature`."""
+    from dpops.manifest.sign import generate_signing_key
+
+    kid = generate_signing_key(private_key, public_key)
+    click.echo(f"wrote signing key {private_key} and public key {public_key} (public key id {kid})")
+
+
 @cli.command("show")
 @click.argument("run_or_file")
 @click.option("--manifests", "manifests", envvar="DPOPS_MANIFESTS_DIR", type=click.Path(file_okay=False),
@@ -102,34 +116,54 @@ def _fmt(x) -> str:
               help="ledger URL: also recompute the scope total from its entries (default: $DPOPS_LEDGER_URL)")
 @click.option("--manifests", "manifests", envvar="DPOPS_MANIFESTS_DIR", type=click.Path(file_okay=False),
               help="directory to look a run id up in")
-@click.option("--public-key", "public_key", type=click.Path(dir_okay=False, exists=True),
-              help="Ed25519 public key (PEM): the manifest must carry a valid signature by it")
+@click.option("--public-key", "public_key", envvar="DPOPS_MANIFEST_PUBLIC_KEY",
+              type=click.Path(dir_okay=False, exists=True),
+              help="Ed25519 public key (PEM; default $DPOPS_MANIFEST_PUBLIC_KEY): the manifest must carry a valid "
+                   "signature by it")
+@click.option("--require-signature", is_flag=True,
+              help="fail unless the manifest carries a valid signature by --public-key")
+@click.option("--key-file", "key_file", type=click.Path(dir_okay=False), default=None,
+              help="noise key file: also check the published files' keyed fingerprints (without it only the "
+                   "ledger's file digests can be compared, when --ledger is given)")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable result")
 def verify_cmd(run_or_file: str, ledger_url: str | None, manifests: str | None, public_key: str | None,
-               as_json: bool) -> None:
-    """Recompute a manifest's claim (RUN_ID or FILE); exit 7 naming the field on any mismatch."""
+               require_signature: bool, key_file: str | None, as_json: bool) -> None:
+    """Recompute a manifest's claim (RUN_ID or FILE); exit 7 naming the field on any mismatch.
+
+    Checks that could not run are listed as "skip" with the reason: a manifest is fully verified
+    only when the ledger, the published files and (if signed) the signature were checked."""
+    from dpops.manifest.io import file_sha256
     from dpops.manifest.verify import verify_manifest
 
     path, m = _load(run_or_file, manifests)
+    key = None
+    if key_file:
+        from dpops.randomness import NoiseKey
+
+        key = NoiseKey.from_file(key_file)
     ledger = None
     if ledger_url:
         from dpops.ledger import open_ledger
 
         ledger = open_ledger(ledger_url)
     try:
-        result = verify_manifest(m, ledger=ledger, public_key=public_key, source=path)
+        result = verify_manifest(m, ledger=ledger, public_key=public_key, source=path,
+                                 file_name=os.path.basename(path), file_digest=file_sha256(path),
+                                 require_signature=require_signature, key=key)
     finally:
         if ledger is not None:
             ledger.close()
+    skipped = [c.name for c in result.checks if c.skipped]
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:
         for c in result.checks:
             mark = "skip" if c.skipped else ("ok" if c.ok else "FAIL")
-            click.echo(f"{mark:4}  {c.name}" + (f"  ({c.skipped})" if c.skipped else ""))
+            click.echo(f"{mark:4}  {c.name}" + (f"  ({c.skipped})" if c.skipped else "")
+                       + (f"  ({c.note})" if c.note else ""))
             for p in c.problems:
                 click.echo(f"      {p}")
     if not result.ok:
         raise IntegrityError(f"{path}: verification failed: {len(result.problems)} problem(s); first: {result.problems[0]}")
     if not as_json:
-        click.echo(f"verified: run {result.run_id}")
+        click.echo(f"verified: run {result.run_id}" + (f" (not checked: {', '.join(skipped)})" if skipped else ""))

@@ -116,17 +116,36 @@ def restate_cmd(spec: str, interval: str, ledger_url: str | None, as_json: bool,
 @cli.command("status")
 @_common
 @_internal_errors
-def status_cmd(spec: str, interval: str, ledger_url: str | None, as_json: bool) -> None:
-    """What the ledger and the published outputs say about SPEC's --interval (reads no private data)."""
+@click.option("--key-file", "key_file", type=click.Path(dir_okay=False), default=None,
+              help="noise key file: also check the published files against the manifest's keyed fingerprints")
+def status_cmd(spec: str, interval: str, ledger_url: str | None, as_json: bool, key_file: str | None) -> None:
+    """What the ledger and the published outputs say about SPEC's --interval (reads no private data).
+
+    Exits 7 naming the file when a published file no longer matches what was published."""
     from dpops import runs
+    from dpops.errors import IntegrityError
     from dpops.inputs import parse_interval
 
     iv = parse_interval(interval)
+    key = None
+    if key_file:
+        from dpops.randomness import NoiseKey
+
+        key = NoiseKey.from_file(key_file)
     with runs.open_run_ledger(ledger_url) as ledger:
-        st = runs.status(spec, iv.start, iv.end, ledger=ledger)
+        st = runs.status(spec, iv.start, iv.end, ledger=ledger, key=key)
+    files = st.get("published_files")
     if as_json:
         click.echo(json.dumps(st, indent=2, sort_keys=True, default=str))
-        return
+    else:
+        _print_status(st)
+    if files and files["problems"]:
+        raise IntegrityError(f"{st['release']} {st['interval']}: the published output changed after publication: "
+                             + "; ".join(files["problems"]))
+
+
+def _print_status(st: dict) -> None:
+    files = st.get("published_files")
     rem = "?" if st["scope_remaining"] is None else f"{st['scope_remaining']:.6g}"
     click.echo(f"release={st['release']} interval={st['interval']} scope={st['scope']} remaining={rem}")
     click.echo(f"  published run: {st['published_run'] or '-'}" + (f" at {st['output_uri']}" if st["output_uri"] else ""))
@@ -136,6 +155,13 @@ def status_cmd(spec: str, interval: str, ledger_url: str | None, as_json: bool) 
     for r in st["runs"]:
         click.echo(f"  run {r['run_id']}: {r['state']}, epsilon {r['epsilon']:.6g}, key {r['key_id']}"
                    + (f", restates {r['restates']}" if r["restates"] else ""))
+    if files:
+        verdict = "CHANGED" if files["problems"] else ("ok" if files["checked"] else "NOT CHECKED")
+        click.echo(f"  published files: {verdict}" + (f" ({', '.join(files['checked'])} checked)" if files["checked"] else ""))
+        for p in files["problems"]:
+            click.echo(f"    {p}")
+        for p in files["not_checked"]:
+            click.echo(f"    not checked: {p}")
 
 
 @cli.command("abandon")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 
@@ -13,14 +15,43 @@ import click
 @click.option("--manifests", "manifests", envvar="DPOPS_MANIFESTS_DIR", type=click.Path(file_okay=False),
               default=None, help="directory holding the run manifests (refusals are known only from these)")
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="HTML file to write")
-def cli(scope: str, start: str | None, end: str | None, ledger_url: str | None, manifests: str | None, out: str) -> None:
-    """Write one self-contained HTML report (no network) for a budget scope."""
+@click.option("--key-file", "key_file", type=click.Path(dir_okay=False), default=None,
+              help="noise key file: also check the published files' keyed fingerprints")
+@click.option("--public-key", "public_key", envvar="DPOPS_MANIFEST_PUBLIC_KEY",
+              type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Ed25519 public key (PEM): check the manifests' signatures (default $DPOPS_MANIFEST_PUBLIC_KEY)")
+@click.option("--gx-project", "gx_project", envvar="DPOPS_GX_PROJECT", type=click.Path(file_okay=False), default=None,
+              help="the deployment's GX project: link its Data Docs (default $DPOPS_GX_PROJECT)")
+def cli(scope: str, start: str | None, end: str | None, ledger_url: str | None, manifests: str | None, out: str,
+        key_file: str | None, public_key: str | None, gx_project: str | None) -> None:
+    """Write one self-contained HTML report (no network) for a budget scope.
+
+    Every manifest is verified against the ledger first; one that fails is shown as FAILED and its
+    numbers are not used."""
     from dpops.ledger import open_ledger
     from dpops.report import write_report
 
+    key = None
+    if key_file:
+        from dpops.randomness import NoiseKey
+
+        key = NoiseKey.from_file(key_file)
+    from dpops.errors import IntegrityError
+    from dpops.report import build_report, write_html
+
     ledger = open_ledger(ledger_url)
     try:
-        path = write_report(ledger, scope, out, manifests_dir=manifests, start=start, end=end)
+        text, data = build_report(ledger, scope, out, manifests_dir=manifests, start=start, end=end, key=key,
+                                  public_key=public_key, gx_project=gx_project)
+        path = write_html(text, out)
     finally:
         ledger.close()
     click.echo(f"report written: {path}")
+    failed = [c for c in data.checks.values() if not c.ok]
+    ledger_ok = data.provenance.get("ledger_verify", {}).get("ok", False)
+    if failed or not ledger_ok:
+        # The report is written (it shows what failed); the exit status tells automation it is not clean.
+        raise IntegrityError(
+            f"{path}: " + ("the ledger's hash chain does not verify; " if not ledger_ok else "")
+            + (f"{len(failed)} manifest(s) failed verification, first {os.path.basename(failed[0].path)}: "
+               f"{(failed[0].problems or ['?'])[0]}" if failed else "").rstrip("; "))

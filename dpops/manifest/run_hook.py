@@ -30,8 +30,24 @@ _OUTCOME = {
     "failed": "failed", "released": "failed", "error": "failed",
     "reserved": "reserved", "started": "started",
 }
+# Path of an Ed25519 private key (PEM, see ``dpops.manifest.sign.generate_signing_key``). When set, every
+# manifest the run orchestration writes is signed, so a reviewer holding the public key can tell a manifest
+# dpops wrote from one written by anyone with access to the manifests directory. The key signs public
+# claims only: it is not the noise key, and compromising it reveals nothing about the data.
+SIGNING_KEY_ENV = "DPOPS_MANIFEST_SIGNING_KEY"
 # Parts of a manifest that legitimately differ between two writes of the same claim.
 _VOLATILE = ("created_at", "timings", "code", "signature")
+
+
+def check_signing_key() -> str | None:
+    """Load the configured signing key now (before any budget is reserved), so a missing or bad key
+    fails the run at prepare time instead of after its noise was drawn. Returns its public key id."""
+    path = os.environ.get(SIGNING_KEY_ENV) or None
+    if path is None:
+        return None
+    from dpops.manifest.sign import load_private_key, public_key_id
+
+    return public_key_id(load_private_key(path).public_key())
 
 
 def _get(obj: Any, *names: str, default: Any = None) -> Any:
@@ -69,7 +85,8 @@ def write_run_manifest(
     (``.state``, optional ``.reason``/``.error``, ``.output_uri``) or a state string.
     ``validation``: which checks ran and passed ({"checks": [{"name", "passed"}], "proceeded"} or a
     report object with the same attributes) -- never statistics. ``output_fingerprints``: file name ->
-    ``"hmac-sha256:<hex>"`` keyed fingerprints of the published files.
+    ``"hmac-sha256:<hex>"`` keyed fingerprints of the published files. ``signing_key``: Ed25519 private
+    key (PEM) to sign with; default ``$DPOPS_MANIFEST_SIGNING_KEY`` (unset: unsigned).
     """
     spec = _get(ctx, "spec")
     key = _get(ctx, "run_key", "key")
@@ -112,6 +129,8 @@ def write_run_manifest(
         timings=timings,
         output={"uri": str(output_uri), "fingerprints": dict(output_fingerprints or {})} if output_uri else None,
     )
+    if signing_key is None:
+        signing_key = os.environ.get(SIGNING_KEY_ENV) or None
     if signing_key is not None:
         from dpops.manifest.sign import sign_manifest
 

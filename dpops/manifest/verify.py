@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -39,9 +40,11 @@ class Check:
     ok: bool
     problems: list[str] = field(default_factory=list)
     skipped: str | None = None
+    note: str | None = None  # ran, but part of it could not (e.g. one file unreachable)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "ok": self.ok, "skipped": self.skipped, "problems": self.problems}
+        return {"name": self.name, "ok": self.ok, "skipped": self.skipped, "problems": self.problems,
+                "note": self.note}
 
 
 @dataclass
@@ -220,17 +223,75 @@ def _check_randomness(m: dict[str, Any]) -> list[str]:
         out.append("outcome.state: a test-mode run (seeded noise) can never be published")
     if r["key_id"] != m["run_key"]["key_id"]:
         out.append(f"randomness.key_id: {r['key_id']!r} differs from run_key.key_id {m['run_key']['key_id']!r}")
+    # The key id's form is fixed by the mode (dpops.runs.RunContext.run_key_id), and the key id is part
+    # of the run key and so of the run id: an edited mode cannot keep a key id of another mode's form.
+    # Privacy reason: "os" tells a reviewer the noise cannot be recomputed by anyone, "keyed" that a
+    # key holder can; claiming the wrong one misstates who can reproduce the noise.
+    kid = str(r["key_id"])
+    form = "os" if _OS_KEY_ID.match(kid) else "test" if _TEST_KEY_ID.match(kid) else \
+        "invalid" if kid.startswith(("os/", "test/")) else "keyed"
+    if form != r["mode"]:
+        out.append(f"randomness.mode: manifest says {r['mode']!r}, but the run's key id {kid!r} has the form of "
+                   f"{form!r} randomness")
+    return out
+
+
+def _check_identity(m: dict[str, Any]) -> list[str]:
+    """Self-consistency a forger must keep: the run id is the hash of the run key (so an edited input
+    fingerprint or key id shows), the charge flag follows the outcome, the accountant's description is
+    the registered one."""
+    from dpops.accounting import get_accountant, known_accountants
+    from dpops.ledger.model import RunKey
+    from dpops.manifest.build import CHARGED_LEDGER_STATES
+
+    out = []
+    rid = RunKey(**{k: m["run_key"][k] for k in ("release", "spec_hash", "interval_start", "interval_end",
+                                                 "input_fingerprint", "key_id")}).run_id
+    if rid != m["run_id"]:
+        out.append(f"run_id: manifest says {m['run_id']}, the run key hashes to {rid} (the run key was edited)")
+    o = m["outcome"]
+    charged = o["ledger_state"] in CHARGED_LEDGER_STATES if o["ledger_state"] else \
+        o["state"] in ("published", "spent_unpublished")
+    if m["privacy"]["run"]["charged"] != charged:
+        out.append(f"privacy.run.charged: manifest says {m['privacy']['run']['charged']}, but outcome "
+                   f"{o['state']!r} (ledger state {o['ledger_state']!r}) means {charged}")
+    ref = m["accountant"]["ref"]
+    if ref in known_accountants():
+        # The library versions are provenance (an upgrade must not fail old manifests); the rest is the method.
+        strip = lambda d: {k: v for k, v in dict(d).items() if k != "libraries"}  # noqa: E731
+        out.extend(diff(strip(m["accountant"]["details"]), strip(_jsonable(get_accountant(ref).describe())),
+                        "accountant.details"))
+    return out
+
+
+_OS_KEY_ID = re.compile(r"^os/attempt-[0-9]+$")
+_TEST_KEY_ID = re.compile(r"^test/seed-[0-9]+$")
+
+
+def _check_scope_arithmetic(m: dict[str, Any]) -> list[str]:
+    """Each bucket's ``remaining`` is ``cap.value - total``: an edited cap (or remaining) without the ledger."""
+    scope = m["privacy"]["scope"]
+    out: list[str] = []
+    if scope is None:
+        return out
+    cap = scope["cap"]["value"]
+    for i, b in enumerate(scope["buckets"]):
+        if b["total"] is None or b["remaining"] is None:
+            continue
+        if not _close(b["remaining"], cap - b["total"]):
+            out.append(f"privacy.scope.buckets[{i}].remaining: {b['remaining']} is not privacy.scope.cap.value "
+                       f"{cap} minus the total {b['total']} (the cap or the remaining budget was edited)")
     return out
 
 
 # --------------------------------------------------------------------------- ledger
 
 
-def _check_ledger(m: dict[str, Any], ledger: Any) -> list[str]:
+def _check_ledger(m: dict[str, Any], ledger: Any, chain_report: Any = None) -> list[str]:
     from dpops.manifest.scope import replay_position
 
     out = []
-    report = ledger.verify()
+    report = chain_report if chain_report is not None else ledger.verify()
     if not report.ok:
         out.append(f"ledger: the ledger's hash chain does not verify (first bad entry {report.first_bad_entry}): "
                    + "; ".join(report.problems[:3]))
@@ -258,6 +319,14 @@ def _check_ledger(m: dict[str, Any], ledger: Any) -> list[str]:
                 out.append(f"ledger.entry_hashes[{i}]: manifest says {h}, ledger entry {eid} has {ledger_hash[eid]}")
         if m["outcome"]["state"] == "published" and rec.state not in ("committed", "started"):
             out.append(f"outcome.state: manifest says published, the ledger has the run {rec.state}")
+        out.extend(_check_output_location(m, rec))
+        out.extend(_check_outcome_against_ledger(m, rec, ledger))
+        ledger_mode = (rec.details or {}).get("randomness")
+        if isinstance(ledger_mode, str) and ledger_mode != m["randomness"]["mode"]:
+            out.append(f"randomness.mode: manifest says {m['randomness']['mode']!r}, the ledger reserved the run with "
+                       f"{ledger_mode!r} randomness")
+    if m["privacy"]["scope"] is not None:
+        out.extend(_check_cap(m["privacy"]["scope"], ledger))
     if m["privacy"]["scope"] is not None:
         replayed, problems = replay_position(ledger, m["privacy"]["scope"])
         out.extend(problems)
@@ -265,12 +334,113 @@ def _check_ledger(m: dict[str, Any], ledger: Any) -> list[str]:
     return out
 
 
+def _check_outcome_against_ledger(m: dict[str, Any], rec: Any, ledger: Any) -> list[str]:
+    """The outcome and the ledger state the manifest records are ones the ledger's entries show for the run."""
+    out = []
+    state, recorded = m["outcome"]["state"], m["outcome"]["ledger_state"]
+    if state == "refused":
+        out.append(f"outcome.state: manifest says refused (nothing charged), the ledger has run {rec.run_id} "
+                   f"{rec.state}")
+    elif state == "spent_unpublished" and rec.state != "spent_unpublished":
+        out.append(f"outcome.state: manifest says spent_unpublished, the ledger has the run {rec.state}")
+    if recorded is not None:
+        kinds = {e.kind for e in ledger.history(rec.scope) if e.run_id == rec.run_id}
+        if recorded not in kinds:
+            out.append(f"outcome.ledger_state: manifest says {recorded!r}, the ledger's entries for the run are "
+                       f"{sorted(kinds)}")
+    return out
+
+
+def _check_output_location(m: dict[str, Any], rec: Any) -> list[str]:
+    """The published location is the one the ledger committed (a manifest pointing at another
+    version would make a reviewer check, and a reader trust, files this run never produced)."""
+    out: list[str] = []
+    uri = (m.get("output") or {}).get("uri")
+    if m["outcome"]["state"] != "published" or rec.state != "committed" or rec.output_uri is None:
+        return out  # started: the commit (and so the committed location) comes after the manifest
+    if uri != rec.output_uri:
+        out.append(f"output.uri: manifest says {uri!r}, the ledger committed the run's output at {rec.output_uri!r}")
+    return out
+
+
+def scope_definition_at(ledger: Any, name: str, through_entry_id: int | None) -> dict[str, Any] | None:
+    """The scope's definition as it stood after entry ``through_entry_id`` (creation, then each cap change)."""
+    definition = None
+    for e in ledger.history(name):
+        if through_entry_id is not None and int(e.id) > int(through_entry_id):
+            break
+        if e.kind == "scope_created" and isinstance(e.data, dict):
+            definition = e.data.get("definition")
+        elif e.kind == "cap_changed" and isinstance(e.data, dict):
+            definition = e.data.get("after")
+    return definition
+
+
+def _check_cap(scope: dict[str, Any], ledger: Any) -> list[str]:
+    """The recorded cap is the one in force when the manifest was written (a later, legitimate cap
+    change does not make an old manifest wrong; an edited cap overstates the budget the unit had)."""
+    from dpops.ledger.model import ScopeDefinition
+
+    d = scope_definition_at(ledger, scope["name"], scope["history"]["through_entry_id"])
+    if d is None:
+        return [f"privacy.scope.name: the ledger has no creation entry for scope {scope['name']!r}"]
+    sdef = ScopeDefinition.from_dict(d)
+    out = []
+    want = {"unit": sdef.cap_unit, "value": float(sdef.cap), "delta": float(sdef.delta)}
+    for k, v in want.items():
+        if not _close(scope["cap"][k], v):
+            out.append(f"privacy.scope.cap.{k}: manifest says {_short(scope['cap'][k])}, the ledger's cap at entry "
+                       f"#{scope['history']['through_entry_id']} was {_short(v)}")
+    return out
+
+
+def _check_file_digest(m: dict[str, Any], ledger: Any, file_name: str, file_digest: str) -> list[str]:
+    """The ledger's commit entry records the manifest file's sha256: any byte changed since is caught."""
+    rec = ledger.run(m["run_id"])
+    recorded = ((rec.details or {}).get("commit") or {}).get("manifest") if rec is not None else None
+    if not isinstance(recorded, dict) or recorded.get("file") != file_name:
+        return []
+    if recorded.get("sha256") != file_digest:
+        return [f"manifest file {file_name}: its sha256 differs from the one the ledger recorded when the run was "
+                "committed (the file was edited after publication)"]
+    return []
+
+
+def _check_published_files(m: dict[str, Any], ledger: Any, key: Any) -> Check:
+    """The published bytes are still the ones fingerprinted at publication (see dpops.manifest.files)."""
+    from dpops.manifest.files import check_ledger_files, check_manifest_files, merge, uri_directory
+
+    try:
+        result = check_manifest_files(m, key=key)
+        if ledger is not None and m["outcome"]["state"] == "published":
+            rec = ledger.run(m["run_id"])
+            if rec is not None and rec.state == "committed":
+                result = merge(result, check_ledger_files(rec, uri_directory((m.get("output") or {}).get("uri"))))
+    except DpopsError as exc:
+        return Check("published files", False, [f"published files: {exc}"])
+    if result.problems:
+        return Check("published files", False, result.problems)
+    if not result.ran:
+        return Check("published files", True, skipped="NOT CHECKED: " + "; ".join(result.not_checked))
+    note = ("partly: " + "; ".join(result.not_checked)) if result.not_checked else None
+    return Check("published files", True, note=note)
+
+
 # --------------------------------------------------------------------------- entry point
 
 
 def verify_manifest(manifest: dict[str, Any], *, ledger: Any = None, public_key: str | None = None,
-                    source: str = "manifest") -> VerificationResult:
-    """Run every check; never raises for a mismatch (see ``VerificationResult.raise_for_problems``)."""
+                    source: str = "manifest", file_name: str | None = None, file_digest: str | None = None,
+                    require_signature: bool = False, key: Any = None, check_files: bool = True,
+                    chain_report: Any = None) -> VerificationResult:
+    """Run every check; never raises for a mismatch (see ``VerificationResult.raise_for_problems``).
+
+    ``file_name``/``file_digest``: the manifest file's base name and sha256, compared (with a ledger)
+    to what the run's commit entry recorded. ``require_signature``: a missing or unverifiable
+    signature is a failure, not a note. ``key``: the noise key (``NoiseKey``), to check the published
+    files' keyed fingerprints; ``check_files``: compare the published files at ``output.uri`` with the
+    manifest (and the ledger's commit entry) -- a check that cannot run says why. ``chain_report``: a
+    ``ledger.verify()`` result to reuse when verifying many manifests against one ledger."""
     checks: list[Check] = []
     problems = schema_problems(manifest)
     checks.append(Check("schema", not problems, problems))
@@ -283,14 +453,25 @@ def verify_manifest(manifest: dict[str, Any], *, ledger: Any = None, public_key:
     _run("sensitivity", lambda: _check_sensitivity(m), checks)
     _run("accounting", lambda: _check_accounting(m), checks)
     _run("randomness", lambda: _check_randomness(m), checks)
+    _run("scope arithmetic", lambda: _check_scope_arithmetic(m), checks)
+    _run("identity", lambda: _check_identity(m), checks)
     if ledger is not None:
-        _run("ledger", lambda: _check_ledger(m, ledger), checks)
+        _run("ledger", lambda: _check_ledger(m, ledger, chain_report)
+             + (_check_file_digest(m, ledger, file_name, file_digest) if file_name and file_digest else []), checks)
     else:
-        checks.append(Check("ledger", True, skipped="no ledger given: the scope total was not recomputed"))
+        checks.append(Check("ledger", True, skipped="no ledger given: the scope total, cap and output location "
+                                                    "were not compared with the ledger"))
+    if check_files and m["outcome"]["state"] == "published":  # nothing was published otherwise
+        checks.append(_check_published_files(m, ledger, key))
     if public_key is not None:
         from dpops.manifest.sign import verify_signature
 
         _run("signature", lambda: (verify_signature(m, public_key), [])[1], checks)
+    elif require_signature:
+        checks.append(Check("signature", False, ["signature: a valid signature is required, but no public key was "
+                                                 "given to check it (--public-key)"]))
     elif "signature" in m:
-        checks.append(Check("signature", True, skipped="signed, but no public key given"))
+        # Anyone can attach bytes that look like a signature: without the public key nothing was checked.
+        checks.append(Check("signature", True, skipped="unverified signature: the manifest carries a signature, but "
+                                                       "no public key was given to check it"))
     return VerificationResult(source, run_id, checks)

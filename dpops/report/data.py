@@ -32,6 +32,23 @@ class RunRow:
     reason: str | None = None
     key_id: str | None = None
     test_mode: bool = False
+    verification: str = "no manifest"  # verified | verified (partly) | FAILED | no manifest
+    flags: list[str] = field(default_factory=list)  # off-schedule / misaligned / overlapping interval
+    kind: str = "run"  # run | gap
+
+
+@dataclass
+class ManifestCheck:
+    """The outcome of verifying one manifest file for the report (a forged one must not look trusted)."""
+
+    path: str
+    run_id: str | None
+    ok: bool
+    status: str  # verified | verified (partly) | FAILED
+    problems: list[str] = field(default_factory=list)
+    not_checked: list[str] = field(default_factory=list)
+    files: str = "not checked"  # ok | CHANGED | not checked
+    signature: str = "none"  # valid | unverified | none | FAILED
 
 
 @dataclass
@@ -47,24 +64,192 @@ class ReportData:
     warnings: list[str] = field(default_factory=list)
     start: str | None = None
     end: str | None = None
+    checks: dict[str, ManifestCheck] = field(default_factory=dict)  # path -> verification
+    provenance: dict[str, Any] = field(default_factory=dict)
+    releases: list[dict[str, Any]] = field(default_factory=list)  # per run with a verified manifest
+
+    @property
+    def trusted(self) -> dict[str, dict[str, Any]]:
+        """Manifests that verified: only their numbers are shown as facts."""
+        return {p: m for p, m in self.manifests.items() if p in self.checks and self.checks[p].ok}
 
 
-def _load_manifests(directory: str | os.PathLike[str] | None, scope: str) -> dict[str, dict[str, Any]]:
+def _load_manifests(directory: str | os.PathLike[str] | None, scope: str
+                    ) -> tuple[dict[str, dict[str, Any]], dict[str, ManifestCheck]]:
+    """Readable manifests of ``scope``, and a FAILED check for each file that is not a valid manifest
+    (shown in the report, never silently dropped: a reviewer must see that something is wrong)."""
     from dpops.manifest.io import read_manifest
 
     out: dict[str, dict[str, Any]] = {}
+    bad: dict[str, ManifestCheck] = {}
     if directory is None:
-        return out
+        return out, bad
     d = Path(directory)
     if not d.is_dir():
         raise StorageError(f"manifest directory {d} does not exist")
     for p in sorted(d.rglob("*.json")):
         try:
             m = read_manifest(p)
-        except IntegrityError as exc:
-            raise IntegrityError(f"report: {exc}") from None
+        except (IntegrityError, StorageError) as exc:
+            bad[str(p)] = ManifestCheck(str(p), None, False, "FAILED", [str(exc).splitlines()[0][:300]])
+            continue
         if m["spec"]["budget"]["scope"] == scope:
             out[str(p)] = m
+    return out, bad
+
+
+def _verify_all(manifests: dict[str, dict[str, Any]], ledger: Any, key: Any, public_key: str | None
+                ) -> dict[str, ManifestCheck]:
+    from dpops.manifest.io import file_sha256
+    from dpops.manifest.verify import verify_manifest
+
+    out = {}
+    try:
+        chain = ledger.verify() if manifests else None  # once for all manifests, not once each
+    except Exception:  # noqa: BLE001 - each manifest's ledger check then reports it
+        chain = None
+    for path, m in manifests.items():
+        r = verify_manifest(m, ledger=ledger, key=key, public_key=public_key, source=path,
+                            file_name=os.path.basename(path), file_digest=file_sha256(path), chain_report=chain)
+        by = {c.name: c for c in r.checks}
+        not_checked = [f"{c.name}: {c.skipped}" for c in r.checks if c.skipped]
+        not_checked += [f"{c.name}: {c.note}" for c in r.checks if c.note]
+        files = by.get("published files")
+        files_state = ("n/a" if files is None and m["outcome"]["state"] != "published" else
+                       "not checked" if files is None or files.skipped else ("ok" if files.ok else "CHANGED"))
+        sig = by.get("signature")
+        sig_state = ("none" if sig is None else "unverified" if sig.skipped else "valid" if sig.ok else "FAILED")
+        status = "FAILED" if not r.ok else ("verified (partly)" if not_checked else "verified")
+        out[path] = ManifestCheck(path, m.get("run_id"), r.ok, status, r.problems, not_checked, files_state, sig_state)
+    return out
+
+
+def redact_url(url: str | None) -> str:
+    """A ledger URL without user name or password (those never belong in a report)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    if not url:
+        return "unknown"
+    try:
+        u = urlsplit(str(url))
+    except ValueError:
+        return "unparseable URL (not shown)"
+    host = u.hostname or ""
+    if u.port:
+        host = f"{host}:{u.port}"
+    if str(url).startswith(f"{u.scheme}://"):  # keep sqlite:////abs/path intact (urlunsplit drops the empty host)
+        return f"{u.scheme}://{host}{u.path}"
+    return urlunsplit((u.scheme, host, u.path, "", ""))
+
+
+def _provenance(ledger: Any, checks: dict[str, ManifestCheck]) -> dict[str, Any]:
+    from dpops import __version__
+    from dpops.ledger.model import utc_now
+
+    try:
+        rep = ledger.verify()
+        verify = {"ok": bool(rep.ok), "entries": int(rep.entries), "head_hash": rep.head_hash,
+                  "first_bad_entry": rep.first_bad_entry, "problems": list(rep.problems)[:5]}
+    except Exception as exc:  # noqa: BLE001 - the report must say the ledger could not be verified
+        verify = {"ok": False, "entries": None, "head_hash": None, "first_bad_entry": None,
+                  "problems": [f"ledger verify could not run: {type(exc).__name__}"]}
+    values = list(checks.values())
+    return {
+        "generated_at": utc_now(),
+        "dpops_version": __version__,
+        "ledger_url": redact_url(getattr(ledger, "url", None)),
+        "ledger_verify": verify,
+        # Signed checkpoints of the chain head (issue 13) are wired by the lead; until then: none.
+        "checkpoint": "none configured",
+        "manifests": {"total": len(values), "verified": sum(c.status == "verified" for c in values),
+                      "partly": sum(c.status == "verified (partly)" for c in values),
+                      "failed": sum(not c.ok for c in values)},
+        "files": {"ok": sum(c.files == "ok" for c in values), "changed": sum(c.files == "CHANGED" for c in values),
+                  "not_checked": sum(c.files == "not checked" for c in values)},
+        "signatures": {s: sum(c.signature == s for c in values) for s in ("valid", "unverified", "FAILED", "none")},
+    }
+
+
+def _data_docs(gx_project: str | None) -> str | None:
+    """The deployment GX project's Data Docs index (checkpoint results on the noisy outputs), if built."""
+    if not gx_project:
+        return None
+    from dpops.gx_project import data_docs_index
+
+    index = data_docs_index(gx_project)
+    return str(index) if index.is_file() else None
+
+
+def _schedule_flags(rows: list[RunRow]) -> list[RunRow]:
+    """Flag intervals off the release's usual length or grid, and add a row for each gap.
+
+    The schedule is read off the intervals themselves (the most common length, anchored at the
+    earliest start): a reviewer sees at a glance an interval that does not fit the cadence, which
+    is where double counting or a missed period hides."""
+    from collections import Counter
+
+    from dpops.ledger.model import parse_utc
+
+    gaps: list[RunRow] = []
+    by_release: dict[str, list[RunRow]] = {}
+    for r in rows:
+        by_release.setdefault(r.release, []).append(r)
+    for release, rs in by_release.items():
+        spans = sorted({(parse_utc(r.interval_start, "interval_start"), parse_utc(r.interval_end, "interval_end"))
+                        for r in rs})
+        if not spans:
+            continue
+        length = Counter(e - s for s, e in spans).most_common(1)[0][0]
+        anchor = spans[0][0]
+        for r in rs:
+            s, e = parse_utc(r.interval_start, "interval_start"), parse_utc(r.interval_end, "interval_end")
+            if e - s != length:
+                r.flags.append(f"off-schedule: lasts {e - s}, the release's intervals last {length}")
+            elif length.total_seconds() > 0 and (s - anchor).total_seconds() % length.total_seconds():
+                r.flags.append(f"misaligned: does not start on the release's {length} grid from {anchor.isoformat()}")
+        for (s0, e0), (s1, e1) in zip(spans, spans[1:]):
+            if s1 > e0:
+                gaps.append(RunRow(run_id="", release=release, interval_start=e0.isoformat().replace("+00:00", "Z"),
+                                   interval_end=s1.isoformat().replace("+00:00", "Z"), state="gap", epsilon=None,
+                                   restates=None, created_at="", updated_at="", buckets=[], events=[], kind="gap",
+                                   verification="", flags=["gap: no run covers this period"]))
+            elif s1 < e0:
+                for r in rs:
+                    if parse_utc(r.interval_start, "interval_start") == s1 and \
+                            parse_utc(r.interval_end, "interval_end") == e1:
+                        r.flags.append("overlaps the previous interval")
+    return gaps
+
+
+def _release_details(rows: list[RunRow], manifests: dict[str, dict[str, Any]], checks: dict[str, ManifestCheck]
+                     ) -> list[dict[str, Any]]:
+    """Per run with a manifest: what a reviewer signs off, taken only from manifests that verified."""
+    out = []
+    for r in rows:
+        if r.kind != "run" or not r.manifest:
+            continue
+        m = manifests.get(r.manifest)
+        c = checks.get(r.manifest)
+        if m is None or c is None or not c.ok:
+            out.append({"run_id": r.run_id, "release": r.release, "interval": [r.interval_start, r.interval_end],
+                        "trusted": False, "status": c.status if c else "unreadable"})
+            continue
+        mechanisms = []
+        for metric in m["release_plan"].get("metrics", []):
+            for v in metric.get("vectors") or []:
+                mechanisms.append({"metric": metric["key"], "vector": v["name"], "mechanism": v["mechanism"],
+                                   "scale": v.get("scale"), "std": v.get("std"),
+                                   "l1": v.get("l1_sensitivity_charged"), "l2": v.get("l2_sensitivity_charged")})
+        scope = m["privacy"]["scope"]
+        totals = [b["total"] for b in (scope or {}).get("buckets", []) if b["total"] is not None]
+        out.append({
+            "run_id": r.run_id, "release": r.release, "interval": [r.interval_start, r.interval_end], "trusted": True,
+            "status": c.status, "outcome": m["outcome"]["state"], "unit": m["privacy_unit"],
+            "contribution": m["contribution_bounds"], "value_bounds": m["value_bounds"], "mechanisms": mechanisms,
+            "run_epsilon": m["privacy"]["run"]["epsilon"], "delta": m["privacy"]["run"]["delta"],
+            "scope_total_after": max(totals) if totals else None,
+            "scope_unit": (scope or {}).get("cap", {}).get("unit"), "accountant": m["accountant"]["ref"],
+        })
     return out
 
 
@@ -88,15 +273,22 @@ def ci95_halfwidth(vector: dict[str, Any]) -> tuple[float, str]:
 
 
 def gather(ledger: Any, scope_name: str, manifests_dir: str | os.PathLike[str] | None = None,
-           start: str | None = None, end: str | None = None) -> ReportData:
+           start: str | None = None, end: str | None = None, *, key: Any = None,
+           public_key: str | None = None, gx_project: str | None = None) -> ReportData:
+    """Everything the report shows. Every manifest is verified against the ledger (and, given the
+    noise ``key``, its published files; given ``public_key``, its signature) before its numbers
+    are used: a forged manifest shows as FAILED and contributes nothing."""
     from dpops.ledger.model import parse_utc
 
     scope = ledger.scope(scope_name)
     status = ledger.status(scope_name)
-    manifests = _load_manifests(manifests_dir, scope_name)
+    manifests, unreadable = _load_manifests(manifests_dir, scope_name)
+    checks = {**unreadable, **_verify_all(manifests, ledger, key, public_key)}
+    # A manifest that failed verification cannot stand for a run: its claims (including the run it
+    # names) are not used; only its verified peers are. It still appears, marked, in the report.
     by_run: dict[str, tuple[str, dict[str, Any]]] = {}
-    for path, m in sorted(manifests.items(), key=lambda kv: kv[1]["created_at"]):
-        by_run[m["run_id"]] = (path, m)
+    for path, m in sorted(manifests.items(), key=lambda kv: (checks[kv[0]].ok, kv[1]["created_at"])):
+        by_run[m["run_id"]] = (path, m)  # a verified manifest wins over a failed one for the same run
 
     lo = parse_utc(start, "--from") if start else None
     hi = parse_utc(end, "--to") if end else None
@@ -120,7 +312,8 @@ def gather(ledger: Any, scope_name: str, manifests_dir: str | os.PathLike[str] |
             epsilon=rec.epsilon if rec.epsilon is not None and math.isfinite(rec.epsilon) else None,
             restates=rec.restates, created_at=rec.created_at, updated_at=rec.updated_at, buckets=list(rec.buckets),
             events=list(rec.events), manifest=path, reason=reasons.get(rec.run_id), key_id=rec.key.key_id,
-            test_mode=bool(m and m["randomness"]["test_mode"])))
+            test_mode=bool(m and m["randomness"]["test_mode"]),
+            verification=checks[path].status if path else "no manifest"))
         seen.add(rec.run_id)
     # Refusals never reach the ledger (nothing is written): their manifests are the record.
     for run_id, (path, m) in by_run.items():
@@ -133,10 +326,14 @@ def gather(ledger: Any, scope_name: str, manifests_dir: str | os.PathLike[str] |
             run_id=run_id, release=k["release"], interval_start=k["interval_start"], interval_end=k["interval_end"],
             state="refused", epsilon=m["privacy"]["run"]["epsilon"], restates=(m["restates"] or {}).get("run_id"),
             created_at=m["created_at"], updated_at=m["created_at"], buckets=[], events=[], manifest=path,
-            reason=m["outcome"]["reason"], key_id=k["key_id"], test_mode=m["randomness"]["test_mode"]))
-    rows.sort(key=lambda r: (r.created_at, r.run_id))
-
+            reason=m["outcome"]["reason"], key_id=k["key_id"], test_mode=m["randomness"]["test_mode"],
+            verification=checks[path].status))
     charged = [e for r in rows if r.state in CHARGED for e in r.events]
+    gaps = _schedule_flags(rows)
+    rows = rows + gaps
+    # The timeline is in date order (interval start), refusals and gaps in place; ties by charge time.
+    rows.sort(key=lambda r: (parse_utc(r.interval_start, "interval_start"), r.kind != "gap", r.created_at, r.run_id))
+
     comparison: dict[str, float | None] = {}
     for name in COMPARED:
         refs = [r for r in known_accountants() if r.split("/")[0] == name]
@@ -148,12 +345,13 @@ def gather(ledger: Any, scope_name: str, manifests_dir: str | os.PathLike[str] |
             eps = math.inf
         comparison[get_accountant(name).ref] = eps if math.isfinite(eps) else None
 
-    adjacencies = sorted({m["privacy_unit"]["adjacency"] for m in manifests.values()})
+    trusted = {p: m for p, m in manifests.items() if checks[p].ok}
+    adjacencies = sorted({m["privacy_unit"]["adjacency"] for m in trusted.values()})
     contribution = []
     seen_c = set()
     noise = []
     seen_plans = set()
-    for m in manifests.values():
+    for m in trusted.values():
         c = (m["run_key"]["release"], m["contribution_bounds"]["max_partitions_per_unit"],
              m["contribution_bounds"]["max_rows_per_unit_per_partition"], m["privacy_unit"]["adjacency"])
         if c not in seen_c:
@@ -171,7 +369,9 @@ def gather(ledger: Any, scope_name: str, manifests_dir: str | os.PathLike[str] |
                               "metric": metric["key"], "vector": v["name"], "mechanism": v["mechanism"],
                               "std": float(v["std"]), "ci95_width": 2.0 * half, "ci_method": how})
     data = ReportData(scope=scope, status=status, runs=rows, manifests=manifests, comparison=comparison,
-                      adjacencies=adjacencies, contribution=contribution, noise=noise, start=start, end=end)
+                      adjacencies=adjacencies, contribution=contribution, noise=noise, start=start, end=end,
+                      checks=checks, provenance={**_provenance(ledger, checks), "data_docs": _data_docs(gx_project)},
+                      releases=_release_details(rows, manifests, checks))
     data.warnings = _warnings(data)
     return data
 
@@ -185,7 +385,13 @@ def _warnings(d: ReportData) -> list[str]:
                        "the guarantee is meaningless")
         elif s.delta > 0.1 / s.population:
             out.append(f"delta={s.delta:g} is within a factor 10 of 1/n = {1.0 / s.population:.3g}")
-    for m in d.manifests.values():
+    failed = [c for c in d.checks.values() if not c.ok]
+    if failed:
+        out.append(f"{len(failed)} manifest(s) FAILED verification and are not trusted: "
+                   + ", ".join(os.path.basename(c.path) for c in failed[:5]))
+    if not d.provenance.get("ledger_verify", {}).get("ok", True):
+        out.append("the ledger's hash chain does NOT verify: every figure below is suspect")
+    for m in d.trusted.values():
         n = m["privacy_unit"]["population"]
         if n and m["privacy"]["requested"]["delta"] > 0.1 / n:
             out.append(f"release {m['run_key']['release']}: delta={m['privacy']['requested']['delta']:g} is near 1/n "
@@ -202,8 +408,11 @@ def _warnings(d: ReportData) -> list[str]:
     if tests:
         out.append(f"{len(tests)} test-mode run(s) (seeded noise, never publishable): "
                    + ", ".join(r.run_id[:12] for r in tests[:5]))
+    flagged = [r for r in d.runs if r.kind == "run" and r.flags]
+    if flagged:
+        out.append(f"{len(flagged)} interval(s) off the release's schedule (see the timeline)")
     last_key: dict[str, str] = {}
-    for r in d.runs:
+    for r in sorted((r for r in d.runs if r.kind == "run"), key=lambda r: (r.created_at, r.run_id)):
         if r.key_id and r.release in last_key and last_key[r.release] != r.key_id:
             out.append(f"release {r.release}: the noise key changed from {last_key[r.release]} to {r.key_id} "
                        f"at run {r.run_id[:12]} ({r.interval_start})")

@@ -43,10 +43,12 @@ def cumulative_plot(data: Any) -> str:
     import matplotlib.pyplot as plt
 
     s = data.scope
+    # Cumulative budget is a function of the order of charges, not of the intervals' dates.
+    runs = sorted((r for r in data.runs if getattr(r, "kind", "run") == "run"), key=lambda r: (r.created_at, r.run_id))
     fig, ax = plt.subplots(figsize=(8, 3.6))
     if s.bucket is None:
-        total = cumulative_series(data.runs, s.accountant, s.delta)
-        per_release = cumulative_series(data.runs, s.accountant, s.delta, key=lambda r: r.release)
+        total = cumulative_series(runs, s.accountant, s.delta)
+        per_release = cumulative_series(runs, s.accountant, s.delta, key=lambda r: r.release)
         if total:
             xs, ys = zip(*total["all"])
             ax.step(xs, ys, where="post", label="scope total", linewidth=2)
@@ -56,7 +58,7 @@ def cumulative_plot(data: Any) -> str:
                 ax.step(xs, ys, where="post", label=f"release {name}", linestyle="--")
         ax.set_xlabel("run (in the order charged)")
     else:
-        per_bucket = cumulative_series(data.runs, s.accountant, s.delta,
+        per_bucket = cumulative_series(runs, s.accountant, s.delta,
                                        key=lambda r: r.buckets[0] if r.buckets else "?")
         labels = sorted(per_bucket)
         ax.bar(range(len(labels)), [per_bucket[b][-1][1] for b in labels], label=f"per {s.bucket} bucket")
@@ -83,6 +85,7 @@ def per_interval_plot(data: Any) -> str:
     for i, r in enumerate(rows):
         ax.bar(i, r.epsilon, color=colors.get(r.state, "black"))
     ax.set_xticks(range(len(rows)), [r.interval_start[:10] for r in rows], rotation=70, fontsize=6)
+    ax.set_xlabel("interval start (date order)")
     ax.set_ylabel("epsilon of the run alone")
     ax.set_title("per interval (blue committed, orange spent-unpublished, green refunded, red refused)")
     return _png(fig)

@@ -1,11 +1,21 @@
-"""One self-contained HTML file: inline CSS, PNGs as data URIs, no script, no network."""
+"""One self-contained HTML file: inline CSS, PNGs as data URIs, no script, no network.
+
+Hardening (issue 14 item 6): a Content-Security-Policy meta forbids every script, every fetch and
+every form, and allows only the report's own style (by hash) and inline images; every link is a
+percent-encoded *relative* path (a manifest file named ``javascript:...;x.json`` cannot become a
+script link); everything from a manifest or the ledger is HTML-escaped; a manifest that failed
+verification is shown as FAILED and none of its numbers are presented as facts.
+"""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from dpops.report.plots import cumulative_plot, per_interval_plot
 
@@ -16,7 +26,8 @@ table{border-collapse:collapse;font-size:.85em;margin:.5em 0}td,th{border:1px so
 th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .warn{background:#fff4e5;border-left:4px solid #f0a020;padding:.4em .8em;margin:.3em 0}
 .state-refused{color:#b00}.state-spent_unpublished{color:#b60}.state-released{color:#070}
-code{font-size:.9em}
+code{font-size:.9em}.bad{color:#b00;font-weight:bold}.ok{color:#070}.flag{color:#a50}
+tr.gap td{background:#f7f7f7;font-style:italic}#provenance td:first-child{font-weight:bold;width:16em}
 """
 
 
@@ -41,19 +52,43 @@ def _rel(path: str | None, out_dir: Path) -> str | None:
         return path
 
 
+def href(path: str | None, out_dir: Path) -> str | None:
+    """A link that can only ever be a relative file path: percent-encoded (no ':' survives, so no
+    scheme such as ``javascript:`` or ``data:``), and prefixed with ``./`` when it does not start
+    with ``.`` or ``/``. The result still needs HTML attribute escaping (done by the caller)."""
+    rel = _rel(path, out_dir)
+    if rel is None:
+        return None
+    q = quote(rel.replace(os.sep, "/"), safe="/._-~")
+    return q if q.startswith(("./", "../", "/")) else "./" + q
+
+
+def csp() -> str:
+    digest = base64.b64encode(hashlib.sha256(CSS.encode("utf-8")).digest()).decode("ascii")
+    return ("default-src 'none'; script-src 'none'; object-src 'none'; base-uri 'none'; form-action 'none'; "
+            f"img-src data:; style-src 'sha256-{digest}'")
+
+
+def _a(link: str | None, text: str) -> str:
+    return f'<a href="{html.escape(link, quote=True)}" rel="noopener noreferrer">{_e(text)}</a>' if link else "—"
+
+
 def render_html(data: Any, out_path: str | os.PathLike[str]) -> str:
     s, st = data.scope, data.status
     out_dir = Path(out_path).resolve().parent
     window = f" from {data.start or 'the beginning'} to {data.end or 'now'}" if (data.start or data.end) else ""
-    adj = " and ".join(data.adjacencies) or "not recorded (no manifests given)"
     adj_words = {"add_remove": "adding or removing all of one unit's data",
                  "replace": "replacing one unit's data by another's"}
     cap = f"epsilon = {s.cap:g} at delta = {s.delta:g}" if s.cap_unit == "epsilon" else f"zCDP rho = {s.cap:g}"
+    adj = " and ".join(data.adjacencies) or "not recorded (no verified manifest)"
     p: list[str] = []
     a = p.append
-    a(f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>dpops privacy report: {_e(s.name)}</title>"
-      f"<style>{CSS}</style></head><body>")
+    a(f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+      f"<meta http-equiv='Content-Security-Policy' content=\"{html.escape(csp(), quote=True)}\">"
+      f"<meta name='referrer' content='no-referrer'>"
+      f"<title>dpops privacy report: {_e(s.name)}</title><style>{CSS}</style></head><body>")
     a(f"<h1>Privacy report for budget scope <code>{_e(s.name)}</code>{_e(window)}</h1>")
+    a(_provenance_html(data, out_dir))
     a("<h2>What is protected</h2><ul id='definition'>")
     a(f"<li><b>Who is protected:</b> {_e(s.unit)} (unit id column <code>{_e(s.unit_column)}</code>)"
       + (f"; declared population n = {s.population}" if s.population else "") + ".</li>")
@@ -98,19 +133,29 @@ def render_html(data: Any, out_path: str | os.PathLike[str]) -> str:
     a("</table><p>Every accountant gives a valid upper bound; tighter ones (PLD, RDP) admit more releases "
       "under the same cap. Only the scope's own accountant decides what the ledger admits.</p>")
 
-    a("<h2>Every run</h2><table id='runs'><tr><th>run</th><th>release</th><th>interval</th><th>outcome</th>"
-      "<th>epsilon (alone)</th><th>restates</th><th>key id</th><th>manifest</th></tr>")
+    a("<h2>Timeline (date order; refusals and gaps in place)</h2><table id='runs'><tr><th>interval</th>"
+      "<th>release</th><th>outcome</th><th>epsilon (alone)</th><th>schedule</th><th>manifest verification</th>"
+      "<th>run</th><th>restates</th><th>key id</th><th>manifest</th></tr>")
     for r in data.runs:
-        link = _rel(r.manifest, out_dir)
-        a(f"<tr data-run='{_e(r.run_id)}'><td><code>{_e(r.run_id[:16])}</code></td><td>{_e(r.release)}</td>"
-          f"<td>[{_e(r.interval_start)}, {_e(r.interval_end)})</td>"
-          f"<td class='state-{_e(r.state)}' data-field='state'>{_e(r.state)}"
+        if r.kind == "gap":
+            a(f"<tr class='gap' data-kind='gap'><td>[{_e(r.interval_start)}, {_e(r.interval_end)})</td>"
+              f"<td>{_e(r.release)}</td><td data-field='state'>gap</td><td class='num'>—</td>"
+              f"<td class='flag'>{_e('; '.join(r.flags))}</td><td></td><td></td><td></td><td></td><td></td></tr>")
+            continue
+        vclass = "bad" if r.verification == "FAILED" else ("ok" if r.verification.startswith("verified") else "")
+        a(f"<tr data-kind='run' data-run='{_e(r.run_id)}'><td>[{_e(r.interval_start)}, {_e(r.interval_end)})</td>"
+          f"<td>{_e(r.release)}</td><td class='state-{_e(r.state)}' data-field='state'>{_e(r.state)}"
           f"{' (test mode)' if r.test_mode else ''}</td>"
-          f"<td class='num'>{_n(r.epsilon)}</td><td>{_e(r.restates[:16] if r.restates else '')}</td>"
-          f"<td>{_e(r.key_id)}</td><td>{f'<a href={html.escape(link, quote=True)!r}>manifest</a>' if link else '—'}</td></tr>")
+          f"<td class='num' data-field='epsilon'>{_n(r.epsilon, 12)}</td>"
+          f"<td class='flag'>{_e('; '.join(r.flags))}</td>"
+          f"<td class='{vclass}' data-field='verification'>{_e(r.verification)}</td>"
+          f"<td><code>{_e(r.run_id[:16])}</code></td><td>{_e(r.restates[:16] if r.restates else '')}</td>"
+          f"<td>{_e(r.key_id)}</td><td>{_a(href(r.manifest, out_dir), 'manifest')}</td></tr>")
     a("</table>")
+    a(_releases_html(data))
+    a(_verification_html(data, out_dir))
 
-    refused = [r for r in data.runs if r.state in ("refused", "released")]
+    refused = [r for r in data.runs if r.kind == "run" and r.state in ("refused", "released")]
     a(f"<h2>Refused and refunded runs ({len(refused)})</h2><table id='refused'><tr><th>run</th><th>interval</th>"
       "<th>outcome</th><th>why</th></tr>")
     for r in refused:
@@ -118,7 +163,7 @@ def render_html(data: Any, out_path: str | os.PathLike[str]) -> str:
           f"<td>{_e(r.state)}</td><td>{_e(r.reason or 'no reason recorded')}</td></tr>")
     a("</table>")
 
-    restated = [r for r in data.runs if r.restates]
+    restated = [r for r in data.runs if r.kind == "run" and r.restates]
     a(f"<h2>Restatements ({len(restated)})</h2><table id='restatements'><tr><th>run</th><th>interval</th>"
       "<th>restates</th><th>outcome</th></tr>")
     for r in restated:
@@ -137,3 +182,86 @@ def render_html(data: Any, out_path: str | os.PathLike[str]) -> str:
       "interval columns.</p>")
     a("</body></html>")
     return "".join(p)
+
+
+def _provenance_html(data: Any, out_dir: Path | None = None) -> str:
+    pv = data.provenance
+    lv = pv.get("ledger_verify", {})
+    mf, fl, sg = pv.get("manifests", {}), pv.get("files", {}), pv.get("signatures", {})
+    ledger_ok = "verified" if lv.get("ok") else "FAILED"
+    rows = [
+        ("generated_at", "generated at", _e(pv.get("generated_at"))),
+        ("dpops_version", "dpops version", _e(pv.get("dpops_version"))),
+        ("ledger_url", "ledger", f"<code>{_e(pv.get('ledger_url'))}</code>"),
+        ("head_hash", "chain head", f"<code>{_e(lv.get('head_hash'))}</code> ({_e(lv.get('entries'))} entries)"),
+        ("ledger_verify", "ledger verify",
+         f"<span class='{'ok' if lv.get('ok') else 'bad'}'>{ledger_ok}</span>"
+         + (f" — first bad entry {_e(lv.get('first_bad_entry'))}: {_e('; '.join(lv.get('problems') or []))}"
+            if not lv.get("ok") else "")),
+        ("checkpoint", "checkpoint", _e(pv.get("checkpoint"))),
+        ("manifests", "manifest verification",
+         f"<span data-verified='{mf.get('verified', 0)}' data-partly='{mf.get('partly', 0)}' "
+         f"data-failed='{mf.get('failed', 0)}'>{mf.get('verified', 0)} verified, {mf.get('partly', 0)} verified "
+         f"with checks that could not run, <span class='{'bad' if mf.get('failed') else ''}'>{mf.get('failed', 0)} "
+         f"FAILED</span> of {mf.get('total', 0)}</span>"),
+        ("files", "published-file fingerprints",
+         f"{fl.get('ok', 0)} match, <span class='{'bad' if fl.get('changed') else ''}'>{fl.get('changed', 0)} "
+         f"CHANGED</span>, {fl.get('not_checked', 0)} not checked"),
+        ("data_docs", "Great Expectations Data Docs",
+         _a(href(pv["data_docs"], out_dir), "Data Docs of the output checkpoints") if pv.get("data_docs") and out_dir
+         else "none (no GX project given)"),
+        ("signatures", "manifest signatures",
+         f"{sg.get('valid', 0)} valid, {sg.get('unverified', 0)} unverified (no public key), "
+         f"{sg.get('FAILED', 0)} FAILED, {sg.get('none', 0)} unsigned"),
+    ]
+    return ("<h2>Provenance</h2><table id='provenance'>"
+            + "".join(f"<tr data-field='{f}'><td>{label}</td><td>{value}</td></tr>" for f, label, value in rows)
+            + "</table>")
+
+
+def _releases_html(data: Any) -> str:
+    out = ["<h2>Each release: what was protected and what it cost</h2><div id='releases'>"]
+    for d in data.releases:
+        iv = f"[{_e(d['interval'][0])}, {_e(d['interval'][1])})"
+        if not d["trusted"]:
+            out.append(f"<div class='release' data-run='{_e(d['run_id'])}' data-trusted='false'><h3>{_e(d['release'])} "
+                       f"{iv}</h3><p class='bad'>manifest {_e(d['status'])}: not trusted, its numbers are not "
+                       "shown</p></div>")
+            continue
+        u, c = d["unit"], d["contribution"]
+        unit = (f"{_e(u['description'])} (column <code>{_e(u['column'])}</code>, {_e(u['adjacency'])} adjacency"
+                + (f", per {_e(u['period'])}" if u.get("period") else "")
+                + (", record-level" if u.get("record_level") else "") + ")")
+        out.append(f"<div class='release' data-run='{_e(d['run_id'])}' data-trusted='true'>"
+                   f"<h3>{_e(d['release'])} {iv} — {_e(d['outcome'])}</h3><ul>"
+                   f"<li><b>Unit:</b> {unit}</li>"
+                   f"<li><b>Bounds:</b> at most {_e(c['max_partitions_per_unit'])} partitions per unit and "
+                   f"{_e(c['max_rows_per_unit_per_partition'])} rows per unit per partition; values clamped to "
+                   f"{_e(d['value_bounds'])}</li>"
+                   f"<li><b>Privacy:</b> this run alone epsilon = <span data-field='run_epsilon'>"
+                   f"{_n(d['run_epsilon'], 12)}</span> at delta = {_n(d['delta'])}; the scope's total after it "
+                   f"<span data-field='scope_total_after'>{_n(d['scope_total_after'], 12)}</span> "
+                   f"({_e(d['scope_unit'])}); accountant <code data-field='accountant'>{_e(d['accountant'])}</code>"
+                   f"</li></ul><table class='mechanisms'><tr><th>metric</th><th>vector</th><th>mechanism</th>"
+                   "<th>scale</th><th>std</th><th>L1 sensitivity</th><th>L2 sensitivity</th></tr>")
+        for m in d["mechanisms"]:
+            out.append(f"<tr><td>{_e(m['metric'])}</td><td>{_e(m['vector'])}</td><td>{_e(m['mechanism'])}</td>"
+                       f"<td class='num'>{_n(m['scale'])}</td><td class='num'>{_n(m['std'])}</td>"
+                       f"<td class='num'>{_n(m['l1'])}</td><td class='num'>{_n(m['l2'])}</td></tr>")
+        out.append("</table></div>")
+    out.append("</div>")
+    return "".join(out)
+
+
+def _verification_html(data: Any, out_dir: Path) -> str:
+    out = ["<h2>Manifest verification</h2><table id='verification'><tr><th>manifest</th><th>result</th>"
+           "<th>published files</th><th>signature</th><th>problems / not checked</th></tr>"]
+    for path, c in sorted(data.checks.items()):
+        detail = "; ".join(c.problems[:3]) + (f" (and {len(c.problems) - 3} more)" if len(c.problems) > 3 else "")
+        if not c.problems:
+            detail = "; ".join(c.not_checked)
+        out.append(f"<tr data-status='{_e(c.status)}'><td>{_a(href(path, out_dir), os.path.basename(path))}</td>"
+                   f"<td class='{'bad' if not c.ok else 'ok'}'>{_e(c.status)}</td><td>{_e(c.files)}</td>"
+                   f"<td>{_e(c.signature)}</td><td>{_e(detail)}</td></tr>")
+    out.append("</table>")
+    return "".join(out)
