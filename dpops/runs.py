@@ -277,6 +277,59 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: Any, interval_end
 # --------------------------------------------------------------------------- 2. reserve
 
 
+def unit_definition_mismatches(spec: ReleaseSpec, scope: Any) -> list[str]:
+    """Why ``spec``'s privacy unit is not the unit ``scope`` protects (empty: it is the same).
+
+    A scope's cap is a statement about one unit definition: unit column, record-level or not,
+    adjacency and period (semantics.md section 4, issue 11 item 1). Every part must match:
+
+    - record_level: a record-level release (each row a unit) in a user scope would let one user
+      with r rows move a count by r, so the user's real loss is r*epsilon while epsilon is charged;
+      the opposite direction would charge a record-level scope for a statement about users.
+    - adjacency: an add_remove release at epsilon is only 2*epsilon-DP under replace, and a replace
+      release says nothing about add_remove; a scope mixing both has no well-defined total. A
+      conversion (charging 2*epsilon) would have to be applied to every mechanism kind (noise,
+      partition selection, exponential mechanism) and its delta as (1+e^eps)*delta; we refuse
+      instead, which is simple and sound.
+    - period: a period-scoped unit (user-day) only makes sense in a scope that says so.
+    - A scope recorded before adjacency existed (``adjacency`` None) cannot be checked: refused.
+    """
+    unit = spec.privacy_unit
+    name = spec.budget.scope
+    out: list[str] = []
+    if scope.unit_column != unit.column:
+        out.append(f"privacy_unit.column {unit.column!r} differs from scope {name!r}'s unit column "
+                   f"{scope.unit_column!r}: releases on one scope must protect the same unit")
+    scope_adj = getattr(scope, "adjacency", None)
+    if scope_adj is None:
+        out.append(f"scope {name!r} was created before scopes recorded their adjacency, so no release can be "
+                   f"checked against its unit definition: create a new scope with the whole definition "
+                   f"(dpops ledger scope create NAME ... --adjacency {unit.adjacency}"
+                   f"{' --record-level' if unit.record_level else ''}) and set budget.scope to it")
+    elif scope_adj != unit.adjacency:
+        out.append(f"privacy_unit.adjacency {unit.adjacency!r} differs from scope {name!r}'s adjacency "
+                   f"{scope_adj!r}: epsilon under one adjacency is not epsilon under the other (add_remove epsilon "
+                   f"is 2*epsilon under replace); use a scope declared with --adjacency {unit.adjacency}")
+    scope_rl = bool(getattr(scope, "record_level", False))
+    if scope_rl != bool(unit.record_level):
+        if unit.record_level:
+            out.append(f"privacy_unit.record_level is true but scope {name!r} protects whole units "
+                       f"({scope.unit_column}): a unit with many rows would lose many times the charged epsilon; "
+                       f"bound contributions per unit (record_level: false) or use a record-level scope")
+        else:
+            out.append(f"scope {name!r} is record-level (each row is a unit) but the release protects whole units: "
+                       f"set privacy_unit.record_level: true or use a scope whose unit is {unit.column}")
+    scope_period = getattr(scope, "unit_period", None)
+    bucket = getattr(scope, "bucket", None)
+    if bucket is not None and unit.period != bucket:
+        out.append(f"scope {name!r} is bucketed by {bucket}, so the release's unit must be {bucket}-scoped: "
+                   f"set privacy_unit.period: {bucket} (got {unit.period!r})")
+    elif scope_period != unit.period:
+        out.append(f"privacy_unit.period {unit.period!r} differs from scope {name!r}'s unit period "
+                   f"{scope_period!r}: releases on one scope must protect the same unit")
+    return out
+
+
 def _check_scope(ctx: RunContext, ledger: Any) -> Any:
     name = ctx.spec.budget.scope
     try:
@@ -288,14 +341,9 @@ def _check_scope(ctx: RunContext, ledger: Any) -> Any:
         ) from None
     if scope is None:
         raise LedgerError(f"budget scope {name!r} is not in the ledger; create it with dpops ledger scope create")
-    unit = ctx.spec.privacy_unit
-    if getattr(scope, "unit_column", unit.column) != unit.column:
-        raise SpecError(f"{ctx.spec.source}: privacy_unit.column {unit.column!r} differs from scope {name!r}'s unit "
-                        f"column {scope.unit_column!r}: releases on one scope must protect the same unit")
-    bucket = getattr(scope, "bucket", None)
-    if bucket is not None and unit.period != bucket:
-        raise SpecError(f"{ctx.spec.source}: scope {name!r} is bucketed by {bucket}, so the release's unit must be "
-                        f"{bucket}-scoped: set privacy_unit.period: {bucket} (got {unit.period!r})")
+    problems = unit_definition_mismatches(ctx.spec, scope)
+    if problems:
+        raise SpecError("\n".join(f"{ctx.spec.source}: {p}" for p in problems) + "\nnothing was reserved")
     return scope
 
 

@@ -48,6 +48,8 @@ def scope_position(ledger: Any, scope_name: str, buckets: Sequence[str] | None =
     return {
         "name": scope.name,
         "unit": scope.unit,
+        # The whole unit definition the release was checked against (issue 11 item 1).
+        "definition": dict(scope.unit_definition),
         "accountant": scope.accountant,
         "cap": {"unit": scope.cap_unit, "value": float(scope.cap), "delta": float(scope.delta)},
         "buckets": rows,
