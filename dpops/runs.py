@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from dpops.errors import DpopsError, IntegrityError, InvalidParameter, LedgerError, SpecError, StorageError
 from dpops.inputs import Interval, TestFingerprintKey, check_input, input_fingerprint, parse_interval, resolve_input_paths
-from dpops.spec import ReleaseSpec, load_spec
+from dpops.spec import ReleaseSpec, interval_problems, load_spec
 from dpops.storage import PUBLISHED_FILES, ReleaseStore, StagedRun, sha256_file
 
 log = logging.getLogger("dpops.runs")
@@ -260,6 +260,11 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: Any, interval_end
         key_id = fp_key.key_id
     spec = load_spec(spec_path)
     interval = parse_interval(interval_start, interval_end)
+    # Before anything is read or reserved: a period-scoped release covers exactly one period and a
+    # scheduled one exactly one schedule interval (issue 11 item 2; see dpops.spec.interval_problems).
+    misaligned = interval_problems(spec, interval.start, interval.end, spec_path=str(spec_path))
+    if misaligned:
+        raise SpecError("\n".join(f"{spec.source}: {m}" for m in misaligned) + "\nnothing was reserved")
     paths = resolve_input_paths(spec, interval.start, interval.end)
     check_input(spec, paths)
     fingerprint = input_fingerprint(paths, fp_key)
@@ -319,6 +324,10 @@ def unit_definition_mismatches(spec: ReleaseSpec, scope: Any) -> list[str]:
         else:
             out.append(f"scope {name!r} is record-level (each row is a unit) but the release protects whole units: "
                        f"set privacy_unit.record_level: true or use a scope whose unit is {unit.column}")
+    if getattr(scope, "bucket", None) is not None and spec.input.time_column is None:
+        out.append(f"scope {name!r} composes its {scope.bucket} buckets in parallel, which is sound only if runs "
+                   f"for different periods read disjoint rows: declare the event-time column (input.time_column, "
+                   f"type timestamp) so the pipeline keeps only the rows of the run's {scope.bucket}")
     scope_period = getattr(scope, "unit_period", None)
     bucket = getattr(scope, "bucket", None)
     if bucket is not None and unit.period != bucket:

@@ -27,8 +27,10 @@ from dpops.errors import InputDataError
 ROW_ID_SHIFT = 40  # row id = file_index << 40 | row position in file: 1T rows per file
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
-ARROW_TYPES = {"string": pa.string(), "int": pa.int64(), "float": pa.float64(), "bool": pa.bool_()}
-DROP_REASONS = ("null_unit", "null_partition", "bad_value", "wrong_type")
+ARROW_TYPES = {"string": pa.string(), "int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(),
+               "timestamp": pa.timestamp("us", tz="UTC")}
+DROP_REASONS = ("outside_interval", "null_unit", "null_partition", "bad_value", "wrong_type")
+_NS_PER_UNIT = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 
 
 @dataclass(frozen=True)
@@ -45,11 +47,16 @@ class ReadConfig:
     n_buckets: int = 64
     n_shards: int = 16
     batch_rows: int = 262_144
+    # Event-time filter (issue 11 item 2): keep only rows with time_window_ns[0] <= time < time_window_ns[1]
+    # (ns since the epoch, UTC). A row-by-row predicate on the public interval: data-independent.
+    time_column: str | None = None
+    time_window_ns: tuple[int, int] | None = None
 
     @property
     def needed(self) -> list[str]:
         cols = ([self.unit_column] if self.unit_column else []) + list(self.partition_columns)
         cols += list(self.value_columns) + list(self.category_columns)
+        cols += [self.time_column] if self.time_column else []
         return list(dict.fromkeys(cols))
 
 
@@ -174,6 +181,8 @@ def _cast_parquet(batch: pa.RecordBatch, cfg: ReadConfig, path: str) -> pa.Recor
     for name in batch.schema.names:
         arr, want = batch.column(name), cfg.types[name]
         ok_string = want == "string" and (pa.types.is_dictionary(arr.type) or pa.types.is_string(arr.type))
+        if want == "timestamp" and pa.types.is_timestamp(arr.type):
+            ok_string = True  # compared in its own unit by outside_window (a cast could overflow or truncate)
         if not ok_string and arr.type != ARROW_TYPES[want]:
             try:
                 arr = arr.cast(ARROW_TYPES[want])
@@ -223,11 +232,13 @@ def prepare_batch(
     cols: dict[str, pa.Array] = {}
     for name in batch.schema.names:
         arr = batch.column(name)
-        if cfg.format == "csv":
+        if cfg.format == "csv" and name != cfg.time_column:
             arr, bad = _parse_text(arr, cfg.types[name])
             _mark(drop, bad, "wrong_type")
         cols[name] = arr
 
+    if cfg.time_column is not None:
+        _mark(drop, outside_window(cols[cfg.time_column], cfg.time_window_ns), "outside_interval")
     if cfg.unit_column is not None:
         _mark(drop, _nulls(cols[cfg.unit_column]), "null_unit")
     for c in cfg.partition_columns:
@@ -271,6 +282,39 @@ def prepare_batch(
     take = pa.array(idx[first])
     name_values = [cols[c].take(take).to_pylist() for c in cfg.partition_columns]
     return rows, (uniq, name_values), stats
+
+
+def outside_window(arr: pa.Array, window_ns: tuple[int, int] | None) -> np.ndarray:
+    """Mask of rows whose event time is NOT in [start, end): null, unparseable or out of the interval.
+
+    Parquet timestamps (any unit; naive ones are UTC) are compared as integers in their own unit
+    against ceil(bound / unit), which is exact: ``v*f >= lo  <=>  v >= ceil(lo/f)``. CSV cells are
+    ISO-8601 text (no offset = UTC). A row whose time cannot be read cannot be shown to belong to
+    this period, so it is dropped like any malformed row; the count goes to the internal log only.
+    """
+    if window_ns is None:
+        raise InputDataError("a time column is set but the run has no interval to filter by")
+    lo, hi = window_ns
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.cast(arr.type.value_type)
+    if pa.types.is_timestamp(arr.type):
+        f = _NS_PER_UNIT[arr.type.unit]
+        lo_u, hi_u = -(-lo // f), -(-hi // f)
+        null = arr.is_null().to_numpy(zero_copy_only=False)
+        v = arr.view(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+        return null | (v < lo_u) | (v >= hi_u)
+    if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
+        try:  # fast path: every cell is ISO-8601 with an offset ("...Z"); Arrow parses it natively
+            return outside_window(arr.cast(pa.timestamp("ns", tz="UTC")), window_ns)
+        except pa.ArrowException:
+            pass  # naive times, other ISO forms or bad cells: parse cell by cell (bad ones drop the row)
+        raw = pd.Series(arr.to_numpy(zero_copy_only=False), dtype=object)
+        t = pd.to_datetime(raw, utc=True, errors="coerce", format="ISO8601")
+        null = t.isna().to_numpy()
+        v = t.to_numpy(dtype="datetime64[ns]").view(np.int64)
+        return null | (v < lo) | (v >= hi)
+    # check_input refuses any other type before a run; a file swapped since is malformed row by row
+    return np.ones(len(arr), dtype=bool)
 
 
 def _nulls(arr: pa.Array) -> np.ndarray:
