@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from dpops.errors import DpopsError, IntegrityError, InvalidParameter, LedgerError, SpecError, StorageError
+from dpops.errors import (DpopsError, InputDataError, IntegrityError, InvalidParameter, LedgerError, SpecError,
+                          StorageError)
 from dpops.inputs import Interval, TestFingerprintKey, check_input, input_fingerprint, parse_interval, resolve_input_paths
 from dpops.spec import ReleaseSpec, interval_problems, load_spec
 from dpops.storage import PUBLISHED_FILES, ReleaseStore, StagedRun, sha256_file
@@ -480,6 +481,8 @@ def compute_staged(ctx: RunContext, ledger: Any, *, runner: str = "FnApiRunner",
         )
     # Everything that can fail without drawing noise happens before start, so such a failure is refunded.
     fn = run_release or _load_run_release()
+    if record.state == "reserved":
+        _check_input_unchanged(ctx, "before the computation started; nothing was drawn, the reservation is refunded")
     tmp = ctx.store.new_staging_dir(ctx.interval.slug, ctx.run_id)
     try:
         if record.state == "reserved":
@@ -500,6 +503,11 @@ def compute_staged(ctx: RunContext, ledger: Any, *, runner: str = "FnApiRunner",
         for f in (result.output_file, result.summary_file):
             if Path(f).resolve().parent != tmp.resolve():
                 raise StorageError(f"the pipeline wrote {f} outside its staging directory {tmp}")
+        # The output is sealed only if the input is still the one the run was reserved with (its
+        # fingerprint is in the run key and the noise label): a file swapped during the computation
+        # would publish a release of other data under this run's key.
+        _check_input_unchanged(ctx, "while the pipeline read it; noise was drawn, so the run stays charged and "
+                                    "its output is discarded")
         staged = ctx.store.finish_staging(tmp, ctx.interval.slug, ctx.run_id, dict(result.internal or {}),
                                           test_mode=ctx.randomness == "test")
     except BaseException:
@@ -512,6 +520,20 @@ def compute_staged(ctx: RunContext, ledger: Any, *, runner: str = "FnApiRunner",
                 log.exception("could not mark run %s spent_unpublished", ctx.run_id)
         raise
     return staged
+
+
+def _check_input_unchanged(ctx: RunContext, when: str) -> None:
+    """Fail (InputDataError) if the input files no longer have the keyed fingerprint of the run key."""
+    try:
+        now = input_fingerprint(ctx.input_paths, ctx.fingerprint_key)
+    except DpopsError as exc:
+        raise InputDataError(f"{ctx.spec.name} {ctx.interval}: the input cannot be re-read to check its fingerprint "
+                             f"({when}): {exc}") from None
+    if now != ctx.input_fingerprint:
+        raise InputDataError(
+            f"{ctx.spec.name} {ctx.interval}: the input files changed since the run was prepared ({when}); "
+            f"nothing is published. Run again when the input is final: a new input is a new run (and charge)"
+        )
 
 
 _DISK_ERRORS = {errno.ENOSPC: "the disk is full", errno.EROFS: "the file system is read-only",

@@ -275,7 +275,8 @@ def prepare_batch(
         if pa.types.is_dictionary(arr.type):
             arr = arr.cast(arr.type.value_type)
         codes = pc.index_in(arr, value_set=pa.array(list(domain), type=ARROW_TYPES[cfg.types[c]]))
-        rows[f"c:{c}"] = codes.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int16)[idx]
+        # int32: a domain may exceed int16 (32,767 values); index_in returns int32 codes already
+        rows[f"c:{c}"] = codes.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32)[idx]
 
     kept_p = rows["p"]
     uniq, first = np.unique(kept_p, return_index=True)
