@@ -3,12 +3,15 @@
 The Airflow DAG calls the steps one by one (each task re-runs ``prepare``, which
 writes nothing); ``execute_release`` chains them for ``dpops release run``:
 
-1. ``prepare``  load the spec, resolve and check the input, fingerprint it (keyed),
-                build the run key and the plan. No ledger write, so bad input costs nothing.
+1. ``prepare``  load the spec, refuse an interval that is not one period / one schedule
+                interval, resolve and check the input, fingerprint it (keyed), build the run
+                key and the plan. No ledger write, so bad input costs nothing.
 2. ``reserve``  serve an already published interval for free; refuse a changed input
-                without an explicit restatement; else reserve the plan's events.
+                without an explicit restatement; refuse a release whose unit definition
+                differs from the scope's; else reserve the plan's events.
 3. ``compute``  reuse a sealed staged output of this run, else ``ledger.start`` and run
-                the pipeline (``pipelines.release_pipeline:run_release``, imported lazily).
+                the pipeline (``pipelines.release_pipeline:run_release``, imported lazily);
+                the input's keyed fingerprint is re-checked before start and before sealing.
 4. ``publish``  post-processing checks on the noisy output, atomic versioned publish,
                 then ``ledger.commit``.
 5. ``restate``  the explicit operator action for a published interval whose input changed.

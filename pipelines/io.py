@@ -10,6 +10,12 @@ key (``pandas.util.hash_array``), integers its fixed 64-bit mix. A 64-bit
 collision between two units merges them into one "unit" for contribution
 bounding: that only ever removes contributions (each real unit still stays
 within L0/Linf), so it costs accuracy with probability ~n^2/2^65, never privacy.
+
+Event time (``input.time_column``): rows whose time is not in the run's [start, end) are
+dropped before anything else (``outside_window``), so runs over different periods read
+disjoint rows whatever files they open; that is what lets a period-bucketed scope compose
+them in parallel (semantics.md section 4, issue 11 item 2). The filter compares each row with
+the public interval only, so it is data-independent; its count stays in the internal log.
 """
 
 from __future__ import annotations

@@ -176,3 +176,30 @@ def test_check_input_wants_a_timestamp_time_column(tmp_path):
     pq.write_table(t.set_column(3, "ts", pa.array([str(v) for v in t["ts"].to_pylist()])), p)
     with pytest.raises(InputDataError, match="column 'ts' has type string but input.columns declares timestamp"):
         check_input(spec, [str(p)])
+
+
+def test_example_spec_with_synthetic_data_on_a_day_bucketed_scope(tmp_path):
+    """examples/daily_purchases.yaml (time_column ts) over dpops.synthetic data, charged per day bucket."""
+    import shutil
+    from pathlib import Path
+
+    from dpops.synthetic import generate_events
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "daily_purchases.yaml"
+    spec = tmp_path / "daily_purchases.yaml"
+    shutil.copy(example, spec)
+    generate_events(str(tmp_path / "data/purchases/{start:%Y-%m-%d}.parquet"), n_rows=3000, n_users=300,
+                    n_partitions=4, days=2, categories=("books", "games", "music", "food", "toys"))
+    for f in (tmp_path / "data/purchases").glob("*.parquet"):  # the example's regions
+        t = pq.read_table(f)
+        regions = pa.array([["north", "south", "east", "west"][int(r[1:])] for r in t["region"].to_pylist()])
+        pq.write_table(t.set_column(t.schema.get_field_index("region"), "region", regions), f)
+    with open_ledger(f"sqlite:///{tmp_path / 'l.sqlite'}") as led:
+        led.create_scope(ScopeDefinition(name="purchases", unit="a user's purchases on one day", unit_column="user_id",
+                                         epsilon=1.0, delta=1e-7, rho=None, accountant="rdp/1", bucket="day",
+                                         unit_period="day", adjacency="add_remove", population=1_000_000), actor="t")
+        for start, end in DAYS[:2]:
+            out = runs.execute_release(spec, start, end, ledger=led, randomness="test", test_seed=1,
+                                       publish_output=False)
+            assert out.state == "staged"
+        assert len(led.status("purchases").buckets) == 2
