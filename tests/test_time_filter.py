@@ -203,3 +203,16 @@ def test_example_spec_with_synthetic_data_on_a_day_bucketed_scope(tmp_path):
                                        publish_output=False)
             assert out.state == "staged"
         assert len(led.status("purchases").buckets) == 2
+
+
+@pytest.mark.parametrize("tz", [None, "UTC", "Europe/Paris"])
+def test_gx_input_schema_check_knows_timestamp(tmp_path, tz):
+    from dpops.errors import InputDataError
+    from dpops.validate import check_input_schema
+
+    p = tmp_path / "x.parquet"
+    pq.write_table(pa.table({"ts": pa.array([1], pa.timestamp("ms", tz=tz)), "x": [1.0]}), p)
+    assert check_input_schema([str(p)], {"ts": "timestamp", "x": "float"}).success
+    pq.write_table(pa.table({"ts": ["2024-01-01"], "x": [1.0]}), p)
+    with pytest.raises(InputDataError, match="column 'ts' is declared 'timestamp'"):
+        check_input_schema([str(p)], {"ts": "timestamp", "x": "float"})
