@@ -117,3 +117,17 @@ def test_scope_show_lists_the_definition(tmp_path, capsys, monkeypatch):
     # --adjacency is required: a new scope always records it
     assert main(["ledger", "--ledger", url, "scope", "create", "x", "--unit", "u", "--unit-column", "u",
                  "--epsilon", "1", "--delta", "0", "--accountant", "basic"]) != 0
+
+
+def test_manifest_verify_detects_an_edited_unit_definition(tmp_path, ledger):
+    from dpops.manifest import read_manifest
+    from dpops.manifest.scope import replay_position
+
+    ledger.create_scope(_scope(), actor="test")
+    out = _run(_spec(tmp_path), ledger)
+    m = read_manifest(next((tmp_path / "out/manifests/purchases_test").glob(f"{out.run_id}*.json")))
+    _, problems = replay_position(ledger, m["privacy"]["scope"])
+    assert problems == []
+    edited = {**m["privacy"]["scope"], "definition": {**m["privacy"]["scope"]["definition"], "record_level": True}}
+    _, problems = replay_position(ledger, edited)
+    assert any(p.startswith("privacy.scope.definition") for p in problems)

@@ -82,6 +82,9 @@ def replay_position(ledger: Any, recorded: Mapping[str, Any]) -> tuple[dict[str,
     elif digest != hist["digest"]:
         problems.append("privacy.scope.history.digest: the scope's entry ids/hashes up to "
                         f"#{through} differ from those the manifest was computed from")
+    if "definition" in recorded and recorded["definition"] != scope.unit_definition:
+        problems.append(f"privacy.scope.definition: manifest says {recorded['definition']}, the ledger's scope "
+                        f"defines its unit as {scope.unit_definition}")
     if scope.accountant != recorded["accountant"]:
         problems.append(f"privacy.scope.accountant: manifest says {recorded['accountant']}, "
                         f"the ledger's scope uses {scope.accountant}")
