@@ -98,6 +98,17 @@ def test_legacy_scope_definition_reads_back_byte_identical():
     assert ScopeDefinition.from_dict(_scope().to_dict()).adjacency == "add_remove"
 
 
+
+def test_legacy_scope_in_a_ledger_still_verifies(ledger):
+    import dataclasses
+
+    legacy = dataclasses.replace(_scope(), adjacency=None)
+    ledger.create_scope(legacy, actor="test")
+    stored = ledger.db.one("SELECT definition FROM scopes WHERE name = ?", ("shop",))[0]
+    assert "adjacency" not in stored and "record_level" not in stored  # the pre-change stored form
+    assert ledger.verify().ok
+
+
 def test_scope_show_lists_the_definition(tmp_path, capsys, monkeypatch):
     from dpops.cli.main import main
 
