@@ -68,11 +68,14 @@ def spec_docs(draw):
     split = None
     if draw(st.booleans()):
         split = {k: draw(st.sampled_from([1e-6, 0.5, 1.0, 1000.0])) for k in keys}
+    columns = {"user_id": "string", "region": "string", "x": "float", "c": "int" if int_domain else "string"}
+    inp = {"path": "in.parquet", "format": "parquet", "columns": columns}
+    if draw(st.booleans()):  # event-time filter on: rows outside the interval are dropped first
+        columns["ts"] = "timestamp"
+        inp["time_column"] = "ts"
     return {
         "name": "prop",
-        "input": {"path": "in.parquet", "format": "parquet",
-                  "columns": {"user_id": "string", "region": "string", "x": "float",
-                              "c": "int" if int_domain else "string"}},
+        "input": inp,
         "privacy_unit": {"column": "user_id", "description": "a user", "record_level": record_level,
                          "adjacency": draw(st.sampled_from(["add_remove", "replace"])),
                          "population": draw(st.sampled_from([None, 10, 10**9]))},
@@ -91,9 +94,12 @@ def _write_input(path: Path, rng: np.random.Generator, int_domain: bool, n: int 
     users = rng.integers(0, 12, n)
     xs = rng.choice([0.0, -1e15, 1e15, 3.5, 5.0, -2.0, 2.0**60, float("nan")], n)
     cats = rng.integers(0, 5, n)
+    day0 = 1_704_067_200_000_000  # 2024-01-01T00:00Z in us; times spread over the day before to the day after
+    ts = day0 + rng.integers(-86_400_000_000, 2 * 86_400_000_000, n)
     pq.write_table(pa.table({
         "user_id": [f"u{u}" for u in users], "region": rng.choice(REGIONS + ["west"], n).tolist(), "x": xs,
         "c": cats.astype(np.int64) if int_domain else [f"c{c}" for c in cats],
+        "ts": pa.array(ts, pa.timestamp("us", tz="UTC")),
     }), path)
 
 
