@@ -91,7 +91,7 @@ def _create_scope(paths: DemoPaths) -> None:
         ledger.create_scope(
             ScopeDefinition(name=DEMO_SCOPE, unit="a shopper's purchases on one day", unit_column="user_id",
                             epsilon=SCOPE_CAP, delta=0.0, rho=None, accountant="basic/1", owner="demo",
-                            description="synthetic shoppers of the dpops demo"),
+                            description="synthetic shoppers of the dpops demo", adjacency="add_remove"),
             actor="demo",
         )  # idempotent when identical
     finally:

@@ -157,6 +157,8 @@ def _arrow_type_ok(arrow_type: Any, declared: str) -> bool:
         return pa.types.is_floating(t) or pa.types.is_integer(t)
     if declared == "bool":
         return pa.types.is_boolean(t)
+    if declared == "timestamp":  # the event-time column (input.time_column); any unit, naive = UTC
+        return pa.types.is_timestamp(t)
     return False
 
 

@@ -3,12 +3,15 @@
 The Airflow DAG calls the steps one by one (each task re-runs ``prepare``, which
 writes nothing); ``execute_release`` chains them for ``dpops release run``:
 
-1. ``prepare``  load the spec, resolve and check the input, fingerprint it (keyed),
-                build the run key and the plan. No ledger write, so bad input costs nothing.
+1. ``prepare``  load the spec, refuse an interval that is not one period / one schedule
+                interval, resolve and check the input, fingerprint it (keyed), build the run
+                key and the plan. No ledger write, so bad input costs nothing.
 2. ``reserve``  serve an already published interval for free; refuse a changed input
-                without an explicit restatement; else reserve the plan's events.
+                without an explicit restatement; refuse a release whose unit definition
+                differs from the scope's; else reserve the plan's events.
 3. ``compute``  reuse a sealed staged output of this run, else ``ledger.start`` and run
-                the pipeline (``pipelines.release_pipeline:run_release``, imported lazily).
+                the pipeline (``pipelines.release_pipeline:run_release``, imported lazily);
+                the input's keyed fingerprint is re-checked before start and before sealing.
 4. ``publish``  post-processing checks on the noisy output, atomic versioned publish,
                 then ``ledger.commit``.
 5. ``restate``  the explicit operator action for a published interval whose input changed.
@@ -42,10 +45,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from dpops.errors import (DEBUG_ENV, DpopsError, IntegrityError, InternalError, InvalidParameter, LedgerError, SpecError,
-                          StorageError, public_message)
+from dpops.errors import (DEBUG_ENV, DpopsError, InputDataError, IntegrityError, InternalError, InvalidParameter,
+                          LedgerError, SpecError, StorageError, public_message)
 from dpops.inputs import Interval, TestFingerprintKey, check_input, input_fingerprint, parse_interval, resolve_input_paths
-from dpops.spec import ReleaseSpec, load_spec
+from dpops.spec import ReleaseSpec, interval_problems, load_spec
 from dpops.storage import PUBLISHED_FILES, ReleaseStore, StagedRun, sha256_file
 
 log = logging.getLogger("dpops.runs")
@@ -292,6 +295,11 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: Any, interval_end
         key_id = fp_key.key_id
     spec = load_spec(spec_path)
     interval = parse_interval(interval_start, interval_end)
+    # Before anything is read or reserved: a period-scoped release covers exactly one period and a
+    # scheduled one exactly one schedule interval (issue 11 item 2; see dpops.spec.interval_problems).
+    misaligned = interval_problems(spec, interval.start, interval.end, spec_path=str(spec_path))
+    if misaligned:
+        raise SpecError("\n".join(f"{spec.source}: {m}" for m in misaligned) + "\nnothing was reserved")
     paths = resolve_input_paths(spec, interval.start, interval.end, key_path=key_path)
     check_input(spec, paths)
     fingerprint = input_fingerprint(paths, fp_key)
@@ -313,6 +321,63 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: Any, interval_end
 # --------------------------------------------------------------------------- 2. reserve
 
 
+def unit_definition_mismatches(spec: ReleaseSpec, scope: Any) -> list[str]:
+    """Why ``spec``'s privacy unit is not the unit ``scope`` protects (empty: it is the same).
+
+    A scope's cap is a statement about one unit definition: unit column, record-level or not,
+    adjacency and period (semantics.md section 4, issue 11 item 1). Every part must match:
+
+    - record_level: a record-level release (each row a unit) in a user scope would let one user
+      with r rows move a count by r, so the user's real loss is r*epsilon while epsilon is charged;
+      the opposite direction would charge a record-level scope for a statement about users.
+    - adjacency: an add_remove release at epsilon is only 2*epsilon-DP under replace, and a replace
+      release says nothing about add_remove; a scope mixing both has no well-defined total. A
+      conversion (charging 2*epsilon) would have to be applied to every mechanism kind (noise,
+      partition selection, exponential mechanism) and its delta as (1+e^eps)*delta; we refuse
+      instead, which is simple and sound.
+    - period: a period-scoped unit (user-day) only makes sense in a scope that says so.
+    - A scope recorded before adjacency existed (``adjacency`` None) cannot be checked: refused.
+    """
+    unit = spec.privacy_unit
+    name = spec.budget.scope
+    out: list[str] = []
+    if scope.unit_column != unit.column:
+        out.append(f"privacy_unit.column {unit.column!r} differs from scope {name!r}'s unit column "
+                   f"{scope.unit_column!r}: releases on one scope must protect the same unit")
+    scope_adj = getattr(scope, "adjacency", None)
+    if scope_adj is None:
+        out.append(f"scope {name!r} was created before scopes recorded their adjacency, so no release can be "
+                   f"checked against its unit definition: create a new scope with the whole definition "
+                   f"(dpops ledger scope create NAME ... --adjacency {unit.adjacency}"
+                   f"{' --record-level' if unit.record_level else ''}) and set budget.scope to it")
+    elif scope_adj != unit.adjacency:
+        out.append(f"privacy_unit.adjacency {unit.adjacency!r} differs from scope {name!r}'s adjacency "
+                   f"{scope_adj!r}: epsilon under one adjacency is not epsilon under the other (add_remove epsilon "
+                   f"is 2*epsilon under replace); use a scope declared with --adjacency {unit.adjacency}")
+    scope_rl = bool(getattr(scope, "record_level", False))
+    if scope_rl != bool(unit.record_level):
+        if unit.record_level:
+            out.append(f"privacy_unit.record_level is true but scope {name!r} protects whole units "
+                       f"({scope.unit_column}): a unit with many rows would lose many times the charged epsilon; "
+                       f"bound contributions per unit (record_level: false) or use a record-level scope")
+        else:
+            out.append(f"scope {name!r} is record-level (each row is a unit) but the release protects whole units: "
+                       f"set privacy_unit.record_level: true or use a scope whose unit is {unit.column}")
+    if getattr(scope, "bucket", None) is not None and spec.input.time_column is None:
+        out.append(f"scope {name!r} composes its {scope.bucket} buckets in parallel, which is sound only if runs "
+                   f"for different periods read disjoint rows: declare the event-time column (input.time_column, "
+                   f"type timestamp) so the pipeline keeps only the rows of the run's {scope.bucket}")
+    scope_period = getattr(scope, "unit_period", None)
+    bucket = getattr(scope, "bucket", None)
+    if bucket is not None and unit.period != bucket:
+        out.append(f"scope {name!r} is bucketed by {bucket}, so the release's unit must be {bucket}-scoped: "
+                   f"set privacy_unit.period: {bucket} (got {unit.period!r})")
+    elif scope_period != unit.period:
+        out.append(f"privacy_unit.period {unit.period!r} differs from scope {name!r}'s unit period "
+                   f"{scope_period!r}: releases on one scope must protect the same unit")
+    return out
+
+
 def _check_scope(ctx: RunContext, ledger: Any) -> Any:
     name = ctx.spec.budget.scope
     try:
@@ -324,14 +389,9 @@ def _check_scope(ctx: RunContext, ledger: Any) -> Any:
         ) from None
     if scope is None:
         raise LedgerError(f"budget scope {name!r} is not in the ledger; create it with dpops ledger scope create")
-    unit = ctx.spec.privacy_unit
-    if getattr(scope, "unit_column", unit.column) != unit.column:
-        raise SpecError(f"{ctx.spec.source}: privacy_unit.column {unit.column!r} differs from scope {name!r}'s unit "
-                        f"column {scope.unit_column!r}: releases on one scope must protect the same unit")
-    bucket = getattr(scope, "bucket", None)
-    if bucket is not None and unit.period != bucket:
-        raise SpecError(f"{ctx.spec.source}: scope {name!r} is bucketed by {bucket}, so the release's unit must be "
-                        f"{bucket}-scoped: set privacy_unit.period: {bucket} (got {unit.period!r})")
+    problems = unit_definition_mismatches(ctx.spec, scope)
+    if problems:
+        raise SpecError("\n".join(f"{ctx.spec.source}: {p}" for p in problems) + "\nnothing was reserved")
     return scope
 
 
@@ -473,6 +533,8 @@ def compute_staged(ctx: RunContext, ledger: Any, *, runner: str = "FnApiRunner",
         )
     # Everything that can fail without drawing noise happens before start, so such a failure is refunded.
     fn = run_release or _load_run_release()
+    if record.state == "reserved":
+        _check_input_unchanged(ctx, "before the computation started; nothing was drawn, the reservation is refunded")
     tmp = ctx.store.new_staging_dir(ctx.interval.slug, ctx.run_id)
     try:
         if record.state == "reserved":
@@ -501,6 +563,11 @@ def compute_staged(ctx: RunContext, ledger: Any, *, runner: str = "FnApiRunner",
         for f in (result.output_file, result.summary_file):
             if Path(f).resolve().parent != tmp.resolve():
                 raise StorageError(f"the pipeline wrote {f} outside its staging directory {tmp}")
+        # The output is sealed only if the input is still the one the run was reserved with (its
+        # fingerprint is in the run key and the noise label): a file swapped during the computation
+        # would publish a release of other data under this run's key.
+        _check_input_unchanged(ctx, "while the pipeline read it; noise was drawn, so the run stays charged and "
+                                    "its output is discarded")
         staged = ctx.store.finish_staging(tmp, ctx.interval.slug, ctx.run_id, dict(result.internal or {}),
                                           test_mode=ctx.randomness == "test")
     except BaseException:
@@ -513,6 +580,20 @@ def compute_staged(ctx: RunContext, ledger: Any, *, runner: str = "FnApiRunner",
                 log.exception("could not mark run %s spent_unpublished", ctx.run_id)
         raise
     return staged
+
+
+def _check_input_unchanged(ctx: RunContext, when: str) -> None:
+    """Fail (InputDataError) if the input files no longer have the keyed fingerprint of the run key."""
+    try:
+        now = input_fingerprint(ctx.input_paths, ctx.fingerprint_key)
+    except DpopsError as exc:
+        raise InputDataError(f"{ctx.spec.name} {ctx.interval}: the input cannot be re-read to check its fingerprint "
+                             f"({when}): {exc}") from None
+    if now != ctx.input_fingerprint:
+        raise InputDataError(
+            f"{ctx.spec.name} {ctx.interval}: the input files changed since the run was prepared ({when}); "
+            f"nothing is published. Run again when the input is final: a new input is a new run (and charge)"
+        )
 
 
 _DISK_ERRORS = {errno.ENOSPC: "the disk is full", errno.EROFS: "the file system is read-only",

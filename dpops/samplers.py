@@ -254,12 +254,22 @@ def dg_norm(s2: float) -> float:
     return 1.0 + 2.0 * float(np.exp(-(k * k) / (2 * s2)).sum())
 
 
+_DG_TAIL_MAX_TERMS = 1 << 20
+
+
 def dg_tail_unnorm(j: int, s2: float) -> float:
     """Σ_{k >= j} exp(-k²/(2σ²)) for integer j, truncated where terms fall below e^-80 of the first."""
     if j <= 0:
         # by symmetry: Σ_{k>=j} = Z - Σ_{k >= 1-j}
         return dg_norm(s2) - dg_tail_unnorm(1 - j, s2)
     top = math.isqrt(int(j * j + 160 * s2)) + 2
+    if top - j > _DG_TAIL_MAX_TERMS:
+        # Huge sigma (a fine grid under small epsilon: 1e9+ terms would not fit in memory). f decreasing
+        # on [j, inf) gives  sum_{k>=j} f(k) <= f(j) + int_j^inf f = f(j) + sigma sqrt(pi/2) erfc(j/(sigma sqrt 2)),
+        # an UPPER bound (relative excess <= f(j)/sum ~ 1/sigma < 1e-5): tails used for thresholds and
+        # interval half-widths only get more conservative.
+        sigma = math.sqrt(s2)
+        return math.exp(-(float(j) * j) / (2 * s2)) + sigma * math.sqrt(math.pi / 2) * math.erfc(j / (sigma * math.sqrt(2)))
     k = np.arange(j, top + 1, dtype=np.float64)
     # factor out the first term to keep precision when the tail is tiny
     return float(np.exp(-(k * k - float(j) * j) / (2 * s2)).sum()) * math.exp(-(float(j) * j) / (2 * s2))

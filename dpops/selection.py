@@ -106,7 +106,9 @@ def _accept_in_order(u: np.ndarray, exact: bool, rate: Fraction, order: np.ndarr
             num = diff * np.int64(p)
         else:  # exact Python ints for the far-away candidates
             num = np.array([int(d) * p for d in diff.tolist()], dtype=object)
-        acc = bernoulli_exp(num, np.int64(1) << np.int64(k), rng)
+        # 2**k as a Python int: k reaches 63+ for tiny rates (eps 1e-3 over a wide quantile utility), where
+        # an int64 shift overflows; bernoulli_exp takes arbitrary-size ints on its exact path.
+        acc = bernoulli_exp(num, 1 << k, rng)
     else:
         diff = uo.max() - uo
         acc = bernoulli_float(np.exp(-float(rate) * diff), rng)

@@ -55,13 +55,14 @@ from dpops.validation import check_bounds, check_delta, check_delta_for_populati
 
 MAX_SPEC_BYTES = 1024 * 1024  # a release spec is a few KiB; anything bigger is a mistake or an attack
 MAX_PUBLIC_FILE_BYTES = 64 * 1024 * 1024
+MAX_ABS_BOUND = float(2**53)  # metric value bounds; see _Bounded._bounds
 
 NAME_RE = re.compile(r"^[a-z0-9_-]{1,64}$")
 SCOPE_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 KEY_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 COLUMN_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
-ColumnType = Literal["string", "int", "float", "bool"]
+ColumnType = Literal["string", "int", "float", "bool", "timestamp"]
 NUMERIC_TYPES = ("int", "float")
 PARTITION_SELECTION_KEY = "partition_selection"
 
@@ -88,6 +89,10 @@ class InputSpec(_Strict):
     path: str
     format: Literal["parquet", "csv"]
     columns: dict[str, ColumnType]
+    # The event-time column (declared with type ``timestamp``): the pipeline keeps only rows whose
+    # time lies in the run's interval [start, end). This is what makes releases over different
+    # periods read disjoint rows, whatever files the path template resolves to (issue 11 item 2).
+    time_column: str | None = None
 
     @field_validator("path")
     @classmethod
@@ -227,7 +232,13 @@ class _Bounded(_MetricBase):
     @field_validator("bounds")
     @classmethod
     def _bounds(cls, v: tuple[float, float]) -> tuple[float, float]:
-        return check_bounds(v[0], v[1], "bounds")
+        lo, hi = check_bounds(v[0], v[1], "bounds")
+        # Sensitivities, noise scales and rho are computed in doubles from the bounds: beyond 2**53 a
+        # plan overflows or loses the unit step, and would fail after the budget is spent (issue 11 item 5).
+        if max(abs(lo), abs(hi)) > MAX_ABS_BOUND:
+            raise ValueError(f"bounds must lie within +-2**53 ({MAX_ABS_BOUND:.0f}); rescale the column (e.g. to "
+                             "thousands) and its bounds")
+        return lo, hi
 
 
 class CountMetric(_MetricBase):
@@ -441,12 +452,39 @@ def _value_matches(value: Any, ctype: str) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _time_column_problems(spec: ReleaseSpec) -> list[tuple[str, str]]:
+    """``input.time_column`` must be a declared ``timestamp`` column, and only it may have that type.
+
+    A timestamp as a partition, metric or unit column has no use in dpops and would need its own
+    hashing and output types; it is refused rather than half supported.
+    """
+    out: list[tuple[str, str]] = []
+    cols = spec.input.columns
+    tc = spec.input.time_column
+    if tc is not None:
+        if tc not in cols:
+            out.append(("input.time_column", f"column {tc!r} is not in input.columns; declare it as {tc}: timestamp"))
+        elif cols[tc] != "timestamp":
+            out.append(("input.time_column", f"column {tc!r} must be declared with type timestamp, not {cols[tc]}"))
+    for name, ctype in cols.items():
+        if ctype == "timestamp" and name != tc:
+            out.append((f"input.columns.{name}", "type timestamp is only for the event-time column: set "
+                        f"input.time_column: {name}, or declare it as string"))
+    if tc is not None and (tc == spec.privacy_unit.column or tc in spec.partitions.columns
+                           or any(getattr(m, "column", None) == tc for m in spec.metrics)):
+        out.append(("input.time_column", f"column {tc!r} is the event time; it cannot also be the unit, a partition "
+                    "or a metric column"))
+    return out
+
+
 def _consistency_problems(spec: ReleaseSpec) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     cols = spec.input.columns
     declared = f"declared input columns: {sorted(cols)}"
 
     unit = spec.privacy_unit
+    out.extend(_time_column_problems(spec))
+    out.extend(_schedule_period_problems(spec))
     if unit.column not in cols:
         out.append(("privacy_unit.column", f"column {unit.column!r} is not in input.columns ({declared})"))
     c = spec.contribution
@@ -533,6 +571,107 @@ def _consistency_problems(spec: ReleaseSpec) -> list[tuple[str, str]]:
             elif k not in allowed:
                 out.append((f"budget.split.{k}", f"{k!r} is not a metric key; known keys: {allowed}"))
     return out
+
+
+# --------------------------------------------------------------------------- intervals, periods, schedules
+#
+# Period buckets compose in parallel only if releases over different periods read disjoint rows
+# (semantics.md section 4). dpops proves that by the data path, never by a file name:
+#   1. a spec whose unit is period-scoped releases exactly one period per run (``interval_problems``);
+#   2. a bucketed scope refuses a spec without ``input.time_column`` (``dpops.runs``);
+#   3. the pipeline keeps only rows whose event time lies in [start, end) (``pipelines.io``), a
+#      per-row filter on public bounds, so the filter itself reveals nothing.
+# Then one run per period reads only that period's rows, whatever file the template resolves to.
+
+PERIOD_WORDS = {"day": "UTC day", "week": "ISO week (Monday 00:00 UTC to the next Monday)",
+                "month": "UTC calendar month"}
+
+
+def period_bounds(period: str, t: datetime) -> tuple[datetime, datetime]:
+    """The period (``day``, ISO ``week``, ``month``, UTC) containing instant ``t``: [start, end)."""
+    from datetime import timedelta
+
+    t = t.astimezone(timezone.utc)
+    day = datetime(t.year, t.month, t.day, tzinfo=timezone.utc)
+    if period == "day":
+        return day, day + timedelta(days=1)
+    if period == "week":
+        start = day - timedelta(days=day.weekday())
+        return start, start + timedelta(days=7)
+    if period == "month":
+        start = day.replace(day=1)
+        end = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(month=start.month + 1)
+        return start, end
+    raise ValueError(f"unknown period {period!r}")
+
+
+def _iso_z(t: datetime) -> str:
+    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def schedule_bounds(schedule: str | None, t: datetime) -> tuple[datetime, datetime] | None:
+    """The schedule interval [fire, next fire) containing ``t`` (UTC), or None for no cron schedule."""
+    if not schedule:
+        return None
+    from datetime import timedelta
+
+    from croniter import croniter
+    from croniter.croniter import CroniterError
+
+    t = t.astimezone(timezone.utc)
+    try:
+        start = croniter(schedule, t + timedelta(microseconds=1)).get_prev(datetime)
+        end = croniter(schedule, start).get_next(datetime)
+    except (CroniterError, ValueError, KeyError):
+        return None  # @once, @continuous...: no recurring intervals to align with
+    return start.astimezone(timezone.utc), end.astimezone(timezone.utc)
+
+
+def interval_problems(spec: "ReleaseSpec", start: datetime, end: datetime, spec_path: str | None = None) -> list[str]:
+    """Why [start, end) is not a releasable interval of ``spec`` (empty: it is).
+
+    - A period-scoped unit (``privacy_unit.period``) is released exactly one period per run: a
+      run over two days charged to two day buckets would read both days' rows in one mechanism,
+      and a run over half a day would let two runs read the same day twice.
+    - With a ``schedule``, the interval is one schedule interval [fire time, next fire time), so
+      that manual, backfilled and Airflow runs of the same data are the same run key.
+    The message names the aligned interval containing ``start`` and the exact command to release it.
+    """
+    out: list[str] = []
+    where = spec_path or spec.source
+    fix: tuple[datetime, datetime] | None = None
+    period = spec.privacy_unit.period
+    if period is not None:
+        ps, pe = period_bounds(period, start)
+        if (start, end) != (ps, pe):
+            out.append(f"interval {_iso_z(start)}/{_iso_z(end)} is not exactly one {PERIOD_WORDS[period]}, "
+                       f"but privacy_unit.period is {period}: each run releases one whole {period}")
+            fix = (ps, pe)
+    sched = schedule_bounds(spec.schedule, start)
+    if sched is not None and (start, end) != sched:
+        out.append(f"interval {_iso_z(start)}/{_iso_z(end)} is not an interval of schedule {spec.schedule!r} "
+                   f"(it starts at a fire time and ends at the next one)")
+        fix = fix or sched
+    if out and fix is not None:
+        out.append(f"to release the {period or 'interval'} containing {_iso_z(start)} run: dpops release run "
+                   f"{where} --interval {_iso_z(fix[0])}/{_iso_z(fix[1])}")
+    return out
+
+
+def _schedule_period_problems(spec: "ReleaseSpec") -> list[tuple[str, str]]:
+    """A schedule whose intervals are not the unit's periods could never release anything."""
+    period = spec.privacy_unit.period
+    if period is None or not spec.schedule:
+        return []
+    probe = datetime(2024, 1, 10, 12, tzinfo=timezone.utc)
+    sched = schedule_bounds(spec.schedule, probe)
+    if sched is None:
+        return []
+    if sched != period_bounds(period, sched[0]):
+        return [("schedule", f"schedule {spec.schedule!r} runs over {_iso_z(sched[0])}/{_iso_z(sched[1])}, which is "
+                 f"not one {PERIOD_WORDS[period]} (privacy_unit.period: {period}); use a schedule whose intervals "
+                 f"are whole periods (e.g. '0 0 * * *' for day, '0 0 * * 1' for week, '0 0 1 * *' for month)")]
+    return []
 
 
 # --------------------------------------------------------------------------- loading
@@ -729,5 +868,5 @@ __all__ = [
     "ReleaseSpec", "InputSpec", "PrivacyUnitSpec", "BudgetSpec", "ContributionSpec", "PartitionsSpec",
     "PrivatePartitionsSpec", "CountMetric", "UnitCountMetric", "SumMetric", "MeanMetric", "VarianceMetric",
     "QuantilesMetric", "TopKMetric", "PostprocessSpec", "OutputSpec", "METRIC_TYPES", "PARTITION_SELECTION_KEY",
-    "load_spec", "parse_spec",
+    "load_spec", "parse_spec", "interval_problems", "period_bounds", "schedule_bounds",
 ]

@@ -73,7 +73,10 @@ def generate_events(
         ("region", pa.dictionary(pa.int32(), pa.string())),
         ("amount", pa.float64()),
         ("category", pa.dictionary(pa.int32(), pa.string())),
+        ("ts", pa.timestamp("us", tz="UTC")),  # event time inside the file's day (input.time_column)
     ])
+    # A separate stream for the event times, so the other columns stay what they were for a seed.
+    ts_rng = np.random.default_rng([seed, 0x7473])
     written = []
     for d in range(days):
         s, e = day0 + timedelta(days=d), day0 + timedelta(days=d + 1)
@@ -90,11 +93,14 @@ def generate_events(
                 p = rng.choice(n_partitions, size=n, p=part_p).astype(np.int32)
                 v = np.clip(rng.lognormal(value_mean, value_sigma, size=n), 0.0, 100.0)
                 c = rng.choice(len(categories), size=n, p=cat_p).astype(np.int32)
+                day_us = int((s - datetime(1970, 1, 1, tzinfo=timezone.utc)).total_seconds()) * 1_000_000
+                t = day_us + ts_rng.integers(0, 86_400 * 1_000_000, size=n)
                 batch = pa.record_batch([
                     pa.DictionaryArray.from_arrays(pa.array(u), users),
                     pa.DictionaryArray.from_arrays(pa.array(p), parts),
                     pa.array(v),
                     pa.DictionaryArray.from_arrays(pa.array(c), cats),
+                    pa.array(t, pa.timestamp("us", tz="UTC")),
                 ], schema=schema)
                 writer.write_batch(batch, row_group_size=row_group_size)
         os.replace(tmp, out)

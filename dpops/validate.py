@@ -35,6 +35,8 @@ _TYPE_NAMES: dict[str, tuple[str, ...]] = {
     "int": _INTS,
     "float": ("float16", "float32", "float64", *_INTS),
     "bool": ("bool",),
+    # input.time_column: a Parquet timestamp of any unit, naive (= UTC) or zone-aware
+    "timestamp": tuple(f"datetime64[{u}]" for u in ("s", "ms", "us", "ns")),
 }
 
 # Separator joining several partition columns into one key; a control character that
@@ -120,6 +122,9 @@ def _schema_frame(path: str, fmt: str) -> Any:
                                  "fix or replace it") from None
         # Dictionary-encoded columns are checked as their value type.
         fields = [pa.field(f.name, f.type.value_type if pa.types.is_dictionary(f.type) else f.type) for f in schema]
+        # Timestamps are checked by unit only: a zone-aware dtype has no name GX can match, and a
+        # zone is irrelevant to input.time_column (the instant is UTC either way).
+        fields = [pa.field(f.name, pa.timestamp(f.type.unit)) if pa.types.is_timestamp(f.type) else f for f in fields]
         df = pa.schema(fields).empty_table().to_pandas()
         for f in fields:
             if pa.types.is_string(f.type) or pa.types.is_large_string(f.type):

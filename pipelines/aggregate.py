@@ -34,6 +34,15 @@ from pipelines.bounding import quantile_candidates
 Z95 = 1.959963984540054
 
 
+def _label(v: Any) -> Any:
+    """The published partition label: floats normalised (-0.0 -> 0.0).
+
+    -0.0 and 0.0 hash to one partition (``pipelines.io.hash_column``); its label is taken from the
+    first row seen, so without this the sign bit of a private row's value would be published.
+    """
+    return v + 0.0 if isinstance(v, float) else v
+
+
 def select_and_noise(
     shard: int,
     parts: np.ndarray,
@@ -56,7 +65,7 @@ def select_and_noise(
     lookup = public_names if public_names is not None else names
     cols: dict[str, Any] = {}
     for j, c in enumerate(plan.partition_columns):
-        cols[c] = [lookup[int(h)][j] for h in parts]
+        cols[c] = [_label(lookup[int(h)][j]) for h in parts]
     n = len(parts)
     suppress_basis = None
 

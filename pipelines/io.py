@@ -16,6 +16,12 @@ key (``pandas.util.hash_array``), integers its fixed 64-bit mix. A 64-bit
 collision between two units merges them into one "unit" for contribution
 bounding: that only ever removes contributions (each real unit still stays
 within L0/Linf), so it costs accuracy with probability ~n^2/2^65, never privacy.
+
+Event time (``input.time_column``): rows whose time is not in the run's [start, end) are
+dropped before anything else (``outside_window``), so runs over different periods read
+disjoint rows whatever files they open; that is what lets a period-bucketed scope compose
+them in parallel (semantics.md section 4, issue 11 item 2). The filter compares each row with
+the public interval only, so it is data-independent; its count stays in the internal log.
 """
 
 from __future__ import annotations
@@ -34,11 +40,13 @@ from dpops.errors import InputDataError
 ROW_ID_SHIFT = 40  # row id = file_index << 40 | row position in file: 1T rows per file
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
-ARROW_TYPES = {"string": pa.string(), "int": pa.int64(), "float": pa.float64(), "bool": pa.bool_()}
-DROP_REASONS = ("null_unit", "null_partition", "bad_value", "wrong_type")
+ARROW_TYPES = {"string": pa.string(), "int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(),
+               "timestamp": pa.timestamp("us", tz="UTC")}
+DROP_REASONS = ("outside_interval", "null_unit", "null_partition", "bad_value", "wrong_type")
 MALFORMED_LINES = "dropped_malformed_line"  # CSV lines with too many/few fields, skipped by the parser
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _FLOAT_EXACT = 1 << 53  # integers beyond +-2^53 do not convert to float64 exactly: a malformed cell
+_NS_PER_UNIT = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 
 
 @dataclass(frozen=True)
@@ -55,11 +63,16 @@ class ReadConfig:
     n_buckets: int = 64
     n_shards: int = 16
     batch_rows: int = 262_144
+    # Event-time filter (issue 11 item 2): keep only rows with time_window_ns[0] <= time < time_window_ns[1]
+    # (ns since the epoch, UTC). A row-by-row predicate on the public interval: data-independent.
+    time_column: str | None = None
+    time_window_ns: tuple[int, int] | None = None
 
     @property
     def needed(self) -> list[str]:
         cols = ([self.unit_column] if self.unit_column else []) + list(self.partition_columns)
         cols += list(self.value_columns) + list(self.category_columns)
+        cols += [self.time_column] if self.time_column else []
         return list(dict.fromkeys(cols))
 
 
@@ -362,10 +375,16 @@ def prepare_batch(
     cols: dict[str, pa.Array] = {}
     for name in batch.schema.names:
         arr = batch.column(name)
+        if name == cfg.time_column:
+            # Compared as stored, in its own unit, by outside_window (a cast could overflow or truncate).
+            cols[name] = arr
+            continue
         arr, bad = _convert_column(arr, cfg.types[name])
         _mark(drop, bad, "wrong_type")
         cols[name] = arr
 
+    if cfg.time_column is not None:
+        _mark(drop, outside_window(cols[cfg.time_column], cfg.time_window_ns), "outside_interval")
     if cfg.unit_column is not None:
         _mark(drop, _nulls(cols[cfg.unit_column]), "null_unit")
     for c in cfg.partition_columns:
@@ -404,13 +423,60 @@ def prepare_batch(
         if pa.types.is_dictionary(arr.type):
             arr = arr.cast(arr.type.value_type)
         codes = pc.index_in(arr, value_set=pa.array(list(domain), type=ARROW_TYPES[cfg.types[c]]))
-        rows[f"c:{c}"] = codes.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int16)[idx]
+        # int32: a domain may exceed int16 (32,767 values); index_in returns int32 codes already
+        rows[f"c:{c}"] = codes.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32)[idx]
 
     kept_p = rows["p"]
     uniq, first = np.unique(kept_p, return_index=True)
     take = pa.array(idx[first])
     name_values = [cols[c].take(take).to_pylist() for c in cfg.partition_columns]
     return rows, (uniq, name_values), stats
+
+
+def outside_window(arr: pa.Array, window_ns: tuple[int, int] | None) -> np.ndarray:
+    """Mask of rows whose event time is NOT in [start, end): null, unparseable or out of the interval.
+
+    Parquet timestamps (any unit; naive ones are UTC) are compared as integers in their own unit
+    against ceil(bound / unit), which is exact: ``v*f >= lo  <=>  v >= ceil(lo/f)``. CSV cells are
+    ISO-8601 text (no offset = UTC). A row whose time cannot be read cannot be shown to belong to
+    this period, so it is dropped like any malformed row; the count goes to the internal log only.
+    """
+    if window_ns is None:
+        raise InputDataError("a time column is set but the run has no interval to filter by")
+    lo, hi = window_ns
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.cast(arr.type.value_type)
+    if pa.types.is_timestamp(arr.type):
+        f = _NS_PER_UNIT[arr.type.unit]
+        lo_u, hi_u = -(-lo // f), -(-hi // f)
+        null = arr.is_null().to_numpy(zero_copy_only=False)
+        v = arr.view(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)
+        return null | (v < lo_u) | (v >= hi_u)
+    if pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type):
+        # CSV cells arrive as bytes (see iter_record_batches); a cell that is not UTF-8 is unreadable
+        # and drops its row like any other unreadable time.
+        try:
+            arr = arr.cast(pa.string() if pa.types.is_binary(arr.type) else pa.large_string())
+        except pa.ArrowException:
+            cells = []
+            for b in arr.to_pylist():
+                try:
+                    cells.append(None if b is None else b.decode("utf-8"))
+                except UnicodeDecodeError:
+                    cells.append(None)
+            arr = pa.array(cells, pa.string())
+    if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
+        try:  # fast path: every cell is ISO-8601 with an offset ("...Z"); Arrow parses it natively
+            return outside_window(arr.cast(pa.timestamp("ns", tz="UTC")), window_ns)
+        except pa.ArrowException:
+            pass  # naive times, other ISO forms or bad cells: parse cell by cell (bad ones drop the row)
+        raw = pd.Series(arr.to_numpy(zero_copy_only=False), dtype=object)
+        t = pd.to_datetime(raw, utc=True, errors="coerce", format="ISO8601")
+        null = t.isna().to_numpy()
+        v = t.to_numpy(dtype="datetime64[ns]").view(np.int64)
+        return null | (v < lo) | (v >= hi)
+    # check_input refuses any other type before a run; a file swapped since is malformed row by row
+    return np.ones(len(arr), dtype=bool)
 
 
 def _nulls(arr: pa.Array) -> np.ndarray:

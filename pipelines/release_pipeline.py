@@ -35,6 +35,7 @@ import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -281,6 +282,20 @@ class WriteStats(beam.DoFn):
 # --------------------------------------------------------------------------- building
 
 
+def _window_ns(request: ComputeRequest) -> tuple[int, int]:
+    """The run's interval [start, end) as integer ns since the epoch (exact: no float on the way)."""
+    from dpops.inputs import parse_interval
+
+    iv = parse_interval(request.interval_start, request.interval_end)
+    epoch = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+    def ns(t: datetime) -> int:
+        d = t - epoch
+        return (d.days * 86_400 + d.seconds) * 1_000_000_000 + d.microseconds * 1_000
+
+    return ns(iv.start), ns(iv.end)
+
+
 def build_context(spec, plan, request: ComputeRequest, parts_dir: str) -> PipelineContext:
     types = dict(spec.input.columns)
     unit_col = None if spec.privacy_unit.record_level else spec.privacy_unit.column
@@ -296,7 +311,8 @@ def build_context(spec, plan, request: ComputeRequest, parts_dir: str) -> Pipeli
     read = ReadConfig(
         format=spec.input.format, types=types, unit_column=unit_col,
         partition_columns=tuple(plan.partition_columns), value_columns=value_cols,
-        category_columns=cats, public_hashes=public_hashes, n_buckets=N_BUCKETS, n_shards=N_SHARDS)
+        category_columns=cats, public_hashes=public_hashes, n_buckets=N_BUCKETS, n_shards=N_SHARDS,
+        time_column=spec.input.time_column, time_window_ns=_window_ns(request))
     agg = AggregationSpec(
         l0=plan.max_partitions_per_unit, linf=plan.max_rows_per_unit_per_partition,
         sums=sums, hists=hists, cats=catspecs)

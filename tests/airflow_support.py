@@ -195,6 +195,7 @@ def create_scope(ledger_url: str, scope: str, epsilon_cap: float, accountant: st
                 delta=0.0,
                 rho=None,
                 accountant=f"{acct.name}/{acct.version}",
+                adjacency="add_remove",
             ),
             actor="tests",
         )

@@ -278,7 +278,8 @@ def make_env(root: Path, ledger_url: str, key_file: Path, *, spec_doc: dict | No
     write_events(root / "data/2024-01-01.parquet", rows, users=users)
     with env.ledger() as led:
         led.create_scope(ScopeDefinition(name=SCOPE, unit="a user's purchases on one day", unit_column="user_id",
-                                         epsilon=cap, delta=1e-6, rho=None, accountant="basic/1"), actor="test")
+                                         epsilon=cap, delta=1e-6, rho=None, accountant="basic/1",
+                                         adjacency="add_remove"), actor="test")
     return env
 
 

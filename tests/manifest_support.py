@@ -29,7 +29,7 @@ def make_ledger(tmp_path: Path, accountant: str = "rdp/1", epsilon: float = 1.0,
     ledger = open_ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
     ledger.create_scope(ScopeDefinition(name=scope, unit="a user's purchases on one day", unit_column="user_id",
                                         epsilon=epsilon, delta=delta, rho=None, accountant=accountant,
-                                        population=1_000_000), actor=ACTOR)
+                                        population=1_000_000, adjacency="add_remove"), actor=ACTOR)
     return ledger
 
 

@@ -36,7 +36,8 @@ def cli_env(tmp_path, monkeypatch):
     url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     led = open_ledger(url)
     led.create_scope(ScopeDefinition(name="shop", unit="a user's purchases", unit_column="user_id",
-                                     epsilon=0.7, delta=1e-6, rho=None, accountant="basic/1"), actor="test")
+                                     epsilon=0.7, delta=1e-6, rho=None, accountant="basic/1",
+                                     adjacency="add_remove"), actor="test")
     led.close()
     key = tmp_path / "noise.key"
     NoiseKey.generate(key)

@@ -66,7 +66,8 @@ class Case:
         (root / "data").mkdir(parents=True)
         with open_ledger(self.url) as led:
             led.create_scope(ScopeDefinition(name=SCOPE, unit="a user's purchases on one day", unit_column="user_id",
-                                             epsilon=10.0, delta=1e-6, rho=None, accountant="basic/1"), actor="test")
+                                             epsilon=10.0, delta=1e-6, rho=None, accountant="basic/1",
+                                             adjacency="add_remove"), actor="test")
 
     def spec_text(self, text: str | bytes) -> Path:
         p = self.root / "spec.yaml"
@@ -278,9 +279,9 @@ HOSTILE_ARGS = {
     "recover_negative_age": ("ledger --ledger {url} recover --older-than -1", 3, "finite number >= 0"),
     "recover_nan_age": ("ledger --ledger {url} recover --older-than nan", 3, "finite number >= 0"),
     "scope_infinite_cap": ("ledger --ledger {url} scope create x --unit u --unit-column u --epsilon inf --delta 0 "
-                           "--accountant rdp", 3, "finite number > 0"),
+                           "--accountant rdp --adjacency add_remove", 3, "finite number > 0"),
     "scope_unknown_accountant": ("ledger --ledger {url} scope create x --unit u --unit-column u --epsilon 1 --delta 0 "
-                                 "--accountant nope/9", 3, "unknown accountant"),
+                                 "--accountant nope/9 --adjacency add_remove", 3, "unknown accountant"),
 }
 
 

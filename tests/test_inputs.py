@@ -38,6 +38,7 @@ def write_parquet(path: Path, **cols):
         "region": pa.array(["north", "south"]),
         "amount": pa.array([1.5, 2.0]),
         "category": pa.array(["books", "toys"]),
+        "ts": pa.array([0, 1], pa.timestamp("s")),
     }
     default.update(cols)
     default = {k: v for k, v in default.items() if v is not None}
@@ -140,7 +141,7 @@ def test_unreadable_file_via_open_error(tmp_path, monkeypatch):
 def test_check_csv_header(tmp_path):
     spec = make_spec(tmp_path, format="csv", path="d.csv")
     good = tmp_path / "d.csv"
-    good.write_text("user_id,region,amount,category,extra\nu1,north,1.0,books,x\n")
+    good.write_text("user_id,region,amount,category,ts,extra\nu1,north,1.0,books,2024-01-01T00:00:00Z,x\n")
     check_input(spec, [str(good)])
     bad = tmp_path / "e.csv"
     bad.write_text("user_id,region,category\nu1,north,books\n")

@@ -25,7 +25,7 @@ def run(capsys, *argv):
 def make_scope(capsys, url, name="web", *extra):
     code, out, err = run(capsys, "ledger", "--ledger", url, "scope", "create", name, "--unit", "a user",
                          "--unit-column", "user_id", "--epsilon", "1.0", "--delta", "1e-7", "--accountant", "basic",
-                         *extra)
+                         "--adjacency", "add_remove", *extra)
     assert code == 0, err
     return out
 
@@ -78,7 +78,8 @@ def test_cap_recover_and_errors(capsys, url, monkeypatch):
     code, _, err = run(capsys, "ledger", "--ledger", "postgresql://postgres@127.0.0.1:1/x", "init")
     assert code == 6 and "cannot connect" in err
     code, _, err = run(capsys, "ledger", "--ledger", url, "scope", "create", "daily", "--unit", "u", "--unit-column",
-                       "c", "--epsilon", "1", "--delta", "0", "--accountant", "basic", "--bucket", "day")
+                       "c", "--epsilon", "1", "--delta", "0", "--accountant", "basic", "--bucket", "day",
+                       "--adjacency", "add_remove")
     assert code == 3 and "unit_period='day'" in err
     monkeypatch.setenv("DPOPS_LEDGER_URL", url)  # the default comes from the environment
     code, out, _ = run(capsys, "ledger", "scope", "show", "web", "--json")

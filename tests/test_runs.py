@@ -125,7 +125,8 @@ def env(tmp_path, ledger_url):
     write_input(tmp_path)
     ledger = open_ledger(ledger_url)
     ledger.create_scope(ScopeDefinition(name="shop", unit="a user's purchases", unit_column="user_id",
-                                        epsilon=1.2, delta=1e-6, rho=None, accountant="basic/1"), actor="test")
+                                        epsilon=1.2, delta=1e-6, rho=None, accountant="basic/1",
+                                        adjacency="add_remove", unit_period="day"), actor="test")
     pipe = FakePipeline()
 
     class Env:
@@ -404,7 +405,8 @@ def test_end_to_end_keyed_retry_reproduces_noise_with_one_charge(tmp_path):
     NoiseKey.generate(key)
     ledger = open_ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
     ledger.create_scope(ScopeDefinition(name="shop", unit="a user's purchases", unit_column="user_id",
-                                        epsilon=3.0, delta=1e-6, rho=None, accountant="basic/1"), actor="test")
+                                        epsilon=3.0, delta=1e-6, rho=None, accountant="basic/1",
+                                        adjacency="add_remove"), actor="test")
     try:
         ctx = runs.prepare(spec, *IV, key_path=str(key))
         assert runs.reserve(ctx, ledger).state == "reserved"

@@ -105,3 +105,41 @@ def spec_cmd(spec_path: str, metrics: tuple[str, ...], trials: int, confidence: 
                                                          confidence=confidence, seed=seed))
     _render(results, f"dpops audit spec {spec.name}", as_json)
     _finish(results)
+
+
+@cli.command("scope")
+@click.argument("spec_path", type=click.Path(dir_okay=False))
+@click.option("--ledger", "url", default=None, help="ledger URL (default: $DPOPS_LEDGER_URL or the SQLite default)")
+@click.option("--rows-per-unit", type=int, default=40, show_default=True,
+              help="rows of the scope's unit in the neighbour (a record-level release counts each as a unit)")
+@click.option("--trials", type=int, default=2000, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
+def scope_cmd(spec_path: str, url: str | None, rows_per_unit: int, trials: int, seed: int, as_json: bool) -> None:
+    """Audit SPEC_PATH against the unit of its budget scope (budget.scope in the ledger).
+
+    A release whose unit definition differs from the scope's is refused by `dpops release run`;
+    for a record-level release in a user scope this audit also shows the ε really spent per user.
+    """
+    from dpops.audit.scope_unit import audit_against_scope
+    from dpops.ledger import open_ledger
+    from dpops.spec import load_spec
+
+    if rows_per_unit < 1 or trials < 8:
+        raise InvalidParameter("--rows-per-unit must be >= 1 and --trials >= 8")
+    spec = load_spec(spec_path)
+    led = open_ledger(url)
+    try:
+        scope = led.scope(spec.budget.scope)
+    finally:
+        getattr(led, "close", lambda: None)()
+    res = audit_against_scope(spec, scope, rows_per_unit=rows_per_unit, trials=trials, seed=seed)
+    if as_json:
+        click.echo(json.dumps({"refused": res.refused, "reasons": res.reasons,
+                               "results": [r.to_dict() for r in res.results]}, indent=2, sort_keys=True))
+    else:
+        click.echo(f"scope {scope.name!r}: " + ("REFUSED by dpops release run:\n  " + "\n  ".join(res.reasons)
+                                                if res.refused else "the release's unit definition matches"))
+        if res.results:
+            _render(res.results, f"dpops audit scope {spec.name} (the scope's unit)", False)
+    _finish(res.results)

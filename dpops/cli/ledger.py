@@ -130,18 +130,23 @@ def scope() -> None:
               help="Separate cap per period; only for period-scoped units (needs the same --unit-period).")
 @click.option("--unit-period", type=click.Choice(["day", "week", "month"]), default=None,
               help="The unit is scoped to one such period (e.g. a user-day).")
+@click.option("--adjacency", type=click.Choice(["add_remove", "replace"]), required=True,
+              help="Neighbouring datasets: a unit's data added/removed, or replaced. Releases must declare the same.")
+@click.option("--record-level", is_flag=True, default=False,
+              help="Each row is its own unit (releases must say privacy_unit.record_level: true).")
 @click.option("--population", type=int, default=None, help="Declared number of units n (refuses delta >= 1/n).")
 @click.option("--owner", default="")
 @click.option("--description", default="")
 @click.option("--actor", default=None, help="Who creates the scope (default cli:<user>).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def scope_create(ctx, name, unit, unit_column, epsilon, rho, delta, accountant, bucket, unit_period, population,
-                 owner, description, actor, as_json) -> None:
+def scope_create(ctx, name, unit, unit_column, epsilon, rho, delta, accountant, bucket, unit_period, adjacency,
+                 record_level, population, owner, description, actor, as_json) -> None:
     """Create scope NAME (idempotent when identical)."""
     definition = ScopeDefinition(name=name, unit=unit, unit_column=unit_column, epsilon=epsilon, delta=delta, rho=rho,
                                  accountant=accountant, bucket=bucket, population=population, owner=owner,
-                                 description=description, unit_period=unit_period)
+                                 description=description, unit_period=unit_period, adjacency=adjacency,
+                                 record_level=record_level)
     with _ledger(ctx) as led:
         created = led.create_scope(definition, actor=actor or default_actor())
     if as_json:
@@ -160,14 +165,16 @@ def scope_show(ctx, name, as_json) -> None:
     with _ledger(ctx) as led:
         scopes = [led.scope(name)] if name else led.scopes()
     if as_json:
-        echo_json([s.to_dict() for s in scopes])
+        echo_json([{**s.to_dict(), "adjacency": s.adjacency, "record_level": s.record_level} for s in scopes])
         return
     table = Table(title="budget scopes")
-    for col in ("name", "cap", "delta", "accountant", "bucket", "unit", "owner"):
+    for col in ("name", "cap", "delta", "accountant", "bucket", "unit", "unit column", "record level", "adjacency",
+                "unit period", "owner"):
         table.add_column(col)
     for s in scopes:
         table.add_row(s.name, f"{'ρ' if s.rho is not None else 'ε'}={s.cap:g}", f"{s.delta:g}", s.accountant,
-                      s.bucket or "-", s.unit, s.owner)
+                      s.bucket or "-", s.unit, s.unit_column, "yes" if s.record_level else "no",
+                      s.adjacency or "not recorded (legacy scope: releases refused)", s.unit_period or "-", s.owner)
     Console().print(table)
 
 

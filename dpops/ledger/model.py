@@ -20,6 +20,7 @@ RUN_STATES = ("reserved", "started", "committed", "spent_unpublished", "released
 # Runs whose charge is still moving: composed from the runs table at each reservation.
 OPEN_STATES = ("reserved", "started")
 BUCKET_SIZES = ("day", "week", "month")
+ADJACENCIES = ("add_remove", "replace")
 UNBUCKETED = "*"  # the single bucket of a scope that is not bucketed by period
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
@@ -74,6 +75,16 @@ class ScopeDefinition:
     ``bucket`` splits the cap per period; it is allowed only when the unit itself is
     period-scoped, which the definer states with ``unit_period`` equal to ``bucket``
     (semantics.md section 4: disjoint periods touch disjoint units).
+
+    The unit definition is whole (issue 11 item 1): ``unit_column``, ``record_level``,
+    ``adjacency`` and ``unit_period``. A release whose ``privacy_unit`` differs in any of
+    them is refused before reservation (``dpops.runs._check_scope``): an epsilon charged
+    for one unit definition says nothing about another (a record-level release in a
+    user scope costs a user up to rows*epsilon; add_remove epsilon is 2*epsilon under
+    replace). ``adjacency=None`` is how a scope created before this field existed is
+    read: its adjacency was never recorded, so no release can be checked against it and
+    every release on it is refused (create a new scope). A missing ``record_level`` reads
+    as False, the stricter "one unit = all rows of one unit id" reading.
     """
 
     name: str
@@ -88,6 +99,8 @@ class ScopeDefinition:
     owner: str = ""
     description: str = ""
     unit_period: str | None = None
+    adjacency: str | None = None  # "add_remove" | "replace"; None = recorded before this field (refused)
+    record_level: bool = False
 
     def __post_init__(self) -> None:
         check_scope_name(self.name)
@@ -109,12 +122,30 @@ class ScopeDefinition:
                 f"scoped to one {self.bucket} (e.g. a user-{self.bucket}); declare unit_period={self.bucket!r} to state "
                 f"that, or remove the bucket (got unit_period={self.unit_period!r})"
             )
+        if self.adjacency is not None and self.adjacency not in ADJACENCIES:
+            raise SpecError(f"scope {self.name!r}: adjacency must be one of {ADJACENCIES}, got {self.adjacency!r}")
+        if not isinstance(self.record_level, bool):
+            raise SpecError(f"scope {self.name!r}: record_level must be true or false, got {self.record_level!r}")
         for text, what in ((self.owner, "owner"), (self.description, "description"), (self.accountant, "accountant")):
             if not isinstance(text, str):
                 raise SpecError(f"scope {self.name!r}: {what} must be a string, got {text!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # The stored (hashed) form of a scope predates ``adjacency`` and ``record_level``: leave them
+        # out at their legacy values so that a scope written before they existed reads back and
+        # re-serialises byte for byte (the ledger's verify compares the stored definition).
+        out = asdict(self)
+        if out["adjacency"] is None:
+            del out["adjacency"]
+        if out["record_level"] is False:
+            del out["record_level"]
+        return out
+
+    @property
+    def unit_definition(self) -> dict[str, Any]:
+        """The whole unit definition a release must match (shown by ``ledger scope show`` and manifests)."""
+        return {"unit_column": self.unit_column, "record_level": self.record_level, "adjacency": self.adjacency,
+                "period": self.unit_period, "bucket": self.bucket}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ScopeDefinition":

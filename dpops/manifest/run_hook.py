@@ -67,6 +67,9 @@ def _outcome_state(outcome: Any) -> str:
     return state
 
 
+TEST_REFUSAL_FINGERPRINT = "withheld:test-mode-refusal"
+
+
 def write_run_manifest(
     ctx: Any,
     ledger: Any,
@@ -99,8 +102,14 @@ def write_run_manifest(
     mode = _get(ctx, "randomness", "randomness_mode", default="keyed")
     mode = _get(mode, "mode", default=mode) if not isinstance(mode, str) else mode
 
+    if mode == "test" and state == "refused" and key_dict.get("input_fingerprint") != TEST_REFUSAL_FINGERPRINT:
+        # Test mode fingerprints the input under a PUBLIC key (TestFingerprintKey), so the fingerprint -
+        # and the run id, a hash of the run key - would let a manifest reader confirm a guess of the
+        # input. A refused run has no ledger entry to match, so both are left out (issue 11 item 6).
+        key_dict = {**key_dict, "input_fingerprint": TEST_REFUSAL_FINGERPRINT}
+        run_id = None  # build_manifest derives it from the redacted key
     scope_name = spec.budget.scope
-    rec = ledger.run(run_id) if ledger is not None else None
+    rec = ledger.run(run_id) if ledger is not None and run_id is not None else None
     scope_def = ledger.scope(scope_name) if ledger is not None else None
     accountant = scope_def.accountant if scope_def is not None else "basic/1"
     position = scope_position(ledger, scope_name, rec.buckets if rec else None) if ledger is not None else None

@@ -51,6 +51,8 @@ def scope_position(ledger: Any, scope_name: str, buckets: Sequence[str] | None =
     return {
         "name": in_force.name,
         "unit": in_force.unit,
+        # The whole unit definition the release was checked against (issue 11 item 1).
+        "definition": dict(in_force.unit_definition),
         "accountant": in_force.accountant,
         "cap": {"unit": in_force.cap_unit, "value": float(in_force.cap), "delta": float(in_force.delta)},
         "buckets": rows,
@@ -125,6 +127,9 @@ def replay_position(ledger: Any, recorded: Mapping[str, Any]) -> tuple[dict[str,
     elif digest != hist["digest"]:
         problems.append("privacy.scope.history.digest: the scope's entry ids/hashes up to "
                         f"#{through} differ from those the manifest was computed from")
+    if "definition" in recorded and recorded["definition"] != scope.unit_definition:
+        problems.append(f"privacy.scope.definition: manifest says {recorded['definition']}, the ledger's scope "
+                        f"defines its unit as {scope.unit_definition}")
     if scope.accountant != recorded["accountant"]:
         problems.append(f"privacy.scope.accountant: manifest says {recorded['accountant']}, "
                         f"the ledger's scope uses {scope.accountant}")

@@ -1,0 +1,116 @@
+"""Issue 11 item 6: input fingerprint re-checked, -0.0 labels, wide top_k codes, test-mode refusal manifests."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from dpops import runs  # noqa: E402
+from dpops.errors import InputDataError  # noqa: E402
+from dpops.ledger import ScopeDefinition, open_ledger  # noqa: E402
+from dpops.randomness import test_random  # noqa: E402
+from test_pipeline_helpers import request, run, write_input, write_spec  # noqa: E402
+from test_runs import IV, FakeKey, FakePipeline, planner  # noqa: E402
+from test_runs import write_input as write_day  # noqa: E402
+
+
+@pytest.fixture
+def env(tmp_path):
+    import yaml
+
+    doc = {
+        "name": "purchases_test",
+        "input": {"path": "data/{start:%Y-%m-%d}.parquet", "format": "parquet",
+                  "columns": {"user_id": "string", "region": "string", "amount": "float"}},
+        "privacy_unit": {"column": "user_id", "description": "a user", "adjacency": "add_remove"},
+        "budget": {"scope": "shop", "epsilon": 0.5, "delta": 0},
+        "contribution": {"max_partitions_per_unit": 1, "max_rows_per_unit_per_partition": 2},
+        "partitions": {"columns": ["region"], "public": ["north", "south"]},
+        "metrics": [{"type": "count"}],
+    }
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    data = write_day(tmp_path)
+    led = open_ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    led.create_scope(ScopeDefinition(name="shop", unit="a user", unit_column="user_id", epsilon=5.0, delta=1e-6,
+                                     rho=None, accountant="basic/1", adjacency="add_remove"), actor="t")
+    yield spec, data, led
+    led.close()
+
+
+def test_input_changed_during_the_computation_is_never_published(env, tmp_path):
+    spec, data, led = env
+    pipe = FakePipeline()
+
+    def swapping_pipeline(req):
+        out = pipe(req)
+        write_day(tmp_path, amounts=(9.0, 9.0, 9.0, 9.0))  # another process rewrites the day's file
+        return out
+
+    with pytest.raises(InputDataError, match="input files changed since the run was prepared .*while the pipeline"):
+        runs.execute_release(spec, *IV, ledger=led, key=FakeKey(), run_release=swapping_pipeline, planner=planner)
+    (rec,) = led.runs()
+    assert rec.state == "started"  # noise was drawn: charged, never refunded, never published
+    assert not (tmp_path / "out/published").exists() or not any((tmp_path / "out/published").rglob("data.parquet"))
+    assert not any((tmp_path / "out/staged").rglob("data.parquet"))
+
+
+def test_input_changed_before_the_computation_is_refunded(env, tmp_path):
+    spec, data, led = env
+    pipe = FakePipeline()
+    ctx = runs.prepare(spec, *IV, key=FakeKey(), planner=planner)
+    runs.reserve(ctx, led)
+    write_day(tmp_path, amounts=(7.0, 7.0, 7.0, 7.0))
+    with pytest.raises(InputDataError, match="before the computation started"):
+        runs._run_steps(ctx, led, publish_output=True, runner="FnApiRunner", runner_options=(), run_release=pipe,
+                        gx_checks=False, restates=None)
+    assert pipe.calls == 0
+    assert [r.state for r in led.runs()] == ["released"]
+
+
+def test_float_private_partition_label_is_normalised(tmp_path):
+    cols = {"user_id": "string", "region": "float", "amount": "float", "category": "string"}
+    n = 300
+    rows = {"user_id": [f"u{i}" for i in range(n)], "region": [-0.0] + [0.0] * (n - 1),
+            "amount": [1.0] * n, "category": ["x"] * n}
+    spec = write_spec(tmp_path, [{"type": "count"}], {"columns": ["region"], "private": {"strategy": "truncated_geometric"}},
+                      columns=cols, delta=1e-6, epsilon=5.0)
+    df, _, _ = run(request(spec, [write_input(tmp_path, rows)], tmp_path / "stage"))
+    assert len(df) == 1 and df["region"][0] == 0.0
+    assert math.copysign(1.0, float(df["region"][0])) == 1.0  # not -0.0: the first row's sign bit stays private
+
+
+def test_top_k_codes_beyond_int16():
+    from pipelines.io import ReadConfig, prepare_batch
+
+    domain = tuple(range(40_000))
+    cfg = ReadConfig(format="parquet", types={"u": "string", "p": "string", "c": "int"}, unit_column="u",
+                     partition_columns=("p",), value_columns=(), category_columns={"c": domain})
+    batch = pa.RecordBatch.from_pydict({"u": ["a", "b", "c"], "p": ["x", "x", "x"], "c": [39_999, 32_768, 5]})
+    rows, _, _ = prepare_batch(batch, 0, 0, cfg, test_random(1))
+    assert sorted(rows["c:c"].tolist()) == [5, 32_768, 39_999]
+
+
+def test_test_mode_refusal_manifest_leaves_out_the_input_fingerprint(env, tmp_path):
+    from dpops.manifest import read_manifest
+    from dpops.manifest.run_hook import TEST_REFUSAL_FINGERPRINT, write_run_manifest
+
+    spec, data, led = env
+    ctx = runs.prepare(spec, *IV, randomness="test", test_seed=4, planner=planner)
+    path = write_run_manifest(ctx, led, {"state": "refused", "reason": "budget"}, manifests_dir=tmp_path / "m")
+    text = Path(path).read_text()
+    assert ctx.input_fingerprint not in text and ctx.run_id not in text and ctx.run_id not in Path(path).name
+    m = read_manifest(path)
+    assert m["run_key"]["input_fingerprint"] == TEST_REFUSAL_FINGERPRINT and m["outcome"]["state"] == "refused"
+    # keyed mode keeps its (secret-keyed) fingerprint
+    kctx = runs.prepare(spec, *IV, key=FakeKey(), planner=planner)
+    kpath = write_run_manifest(kctx, led, {"state": "refused", "reason": "budget"}, manifests_dir=tmp_path / "k")
+    assert json.loads(Path(kpath).read_text())["run_key"]["input_fingerprint"] == kctx.input_fingerprint
