@@ -63,6 +63,7 @@ SUM_UNIT_BITS = 31  # |per-row integer term| <= 2**SUM_UNIT_BITS (see the module
 _LIMB_BITS = 16
 _CHUNK_ROWS = 1 << 36  # rows per exact limb bincount: 2**36 * 2**16 < 2**53
 _INT64_SAFE = 1 << 62  # two int64 operands each below this cannot overflow when added
+_INT64_ROWS = 1 << (62 - SUM_UNIT_BITS)  # fewer rows than this: |sum| < 2**62 in int64
 
 
 def sum_term_bounds(kind: str, lo: float, hi: float) -> tuple[float, float]:
@@ -140,7 +141,7 @@ def exact_group_sum(pidx: np.ndarray, k: np.ndarray, n_parts: int) -> np.ndarray
         lo_sum = np.bincount(pp, weights=(kk & mask).astype(np.float64), minlength=n_parts)
         hi_sum = np.bincount(pp, weights=(kk >> np.int64(_LIMB_BITS)).astype(np.float64), minlength=n_parts)
         lo_i, hi_i = lo_sum.astype(np.int64), hi_sum.astype(np.int64)
-        if len(kk) < (1 << (62 - SUM_UNIT_BITS)):  # |sum| <= rows·2^31 < 2^62: int64 is exact
+        if len(kk) < _INT64_ROWS:  # |sum| <= rows·2^31 < 2^62: int64 is exact
             part = (hi_i << np.int64(_LIMB_BITS)) + lo_i
         else:
             part = np.array([(int(h) << _LIMB_BITS) + int(lo) for h, lo in zip(hi_i, lo_i)], dtype=object)
