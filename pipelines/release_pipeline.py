@@ -446,7 +446,8 @@ def bounded_truth(request: ComputeRequest) -> tuple[list[tuple[Any, ...]], dict[
     pipeline noises for this request (same randomness, hence the same kept rows).
 
     For benchmarks and tests only: its output is not differentially private and must never be
-    published. Returns (partition keys, accumulators aligned with them).
+    published. Returns (partition keys, accumulators aligned with them); sum accumulators are exact
+    integer counts of their grid step ``pipelines.bounding.sum_unit(kind, lo, hi)``.
     """
     spec = load_spec(request.spec_path)
     plan = plan_release(spec)

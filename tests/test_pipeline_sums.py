@@ -229,3 +229,15 @@ def test_release_is_bit_identical_across_parquet_layouts_and_row_orders(tmp_path
             for v in m.vectors:
                 assert np.array_equal(acc[v.accumulator], acc0[v.accumulator]), v.accumulator
         assert df.equals(df0)
+
+
+def test_fixed_point_noise_refuses_wrong_inputs():
+    params = mech.laplace_mechanism(1.0, 1.0, integer_valued=False)
+    with pytest.raises(mech.InvalidParameter, match="power of two"):
+        mech.lattice_of_fixed(np.array([1], np.int64), 0.3, params)
+    with pytest.raises(mech.InvalidParameter, match="integers"):
+        mech.lattice_of_fixed(np.array([1.5]), 2.0**-20, params)
+    with pytest.raises(mech.InvalidParameter, match="real-valued"):
+        mech.lattice_of_fixed(np.array([1], np.int64), 1.0, mech.laplace_mechanism(1.0, 1.0, integer_valued=True))
+    noisy = mech.add_noise_fixed(np.array([3 * 2**20], np.int64), 2.0**-20, params, test_random(1, ("f",)))
+    assert noisy.dtype == np.float64 and float(noisy[0] / params.resolution).is_integer()
