@@ -241,3 +241,51 @@ def test_fixed_point_noise_refuses_wrong_inputs():
         mech.lattice_of_fixed(np.array([1], np.int64), 1.0, mech.laplace_mechanism(1.0, 1.0, integer_valued=True))
     noisy = mech.add_noise_fixed(np.array([3 * 2**20], np.int64), 2.0**-20, params, test_random(1, ("f",)))
     assert noisy.dtype == np.float64 and float(noisy[0] / params.resolution).is_integer()
+
+
+@pytest.mark.parametrize("adjacency", ["add_remove", "replace"])
+def test_random_neighbours_never_exceed_the_charge(adjacency):
+    """Random datasets and bounds (not multiples of the grid), a unit with rows at, inside and
+    beyond its bounds: the L1 lattice difference of every sum vector stays within its charge."""
+    gen = np.random.default_rng(8 if adjacency == "add_remove" else 9)
+    for trial in range(12):
+        lo = float(gen.choice([-3.7, 0.0, 0.1, -1e5, 2.5e-4]))
+        hi = lo + float(gen.choice([0.3, 1.0, 7.9, 1e6]))
+        l0, linf = int(gen.integers(1, 4)), int(gen.integers(1, 4))
+        doc = {**ATTACK_SPEC, "contribution": {"max_partitions_per_unit": l0, "max_rows_per_unit_per_partition": linf},
+               "privacy_unit": {**ATTACK_SPEC["privacy_unit"], "adjacency": adjacency},
+               "partitions": {"columns": ["p"], "public": [f"q{i}" for i in range(6)]},
+               "metrics": [{"type": t, "column": "v", "bounds": [lo, hi]} for t in ("sum", "mean", "variance")]}
+        plan = plan_release(parse_spec(doc, source="<random>"))
+        _, _, sums, _, _ = metric_layout(plan)
+        agg = AggregationSpec(l0=l0, linf=linf, sums=sums)
+        n = int(gen.integers(50, 400))
+        base_vals = gen.uniform(lo - (hi - lo), hi + (hi - lo), n)
+        base = _rows(base_vals, parts=gen.integers(0, 6, n), units=gen.integers(10, 60, n), seed=trial)
+
+        def unit_rows(uid, seed):
+            g2 = np.random.default_rng(seed)
+            k = int(g2.integers(1, 3 * l0 * linf + 2))
+            vals = g2.choice([lo, hi, (lo + hi) / 2, lo - 5 * (hi - lo), hi + 5 * (hi - lo)], k)
+            return _rows(vals, parts=g2.integers(0, 6, k), units=np.full(k, uid), seed=seed + 1000)
+
+        u = unit_rows(1, trial)
+        worlds = [base, {k: np.concatenate([base[k], u[k]]) for k in base}]
+        if adjacency == "replace":
+            worlds[0] = worlds[1]
+            worlds[1] = {k: np.concatenate([base[k], unit_rows(2, trial + 500)[k]]) for k in base}
+        lattices = []
+        for rows in worlds:
+            parts, acc, _ = aggregate_bucket(rows, agg)
+            out = {}
+            for m in plan.metrics:
+                for v in m.vectors:
+                    kind = v.accumulator.split(":")[0]
+                    if kind in bounding.SUM_KINDS:
+                        lat = mech.lattice_of_fixed(acc[v.accumulator], sum_unit(kind, lo, hi), v.params)
+                        out[v.accumulator] = (dict(zip(parts.tolist(), lat.tolist())), v.params)
+            lattices.append(out)
+        for name, (d0, params) in lattices[0].items():
+            d1 = lattices[1][name][0]
+            diff = sum(abs(d1.get(p, 0) - d0.get(p, 0)) for p in set(d0) | set(d1))
+            assert diff <= params.l1_sensitivity / params.resolution, (trial, name, lo, hi, l0, linf)
