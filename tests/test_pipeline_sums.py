@@ -101,6 +101,9 @@ def test_fixed_point_terms_stay_inside_the_charged_term_bounds(kind):
         k = fixed_point_terms(np.clip(x, lo, hi), kind, lo, hi)
         assert k.dtype == np.int64
         assert all(Fraction(a) <= int(kk) * Fraction(g) <= Fraction(b) for kk in k)
+        # a NaN or inf that slipped past the row checks still gives a bounded term
+        odd = fixed_point_terms(np.array([np.nan, np.inf, -np.inf]), kind, lo, hi)
+        assert all(Fraction(a) <= int(kk) * Fraction(g) <= Fraction(b) for kk in odd)
         # and each term is within g of the float term it snaps
         t = {"sum": x, "nsum": x - (lo + hi) / 2, "nsq": (x - (lo + hi) / 2) ** 2 - ((hi - lo) / 2) ** 2 / 2}[kind]
         assert np.all(np.abs(k * g - t) <= g * (1 + 1e-9))
