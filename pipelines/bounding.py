@@ -113,7 +113,7 @@ def fixed_point_terms(x: np.ndarray, kind: str, lo: float, hi: float) -> np.ndar
         t = (x - mid) ** 2 - h * h / 2.0
     # NaN never gets here (such rows are dropped when read); if one did, it becomes a bounded
     # term like any other value instead of an unbounded integer (defence in depth).
-    t = np.nan_to_num(t, nan=0.0)
+    t = np.nan_to_num(t, nan=0.0, posinf=b, neginf=a)
     k = np.rint(t / g)  # g is a power of two: the division is exact
     k = np.clip(k, math.ceil(a / g), math.floor(b / g))  # inward: k·g stays inside [a, b]
     return k.astype(np.int64)
