@@ -31,6 +31,18 @@ Thm 14) and needs σ ≥ 2r: σ is calibrated against ρ − τ and never set be
 (more noise than asked in that corner, never less).
 The scale is always rounded *up* to the exact rational the sampler uses; ``scale`` records
 a double ≤ that exact value, so a claim recomputed from the event is conservative.
+
+Exact fixed-point input (``add_noise_fixed``, the pipeline's sums). The Δ + r·m charge holds
+for the rounding of the *exact* query value. A float64 running sum is not exact (its error
+depends on row order and on the other rows: issue 11 item 4), so the pipeline accumulates
+each sum as an exact integer count N of a power-of-two step g (``pipelines.bounding``: every
+row's term snapped once to g and kept inside the term bounds Δ is derived from, so N·g is a
+function of sensitivity exactly Δ). ``add_noise_fixed`` rounds N·g to the nearest multiple
+of r in integer arithmetic (ties to even, no float on the way), so |rounded − N·g| ≤ r/2 per
+coordinate holds exactly and the charge Δ + r·m is unchanged: two neighbours' lattice vectors
+differ by at most Δ/r + m in L1 (Δ2/r + sqrt(m) in L2). The lattice value is saturated at
+±(2**52 − 1): clamping is 1-Lipschitz (never raises a sensitivity) and replaces a data-dependent
+error by a bounded output; it is reached only by sums beyond 2**52·r.
 """
 
 from __future__ import annotations
@@ -360,7 +372,6 @@ def add_noise(values: np.ndarray, params: NoiseParams, rng: RandomSource) -> np.
         if bad.any():
             i = _first_bad(bad)
             raise InvalidParameter(f"values[{i}] is {arr.reshape(-1)[i]!r}: NaN/inf must never reach the noise step")
-    lat = params._lattice()
     if params.integer_valued:
         if np.issubdtype(arr.dtype, np.floating):
             frac = arr != np.floor(arr)
@@ -377,14 +388,69 @@ def add_noise(values: np.ndarray, params: NoiseParams, rng: RandomSource) -> np.
         if base_f.size and np.abs(base_f).max() >= _MAX_LATTICE:
             raise InvalidParameter(f"values too large for resolution {r}: |value|/r must stay below 2**52")
         base = base_f.astype(np.int64)
+    out = _lattice_noise(base, params, rng)
+    if params.integer_valued:
+        return out
+    return out.astype(np.float64) * params.resolution
+
+
+def _lattice_noise(base: np.ndarray, params: NoiseParams, rng: RandomSource) -> np.ndarray:
+    """base + integer noise (int64), in lattice units."""
+    lat = params._lattice()
     if isinstance(lat, DiscreteLaplaceParam):
         noise = discrete_laplace(lat, base.size, rng)
     else:
         noise = discrete_gaussian(lat, base.size, rng)
-    out = base + noise.reshape(base.shape)
+    return base + noise.reshape(base.shape)
+
+
+def _round_shift(v: int, s: int) -> int:
+    """round(v / 2**s) to nearest, ties to even, for Python ints (s may be <= 0)."""
+    if s <= 0:
+        return v << -s
+    q, rem = v >> s, v & ((1 << s) - 1)  # floor quotient, remainder in [0, 2**s)
+    half = 1 << (s - 1)
+    return q + (1 if rem > half or (rem == half and q & 1) else 0)
+
+
+def lattice_of_fixed(units: np.ndarray, unit: float, params: NoiseParams) -> np.ndarray:
+    """int64 lattice values (multiples of r) nearest to the exact reals units·unit, ties to even.
+
+    ``units`` are integers (int64 or Python ints in an object array), ``unit`` a power of two.
+    Integer arithmetic only; saturated at ±(2**52 − 1) (see the module docstring).
+    """
+    r = params.resolution
     if params.integer_valued:
-        return out
-    return out.astype(np.float64) * params.resolution
+        raise InvalidParameter("lattice_of_fixed is for real-valued (grid) queries")
+    fu, fr = Fraction(unit), Fraction(r)
+    if fu <= 0 or any(x & (x - 1) for x in (fu.numerator, fu.denominator)):
+        raise InvalidParameter(f"fixed-point unit must be a power of two, got {unit!r}")
+    # r / unit = 2**s exactly (both are powers of two)
+    ratio = fr / fu
+    s = ratio.numerator.bit_length() - 1 if ratio.denominator == 1 else -(ratio.denominator.bit_length() - 1)
+    arr = np.asarray(units)
+    if arr.dtype != object and not np.issubdtype(arr.dtype, np.integer):
+        raise InvalidParameter(f"fixed-point values must be integers, got dtype {arr.dtype}")
+    cap = _MAX_LATTICE - 1
+    if arr.dtype != object and 0 < s <= 62:
+        a = arr.astype(np.int64)
+        q = a >> np.int64(s)
+        rem = a - (q << np.int64(s))
+        half = np.int64(1 << (s - 1))
+        q = q + ((rem > half) | ((rem == half) & ((q & 1) == 1)))
+        return np.clip(q, -cap, cap).astype(np.int64)
+    flat = [max(-cap, min(cap, _round_shift(int(v), s))) for v in arr.reshape(-1)]
+    return np.array(flat, dtype=np.int64).reshape(arr.shape)
+
+
+def add_noise_fixed(units: np.ndarray, unit: float, params: NoiseParams, rng: RandomSource) -> np.ndarray:
+    """Noisy copy (float64 on the r-grid) of the exact values units·unit (see the module docstring)."""
+    if not isinstance(params, NoiseParams):
+        raise InvalidParameter("add_noise_fixed needs NoiseParams from laplace_mechanism/gaussian_mechanism")
+    if not isinstance(rng, RandomSource):
+        raise InvalidParameter("add_noise_fixed needs a RandomSource (os_random, keyed_random or test_random)")
+    base = lattice_of_fixed(units, unit, params)
+    return _lattice_noise(base, params, rng).astype(np.float64) * params.resolution
 
 
 __all__ = [
@@ -395,4 +461,6 @@ __all__ = [
     "gaussian_mechanism",
     "gaussian_mechanism_zcdp",
     "add_noise",
+    "add_noise_fixed",
+    "lattice_of_fixed",
 ]

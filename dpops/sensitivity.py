@@ -44,6 +44,10 @@ Specialisations (M, W per partition):
   (the squares lie in [0, H²]; centring them halves the sensitivity).
 
 Everything is computed from the declared bounds only: never from the data.
+
+These Δ are for exact sums. The pipeline's sums are exact: each row's term is snapped to a
+power-of-two grid and clipped *inside* the term range [a, b] above (``pipelines.bounding``),
+so the integer sum is a sum of per-row terms in [a, b] and the same Δ holds for it unchanged.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.bounding import quantile_candidates
+from pipelines.bounding import SUM_KINDS, quantile_candidates, sum_unit
 
 Z95 = 1.959963984540054
 
@@ -54,7 +54,7 @@ def select_and_noise(
     rng,
 ) -> dict[str, list | np.ndarray]:
     """Columns (partition columns first, then metrics) of one shard's released partitions."""
-    from dpops.mechanisms import add_noise
+    from dpops.mechanisms import add_noise, add_noise_fixed
     from dpops.selection import exponential_mechanism, top_k
 
     parts, acc = _align(parts, acc, public_hashes, plan)
@@ -75,8 +75,14 @@ def select_and_noise(
         noisy, std = {}, {}
         for v in m.vectors:
             true = acc[v.accumulator]
-            true = true.astype(np.int64) if v.params.integer_valued else true.astype(np.float64)
-            noisy[v.name] = np.asarray(add_noise(true, v.params, rng.child("noise", m.key, v.name, shard)))
+            kind = v.accumulator.split(":")[0]
+            if not v.params.integer_valued and kind in SUM_KINDS:
+                # exact fixed-point sum (pipelines.bounding): rounded to the noise grid in integers
+                noisy[v.name] = add_noise_fixed(true, sum_unit(kind, *m.bounds), v.params,
+                                                rng.child("noise", m.key, v.name, shard))
+            else:
+                true = true.astype(np.int64) if v.params.integer_valued else true.astype(np.float64)
+                noisy[v.name] = np.asarray(add_noise(true, v.params, rng.child("noise", m.key, v.name, shard)))
             std[v.name] = float(v.params.std)
             noisy[v.name + "/hw"] = float(v.params.ci95_halfwidth())
         noisy_by_metric[m.key] = (noisy, std)

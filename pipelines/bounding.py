@@ -7,7 +7,35 @@ bounds can be enforced exactly here:
    random priority: a uniformly random subset of min(Linf, rows) rows;
 2. L0: each unit keeps the ``l0`` (unit, partition) pairs with the smallest
    random pair priority: a uniformly random subset of its partitions;
-3. clamp values to each metric's bounds, then sum per partition.
+3. clamp values to each metric's bounds, then sum per partition -- exactly, in fixed point.
+
+Exact sums (issue 11 item 4). The noise is charged for Δ + r·m (``dpops.mechanisms``): the
+sensitivity Δ of the *exact* sum, plus the rounding to the noise grid r. A float64 running sum
+is not that function: its rounding error depends on the order of the rows and on the other
+rows' magnitudes, so one unit can move it by more than Δ (2^22 rows of 1.0, a 0.5, the
+target's -1, then 2^22 rows of -2^-31: the tiny rows vanish in one neighbour and not in the
+other, 1026 lattice steps against a charge of 1025), and two runners adding the same rows in
+another order publish different numbers. So every sum accumulator is built in integers:
+
+- each row's term t(x) (x for "sum", x - mid for "nsum", (x - mid)^2 - h^2/2 for "nsq", x
+  already clamped) is snapped ONCE, per row, to the grid g of ``sum_unit`` as the integer
+  k = rint(t/g), then clipped to [ceil(a/g), floor(b/g)], where [a, b] are the term bounds
+  ``dpops.sensitivity`` derives Δ from (``sum_term_bounds``: the same float expressions). So
+  k·g lies in [a, b] for every row, whatever float error the term carries: the integer sum
+  sum(k)·g is a sum of per-row terms in [a, b], a function whose sensitivity is exactly the Δ
+  already charged. No extra charge is needed for the per-row snap; the noise step then rounds
+  sum(k)·g exactly (integer arithmetic) to the noise grid r, which the +r·m term covers.
+- g is a public power of two from the term bounds only: the smallest with max(|a|, |b|)/g
+  <= 2^31 (``SUM_UNIT_BITS``), so |k| <= 2^31. Cost: each row moves by at most g
+  (<= 2^-31 of the bound); over n rows of a partition at most n·g, against a noise std of at
+  least Linf·max(|a|,|b|)·sqrt(2)/ε -- below 2^-11 of one noise std up to 2^20 rows per
+  partition at ε = 1 (and in practice ~sqrt(n)·g/sqrt(12), as the errors are not aligned).
+- the integer sums are exact and associative, so any row order, bundle order, chunking or
+  bucket merge order gives the same bits. Within a bucket the per-partition sum is two float64
+  bincounts over 16-bit limbs of k (exact while a partial sum stays below 2^53: up to 2^36
+  rows, chunked beyond), recombined in int64. Partials are int64; any addition whose operands
+  could reach 2^63 (``checked_add``: decided from the operands' magnitudes) is done in Python
+  integers instead (dtype object), so nothing overflows and nothing aborts on the data.
 
 Priorities are uint64 words drawn from the run's randomness source when the row
 is read (stream labelled with file, row group and batch), so they do not depend
@@ -20,6 +48,7 @@ unit's g pairs) is broken by the sort order: it biases the choice, never the bou
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +59,97 @@ import pandas as pd
 #   "nsum":  x - mid                (mean, variance: |term| <= h)
 #   "nsq":   (x - mid)^2 - h^2/2    (variance: centred squares, |term| <= h^2/2)
 SUM_KINDS = ("sum", "nsum", "nsq")
+SUM_UNIT_BITS = 31  # |per-row integer term| <= 2**SUM_UNIT_BITS (see the module docstring)
+_LIMB_BITS = 16
+_CHUNK_ROWS = 1 << 36  # rows per exact limb bincount: 2**36 * 2**16 < 2**53
+_INT64_SAFE = 1 << 62  # two int64 operands each below this cannot overflow when added
+_INT64_ROWS = 1 << (62 - SUM_UNIT_BITS)  # fewer rows than this: |sum| < 2**62 in int64
+
+
+def sum_term_bounds(kind: str, lo: float, hi: float) -> tuple[float, float]:
+    """[a, b] of the per-row term of accumulator ``kind`` over values clamped to [lo, hi].
+
+    The same float expressions as ``dpops.sensitivity`` (sum_, normalized_sum, variance), so the
+    clip of the fixed-point term to [a, b] is exactly the range the charged Δ was derived from.
+    """
+    if kind == "sum":
+        return float(lo), float(hi)
+    h = (hi - lo) / 2.0
+    if kind == "nsum":
+        return -h, h
+    if kind == "nsq":
+        return -h * h / 2.0, h * h / 2.0
+    raise ValueError(f"unknown sum accumulator kind {kind!r}")  # pragma: no cover - plan builds only known kinds
+
+
+def sum_unit(kind: str, lo: float, hi: float) -> float:
+    """The fixed-point grid g of accumulator ``kind``: the smallest power of two with
+    max(|a|, |b|) / g <= 2**SUM_UNIT_BITS. Public (declared bounds only)."""
+    a, b = sum_term_bounds(kind, lo, hi)
+    big = max(abs(a), abs(b))
+    if big == 0.0 or not math.isfinite(big):
+        return 1.0
+    f, e = math.frexp(big)  # big = f * 2**e, f in [0.5, 1): 2**(e-1) <= big < 2**e
+    if f == 0.5:  # big = 2**(e-1) exactly: the smallest power of two >= big
+        e -= 1
+    return max(math.ldexp(1.0, e - SUM_UNIT_BITS), math.ldexp(1.0, -1074))
+
+
+def fixed_point_terms(x: np.ndarray, kind: str, lo: float, hi: float) -> np.ndarray:
+    """int64 k per row with k·g in [a, b]: the row's term snapped once to the grid g (see module doc).
+
+    ``x`` must already be clamped to [lo, hi]. Each k depends on its own row only.
+    """
+    a, b = sum_term_bounds(kind, lo, hi)
+    g = sum_unit(kind, lo, hi)
+    mid = (lo + hi) / 2.0
+    x = np.asarray(x, dtype=np.float64)
+    if kind == "sum":
+        t = x
+    elif kind == "nsum":
+        t = x - mid
+    else:
+        h = (hi - lo) / 2.0
+        t = (x - mid) ** 2 - h * h / 2.0
+    # NaN never gets here (such rows are dropped when read); if one did, it becomes a bounded
+    # term like any other value instead of an unbounded integer (defence in depth).
+    t = np.nan_to_num(t, nan=0.0, posinf=b, neginf=a)
+    k = np.rint(t / g)  # g is a power of two: the division is exact
+    k = np.clip(k, math.ceil(a / g), math.floor(b / g))  # inward: k·g stays inside [a, b]
+    return k.astype(np.int64)
+
+
+def checked_add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a + b elementwise, exact: int64 when no result can overflow, else Python integers (object)."""
+    if a.dtype == object or b.dtype == object or _max_abs(a) >= _INT64_SAFE or _max_abs(b) >= _INT64_SAFE:
+        return a.astype(object) + b.astype(object)
+    return a + b
+
+
+def _max_abs(a: np.ndarray) -> int:
+    if a.size == 0:
+        return 0
+    return max(abs(int(a.min())), abs(int(a.max())))
+
+
+def exact_group_sum(pidx: np.ndarray, k: np.ndarray, n_parts: int) -> np.ndarray:
+    """Exact per-partition sums of the int64 terms ``k`` (|k| <= 2**SUM_UNIT_BITS): int64, or
+    Python integers (object) if a sum could leave int64. Order-independent by construction."""
+    out = np.zeros(n_parts, np.int64)
+    mask = np.int64((1 << _LIMB_BITS) - 1)
+    for start in range(0, len(k), _CHUNK_ROWS):
+        kk, pp = k[start:start + _CHUNK_ROWS], pidx[start:start + _CHUNK_ROWS]
+        # k = hi·2^16 + lo with lo in [0, 2^16), |hi| <= 2^15: every float64 partial sum of a limb
+        # stays below 2^53 (<= 2^36 rows), so bincount adds them exactly.
+        lo_sum = np.bincount(pp, weights=(kk & mask).astype(np.float64), minlength=n_parts)
+        hi_sum = np.bincount(pp, weights=(kk >> np.int64(_LIMB_BITS)).astype(np.float64), minlength=n_parts)
+        lo_i, hi_i = lo_sum.astype(np.int64), hi_sum.astype(np.int64)
+        if len(kk) < _INT64_ROWS:  # |sum| <= rows·2^31 < 2^62: int64 is exact
+            part = (hi_i << np.int64(_LIMB_BITS)) + lo_i
+        else:
+            part = np.array([(int(h) << _LIMB_BITS) + int(lo) for h, lo in zip(hi_i, lo_i)], dtype=object)
+        out = checked_add(out, part)
+    return out
 
 
 @dataclass(frozen=True)
@@ -99,8 +219,9 @@ def aggregate_bucket(rows: dict[str, np.ndarray], spec: AggregationSpec) -> tupl
     """Bound one bucket's rows and pre-aggregate them per partition.
 
     Returns (sorted unique partition hashes, accumulators aligned with them, internal counters).
-    Accumulators: "count" and "unit_count" (int64), each sum (float64), each histogram / category
-    count as a dense (partitions x bins) int64 matrix.
+    Accumulators: "count" and "unit_count" (int64), each sum as an exact integer count of its
+    grid step ``sum_unit(kind, lo, hi)`` (int64, or object = Python ints where int64 could
+    overflow), each histogram / category count as a dense (partitions x bins) int64 matrix.
     """
     kept, pair_parts, stats = bound_contributions(rows["u"], rows["p"], rows["prio"], spec.l0, spec.linf)
     p = rows["p"][kept]
@@ -124,17 +245,8 @@ def aggregate_bucket(rows: dict[str, np.ndarray], spec: AggregationSpec) -> tupl
         return clamped_cache[key]
 
     for name, col, lo, hi, kind in spec.sums:
-        x = clamped(col, lo, hi)
-        mid, half = (lo + hi) / 2.0, (hi - lo) / 2.0
-        if kind == "sum":
-            w = x
-        elif kind == "nsum":
-            w = x - mid
-        elif kind == "nsq":
-            w = (x - mid) ** 2 - half * half / 2.0
-        else:  # pragma: no cover - plan builds only known kinds
-            raise ValueError(kind)
-        acc[name] = np.bincount(pidx, weights=w, minlength=n_parts)
+        # exact fixed point (module doc): integer multiples of sum_unit(kind, lo, hi)
+        acc[name] = exact_group_sum(pidx, fixed_point_terms(clamped(col, lo, hi), kind, lo, hi), n_parts)
     for name, col, lo, hi, n_bins in spec.hists:
         acc[name] = _histogram(pidx, n_parts, clamped(col, lo, hi), lo, hi, n_bins)
     for name, col, k in spec.cats:
@@ -169,8 +281,9 @@ def _histogram(pidx: np.ndarray, n_parts: int, x: np.ndarray, lo: float, hi: flo
 
 
 def merge_partials(partials: list[tuple[np.ndarray, dict]]) -> tuple[np.ndarray, dict]:
-    """Sum per-bucket accumulators per partition. Callers pass partials in bucket order, so
-    float sums are added in the same order on every runner (identical output under one key)."""
+    """Sum per-bucket accumulators per partition. Every accumulator is an integer array, so the
+    result does not depend on the order of the partials; sum accumulators are added with
+    ``checked_add`` (widened to Python integers rather than overflowing)."""
     if not partials:
         return np.zeros(0, np.uint64), {}
     all_parts = np.concatenate([pp for pp, _ in partials])
@@ -184,6 +297,12 @@ def merge_partials(partials: list[tuple[np.ndarray, dict]]) -> tuple[np.ndarray,
         for name, arr in acc.items():
             if name not in out:
                 out[name] = np.zeros((n,) + arr.shape[1:], dtype=arr.dtype)
+            if arr.ndim == 1:  # counts and exact sums: checked (sums may need Python integers)
+                res = checked_add(out[name][idx], arr)
+                if res.dtype == object and out[name].dtype != object:
+                    out[name] = out[name].astype(object)  # widen before storing Python integers
+                out[name][idx] = res
+                continue
             out[name][idx] += arr  # idx is unique within one partial: plain fancy-index add is exact
     return parts, out
 

@@ -204,7 +204,7 @@ class SelectNoiseWrite(beam.DoFn):
             elif it[0] == "names":
                 for j, h in enumerate(it[1]):
                     names[int(h)] = tuple(col[j] for col in it[2])
-        partials.sort(key=lambda t: t[0])  # bucket order: float sums add up identically on every runner
+        partials.sort(key=lambda t: t[0])  # bucket order (all sums are exact integers: order-free anyway)
         parts, acc = merge_partials([(p, a) for _, p, a in partials])
         if not acc:
             acc = _empty_acc(self.ctx.agg)
@@ -236,7 +236,7 @@ def _unpack(data: bytes) -> Any:
 def _empty_acc(agg: AggregationSpec) -> dict[str, np.ndarray]:
     acc = {"count": np.zeros(0, np.int64), "unit_count": np.zeros(0, np.int64)}
     for name, *_ in agg.sums:
-        acc[name] = np.zeros(0)
+        acc[name] = np.zeros(0, np.int64)  # exact fixed-point sums (pipelines.bounding)
     for name, _c, _lo, _hi, bins in agg.hists:
         acc[name] = np.zeros((0, bins + 1), np.int64)
     for name, _c, k in agg.cats:
@@ -517,7 +517,8 @@ def bounded_truth(request: ComputeRequest) -> tuple[list[tuple[Any, ...]], dict[
     pipeline noises for this request (same randomness, hence the same kept rows).
 
     For benchmarks and tests only: its output is not differentially private and must never be
-    published. Returns (partition keys, accumulators aligned with them).
+    published. Returns (partition keys, accumulators aligned with them); sum accumulators are exact
+    integer counts of their grid step ``pipelines.bounding.sum_unit(kind, lo, hi)``.
     """
     spec = load_spec(request.spec_path)
     plan = plan_release(spec)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from dpops.audit.key_reuse import audit_key_reuse
@@ -88,8 +89,23 @@ def test_nan_passing_the_clamp_fails(monkeypatch):
             real(drop, mask, reason)
 
     monkeypatch.setattr(io, "_mark", keep_bad_values)
+    # Exact fixed-point sums bound every term, a NaN included (pipelines.bounding): the leaked
+    # NaN rows cost nothing, and the audit still shows the claim holds.
     res = _audit("sum", trials=600)
-    # the run aborts exactly when the unit is present: a data-dependent abort is observable
+    assert res.passed, res
+    # A sum path that aborts on NaN (as the float64 path did in the noise step) fails exactly
+    # when the unit is present: a data-dependent abort is an observable event.
+    import pipelines.bounding as bounding
+
+    real_terms = bounding.fixed_point_terms
+
+    def abort_on_nan(x, *a):
+        if np.isnan(x).any():
+            raise ValueError("NaN in a sum")
+        return real_terms(x, *a)
+
+    monkeypatch.setattr(bounding, "fixed_point_terms", abort_on_nan)
+    res = _audit("sum", trials=600)
     assert not res.passed and res.event.startswith("run failed"), res
 
 

@@ -173,6 +173,7 @@ def test_confidence_intervals_cover(tmp_path):
     """
     from dpops.randomness import test_random
     from pipelines.aggregate import select_and_noise
+    from pipelines.bounding import sum_unit
 
     spec = write_spec(tmp_path, [{"type": "count"}, {"type": "sum", "column": "amount", "bounds": [0, 10]}],
                       {"columns": ["region"], "public": [f"p{i}" for i in range(40)]}, epsilon=1.0)
@@ -180,8 +181,10 @@ def test_confidence_intervals_cover(tmp_path):
     parts = np.arange(1, 41, dtype=np.uint64)
     gen = np.random.default_rng(1)
     true_c = gen.integers(0, 500, 40).astype(np.int64)
-    true_s = gen.uniform(0, 3000, 40)
-    acc = {"count": true_c, "unit_count": true_c, "sum:sum_amount": true_s}
+    g = sum_unit("sum", 0.0, 10.0)  # the pipeline's sums are exact integer multiples of g
+    true_units = np.rint(gen.uniform(0, 3000, 40) / g).astype(np.int64)
+    true_s = true_units * g
+    acc = {"count": true_c, "unit_count": true_c, "sum:sum_amount": true_units}
     names = {int(h): (f"p{int(h)}",) for h in parts}
     hit_c = hit_s = total = 0
     for seed in range(300):

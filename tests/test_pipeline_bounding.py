@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dpops.randomness import test_random
-from pipelines.bounding import AggregationSpec, aggregate_bucket, bound_contributions, merge_partials
+from pipelines.bounding import AggregationSpec, aggregate_bucket, bound_contributions, merge_partials, sum_unit
 
 
 def _rows(units, parts, values=None, seed=0):
@@ -34,7 +34,10 @@ def test_hand_checked_bounds_and_clamping():
     parts_out, acc, stats = aggregate_bucket(_rows(units, parts, values), spec)
     assert acc["count"].sum() == 2 + 3 + 1  # A keeps Linf=2 rows, B keeps L0=3 partitions, C its row
     assert acc["unit_count"].sum() == 1 + 3 + 1
-    assert acc["sum:s"].sum() == pytest.approx(2 * 5.0 + 3 * 1.0 + 100.0)  # C's 500 clamped to 100
+    # sums are exact integer multiples of the grid step g = sum_unit (here 2^-24: 100 <= 2^7 = 2^31 g)
+    assert sum_unit("sum", 0.0, 100.0) == 2.0**-24
+    assert acc["sum:s"].dtype == np.int64
+    assert int(acc["sum:s"].sum()) == (2 * 5 + 3 * 1 + 100) * 2**24  # C's 500 clamped to 100
     assert stats["rows_dropped_linf"] == 8 and stats["pairs_dropped_l0"] == 6 and stats["values_clamped"] == 1
     p1 = parts_out.tolist().index(hash_u("p1"))
     assert acc["count"][p1] in (2, 3)  # A's 2 rows, plus B's row if B kept partition 1

@@ -2,9 +2,11 @@
 
 See docs/audit.md for the method. Entry points: ``audit_plan`` (a release spec's metrics and
 partition selection), ``audit_mechanisms`` (the built-in suite), ``audit_key_reuse`` (fresh
-noise on a changed input) and ``audit_metric_via_pipeline`` (end to end through Beam).
+noise on a changed input), ``audit_float_sums`` (one unit moves an exact sum by no more than the
+charge, whatever the other rows) and ``audit_metric_via_pipeline`` (end to end through Beam).
 """
 
+from dpops.audit.float_sums import audit_float_sums
 from dpops.audit.key_reuse import audit_key_reuse
 from dpops.audit.pipeline_path import audit_metric_via_pipeline
 from dpops.audit.runner import AuditResult, audit_plan, audit_scenarios, sample_statistic
@@ -16,6 +18,7 @@ __all__ = [
     "audit_plan",
     "audit_mechanisms",
     "audit_key_reuse",
+    "audit_float_sums",
     "audit_metric_via_pipeline",
     "audit_scenarios",
     "sample_statistic",

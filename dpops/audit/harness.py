@@ -137,6 +137,16 @@ class Harness:
     def run(self, rows: Rows, n_parts: int, rng) -> dict[str, Any]:
         """Released columns (before free post-processing) plus ``_part``: the partition index of each row."""
         from pipelines.aggregate import select_and_noise
+
+        parts, acc, names, pub_hashes, pub_names = self.accumulate(rows, n_parts, rng)
+        cols = select_and_noise(0, parts, acc, names, self.plan, pub_hashes, pub_names, rng)
+        first = cols.get(self.part_cols[0], [])
+        cols["_part"] = self.partition_index(list(first))
+        return cols
+
+    def accumulate(self, rows: Rows, n_parts: int, rng):
+        """The pipeline's exact per-partition accumulators before noise: (partition hashes,
+        accumulators, names, public hashes, public names). Never published: audit use only."""
         from pipelines.bounding import aggregate_bucket
         from pipelines.io import hash_partition_tuples, prepare_batch
 
@@ -153,10 +163,7 @@ class Harness:
         prows, (uniq, name_vals), _ = prepare_batch(batch, 0, 0, read, rng.child("bounding", 0, -1, 0))
         parts, acc, _ = aggregate_bucket(prows, self.agg)
         names = {int(h): tuple(col[j] for col in name_vals) for j, h in enumerate(uniq)}
-        cols = select_and_noise(0, parts, acc, names, self.plan, pub_hashes, pub_names, rng)
-        first = cols.get(self.part_cols[0], [])
-        cols["_part"] = self.partition_index(list(first))
-        return cols
+        return parts, acc, names, pub_hashes, pub_names
 
 
 def safe_run(h: Harness, rows: Rows, n_parts: int, rng) -> dict[str, Any] | Exception:

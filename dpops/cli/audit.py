@@ -56,19 +56,25 @@ def cli() -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="test seed of the audit's randomness")
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
 def mechanisms_cmd(profile: str, names: tuple[str, ...], seed: int, as_json: bool) -> None:
-    """count, sum, mean, unit_count, top_k, partition selection, quantiles, and noise-key reuse."""
+    """count, sum, mean, unit_count, top_k, partition selection, quantiles, noise-key reuse, and the
+    float-sum attack (float_sum: the sum case in the ci profile, sum/mean/variance in thorough)."""
+    from dpops.audit.float_sums import audit_float_sums
     from dpops.audit.key_reuse import audit_key_reuse
     from dpops.audit.suite import MECHANISMS, PROFILES, audit_mechanisms
 
-    known = list(MECHANISMS) + ["key_reuse"]
+    extra = ["key_reuse", "float_sum"]
+    known = list(MECHANISMS) + extra
     bad = [n for n in names if n not in known]
     if bad:
         raise InvalidParameter(f"--mechanism: unknown {bad}; choose from {known}")
     wanted = list(names) or known
-    results = audit_mechanisms(profile, [n for n in wanted if n != "key_reuse"], seed=seed)
+    core = [n for n in wanted if n not in extra]
+    results = audit_mechanisms(profile, core, seed=seed) if core else []  # [] would mean "all"
     if "key_reuse" in wanted:
         prof = PROFILES[profile]
         results.append(audit_key_reuse(trials=prof.trials, confidence=prof.confidence, seed=seed))
+    if "float_sum" in wanted:
+        results.extend(audit_float_sums(["sum"] if profile == "ci" else None, seed=seed))
     _render(results, f"dpops audit mechanisms (profile {profile})", as_json)
     _finish(results)
 
