@@ -455,3 +455,28 @@ def test_forged_cache_lets_a_reservation_through_but_verify_names_it(tmp_path):
         led.reserve(key(4), "s", lap(0.3), actor="op")  # admitted against the forged cache
         report = led.verify()
         assert not report.ok and report.first_bad_entry == 11 and "over the cap" in report.problems[0]
+
+
+def test_report_provenance_shows_the_checkpoint_and_fails_a_rebuilt_chain(tmp_path, keys, capsys, monkeypatch):
+    """The reviewer's report names the external anchor on its first screen and exits 7 once the chain no
+    longer extends it (a ledger rebuilt with one run charged half)."""
+    path = tmp_path / "l.sqlite"
+    url, cps = f"sqlite:///{path}", tmp_path / "checkpoints"
+    monkeypatch.setenv(DIR_ENV, str(cps))
+    monkeypatch.setenv(PUBLIC_KEY_ENV, keys[1])
+    with open_ledger(url) as led:
+        populate(led)
+        checkpoint_ledger(led, cps, keys[0])
+        victim = led.runs()[1].run_id
+    out = tmp_path / "report.html"
+    code, _, _ = cli(capsys, "report", "--scope", "s", "--ledger", url, "--out", str(out))
+    assert code == 0
+    html = out.read_text()
+    assert "1 signed checkpoint(s), latest at entry 10" in html and "the chain extends them" in html
+    rebuild_sqlite(url, path, cap=1.0, charge=(victim, 2.0)).close()
+    code, _, _ = cli(capsys, "report", "--scope", "s", "--ledger", url, "--out", str(out))
+    assert code == 7
+    assert "FAILED: checkpoint" in out.read_text()
+    monkeypatch.delenv(DIR_ENV)
+    code, _, _ = cli(capsys, "report", "--scope", "s", "--ledger", url, "--out", str(out))
+    assert code == 0 and "none configured" in out.read_text()  # without the anchor the rebuild passes

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dpops.accounting import get_accountant, known_accountants
-from dpops.errors import IntegrityError, StorageError
+from dpops.errors import DpopsError, IntegrityError, StorageError
 
 CHARGED = ("committed", "spent_unpublished", "started", "reserved")
 COMPARED = ("basic", "zcdp", "rdp", "pld")
@@ -142,6 +142,34 @@ def redact_url(url: str | None) -> str:
     return urlunsplit((u.scheme, host, u.path, "", ""))
 
 
+def _checkpoint_state(ledger: Any, verify: dict[str, Any]) -> str:
+    """One line on the chain's external anchor: the signed checkpoints the deployment keeps.
+
+    Read from ``DPOPS_LEDGER_CHECKPOINTS_DIR`` with ``DPOPS_LEDGER_CHECKPOINT_PUBLIC_KEY``. A chain that no
+    longer extends a checkpoint fails the ledger verification shown beside it (and ``dpops report`` exits 7),
+    because only this anchor catches a ledger rebuilt by someone with database write access.
+    """
+    from dpops.ledger import checkpoint as cp
+
+    directory, public_key = os.environ.get(cp.DIR_ENV), cp.default_public_key(None)
+    if not directory or not public_key:
+        return "none configured (set DPOPS_LEDGER_CHECKPOINTS_DIR and DPOPS_LEDGER_CHECKPOINT_PUBLIC_KEY)"
+    try:
+        checkpoints = cp.load_checkpoints(directory, public_key)
+        hashes = [str(e.hash) for e in sorted(ledger.history(), key=lambda e: int(e.id))]
+        problems = cp.check_anchors(hashes, checkpoints)
+    except DpopsError as exc:
+        problems = [str(exc)]
+        checkpoints = []
+    if problems:
+        verify["ok"] = False
+        verify["problems"] = (list(verify.get("problems") or []) + problems)[:5]
+        return f"FAILED: {problems[0]}"
+    latest = cp.summary(checkpoints)
+    return (f"{latest['checkpoints']} signed checkpoint(s), latest at entry {latest['latest_entries']} "
+            f"(head {latest['latest_head']}, key {latest['public_key_id']}): the chain extends them")
+
+
 def _provenance(ledger: Any, checks: dict[str, ManifestCheck]) -> dict[str, Any]:
     from dpops import __version__
     from dpops.ledger.model import utc_now
@@ -159,8 +187,7 @@ def _provenance(ledger: Any, checks: dict[str, ManifestCheck]) -> dict[str, Any]
         "dpops_version": __version__,
         "ledger_url": redact_url(getattr(ledger, "url", None)),
         "ledger_verify": verify,
-        # Signed checkpoints of the chain head (issue 13) are wired by the lead; until then: none.
-        "checkpoint": "none configured",
+        "checkpoint": _checkpoint_state(ledger, verify),
         "manifests": {"total": len(values), "verified": sum(c.status == "verified" for c in values),
                       "partly": sum(c.status == "verified (partly)" for c in values),
                       "failed": sum(not c.ok for c in values)},
