@@ -64,28 +64,10 @@ def data_docs_index(root: str | os.PathLike[str]) -> Path:
 
 def _dpops_expectations(df: Any, partition_columns: Sequence[str], public_partitions: Sequence[Any] | None,
                         allow_null: bool) -> tuple[Any, list[Any]]:
-    """dpops' output suite (the same expectations ``dpops.validate.check_release_output`` runs)."""
-    import great_expectations.expectations as gxe
+    """dpops' output suite: the very expectations ``dpops.validate.check_release_output`` runs."""
+    from dpops.validate import output_expectations
 
-    from dpops.validate import _partition_keys, _public_keys
-
-    df = df.copy()
-    df["__partition_key"] = _partition_keys(df, partition_columns)
-    value_cols = [c for c in df.columns if c not in partition_columns and c != "__partition_key"]
-    exp: list[Any] = [gxe.ExpectColumnValuesToBeUnique(column="__partition_key")]
-    if public_partitions is not None:
-        keys = _public_keys(public_partitions, len(partition_columns))
-        exp += [gxe.ExpectColumnDistinctValuesToEqualSet(column="__partition_key", value_set=keys),
-                gxe.ExpectTableRowCountToEqual(value=len(keys))]
-    if not allow_null:
-        exp += [gxe.ExpectColumnValuesToNotBeNull(column=c) for c in [*partition_columns, *value_cols]]
-    for low in [c for c in value_cols if c.endswith("_ci95_low")]:
-        high = low[: -len("_low")] + "_high"
-        if high in df.columns:
-            exp.append(gxe.ExpectColumnPairValuesAToBeGreaterThanB(
-                column_A=high, column_B=low, or_equal=True, ignore_row_if="either_value_is_missing"))
-    exp += [gxe.ExpectColumnValuesToBeBetween(column=c, min_value=0) for c in value_cols if c.endswith("_std")]
-    return df, exp
+    return output_expectations(df, partition_columns, public_partitions, allow_null, "release output")
 
 
 def _describe(cfg: Any) -> str:

@@ -211,6 +211,39 @@ def _public_keys(public: Iterable[Any], n_columns: int) -> list[str]:
     return keys
 
 
+def output_expectations(df: Any, partition_columns: Sequence[str], public_partitions: Sequence[Any] | None,
+                        allow_null: bool, where: str) -> tuple[Any, list[Any]]:
+    """dpops' output suite on a noisy release table: (the table with its partition key column, expectations).
+
+    One owner for the suite: ``check_release_output`` runs it in memory, ``dpops.gx_project`` through a
+    file-backed checkpoint. Only noisy values are checked here (post-processing, semantics.md section 6).
+    """
+    _, gxe, _ = _gx()
+    df = df.copy()
+    df["__partition_key"] = _partition_keys(df, partition_columns)
+    value_cols = [c for c in df.columns if c not in partition_columns and c != "__partition_key"]
+    exp: list[Any] = [gxe.ExpectColumnValuesToBeUnique(column="__partition_key")]
+    if public_partitions is not None:
+        keys = _public_keys(public_partitions, len(partition_columns))
+        exp += [
+            gxe.ExpectColumnDistinctValuesToEqualSet(column="__partition_key", value_set=keys),
+            gxe.ExpectTableRowCountToEqual(value=len(keys)),
+        ]
+    if not allow_null:
+        exp += [gxe.ExpectColumnValuesToNotBeNull(column=c) for c in [*partition_columns, *value_cols]]
+    for low in [c for c in value_cols if c.endswith("_ci95_low")]:
+        high = low[: -len("_low")] + "_high"
+        if high not in df.columns:
+            raise IntegrityError(f"{where}: column {low!r} has no matching {high!r}")
+        exp.append(
+            gxe.ExpectColumnPairValuesAToBeGreaterThanB(
+                column_A=high, column_B=low, or_equal=True, ignore_row_if="either_value_is_missing"
+            )
+        )
+    exp += [gxe.ExpectColumnValuesToBeBetween(column=c, min_value=0) for c in value_cols if c.endswith("_std")]
+    return df, exp
+
+
 def check_release_output(
     output: Any,
     *,
@@ -239,29 +272,7 @@ def check_release_output(
     missing = [c for c in partition_columns if c not in df.columns]
     if missing:
         raise IntegrityError(f"{where}: partition column(s) {missing} are missing")
-    _, gxe, _ = _gx()
-    df = df.copy()
-    df["__partition_key"] = _partition_keys(df, partition_columns)
-    value_cols = [c for c in df.columns if c not in partition_columns and c != "__partition_key"]
-    exp: list[Any] = [gxe.ExpectColumnValuesToBeUnique(column="__partition_key")]
-    if public_partitions is not None:
-        keys = _public_keys(public_partitions, len(partition_columns))
-        exp += [
-            gxe.ExpectColumnDistinctValuesToEqualSet(column="__partition_key", value_set=keys),
-            gxe.ExpectTableRowCountToEqual(value=len(keys)),
-        ]
-    if not allow_null:
-        exp += [gxe.ExpectColumnValuesToNotBeNull(column=c) for c in [*partition_columns, *value_cols]]
-    for low in [c for c in value_cols if c.endswith("_ci95_low")]:
-        high = low[: -len("_low")] + "_high"
-        if high not in df.columns:
-            raise IntegrityError(f"{where}: column {low!r} has no matching {high!r}")
-        exp.append(
-            gxe.ExpectColumnPairValuesAToBeGreaterThanB(
-                column_A=high, column_B=low, or_equal=True, ignore_row_if="either_value_is_missing"
-            )
-        )
-    exp += [gxe.ExpectColumnValuesToBeBetween(column=c, min_value=0) for c in value_cols if c.endswith("_std")]
+    df, exp = output_expectations(df, partition_columns, public_partitions, allow_null, where)
     report = CheckReport(name="release_output", success=True)
     for res in _run_suite("output", exp, df):
         report.checks.append(_describe(res))
