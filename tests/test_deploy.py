@@ -94,3 +94,10 @@ def test_readme_documents_runners_key_and_scaling():
     for needle in ("FlinkRunner", "SparkRunner", "DataflowRunner", "PortableRunner", "DPOPS_NOISE_KEY_FILE",
                    "## Scaling", "BeamRunPythonPipelineOperator"):
         assert needle in text, needle
+
+
+def test_ui_is_published_on_loopback_only(compose):
+    """The api-server speaks plain HTTP: it must not listen on every interface of the host (issue 14 item 6)."""
+    for name, svc in compose["services"].items():
+        for port in svc.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} on all interfaces"
