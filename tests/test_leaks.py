@@ -301,7 +301,8 @@ def test_leak_scan_through_the_cli(tmp_path, clean_env):
     url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     with open_ledger(url) as led:
         led.create_scope(ScopeDefinition(name="shop", unit="a user's purchases on one day", unit_column="user_id",
-                                         epsilon=50.0, delta=1e-6, rho=None, accountant="basic/1"), actor="test")
+                                         epsilon=50.0, delta=1e-6, rho=None, accountant="basic/1",
+                                         adjacency="add_remove"), actor="test")
 
     log_file = tmp_path / "all.log"
     handler = logging.FileHandler(log_file)
@@ -413,7 +414,8 @@ def test_run_failure_lines_and_ledger_reasons_withhold_foreign_error_text(tmp_pa
     url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     led = open_ledger(url)
     led.create_scope(ScopeDefinition(name="shop", unit="u", unit_column="user_id", epsilon=5.0, delta=1e-6,
-                                     rho=None, accountant="basic/1"), actor="test")
+                                     rho=None, accountant="basic/1",
+                                         adjacency="add_remove"), actor="test")
     pipe = FakePipeline()
     caplog.set_level(logging.DEBUG)
 

@@ -18,7 +18,8 @@ def test_second_ledger_on_same_output_root_refunds_and_explains(env, tmp_path):
     before = published_bytes(env.tmp)
     other = open_ledger(f"sqlite:///{tmp_path}/other.sqlite")
     other.create_scope(ScopeDefinition(name="shop", unit="a user's purchases", unit_column="user_id",
-                                       epsilon=1.2, delta=1e-6, rho=None, accountant="basic/1"), actor="test")
+                                       epsilon=1.2, delta=1e-6, rho=None, accountant="basic/1", unit_period="day",
+                                       adjacency="add_remove"), actor="test")
 
     def run_other():
         return runs.execute_release(env.spec, *IV, ledger=other, key=FakeKey(), run_release=env.pipe, planner=planner)

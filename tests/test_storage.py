@@ -285,7 +285,8 @@ def _release_env(root: Path) -> dict:
     url = f"sqlite:///{root / 'secret/ledger.sqlite'}"
     with open_ledger(url) as led:
         led.create_scope(ScopeDefinition(name="shop", unit="a user's purchases on one day", unit_column="user_id",
-                                         epsilon=10.0, delta=1e-6, rho=None, accountant="basic/1"), actor="test")
+                                         epsilon=10.0, delta=1e-6, rho=None, accountant="basic/1",
+                                         adjacency="add_remove"), actor="test")
     base = ["--interval", "2024-01-01/2024-01-02", "--ledger", url, "--key-file", str(key), "--no-gx-checks"]
     return {"spec": str(root / "spec.yaml"), "base": base, "url": url, "key": key, "out": root / "out",
             "slug": IV, "true_count": n}

@@ -21,6 +21,7 @@ from dpops import runs
 from dpops.errors import SpecError
 from dpops.ledger import ScopeDefinition, open_ledger
 from dpops.spec import interval_problems, load_spec, parse_spec
+from dpops.storage import ReleaseStore
 from pipelines.io import outside_window
 from tests.test_runs import FakeKey
 
@@ -99,7 +100,7 @@ def test_each_day_reads_only_its_own_rows(tmp_path, ledger, fmt):
                                    publish_output=False)
         assert out.state == "staged"
         slug = runs.parse_interval(start, end).slug
-        internal = json.loads((tmp_path / "out/staged/daily" / slug / out.run_id / "internal.json").read_text())
+        internal = ReleaseStore(tmp_path / "out", "daily").read_internal_log(slug, out.run_id)
         assert internal["rows_read"] == total
         assert internal["dropped_outside_interval"] == total - ROWS_PER_DAY[d]
         assert internal["rows_kept"] == ROWS_PER_DAY[d]
