@@ -310,7 +310,7 @@ def test_reviewer_report_in_chromium(reviewed_scope, tmp_path, browser, capsys):
                          ".map(r => [r.dataset.field, r.cells[1].textContent]))")
     head = rs.ledger.verify().head_hash
     assert head in prov["head_hash"] and prov["ledger_verify"].startswith("verified")
-    assert prov["checkpoint"] == "none configured" and "sqlite://" in prov["ledger_url"]
+    assert prov["checkpoint"].startswith("none configured") and "sqlite://" in prov["ledger_url"]
     assert prov["manifests"].startswith("5 verified") and "0 FAILED" in prov["manifests"]
     assert prov["files"].startswith("4 match") and "0 CHANGED" in prov["files"]
     # the budget table equals `dpops ledger status --json`
