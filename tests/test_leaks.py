@@ -382,6 +382,11 @@ def test_leak_scan_through_the_cli(tmp_path, clean_env):
         scanned += 1
     assert scanned >= 5 and any("report.html" in k for k in texts) and any(k.endswith(".json") and "manifests" in k
                                                                            for k in texts)
+    assert_no_leaks(texts, needles)
+
+
+def assert_no_leaks(texts: dict[str, bytes], needles: dict[str, str]) -> None:
+    """Fail naming every (file, planted value) pair found, with the bytes around it."""
     leaks = []
     for where, data in texts.items():
         for what, needle in needles.items():

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_support import AIRFLOW_HOME, DAGS_FOLDER, SPEC_TEMPLATE, make_workspace, migrate_sqlite_db
+from test_leaks import assert_no_leaks
 
 pytestmark = pytest.mark.slow
 
@@ -132,10 +133,4 @@ def test_leak_scan_through_airflow(tmp_path, monkeypatch, caplog, capfd):
     assert any("published.json" in k for k in texts)
     needles = {"key hex": hexkey, "key hex prefix": hexkey[:24], "sentinel string": SENT_STR,
                "sentinel number": SENT_NUM, "2^53+1": str(2**53 + 1)}
-    leaks = []
-    for where, data in texts.items():
-        for what, needle in needles.items():
-            i = data.find(needle.encode())
-            if i >= 0:
-                leaks.append((where, what, data[max(0, i - 300):i + 100].decode(errors="replace")))
-    assert not leaks, "\n".join(map(repr, leaks))
+    assert_no_leaks(texts, needles)
