@@ -627,6 +627,32 @@ def schedule_bounds(schedule: str | None, t: datetime) -> tuple[datetime, dateti
     return start.astimezone(timezone.utc), end.astimezone(timezone.utc)
 
 
+def aligned_bounds(spec: "ReleaseSpec", t: datetime) -> tuple[datetime, datetime] | None:
+    """The one releasable interval of ``spec`` containing ``t``: its unit period, else its schedule
+    interval; None when the spec has neither (then only an explicit START/END names an interval)."""
+    if spec.privacy_unit.period is not None:
+        return period_bounds(spec.privacy_unit.period, t)
+    return schedule_bounds(spec.schedule, t)
+
+
+def one_period_interval(spec: "ReleaseSpec", start: datetime) -> tuple[datetime, datetime]:
+    """``--interval 2024-01-03``: the period (or schedule interval) of ``spec`` that starts at ``start``.
+
+    The instant must be the interval's start, not any instant inside it: a Wednesday given for a weekly
+    release is refused with the week that contains it, rather than silently releasing another range.
+    """
+    from dpops.errors import InvalidParameter
+
+    bounds = aligned_bounds(spec, start)
+    if bounds is None:
+        raise InvalidParameter(f"{spec.source}: --interval {_iso_z(start)} names one period, but the spec has "
+                               "neither privacy_unit.period nor a cron schedule; give START/END")
+    if bounds[0] != start.astimezone(timezone.utc):
+        raise InvalidParameter(f"{spec.source}: --interval {_iso_z(start)} is not the start of a period of this "
+                               f"spec; the one containing it is --interval {_iso_z(bounds[0])}/{_iso_z(bounds[1])}")
+    return bounds
+
+
 def interval_problems(spec: "ReleaseSpec", start: datetime, end: datetime, spec_path: str | None = None) -> list[str]:
     """Why [start, end) is not a releasable interval of ``spec`` (empty: it is).
 

@@ -217,3 +217,38 @@ def test_gx_input_schema_check_knows_timestamp(tmp_path, tz):
     pq.write_table(pa.table({"ts": ["2024-01-01"], "x": [1.0]}), p)
     with pytest.raises(InputDataError, match="column 'ts' is declared 'timestamp'"):
         check_input_schema([str(p)], {"ts": "timestamp", "x": "float"})
+
+
+def test_one_start_names_one_period_of_the_spec(tmp_path, ledger, capsys):
+    """``--interval 2024-01-02`` is the spec's period starting there; an instant inside a period, or a spec
+    with neither period nor schedule, is refused naming the interval to give instead."""
+    from dpops.cli.main import main
+    from dpops.errors import InvalidParameter
+    from dpops.randomness import NoiseKey
+    from dpops.spec import one_period_interval
+
+    _three_day_file(tmp_path)
+    spec_path = _spec(tmp_path)
+    spec = load_spec(spec_path)
+    t = lambda s: datetime.fromisoformat(s.replace("Z", "+00:00"))  # noqa: E731
+    assert one_period_interval(spec, t("2024-01-02T00:00:00Z")) == (t("2024-01-02T00:00:00Z"),
+                                                                      t("2024-01-03T00:00:00Z"))
+    with pytest.raises(InvalidParameter, match="--interval 2024-01-02T00:00:00Z/2024-01-03T00:00:00Z"):
+        one_period_interval(spec, t("2024-01-02T12:00:00Z"))
+    doc = yaml.safe_load(spec_path.read_text())
+    del doc["privacy_unit"]["period"], doc["schedule"]
+    with pytest.raises(InvalidParameter, match="give START/END"):
+        one_period_interval(parse_spec(doc, base_dir=tmp_path), t("2024-01-02T00:00:00Z"))
+
+    (tmp_path / "secret").mkdir(mode=0o700)
+    key = tmp_path / "secret" / "noise.key"
+    NoiseKey.generate(key)
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    code = main(["release", "run", str(spec_path), "--interval", "2024-01-02", "--ledger", url,
+                 "--key-file", str(key), "--no-gx-checks", "--json"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    (run,) = ledger.runs()
+    assert (run.key.interval_start[:19], run.key.interval_end[:19]) == ("2024-01-02T00:00:00", "2024-01-03T00:00:00")
+    assert main(["release", "run", str(spec_path), "--interval", "2024-01-02T05:00", "--ledger", url]) == 3
+    assert "is not the start of a period" in capsys.readouterr().err

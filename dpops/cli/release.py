@@ -41,9 +41,22 @@ def _common(fn: Callable[..., Any]) -> Callable[..., Any]:
     fn = click.option("--json", "as_json", is_flag=True, help="print the outcome as JSON")(fn)
     fn = click.option("--ledger", "ledger_url", envvar="DPOPS_LEDGER_URL", default=None,
                       help="ledger URL (sqlite:///path or postgresql://...; default $DPOPS_LEDGER_URL)")(fn)
-    fn = click.option("--interval", required=True, help="data interval START/END, ISO-8601 UTC, e.g. 2024-01-01/2024-01-02")(fn)
+    fn = click.option("--interval", required=True,
+                      help="data interval START/END, ISO-8601 UTC, e.g. 2024-01-01/2024-01-02; or one START "
+                           "(e.g. 2024-01-03) for the one period / schedule interval of the spec starting there")(fn)
     fn = click.argument("spec", type=click.Path(dir_okay=False))(fn)
     return fn
+
+
+def _interval(spec_path: str, text: str) -> Any:
+    """``--interval``: START/END as given, or one START expanded to the spec's period starting there."""
+    from dpops.inputs import Interval, _to_utc, parse_interval
+
+    if "/" in text:
+        return parse_interval(text)
+    from dpops.spec import load_spec, one_period_interval
+
+    return Interval(*one_period_interval(load_spec(spec_path), _to_utc(text, "--interval")))
 
 
 def _compute_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -84,9 +97,7 @@ def run_cmd(spec: str, interval: str, ledger_url: str | None, as_json: bool, run
     Safe to repeat: a published interval is served without a charge; a retry reuses the reservation
     (keyed randomness reproduces the same noise)."""
     from dpops import runs
-    from dpops.inputs import parse_interval
-
-    iv = parse_interval(interval)
+    iv = _interval(spec, interval)
     with runs.open_run_ledger(ledger_url) as ledger:
         outcome = runs.execute_release(spec, iv.start, iv.end, ledger=ledger, randomness=randomness,
                                        key_path=key_file, runner=runner, runner_options=runner_options,
@@ -103,9 +114,7 @@ def restate_cmd(spec: str, interval: str, ledger_url: str | None, as_json: bool,
     """Publish a corrected input of an already published interval as a new version (a fresh charge,
     linked to the run it corrects; the old version is kept)."""
     from dpops import runs
-    from dpops.inputs import parse_interval
-
-    iv = parse_interval(interval)
+    iv = _interval(spec, interval)
     with runs.open_run_ledger(ledger_url) as ledger:
         outcome = runs.execute_restatement(spec, iv.start, iv.end, ledger=ledger, randomness=randomness,
                                            key_path=key_file, runner=runner, runner_options=runner_options,
@@ -124,9 +133,7 @@ def status_cmd(spec: str, interval: str, ledger_url: str | None, as_json: bool, 
     Exits 7 naming the file when a published file no longer matches what was published."""
     from dpops import runs
     from dpops.errors import IntegrityError
-    from dpops.inputs import parse_interval
-
-    iv = parse_interval(interval)
+    iv = _interval(spec, interval)
     key = None
     if key_file:
         from dpops.randomness import NoiseKey
@@ -176,9 +183,7 @@ def abandon_cmd(spec: str, interval: str, ledger_url: str | None, as_json: bool,
     """Give up the unpublished run of SPEC over --interval: refund it if no noise was drawn yet, else mark
     it spent_unpublished (the charge stays)."""
     from dpops import runs
-    from dpops.inputs import parse_interval
-
-    iv = parse_interval(interval)
+    iv = _interval(spec, interval)
     ctx = runs.prepare(spec, iv.start, iv.end, randomness=randomness, key_path=key_file)
     with runs.open_run_ledger(ledger_url) as ledger:
         outcome = runs.abandon(ctx, ledger, reason=reason)
