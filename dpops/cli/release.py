@@ -50,13 +50,19 @@ def _common(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _interval(spec_path: str, text: str) -> Any:
     """``--interval``: START/END as given, or one START expanded to the spec's period starting there."""
+    from dpops.errors import InvalidParameter
     from dpops.inputs import Interval, _to_utc, parse_interval
 
     if "/" in text:
         return parse_interval(text)
     from dpops.spec import load_spec, one_period_interval
 
-    return Interval(*one_period_interval(load_spec(spec_path), _to_utc(text, "--interval")))
+    try:
+        start = _to_utc(text, "start")
+    except InvalidParameter:
+        raise InvalidParameter(f"--interval {text!r}: give START/END (ISO-8601 UTC, e.g. 2024-01-01/2024-01-02) "
+                               "or the start of one period of the spec (e.g. 2024-01-03)") from None
+    return Interval(*one_period_interval(load_spec(spec_path), start))
 
 
 def _compute_options(fn: Callable[..., Any]) -> Callable[..., Any]:
