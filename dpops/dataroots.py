@@ -20,6 +20,19 @@ Rules (applied before any ledger reservation, and at ``dpops spec check``):
   both are known. Its directory is refused too because secrets are mounted side by
   side (``/run/secrets``, a Kubernetes secret volume).
 
+- ``DPOPS_DATA_ROOTS`` entries may also be URI prefixes (``s3://bucket/data``). Entries are separated
+  by commas; a comma-free local list separated by ``os.pathsep`` keeps working. A URI is compared with
+  the URI roots as a normalised prefix on path-segment boundaries (``Location.is_under``), never
+  with ``..`` (refused by the parse); object stores have no symlinks to follow and never hold the
+  noise key, which is a local file.
+
+Output roots (``output.root``, checked by ``check_output_root`` when a spec is parsed, so at DAG
+parse, ``dpops spec check`` and in ``prepare`` before anything is reserved): a relative root below
+the spec's directory is always allowed; an absolute path or a URI only under an entry of
+``DPOPS_OUTPUT_ROOTS`` (the operator's allow-list, comma-separated absolute paths or URI prefixes;
+local entries and values compared after ``realpath``). Reason: a process that holds the noise key
+writes there, so the spec author must not choose another release's directory or a foreign bucket.
+
 Refusals are ``SpecError`` (exit 3) naming the spec field and the path, never the
 file's content. Privacy reason: a file's content may be a secret (the key) or a
 private value; the only thing a refusal reveals is the path the spec author wrote.
@@ -28,22 +41,89 @@ private value; the only thing a refusal reveals is the path the spec author wrot
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from typing import Iterable
+import re
+from typing import TYPE_CHECKING, Iterable
 
 from dpops.errors import SpecError
+from dpops.storage.location import Location, LocationError, is_uri
+
+if TYPE_CHECKING:
+    from dpops.spec import ReleaseSpec
 
 DATA_ROOTS_ENV = "DPOPS_DATA_ROOTS"
+OUTPUT_ROOTS_ENV = "DPOPS_OUTPUT_ROOTS"
 KEY_FILE_ENV = "DPOPS_NOISE_KEY_FILE"
+_URI_START = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def split_roots(raw: str) -> list[str]:
+    """Entries of a roots variable: comma-separated; a piece that is not a URI may also use ``os.pathsep``."""
+    out: list[str] = []
+    for piece in raw.split(","):
+        piece = piece.strip()
+        if not piece:
+            continue
+        if _URI_START.match(piece):
+            out.append(piece)
+        else:
+            out.extend(p.strip() for p in piece.split(os.pathsep) if p.strip())
+    return out
+
+
+def _root_locations(entries: list[str], env: str) -> list[Location]:
+    out = []
+    for e in entries:
+        if not is_uri(e) and ".." in e.replace("\\", "/").split("/"):
+            raise SpecError(f"${env}: entry {e!r} contains '..'; give the directory itself (fix the operator setting)")
+        try:
+            loc = Location.parse(os.path.expanduser(e)) if not is_uri(e) else Location.parse(e)
+        except LocationError as exc:
+            raise SpecError(f"${env}: entry {e!r} is not an absolute path or a URI prefix ({exc}); fix the "
+                            "operator setting") from None
+        out.append(loc.realpath())
+    return out
 
 
 def data_roots(spec_dir: str | os.PathLike[str] | None) -> list[str]:
-    """The resolved data roots: ``DPOPS_DATA_ROOTS`` if set, else the spec's own directory."""
-    raw = os.environ.get(DATA_ROOTS_ENV, "")
-    roots = [r for r in raw.split(os.pathsep) if r.strip()]
-    if not roots:
-        roots = [str(spec_dir)] if spec_dir is not None else []
-    return [os.path.realpath(os.path.expanduser(r)) for r in roots]
+    """The resolved data roots: ``DPOPS_DATA_ROOTS`` if set, else the spec's own directory (local paths
+    realpath-resolved, URIs normalised)."""
+    return [str(r) for r in data_root_locations(spec_dir)]
+
+
+def data_root_locations(spec_dir: str | os.PathLike[str] | None) -> list[Location]:
+    entries = split_roots(os.environ.get(DATA_ROOTS_ENV, ""))
+    if not entries:
+        entries = [os.path.abspath(str(spec_dir))] if spec_dir is not None else []
+    return _root_locations(entries, DATA_ROOTS_ENV)
+
+
+def output_root_locations() -> list[Location]:
+    """The operator's allow-list ``DPOPS_OUTPUT_ROOTS`` (empty when unset: only relative roots are allowed)."""
+    return _root_locations(split_roots(os.environ.get(OUTPUT_ROOTS_ENV, "")), OUTPUT_ROOTS_ENV)
+
+
+def check_output_root(spec: ReleaseSpec) -> Location:
+    """Refuse an absolute or URI ``output.root`` outside ``$DPOPS_OUTPUT_ROOTS``; return the root.
+
+    A relative root lies below the spec's directory by construction (``..`` is refused by the spec
+    model) and needs no allow-list entry."""
+    raw = spec.output.root
+    try:
+        root = spec.output_root
+    except LocationError as exc:
+        raise SpecError(f"{spec.source}: output.root ({raw}): {exc}") from None
+    if not is_uri(raw) and not os.path.isabs(raw):
+        return root
+    allowed = output_root_locations()
+    resolved = root.realpath()
+    if any(resolved.is_under(a) for a in allowed):
+        return root
+    have = f"it is {os.environ.get(OUTPUT_ROOTS_ENV)!r}" if allowed else "it is unset"
+    raise SpecError(
+        f"{spec.source}: output.root ({raw}) is an absolute path or URI outside the operator's allowed output "
+        f"roots (${OUTPUT_ROOTS_ENV}, {have}); use a relative output.root or have the operator add a prefix of it "
+        f"to ${OUTPUT_ROOTS_ENV} (comma-separated absolute paths or URI prefixes)"
+    )
 
 
 def key_paths(key_path: str | os.PathLike[str] | None = None) -> list[str]:
@@ -55,35 +135,37 @@ def key_paths(key_path: str | os.PathLike[str] | None = None) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _under(path: str, root: str) -> bool:
-    try:
-        return os.path.commonpath([path, root]) == root
-    except ValueError:  # different drives (Windows) or a relative/absolute mix
-        return False
-
-
-def check_data_path(path: str | os.PathLike[str], field: str, *, source: str,
+def check_data_path(path: str | os.PathLike[str] | Location, field: str, *, source: str,
                     spec_dir: str | os.PathLike[str] | None, key_path: str | os.PathLike[str] | None = None) -> str:
-    """Refuse ``path`` unless it resolves under a data root and away from the key; return the resolved path.
+    """Refuse ``path`` unless it resolves under a data root and away from the key; return the resolved path
+    (a local path, or the URI of an object-store location).
 
     ``field`` is the spec field that named the file (``input.path``), ``source`` the spec's file name.
     """
-    resolved = os.path.realpath(os.path.expanduser(str(path)))
-    for key in key_paths(key_path):
-        if resolved == key or os.path.dirname(resolved) == os.path.dirname(key):
-            raise SpecError(
-                f"{source}: {field} ({path}) resolves to the noise key file or to a file in the key's directory; "
-                "it is refused: point it at a data file under the data roots"
-            )
-    roots = data_roots(spec_dir)
-    if not any(_under(resolved, r) for r in roots):
-        where = f"${DATA_ROOTS_ENV} ({os.pathsep.join(roots)})" if os.environ.get(DATA_ROOTS_ENV, "").strip() \
-            else f"the spec's directory {roots[0] if roots else '?'} (${DATA_ROOTS_ENV} is unset)"
+    try:
+        loc = path if isinstance(path, Location) else Location.parse(os.path.expanduser(os.fspath(path)),
+                                                                     base=Location.local(os.getcwd()))
+    except LocationError as exc:
+        raise SpecError(f"{source}: {field} ({path}): {exc}") from None
+    resolved = loc.realpath()
+    if resolved.is_local:
+        for key in key_paths(key_path):
+            if resolved.path == key or os.path.dirname(resolved.path) == os.path.dirname(key):
+                raise SpecError(
+                    f"{source}: {field} ({path}) resolves to the noise key file or to a file in the key's directory; "
+                    "it is refused: point it at a data file under the data roots"
+                )
+    roots = data_root_locations(spec_dir)
+    if not any(resolved.is_under(r) for r in roots):
+        shown = ",".join(str(r) for r in roots)
+        where = f"${DATA_ROOTS_ENV} ({shown})" if os.environ.get(DATA_ROOTS_ENV, "").strip() \
+            else f"the spec's directory {shown or '?'} (${DATA_ROOTS_ENV} is unset)"
         raise SpecError(
             f"{source}: {field} ({path}) resolves outside the allowed data roots, {where}; move the file under a "
             f"data root or have the operator add its directory to ${DATA_ROOTS_ENV}"
         )
-    return resolved
+    return str(resolved)
+
 
 
 def check_data_paths(paths: Iterable[str | os.PathLike[str]], field: str, *, source: str,
@@ -92,7 +174,7 @@ def check_data_paths(paths: Iterable[str | os.PathLike[str]], field: str, *, sou
         check_data_path(p, field, source=source, spec_dir=spec_dir, key_path=key_path)
 
 
-def check_spec_paths(spec, key_path: str | os.PathLike[str] | None = None) -> None:
+def check_spec_paths(spec: ReleaseSpec, key_path: str | os.PathLike[str] | None = None) -> None:
     """``dpops spec check``: the spec's files under the data roots and away from the key, for today's interval.
 
     ``input.path`` is a template, so this checks it formatted with today's date; ``release run`` checks the
@@ -109,5 +191,6 @@ def check_spec_paths(spec, key_path: str | os.PathLike[str] | None = None) -> No
                         source=spec.source, spec_dir=spec.base_dir, key_path=key_path)
 
 
-__all__ = ["DATA_ROOTS_ENV", "KEY_FILE_ENV", "data_roots", "key_paths", "check_data_path", "check_data_paths",
+__all__ = ["DATA_ROOTS_ENV", "OUTPUT_ROOTS_ENV", "KEY_FILE_ENV", "split_roots", "check_output_root",
+           "output_root_locations", "data_root_locations", "data_roots", "key_paths", "check_data_path", "check_data_paths",
            "check_spec_paths"]

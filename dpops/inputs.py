@@ -28,6 +28,7 @@ import hashlib
 import hmac as _hmac
 import io
 import os
+import posixpath
 import re
 from dataclasses import dataclass
 from datetime import date, datetime, timezone
@@ -36,6 +37,8 @@ from typing import Any, Iterable, Protocol, Sequence
 from dpops.dataroots import check_data_paths
 from dpops.errors import InputDataError, InvalidParameter
 from dpops.events import canonical_json
+from dpops.storage import files
+from dpops.storage.location import Location, is_uri
 
 _CHUNK = 1 << 20
 
@@ -121,9 +124,17 @@ def resolve_input_paths(spec: Any, interval_start: Any, interval_end: Any = None
     """
     iv = parse_interval(interval_start, interval_end)
     formatted = spec.input.path.format(start=iv.start, end=iv.end)
-    path = str(spec.resolve_path(formatted))
+    loc = spec.resolve_path(formatted)
+    path = str(loc)
     if _GLOB_CHARS.search(formatted):
-        matches = sorted(p for p in glob.glob(path) if os.path.isfile(p))
+        if loc.is_local:
+            matches = sorted(p for p in glob.glob(path) if os.path.isfile(p))
+        else:
+            try:
+                matches = [str(m) for m in files.glob(loc)]
+            except OSError as exc:
+                raise InputDataError(f"input: cannot list {path}: {exc} (check the bucket, AWS_ENDPOINT_URL and "
+                                     "credentials)") from None
         if not matches:
             raise InputDataError(f"input: no file matches {path} for interval {iv} (input.path {spec.input.path!r})")
         paths = matches
@@ -163,6 +174,16 @@ def _arrow_type_ok(arrow_type: Any, declared: str) -> bool:
 
 
 def _check_readable(path: str) -> None:
+    if is_uri(path):  # an object-store input (pyarrow.fs): it exists as an object and can be opened
+        loc = Location.parse(path)
+        try:
+            if not files.is_file(loc):
+                raise InputDataError(f"input file {path} does not exist: check input.path and the interval")
+            next(files.iter_chunks(loc), b"")
+        except OSError as exc:
+            raise InputDataError(f"input file {path} is not readable: {type(exc).__name__} (check the bucket, "
+                                 "AWS_ENDPOINT_URL and credentials)") from None
+        return
     if not os.path.exists(path):
         raise InputDataError(f"input file {path} does not exist: check input.path and the interval")
     if not os.path.isfile(path):
@@ -178,7 +199,11 @@ def _check_parquet(spec: Any, path: str) -> None:
     import pyarrow.parquet as pq
 
     try:
-        schema = pq.read_schema(path)
+        if is_uri(path):
+            fs, inner = Location.parse(path).filesystem()
+            schema = pq.read_schema(inner, filesystem=fs)
+        else:
+            schema = pq.read_schema(path)
     except Exception as exc:  # pyarrow raises ArrowInvalid/OSError variants for a damaged or foreign file
         raise InputDataError(f"input file {path} is not a readable Parquet file ({type(exc).__name__}); "
                              "fix or replace it") from None
@@ -201,8 +226,13 @@ def _check_parquet(spec: Any, path: str) -> None:
 
 def _check_csv(spec: Any, path: str) -> None:
     try:
-        with open(path, "rb") as fh:
-            first = fh.readline(1 << 20)
+        if is_uri(path):
+            fs, inner = Location.parse(path).filesystem()
+            with fs.open_input_stream(inner) as stream:
+                first = bytes(stream.read(1 << 20)).split(b"\n", 1)[0]
+        else:
+            with open(path, "rb") as fh:
+                first = fh.readline(1 << 20)
         header_line = first.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise InputDataError(f"input file {path}: the CSV header is not UTF-8 text") from None
@@ -261,6 +291,11 @@ class TestFingerprintKey:
 
 
 def _file_digest(path: str) -> tuple[int, str]:
+    if is_uri(path):
+        try:
+            return files.sha256_and_size(Location.parse(path))
+        except OSError as exc:
+            raise InputDataError(f"input file {path} is not readable: {type(exc).__name__}") from None
     h = hashlib.sha256()
     size = 0
     try:
@@ -275,12 +310,14 @@ def _file_digest(path: str) -> tuple[int, str]:
 
 def _canonical_names(paths: Sequence[str]) -> list[str]:
     # Names relative to the files' common directory: moving the data root keeps the fingerprint,
-    # while two files with the same base name in different sub-directories stay distinct.
-    absolute = [os.path.abspath(p) for p in paths]
+    # while two files with the same base name in different sub-directories stay distinct. Object-store
+    # inputs use the key below the bucket ("bucket/a/b.csv"), so a local copy and an S3 copy of the same
+    # files get the same names.
+    absolute = [Location.parse(p).path if is_uri(p) else os.path.abspath(p) for p in paths]
     if len(absolute) == 1:
-        return [os.path.basename(absolute[0])]
-    root = os.path.commonpath([os.path.dirname(p) for p in absolute])
-    return [os.path.relpath(p, root).replace(os.sep, "/") for p in absolute]
+        return [posixpath.basename(absolute[0])]
+    root = posixpath.commonpath([posixpath.dirname(p) for p in absolute])
+    return [posixpath.relpath(p, root) for p in absolute]
 
 
 def input_fingerprint(paths: Iterable[str], key: HmacKey) -> str:

@@ -15,16 +15,19 @@ import math
 import os
 import platform
 import subprocess
-from datetime import datetime, timezone
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from dpops import __version__
 from dpops.accounting import get_accountant
 from dpops.errors import InvalidParameter
-from dpops.events import canonical_json, event_from_dict, event_to_dict
+from dpops.events import PrivacyEvent, canonical_json, event_from_dict, event_to_dict
 from dpops.manifest.schema import SCHEMA_VERSION
+
+EventLike = PrivacyEvent | Mapping[str, Any]  # an event, or its stable JSON form (as the ledger returns it)
 
 # Libraries whose numerics a claim depends on; read from package metadata so Beam is never imported here.
 TRACKED_LIBRARIES = ("numpy", "scipy", "apache-beam", "dp-accounting", "pyarrow", "cryptography", "jsonschema")
@@ -33,8 +36,9 @@ CHARGED_LEDGER_STATES = ("reserved", "started", "committed", "spent_unpublished"
 
 
 def utc_timestamp(dt: datetime | None = None) -> str:
-    dt = dt or datetime.now(timezone.utc)
-    return dt.astimezone(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    """``dt`` (default now) as a second-precision ISO-8601 UTC timestamp ending in ``Z``, the manifests' form."""
+    dt = dt or datetime.now(UTC)
+    return dt.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _git_commit() -> str | None:
@@ -110,12 +114,12 @@ def spec_sections(spec_document: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _event_dicts(events: Sequence[Any]) -> list[dict[str, Any]]:
+def _event_dicts(events: Sequence[EventLike]) -> list[dict[str, Any]]:
     # Round-trip through the events contract so a malformed event fails here, not in a reviewer's hands.
     return [event_to_dict(event_from_dict(e) if isinstance(e, Mapping) else e) for e in events]
 
 
-def run_epsilon(accountant_ref: str, events: Sequence[Any], delta: float) -> float | None:
+def run_epsilon(accountant_ref: str, events: Sequence[EventLike], delta: float) -> float | None:
     """ε of this run alone at ``delta`` with the pinned accountant (None = infinite, e.g. Gaussian at δ=0)."""
     if not events:
         return 0.0
@@ -170,7 +174,7 @@ def build_manifest(
     run_key: Mapping[str, Any],
     spec_document: Mapping[str, Any],
     release_plan: Mapping[str, Any],
-    events: Sequence[Any],
+    events: Sequence[EventLike],
     accountant: str,
     outcome: str,
     randomness_mode: str,
@@ -200,7 +204,8 @@ def build_manifest(
         raise InvalidParameter(f"manifest outcome must be one of {OUTCOMES}, got {outcome!r}")
     if randomness_mode not in ("keyed", "os", "test"):
         raise InvalidParameter(f"randomness mode must be keyed, os or test, got {randomness_mode!r}")
-    key = {k: run_key[k] for k in ("release", "spec_hash", "interval_start", "interval_end", "input_fingerprint", "key_id")}
+    key = {k: run_key[k]
+           for k in ("release", "spec_hash", "interval_start", "interval_end", "input_fingerprint", "key_id")}
     if run_id is None:
         from dpops.ledger.model import RunKey  # value type only; no database is touched
 

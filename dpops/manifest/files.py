@@ -17,15 +17,16 @@ messages name files only, never their content.
 from __future__ import annotations
 
 import hmac as _hmac
-import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import unquote, urlparse
 
+from dpops.storage import files
+from dpops.storage.location import Location, LocationError
+
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_CHUNK = 1 << 20
 
 
 @dataclass
@@ -48,14 +49,20 @@ class FileCheck:
         return {"ok": self.ok, "checked": self.checked, "problems": self.problems, "not_checked": self.not_checked}
 
 
-def uri_directory(uri: str | None) -> Path | None:
-    """The local directory of a ``file://`` URI (None for any other scheme)."""
+def uri_directory(uri: str | None) -> Location | None:
+    """The location of a published ``output.uri``: a local ``file://`` directory or an object-store prefix
+    (``s3://``, ``gs://``; read through ``dpops.storage.files``). None when there is no usable URI."""
     if not uri:
         return None
     u = urlparse(uri)
-    if u.scheme != "file" or u.netloc not in ("", "localhost"):
+    if u.scheme == "file":
+        if u.netloc not in ("", "localhost"):
+            return None
+        return Location.local(unquote(u.path))
+    try:
+        return Location.parse(uri)
+    except LocationError:
         return None
-    return Path(unquote(u.path))
 
 
 def _safe_name(name: str) -> bool:
@@ -63,14 +70,12 @@ def _safe_name(name: str) -> bool:
     return bool(name) and "/" not in name and "\\" not in name and name not in (".", "..")
 
 
-def _digest(path: Path, key: Any) -> str:
+def _digest(path: Location, key: Any) -> str:
     if key is None:
-        h = hashlib.sha256()
-        with path.open("rb") as fh:
-            for chunk in iter(lambda: fh.read(_CHUNK), b""):
-                h.update(chunk)
-        return h.hexdigest()
-    return "hmac-sha256:" + key.hmac(path.read_bytes()).hex()
+        return files.sha256(path)
+    data = files.read_bytes(path)
+    assert data is not None
+    return "hmac-sha256:" + key.hmac(data).hex()
 
 
 def key_matches(manifest: Mapping[str, Any], key: Any) -> str | None:
@@ -83,7 +88,7 @@ def key_matches(manifest: Mapping[str, Any], key: Any) -> str | None:
     return None
 
 
-def check_files(directory: Path | None, expected: Mapping[str, str], *, key: Any = None, what: str,
+def check_files(directory: Path | Location | None, expected: Mapping[str, str], *, key: Any = None, what: str,
                 field_prefix: str) -> FileCheck:
     """Compare each file named in ``expected`` under ``directory`` with its recorded digest.
 
@@ -91,9 +96,14 @@ def check_files(directory: Path | None, expected: Mapping[str, str], *, key: Any
     """
     out = FileCheck()
     if directory is None:
-        out.not_checked.append(f"{what}: the published location is not a local file:// directory")
+        out.not_checked.append(f"{what}: the published location is not a file:// or object-store URI")
         return out
-    if not directory.is_dir():
+    directory = directory if isinstance(directory, Location) else Location.local(directory)
+    try:
+        reachable = files.exists(directory)
+    except OSError:
+        reachable = False
+    if not reachable:
         out.not_checked.append(f"{what}: the published directory {directory} is not reachable from here")
         return out
     for name in sorted(expected):
@@ -109,7 +119,11 @@ def check_files(directory: Path | None, expected: Mapping[str, str], *, key: Any
             out.not_checked.append(f"{what}: {name} has a digest of an unknown form")
             continue
         path = directory / name
-        if not path.is_file():
+        try:
+            present = files.is_file(path)
+        except OSError:
+            present = False
+        if not present:
             out.problems.append(f"{field_prefix}.{name}: published file {path} is missing")
             continue
         try:
@@ -124,7 +138,8 @@ def check_files(directory: Path | None, expected: Mapping[str, str], *, key: Any
     return out
 
 
-def check_manifest_files(manifest: Mapping[str, Any], *, key: Any = None, directory: Path | None = None) -> FileCheck:
+def check_manifest_files(manifest: Mapping[str, Any], *, key: Any = None,
+                         directory: Path | Location | None = None) -> FileCheck:
     """The manifest's keyed fingerprints against the files at its ``output.uri`` (or ``directory``)."""
     out = manifest.get("output") or {}
     fps = out.get("fingerprints") or {}
@@ -145,7 +160,7 @@ def ledger_file_digests(record: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in files.items()} if isinstance(files, dict) else {}
 
 
-def check_ledger_files(record: Any, directory: Path | None, *, key: Any = None) -> FileCheck:
+def check_ledger_files(record: Any, directory: Path | Location | None, *, key: Any = None) -> FileCheck:
     """The files at ``directory`` against the ledger's commit entry of ``record``."""
     digests = ledger_file_digests(record)
     if not digests:

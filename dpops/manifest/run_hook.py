@@ -13,13 +13,40 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dpops.errors import InvalidParameter, StorageError
 from dpops.manifest.build import build_manifest
-from dpops.manifest.io import manifest_filename, read_manifest, write_manifest
+from dpops.manifest.io import manifest_exists, manifest_filename, read_manifest, write_manifest
 from dpops.manifest.scope import scope_position
+from dpops.storage.location import Location
+
+if TYPE_CHECKING:
+    from dpops.ledger.model import RunKey
+    from dpops.ledger.store import Ledger
+    from dpops.release_plan import ReleasePlan
+    from dpops.spec import ReleaseSpec
+
+
+class RunContextLike(Protocol):
+    """What a manifest reads from a run: ``dpops.runs.RunContext``, or a stand-in holding just these.
+
+    Optional attributes read when present: ``randomness`` ("keyed" | "os" | "test", default keyed) and
+    ``restates`` (the run id a restatement replaces).
+    """
+
+    @property
+    def spec(self) -> ReleaseSpec:
+        """The validated release spec (its budget scope and canonical document go into the manifest)."""
+
+    @property
+    def run_key(self) -> RunKey:
+        """The run's ledger key; its ``run_id`` finds the run's record."""
+
+    @property
+    def plan(self) -> ReleasePlan:
+        """The plan the run reserved: its description and events are the manifest's claim."""
 
 # RunOutcome / ledger states -> manifest outcome
 _OUTCOME = {
@@ -50,7 +77,7 @@ def check_signing_key() -> str | None:
     return public_key_id(load_private_key(path).public_key())
 
 
-def _get(obj: Any, *names: str, default: Any = None) -> Any:
+def _get(obj: object, *names: str, default: Any = None) -> Any:
     for n in names:
         if isinstance(obj, Mapping) and n in obj:
             return obj[n]
@@ -59,7 +86,7 @@ def _get(obj: Any, *names: str, default: Any = None) -> Any:
     return default
 
 
-def _outcome_state(outcome: Any) -> str:
+def _outcome_state(outcome: object) -> str:
     raw = outcome if isinstance(outcome, str) else _get(outcome, "state", "outcome", "status")
     state = _OUTCOME.get(str(raw).lower()) if raw is not None else None
     if state is None:
@@ -71,11 +98,11 @@ TEST_REFUSAL_FINGERPRINT = "withheld:test-mode-refusal"
 
 
 def write_run_manifest(
-    ctx: Any,
-    ledger: Any,
-    outcome: Any,
+    ctx: RunContextLike,
+    ledger: Ledger | None,
+    outcome: object,
     *,
-    manifests_dir: str | os.PathLike[str],
+    manifests_dir: str | os.PathLike[str] | Location,
     validation: Any = None,
     timings: Mapping[str, Any] | None = None,
     output_fingerprints: Mapping[str, str] | None = None,
@@ -145,11 +172,11 @@ def write_run_manifest(
 
         manifest = sign_manifest(manifest, signing_key)
 
-    existing = Path(manifests_dir) / manifest_filename(manifest)
-    if existing.exists():
+    existing = manifest_exists(manifests_dir, manifest_filename(manifest))  # local path or object-store URI
+    if existing is not None:
         old = read_manifest(existing)
         if _claim(old) == _claim(manifest):
-            return str(existing)  # a retry of the same step: the manifest already states this claim
+            return existing  # a retry of the same step: the manifest already states this claim
         raise StorageError(
             f"{existing} already states a different claim for run {run_id} ({state}); manifests are immutable: "
             "write a correction whose 'corrects' names the old file"

@@ -9,9 +9,10 @@ guessed at: a reviewer must not see a claim this code cannot recompute.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Callable
+from typing import Any
 
 from jsonschema import Draft202012Validator
 
@@ -52,7 +53,8 @@ def schema_problems(doc: Any) -> list[str]:
     for err in sorted(_validator().iter_errors(doc), key=lambda e: (list(map(str, e.absolute_path)), e.message)):
         msg = err.message
         if err.validator == "additionalProperties":
-            msg = f"{msg} (a v1 manifest may not carry extra fields: statistics about the input belong to the internal run log)"
+            msg = (f"{msg} (a v1 manifest may not carry extra fields: statistics about the input belong to "
+                   "the internal run log)")
         elif err.validator == "required":
             msg = f"required field missing: {msg}"
         out.append(f"{_path(err)}: {msg}")

@@ -13,24 +13,34 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from dpops.events import canonical_json
+from dpops.events import PrivacyEvent, canonical_json
+
+if TYPE_CHECKING:  # types only: the ledger is imported lazily, inside the functions that use it
+    from dpops.accounting.base import Accountant
+    from dpops.ledger.model import Entry, ScopeDefinition
+    from dpops.ledger.store import Ledger
 
 GROUPS = ("committed", "spent_unpublished", "started", "reserved")
 RUN_ENTRY_KINDS = ("reserved", "started", "committed", "spent_unpublished", "released")
 
 
-def _num(x: Any) -> float | None:
+def _num(x: object) -> float | None:
     return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
-def history_digest(entries: Iterable[Any]) -> tuple[int, str]:
+def history_digest(entries: Iterable[Entry]) -> tuple[int, str]:
+    """(number of entries, SHA-256 of their [id, hash] pairs): pins exactly which history a position was read from.
+
+    The entry hashes chain, so the pairs alone identify the content; a dropped or inserted entry changes both.
+    """
     pairs = [[int(e.id), str(e.hash)] for e in entries]
     return len(pairs), hashlib.sha256(canonical_json(pairs).encode()).hexdigest()
 
 
-def scope_position(ledger: Any, scope_name: str, buckets: Sequence[str] | None = None) -> dict[str, Any]:
+def scope_position(ledger: Ledger, scope_name: str, buckets: Sequence[str] | None = None) -> dict[str, Any]:
     """The manifest's ``privacy.scope`` block, read from the ledger now (after this run's latest transition).
 
     The figures are computed from the scope's entries themselves (one read), exactly as ``replay_position``
@@ -65,7 +75,8 @@ def scope_position(ledger: Any, scope_name: str, buckets: Sequence[str] | None =
     }
 
 
-def _replay_rows(ledger: Any, entries: Sequence[Any], acct: Any, sdef: Any, bucket_names: Sequence[str]) -> list:
+def _replay_rows(ledger: Ledger, entries: Sequence[Entry], acct: Accountant, sdef: ScopeDefinition,
+                 bucket_names: Sequence[str]) -> list[dict[str, Any]]:
     """Per bucket: each group of runs (by the kind of its latest entry among ``entries``) composed alone,
     all of them together, and what remains under ``sdef``'s cap (at ``sdef``'s delta)."""
     from dpops.ledger.budget import measure_events  # the same number the ledger compares with the cap
@@ -77,7 +88,7 @@ def _replay_rows(ledger: Any, entries: Sequence[Any], acct: Any, sdef: Any, buck
     runs = {rid: ledger.run(rid) for rid in state}
     rows = []
     for b in bucket_names:
-        members = {g: [] for g in GROUPS}
+        members: dict[str, list[PrivacyEvent]] = {g: [] for g in GROUPS}
         for rid, st in state.items():
             rec = runs.get(rid)
             if rec is None or st not in members:
@@ -85,7 +96,7 @@ def _replay_rows(ledger: Any, entries: Sequence[Any], acct: Any, sdef: Any, buck
             if b != "*" and b not in (rec.buckets or []):
                 continue
             members[st].extend(rec.events)
-        out = {"bucket": b}
+        out: dict[str, Any] = {"bucket": b}
         for g in GROUPS:
             out[g] = _num(measure_events(acct, sdef, members[g]))
         every = [e for g in GROUPS for e in members[g]]
@@ -95,12 +106,12 @@ def _replay_rows(ledger: Any, entries: Sequence[Any], acct: Any, sdef: Any, buck
     return rows
 
 
-def scope_in_force(entries: Sequence[Any]) -> Any:
+def scope_in_force(entries: Sequence[Entry]) -> ScopeDefinition | None:
     """The scope definition in force after ``entries`` (a scope's entries, oldest first): its creation,
     then each ``cap_changed`` entry's ``after``. None if the entries do not create the scope."""
     from dpops.ledger.model import ScopeDefinition
 
-    sdef = None
+    sdef: ScopeDefinition | None = None
     for e in entries:
         if e.kind == "scope_created":
             sdef = ScopeDefinition.from_dict(e.data["definition"])
@@ -109,8 +120,11 @@ def scope_in_force(entries: Sequence[Any]) -> Any:
     return sdef
 
 
-def replay_position(ledger: Any, recorded: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """Recompute ``recorded`` (a manifest's ``privacy.scope``) from the ledger's entries; return (position, problems)."""
+def replay_position(ledger: Ledger, recorded: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Recompute ``recorded`` (a manifest's ``privacy.scope``) from the ledger's entries.
+
+    Returns (position, problems); an empty problem list means the manifest's figures are those of the history.
+    """
     problems: list[str] = []
     name = recorded["name"]
     scope = ledger.scope(name)

@@ -15,7 +15,7 @@ import math
 from typing import Any
 
 from dpops import sensitivity as S
-from dpops.events import event_to_dict, event_from_dict
+from dpops.events import event_from_dict, event_to_dict
 
 _TOL = 1e-9
 
@@ -54,6 +54,11 @@ def _ne(a: Any, b: Any) -> bool:
 
 
 def recompute_sensitivities(m: dict[str, Any]) -> list[str]:
+    """Recompute every vector's sensitivity from the manifest's own contribution bounds; one problem per mismatch.
+
+    A manifest whose noise was calibrated to a sensitivity below what its bounds give would under-protect:
+    this check needs nothing but the manifest.
+    """
     out: list[str] = []
     b = _bounds(m)
     plan = m["release_plan"]
@@ -71,7 +76,8 @@ def recompute_sensitivities(m: dict[str, Any]) -> list[str]:
             for k, val in want.items():
                 if _ne(v["sensitivity"].get(k), val):
                     out.append(f"{vw}.sensitivity.{k}: manifest says {v['sensitivity'].get(k)!r}, the bounds "
-                               f"({m['privacy_unit']['adjacency']}, L0={b.max_partitions}, Linf={b.max_rows_per_partition}"
+                               f"({m['privacy_unit']['adjacency']}, L0={b.max_partitions}, "
+                               f"Linf={b.max_rows_per_partition}"
                                f"{', values ' + str(lohi) if lohi else ''}) give {val!r}")
             # The charged sensitivity includes the rounding charge r*m (L1) or r*sqrt(m) (L2), never less than raw.
             r, mc = float(v["resolution"]), int(s.max_coords)
@@ -87,7 +93,8 @@ def recompute_sensitivities(m: dict[str, Any]) -> list[str]:
             ev = event_to_dict(event_from_dict(v["event"]))
             scale_field = "scale" if "scale" in ev else "sigma"
             if _ne(ev.get(scale_field), v["scale"]):
-                out.append(f"{vw}.event.{scale_field}: {ev.get(scale_field)!r} differs from the vector's scale {v['scale']!r}")
+                out.append(f"{vw}.event.{scale_field}: {ev.get(scale_field)!r} differs from the vector's "
+                           f"scale {v['scale']!r}")
             sens_field = "l1_sensitivity" if "l1_sensitivity" in ev else "l2_sensitivity"
             charged = v.get(f"{sens_field[:2]}_sensitivity_charged")
             if charged is not None and _ne(ev.get(sens_field), charged):
@@ -98,7 +105,8 @@ def recompute_sensitivities(m: dict[str, Any]) -> list[str]:
                            f"the bounds give {float(S.quantile_utility(b))!r}")
             runs = int(count_s.max_coords) * len(metric.get("quantiles", []))
             if metric.get("runs_per_unit") != runs:
-                out.append(f"{where}.runs_per_unit: manifest says {metric.get('runs_per_unit')!r}, a unit reaches {runs}")
+                out.append(f"{where}.runs_per_unit: manifest says {metric.get('runs_per_unit')!r}, "
+                           f"a unit reaches {runs}")
         elif metric.get("type") == "top_k":
             if _ne(metric.get("utility_sensitivity"), float(count_s.linf)):
                 out.append(f"{where}.utility_sensitivity: manifest says {metric.get('utility_sensitivity')!r}, "
@@ -108,6 +116,7 @@ def recompute_sensitivities(m: dict[str, Any]) -> list[str]:
                            f"a unit reaches {int(count_s.max_coords)} partitions")
     sel = (plan.get("partitions") or {}).get("selection")
     if sel is not None and sel.get("max_partitions_per_unit") != b.max_partitions:
-        out.append(f"release_plan.partitions.selection.max_partitions_per_unit: {sel.get('max_partitions_per_unit')!r}, "
+        out.append("release_plan.partitions.selection.max_partitions_per_unit: "
+                   f"{sel.get('max_partitions_per_unit')!r}, "
                    f"but contribution_bounds.max_partitions_per_unit is {b.max_partitions}")
     return out

@@ -25,11 +25,13 @@ from dpops.events import canonical_json
 
 
 def signed_bytes(manifest: dict[str, Any]) -> bytes:
+    """The bytes a signature covers: the canonical JSON of the manifest without its ``signature`` field."""
     body = {k: v for k, v in manifest.items() if k != "signature"}
     return canonical_json(body).encode("utf-8")
 
 
 def public_key_id(key: Ed25519PublicKey) -> str:
+    """First 16 hex digits of SHA-256 of the raw public key: names the key in a signature without embedding it."""
     raw = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return hashlib.sha256(raw).hexdigest()[:16]
 
@@ -37,16 +39,20 @@ def public_key_id(key: Ed25519PublicKey) -> str:
 def generate_signing_key(private_path: str | os.PathLike[str], public_path: str | os.PathLike[str]) -> str:
     """Write a new Ed25519 key pair as PEM (private file mode 0600, never overwritten); return the public key id."""
     priv = Ed25519PrivateKey.generate()
-    pem = priv.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    pem = priv.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
     fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as fh:
         fh.write(pem)
     pub = priv.public_key()
-    Path(public_path).write_bytes(pub.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    Path(public_path).write_bytes(
+        pub.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
     return public_key_id(pub)
 
 
 def load_private_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
+    """Read a PEM Ed25519 private key (unencrypted); an unreadable or wrong-type file is an InvalidParameter."""
     p = Path(path)
     try:
         data = p.read_bytes()
@@ -61,6 +67,7 @@ def load_private_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
 
 
 def load_public_key(path: str | os.PathLike[str]) -> Ed25519PublicKey:
+    """Read a PEM Ed25519 public key; an unreadable or wrong-type file is an InvalidParameter."""
     p = Path(path)
     try:
         key = serialization.load_pem_public_key(p.read_bytes())

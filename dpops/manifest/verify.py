@@ -23,19 +23,26 @@ import copy
 import math
 import re
 import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from dpops.errors import DpopsError, IntegrityError
 from dpops.events import event_from_dict, event_to_dict
 from dpops.manifest.build import run_epsilon, spec_document_hash, spec_sections
 from dpops.manifest.schema import schema_problems
 
+if TYPE_CHECKING:  # types only: the checks import the ledger lazily, where they need it
+    from dpops.ledger.model import RunRecord, VerifyReport
+    from dpops.ledger.store import Ledger
+
 REL_TOL = 1e-9  # recomputation is deterministic; this only absorbs float summation order
 
 
 @dataclass
 class Check:
+    """One named verification step: ``ok`` with its problems, or ``skipped`` with the reason it could not run."""
+
     name: str
     ok: bool
     problems: list[str] = field(default_factory=list)
@@ -43,29 +50,36 @@ class Check:
     note: str | None = None  # ran, but part of it could not (e.g. one file unreachable)
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON form, as the CLI prints it."""
         return {"name": self.name, "ok": self.ok, "skipped": self.skipped, "problems": self.problems,
                 "note": self.note}
 
 
 @dataclass
 class VerificationResult:
+    """Every check run on one manifest; ``ok`` only when all of them are."""
+
     source: str
     run_id: str | None
     checks: list[Check]
 
     @property
     def ok(self) -> bool:
+        """No check found a problem (a skipped check is ok: what could not be checked is reported, not failed)."""
         return all(c.ok for c in self.checks)
 
     @property
     def problems(self) -> list[str]:
+        """Every problem of every check, in check order."""
         return [p for c in self.checks for p in c.problems]
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON form, as the CLI prints it."""
         return {"source": self.source, "run_id": self.run_id, "ok": self.ok,
                 "checks": [c.to_dict() for c in self.checks], "problems": self.problems}
 
-    def raise_for_problems(self) -> "VerificationResult":
+    def raise_for_problems(self) -> VerificationResult:
+        """Raise IntegrityError listing every problem when any check failed; else return self."""
         if not self.ok:
             raise IntegrityError(f"{self.source}: manifest verification failed:\n  " + "\n  ".join(self.problems))
         return self
@@ -98,7 +112,7 @@ def diff(recorded: Any, recomputed: Any, path: str) -> list[str]:
         if len(recorded) != len(recomputed):
             return [f"{path}: the manifest lists {len(recorded)} items, the recomputation {len(recomputed)}"]
         out = []
-        for i, (a, b) in enumerate(zip(recorded, recomputed)):
+        for i, (a, b) in enumerate(zip(recorded, recomputed, strict=True)):
             out.extend(diff(a, b, f"{path}[{i}]"))
         return out
     if not _close(recorded, recomputed):
@@ -194,7 +208,8 @@ def _check_accounting(m: dict[str, Any]) -> list[str]:
     a = m["accountant"]
     out = []
     if a["ref"] != f"{a['name']}/{a['version']}":
-        out.append(f"accountant.ref: {a['ref']!r} is not accountant.name/accountant.version ({a['name']}/{a['version']})")
+        out.append(f"accountant.ref: {a['ref']!r} is not accountant.name/accountant.version "
+                   f"({a['name']}/{a['version']})")
     ref = f"{a['name']}/{a['version']}"
     if ref not in known_accountants():
         out.append(f"accountant.version: {ref} is not a registered accountant version (known: {known_accountants()}); "
@@ -287,7 +302,7 @@ def _check_scope_arithmetic(m: dict[str, Any]) -> list[str]:
 # --------------------------------------------------------------------------- ledger
 
 
-def _check_ledger(m: dict[str, Any], ledger: Any, chain_report: Any = None) -> list[str]:
+def _check_ledger(m: dict[str, Any], ledger: Ledger, chain_report: VerifyReport | None = None) -> list[str]:
     from dpops.manifest.scope import replay_position
 
     out = []
@@ -311,8 +326,9 @@ def _check_ledger(m: dict[str, Any], ledger: Any, chain_report: Any = None) -> l
         ids, hashes = m["ledger"]["entry_ids"], m["ledger"]["entry_hashes"]
         if len(ids) != len(hashes):
             out.append(f"ledger.entry_hashes: {len(hashes)} hashes for {len(ids)} entry ids")
-        ledger_hash = dict(zip(rec.entry_ids, rec.entry_hashes))
-        for i, (eid, h) in enumerate(zip(ids, hashes)):
+        # strict=False: a length mismatch is reported above (or by the chain check), not raised
+        ledger_hash = dict(zip(rec.entry_ids, rec.entry_hashes, strict=False))
+        for i, (eid, h) in enumerate(zip(ids, hashes, strict=False)):
             if eid not in ledger_hash:
                 out.append(f"ledger.entry_ids[{i}]: entry {eid} is not one of the run's ledger entries {rec.entry_ids}")
             elif ledger_hash[eid] != h:
@@ -334,7 +350,7 @@ def _check_ledger(m: dict[str, Any], ledger: Any, chain_report: Any = None) -> l
     return out
 
 
-def _check_outcome_against_ledger(m: dict[str, Any], rec: Any, ledger: Any) -> list[str]:
+def _check_outcome_against_ledger(m: dict[str, Any], rec: RunRecord, ledger: Ledger) -> list[str]:
     """The outcome and the ledger state the manifest records are ones the ledger's entries show for the run."""
     out = []
     state, recorded = m["outcome"]["state"], m["outcome"]["ledger_state"]
@@ -351,7 +367,7 @@ def _check_outcome_against_ledger(m: dict[str, Any], rec: Any, ledger: Any) -> l
     return out
 
 
-def _check_output_location(m: dict[str, Any], rec: Any) -> list[str]:
+def _check_output_location(m: dict[str, Any], rec: RunRecord) -> list[str]:
     """The published location is the one the ledger committed (a manifest pointing at another
     version would make a reviewer check, and a reader trust, files this run never produced)."""
     out: list[str] = []
@@ -363,7 +379,7 @@ def _check_output_location(m: dict[str, Any], rec: Any) -> list[str]:
     return out
 
 
-def scope_definition_at(ledger: Any, name: str, through_entry_id: int | None) -> dict[str, Any] | None:
+def scope_definition_at(ledger: Ledger, name: str, through_entry_id: int | None) -> dict[str, Any] | None:
     """The scope's definition as it stood after entry ``through_entry_id`` (creation, then each cap change)."""
     definition = None
     for e in ledger.history(name):
@@ -376,7 +392,7 @@ def scope_definition_at(ledger: Any, name: str, through_entry_id: int | None) ->
     return definition
 
 
-def _check_cap(scope: dict[str, Any], ledger: Any) -> list[str]:
+def _check_cap(scope: dict[str, Any], ledger: Ledger) -> list[str]:
     """The recorded cap is the one in force when the manifest was written (a later, legitimate cap
     change does not make an old manifest wrong; an edited cap overstates the budget the unit had)."""
     from dpops.ledger.model import ScopeDefinition
@@ -394,7 +410,7 @@ def _check_cap(scope: dict[str, Any], ledger: Any) -> list[str]:
     return out
 
 
-def _check_file_digest(m: dict[str, Any], ledger: Any, file_name: str, file_digest: str) -> list[str]:
+def _check_file_digest(m: dict[str, Any], ledger: Ledger, file_name: str, file_digest: str) -> list[str]:
     """The ledger's commit entry records the manifest file's sha256: any byte changed since is caught."""
     rec = ledger.run(m["run_id"])
     recorded = ((rec.details or {}).get("commit") or {}).get("manifest") if rec is not None else None
@@ -406,7 +422,7 @@ def _check_file_digest(m: dict[str, Any], ledger: Any, file_name: str, file_dige
     return []
 
 
-def _check_published_files(m: dict[str, Any], ledger: Any, key: Any) -> Check:
+def _check_published_files(m: dict[str, Any], ledger: Ledger | None, key: Any) -> Check:
     """The published bytes are still the ones fingerprinted at publication (see dpops.manifest.files)."""
     from dpops.manifest.files import check_ledger_files, check_manifest_files, merge, uri_directory
 
@@ -429,10 +445,10 @@ def _check_published_files(m: dict[str, Any], ledger: Any, key: Any) -> Check:
 # --------------------------------------------------------------------------- entry point
 
 
-def verify_manifest(manifest: dict[str, Any], *, ledger: Any = None, public_key: str | None = None,
+def verify_manifest(manifest: dict[str, Any], *, ledger: Ledger | None = None, public_key: str | None = None,
                     source: str = "manifest", file_name: str | None = None, file_digest: str | None = None,
                     require_signature: bool = False, key: Any = None, check_files: bool = True,
-                    chain_report: Any = None) -> VerificationResult:
+                    chain_report: VerifyReport | None = None) -> VerificationResult:
     """Run every check; never raises for a mismatch (see ``VerificationResult.raise_for_problems``).
 
     ``file_name``/``file_digest``: the manifest file's base name and sha256, compared (with a ledger)

@@ -1,4 +1,4 @@
-"""Staging and publishing release outputs under a spec's ``output.root``.
+"""The local backend: staging and publishing release outputs under a local ``output.root``.
 
 Layout (``<interval>`` is ``Interval.slug``, e.g. ``20240101T000000Z_20240102T000000Z``)::
 
@@ -53,30 +53,35 @@ import re
 import secrets
 import shutil
 import stat
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from pathlib import Path
-from typing import Any, Iterator
-
+from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 from dpops.errors import IntegrityError, StorageError
+from dpops.storage.base import (
+    CURRENT,
+    DATA_FILE,
+    INTERNAL_FILE,
+    PUBLISHED_FILES,
+    PUBLISHED_MARKER,
+    SEAL_VERSION,
+    STAGED_MARKER,
+    SUMMARY_FILE,
+    PublishedRun,
+    StagedRun,
+)
+from dpops.storage.base import check_run_id as _check_run_id
+from dpops.storage.base import now_iso as _now
+from dpops.storage.base import seal_payload as _seal_payload
+from dpops.storage.location import Location
 
-DATA_FILE = "data.parquet"
-SUMMARY_FILE = "summary.json"
-INTERNAL_FILE = "internal.json"
-STAGED_MARKER = "_STAGED.json"
-PUBLISHED_MARKER = "_PUBLISHED.json"
-CURRENT = "current"
 STATE_DIR_ENV = "DPOPS_STATE_DIR"
 PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
 PUBLIC_DIR_MODE = 0o755
 PUBLIC_FILE_MODE = 0o644
-SEAL_VERSION = "dpops.staging-seal/1"
-PUBLISHED_FILES = (DATA_FILE, SUMMARY_FILE)  # the internal run log is never under output.root
 _VERSION_RE = re.compile(r"^v(\d+)$")
-_RUN_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
 
 # --------------------------------------------------------------------------- low-level helpers
@@ -95,7 +100,7 @@ def _storage_errors(action: str, path: Path | str) -> Iterator[None]:
             errno.EACCES: "permission denied",
             errno.EPERM: "operation not permitted",
             errno.EDQUOT: "disk quota exceeded",
-        }.get(exc.errno, exc.strerror or str(exc))
+        }.get(exc.errno or 0, exc.strerror or str(exc))
         raise StorageError(f"cannot {action} {path}: {hint}; nothing was published (fix the storage and retry)") from None
 
 
@@ -171,11 +176,6 @@ def _is_within(path: Path, root: Path) -> bool:
     return p == r or p.startswith(r.rstrip(os.sep) + os.sep)
 
 
-def _seal_payload(release: str, interval_slug: str, run_id: str, files: dict[str, str], test_mode: bool) -> bytes:
-    return json.dumps({"version": SEAL_VERSION, "release": release, "interval": interval_slug, "run_id": run_id,
-                       "files": files, "test_mode": bool(test_mode)}, sort_keys=True, separators=(",", ":")).encode()
-
-
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as fh:
@@ -193,79 +193,16 @@ def _rmtree_quiet(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-# --------------------------------------------------------------------------- records
-
-
-@dataclass(frozen=True)
-class StagedRun:
-    run_id: str
-    directory: Path
-    hashes: dict[str, str]  # file name -> sha256
-    test_mode: bool
-
-    @property
-    def data_file(self) -> Path:
-        return self.directory / DATA_FILE
-
-    @property
-    def summary_file(self) -> Path:
-        return self.directory / SUMMARY_FILE
-
-
-@dataclass(frozen=True)
-class PublishedRun:
-    run_id: str
-    version: int
-    directory: Path
-    hashes: dict[str, str]
-    restates: str | None = None
-    published_at: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def uri(self) -> str:
-        return self.directory.resolve().as_uri()
-
-
 # --------------------------------------------------------------------------- the store
 
 
-class ReleaseStore:
-    """Staged and published outputs of one release under one output root."""
+class PrivateRunLog:
+    """The PRIVATE run log (exact counts of the private data) of a store: always a local file under the
+    private state directory (``$DPOPS_STATE_DIR``), whatever backend holds the outputs. Mixed into both
+    stores; needs ``self.state_dir`` and ``self.release``."""
 
-    def __init__(self, root: str | os.PathLike[str], release: str, *, sealer: Any = None,
-                 state_dir: str | os.PathLike[str] | None = None):
-        """``sealer``: the run's noise key (anything with ``seal_mac(bytes) -> str`` and ``key_id``);
-        needed to seal and to verify staged output, not to list published versions.
-        ``state_dir``: the private state directory (default ``private_state_dir()``), refused when it
-        lies under ``root``, where readers could reach the exact counts in the run log."""
-        if not re.match(r"^[a-z0-9_-]{1,64}$", release):
-            raise StorageError(f"release name {release!r} is not safe for a path")
-        self.root = Path(root)
-        self.release = release
-        self.sealer = sealer
-        self.state_dir = Path(state_dir) if state_dir is not None else private_state_dir()
-        if _is_within(self.state_dir, self.root):
-            raise StorageError(
-                f"the private state directory {self.state_dir} (${STATE_DIR_ENV}) lies under output.root {self.root}: "
-                "the internal run log holds exact counts of the private data and must not be where readers of the "
-                f"output can reach it; set {STATE_DIR_ENV} to a directory outside output.root"
-            )
-
-    # ---- paths ------------------------------------------------------------------
-    def staged_interval_dir(self, interval_slug: str) -> Path:
-        return self.root / "staged" / self.release / interval_slug
-
-    def staged_dir(self, interval_slug: str, run_id: str) -> Path:
-        _check_run_id(run_id)
-        return self.staged_interval_dir(interval_slug) / run_id
-
-    def published_interval_dir(self, interval_slug: str) -> Path:
-        return self.root / "published" / self.release / interval_slug
+    state_dir: Path
+    release: str
 
     def internal_log_path(self, interval_slug: str, run_id: str) -> Path:
         """The PRIVATE run log of one run (exact counts): under the state directory, never output.root."""
@@ -300,6 +237,57 @@ class ReleaseStore:
             os.chmod(self.state_dir, PRIVATE_DIR_MODE)
             return _mkdirs(self.state_dir, ("runs", self.release, interval_slug), PRIVATE_DIR_MODE, force=True)
 
+
+class ReleaseStore(PrivateRunLog):
+    """Staged and published outputs of one release under one local output root (the ``Store`` interface)."""
+
+    def __init__(self, root: str | os.PathLike[str], release: str, *, sealer: Any = None,
+                 state_dir: str | os.PathLike[str] | None = None):
+        """``sealer``: the run's noise key (anything with ``seal_mac(bytes) -> str`` and ``key_id``);
+        needed to seal and to verify staged output, not to list published versions.
+        ``state_dir``: the private state directory (default ``private_state_dir()``), refused when it
+        lies under ``root``, where readers could reach the exact counts in the run log."""
+        if not re.match(r"^[a-z0-9_-]{1,64}$", release):
+            raise StorageError(f"release name {release!r} is not safe for a path")
+        self.root = Path(root)
+        self.root_location = Location.local(self.root)
+        self.release = release
+        self.sealer = sealer
+        self.state_dir = Path(state_dir) if state_dir is not None else private_state_dir()
+        if _is_within(self.state_dir, self.root):
+            raise StorageError(
+                f"the private state directory {self.state_dir} (${STATE_DIR_ENV}) lies under output.root {self.root}: "
+                "the internal run log holds exact counts of the private data and must not be where readers of the "
+                f"output can reach it; set {STATE_DIR_ENV} to a directory outside output.root"
+            )
+
+    # ---- paths ------------------------------------------------------------------
+    def staged_interval_dir(self, interval_slug: str) -> Path:
+        return self.root / "staged" / self.release / interval_slug
+
+    def staged_dir(self, interval_slug: str, run_id: str) -> Path:
+        _check_run_id(run_id)
+        return self.staged_interval_dir(interval_slug) / run_id
+
+    def published_interval_dir(self, interval_slug: str) -> Path:
+        return self.root / "published" / self.release / interval_slug
+
+    def staged_interval_location(self, interval_slug: str) -> Location:
+        return Location.local(self.staged_interval_dir(interval_slug))
+
+    def published_interval_location(self, interval_slug: str) -> Location:
+        return Location.local(self.published_interval_dir(interval_slug))
+
+    def new_staging(self, interval_slug: str, run_id: str) -> Location:
+        """``new_staging_dir`` as a ``Location`` (the ``Store`` interface)."""
+        return Location.local(self.new_staging_dir(interval_slug, run_id))
+
+    def discard_staging(self, staging: Location) -> None:
+        _rmtree_quiet(staging.local_path)
+
+    def next_version_location(self, interval_slug: str, run_id: str) -> Location:
+        return Location.local(self.next_version_dir(interval_slug, run_id))
+
     def _require_sealer(self, what: str) -> Any:
         if self.sealer is None or not callable(getattr(self.sealer, "seal_mac", None)):
             raise StorageError(f"cannot {what} without the noise key: the staging seal is an HMAC under it "
@@ -325,7 +313,7 @@ class ReleaseStore:
             raise
         return tmp
 
-    def finish_staging(self, tmp_dir: Path, interval_slug: str, run_id: str, internal: dict[str, Any], *,
+    def finish_staging(self, tmp_dir: Path | Location, interval_slug: str, run_id: str, internal: dict[str, Any], *,
                        test_mode: bool = False) -> StagedRun:
         """Seal a staging directory the pipeline filled: private run log, 0600 files, keyed seal, fsync, rename.
 
@@ -333,7 +321,7 @@ class ReleaseStore:
         output. If another attempt already sealed this run id (a concurrent retry), that one is kept and
         ``tmp_dir`` discarded: both hold the same run, and the first one is what the ledger's start covers.
         """
-        tmp_dir = Path(tmp_dir)
+        tmp_dir = Path(tmp_dir.local_path if isinstance(tmp_dir, Location) else tmp_dir)
         final = self.staged_dir(interval_slug, run_id)
         try:
             sealer = self._require_sealer("seal the staged output")
@@ -374,7 +362,7 @@ class ReleaseStore:
         except BaseException:
             _rmtree_quiet(tmp_dir)
             raise
-        return StagedRun(run_id, final, hashes, test_mode)
+        return StagedRun(run_id, Location.local(final), hashes, test_mode)
 
     def find_staged(self, interval_slug: str, run_id: str) -> StagedRun | None:
         """The sealed staged output of this run if one exists and verifies, else None (never a partial one).
@@ -435,12 +423,12 @@ class ReleaseStore:
             if got != want:
                 raise IntegrityError(f"staged file {path} does not match the sealed sha256: the staged output was "
                                      f"changed after it was written; it will not be published; {remedy}")
-        return StagedRun(run_id, d, dict(files), test_mode)
+        return StagedRun(run_id, Location.local(d), dict(files), test_mode)
 
     # ---- publishing -------------------------------------------------------------
     def versions(self, interval_slug: str) -> list[PublishedRun]:
         base = self.published_interval_dir(interval_slug)
-        out = []
+        out: list[PublishedRun] = []
         if not base.is_dir():
             return out
         for child in base.iterdir():
@@ -448,7 +436,7 @@ class ReleaseStore:
             if m and (child / PUBLISHED_MARKER).is_file():
                 doc = _read_json(child / PUBLISHED_MARKER)
                 out.append(PublishedRun(
-                    run_id=doc.get("run_id", ""), version=int(m.group(1)), directory=child,
+                    run_id=doc.get("run_id", ""), version=int(m.group(1)), location=Location.local(child),
                     hashes=doc.get("files", {}), restates=doc.get("restates"), published_at=doc.get("published_at", ""),
                 ))
         return sorted(out, key=lambda r: r.version)
@@ -478,7 +466,7 @@ class ReleaseStore:
         except OSError as exc:
             raise StorageError(f"cannot read the pointer {link}: {exc.strerror or exc}") from None
         for v in self.versions(interval_slug):
-            if v.directory.name == target:
+            if v.location.name == target:
                 return v
         raise StorageError(f"{link} points to {target!r}, which is not a published version")
 
@@ -498,7 +486,7 @@ class ReleaseStore:
         for v in existing:
             if v.run_id == staged.run_id:
                 if v.version == max(e.version for e in existing):
-                    self._point_current(base, v.directory.name)
+                    self._point_current(base, v.location.name)
                 return v
         cur = self.current(interval_slug)
         if cur is not None and restates != cur.run_id:
@@ -551,7 +539,8 @@ class ReleaseStore:
             _rmtree_quiet(tmp)
             raise
         self._point_current(base, final.name)
-        return PublishedRun(staged.run_id, version, final, hashes, restates, published_at, dict(extra or {}))
+        return PublishedRun(staged.run_id, version, Location.local(final), hashes, restates, published_at,
+                            dict(extra or {}))
 
     @staticmethod
     def _point_current(base: Path, target: str) -> None:
@@ -572,11 +561,8 @@ class ReleaseStore:
                     os.unlink(tmp_link)
 
 
-def _check_run_id(run_id: str) -> str:
-    if not isinstance(run_id, str) or not _RUN_ID_RE.match(run_id):
-        raise StorageError(f"run id {run_id!r} is not safe for a path")
-    return run_id
 
+LocalReleaseStore = ReleaseStore
 
-__all__ = ["ReleaseStore", "StagedRun", "PublishedRun", "sha256_file", "private_state_dir", "DATA_FILE",
+__all__ = ["ReleaseStore", "PrivateRunLog", "LocalReleaseStore", "PUBLISHED_FILES", "StagedRun", "PublishedRun", "sha256_file", "private_state_dir", "DATA_FILE",
            "SUMMARY_FILE", "INTERNAL_FILE", "STATE_DIR_ENV"]

@@ -1,0 +1,167 @@
+"""A whole release run with its input, staging, published output and manifests on S3 (moto's server).
+
+The pipeline here is a stand-in that writes its two files through the storage layer, as the Beam job
+does through Beam FileSystems; ``test_storage_s3_pipeline.py`` runs the real Beam job."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from dpops import runs
+from dpops.cli.main import main
+from dpops.compute import ComputeResult
+from dpops.ledger import ScopeDefinition, open_ledger
+from dpops.randomness import NoiseKey
+from dpops.storage import Location, files
+from dpops.storage.objectstore import ObjectReleaseStore
+import s3_support
+
+from test_runs import FakePipeline  # the run tests' stand-in (same noisy table)
+
+moto_server = s3_support.moto_server  # pytest fixtures
+s3 = s3_support.s3
+INTERVAL = "2024-01-01/2024-01-02"
+SLUG = "20240101T000000Z_20240102T000000Z"
+
+
+class UriPipeline(FakePipeline):
+    """FakePipeline's table, written to ``req.staging_dir`` (a URI here) through pyarrow.fs."""
+
+    def __call__(self, req):
+        self.calls += 1
+        self.requests.append(req)
+        if self.fail_after_start:
+            raise RuntimeError("worker lost")
+        local = FakePipeline()
+        import tempfile
+        from pathlib import Path
+
+        with tempfile.TemporaryDirectory() as d:
+            class R:  # the same request, pointed at a local directory, to reuse FakePipeline's table
+                pass
+            r = R()
+            r.__dict__.update(req.__dict__)
+            r.staging_dir = d
+            local(r)
+            staging = Location.parse(req.staging_dir)
+            for name in ("data.parquet", "summary.json"):
+                files.write_bytes(staging / name, (Path(d) / name).read_bytes())
+        return ComputeResult(str(staging / "data.parquet"), str(staging / "summary.json"), 2,
+                             internal={"rows_read": 4, "rows_dropped": {"null_unit": 1}})
+
+
+@pytest.fixture
+def s3_run(s3, tmp_path, monkeypatch):
+    bucket = s3.uri()
+    table = pa.table({"user_id": ["a", "b", "c", None], "region": ["north", "south", "north", "south"],
+                      "amount": [1.0, 2.0, 3.0, 4.0]})
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    files.write_bytes(Location.parse(f"{bucket}/data/2024-01-01.parquet"), buf.getvalue())
+    doc = {
+        "name": "purchases_test",
+        "input": {"path": f"{bucket}/data/{{start:%Y-%m-%d}}.parquet", "format": "parquet",
+                  "columns": {"user_id": "string", "region": "string", "amount": "float"}},
+        "privacy_unit": {"column": "user_id", "description": "a user's purchases on one day", "adjacency": "add_remove"},
+        "budget": {"scope": "shop", "epsilon": 0.5, "delta": 0},
+        "contribution": {"max_partitions_per_unit": 1, "max_rows_per_unit_per_partition": 2},
+        "partitions": {"columns": ["region"], "public": ["north", "south"]},
+        "metrics": [{"type": "count"}, {"type": "sum", "column": "amount", "bounds": [0, 10]}],
+        "output": {"root": f"{bucket}/out"},
+    }
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    monkeypatch.setenv("DPOPS_OUTPUT_ROOTS", f"{bucket}/out")
+    monkeypatch.setenv("DPOPS_DATA_ROOTS", f"{bucket}/data")
+    monkeypatch.delenv("DPOPS_MANIFESTS_DIR", raising=False)
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    led = open_ledger(url)
+    led.create_scope(ScopeDefinition(name="shop", unit="a user's purchases", unit_column="user_id",
+                                     epsilon=0.7, delta=1e-6, rho=None, accountant="basic/1",
+                                     adjacency="add_remove"), actor="test")
+    led.close()
+    key = tmp_path / "noise.key"
+    NoiseKey.generate(key)
+    pipe = UriPipeline()
+    monkeypatch.setattr(runs, "_load_run_release", lambda: pipe)
+    base = ["--interval", INTERVAL, "--ledger", url, "--key-file", str(key)]
+    return {"s3": s3, "spec": str(spec), "url": url, "key": str(key), "base": base, "pipe": pipe,
+            "root": Location.parse(f"{bucket}/out")}
+
+
+def _published(env) -> Location:
+    return env["root"].join("published", "purchases_test", SLUG)
+
+
+def test_release_run_on_s3_publishes_and_manifest_verifies(s3_run, capsys):
+    env = s3_run
+    assert main(["release", "run", env["spec"], *env["base"], "--publish", "--no-gx-checks", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["state"] == "published"
+    run_id = out["run_id"]
+    assert out["output_uri"] == str(_published(env) / f"v0001-{run_id}")
+    req = env["pipe"].requests[0]
+    assert req.staging_dir.startswith(str(env["root"].join("staged", "purchases_test", SLUG)) + "/.tmp-")
+    assert list(req.input_paths) == [str(env["s3"].uri("data/2024-01-01.parquet"))]
+    pointer = files.read_json(_published(env) / "current")
+    assert pointer["run_id"] == run_id and pointer["prefix"] == f"v0001-{run_id}"
+    manifests = env["root"].join("manifests", "purchases_test")
+    assert files.list_dir(manifests) == [f"{run_id}.published.json"]
+    # verify: ledger claim, the published objects against the ledger digests and the keyed fingerprints
+    assert main(["manifest", "verify", run_id, "--manifests", str(manifests), "--ledger", env["url"],
+                 "--key-file", env["key"], "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["ok"] is True
+    assert not [c for c in result["checks"] if c.get("skipped") and "file" in c["name"]], result["checks"]
+    # served again for free, through the pointer
+    assert main(["release", "run", env["spec"], *env["base"], "--publish", "--no-gx-checks", "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["state"] == "already_published" and again["epsilon_charged"] == 0
+    assert env["pipe"].calls == 1
+    assert main(["release", "status", env["spec"], "--interval", INTERVAL, "--ledger", env["url"],
+                 "--key-file", env["key"], "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert st["published_files"]["ok"] is True and set(st["published_files"]["checked"]) == {"data.parquet",
+                                                                                              "summary.json"}
+    assert [v["version"] for v in st["versions"]] == [1]
+
+
+def test_changed_published_object_is_refused(s3_run, capsys):
+    env = s3_run
+    assert main(["release", "run", env["spec"], *env["base"], "--publish", "--no-gx-checks", "--json"]) == 0
+    run_id = json.loads(capsys.readouterr().out)["run_id"]
+    files.write_bytes(_published(env) / f"v0001-{run_id}" / "data.parquet", b"exact values")
+    assert main(["release", "run", env["spec"], *env["base"], "--publish", "--no-gx-checks"]) == 7
+    manifests = env["root"].join("manifests", "purchases_test")
+    assert main(["manifest", "verify", run_id, "--manifests", str(manifests), "--ledger", env["url"],
+                 "--key-file", env["key"]]) == 7
+
+
+def test_crash_between_commit_and_pointer_healed_by_retry(s3_run, capsys):
+    env = s3_run
+
+    def crash(self, *args, **kwargs):
+        raise OSError("simulated crash between the ledger commit and the pointer write")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ObjectReleaseStore, "_point_current", crash)
+        assert main(["release", "run", env["spec"], *env["base"], "--publish", "--no-gx-checks"]) != 0
+    capsys.readouterr()
+    led = open_ledger(env["url"])
+    try:
+        (rec,) = led.runs(release="purchases_test")
+        assert rec.state == "committed"  # the decision is recorded ...
+    finally:
+        led.close()
+    assert not files.exists(_published(env) / "current")  # ... but nothing is visible yet
+    assert main(["release", "run", env["spec"], *env["base"], "--publish", "--no-gx-checks", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["state"] == "already_published" and out["epsilon_charged"] == 0
+    assert files.read_json(_published(env) / "current")["run_id"] == rec.run_id
+    assert env["pipe"].calls == 1
