@@ -190,7 +190,8 @@ def write_truth(n: int) -> str:
 
     work = OUT / "dpops" / f"n{n}"
     req = ComputeRequest(
-        spec_path=str(work / "spec.yaml"), interval_start="", interval_end="",
+        spec_path=str(work / "spec.yaml"), interval_start="2024-01-01T00:00:00+00:00",
+        interval_end="2024-01-02T00:00:00+00:00",
         input_paths=(str(data_dir(n) / "2024-01-01.parquet"),), noise_label={"release": "bench"},
         randomness="test", test_seed=1, staging_dir=str(work / "stage"))
     keys, acc = bounded_truth(req)

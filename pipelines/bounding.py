@@ -1,13 +1,36 @@
-"""Contribution bounding and per-partition pre-aggregation of one bucket, vectorised with numpy.
+"""Contribution bounding and per-partition pre-aggregation, vectorised with numpy.
 
-All rows of a unit are in the same bucket (bucket = hash(unit) mod B), so the
-bounds can be enforced exactly here:
+The bound is a function of each unit's own rows, applied by a streaming, mergeable combiner
+(``pipelines.transforms.BoundContributions``) so that no worker ever holds more than one unit's
+bounded rows per key plus one buffer:
 
-1. Linf: within each (unit, partition) keep the ``linf`` rows with the smallest
-   random priority: a uniformly random subset of min(Linf, rows) rows;
-2. L0: each unit keeps the ``l0`` (unit, partition) pairs with the smallest
-   random pair priority: a uniformly random subset of its partitions;
+1. L0: each unit keeps the ``l0`` (unit, partition) pairs with the smallest pair priority
+   ``pair_priority(u, p, salt)``: a keyed 64-bit mix of the unit hash and the partition hash
+   under a secret per-run salt drawn from the run's randomness source (ties: partition hash);
+2. Linf: within each kept pair keep the ``linf`` rows with the smallest row priority (one
+   uniform uint64 per row drawn when the row is read, from a stream labelled with file, row
+   group and batch);
 3. clamp values to each metric's bounds, then sum per partition -- exactly, in fixed point.
+
+Mergeable, hence exact under any split (issue 10). Both orders are total orders over a unit's
+own rows that do not depend on which other rows are present: the pair priority is a function of
+(salt, unit, partition) only, and a row keeps its priority wherever it travels. Keeping the k
+smallest of a union equals keeping the k smallest of the union of each part's k smallest, so
+bound(bound(A) + bound(B)) == bound(A + B) for any split of the input into batches, bundles,
+workers, keys and merge orders. (The previous rule ordered pairs by the low bits of the pair's
+winning row, which changes when a merge brings a better row: not mergeable.) The pipeline
+therefore pre-bounds each read batch, compacts the combiner's buffer whenever it doubles, and
+bounds once more at the end, and the result is bit-identical to bounding all rows at once.
+
+Privacy. The DP argument needs only that a unit's kept rows are chosen from that unit's rows
+with randomness independent of every other unit's presence: then adding or removing one unit
+changes at most L0 partitions by at most Linf rows each, which is the sensitivity charged. The
+pair priority depends on the unit's hash, the partition hash and the salt only; the row
+priorities are i.i.d. Uniformity (utility): given a secret uniform salt, the mixed values of a
+unit's distinct pairs behave as independent uniform draws, so the kept partitions are a uniform
+random subset; the kept rows of a pair are a uniform random subset of min(Linf, rows). A tie of
+two row priorities within a pair (probability ~r^2/2^65 for r rows) is broken by input order: it
+may make the choice depend on arrival order, never the bound.
 
 Exact sums (issue 11 item 4). The noise is charged for Δ + r·m (``dpops.mechanisms``): the
 sensitivity Δ of the *exact* sum, plus the rounding to the noise grid r. A float64 running sum
@@ -36,14 +59,6 @@ another order publish different numbers. So every sum accumulator is built in in
   rows, chunked beyond), recombined in int64. Partials are int64; any addition whose operands
   could reach 2^63 (``checked_add``: decided from the operands' magnitudes) is done in Python
   integers instead (dtype object), so nothing overflows and nothing aborts on the data.
-
-Priorities are uint64 words drawn from the run's randomness source when the row
-is read (stream labelled with file, row group and batch), so they do not depend
-on the order in which a runner delivers batches to a bucket: the same input and
-key give the same kept rows on every runner. They are i.i.d. uniform across rows,
-which is also what the privacy argument needs (each unit's choice is independent
-of every other unit's presence). A tie (probability ~g^2/2^64, or ~g^2/2^32 for a
-unit's g pairs) is broken by the sort order: it biases the choice, never the bound.
 """
 
 from __future__ import annotations
@@ -163,59 +178,156 @@ class AggregationSpec:
     cats: tuple[tuple[str, str, int], ...] = ()  # (accumulator, column, domain size)
 
 
-def bound_contributions(u: np.ndarray, p: np.ndarray, prio: np.ndarray, l0: int, linf: int) -> tuple[np.ndarray, np.ndarray, dict]:
+def pair_salt(source) -> tuple[int, int]:
+    """The run's secret pair-priority salt: two uint64 words from ``source.child("bounding", "pair_salt")``.
+
+    Drawn by every worker from the run's randomness source (keyed and test mode reproduce it from
+    the key or the seed; never shipped in the job graph). In os mode every process would draw a
+    different salt, so the driver draws it once and ships it (see ``RandomnessConfig``): the salt
+    only has to be uniform and independent of the data; the privacy argument does not rest on
+    its secrecy (module doc).
+    """
+    w = np.asarray(source.child("bounding", "pair_salt").uint64(2), dtype=np.uint64)
+    return int(w[0]), int(w[1])
+
+
+def _mix64(h: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a bijection of uint64 with full avalanche (wrapping arithmetic)."""
+    h = h ^ (h >> np.uint64(30))
+    h = h * np.uint64(0xBF58476D1CE4E5B9)
+    h = h ^ (h >> np.uint64(27))
+    h = h * np.uint64(0x94D049BB133111EB)
+    return h ^ (h >> np.uint64(31))
+
+
+def pair_priority(u: np.ndarray, p: np.ndarray, salt: tuple[int, int]) -> np.ndarray:
+    """The L0 priority of each row's (unit, partition) pair: a keyed function of the two hashes only.
+
+    Every row of a pair gets the same value wherever and whenever it is read, which is what makes
+    the L0 bound mergeable (module doc). Pseudo-uniform given the secret per-run ``salt``.
+    """
+    u = np.asarray(u, dtype=np.uint64)
+    p = np.asarray(p, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        h = _mix64(u ^ np.uint64(salt[0]))
+        return _mix64((h + _mix64(p)) ^ np.uint64(salt[1]))
+
+
+def _order_by_group_then(group: np.ndarray, key: np.ndarray, tie: np.ndarray | None = None) -> np.ndarray:
+    """Indices sorting by (group, key[, tie]) exactly, as ``np.lexsort`` would (stable on full ties).
+
+    Fast path: one argsort of a single uint64 word, the dense group code in the high bits and the
+    key's high bits below it. Only if two neighbours of one group share that truncated word (the
+    key's low bits might order them) does it fall back to the exact lexsort, so the result is always
+    the exact order of the full keys."""
+    group = np.asarray(group, dtype=np.int64)
+    if not len(group):
+        return np.zeros(0, np.int64)
+    gbits = max(1, int(group.max()).bit_length())
+    if gbits < 48:
+        shift = np.uint64(64 - gbits)
+        word = (group.astype(np.uint64) << shift) | (np.asarray(key, dtype=np.uint64) >> np.uint64(gbits))
+        order = np.argsort(word)  # equal words fall back below, so stability does not matter
+        w = word[order]
+        if not np.any(w[1:] == w[:-1]):
+            return order
+    keys = (key, group) if tie is None else (tie, key, group)
+    return np.lexsort(keys)
+
+
+def bound_contributions(u: np.ndarray, p: np.ndarray, prio: np.ndarray, l0: int, linf: int,
+                        pp: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
     """Rows kept under L0 / Linf. Returns (kept row indices, partition of each kept (unit, partition)
     pair, internal counters).
 
-    ``prio`` is one uniform uint64 per row drawn when the row was read (see module doc): its
-    value orders the rows of a (unit, partition) pair (Linf), and the low 32 bits of each pair's
-    first row -- independent of the ordering -- order the pairs of a unit (L0).
+    ``pp`` (``pair_priority``, one value per row, equal for all rows of a pair) orders the pairs of a
+    unit: the ``l0`` smallest (ties by partition hash) are kept. ``prio`` (one uniform uint64 per row,
+    drawn when the row was read) orders the rows of a pair: the ``linf`` smallest are kept. Both are
+    total orders that depend on the unit's own rows only, so the result is the same function of the
+    rows whatever subset it was applied to first: bound(bound(A) + bound(B)) == bound(A + B).
+
+    Without ``pp`` the pair priority is the unsalted ``pair_priority(u, p, (0, 0))``: still a valid
+    bound (a function of the unit's own rows), but the same choice on every run; for direct callers
+    such as property tests only. The pipeline always passes the run's salted priorities.
     """
+    if pp is None:
+        pp = pair_priority(u, p, (0, 0))
     n = len(u)
     if n == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.uint64), {"rows_dropped_linf": 0, "pairs_dropped_l0": 0}
-    # One argsort instead of a 3-key lexsort: dense pair codes in the high bits, the priority's
-    # high bits below them (pair codes need bit_length(pairs) <= 32 bits; the remaining >= 32
-    # priority bits make a tie within a pair negligible).
-    ucode = pd.factorize(u, sort=False)[0].astype(np.int64)
-    pcode, p_uniq = pd.factorize(p, sort=False)
-    pair, _ = pd.factorize(ucode * len(p_uniq) + pcode, sort=False)
+        return np.zeros(0, np.int64), np.zeros(0, np.uint64), {"rows_dropped_linf": 0, "rows_dropped_l0": 0}
+    # Dense codes by hashing (O(n)); only the rows of pairs over Linf and the pairs of units over L0
+    # are sorted, so the common case (few rows per pair, few pairs per unit) costs no sort at all.
+    ucode, uniq_u = pd.factorize(u, sort=False)
+    pcode, uniq_p = pd.factorize(p, sort=False)
+    pair, _ = pd.factorize(ucode.astype(np.int64) * len(uniq_p) + pcode, sort=False)
     m = int(pair.max()) + 1
-    shift = np.uint64(64 - max(1, m.bit_length()))
-    order = np.argsort((pair.astype(np.uint64) << shift) | (prio >> np.uint64(64) - shift))
-    pair_sorted = pair[order]
-    new_pair = np.empty(n, bool)
-    new_pair[0] = True
-    np.not_equal(pair_sorted[1:], pair_sorted[:-1], out=new_pair[1:])
-    pair_start = np.flatnonzero(new_pair)  # position of pair code c's first (winning) row is pair_start[c]
-    pair_id = pair_sorted
-    linf_ok = (np.arange(n) - pair_start[pair_id]) < linf
+    first = np.empty(m, np.int64)
+    first[pair[::-1]] = np.arange(n - 1, -1, -1)  # a representative row of each pair (its first)
+    rows_per_pair = np.bincount(pair, minlength=m)
 
-    # L0: order each unit's pairs by the low 32 bits of the pair's winning row (independent of
-    # the high bits that chose it), keep the first l0.
-    first_rows = order[pair_start]
-    pair_unit = ucode[first_rows].astype(np.uint64)
-    pprio = prio[first_rows] & np.uint64(0xFFFFFFFF)
-    porder = np.argsort((pair_unit << np.uint64(32)) | pprio)
-    pu = pair_unit[porder]
-    new_unit = np.empty(m, bool)
-    new_unit[0] = True
-    np.not_equal(pu[1:], pu[:-1], out=new_unit[1:])
-    unit_start = np.flatnonzero(new_unit)
-    rank_in_unit = np.arange(m) - unit_start[np.cumsum(new_unit) - 1]
-    pair_ok = np.empty(m, bool)
-    pair_ok[porder] = rank_in_unit < l0
-    ps = p[first_rows]
+    # Linf: within each pair with more than linf rows keep the linf smallest row priorities.
+    row_ok = np.ones(n, bool)
+    big = rows_per_pair[pair] > linf
+    if big.any():
+        idx = np.flatnonzero(big)
+        order = idx[_order_by_group_then(pair[idx], prio[idx])]
+        grp = pair[order]
+        start = np.r_[True, grp[1:] != grp[:-1]]
+        pos = np.arange(len(order)) - np.flatnonzero(start)[np.cumsum(start) - 1]
+        row_ok[order[pos >= linf]] = False
 
-    kept = order[linf_ok & pair_ok[pair_id]]
+    # L0: within each unit with more than l0 pairs keep the l0 smallest (pair priority, partition hash).
+    pair_unit = ucode[first]
+    pair_ok = np.ones(m, bool)
+    pairs_per_unit = np.bincount(pair_unit, minlength=len(uniq_u))
+    bigu = pairs_per_unit[pair_unit] > l0
+    if bigu.any():
+        pidx = np.flatnonzero(bigu)
+        order = pidx[_order_by_group_then(pair_unit[pidx], pp[first[pidx]], p[first[pidx]])]
+        grp = pair_unit[order]
+        start = np.r_[True, grp[1:] != grp[:-1]]
+        pos = np.arange(len(order)) - np.flatnonzero(start)[np.cumsum(start) - 1]
+        pair_ok[order[pos >= l0]] = False
+
+    row_pair_ok = pair_ok[pair]
+    keep = row_pair_ok & row_ok
     stats = {
-        "rows_dropped_linf": int(n - np.count_nonzero(linf_ok)),
-        "pairs_dropped_l0": int(m - np.count_nonzero(pair_ok)),
+        "rows_dropped_l0": int(n - np.count_nonzero(row_pair_ok)),
+        "rows_dropped_linf": int(np.count_nonzero(row_pair_ok & ~row_ok)),
     }
-    return kept, ps[pair_ok], stats
+    return np.flatnonzero(keep), p[first[pair_ok]], stats
 
 
-def aggregate_bucket(rows: dict[str, np.ndarray], spec: AggregationSpec) -> tuple[np.ndarray, dict, dict]:
+def bound_rows(rows: dict[str, np.ndarray], l0: int, linf: int) -> tuple[dict[str, np.ndarray], dict]:
+    """``rows`` restricted to the rows kept by ``bound_contributions`` (columns "u", "p", "prio",
+    "pp" required). Idempotent and mergeable: the streaming combiner's compaction step."""
+    kept, _, stats = bound_contributions(rows["u"], rows["p"], rows["prio"], l0, linf, _pp(rows))
+    if len(kept) == len(rows["u"]):
+        return rows, stats
+    return {k: v[kept] for k, v in rows.items()}, stats
+
+
+def _distinct_pair_partitions(u: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """The partition hash of each distinct (unit, partition) pair (exact: dense codes, no hash mixing)."""
+    if not len(u):
+        return np.zeros(0, np.uint64)
+    ucode, _ = pd.factorize(u, sort=False)
+    pcode, uniq_p = pd.factorize(p, sort=False)
+    pair, _ = pd.factorize(ucode.astype(np.int64) * len(uniq_p) + pcode, sort=False)
+    first = np.empty(int(pair.max()) + 1, np.int64)
+    first[pair[::-1]] = np.arange(len(u) - 1, -1, -1)
+    return p[first]
+
+
+def _pp(rows: dict[str, np.ndarray]) -> np.ndarray:
+    try:
+        return rows["pp"]
+    except KeyError:
+        raise ValueError("rows carry no pair priority 'pp': build them with pipelines.io.prepare_batch "
+                         "(pair_salt=...) or add pair_priority(u, p, salt)") from None
+
+
+def aggregate_bucket(rows: dict[str, np.ndarray], spec: AggregationSpec, bounded: bool = False) -> tuple[np.ndarray, dict, dict]:
     """Bound one bucket's rows and pre-aggregate them per partition.
 
     Returns (sorted unique partition hashes, accumulators aligned with them, internal counters).
@@ -223,7 +335,12 @@ def aggregate_bucket(rows: dict[str, np.ndarray], spec: AggregationSpec) -> tupl
     grid step ``sum_unit(kind, lo, hi)`` (int64, or object = Python ints where int64 could
     overflow), each histogram / category count as a dense (partitions x bins) int64 matrix.
     """
-    kept, pair_parts, stats = bound_contributions(rows["u"], rows["p"], rows["prio"], spec.l0, spec.linf)
+    if bounded:  # rows already bounded (bound_rows): every row is kept; one partition per distinct pair
+        kept = np.arange(len(rows["u"]))
+        pair_parts = _distinct_pair_partitions(rows["u"], rows["p"])
+        stats: dict = {}
+    else:
+        kept, pair_parts, stats = bound_contributions(rows["u"], rows["p"], rows["prio"], spec.l0, spec.linf, _pp(rows))
     p = rows["p"][kept]
     parts, pidx = np.unique(p, return_inverse=True)
     n_parts = len(parts)

@@ -10,7 +10,7 @@ both counted only in the internal run log. No error raised here carries a cell v
 or a raw line; pyarrow's own error texts (which quote them) are never passed on.
 
 Hashes must be identical in every worker process and on every run (they decide
-bucket and shard placement, and the bounding randomness is drawn per bucket), so
+key and shard placement, and the L0 pair priority is a keyed function of the hashes), so
 Python's salted ``hash`` is out. Strings use pandas' SipHash-2-4 with its fixed
 key (``pandas.util.hash_array``), integers its fixed 64-bit mix. A 64-bit
 collision between two units merges them into one "unit" for contribution
@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dpops.errors import InputDataError
+from pipelines.fs import open_input
 
 ROW_ID_SHIFT = 40  # row id = file_index << 40 | row position in file: 1T rows per file
 _MIX = np.uint64(0x9E3779B97F4A7C15)
@@ -60,7 +61,7 @@ class ReadConfig:
     value_columns: tuple[str, ...]  # numeric metric columns: null/NaN/inf drops the row for ALL metrics
     category_columns: dict[str, tuple[Any, ...]] = field(default_factory=dict)  # top_k column -> public domain
     public_hashes: np.ndarray | None = None  # sorted uint64 partition hashes, or None for private selection
-    n_buckets: int = 64
+    n_buckets: int = 256  # unit-hash keys of the bounding combiner: the result does not depend on it
     n_shards: int = 16
     batch_rows: int = 262_144
     # Event-time filter (issue 11 item 2): keep only rows with time_window_ns[0] <= time < time_window_ns[1]
@@ -140,7 +141,7 @@ def work_items(paths: list[str] | tuple[str, ...], fmt: str) -> list[tuple[int, 
             import pyarrow.parquet as pq
 
             try:
-                meta = pq.ParquetFile(path).metadata
+                meta = pq.ParquetFile(open_input(path)).metadata
             except (OSError, pa.ArrowException) as exc:
                 raise InputDataError(f"{path}: cannot read Parquet metadata ({type(exc).__name__}); fix or "
                                      "replace the file") from None
@@ -173,7 +174,7 @@ def iter_record_batches(item: tuple[int, str, int | None, int], cfg: ReadConfig,
         try:
             # No read_dictionary: pyarrow's dictionary reader fails the whole row group on one invalid UTF-8
             # cell (quoting it); the plain reader does not, and _convert_column drops that row instead.
-            pf = pq.ParquetFile(path)
+            pf = pq.ParquetFile(open_input(path))
             missing = [c for c in needed if c not in pf.schema_arrow.names]
             if missing:
                 raise InputDataError(f"{path}: column(s) {missing} declared in the spec are missing from the file")
@@ -189,7 +190,7 @@ def iter_record_batches(item: tuple[int, str, int | None, int], cfg: ReadConfig,
         skipped = _LineCounter()
         try:
             reader = pcsv.open_csv(
-                path,
+                open_input(path),
                 read_options=pcsv.ReadOptions(block_size=16 << 20),
                 parse_options=pcsv.ParseOptions(invalid_row_handler=skipped),
                 convert_options=pcsv.ConvertOptions(
@@ -362,14 +363,27 @@ def _parse_text(arr: pa.Array, want: str) -> tuple[pa.Array, np.ndarray]:
 
 
 def prepare_batch(
-    batch: pa.RecordBatch, file_index: int, row_offset: int, cfg: ReadConfig, rng
+    batch: pa.RecordBatch, file_index: int, row_offset: int, cfg: ReadConfig, rng,
+    pair_salt: tuple[int, int] | None = None,
 ) -> tuple[dict[str, np.ndarray], tuple[np.ndarray, list[list[Any]]], dict[str, int]]:
     """Check and hash one batch.
 
-    Returns (rows, names, stats): rows = {"u", "p", "prio", "v:<col>", "c:<col>"} numpy arrays of kept
-    rows (``prio``: one uniform uint64 per row from ``rng``, the bounding priority); names = (unique partition hashes, one value list per partition column) so the output can
-    show partition keys; stats = internal counters (read, dropped by reason).
+    Returns (rows, names, stats): rows = {"u", "p", "prio", "pp", "v:<col>", "c:<col>"} numpy arrays of
+    kept rows (``prio``: one uniform uint64 per row from ``rng``, the Linf priority; ``pp``: the pair's
+    L0 priority ``pipelines.bounding.pair_priority`` under the run's ``pair_salt``); names = (unique
+    partition hashes, one value list per partition column) so the output can show partition keys;
+    stats = internal counters (read, dropped by reason).
+
+    ``pair_salt`` must be the run's salt (``pipelines.bounding.pair_salt(source)``) whenever the rows of
+    a unit may come from more than one batch. Without it the salt is drawn from ``rng`` itself, which
+    is only right for a caller whose whole input is this one batch (the auditor's harness).
     """
+    from pipelines.bounding import pair_priority
+    from pipelines.bounding import pair_salt as run_pair_salt
+
+    if pair_salt is None:
+        # a RandomSource always has child(); a bare test double drawing only uint64 gets a fixed salt
+        pair_salt = run_pair_salt(rng) if hasattr(rng, "child") else (0, 0)
     n = batch.num_rows
     drop = np.zeros(n, dtype=np.int8)  # 0 = keep, else 1 + index in DROP_REASONS (first reason wins)
     cols: dict[str, pa.Array] = {}
@@ -416,6 +430,7 @@ def prepare_batch(
 
     idx = np.flatnonzero(keep)
     rows = {"u": u[idx], "p": p[idx], "prio": np.asarray(rng.uint64(n), dtype=np.uint64)[idx]}
+    rows["pp"] = pair_priority(rows["u"], rows["p"], pair_salt)
     for c, v in values.items():
         rows[f"v:{c}"] = v[idx]
     for c, domain in cfg.category_columns.items():

@@ -238,4 +238,4 @@ def test_module_entry_point_reports_errors_with_exit_codes(tmp_path, capsys):
     req.update(spec_path=str(spec), randomness="keyed", test_seed=None, key_path=None)
     (tmp_path / "req.json").write_text(json.dumps(req))
     assert main(["--request", str(tmp_path / "req.json")]) == 3  # keyed mode without a key file
-    assert "key_path" in capsys.readouterr().err
+    assert "key_ref" in capsys.readouterr().err

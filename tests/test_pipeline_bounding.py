@@ -6,14 +6,22 @@ import numpy as np
 import pytest
 
 from dpops.randomness import test_random
-from pipelines.bounding import AggregationSpec, aggregate_bucket, bound_contributions, merge_partials, sum_unit
+from pipelines.bounding import (
+    AggregationSpec,
+    aggregate_bucket,
+    bound_contributions,
+    merge_partials,
+    pair_priority,
+    pair_salt,
+    sum_unit,
+)
 
 
 def _rows(units, parts, values=None, seed=0):
     rng = test_random(seed, ("rows",))
     u = np.array([hash_u(x) for x in units], dtype=np.uint64)
     p = np.array([hash_u("p" + str(x)) for x in parts], dtype=np.uint64)
-    rows = {"u": u, "p": p, "prio": rng.uint64(len(u))}
+    rows = {"u": u, "p": p, "prio": rng.uint64(len(u)), "pp": pair_priority(u, p, pair_salt(rng))}
     if values is not None:
         rows["v:amount"] = np.asarray(values, dtype=np.float64)
     return rows
@@ -38,7 +46,7 @@ def test_hand_checked_bounds_and_clamping():
     assert sum_unit("sum", 0.0, 100.0) == 2.0**-24
     assert acc["sum:s"].dtype == np.int64
     assert int(acc["sum:s"].sum()) == (2 * 5 + 3 * 1 + 100) * 2**24  # C's 500 clamped to 100
-    assert stats["rows_dropped_linf"] == 8 and stats["pairs_dropped_l0"] == 6 and stats["values_clamped"] == 1
+    assert stats["rows_dropped_linf"] == 8 and stats["rows_dropped_l0"] == 6 and stats["values_clamped"] == 1
     p1 = parts_out.tolist().index(hash_u("p1"))
     assert acc["count"][p1] in (2, 3)  # A's 2 rows, plus B's row if B kept partition 1
 
@@ -51,7 +59,7 @@ def test_bounds_hold_and_are_maximal_on_random_data():
         parts = list(gen.integers(0, 12, n))
         l0, linf = int(gen.integers(1, 5)), int(gen.integers(1, 4))
         rows = _rows(units, parts, seed=trial)
-        kept, pair_parts, _ = bound_contributions(rows["u"], rows["p"], rows["prio"], l0, linf)
+        kept, pair_parts, _ = bound_contributions(rows["u"], rows["p"], rows["prio"], l0, linf, rows["pp"])
         assert len(set(kept.tolist())) == len(kept)
         ku, kp = rows["u"][kept], rows["p"][kept]
         for unit in set(rows["u"].tolist()):
@@ -76,8 +84,10 @@ def test_choice_is_uniform():
     parts = [0, 1, 2, 3, 9, 9, 9]
     base = _rows(units, parts)
     for t in range(trials):
-        prio = test_random(t, ("uniform",)).uint64(len(units))
-        kept, _, _ = bound_contributions(base["u"], base["p"], prio, 2, 1)
+        rng = test_random(t, ("uniform",))
+        prio = rng.uint64(len(units))
+        pp = pair_priority(base["u"], base["p"], pair_salt(rng))  # a fresh run salt per trial
+        kept, _, _ = bound_contributions(base["u"], base["p"], prio, 2, 1, pp)
         s = set(kept.tolist())
         kept_part += [i in s for i in range(4)]
         kept_row += [i in s for i in range(4, 7)]

@@ -51,7 +51,7 @@ def request(spec: Path, inputs, staging: Path, *, randomness="test", seed=7, key
              "interval_end": END, "input_fingerprint": fingerprint}
     return ComputeRequest(
         spec_path=str(spec), interval_start=START, interval_end=END, input_paths=tuple(str(p) for p in inputs),
-        noise_label=label, randomness=randomness, key_path=key_path, test_seed=seed if randomness == "test" else None,
+        noise_label=label, randomness=randomness, key_ref=key_path, test_seed=seed if randomness == "test" else None,
         staging_dir=str(staging), runner=runner, runner_options=tuple(runner_options))
 
 

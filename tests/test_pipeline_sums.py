@@ -48,9 +48,11 @@ def _zero_noise(monkeypatch):
 
 def _rows(values, parts=None, units=None, seed=1):
     n = len(values)
-    return {"u": np.asarray(units if units is not None else np.arange(1, n + 1), np.uint64),
+    rows = {"u": np.asarray(units if units is not None else np.arange(1, n + 1), np.uint64),
             "p": np.asarray(parts if parts is not None else np.full(n, 7), np.uint64),
             "prio": test_random(seed, ("prio",)).uint64(n), "v:v": np.asarray(values, np.float64)}
+    rows["pp"] = bounding.pair_priority(rows["u"], rows["p"], (17, 29))  # one run's salt, shared by all rows
+    return rows
 
 
 def test_float_sum_attack_stays_within_the_charge(monkeypatch):
@@ -118,6 +120,7 @@ def test_sums_are_bit_identical_under_row_order_chunking_and_merge_order():
     values = gen.choice([1e6, -1e6, 0.1, 1e-7, 3.3], n) * gen.uniform(0.5, 1.0, n)
     prio = test_random(3, ("prio",)).uint64(n)
     rows = {"u": units.astype(np.uint64), "p": parts.astype(np.uint64), "prio": prio, "v:v": values}
+    rows["pp"] = bounding.pair_priority(rows["u"], rows["p"], (5, 6))
     agg = AggregationSpec(l0=2, linf=3, sums=(("sum:s", "v", -1e6, 1e6, "sum"), ("nsum:m", "v", -1e6, 1e6, "nsum"),
                                                ("nsq:m", "v", -1e6, 1e6, "nsq")))
     ref_parts, ref, _ = aggregate_bucket(rows, agg)
@@ -142,7 +145,7 @@ def test_sums_are_bit_identical_under_row_order_chunking_and_merge_order():
         for name in ("sum:s", "nsum:m", "nsq:m", "count"):
             assert np.array_equal(macc[name], ref[name]), name
     # and they are the exact sums of the snapped terms (Python integers as the reference)
-    kept, _, _ = bounding.bound_contributions(rows["u"], rows["p"], prio, 2, 3)
+    kept, _, _ = bounding.bound_contributions(rows["u"], rows["p"], prio, 2, 3, rows["pp"])
     k = fixed_point_terms(np.clip(values[kept], -1e6, 1e6), "sum", -1e6, 1e6)
     for j, p in enumerate(ref_parts):
         assert int(ref["sum:s"][j]) == sum(int(x) for x in k[parts[kept] == p])

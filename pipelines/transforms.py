@@ -1,0 +1,506 @@
+"""The release pipeline as composite PTransforms a Beam user can put in their own pipeline.
+
+    items = [WorkItem(...), ...]                        # pipelines.io.work_items(paths, fmt)
+    read = p | ReadPrivateBatches(ctx, items)           # {"rows", "names", "stats"}
+    bounded = read["rows"] | BoundContributions(ctx.agg.l0, ctx.agg.linf)
+    agg = bounded | AggregatePerPartition(ctx.agg, ctx.read.n_shards)   # {"partials", "stats"}
+    noisy = {"partials": agg["partials"], "names": read["names"]} | SelectPartitionsAndNoise(ctx)
+    files = noisy | WriteShards(parts_dir, ctx.read.n_shards)
+    (read["stats"], agg["stats"]) | RunStats(stats_path)
+
+Element shapes are in ``pipelines.elements`` and written after each step below. The privacy-relevant
+decisions live in plain numpy functions (``pipelines.io.prepare_batch``, ``pipelines.bounding``,
+``pipelines.aggregate.select_and_noise``) that the auditor runs too; these transforms only move
+batches between them.
+
+Streaming bounding (issue 10). ``BoundContributions`` is a ``CombinePerKey`` over unit-hash buckets
+whose accumulator holds only bounded rows: at most L0 pairs x Linf rows per unit, plus a buffer that
+is compacted (re-bounded) whenever it doubles, so its cost is amortised and no worker ever holds a
+whole bucket. Beam lifts the combiner (partial combine before the shuffle, merge after), which is
+exact because the bound is mergeable (``pipelines.bounding`` module doc): the result does not depend
+on the number of buckets, bundle sizes, worker count, arrival order or merge order.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import traceback
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+
+from dpops.errors import DEBUG_ENV, DpopsError, InternalError
+from pipelines import fs
+from pipelines.bounding import (
+    AggregationSpec,
+    aggregate_bucket,
+    bound_rows,
+    merge_partials,
+)
+from pipelines.elements import (
+    NoisyShard,
+    PartitionNames,
+    RowBlock,
+    Rows,
+    ShardFile,
+    ShardPartial,
+    WorkItem,
+)
+
+# A combiner buffer is re-bounded when it exceeds max(this, 2 x its bounded size): with 256 keys at most
+# ~4M buffered rows (~200 MB) per worker beyond the bounded rows themselves, whatever the input size.
+COMPACT_MIN_ROWS = 16_384
+EMPTY_SHARD = b"dpops: empty shard\n"  # an empty shard on an object store (a Parquet file starts with PAR1)
+
+# --------------------------------------------------------------------------- error hygiene
+
+_DISK_ERRNOS = (28, 30, 122)  # ENOSPC, EROFS, EDQUOT
+
+
+def _is_disk_error(exc: BaseException) -> bool:
+    """An OSError about the disk (full, read-only, quota), as the OS or pyarrow's writer reports it."""
+    if not isinstance(exc, OSError):
+        return False
+    return exc.errno in _DISK_ERRNOS or any(os.strerror(code) in str(exc) for code in _DISK_ERRNOS)
+
+
+def _withhold_data_in_errors(process):
+    """Wrap a DoFn's ``process`` so no foreign exception (pyarrow, numpy, a bug) leaves it with its text.
+
+    Beam logs a failing DoFn's exception at ERROR itself (``apache_beam.runners.common``) and re-raises it
+    wrapped with the original text, before dpops can see it; such text may quote a cell or a whole input
+    line. dpops's own errors are written without data and pass unchanged; anything else becomes an
+    ``InternalError`` naming only its class and code location, ``from None`` so no chained text follows.
+    ``DPOPS_DEBUG=1`` keeps the original (a trusted terminal only).
+    """
+
+    @functools.wraps(process)
+    def wrapper(self, *args, **kwargs):
+        try:
+            yield from process(self, *args, **kwargs)
+        except DpopsError:
+            raise
+        except Exception as exc:
+            if os.environ.get(DEBUG_ENV) or _is_disk_error(exc):
+                raise  # a full or read-only disk: its text is the OS's, and dpops.runs makes it a StorageError
+            last = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+            where = f" at {Path(last.filename).name}:{last.lineno}" if last else ""
+            raise InternalError(f"internal error in {type(self).__name__}: {type(exc).__name__}{where} (a bug, "
+                                f"please report it; the error text is withheld because it may quote input data, "
+                                f"{DEBUG_ENV}=1 shows it on a trusted terminal)") from None
+
+    return wrapper
+
+
+def _add(total: dict[str, int], more: dict[str, int]) -> dict[str, int]:
+    for k, v in more.items():
+        total[k] = total.get(k, 0) + int(v)
+    return total
+
+
+def concat_rows(chunks: list[Rows]) -> Rows:
+    if len(chunks) == 1:
+        return chunks[0]
+    return {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
+
+
+def split_by_key(rows: Rows, n_keys: int) -> Iterator[tuple[int, Rows]]:
+    """Rows grouped by key = hash(unit) mod n_keys, so all of one unit's rows share one key."""
+    key = ((rows["u"] >> np.uint64(40)) % np.uint64(n_keys)).astype(np.uint16 if n_keys <= 1 << 16 else np.int64)
+    order = np.argsort(key, kind="stable")  # a radix sort for 16-bit keys: O(n)
+    bounds = np.flatnonzero(np.diff(key[order])) + 1
+    for chunk in np.split(order, bounds):
+        if len(chunk):
+            yield int(key[chunk[0]]), {k: v[chunk] for k, v in rows.items()}
+
+
+def shard_of(phash: np.ndarray, n_shards: int) -> np.ndarray:
+    return ((phash >> np.uint64(40)) % np.uint64(n_shards)).astype(np.int64)
+
+
+def shard_name(shard: int, n_shards: int) -> str:
+    """Deterministic shard file name: every shard is written, so the driver can check completeness."""
+    return f"shard-{shard:05d}-of-{n_shards:05d}.parquet"
+
+
+# --------------------------------------------------------------------------- read
+
+
+class _ReadBatches(beam.DoFn):
+    def __init__(self, ctx):
+        self.ctx = ctx  # release_pipeline.PipelineContext: picklable configuration, never the key
+        self._source = None
+        self._salt: tuple[int, int] | None = None
+
+    def setup(self):
+        # The worker resolves the key itself from the run's key reference (checked against the key id).
+        self._source = self.ctx.randomness.source()
+        self._salt = self.ctx.randomness.pair_salt(self._source)
+
+    @_withhold_data_in_errors
+    def process(self, item: WorkItem):
+        import pipelines.io as pio  # module attribute lookups: tests hook pio.prepare_batch
+
+        cfg = self.ctx.read
+        item = WorkItem(*item)
+        stats: dict[str, int] = {}
+        raw = (item.file_index, item.path, item.row_group, item.row_offset)
+        for seq, (batch, offset) in enumerate(pio.iter_record_batches(raw, cfg, stats)):
+            # Linf priorities: a stream per (file, row group, batch), independent of runner order
+            rng = self._source.child("bounding", item.file_index, -1 if item.row_group is None else item.row_group, seq)
+            rows, (uniq, values), st = pio.prepare_batch(batch, item.file_index, offset, cfg, rng, pair_salt=self._salt)
+            _add(stats, st)
+            stats["rows_to_bounding"] = stats.get("rows_to_bounding", 0) + len(rows["u"])
+            rows, st = bound_rows(rows, self.ctx.agg.l0, self.ctx.agg.linf)  # pre-bound: cuts the shuffle
+            _add(stats, st)
+            for key, chunk in split_by_key(rows, cfg.n_buckets):
+                yield key, RowBlock.of(chunk)
+            if len(uniq) and self.ctx.public_names is None:
+                shards = shard_of(uniq, cfg.n_shards)
+                for s in np.unique(shards):
+                    sel = np.flatnonzero(shards == s)
+                    yield beam.pvalue.TaggedOutput(
+                        "names", (int(s), PartitionNames(uniq[sel], [[col[i] for i in sel] for col in values])))
+        yield beam.pvalue.TaggedOutput("stats", stats)
+
+
+class ReadPrivateBatches(beam.PTransform):
+    """PBegin -> {"rows": (K, RowBlock), "names": (S, PartitionNames), "stats": dict}.
+
+    Reads each work item (a CSV file or a Parquet row group, local or any Beam filesystem URI),
+    checks and hashes its rows (``prepare_batch``: malformed rows and rows outside the public
+    partitions dropped), draws the rows' priorities, pre-bounds each batch and keys the rows by
+    unit-hash bucket."""
+
+    def __init__(self, ctx, items: list[WorkItem]):
+        super().__init__()
+        self.ctx = ctx
+        self.items = [WorkItem(*it) for it in items]
+
+    def expand(self, pbegin):
+        out = (
+            pbegin
+            | "WorkItems" >> beam.Create(self.items)                     # WorkItem (reshuffled to workers)
+            | "ReadCheckHash" >> beam.ParDo(_ReadBatches(self.ctx)).with_outputs("names", "stats", main="rows")
+        )
+        # rows: (K, RowBlock) pre-bounded per batch; names: (S, PartitionNames); stats: dict[str, int]
+        return {"rows": out.rows, "names": out.names, "stats": out.stats}
+
+
+# --------------------------------------------------------------------------- bound
+
+
+class _Buffer:
+    """Accumulator of ``BoundRowsFn``: row chunks of one key, ``n`` rows in all, ``floor`` of them bounded,
+    and the rows its compactions dropped by reason (each dropped row is counted in exactly one
+    compaction, and merges add the counts, so the internal counters stay exact)."""
+
+    __slots__ = ("chunks", "dropped_l0", "dropped_linf", "floor", "n")
+
+    def __init__(self, chunks: list[Rows] | None = None, n: int = 0, floor: int = 0,
+                 dropped_l0: int = 0, dropped_linf: int = 0) -> None:
+        self.chunks = chunks or []
+        self.n = n
+        self.floor = floor
+        self.dropped_l0 = dropped_l0
+        self.dropped_linf = dropped_linf
+
+    def __reduce__(self):
+        return (_Buffer, (self.chunks, self.n, self.floor, self.dropped_l0, self.dropped_linf))
+
+
+class BoundRowsFn(beam.CombineFn):
+    """Mergeable L0 / Linf bounding of the rows of one key (``pipelines.bounding.bound_rows``).
+
+    Output: (bounded rows, {"rows_dropped_l0": .., "rows_dropped_linf": ..} dropped inside the combiner)."""
+
+    def __init__(self, l0: int, linf: int, compact_min: int | None = None):
+        self.l0, self.linf = l0, linf
+        self.compact_min = COMPACT_MIN_ROWS if compact_min is None else compact_min
+
+    def create_accumulator(self) -> _Buffer:
+        return _Buffer()
+
+    def _maybe_compact(self, acc: _Buffer) -> _Buffer:
+        if acc.n > max(self.compact_min, 2 * acc.floor):
+            return self.compact(acc)
+        return acc
+
+    def add_input(self, acc: _Buffer, block: RowBlock) -> _Buffer:
+        rows = RowBlock(*block).rows() if not isinstance(block, dict) else block
+        acc.chunks.append(rows)
+        acc.n += len(rows["u"])
+        return self._maybe_compact(acc)
+
+    def merge_accumulators(self, accs: Iterable[_Buffer]) -> _Buffer:
+        out = _Buffer()
+        for a in accs:
+            out.chunks.extend(a.chunks)
+            out.n += a.n
+            out.floor += a.floor
+            out.dropped_l0 += a.dropped_l0
+            out.dropped_linf += a.dropped_linf
+            out = self._maybe_compact(out)
+        return out
+
+    def compact(self, acc: _Buffer) -> _Buffer:
+        if not acc.chunks or (len(acc.chunks) == 1 and acc.floor == acc.n):
+            return acc
+        rows, st = bound_rows(concat_rows(acc.chunks), self.l0, self.linf)
+        n = len(rows["u"])
+        return _Buffer([rows], n, n, acc.dropped_l0 + st["rows_dropped_l0"], acc.dropped_linf + st["rows_dropped_linf"])
+
+    def extract_output(self, acc: _Buffer) -> tuple[Rows, dict[str, int]]:
+        # The bounded rows themselves: the next step is fused with this one on every runner we know, so
+        # no coder runs; if one does, Beam pickles the dict of arrays.
+        acc = self.compact(acc)
+        return (acc.chunks[0] if acc.chunks else {},
+                {"rows_dropped_l0": acc.dropped_l0, "rows_dropped_linf": acc.dropped_linf})
+
+
+class BoundContributions(beam.PTransform):
+    """(K, RowBlock) -> (K, (Rows, dropped counters)): each unit's rows bounded to L0 pairs x Linf rows.
+
+    A ``CombinePerKey`` with combiner lifting: partial bounds before the shuffle, merged after.
+    Exact whatever the keys, bundles, workers or order (the bound is mergeable)."""
+
+    def __init__(self, l0: int, linf: int, compact_min: int | None = None):
+        super().__init__()
+        self.l0, self.linf = l0, linf
+        self.compact_min = COMPACT_MIN_ROWS if compact_min is None else compact_min
+
+    def expand(self, pcoll):
+        # (K, RowBlock) -> (K, (Rows kept by the L0 / Linf bound, {rows_dropped_l0, rows_dropped_linf}))
+        return pcoll | "BoundPerUnitBucket" >> beam.CombinePerKey(BoundRowsFn(self.l0, self.linf, self.compact_min))
+
+
+# --------------------------------------------------------------------------- aggregate
+
+
+class _Aggregate(beam.DoFn):
+    """Aggregates the bounded rows of many keys at once: rows are buffered across the bundle (up to
+    ``flush_rows``) and summed in one vectorised pass, so the per-key overhead of small keys vanishes.
+    Exact: all accumulators are integers, and the keys hold disjoint units (re-bounding is a no-op)."""
+
+    def __init__(self, agg: AggregationSpec, n_shards: int, flush_rows: int = 1 << 20):
+        self.agg, self.n_shards, self.flush_rows = agg, n_shards, flush_rows
+        self._buf: list[Rows] = []
+        self._n = 0
+
+    def start_bundle(self):
+        self._buf, self._n = [], 0
+
+    @_withhold_data_in_errors
+    def process(self, element):
+        _key, (rows, dropped) = element
+        if any(dropped.values()):
+            yield beam.pvalue.TaggedOutput("stats", dict(dropped))
+        if not rows or not len(rows["u"]):
+            return
+        self._buf.append(rows)
+        self._n += len(rows["u"])
+        if self._n >= self.flush_rows:
+            yield from self._flush()
+
+    @_withhold_data_in_errors
+    def _flush(self):
+        if not self._buf:
+            return
+        rows = concat_rows(self._buf)
+        self._buf, self._n = [], 0
+        parts, acc, stats = aggregate_bucket(rows, self.agg, bounded=True)  # BoundContributions bounded them
+        shards = shard_of(parts, self.n_shards)
+        for s in np.unique(shards):
+            sel = np.flatnonzero(shards == s)
+            yield int(s), ShardPartial.of(0, parts[sel], {k: v[sel] for k, v in acc.items()})
+        yield beam.pvalue.TaggedOutput("stats", {k: v for k, v in stats.items() if k in ("rows_kept", "values_clamped")})
+
+    def finish_bundle(self):
+        from apache_beam.transforms.window import GlobalWindow
+        from apache_beam.utils.timestamp import MIN_TIMESTAMP
+        from apache_beam.utils.windowed_value import WindowedValue
+
+        for out in self._flush():  # the release is one batch in the global window
+            if isinstance(out, beam.pvalue.TaggedOutput):
+                yield beam.pvalue.TaggedOutput(out.tag, WindowedValue(out.value, MIN_TIMESTAMP, [GlobalWindow()]))
+            else:
+                yield WindowedValue(out, MIN_TIMESTAMP, [GlobalWindow()])
+
+
+class AggregatePerPartition(beam.PTransform):
+    """(K, (Rows, counters)) bounded -> {"partials": (S, ShardPartial), "stats": dict}: clamped, exact integer
+    per-partition accumulators of each bucket, keyed by the noise shard of the partition."""
+
+    def __init__(self, agg: AggregationSpec, n_shards: int):
+        super().__init__()
+        self.agg, self.n_shards = agg, n_shards
+
+    def expand(self, pcoll):
+        out = pcoll | "ClampAndSum" >> beam.ParDo(_Aggregate(self.agg, self.n_shards)).with_outputs("stats", main="partials")
+        # partials: (S, ShardPartial); stats: {"rows_kept", "values_clamped"}
+        return {"partials": out.partials, "stats": out.stats}
+
+
+# --------------------------------------------------------------------------- select + noise
+
+
+def empty_acc(agg: AggregationSpec) -> dict[str, np.ndarray]:
+    acc = {"count": np.zeros(0, np.int64), "unit_count": np.zeros(0, np.int64)}
+    for name, *_ in agg.sums:
+        acc[name] = np.zeros(0, np.int64)  # exact fixed-point sums (pipelines.bounding)
+    for name, _c, _lo, _hi, bins in agg.hists:
+        acc[name] = np.zeros((0, bins + 1), np.int64)
+    for name, _c, k in agg.cats:
+        acc[name] = np.zeros((0, k), np.int64)
+    return acc
+
+
+class _SelectNoise(beam.DoFn):
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self._source = None
+
+    def setup(self):
+        self._source = self.ctx.randomness.source()
+
+    @_withhold_data_in_errors
+    def process(self, element):
+        import pyarrow as pa
+
+        from pipelines.aggregate import select_and_noise
+
+        shard, items = element
+        partials, names = [], {}
+        for tag, it in items:
+            if tag == "agg":
+                sp = ShardPartial(*it)
+                partials.append((sp.bucket, *sp.unpack()))
+            elif tag == "names":
+                pn = PartitionNames(*it)
+                for j, h in enumerate(pn.hashes):
+                    names[int(h)] = tuple(col[j] for col in pn.values)
+        partials.sort(key=lambda t: t[0])  # bucket order (all sums are exact integers: order-free anyway)
+        parts, acc = merge_partials([(p, a) for _, p, a in partials])
+        if not acc:
+            acc = empty_acc(self.ctx.agg)
+        pub = None
+        if self.ctx.public_names is not None:
+            all_pub = np.array(sorted(self.ctx.public_names), dtype=np.uint64)
+            pub = all_pub[shard_of(all_pub, self.ctx.read.n_shards) == shard]
+        cols = select_and_noise(shard, parts, acc, names, self.ctx.plan, pub, self.ctx.public_names, self._source)
+        table = pa.table({k: (v if isinstance(v, (list, pa.Array)) else pa.array(v)) for k, v in cols.items()})
+        yield NoisyShard(int(shard), table)
+
+
+class SelectPartitionsAndNoise(beam.PTransform):
+    """{"partials": (S, ShardPartial), "names": (S, PartitionNames)} -> NoisyShard, one per shard.
+
+    Merges the partials of each shard (exact integers), selects partitions (private selection or the
+    public list), draws noise per shard from the run's randomness and post-processes. Every shard
+    yields one element, also when it has no data, so every shard file is written."""
+
+    def __init__(self, ctx):
+        super().__init__()
+        self.ctx = ctx
+
+    def expand(self, inputs):
+        p = inputs["partials"].pipeline
+        seeds = p | "ShardSeeds" >> beam.Create([(s, ("seed", None)) for s in range(self.ctx.read.n_shards)],
+                                                reshuffle=False)
+        partials = inputs["partials"] | "TagPartials" >> beam.MapTuple(lambda s, x: (s, ("agg", x)))
+        names = inputs["names"] | "TagNames" >> beam.MapTuple(lambda s, x: (s, ("names", x)))
+        return (
+            (partials, names, seeds)
+            | "FlattenShardInputs" >> beam.Flatten()                    # (S, (tag, ShardPartial | PartitionNames | None))
+            | "GroupByShard" >> beam.GroupByKey()                       # (S, [...])
+            | "SelectNoise" >> beam.ParDo(_SelectNoise(self.ctx))       # NoisyShard
+        )
+
+
+# --------------------------------------------------------------------------- write
+
+
+class _WriteShard(beam.DoFn):
+    def __init__(self, parts_dir: str, n_shards: int):
+        self.parts_dir, self.n_shards = parts_dir, n_shards
+
+    @_withhold_data_in_errors
+    def process(self, shard: NoisyShard):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        shard = NoisyShard(*shard)
+        path = fs.join(self.parts_dir, shard_name(shard.shard, self.n_shards))
+        # A shard without released partitions: an empty file (no data page on a small disk), or on an
+        # object store (whose multipart upload cannot complete with no part) a fixed marker.
+        data = EMPTY_SHARD if fs.scheme(path) in fs.OBJECT_STORE_SCHEMES else b""
+        if shard.table.num_rows:
+            buf = pa.BufferOutputStream()
+            pq.write_table(shard.table, buf)
+            data = buf.getvalue().to_pybytes()
+        fs.write_bytes(path, data)
+        yield ShardFile(shard.shard, path, shard.table.num_rows)
+
+
+class WriteShards(beam.PTransform):
+    """NoisyShard -> ShardFile: ``<parts_dir>/shard-NNNNN-of-MMMMM.parquet`` through Beam's filesystems
+    (temp name + rename, or one atomic object PUT: ``pipelines.fs``). Every shard is written; a shard
+    with no released partition is an empty (zero-byte) file, a complete one is a Parquet file. A
+    partial write never appears under the final name, so neither can be mistaken for the other."""
+
+    def __init__(self, parts_dir: str, n_shards: int):
+        super().__init__()
+        self.parts_dir, self.n_shards = parts_dir, n_shards
+
+    def expand(self, pcoll):
+        return pcoll | "WriteShardFiles" >> beam.ParDo(_WriteShard(self.parts_dir, self.n_shards))  # ShardFile
+
+
+# --------------------------------------------------------------------------- stats
+
+
+class SumStats(beam.CombineFn):
+    def create_accumulator(self):
+        return {}
+
+    def add_input(self, acc, x):
+        return _add(acc, x)
+
+    def merge_accumulators(self, accs):
+        out: dict[str, int] = {}
+        for a in accs:
+            _add(out, a)
+        return out
+
+    def extract_output(self, acc):
+        return acc
+
+
+class _WriteStats(beam.DoFn):
+    def __init__(self, path: str):
+        self.path = path
+
+    def process(self, stats: dict[str, Any]):
+        fs.write_bytes(self.path, json.dumps(stats, sort_keys=True).encode())
+        yield self.path
+
+
+class RunStats(beam.PTransform):
+    """(dict, dict, ...) -> the path of one JSON file of summed internal counters (never published)."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        self.path = path
+
+    def expand(self, pcolls):
+        return (
+            pcolls
+            | "FlattenStats" >> beam.Flatten()                          # dict[str, int]
+            | "SumStats" >> beam.CombineGlobally(SumStats())            # one dict
+            | "WriteStats" >> beam.ParDo(_WriteStats(self.path))        # the file's path
+        )
