@@ -1,6 +1,7 @@
-"""Alerting and run-summary log lines for the dpops DAGs.
+"""Alerting for the dpops DAGs.
 
-``on_failure`` is every task's ``on_failure_callback``. It logs ONE structured line
+``on_failure`` is every task's ``on_failure_callback``; ``refusal_alert`` is called by a refused
+run (which ends skipped, not failed). Each logs ONE structured line
 (``DPOPS_ALERT {json}``) that a log shipper can match, then hands the same dict to an
 optional pluggable hook named by ``DPOPS_ALERT_HOOK=package.module:function`` (a pager,
 a chat webhook...). A broken hook is logged, never raised: alerting must not mask the
@@ -18,7 +19,8 @@ import importlib
 import json
 import logging
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from dpops.errors import public_message
 
@@ -66,23 +68,19 @@ def _message(exc: BaseException | None) -> str | None:
 
 
 def on_failure(context: dict[str, Any]) -> None:
-    payload = alert_payload(context)
+    _emit(alert_payload(context))
+
+
+def refusal_alert(context: dict[str, Any], reason: str) -> None:
+    """A refused interval (budget cap, silent restatement): not a task failure, still an alert."""
+    _emit({**alert_payload(context), "event": "dpops.refused", "error": "Refused", "message": reason})
+
+
+def _emit(payload: dict[str, Any]) -> None:
     log.error("DPOPS_ALERT %s", json.dumps(payload, sort_keys=True, default=str))
     ref = os.environ.get(ALERT_HOOK_ENV)
     if ref:
         try:
             _load_hook(ref)(payload)
-        except Exception:  # noqa: BLE001 - see module docstring
+        except Exception:
             log.exception("alert hook %s failed", ref)
-
-
-def summary_line(outcome: dict[str, Any]) -> str:
-    """The one readable line per run: outcome and ledger position."""
-    rem = outcome.get("scope_remaining_epsilon")
-    eps = outcome.get("epsilon_charged")
-    return (
-        f"dpops release={outcome.get('release')} interval={outcome.get('interval_start')}/{outcome.get('interval_end')} "
-        f"outcome={outcome.get('outcome')} run_id={outcome.get('run_id')} "
-        f"epsilon_charged={eps if eps is None else f'{eps:.6g}'} scope={outcome.get('scope')} "
-        f"remaining={rem if rem is None else f'{rem:.6g}'} output={outcome.get('output_uri')}"
-    )

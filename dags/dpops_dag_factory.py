@@ -1,58 +1,79 @@
 """Build one Airflow DAG per dpops release spec.
 
-The DAG is thin on purpose: every privacy decision (what to reserve, how much noise,
-whether an interval is already published) lives in ``dpops.runs`` and the ledger. The
-tasks only carry the data interval from Airflow to those step functions:
+The DAG only calls dpops: every privacy decision (what to reserve, how much noise, whether
+an interval is already published, manifests, fingerprints) lives in ``dpops.runs``, sequenced
+per task by ``dpops.orchestration``. This file translates between Airflow and those functions:
 
-    check_input -> reserve_budget -> compute_release -> validate_output -> publish_release -> record_run
+    wait_for_input -> check_input -> reserve_budget -> compute_release -> validate_output
+                   -> publish_release (outlet: the release's Asset) -> record_run
 
 Every task is keyed on ``data_interval_start``/``data_interval_end`` (never ``ds`` or the
-logical date, which differ from the interval under ``dag.test`` and manual triggers), and
-re-derives its run context with ``dpops.runs.prepare`` (deterministic, no ledger write), so
-a task retried on another worker needs nothing from the previous attempt but the ledger
-and the staged files. A retry or a re-run therefore never draws fresh noise (keyed
-randomness reproduces it, a staged output is reused) and never charges twice (the ledger
-reserve is idempotent per run key; a published interval is served, not recomputed).
+logical date). A run without a data interval (REST ``logical_date: null``) fails at once,
+without retries. A retry or re-run never draws fresh noise (keyed randomness, staged output
+reused) and never charges twice (idempotent reserve per run key; a published interval is served).
 
-Runtime settings come from the worker's environment, read when a task runs (not when the
-DAG file is parsed), so the dag-processor needs neither the key nor the ledger:
+Settings resolved when a task runs (never at parse time, so the dag-processor needs neither
+the key nor the ledger), Airflow first so a secrets backend works:
 
-    DPOPS_LEDGER_URL        ledger database (sqlite:///... or postgresql://...)
-    DPOPS_NOISE_KEY_FILE    file holding the noise key (a mounted secret; never its content)
-    DPOPS_RANDOMNESS        keyed (default) | os
-    DPOPS_BEAM_RUNNER       Beam runner for the in-process pipeline (default FnApiRunner)
-    DPOPS_BEAM_OPTIONS      extra Beam options, whitespace separated (no secrets here: they are logged)
-    DPOPS_MANIFESTS_DIR     where run manifests go (default <output root>/manifests/<release>)
-    DPOPS_ALERT_HOOK        optional package.module:function called with each failure alert
-    DPOPS_FAULT_PUBLISH     test hook: a file path; while it exists publish fails once noise is drawn
+    connection dpops_ledger        the ledger (its URI; or extra {"ledger_url": ...}); else $DPOPS_LEDGER_URL
+    variable   dpops_noise_key_ref path of the noise key FILE (a reference, never the key); else
+                                   $DPOPS_NOISE_KEY_FILE
+    connection dpops_airflow_api   http://user:password@host:port of the api-server: lets a refused run
+                                   set its DAG-run note (Airflow 3 tasks have no database access)
+    DPOPS_RANDOMNESS, DPOPS_BEAM_RUNNER, DPOPS_BEAM_OPTIONS, DPOPS_MANIFESTS_DIR, DPOPS_ALERT_HOOK
 
 Read when the DAG file is parsed: DPOPS_SPECS_DIR (one DAG per *.yaml there), DPOPS_START_DATE
 (default 2024-01-01), DPOPS_TASK_RETRIES (2), DPOPS_RETRY_DELAY_SECONDS (60),
-DPOPS_MAX_ACTIVE_RUNS (2), DPOPS_DAG_OWNER (dpops).
+DPOPS_MAX_ACTIVE_RUNS (2), DPOPS_DAG_OWNER (dpops), DPOPS_INPUT_POKE_SECONDS (300) and
+DPOPS_INPUT_TIMEOUT_SECONDS (21600): how often and how long ``wait_for_input`` waits for late input.
 
-Errors a retry cannot fix (budget refused, invalid spec or parameter, a noisy output that
-fails its checks) fail the task at once (``AirflowFailException``); the rest (missing input,
-ledger unreachable) are retried.
+Refusals (budget cap reached; a changed input of a published interval without ``restate``)
+are outcomes, not crashes: ``reserve_budget`` ends SKIPPED with the reason (no traceback), the
+DAG-run note says ``REFUSED: <reason>``, the task log has the one ``dpops release=... outcome=refused``
+line and a ``DPOPS_ALERT`` line (event ``dpops.refused``) goes to the alert hook. Skipped, not
+failed, because a refusal is dpops working as intended (nothing charged, nothing published) and
+a failed task is always rendered with a traceback; operators find refusals by the note, the
+alert, and ``dpops gaps`` (intervals without publication and why). Errors a retry cannot fix
+(invalid spec or parameter, an output that fails its checks) fail the task at once
+(``AirflowFailException``); the rest (ledger unreachable, a worker lost) are retried.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from datetime import datetime, timedelta, timezone
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from airflow.sdk import DAG, CronDataIntervalTimetable, Param, get_current_context, task
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
-
-from dpops_alerts import on_failure, summary_line
+from airflow.sdk import (
+    DAG,
+    Asset,
+    BaseOperator,
+    BaseSensorOperator,
+    CronDataIntervalTimetable,
+    Param,
+    get_current_context,
+    task,
+)
+from airflow.sdk.exceptions import (
+    AirflowFailException,
+    AirflowSensorTimeout,
+    AirflowSkipException,
+)
+from dpops_alerts import on_failure, refusal_alert
 
 log = logging.getLogger("dpops.airflow")
 
 SPECS_DIR_ENV = "DPOPS_SPECS_DIR"
 DEFAULT_START = "2024-01-01"
 ACTOR = "airflow"
+LEDGER_CONN_ID = "dpops_ledger"
+KEY_REF_VARIABLE = "dpops_noise_key_ref"
+API_CONN_ID = "dpops_airflow_api"
+ASSET_URI_PREFIX = "dpops://releases/"
 
 # Cron presets (Airflow's own preset table is not part of the public SDK).
 _PRESETS = {
@@ -64,6 +85,8 @@ _PRESETS = {
     "@yearly": "0 0 1 1 *",
     "@annually": "0 0 1 1 *",
 }
+
+T = TypeVar("T")
 
 
 def specs_dir() -> Path:
@@ -87,44 +110,281 @@ def dag_id_for(release: str) -> str:
     return f"dpops_{release}"
 
 
-# ------------------------------------------------------------------ runtime helpers
+def release_asset(release: str) -> Asset:
+    """The Asset a release's publications are events of.
+
+    One asset per release (not per interval or output path): downstream DAGs schedule on the
+    release, each publication is one asset event whose ``extra`` names the interval, run id,
+    version and output URI. The URI is ``dpops://releases/<release>`` rather than the output
+    location, so moving the output root (another disk, an object store) does not silently cut
+    every downstream schedule, and no filesystem path is exposed in the asset catalogue.
+    """
+    return Asset(name=dag_id_for(release), uri=f"{ASSET_URI_PREFIX}{release}", group="dpops")
 
 
-def _interval(context: dict[str, Any]) -> tuple[str, str]:
-    start, end = context["data_interval_start"], context["data_interval_end"]
+def build_all(paths: list[Path], *, register: bool = True) -> tuple[list[DAG], list[str]]:
+    """Every spec's DAG, and one public line per spec that could not be built. ``register=False`` builds
+    without Airflow's auto-registration (a file that only checks the specs must not claim their DAGs)."""
+    from dpops.errors import public_message
+
+    dags: list[DAG] = []
+    errors: list[str] = []
+    for path in paths:
+        try:
+            dags.append(build_release_dag(path, register=register))
+        except Exception as exc:  # noqa: BLE001 - reported per spec; never a file's content
+            errors.append(f"{path}: " + "; ".join(ln.strip() for ln in public_message(exc).splitlines() if ln.strip()))
+    return dags, errors
+
+
+# ------------------------------------------------------------------ runtime helpers (task side)
+
+
+def _interval(context: Any) -> tuple[str, str]:
+    start, end = context.get("data_interval_start"), context.get("data_interval_end")
     if start is None or end is None or start >= end:
-        # A trigger timetable or a manual run without an interval: refuse, never guess.
+        dag_id = getattr(context.get("dag"), "dag_id", "DAG_ID")
         raise AirflowFailException(
-            f"this run has no data interval ({start} .. {end}); dpops releases need a data-interval schedule"
+            "this DAG run has no data interval (it was triggered without a logical date, e.g. REST "
+            "logical_date: null); a dpops run releases exactly one data interval, so nothing was read, reserved "
+            "or charged. Release one past day D with: airflow backfill create --dag-id "
+            f"{dag_id} --from-date D --to-date D, or trigger with the logical date D+1 "
+            "(the interval ending there); see README 'Releasing a given past day with Airflow'"
         )
-    return (
-        start.astimezone(timezone.utc).isoformat(),
-        end.astimezone(timezone.utc).isoformat(),
-    )
+    logical = context.get("logical_date")
+    if logical is not None and logical < start:
+        # `airflow dags trigger -l D` keeps D as the logical date but computes the data interval from the
+        # trigger time: the operator named one day and would get another released (and charged).
+        dag_id = getattr(context.get("dag"), "dag_id", "DAG_ID")
+        raise AirflowFailException(
+            f"this run names the logical date {logical.isoformat()} but Airflow gave it the data interval "
+            f"{start.isoformat()}/{end.isoformat()} (airflow dags trigger -l computes the interval from the trigger "
+            "time); nothing was read, reserved or charged. Release the day D with: airflow backfill create "
+            f"--dag-id {dag_id} --from-date D --to-date D, or the REST API with logical_date D+1; see README "
+            "'Releasing a given past day with Airflow'"
+        )
+    return (start.astimezone(UTC).isoformat(), end.astimezone(UTC).isoformat())
 
 
-def _settings() -> dict[str, Any]:
-    return {
-        "ledger_url": os.environ.get("DPOPS_LEDGER_URL") or None,
-        "key_path": os.environ.get("DPOPS_NOISE_KEY_FILE") or None,
-        "randomness": os.environ.get("DPOPS_RANDOMNESS", "keyed"),
-        "runner": os.environ.get("DPOPS_BEAM_RUNNER", "FnApiRunner"),
-        "runner_options": tuple(os.environ.get("DPOPS_BEAM_OPTIONS", "").split()),
-    }
+def _not_found(exc: Exception) -> bool:
+    return type(exc).__name__ in ("AirflowNotFoundException", "AirflowRuntimeError")
 
 
-def _fail_fast(exc: Exception) -> None:
-    """Errors a retry cannot fix become AirflowFailException (no retry); the rest propagate."""
-    from dpops.errors import BudgetExceeded, IntegrityError, InvalidParameter, SpecError
+def connection_ledger_url(conn: Any) -> str:
+    """A ledger URL from an Airflow connection (``get_uri`` would turn sqlite paths and postgresql into
+    forms the ledger does not read)."""
+    extra = conn.extra_dejson if hasattr(conn, "extra_dejson") else {}
+    if extra.get("ledger_url"):
+        return str(extra["ledger_url"])
+    ctype = (conn.conn_type or "").lower()
+    if ctype == "sqlite":
+        return f"sqlite:///{conn.schema or conn.host}"
+    uri = conn.get_uri()
+    if ctype in ("postgres", "postgresql"):
+        uri = "postgresql://" + uri.split("://", 1)[1]
+    return uri
 
-    if isinstance(exc, (BudgetExceeded, SpecError, InvalidParameter, IntegrityError)):
-        raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+
+def _settings() -> Any:
+    """Ledger URL from the ``dpops_ledger`` connection and key reference from the ``dpops_noise_key_ref``
+    variable (so a secrets backend works), else the environment (``dpops.orchestration.Settings``)."""
+    from airflow.sdk import Connection, Variable
+
+    from dpops.orchestration import Settings
+
+    try:
+        ledger_url: str | None = connection_ledger_url(Connection.get(LEDGER_CONN_ID))
+    except Exception as exc:
+        if not _not_found(exc):
+            raise
+        ledger_url = None
+    key_ref = Variable.get(KEY_REF_VARIABLE, default=None)
+    return Settings.resolve(ledger_url=ledger_url, key_ref=key_ref)
+
+
+def _step(spec_path: str, context: Any) -> Any:
+    from dpops.orchestration import Step, quiet_third_party_loggers
+
+    quiet_third_party_loggers()
+    start, end = _interval(context)
+    ti = context.get("ti")
+    # The ledger records who asked: the DAG and task, so an entry leads back to its Airflow log.
+    actor = f"{ACTOR}:{getattr(ti, 'dag_id', '?')}.{getattr(ti, 'task_id', '?')}"
+    from dpops.errors import public_message
+    from dpops.orchestration import is_fatal
+
+    try:
+        settings = _settings()
+    except Exception as exc:
+        if is_fatal(exc):  # e.g. a key value where its path belongs: a retry cannot fix it
+            raise AirflowFailException(public_message(exc)) from None
+        raise
+    return Step(spec_path, start, end, settings, actor)
+
+
+def _call(step: Any, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run one dpops step; an error a retry cannot fix fails the task at once (no retry), and a failure
+    logs the run's one ``dpops release=... outcome=failed`` line."""
+    from dpops import orchestration
+    from dpops.errors import public_message
+
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:
+        out = orchestration.failure_outcome(step, exc)
+        if out is not None:
+            log.warning(orchestration.summary_line(out))
+        if orchestration.is_fatal(exc):
+            raise AirflowFailException(public_message(exc)) from None
+        raise
+
+
+def set_dag_run_note(context: Any, note: str) -> bool:
+    """Set this DAG run's note through the api-server's REST API (connection ``dpops_airflow_api``).
+
+    Airflow 3 tasks cannot write the metadata database, and the task SDK has no note call, so the public
+    API is the supported path. Best effort: a missing connection or an unreachable server is logged,
+    never raised (the refusal itself is already in the ledger, the log and the alert)."""
+    from airflow.sdk import Connection
+
+    try:
+        conn = Connection.get(API_CONN_ID)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("DAG-run note not set: no Airflow connection %r (%s)", API_CONN_ID, type(exc).__name__)
+        return False
+    import httpx
+
+    scheme = "https" if (conn.conn_type or "").lower() == "https" else "http"
+    base = f"{scheme}://{conn.host}" + (f":{conn.port}" if conn.port else "") + (f"/{conn.schema}" if conn.schema else "")
+    dag_run = context.get("dag_run")
+    dag_id = getattr(dag_run, "dag_id", None) or getattr(context.get("dag"), "dag_id", None)
+    run_id = getattr(dag_run, "run_id", None) or context.get("run_id")
+    try:
+        with httpx.Client(base_url=base, timeout=20) as client:
+            tok = client.post("/auth/token", json={"username": conn.login, "password": conn.password})
+            tok.raise_for_status()
+            headers = {"Authorization": f"Bearer {tok.json()['access_token']}"}
+            resp = client.patch(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}", json={"note": note[:1000]},
+                                params={"update_mask": "note"}, headers=headers)
+            resp.raise_for_status()
+    except Exception as exc:  # noqa: BLE001
+        log.warning("DAG-run note not set: the api-server at %s answered %s", base, type(exc).__name__)
+        return False
+    return True
+
+
+# -------------------------------------------------------------------- operators
+
+
+class InputSensor(BaseSensorOperator):
+    """Wait (reschedule mode: no worker slot held) until the interval's input files exist.
+
+    Late input is waited for here, with a timeout, rather than failing ``check_input`` and
+    retrying the whole run: nothing is read or reserved while waiting."""
+
+    def __init__(self, *, spec_path: str, release: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.spec_path = spec_path
+        self.release = release
+        self._missing: list[str] = []
+
+    def poke(self, context: Any) -> bool:
+        from dpops.orchestration import missing_inputs
+
+        start, end = _interval(context)
+        self._missing = missing_inputs(self.spec_path, start, end)
+        if self._missing:
+            log.info("input of %s %s/%s not there yet (%d file(s) missing: %s); next check in %.0f s",
+                     self.release, start, end, len(self._missing), ", ".join(self._missing[:3]), self.poke_interval)
+            return False
+        return True
+
+    def execute(self, context: Any) -> Any:
+        try:
+            return super().execute(context)
+        except AirflowSensorTimeout:
+            start, end = _interval(context)
+            raise AirflowFailException(
+                f"input of {self.release} {start}/{end} still missing after waiting {self.timeout:.0f} s "
+                f"(DPOPS_INPUT_TIMEOUT_SECONDS): {', '.join(self._missing[:5]) or '?'}. Nothing was read or "
+                "reserved. Deliver the files and clear this task (or the run) to release the interval"
+            ) from None
+
+
+@contextmanager
+def tracking_beam_jobs() -> Iterator[list[str]]:
+    """Register every Beam job this task process starts (``dpops.orchestration.track_job``) so ``on_kill``
+    can cancel it, and log its job id (the handle of a Dataflow/Flink/portable job).
+
+    The pipeline (``pipelines.release_pipeline``) calls ``Pipeline.run`` itself and does not hand its
+    ``PipelineResult`` out, so for the duration of the compute step this task process wraps
+    ``Pipeline.run``; the task process runs only this task, and the wrapper is removed afterwards. Why not
+    ``BeamRunPythonPipelineOperator`` (apache-airflow-providers-apache-beam): it cannot be constructed
+    without the Google provider (+1.5 GB), it runs a pipeline *file* in a subprocess so the dpops privacy
+    steps around the job (input fingerprint re-check, ledger ``start`` right before the first noise,
+    sealing after) could not stay in one dpops step, and it logs the whole command line (key path, ledger
+    URL with credentials) to the task log."""
+    from dpops.orchestration import track_job, untrack_job
+
+    ids: list[str] = []
+    try:
+        import apache_beam as beam
+    except ImportError:  # pragma: no cover - compute needs Beam anyway
+        yield ids
+        return
+    real_run = beam.Pipeline.run
+    started: list[Any] = []
+
+    def run(pipeline: Any, *args: Any, **kwargs: Any) -> Any:
+        result = real_run(pipeline, *args, **kwargs)
+        job_id = getattr(result, "job_id", None)
+        ident = str(job_id()) if callable(job_id) else type(result).__name__
+        ids.append(ident)
+        started.append(result)
+        track_job(result)
+        log.info("Beam job %s started on %s", ident, type(getattr(pipeline, "runner", None)).__name__)
+        return result
+
+    beam.Pipeline.run = run
+    try:
+        yield ids
+    finally:
+        beam.Pipeline.run = real_run
+        for result in started:
+            untrack_job(result)
+
+
+class ComputeOperator(BaseOperator):
+    """``compute_release``: the dpops compute step, with ``on_kill`` cancelling its Beam job.
+
+    The privacy steps stay in dpops (``runs.compute``: ledger ``start`` right before the first noise
+    is drawn, sealing after). Killing the task (timeout, mark failed, worker shutdown) cancels every
+    Beam job the step registered (``dpops.orchestration.track_job``), so a non-local runner does not
+    keep drawing noise on a cluster after Airflow gave up on it."""
+
+    def __init__(self, *, spec_path: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.spec_path = spec_path
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from dpops import orchestration
+
+        step = _step(self.spec_path, context)
+        with tracking_beam_jobs() as jobs:
+            out = _call(step, orchestration.compute_step, step)
+        return {**out, "beam_jobs": jobs}
+
+    def on_kill(self) -> None:
+        from dpops.orchestration import cancel_running_jobs
+
+        cancelled = cancel_running_jobs()
+        log.warning("compute_release killed: cancelled Beam job(s) %s", ", ".join(cancelled) or "(none running)")
 
 
 # -------------------------------------------------------------------- DAG factory
 
 
-def _timetable(schedule: str | None):
+def _timetable(schedule: str | None) -> CronDataIntervalTimetable | None:
     if schedule is None:
         return None
     return CronDataIntervalTimetable(_PRESETS.get(schedule, schedule), timezone="UTC")
@@ -138,18 +398,19 @@ def _doc(spec: Any, spec_path: str) -> str:
         f"- spec: `{spec_path}` (hash `{spec.spec_hash[:12]}`)\n"
         f"- privacy unit: `{unit.column}` ({unit.description}), adjacency `{unit.adjacency}`\n"
         f"- budget scope `{b.scope}`: epsilon {b.epsilon}, delta {b.delta}, noise {b.noise} per interval\n"
-        f"- schedule `{spec.schedule}`: a run covers [data_interval_start, data_interval_end)\n\n"
+        f"- schedule `{spec.schedule}`: a run covers [data_interval_start, data_interval_end)\n"
+        f"- publications are events of the asset `{ASSET_URI_PREFIX}{spec.name}`\n\n"
         "A retry or re-run never draws fresh noise or charges twice. Set the param `restate` "
         "to publish a corrected input as a new, charged version."
     )
 
 
-def build_release_dag(spec_path: str | os.PathLike[str]) -> DAG:
+def build_release_dag(spec_path: str | os.PathLike[str], *, register: bool = True) -> DAG:
     from dpops.spec import load_spec
 
     spec_path = str(Path(spec_path).resolve())
     spec = load_spec(spec_path)
-    start = datetime.fromisoformat(os.environ.get("DPOPS_START_DATE", DEFAULT_START)).replace(tzinfo=timezone.utc)
+    start = datetime.fromisoformat(os.environ.get("DPOPS_START_DATE", DEFAULT_START)).replace(tzinfo=UTC)
     default_args = {
         "owner": os.environ.get("DPOPS_DAG_OWNER", "dpops"),
         "retries": int(os.environ.get("DPOPS_TASK_RETRIES", "2")),
@@ -175,278 +436,95 @@ def build_release_dag(spec_path: str | os.PathLike[str]) -> DAG:
                 description="Publish a corrected input of an already published interval as a new, charged version.",
             )
         },
+        auto_register=register,
     ) as dag:
-        _tasks(spec_path)
+        _tasks(spec_path, spec.name)
     return dag
 
 
-def _prepare(spec_path: str, context: dict[str, Any]) -> Any:
-    """The run context of this DAG run's interval (deterministic; writes nothing)."""
-    from dpops import runs
+def _tasks(spec_path: str, release: str) -> None:
+    asset = release_asset(release)
 
-    start, end = _interval(context)
-    s = _settings()
-    ti = context.get("ti")
-    # The ledger records who asked: the DAG and task, so an entry leads back to its Airflow log.
-    actor = f"{ACTOR}:{getattr(ti, 'dag_id', '?')}.{getattr(ti, 'task_id', '?')}"
-    return runs.prepare(spec_path, start, end, randomness=s["randomness"], key_path=s["key_path"], actor=actor)
+    wait = InputSensor(
+        task_id="wait_for_input", spec_path=spec_path, release=release, mode="reschedule",
+        poke_interval=float(os.environ.get("DPOPS_INPUT_POKE_SECONDS", "300")),
+        timeout=float(os.environ.get("DPOPS_INPUT_TIMEOUT_SECONDS", str(6 * 3600))),
+        retries=0,  # the timeout is the decision; a retry would restart the wait
+    )
 
-
-def _already_published(run: Any) -> bool:
-    from dpops import runs
-
-    with runs.open_run_ledger(_settings()["ledger_url"]) as ledger:
-        rec = ledger.published(run.spec.name, run.interval.start_iso, run.interval.end_iso)
-    return rec is not None and rec.run_id == run.run_id
-
-
-def _refuse_silent_restatement(run: Any, ledger: Any) -> None:
-    """A published interval whose input (or spec, or key) changed is only re-released on purpose.
-
-    ``dpops.runs.reserve`` refuses it too; this says so in Airflow terms and without retries.
-    """
-    rec = ledger.published(run.spec.name, run.interval.start_iso, run.interval.end_iso)
-    if rec is not None and rec.run_id != run.run_id:
-        raise AirflowFailException(
-            f"{run.spec.name} {run.interval} is already published by run {rec.run_id}, and this run's key differs "
-            "(the input, the spec or the noise key changed). A re-release is a fresh, charged restatement and is "
-            "never done silently: trigger this DAG run with the param restate=true (or use dpops release restate)."
-        )
-
-
-def _manifests_dir(run: Any) -> Path:
-    env = os.environ.get("DPOPS_MANIFESTS_DIR")
-    return Path(env) if env else Path(run.spec.output_root) / "manifests" / run.spec.name
-
-
-def _inject_publish_fault() -> None:
-    """Test hook: fail once, after the noise was drawn and staged, while the marker file exists."""
-    marker = os.environ.get("DPOPS_FAULT_PUBLISH")
-    if marker and os.path.exists(marker):
-        os.unlink(marker)
-        raise RuntimeError(f"injected publish fault ({marker}); a retry must publish the same numbers")
-
-
-def _tasks(spec_path: str) -> None:
     @task
     def check_input() -> dict[str, Any]:
-        """Input exists and matches the declared schema (metadata only). Nothing is reserved yet."""
-        context = get_current_context()
-        try:
-            run = _prepare(spec_path, context)
-            if _already_published(run):
-                # Same keyed fingerprint => byte-identical input, which passed these checks when it was
-                # published; a served re-run skips GX (seconds of import) and reads no data.
-                return {"run_id": run.run_id, "checks": None, "state": "already_published"}
-            from dpops.validate import check_input_schema
+        """Input matches the declared schema (metadata only). Nothing is reserved yet."""
+        # lazy: parsing imports no privacy modules
+        from dpops import orchestration as orch
 
-            report = check_input_schema(run.input_paths, run.spec.input.columns, run.spec.input.format)
-        except Exception as exc:
-            _fail_fast(exc)
-            raise
-        log.info("input checks passed for %s: %s", run.interval, ", ".join(report.checks))
-        return {"run_id": run.run_id, "checks": report.as_dict()}
+        step = _step(spec_path, get_current_context())
+        return _call(step, orch.check_input_step, step)
 
     @task
     def reserve_budget(checked: dict[str, Any]) -> dict[str, Any]:
-        """Reserve the plan's events in the ledger, or find the interval already published (no charge)."""
-        from dpops import runs
-        from dpops.errors import BudgetExceeded
+        """Reserve the plan's events; serve an already published interval (skip the rest, no charge);
+        a refusal skips the rest with its reason (see the module docstring)."""
+        # lazy: parsing imports no privacy modules
+        from dpops import orchestration as orch
 
         context = get_current_context()
+        step = _step(spec_path, context)
         restate = bool(context["params"].get("restate", False))
-        run = _prepare(spec_path, context)
-        try:
-            with runs.open_run_ledger(_settings()["ledger_url"]) as ledger:
-                if not restate:
-                    _refuse_silent_restatement(run, ledger)
-                try:
-                    res = runs.restate(run, ledger) if restate else runs.reserve(run, ledger)
-                except BudgetExceeded as exc:
-                    _record_refusal(run, ledger, exc)
-                    raise AirflowFailException(_refusal_message(run, ledger, exc)) from exc
-                if res.state == "already_published":
-                    # Served: nothing to compute, publish or charge. Skipping the rest (rather than
-                    # running pass-through tasks) keeps a reprocessed backfill cheap.
-                    summary = _summary(run, ledger, runs.step_summary(res), _existing_manifest(run), 0.0)
-                    log.info(summary_line({**summary, "outcome": "served"}))
-                    raise AirflowSkipException(f"{run.interval} is already published by run {res.run_id}: "
-                                               "served, nothing computed or charged")
-        except (AirflowFailException, AirflowSkipException):
-            raise
-        except Exception as exc:
-            _fail_fast(exc)
-            raise
-        return runs.step_summary(res)
-
-    @task
-    def compute_release(reserved: dict[str, Any]) -> dict[str, Any]:
-        """Draw the noise (keyed: a retry reproduces it) and stage the output; reuse a staged output."""
-        from dpops import runs
-
-        context = get_current_context()
-        s = _settings()
-        run = _prepare(spec_path, context)
-        try:
-            with runs.open_run_ledger(s["ledger_url"]) as ledger:
-                res = runs.compute(run, ledger, runner=s["runner"], runner_options=s["runner_options"])
-        except Exception as exc:
-            _fail_fast(exc)
-            raise
-        return runs.step_summary(res)
+        out = _call(step, orch.reserve_step, step, restate=restate)
+        if out.state == "refused":
+            log.warning(orch.summary_line(out))
+            refusal_alert(context, out.message)
+            set_dag_run_note(context, f"REFUSED: {out.message}")
+            raise AirflowSkipException(f"REFUSED: {out.message}")
+        if out.state == "already_published":
+            log.info(orch.summary_line(out))
+            raise AirflowSkipException(f"{out.interval} is already published by run {out.run_id}: "
+                                       "served, nothing computed or charged")
+        return out.as_dict()
 
     @task
     def validate_output(computed: dict[str, Any]) -> dict[str, Any]:
-        """GX checks on the NOISY staged output: post-processing, so it may block the publish."""
-        from dpops.validate import check_release_output  # GX takes seconds to import: only when needed
+        """Checks and the GX suite on the NOISY staged output: post-processing, so it may block the publish."""
+        # lazy: parsing imports no privacy modules
+        from dpops import orchestration as orch
 
-        run = _prepare(spec_path, get_current_context())
-        staged = run.store.find_staged(run.interval.slug, run.run_id)
-        if staged is None:
-            raise AirflowFailException(f"run {run.run_id}: no staged output to validate; clear compute_release")
-        try:
-            report = check_release_output(
-                str(staged.data_file),
-                partition_columns=run.spec.partitions.columns,
-                public_partitions=run.spec.public_partitions(),
-                allow_null=run.spec.postprocess.suppress_below is not None,
-            )
-        except Exception as exc:
-            _fail_fast(exc)
-            raise
-        return {**computed, "checks": report.as_dict()}
+        step = _step(spec_path, get_current_context())
+        return {**computed, **_call(step, orch.validate_step, step)}
 
-    @task
+    @task(outlets=[asset])
     def publish_release(validated: dict[str, Any]) -> dict[str, Any]:
-        """Publish atomically, then commit the run in the ledger (the charge becomes final)."""
-        from dpops import runs
+        """Manifest, ledger commit, atomic publish; then one event of the release's Asset."""
+        # lazy: parsing imports no privacy modules
+        from dpops import orchestration as orch
 
-        run = _prepare(spec_path, get_current_context())
-        _inject_publish_fault()
-        try:
-            with runs.open_run_ledger(_settings()["ledger_url"]) as ledger:
-                res = runs.publish(run, ledger)
-        except Exception as exc:
-            _fail_fast(exc)
-            raise
-        return {**runs.step_summary(res), "checks": validated.get("checks")}
+        context = get_current_context()
+        step = _step(spec_path, context)
+        out = _call(step, orch.publish_step, step)
+        # A retry finding its own earlier commit ("already_published") still owes the asset event: the
+        # attempt that published failed before Airflow recorded one.
+        context["outlet_events"][asset].extra = {
+            "release": release, "interval_start": step.interval_start, "interval_end": step.interval_end,
+            "run_id": out.run_id, "output_uri": out.output_uri, "restates": out.restates,
+        }
+        return {**out.as_dict(), "checks": validated.get("checks")}
 
     @task
-    def record_run(published: dict[str, Any], checked: dict[str, Any], reserved: dict[str, Any]) -> dict[str, Any]:
-        """Write the run manifest (once; a served re-run points at the existing one) and the summary line."""
-        from dpops import runs
+    def record_run(published: dict[str, Any], reserved: dict[str, Any]) -> dict[str, Any]:
+        """The run's one summary line (and its manifest, written once)."""
+        # lazy: parsing imports no privacy modules
+        from dpops import orchestration as orch
 
-        run = _prepare(spec_path, get_current_context())
-        with runs.open_run_ledger(_settings()["ledger_url"]) as ledger:
-            manifest = _write_manifest(run, ledger, published, [checked.get("checks"), published.get("checks")])
-            summary = _summary(run, ledger, published, manifest, reserved.get("epsilon_charged"))
-        log.info(summary_line(summary))
-        return summary
+        step = _step(spec_path, get_current_context())
+        out = _call(step, orch.record_step, step, charged=float(reserved.get("epsilon_charged") or 0.0))
+        log.info(orch.summary_line(out))
+        return out.as_dict()
 
     checked = check_input()
+    wait >> checked
     reserved = reserve_budget(checked)
-    computed = compute_release(reserved)
-    validated = validate_output(computed)
+    compute = ComputeOperator(task_id="compute_release", spec_path=spec_path)
+    reserved >> compute
+    validated = validate_output(compute.output)
     published = publish_release(validated)
-    record_run(published, checked, reserved)
-
-
-def _validation(reports: list[dict[str, Any] | None]) -> dict[str, Any]:
-    checks = [
-        {"name": f"{r['name']}: {c}", "passed": bool(r["success"])} for r in reports if r for c in r.get("checks", [])
-    ]
-    return {"checks": checks, "proceeded": True}
-
-
-def _output_fingerprints(run: Any, output_uri: str | None) -> dict[str, str]:
-    """Keyed (HMAC) fingerprints of the published files: a plain hash would let a manifest reader
-    confirm a guess (semantics.md section 5)."""
-    from urllib.parse import urlparse
-    from urllib.request import url2pathname
-
-    if not output_uri or not run.key_path:
-        return {}
-    key = run.fingerprint_key  # loaded once by _prepare (never re-read from the file)
-    folder = Path(url2pathname(urlparse(output_uri).path))
-    out = {}
-    for f in sorted(folder.iterdir()) if folder.is_dir() else []:
-        if f.is_file() and not f.name.startswith("_"):
-            out[f.name] = "hmac-sha256:" + key.hmac(f.read_bytes()).hex()
-    return out
-
-
-def _existing_manifest(run: Any) -> str | None:
-    path = _manifests_dir(run) / f"{run.run_id}.published.json"
-    return str(path) if path.exists() else None
-
-
-def _write_manifest(run: Any, ledger: Any, published: dict[str, Any], reports: list[Any]) -> str | None:
-    from dpops.manifest.run_hook import write_run_manifest
-
-    existing = _existing_manifest(run)
-    if existing:  # a retry, or a served re-run: the manifest is immutable and already states the claim
-        return existing
-    folder = _manifests_dir(run)
-    rec = ledger.run(run.run_id)
-    if rec is None or rec.state != "committed":
-        return None
-    # "already_published" here means a publish retry found its own earlier commit: still this run's manifest.
-    return write_run_manifest(
-        run,
-        ledger,
-        "published",
-        manifests_dir=folder,
-        validation=_validation(reports),
-        output_fingerprints=_output_fingerprints(run, published.get("output_uri")),
-    )
-
-
-def _record_refusal(run: Any, ledger: Any, exc: Exception) -> None:
-    """A refused run gets a manifest too (nothing spent); best effort, never masks the refusal."""
-    try:
-        from dpops.manifest.run_hook import write_run_manifest
-
-        folder = _manifests_dir(run)
-        if not (folder / f"{run.run_id}.refused.json").exists():
-            write_run_manifest(run, ledger, {"state": "refused", "reason": str(exc)}, manifests_dir=folder)
-    except Exception:  # noqa: BLE001
-        log.exception("could not write the refusal manifest of run %s", run.run_id)
-
-
-def _refusal_message(run: Any, ledger: Any, exc: Exception) -> str:
-    """Which scope, how much is left, what was asked; the interval stays unpublished."""
-    scope = getattr(exc, "scope", run.spec.budget.scope)
-    try:
-        left = f"{float(ledger.status(scope).remaining):.6g}"
-    except Exception:  # noqa: BLE001
-        left = "?"
-    unit = getattr(exc, "unit", "epsilon")
-    asked = getattr(exc, "requested", None)
-    return (
-        f"budget refused for {run.spec.name} {run.interval}: scope {scope!r} has {unit} {left} left "
-        f"(cap {getattr(exc, 'cap', '?')}), this run asked {unit} {asked if asked is None else f'{asked:.6g}'}; "
-        f"nothing was charged and the interval stays unpublished. Ledger: {exc}"
-    )
-
-
-def _summary(run: Any, ledger: Any, published: dict[str, Any], manifest: str | None,
-             charged_now: float | None) -> dict[str, Any]:
-    rec = ledger.run(run.run_id)
-    try:
-        remaining = float(ledger.status(run.spec.budget.scope).remaining)
-    except Exception:  # noqa: BLE001 - the summary must not fail on a status read
-        remaining = None
-    return {
-        "release": run.spec.name,
-        "interval_start": run.interval.start_iso,
-        "interval_end": run.interval.end_iso,
-        "outcome": published.get("state"),
-        "run_id": run.run_id,
-        "ledger_state": getattr(rec, "state", None),
-        "epsilon_charged": charged_now,
-        "run_epsilon": getattr(rec, "epsilon", None),
-        "scope": run.spec.budget.scope,
-        "scope_remaining_epsilon": remaining,
-        "output_uri": published.get("output_uri") or getattr(rec, "output_uri", None),
-        "manifest": manifest,
-    }
+    record_run(published, reserved)

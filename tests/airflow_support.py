@@ -207,3 +207,71 @@ def create_scope(ledger_url: str, scope: str, epsilon_cap: float, accountant: st
 
 def write_dag_env_file(path: Path, env: dict[str, str]) -> None:
     path.write_text(textwrap.dedent("".join(f"{k}={v}\n" for k, v in env.items())))
+
+
+# ------------------------------------------------------------------- real Airflow processes
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pg_exec(url: str, sql: str, params: tuple = (), fetch: bool = False):
+    import psycopg
+
+    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://", 1), autocommit=True,
+                         connect_timeout=5) as conn:
+        cur = conn.execute(sql, params)
+        return cur.fetchall() if fetch else None
+
+
+def airflow_cli(env: dict, *args: str, timeout: float = 240, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([AIRFLOW_BIN, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert proc.returncode == 0, f"airflow {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def start_airflow(env: dict, logdir: Path, stack, *args: str) -> subprocess.Popen:
+    """``airflow <args>`` in its own session (stopped by its own PID/group id when ``stack`` closes)."""
+    log = open(logdir / f"{args[0]}.log", "wb")
+    stack.callback(log.close)
+    proc = subprocess.Popen([AIRFLOW_BIN, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    stack.callback(stop_process, proc)
+    return proc
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    import signal
+
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    except ProcessLookupError:
+        pass
+
+
+def wait_health(port: int, procs: list, timeout: float = 180) -> None:
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in procs:
+            assert p.poll() is None, f"{p.args[1]} exited early with {p.returncode}"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=3):
+                return
+        except OSError:
+            time.sleep(1)
+    raise AssertionError("api-server did not become healthy")

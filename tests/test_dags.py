@@ -61,7 +61,8 @@ def test_one_dag_per_spec_with_interval_timetable_and_tasks(tmp_path, monkeypatc
     assert {"dpops", "scope:s1", "release:rel_a"} <= set(dag.tags)
     assert dag.params["restate"] is False
     assert dag.doc_md and "adjacency `add_remove`" in dag.doc_md
-    chain = ["check_input", "reserve_budget", "compute_release", "validate_output", "publish_release", "record_run"]
+    chain = ["wait_for_input", "check_input", "reserve_budget", "compute_release", "validate_output",
+             "publish_release", "record_run"]
     assert sorted(dag.task_ids) == sorted(chain)
     # A linear chain: each step strictly after the previous one.
     for up, down in zip(chain, chain[1:]):
@@ -69,23 +70,32 @@ def test_one_dag_per_spec_with_interval_timetable_and_tasks(tmp_path, monkeypatc
     for t in dag.tasks:
         assert t.on_failure_callback, t.task_id
         assert t.owner == "dpops"
+    # Late input is waited for by a sensor in reschedule mode (no worker slot held), not by retries.
+    sensor = dag.task_dict["wait_for_input"]
+    assert sensor.mode == "reschedule" and sensor.retries == 0 and sensor.timeout == 6 * 3600
+    # Each publication is an event of the release's asset.
+    (outlet,) = dag.task_dict["publish_release"].outlets
+    assert outlet.uri == "dpops://releases/rel_a" and outlet.name == "dpops_rel_a"
 
 
-def test_bad_spec_is_reported_without_hiding_good_ones(tmp_path, monkeypatch):
+def test_bad_specs_are_import_errors_without_hiding_good_ones(tmp_path, monkeypatch):
     _spec(tmp_path, "good")
     (tmp_path / "broken.yaml").write_text("name: Not A Valid Name\n")
+    (tmp_path / "broken2.yaml").write_text("name: x\n")
     bag = _bag(tmp_path, monkeypatch)
     assert bag.dag_ids == ["dpops_good"]
-    warnings = " ".join(str(w) for ws in bag.captured_warnings.values() for w in ws)
-    assert "broken.yaml" in warnings and "release name" in warnings
+    (where, err), = bag.import_errors.items()
+    assert where.endswith("dpops_spec_errors.py")
+    assert "2 release spec(s) could not be loaded" in err and "release name" in err
+    lines = [ln for ln in err.splitlines() if ln.startswith("- ")]
+    assert [ln.split(":")[0] for ln in lines] == [f"- {tmp_path / 'broken.yaml'}", f"- {tmp_path / 'broken2.yaml'}"]
+    assert "input: required key is missing" in lines[1]  # one line per spec, every problem on it
 
 
-def test_only_bad_specs_is_an_import_error(tmp_path, monkeypatch):
-    (tmp_path / "broken.yaml").write_text("name: x\n")
+def test_only_good_specs_have_no_import_error(tmp_path, monkeypatch):
+    _spec(tmp_path, "good")
     bag = _bag(tmp_path, monkeypatch)
-    assert bag.dag_ids == []
-    (err,) = bag.import_errors.values()
-    assert "no dpops release spec could be loaded" in err and "broken.yaml" in err
+    assert bag.import_errors == {} and bag.dag_ids == ["dpops_good"]
 
 
 def test_dag_module_never_imports_privacy_heavy_modules_at_parse_time(tmp_path, monkeypatch):
@@ -105,7 +115,7 @@ def test_dag_module_never_imports_privacy_heavy_modules_at_parse_time(tmp_path, 
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
 
 
-def test_failure_callback_logs_one_structured_alert_and_calls_the_hook(monkeypatch, caplog):
+def test_failure_callback_logs_one_structured_alert_and_calls_the_hook(monkeypatch, caplog, capfd):
     import sys
 
     sys.path.insert(0, str(DAGS_FOLDER))
@@ -128,10 +138,19 @@ def test_failure_callback_logs_one_structured_alert_and_calls_the_hook(monkeypat
     with caplog.at_level(logging.ERROR, logger="dpops.airflow"):
         dpops_alerts.on_failure(ctx)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("DPOPS_ALERT ")]
+    if not lines:  # Airflow's logging config (set by an earlier Airflow import) may route it to the terminal
+        out, err = capfd.readouterr()
+        lines = ["DPOPS_ALERT " + ln.split("DPOPS_ALERT ", 1)[1].rsplit("} [", 1)[0] + "}"
+                 for ln in (out + err).splitlines() if "DPOPS_ALERT {" in ln]
     assert len(lines) == 1
     payload = json.loads(lines[0][len("DPOPS_ALERT "):])
     assert payload["task_id"] == "reserve_budget" and "asked 0.5" in payload["message"]
     assert seen == [payload]
+    # A refusal (which ends the task skipped, not failed) alerts too, with its own event name.
+    import dpops_alerts as da
+
+    da.refusal_alert({"ti": TI(), "run_id": "r2"}, "budget refused for x: scope s has epsilon 0 left")
+    assert seen[-1]["event"] == "dpops.refused" and seen[-1]["message"].startswith("budget refused")
     # A broken hook never masks the failure being reported.
     monkeypatch.setenv("DPOPS_ALERT_HOOK", "no_such_module_xyz:f")
     dpops_alerts.on_failure(ctx)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import airflow_support  # noqa: F401  (sets AIRFLOW_HOME etc. before airflow is imported)
 
 import json
+import logging
 import shutil
 from datetime import datetime, timezone
 from pathlib import Path
@@ -107,16 +108,26 @@ def test_one_interval_publishes_commits_and_a_rerun_is_free(tmp_path, monkeypatc
     assert ledger.verify().ok
 
 
+def _fail_once_after_manifest(monkeypatch):
+    """The one fault-hook mechanism (dpops.faults): ``manifest.after`` fires inside publish, after the noise
+    was drawn and staged and the manifest written, before the ledger commit; ``raise`` = a crash a retry heals."""
+    from dpops import faults, runs
+    from fault_support import _after
+
+    monkeypatch.setattr(faults, "_hits", {})
+    monkeypatch.setattr(runs, "write_manifest_before_publish",
+                        _after("manifest.after", runs.write_manifest_before_publish))
+    monkeypatch.setenv("DPOPS_FAULT", "manifest.after=raise")
+
+
 def test_publish_fault_after_noise_then_retry_publishes_same_numbers_with_one_charge(tmp_path, monkeypatch):
     ws = make_workspace(tmp_path, release="af_fault", scope="af_fault_scope", days=2)
-    marker = tmp_path / "fault-once"
 
     # 1. In-run Airflow retry: publish fails once after the noise was drawn and staged, the retry publishes.
     dag = _dag(ws, monkeypatch, retries=1)
-    monkeypatch.setenv("DPOPS_FAULT_PUBLISH", str(marker))
-    marker.touch()
+    _fail_once_after_manifest(monkeypatch)
     dr, tis = _run(dag, 2)
-    assert dr.state == "success" and not marker.exists()
+    assert dr.state == "success"
     assert tis["publish_release"].try_number == 2 and tis["compute_release"].try_number == 1
     ledger = _ledger(ws)
     (rec,) = ledger.runs(release=ws.release)
@@ -125,7 +136,7 @@ def test_publish_fault_after_noise_then_retry_publishes_same_numbers_with_one_ch
     # 2. No retries left: the run fails after the noise was drawn; the staged output is then lost (another
     #    worker, a wiped disk). Re-running recomputes with keyed noise: the very same numbers, one charge.
     dag = _dag(ws, monkeypatch, retries=0)
-    marker.touch()
+    _fail_once_after_manifest(monkeypatch)
     dr, tis = _run(dag, 3)
     assert dr.state == "failed" and tis["publish_release"].state == "failed"
     (day2,) = [r for r in ledger.runs(release=ws.release) if r.key.interval_start.startswith("2024-01-02")]
@@ -146,7 +157,7 @@ def test_publish_fault_after_noise_then_retry_publishes_same_numbers_with_one_ch
     assert ledger.verify().ok
 
 
-def test_budget_refusal_fails_without_retry_names_scope_left_and_asked(tmp_path, monkeypatch):
+def test_budget_refusal_is_a_refusal_not_a_crash(tmp_path, monkeypatch, capfd, caplog):
     # A cap below one run's cost: the very first interval is refused before any data is touched.
     ws = make_workspace(tmp_path, release="af_refuse", scope="af_refuse_scope", days=1, scope_cap=0.3)
     alerts = tmp_path / "alerts.jsonl"
@@ -161,15 +172,23 @@ def test_budget_refusal_fails_without_retry_names_scope_left_and_asked(tmp_path,
     monkeypatch.setenv("DPOPS_ALERT_HOOK", "af_test_hook:record")
     dag = _dag(ws, monkeypatch, retries=2)
 
+    capfd.readouterr()
+    caplog.set_level(logging.INFO)
     dr, tis = _run(dag, 2)
-    assert dr.state == "failed"
-    assert tis["reserve_budget"].state == "failed" and tis["reserve_budget"].try_number == 1  # not retried
-    assert all(tis[t].state == "upstream_failed" for t in ("compute_release", "publish_release", "record_run"))
+    out, err = capfd.readouterr()
+    records = [r.getMessage() for r in caplog.records]
+    # Skipped with its reason, not failed: no retry, no traceback; nothing downstream runs.
+    assert tis["reserve_budget"].state == "skipped" and tis["reserve_budget"].try_number == 1
+    assert all(tis[t].state == "skipped" for t in ("compute_release", "publish_release", "record_run"))
+    assert "Traceback" not in out + err and not any(r.exc_info for r in caplog.records)
     (alert,) = [json.loads(line) for line in alerts.read_text().splitlines()]
-    assert alert["task_id"] == "reserve_budget" and alert["error"] == "AirflowFailException"
+    assert alert["task_id"] == "reserve_budget" and alert["event"] == "dpops.refused"
     msg = alert["message"]
     assert "scope 'af_refuse_scope' has epsilon 0.3 left" in msg and "this run asked epsilon 0.5" in msg
     assert "stays unpublished" in msg
+    # The one summary line every outcome emits (dpops.runs.RunOutcome.line).
+    lines = [m for m in records if m.startswith("dpops release=af_refuse ")]
+    assert len(lines) == 1 and "outcome=refused" in lines[0], lines
 
     ledger = _ledger(ws)
     assert ledger.runs(release=ws.release) == []  # nothing reserved, nothing charged
@@ -196,8 +215,8 @@ def test_changed_input_needs_explicit_restate_param(tmp_path, monkeypatch):
                     n_partitions=4, days=1, seed=99, start="2024-01-01")
     dag = _dag(ws, monkeypatch, retries=2)
     dr, tis = _run(dag, 2)
-    assert dr.state == "failed" and tis["reserve_budget"].state == "failed"
-    assert tis["reserve_budget"].try_number == 1  # a retry cannot fix it: not retried
+    assert tis["reserve_budget"].state == "skipped"  # refused (restate=true needed), not retried
+    assert tis["reserve_budget"].try_number == 1 and tis["publish_release"].state == "skipped"
     assert [r.run_id for r in ledger.runs(release=ws.release)] == [v1.run_id]
     assert ledger.status(ws.scope).total == pytest.approx(0.5)
 

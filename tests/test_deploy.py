@@ -1,39 +1,304 @@
-"""deploy/: the compose file, the Dockerfile and the README promise what production needs.
+"""deploy/: the compose file, the Dockerfile and the README checked against each other.
 
-There is no Docker engine here, so these are parse-level checks; the DagBag import check
-of the same DAG files is in tests/test_dags.py.
+There is no Docker engine here, so these are parse-level checks (the processes themselves run
+in tests/test_deploy_stack.py). ``problems()`` lists every inconsistency it finds between
+paths, secrets, volumes and users; the tests assert it finds none in the shipped files and
+that it does find the ones planted in mutated copies (so the check can fail).
 """
 
 from __future__ import annotations
 
+import copy
+import os
 import re
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
+from deploy_support import (
+    AIRFLOW_SERVICES,
+    COMPOSE_FILE,
+    DEPLOY,
+    DOCKERFILE,
+    REPO,
+    SECRETS_DIR,
+    as_uid,
+    dockerfile_created_dirs,
+    dockerfile_env,
+    dockerfile_instructions,
+    load_compose,
+    secret_refs,
+    service,
+)
 
-DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
-AIRFLOW_SERVICES = {"airflow-apiserver": "api-server", "airflow-scheduler": "scheduler",
-                    "airflow-dag-processor": "dag-processor", "airflow-triggerer": "triggerer"}
+README = DEPLOY / "README.md"
+IMAGE = "dpops-worker:latest"
+IMAGE_UID = 50000
+POSTGRES_UID = 999  # postgres in the postgres:16 (Debian) image
+
+# Least privilege: exactly these secrets per service. The noise key and the ledger's .pgpass only where
+# tasks run (the scheduler, under LocalExecutor); the dag-processor parses DAGs and needs neither.
+SECRETS_TABLE: dict[str, set[str]] = {
+    "airflow-db": {"airflow_db_password"},
+    "ledger-db": {"ledger_db_password", "ledger_owner_password", "ledger_app_password"},
+    "airflow-init": {"airflow_db_url", "airflow_admin_password", "airflow_task_connections"},
+    "ledger-init": {"ledger_owner_pgpass"},
+    "example-data": set(),
+    "airflow-apiserver": {"airflow_db_url", "airflow_fernet_key", "airflow_jwt_secret", "airflow_api_secret_key"},
+    "airflow-scheduler": {"airflow_db_url", "airflow_fernet_key", "airflow_jwt_secret", "ledger_pgpass",
+                          "dpops_noise_key", "airflow_task_connections"},
+    "airflow-dag-processor": {"airflow_db_url", "airflow_fernet_key"},
+    "airflow-triggerer": {"airflow_db_url", "airflow_fernet_key"},
+}
+# Secrets that must never reach a service other than the one(s) named.
+CONFINED = {"dpops_noise_key": {"airflow-scheduler"}, "ledger_pgpass": {"airflow-scheduler"},
+            "ledger_owner_pgpass": {"ledger-init"}, "airflow_admin_password": {"airflow-init"},
+            "airflow_task_connections": {"airflow-scheduler", "airflow-init"}}
+# Environment variables holding paths a dpops process reads or writes (comma-separated lists allowed).
+PATH_VARS = ("DPOPS_DATA_ROOTS", "DPOPS_OUTPUT_ROOTS", "DPOPS_STATE_DIR")
+
+
+def _named_mounts(svc: dict) -> dict[str, tuple[str, bool]]:
+    """mount point -> (volume name, read-only) for named volumes (not bind mounts)."""
+    out = {}
+    for v in svc.get("volumes", []) or []:
+        parts = v.split(":")
+        if parts[0].startswith((".", "/")):
+            continue
+        out[parts[1]] = (parts[0], len(parts) > 2 and "ro" in parts[2].split(","))
+    return out
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _readme_owners(text: str) -> dict[str, int]:
+    """file -> uid from the recipe's ``chown UID:GID file ...`` lines."""
+    owners: dict[str, int] = {}
+    for m in re.finditer(r"^\s*(?:sudo\s+)?chown\s+(\d+):(\d+)\s+([^\n#]+)", text, re.MULTILINE):
+        for name in m.group(3).split():
+            owners[name] = int(m.group(1))
+    return owners
+
+
+def problems(compose: dict, dockerfile: Path = DOCKERFILE, readme_text: str | None = None) -> list[str]:
+    """Every inconsistency between the compose file, the Dockerfile and the README recipe."""
+    out: list[str] = []
+    readme_text = README.read_text() if readme_text is None else readme_text
+    services = compose["services"]
+    declared = compose.get("secrets", {})
+    created = dockerfile_created_dirs(dockerfile)
+    instructions = dockerfile_instructions(dockerfile)
+    image_env = dockerfile_env(dockerfile)
+    copies = {rest.split()[-1]: rest.split()[:-1] for word, rest in instructions if word == "COPY"}
+
+    # -- secrets: declared, used, written by the README recipe with the owner the compose file declares
+    owners = _readme_owners(readme_text)
+    used: set[str] = set()
+    for name, svc in services.items():
+        refs = secret_refs(svc)
+        names = {r.name for r in refs}
+        used |= names
+        for r in refs:
+            if r.name not in declared:
+                out.append(f"{name}: secret {r.name} is not declared under top-level secrets:")
+            want_uid = IMAGE_UID if svc.get("image") == IMAGE else POSTGRES_UID
+            if r.uid != want_uid or r.gid != want_uid:
+                out.append(f"{name}: secret {r.name} uid/gid {r.uid}/{r.gid}, expected {want_uid} (the reading user)")
+            if r.mode not in (0o400, 0o600):
+                out.append(f"{name}: secret {r.name} mode {oct(r.mode) if r.mode is not None else None}, expected 0400")
+            file = Path(declared.get(r.name, {}).get("file", "")).name
+            if file and owners.get(file) != want_uid:
+                out.append(f"README recipe: {file} (secret {r.name}, read in {name}) is not chowned to {want_uid}")
+        if name in SECRETS_TABLE and names != SECRETS_TABLE[name]:
+            out.append(f"{name}: secrets {sorted(names)} differ from the least-privilege table {sorted(SECRETS_TABLE[name])}")
+        for secret, allowed in CONFINED.items():
+            if secret in names and name not in allowed:
+                out.append(f"{name}: mounts {secret}, which only {sorted(allowed)} may mount")
+        # Every /run/secrets path a service's environment (or the ledger init script) names is mounted there.
+        env = svc.get("environment", {}) or {}
+        targets = {r.target for r in refs}
+        for key, value in env.items():
+            for path in re.findall(rf"{SECRETS_DIR}/[A-Za-z0-9_.-]+", str(value)):
+                if path not in targets:
+                    out.append(f"{name}: {key} refers to {path}, which this service does not mount")
+    for secret, spec in declared.items():
+        if secret not in used:
+            out.append(f"secret {secret} is declared but no service mounts it")
+        file = Path(spec.get("file", "")).name
+        if not re.search(rf"(?:>|generate)\s+{re.escape(file)}\b", readme_text):
+            out.append(f"README recipe does not write deploy/secrets/{file} (secret {secret})")
+    init_script = (DEPLOY / "ledger-db-init.sh").read_text()
+    ledger_targets = {r.target for r in secret_refs(services["ledger-db"])}
+    for path in re.findall(rf"{SECRETS_DIR}/[A-Za-z0-9_.-]+", init_script):
+        if path not in ledger_targets:
+            out.append(f"ledger-db-init.sh reads {path}, which ledger-db does not mount")
+
+    # -- users and image
+    if not re.search(rf"useradd\b[^\n]*--uid {IMAGE_UID}\b", " ".join(r for w, r in instructions if w == "RUN")):
+        out.append(f"Dockerfile: no user with uid {IMAGE_UID}")
+    users = [rest for word, rest in instructions if word == "USER"]
+    if not users or users[-1] not in (f"{IMAGE_UID}:{IMAGE_UID}", str(IMAGE_UID), "dpops"):
+        out.append(f"Dockerfile: the final USER is {users[-1] if users else None}, not {IMAGE_UID}")
+    for name, svc in services.items():
+        if svc.get("image") == IMAGE and str(svc.get("user")) != f"{IMAGE_UID}:{IMAGE_UID}":
+            out.append(f"{name}: user {svc.get('user')!r}, expected '{IMAGE_UID}:{IMAGE_UID}'")
+
+    # -- volumes: declared, mount points created in the image owned by the image user, env paths under them
+    top_volumes = set(compose.get("volumes", {}) or {})
+    mounted_volumes: set[str] = set()
+    for name, svc in services.items():
+        mounts = _named_mounts(svc)
+        for point, (vol, _ro) in mounts.items():
+            mounted_volumes.add(vol)
+            if vol not in top_volumes:
+                out.append(f"{name}: volume {vol} is not declared under top-level volumes:")
+            if svc.get("image") == IMAGE and created.get(point, ("", ""))[0] not in (str(IMAGE_UID), "dpops"):
+                out.append(f"{name}: mount point {point} (volume {vol}) is not created in the Dockerfile owned by "
+                           f"{IMAGE_UID}, so the volume would come up root-owned")
+        for bind in [v for v in svc.get("volumes", []) or [] if v.startswith(".")]:
+            if not (DEPLOY / bind.split(":")[0]).exists():
+                out.append(f"{name}: bind mount source {bind.split(':')[0]} does not exist in deploy/")
+        if svc.get("image") != IMAGE:
+            continue
+        env = service(compose, name).env
+        if name in AIRFLOW_SERVICES:
+            logs = f"{env.get('AIRFLOW_HOME', '/opt/airflow')}/logs"
+            if logs not in mounts:
+                out.append(f"{name}: {logs} (task logs) is not on a volume")
+        if name == "airflow-apiserver":
+            if any(_under(p, "/data") for p in mounts):
+                out.append(f"{name}: mounts /data, which the api-server never reads")
+            continue
+        for var in PATH_VARS:
+            for path in filter(None, (p.strip() for p in env.get(var, "").split(","))):
+                if "://" in path:
+                    continue
+                on_volume = [pt for pt in mounts if _under(path, pt)]
+                if not on_volume:
+                    out.append(f"{name}: {var}={path} is not under a volume this service mounts")
+                elif var != "DPOPS_DATA_ROOTS" and name == "airflow-scheduler" and mounts[on_volume[0]][1]:
+                    out.append(f"{name}: {var}={path} is on a read-only mount")
+    for vol in top_volumes - mounted_volumes:
+        out.append(f"volume {vol} is declared but never mounted")
+
+    # -- specs: baked into the image from deploy/specs, never hidden by a mount, entry scripts copied
+    specs_dir = image_env.get("DPOPS_SPECS_DIR", "")
+    workdir = next((rest for word, rest in instructions if word == "WORKDIR"), "/")
+    baked = {f"{workdir.rstrip('/')}/{dst.rstrip('/')}" if not dst.startswith("/") else dst.rstrip("/"): src
+             for dst, src in copies.items()}
+    if baked.get(specs_dir) != ["deploy/specs/"]:
+        out.append(f"Dockerfile: DPOPS_SPECS_DIR={specs_dir} is not a COPY of deploy/specs/")
+    if not list((DEPLOY / "specs").glob("*.yaml")):
+        out.append("deploy/specs/ has no release spec")
+    for name, svc in services.items():
+        for v in svc.get("volumes", []) or []:
+            parts = v.split(":")
+            if len(parts) > 1 and _under(parts[1], specs_dir or "/nonexistent"):
+                out.append(f"{name}: mounts over {parts[1]}, hiding the baked specs")
+        env = (svc.get("environment", {}) or {})
+        if svc.get("image") == IMAGE and env.get("DPOPS_SPECS_DIR", specs_dir) != specs_dir:
+            out.append(f"{name}: DPOPS_SPECS_DIR differs from the image's {specs_dir}")
+        if svc.get("image") == IMAGE:
+            for arg in service(compose, name).argv:
+                if arg.startswith(f"{workdir.rstrip('/')}/deploy/"):
+                    rel = arg[len(workdir.rstrip('/')) + 1:]
+                    copied = any(rel.startswith(d.rstrip("/")) and rel.split("/")[-1] in " ".join(s)
+                                 for d, s in copies.items())
+                    if not copied or not (DEPLOY.parent / rel).exists():
+                        out.append(f"{name}: runs {arg}, which the Dockerfile does not copy from {rel}")
+    for src in [s for srcs in copies.values() for s in srcs]:
+        if not (DEPLOY.parent / src).exists():
+            out.append(f"Dockerfile copies {src}, which does not exist")
+    return out
 
 
 @pytest.fixture(scope="module")
 def compose() -> dict:
-    return yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+    return load_compose()
 
 
-def _env(service: dict) -> dict:
-    env = service.get("environment", {})
-    return env if isinstance(env, dict) else dict(e.split("=", 1) for e in env)
+def test_compose_dockerfile_and_readme_agree(compose):
+    assert problems(compose) == []
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        # The scheduler loses its noise key: its env then names a secret it does not mount.
+        (lambda c: c["services"]["airflow-scheduler"].__setitem__(
+            "secrets", [s for s in c["services"]["airflow-scheduler"]["secrets"] if s["source"] != "dpops_noise_key"]),
+         "airflow-scheduler: DPOPS_NOISE_KEY_FILE refers to /run/secrets/dpops_noise_key"),
+        # The dag-processor gains the noise key.
+        (lambda c: c["services"]["airflow-dag-processor"]["secrets"].append(
+            {"source": "dpops_noise_key", "uid": "50000", "gid": "50000", "mode": "0o400"}),
+         "airflow-dag-processor: mounts dpops_noise_key"),
+        # A world-readable secret.
+        (lambda c: c["services"]["airflow-scheduler"]["secrets"][0].__setitem__("mode", "0o444"),
+         "expected 0400"),
+        # A secret owned by root, unreadable by uid 50000.
+        (lambda c: c["services"]["ledger-init"]["secrets"][0].__setitem__("uid", "0"),
+         "ledger-init: secret ledger_owner_pgpass uid/gid 0/50000"),
+        # A volume mounted where the image did not create a directory.
+        (lambda c: c["services"]["airflow-scheduler"]["volumes"].append("dpops-data:/srv/dp"),
+         "mount point /srv/dp"),
+        # The output allow-list outside every volume.
+        (lambda c: c["services"]["airflow-scheduler"]["environment"].__setitem__("DPOPS_OUTPUT_ROOTS", "/srv/out"),
+         "DPOPS_OUTPUT_ROOTS=/srv/out is not under a volume"),
+        # A mount that hides the baked specs.
+        (lambda c: c["services"]["airflow-dag-processor"]["volumes"].append("./specs:/opt/dpops/specs:ro"),
+         "hiding the baked specs"),
+        # A new secret nobody documents.
+        (lambda c: (c["secrets"].__setitem__("smtp_password", {"file": "./secrets/smtp_password"}),
+                    c["services"]["airflow-scheduler"]["secrets"].append(
+                        {"source": "smtp_password", "uid": "50000", "gid": "50000", "mode": "0o400"})),
+         "README recipe does not write deploy/secrets/smtp_password"),
+        # A service running as root.
+        (lambda c: c["services"]["airflow-triggerer"].__setitem__("user", "0:0"), "airflow-triggerer: user '0:0'"),
+    ],
+)
+def test_problems_catches_planted_inconsistencies(compose, mutate, expected):
+    mutated = copy.deepcopy(compose)
+    mutate(mutated)
+    found = problems(mutated)
+    assert any(expected in p for p in found), found
+
+
+def test_dockerfile_problems_are_caught(tmp_path, compose):
+    text = DOCKERFILE.read_text()
+    no_logs = tmp_path / "Dockerfile"
+    no_logs.write_text(text.replace(" /opt/airflow/logs", ""))
+    assert any("/opt/airflow/logs" in p and "root-owned" in p for p in problems(compose, no_logs))
+    as_root = tmp_path / "Dockerfile.root"
+    as_root.write_text(text.replace("USER 50000:50000", "USER root"))
+    assert any("final USER is root" in p for p in problems(compose, as_root))
+
+
+def test_readme_recipe_owner_is_checked(compose):
+    text = README.read_text().replace("sudo chown 50000:50000 noise_key", "sudo chown 0:0 noise_key")
+    assert any("noise_key" in p and "chowned to 50000" in p for p in problems(compose, readme_text=text))
 
 
 def test_compose_has_airflow3_components(compose):
     services = compose["services"]
     for name, command in AIRFLOW_SERVICES.items():
-        assert name in services, name
         assert services[name]["command"][0] == command
-        assert services[name]["depends_on"]["airflow-init"]["condition"] == "service_completed_successfully"
-    assert services["airflow-init"]["command"] == ["db", "migrate"]
+        for init in ("airflow-init", "ledger-init", "example-data"):
+            assert services[name]["depends_on"][init]["condition"] == "service_completed_successfully"
+    assert service(compose, "airflow-init").argv[-1].endswith("airflow-init.sh")
+    assert "airflow db migrate" in (DEPLOY / "airflow-init.sh").read_text()
+
+
+def test_auth_manager_is_fab_not_simple(compose):
+    for name in AIRFLOW_SERVICES:
+        assert service(compose, name).env["AIRFLOW__CORE__AUTH_MANAGER"].endswith("fab_auth_manager.FabAuthManager")
+    pins = (DEPLOY / "constraints-py3.11.txt").read_text()
+    assert re.search(r"^apache-airflow-providers-fab==", pins, re.MULTILINE)
 
 
 def test_airflow_metadata_and_ledger_are_separate_databases(compose):
@@ -41,58 +306,59 @@ def test_airflow_metadata_and_ledger_are_separate_databases(compose):
     assert s["airflow-db"]["image"].startswith("postgres:") and s["ledger-db"]["image"].startswith("postgres:")
     vols = {s["airflow-db"]["volumes"][0].split(":")[0], s["ledger-db"]["volumes"][0].split(":")[0]}
     assert len(vols) == 2 and vols <= set(compose["volumes"])
-    env = _env(s["airflow-scheduler"])
+    env = service(compose, "airflow-scheduler").env
     assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
-    assert env["DPOPS_LEDGER_URL"].startswith("postgresql://") and "@ledger-db:" in env["DPOPS_LEDGER_URL"]
+    assert env["DPOPS_LEDGER_URL"].startswith("postgresql://dpops_app@ledger-db:")
     # psycopg 3 for both sync and async metadata connections (else Airflow looks for asyncpg).
     assert "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_CMD" in env and "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC_CMD" in env
 
 
-def test_secrets_are_mounted_files_never_env_values(compose):
-    declared = compose["secrets"]
-    assert all(set(v) == {"file"} and v["file"].startswith("./secrets/") for v in declared.values())
+def test_no_secret_values_in_environment(compose):
     for name, svc in compose["services"].items():
-        env = _env(svc)
-        for key, value in env.items():
+        for key, value in (svc.get("environment", {}) or {}).items():
             # No credential or key material inline: only paths and *_CMD/_FILE indirections.
-            assert not re.search(r"(PASSWORD|SECRET|FERNET|NOISE_KEY)$", key) or key.endswith(("_FILE", "_CMD")), (name, key)
+            assert not re.search(r"(PASSWORD|SECRET|FERNET|NOISE_KEY|SECRET_KEY)$", key) or key.endswith(("_FILE", "_CMD")), (name, key)
             assert not re.search(r"://[^/@]*:[^/@]*@", str(value)), f"{name}.{key} has a password in a URL"
-        for ref in svc.get("secrets", []):
-            assert ref in declared, (name, ref)
-    worker = compose["services"]["airflow-scheduler"]
-    assert "dpops_noise_key" in worker["secrets"]
-    assert _env(worker)["DPOPS_NOISE_KEY_FILE"] == "/run/secrets/dpops_noise_key"
+            assert key != "DPOPS_NOISE_KEY", f"{name} puts a key value in the environment"
     assert (DEPLOY / "secrets" / ".gitignore").read_text().splitlines()[1:] == ["*", "!.gitignore"]
 
 
-def test_every_airflow_service_shares_image_secrets_and_data(compose):
-    for name in [*AIRFLOW_SERVICES, "airflow-init"]:
-        svc = compose["services"][name]
-        assert svc["image"] == "dpops-worker:latest" and svc["build"]["dockerfile"] == "deploy/Dockerfile"
-        assert any(v.startswith("dpops-data:") for v in svc["volumes"])
-        assert _env(svc)["DPOPS_SPECS_DIR"] == "/opt/dpops/specs"
+def test_example_spec_loads_under_the_compose_allow_lists(compose, monkeypatch):
+    from dpops.spec import load_spec
+
+    env = service(compose, "airflow-dag-processor").env
+    for var in ("DPOPS_DATA_ROOTS", "DPOPS_OUTPUT_ROOTS"):
+        monkeypatch.setenv(var, env[var])
+    monkeypatch.delenv("DPOPS_NOISE_KEY_FILE", raising=False)
+    for path in sorted((DEPLOY / "specs").glob("*.yaml")):
+        spec = load_spec(path)
+        assert str(spec.output.root).startswith(env["DPOPS_OUTPUT_ROOTS"])
+        assert spec.input.path.startswith(env["DPOPS_DATA_ROOTS"] + "/")
+    # The example's partitions are the ones the example generator writes (p0..p3).
+    example = yaml.safe_load((DEPLOY / "specs" / "example_daily.yaml").read_text())
+    gen = service(compose, "example-data").argv
+    assert example["input"]["path"].startswith(gen[gen.index("--root") + 1] + "/")
+    assert example["partitions"]["public"] == [f"p{i}" for i in range(4)]
 
 
-def test_dockerfile_installs_with_constraints_and_runs_unprivileged():
-    text = (DEPLOY / "Dockerfile").read_text()
+def test_dockerfile_installs_with_constraints_and_report_extra():
+    text = DOCKERFILE.read_text()
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
     assert lines[0].startswith("FROM python:3.11")
     installs = [ln for ln in lines if "pip install" in ln]
     assert installs and all("-c deploy/constraints-py3.11.txt" in ln for ln in installs)
-    assert re.search(r"^USER (?!root)\S+", text, re.M)
-    assert (DEPLOY / "constraints-py3.11.txt").is_file()
-    for path in re.findall(r"^COPY (\S+)", text, re.M):
-        assert (DEPLOY.parent / path).exists(), f"Dockerfile copies {path}, which does not exist"
-    # The constraints file pins what the image promises.
+    extras = re.search(r'"\.\[([a-z,]+)\]"', text).group(1).split(",")
+    assert {"beam", "airflow", "validate", "postgres", "report"} <= set(extras)
     pins = (DEPLOY / "constraints-py3.11.txt").read_text()
-    for pkg in ("apache-airflow==3.3.2", "apache-beam==2.77.0", "great_expectations==1.24.1"):
+    for pkg in ("apache-airflow==3.3.2", "apache-beam==2.77.0", "great_expectations==1.24.1",
+                "apache-airflow-providers-apache-beam==", "matplotlib=="):
         assert pkg in pins
 
 
 def test_readme_documents_runners_key_and_scaling():
-    text = (DEPLOY / "README.md").read_text()
+    text = README.read_text()
     for needle in ("FlinkRunner", "SparkRunner", "DataflowRunner", "PortableRunner", "DPOPS_NOISE_KEY_FILE",
-                   "## Scaling", "BeamRunPythonPipelineOperator"):
+                   "## Scaling", "BeamRunPythonPipelineOperator", "DPOPS_OUTPUT_ROOTS"):
         assert needle in text, needle
 
 
@@ -101,3 +367,90 @@ def test_ui_is_published_on_loopback_only(compose):
     for name, svc in compose["services"].items():
         for port in svc.get("ports", []):
             assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} on all interfaces"
+
+
+def _shell_as_recipe(script: str, cwd: Path) -> subprocess.CompletedProcess:
+    """Run an operator recipe as root in ``cwd`` (``sudo`` is the identity here; dpops from this venv)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DPOPS_", "AIRFLOW"))}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.run(["sh", "-ec", "sudo() { \"$@\"; }\n" + script], cwd=cwd, env=env, check=False, capture_output=True,
+                          text=True, timeout=120)
+
+
+def _key_accepted_as_image_user(key: Path, hold: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DPOPS_", "AIRFLOW"))}
+    env.update(PYTHONPATH=str(REPO), HOME=str(hold.parent), USER="dpops", LOGNAME="dpops")
+    argv = as_uid(IMAGE_UID, IMAGE_UID, [sys.executable, "-m", "dpops.cli.main", "key", "id", str(key)], hold)
+    return subprocess.run(argv, env=env, check=False, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def uid_dir():
+    """A directory uid 50000 can enter (pytest's tmp_path is below a root-only 0700 directory)."""
+    d = Path(tempfile.mkdtemp(prefix="dpops-recipe-"))
+    os.chmod(d, 0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or not shutil.which("unshare"),
+                                reason="runs the recipe's chown and reads the files as uid 50000 (root, setpriv)")
+
+
+@needs_root
+def test_compose_header_key_recipe_writes_a_key_dpops_accepts(uid_dir):
+    header = [ln[1:].strip() for ln in COMPOSE_FILE.read_text().splitlines() if ln.startswith("#   ")]
+    recipe = [ln for ln in header if "noise_key" in ln and not ln.startswith("(`")]
+    assert recipe, "the compose header shows no noise key recipe"
+    (uid_dir / "deploy" / "secrets").mkdir(parents=True)
+    os.chmod(uid_dir / "deploy" / "secrets", 0o755)
+    proc = _shell_as_recipe("\n".join(recipe), uid_dir)
+    assert proc.returncode == 0, proc.stderr
+    key = uid_dir / "deploy" / "secrets" / "noise_key"
+    assert key.stat().st_uid == IMAGE_UID and (key.stat().st_mode & 0o077) == 0
+    checked = _key_accepted_as_image_user(key, uid_dir / "python-install")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    # The same file left root-owned 0600 (the old recipe) is unreadable by the task's uid: refused.
+    os.chown(key, 0, 0)
+    os.chmod(key, 0o600)
+    assert _key_accepted_as_image_user(key, uid_dir / "python-install").returncode != 0
+
+
+@needs_root
+def test_readme_recipe_creates_every_secret_readable_by_its_reader(uid_dir, compose):
+    text = README.read_text()
+    section = text[text.index("## Secrets"):]
+    block = section[section.index("```bash") + len("```bash"):]
+    block = block[:block.index("```")]
+    recipe = [ln for ln in block.splitlines() if ln.strip() and "docker compose" not in ln]
+    assert recipe[0].strip() == "cd deploy/secrets"
+    secrets_dir = uid_dir / "deploy" / "secrets"
+    secrets_dir.mkdir(parents=True)
+    os.chmod(secrets_dir, 0o755)
+    proc = _shell_as_recipe("\n".join(recipe), uid_dir)
+    assert proc.returncode == 0, proc.stderr
+    readers: dict[str, int] = {}
+    for svc in compose["services"].values():
+        for ref in secret_refs(svc):
+            readers[Path(compose["secrets"][ref.name]["file"]).name] = ref.uid if ref.uid is not None else -1
+    for file, uid in readers.items():
+        st = (secrets_dir / file).stat()
+        assert st.st_uid == uid and (st.st_mode & 0o777) == 0o400, (file, st.st_uid, oct(st.st_mode))
+    # What uid 50000 must read, it can read (as that uid, through the kernel's own permission check).
+    mine = sorted(f for f, uid in readers.items() if uid == IMAGE_UID)
+    hold = uid_dir / "python-install"
+    cat = subprocess.run(as_uid(IMAGE_UID, IMAGE_UID, ["cat", *[str(secrets_dir / f) for f in mine]], hold),
+                         check=False, capture_output=True, timeout=60)
+    assert cat.returncode == 0, cat.stderr
+    theirs = sorted(f for f, uid in readers.items() if uid != IMAGE_UID)
+    for f in theirs:  # the databases' passwords are not readable by the dpops uid
+        denied = subprocess.run(as_uid(IMAGE_UID, IMAGE_UID, ["cat", str(secrets_dir / f)], hold), check=False, capture_output=True,
+                                timeout=60)
+        assert denied.returncode != 0, f
+    assert _key_accepted_as_image_user(secrets_dir / "noise_key", hold).returncode == 0
+    # The metadata URL carries the password the database was given.
+    url = (secrets_dir / "airflow_db_url").read_text()
+    assert url == f"postgresql+psycopg://airflow:{(secrets_dir / 'airflow_db_password').read_text()}@airflow-db:5432/airflow"

@@ -97,12 +97,12 @@ def test_leak_scan_through_airflow(tmp_path, monkeypatch, caplog, capfd):
     assert dr.state == "success"
     dr = bag.dags["dpops_af_leak_input"].test(logical_date=day(2))  # input.path is the key: refused
     assert dr.state == "failed"
-    import pipelines.release_pipeline as rp
+    import pipelines.io as pio  # the read transform looks prepare_batch up on pipelines.io at run time
 
     def leaky_prepare(batch, *a, **k):  # a future bug whose text quotes the data
         raise ValueError(f"Could not convert {SENT_STR} {SENT_NUM} {hexkey}")
 
-    monkeypatch.setattr(rp, "prepare_batch", leaky_prepare)
+    monkeypatch.setattr(pio, "prepare_batch", leaky_prepare)
     dr = good.test(logical_date=day(3))  # [Jan 2, Jan 3): fails inside the Beam job
     assert dr.state == "failed"
     monkeypatch.undo()

@@ -1,0 +1,12 @@
+#!/bin/sh
+# The compose `ledger-init` service, run as the ledger OWNER role (never as the app role):
+#   1. create or migrate the ledger schema and grant the application role its rights;
+#   2. create the example release's budget scope (idempotent when identical, so a restart is a no-op;
+#      a scope whose definition differs is refused, never changed: caps change with `ledger cap`).
+# Operators create the scopes of their own releases the same way (docs/runbook.md).
+set -eu
+APP_ROLE="${DPOPS_LEDGER_APP_ROLE:-dpops_app}"
+dpops ledger init --app-role "$APP_ROLE"
+dpops ledger scope create example --unit "a synthetic user's events on one day" --unit-column user_id \
+    --adjacency add_remove --epsilon 10 --delta 0 --accountant basic --actor ledger-init \
+    --description "compose example release (deploy/specs/example_daily.yaml)"

@@ -1,0 +1,396 @@
+"""One function per orchestrator task, taking plain values (no Airflow, no Beam imports here).
+
+The Airflow DAG (``dags/dpops_dag_factory.py``) only translates between Airflow and these
+functions: it resolves settings from connections/variables, passes the run's data interval as
+ISO strings and maps the returned ``RunOutcome`` states to task states. Every rule (what is
+reserved, when a changed input is refused, how manifests and output fingerprints are made)
+has one owner, ``dpops.runs``; this module only sequences its steps the way a task-per-step
+orchestrator needs them:
+
+    wait_for_input -> check_input_step -> reserve_step -> compute_step -> validate_step
+                   -> publish_step -> record_step
+
+Each step re-runs ``runs.prepare`` (deterministic, writes nothing), so a task retried on
+another worker needs nothing from the previous attempt but the ledger and the staged files.
+
+A *refusal* (budget cap reached, or a changed input of a published interval without an
+explicit restatement) is an outcome, not an error: ``reserve_step`` returns a ``RunOutcome``
+with state ``refused`` and the reason, nothing is charged, and the orchestrator decides how
+to show it. Errors a retry cannot fix are ``FATAL_ERRORS``; everything else may be retried.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from dpops import runs
+from dpops.errors import (
+    BudgetExceeded,
+    IntegrityError,
+    InvalidParameter,
+    LedgerError,
+    SpecError,
+    public_message,
+)
+
+log = logging.getLogger("dpops.orchestration")
+
+LEDGER_URL_ENV = "DPOPS_LEDGER_URL"
+KEY_FILE_ENV = "DPOPS_NOISE_KEY_FILE"
+
+# Errors a retry cannot fix: the orchestrator fails the task at once instead of retrying it.
+FATAL_ERRORS: tuple[type[BaseException], ...] = (BudgetExceeded, SpecError, InvalidParameter, IntegrityError)
+
+# Third-party loggers whose INFO/WARNING lines drown a task log (measured: 209 of 223 lines of a
+# check_input/validate_output log were Great Expectations INFO; every task printed Beam's optional
+# GCP-client import warnings). Levels are set per logger so dpops' own warnings still show.
+NOISY_LOGGERS: dict[str, int] = {
+    "great_expectations": logging.WARNING,
+    "great_expectations.core": logging.WARNING,
+    "great_expectations.data_context": logging.WARNING,
+    "great_expectations.expectations": logging.WARNING,
+    "great_expectations.datasource": logging.WARNING,
+    "apache_beam.io.gcp": logging.ERROR,
+    "apache_beam.internal.gcp": logging.ERROR,
+    "apache_beam.runners.interactive": logging.ERROR,
+    "apitools": logging.ERROR,
+    "google.auth": logging.ERROR,
+    "root.apache_beam": logging.ERROR,
+}
+
+
+# Loggers that set their own level when their module is imported (great_expectations'
+# data_context/types/base.py does ``logger.setLevel(logging.INFO)``), overriding a level set
+# earlier: they also get a per-logger filter, which an import does not reset.
+LEVEL_RESETTING_LOGGERS: dict[str, int] = {"great_expectations.data_context.types.base": logging.WARNING}
+
+
+class _MinLevel(logging.Filter):
+    def __init__(self, level: int) -> None:
+        super().__init__()
+        self.level = level
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= self.level
+
+
+class _BeamRootRecords(logging.Filter):
+    """Beam modules that log through the ROOT logger (``logging.warning(...)`` in
+    apache_beam/io/gcp/internal/clients/bigquery/__init__.py: "apitools not found, and bigquery client
+    libraries are not available") below ERROR. A filter on the root logger sees only records logged
+    directly on it, never those of named loggers (dpops logs only through ``dpops.*`` loggers)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        path = record.pathname.replace(os.sep, "/")
+        return not (record.name == "root" and "/apache_beam/" in path and record.levelno < logging.ERROR)
+
+
+def quiet_third_party_loggers() -> None:
+    """Raise the level of the noisy third-party loggers (never dpops'; the root logger keeps its level and
+    only drops Beam's own sub-ERROR records)."""
+    root = logging.getLogger()
+    if not any(isinstance(f, _BeamRootRecords) for f in root.filters):
+        root.addFilter(_BeamRootRecords())
+    for name, level in NOISY_LOGGERS.items():
+        logging.getLogger(name).setLevel(level)
+    for name, level in LEVEL_RESETTING_LOGGERS.items():
+        lg = logging.getLogger(name)
+        lg.setLevel(level)
+        if not any(isinstance(f, _MinLevel) for f in lg.filters):
+            lg.addFilter(_MinLevel(level))
+
+
+# --------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where the ledger is and which key file to use; resolved when a task runs, not at parse time.
+
+    ``key_path`` is a reference (a file path), never the key: environments and orchestrator
+    metadata leak (process listings, task metadata), so the key value only lives in its file.
+    """
+
+    ledger_url: str | None
+    key_path: str | None
+    randomness: str = "keyed"
+    runner: str = "FnApiRunner"
+    runner_options: tuple[str, ...] = field(default=())
+
+    @classmethod
+    def resolve(cls, ledger_url: str | None = None, key_ref: str | None = None) -> Settings:
+        """Explicit values (from the orchestrator's connections/variables) win; else the environment."""
+        if key_ref and key_ref.startswith("file://"):
+            from urllib.parse import unquote, urlparse
+
+            key_ref = unquote(urlparse(key_ref).path)
+        if key_ref and not os.path.isabs(key_ref):
+            # Most likely the key VALUE pasted where its file's path belongs: refuse, and never echo it.
+            raise InvalidParameter(
+                "the noise key reference (Airflow variable dpops_noise_key_ref) must be the absolute path (or "
+                "file:// URI) of the key file, never the key itself; its value is not shown. If the key was "
+                "stored there, rotate it (dpops key generate PATH) and store only the path; nothing was reserved")
+        key = key_ref or os.environ.get(KEY_FILE_ENV) or None
+        return cls(
+            ledger_url=ledger_url or os.environ.get(LEDGER_URL_ENV) or None,
+            key_path=key,
+            randomness=os.environ.get("DPOPS_RANDOMNESS", "keyed"),
+            runner=os.environ.get("DPOPS_BEAM_RUNNER", "FnApiRunner"),
+            runner_options=tuple(os.environ.get("DPOPS_BEAM_OPTIONS", "").split()),
+        )
+
+
+@dataclass(frozen=True)
+class Step:
+    """One task's call: the spec, the interval (ISO strings) and the settings."""
+
+    spec_path: str
+    interval_start: str
+    interval_end: str
+    settings: Settings
+    actor: str = "orchestrator"
+
+    def prepare(self) -> runs.RunContext:
+        s = self.settings
+        return runs.prepare(self.spec_path, self.interval_start, self.interval_end, randomness=s.randomness,
+                            key_path=s.key_path, actor=self.actor)
+
+    def ledger(self) -> Any:
+        return runs.open_run_ledger(self.settings.ledger_url)
+
+
+# --------------------------------------------------------------------------- late input
+
+
+def missing_inputs(spec_path: str, interval_start: str, interval_end: str) -> list[str]:
+    """The interval's input files that do not exist yet (empty: all there). Reads no data.
+
+    For a glob template, the pattern itself while nothing matches. Used by the orchestrator's
+    sensor to wait for late input instead of failing and retrying the whole run.
+    """
+    from dpops.inputs import parse_interval
+    from dpops.spec import load_spec
+
+    spec = load_spec(spec_path)
+    iv = parse_interval(interval_start, interval_end)
+    formatted = spec.input.path.format(start=iv.start, end=iv.end)
+    where = spec.resolve_path(formatted)
+    if not where.is_local:  # an object-store input: listed through the storage layer, never os.path
+        from dpops.storage import files
+
+        found = files.glob(where) if files.has_glob(formatted) else ([where] if files.is_file(where) else [])
+        return [] if found else [str(where)]
+    path = str(where.local_path)
+    if any(c in formatted for c in "*?["):
+        return [] if any(os.path.isfile(p) for p in glob.glob(path)) else [path]
+    return [] if os.path.isfile(path) else [path]
+
+
+# --------------------------------------------------------------------------- steps
+
+
+def check_input_step(step: Step) -> dict[str, Any]:
+    """Input exists and matches the declared schema (metadata only). Nothing is reserved yet.
+
+    An interval this very run already published skips the checks: the same keyed fingerprint
+    means byte-identical input, which passed them when it was published."""
+    ctx = step.prepare()
+    with step.ledger() as ledger:
+        rec = ledger.published(ctx.spec.name, ctx.interval.start_iso, ctx.interval.end_iso)
+    if rec is not None and rec.run_id == ctx.run_id:
+        return {"run_id": ctx.run_id, "checks": None, "state": "already_published"}
+    from dpops.validate import check_input_schema
+
+    quiet_third_party_loggers()
+    report = check_input_schema(ctx.input_paths, ctx.spec.input.columns, ctx.spec.input.format)
+    log.info("input checks passed for %s %s: %s", ctx.spec.name, ctx.interval, ", ".join(report.checks))
+    return {"run_id": ctx.run_id, "checks": report.as_dict(), "state": "checked"}
+
+
+def _refused(ctx: runs.RunContext, ledger: Any, reason: str) -> runs.RunOutcome:
+    try:
+        remaining: float | None = float(ledger.status(ctx.spec.budget.scope).remaining)
+    except Exception:  # noqa: BLE001 - the refusal must not fail on a status read
+        remaining = None
+    return runs.RunOutcome(release=ctx.spec.name, interval=str(ctx.interval), state="refused", run_id=ctx.run_id,
+                           scope=ctx.spec.budget.scope,
+                           scope_remaining=remaining, message=reason)
+
+
+def _budget_reason(ctx: runs.RunContext, ledger: Any, exc: BudgetExceeded) -> str:
+    scope = getattr(exc, "scope", None) or ctx.spec.budget.scope
+    try:
+        left = f"{float(ledger.status(scope).remaining):.6g}"
+    except Exception:  # noqa: BLE001
+        left = "?"
+    unit = getattr(exc, "unit", None) or "epsilon"
+    asked = getattr(exc, "requested", None)
+    return (f"budget refused for {ctx.spec.name} {ctx.interval}: scope {scope!r} has {unit} {left} left "
+            f"(cap {getattr(exc, 'cap', '?')}), this run asked {unit} "
+            f"{'?' if asked is None else f'{float(asked):.6g}'}; nothing was charged and the interval stays "
+            f"unpublished. Raise the cap or wait for budget, then run the interval again. Ledger: "
+            f"{public_message(exc)}")
+
+
+def _record_refusal_manifest(ctx: runs.RunContext, ledger: Any, reason: str) -> None:
+    """A refused run gets a manifest too (nothing spent); best effort, never masks the refusal."""
+    try:
+        from dpops.manifest.io import manifest_exists
+        from dpops.manifest.run_hook import write_run_manifest
+
+        folder = runs.manifests_dir(ctx)
+        if manifest_exists(folder, f"{ctx.run_id}.refused.json") is None:  # local dir or object-store prefix
+            write_run_manifest(ctx, ledger, {"state": "refused", "reason": reason}, manifests_dir=folder)
+    except Exception:
+        log.exception("could not write the refusal manifest of run %s", ctx.run_id)
+
+
+def reserve_step(step: Step, *, restate: bool = False) -> runs.RunOutcome:
+    """Reserve the plan's events, serve an interval this run already published (state
+    ``already_published``, no charge), or return a ``refused`` outcome saying why."""
+    ctx = step.prepare()
+    with step.ledger() as ledger:
+        if not restate:
+            runs._pick_attempt(ctx, ledger)  # the run key the ledger knows (a refunded attempt is skipped)
+            published = ledger.published(ctx.spec.name, ctx.interval.start_iso, ctx.interval.end_iso)
+            try:
+                # The one owner of the "never restate silently" rule (attempt 1 = the run key the ledger saw).
+                runs._refuse_changed(ctx, published, None)
+            except LedgerError as exc:
+                reason = (f"{public_message(exc)}. In Airflow: trigger this interval with the param "
+                          "restate=true")
+                return _refused(ctx, ledger, reason)
+        try:
+            return runs.restate(ctx, ledger) if restate else runs.reserve(ctx, ledger)
+        except BudgetExceeded as exc:
+            reason = _budget_reason(ctx, ledger, exc)
+            _record_refusal_manifest(ctx, ledger, reason)
+            return _refused(ctx, ledger, reason)
+
+
+def compute_step(step: Step) -> dict[str, Any]:
+    """Draw the noise (keyed: a retry reproduces it) and stage the output; reuse a staged output."""
+    s = step.settings
+    ctx = step.prepare()
+    with step.ledger() as ledger:
+        out = runs.compute(ctx, ledger, runner=s.runner, runner_options=s.runner_options)
+    return runs.step_summary(out)
+
+
+def validate_step(step: Step) -> dict[str, Any]:
+    """The noisy output's checks (post-processing: may block the publish) incl. the GX suite."""
+    ctx = step.prepare()
+    staged = ctx.store.find_staged(ctx.interval.slug, ctx.run_id)
+    if staged is None:
+        raise LedgerError(f"run {ctx.run_id} of {ctx.spec.name} {ctx.interval}: no staged output to validate; "
+                          "clear the compute task to compute it again (keyed noise: same numbers, no new charge)")
+    checks = runs.check_noisy_output(ctx.spec, staged.data_file)
+    from dpops.validate import check_release_output
+
+    quiet_third_party_loggers()
+    report = check_release_output(str(staged.data_file), partition_columns=ctx.spec.partitions.columns,
+                                  public_partitions=ctx.spec.public_partitions(),
+                                  allow_null=ctx.spec.postprocess.suppress_below is not None)
+    return {"run_id": ctx.run_id, "checks": [*checks, "great expectations output suite"],
+            "gx": report.as_dict()}
+
+
+def publish_step(step: Step) -> runs.RunOutcome:
+    """Write the manifest, commit in the ledger and publish atomically (``runs.publish``). The GX suite
+    already ran in ``validate_step``; ``runs.publish`` repeats the cheap structural checks."""
+    ctx = step.prepare()
+    with step.ledger() as ledger:
+        return runs.publish(ctx, ledger)
+
+
+def record_step(step: Step, *, charged: float) -> runs.RunOutcome:
+    """The run's final outcome: its manifest (written by publish; found, or written once for a run
+    committed by an older version) and the ledger position, for the one summary line."""
+    ctx = step.prepare()
+    with step.ledger() as ledger:
+        rec = ledger.run(ctx.run_id)
+        state = "published" if rec is not None and rec.state == "committed" else getattr(rec, "state", "unknown")
+        try:
+            remaining: float | None = float(ledger.status(ctx.spec.budget.scope).remaining)
+        except Exception:  # noqa: BLE001 - the summary must not fail on a status read
+            remaining = None
+        # Built here rather than by runs._outcome, which would log a second copy of the summary line.
+        out = runs.RunOutcome(release=ctx.spec.name, interval=str(ctx.interval), state=state, run_id=ctx.run_id,
+                              output_uri=getattr(rec, "output_uri", None), epsilon_charged=charged,
+                              run_epsilon=getattr(rec, "epsilon", None), scope=ctx.spec.budget.scope,
+                              scope_remaining=remaining, restates=getattr(rec, "restates", None))
+        runs.ensure_manifest(ctx, ledger, out)
+    return out
+
+
+def summary_line(outcome: runs.RunOutcome) -> str:
+    """The one ``dpops release=...`` line every outcome (published, served, refused, failed) emits."""
+    return f"dpops {outcome.line()}"
+
+
+def failure_outcome(step: Step, exc: BaseException) -> runs.RunOutcome | None:
+    """The outcome line of a step that failed with ``exc`` (best effort: None if even prepare fails)."""
+    try:
+        ctx = step.prepare()
+    except Exception:  # noqa: BLE001
+        return None
+    rec = None
+    remaining = None
+    try:
+        with step.ledger() as ledger:
+            rec = ledger.run(ctx.run_id)
+            remaining = float(ledger.status(ctx.spec.budget.scope).remaining)
+    except Exception as read_exc:  # noqa: BLE001 - the line is best effort; the step's error propagates
+        log.debug("ledger not readable for the failure line: %s", type(read_exc).__name__)
+    return runs.RunOutcome(release=ctx.spec.name, interval=str(ctx.interval), state="failed", run_id=ctx.run_id,
+                           run_epsilon=getattr(rec, "epsilon", None), scope=ctx.spec.budget.scope,
+                           scope_remaining=remaining, message=public_message(exc))
+
+
+def is_fatal(exc: BaseException) -> bool:
+    """Whether a retry cannot fix ``exc`` (the orchestrator should fail at once)."""
+    return isinstance(exc, FATAL_ERRORS)
+
+
+# --------------------------------------------------------------------------- running Beam jobs
+
+
+_RUNNING_JOBS: list[Any] = []
+
+
+def track_job(result: Any) -> None:
+    """Remember a running Beam ``PipelineResult`` so ``cancel_running_jobs`` can cancel it on kill."""
+    _RUNNING_JOBS.append(result)
+
+
+def untrack_job(result: Any) -> None:
+    if result in _RUNNING_JOBS:
+        _RUNNING_JOBS.remove(result)
+
+
+def running_jobs() -> Iterator[Any]:
+    return iter(list(_RUNNING_JOBS))
+
+
+def cancel_running_jobs() -> list[str]:
+    """Cancel every tracked Beam job of this process (a killed task must not leave a job running on a
+    cluster that keeps drawing noise and writing staged files). Returns what was cancelled."""
+    done = []
+    for result in _RUNNING_JOBS:
+        try:
+            result.cancel()
+            done.append(str(getattr(result, "job_id", lambda: "?")()))
+        except Exception as exc:  # noqa: BLE001 - cancel the others anyway
+            log.warning("could not cancel Beam job %r: %s", result, public_message(exc))
+        untrack_job(result)
+    return done
+
+
+__all__ = ["FATAL_ERRORS", "Settings", "Step", "cancel_running_jobs", "check_input_step", "compute_step",
+           "failure_outcome", "is_fatal", "missing_inputs", "publish_step", "quiet_third_party_loggers",
+           "record_step", "reserve_step", "summary_line", "track_job", "validate_step"]

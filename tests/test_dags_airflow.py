@@ -1,0 +1,296 @@
+"""The release DAGs in real Airflow processes (issue 12 "Airflow-native", "Refusals, logs").
+
+api-server + scheduler + dag-processor (LocalExecutor) against a fresh PostgreSQL metadata database,
+runs triggered through the REST API as an operator would:
+
+- a spec that does not load is an import error (``airflow dags list-import-errors``,
+  ``/api/v2/importErrors``) naming the file, never its content, while the good spec's DAG runs;
+- ``logical_date: null`` fails at once (no retry) with a clear message;
+- a past day released by its logical date publishes, records an asset event and triggers the
+  consumer DAG scheduled on the release's asset;
+- a refused interval ends skipped with a DAG-run note ``REFUSED: ...``, one summary line, a
+  ``DPOPS_ALERT`` line and no traceback in its task log;
+- the task logs of check_input / validate_output carry no Great Expectations / Beam GCP noise.
+"""
+
+from __future__ import annotations
+
+import airflow_support  # noqa: F401  (environment before airflow)
+
+import json
+import secrets
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+from airflow_support import (DAGS_FOLDER, airflow_cli, airflow_env, free_port, make_workspace, pg_exec, start_airflow,
+                             wait_health)
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(900)]
+
+SENTINEL = "SENTINEL-spec-Zq81xW"
+CONSUMER = "af_stack_consumer"
+
+
+class Stack:
+    def __init__(self, env: dict, port: int, home: Path, ws, procs: list, meta_url: str):
+        self.env, self.port, self.home, self.ws, self.procs, self.meta_url = env, port, home, ws, procs, meta_url
+        self._token: str | None = None
+
+    def client(self):
+        import httpx
+
+        if self._token is None:
+            r = httpx.post(f"http://127.0.0.1:{self.port}/auth/token",
+                           json={"username": "dpops", "password": self.env["_PW"]}, timeout=30)
+            r.raise_for_status()
+            self._token = r.json()["access_token"]
+        return httpx.Client(base_url=f"http://127.0.0.1:{self.port}/api/v2",
+                            headers={"Authorization": f"Bearer {self._token}"}, timeout=30)
+
+    def alive(self) -> None:
+        for p in self.procs:
+            assert p.poll() is None, f"{p.args[1]} died with {p.returncode}"
+
+    def wait_run(self, dag_id: str, run_id: str, timeout: float = 300) -> dict:
+        deadline = time.monotonic() + timeout
+        with self.client() as c:
+            while time.monotonic() < deadline:
+                self.alive()
+                run = c.get(f"/dags/{dag_id}/dagRuns/{run_id}").json()
+                if run.get("state") in ("success", "failed"):
+                    return run
+                time.sleep(2)
+        raise AssertionError(f"run {run_id} did not finish in {timeout} s: {run}")
+
+    def tis(self, dag_id: str, run_id: str) -> dict[str, dict]:
+        with self.client() as c:
+            items = c.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
+        return {t["task_id"]: t for t in items}
+
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
+        files = list((self.home / "logs").glob(f"dag_id={dag_id}/run_id={run_id}/task_id={task_id}/attempt={try_number}.log"))
+        assert files, f"no log file for {dag_id} {run_id} {task_id}"
+        return files[0].read_text()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, postgres_url):
+    tmp = tmp_path_factory.mktemp("af_stack")
+    name = f"airflow_dag_{secrets.token_hex(4)}"
+    pg_exec(postgres_url, f'CREATE DATABASE "{name}"')
+    meta_url = postgres_url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1) + f"/{name}"
+    ws = make_workspace(tmp / "ws", release="af_stack", scope="af_stack_scope", days=4, scope_cap=1.1)
+    # A spec that does not load, with a value that must never be repeated in any error text.
+    (ws.specs_dir / "af_bad.yaml").write_text(f"name: af_bad\nnote: [{SENTINEL}, {{\n  x: : {SENTINEL}\n")
+    (ws.specs_dir / "af_bad2.yaml").write_text(f"name: af_bad2\nsecret_note: {SENTINEL}\n")
+    dags = tmp / "dags"
+    dags.mkdir()
+    for f in DAGS_FOLDER.glob("*.py"):
+        (dags / f.name).symlink_to(f)
+    (dags / f"{CONSUMER}.py").write_text(
+        "from airflow.sdk import DAG, Asset\n"
+        "from airflow.providers.standard.operators.empty import EmptyOperator\n"
+        f"with DAG('{CONSUMER}', schedule=[Asset(name='dpops_af_stack', uri='dpops://releases/af_stack')]):\n"
+        "    EmptyOperator(task_id='read_release')\n")
+    home = tmp / "airflow"
+    home.mkdir()
+    pw = secrets.token_hex(12)
+    (home / "passwords.json").write_text(json.dumps({"dpops": pw}))
+    port = free_port()
+    env = airflow_env(
+        home, meta_url, ws.specs_dir, **ws.env(),
+        AIRFLOW__CORE__DAGS_FOLDER=str(dags),
+        AIRFLOW__CORE__EXECUTOR="LocalExecutor",
+        AIRFLOW__CORE__PARALLELISM="4",
+        AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="False",
+        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="dpops:admin",
+        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=str(home / "passwords.json"),
+        AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://127.0.0.1:{port}/execution/",
+        AIRFLOW__API__PORT=str(port),
+        AIRFLOW__API_AUTH__JWT_SECRET=secrets.token_hex(16),
+        AIRFLOW__API__SECRET_KEY=secrets.token_hex(16),
+        AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="2",
+        AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="20",
+        AIRFLOW__LOGGING__BASE_LOG_FOLDER=str(home / "logs"),
+        AIRFLOW__LOGGING__LOGGING_LEVEL="INFO",
+        # The note of a refused run is set through the REST API (tasks have no database access).
+        AIRFLOW_CONN_DPOPS_AIRFLOW_API=f"http://dpops:{pw}@127.0.0.1:{port}",
+        DPOPS_TASK_RETRIES="2",
+        DPOPS_RETRY_DELAY_SECONDS="2",
+        # The scheduler's own run of the latest real interval has no input: it gives up after 20 s.
+        DPOPS_INPUT_POKE_SECONDS="5",
+        DPOPS_INPUT_TIMEOUT_SECONDS="20",
+    )
+    env["_PW"] = pw
+    try:
+        airflow_cli(env, "db", "migrate", timeout=300)
+        with ExitStack() as es:
+            procs = [start_airflow(env, home, es, "api-server", "--port", str(port)),
+                     start_airflow(env, home, es, "scheduler"),
+                     start_airflow(env, home, es, "dag-processor")]
+            wait_health(port, procs)
+            s = Stack(env, port, home, ws, procs, meta_url)
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline:  # the dag-processor's first pass over the folder
+                s.alive()
+                rows = pg_exec(meta_url, "SELECT dag_id FROM dag WHERE is_stale = false", fetch=True)
+                if {r[0] for r in rows} >= {ws.dag_id, CONSUMER}:
+                    break
+                time.sleep(2)
+            else:
+                raise AssertionError("the dag-processor did not register the DAGs")
+            yield s
+    finally:
+        pg_exec(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_bad_spec_is_an_import_error_in_cli_and_rest_while_the_good_dag_runs(stack):
+    proc = airflow_cli(stack.env, "dags", "list-import-errors", "--output", "json", check=False)
+    assert proc.returncode == 1  # the CLI's exit code says there are import errors
+    out = proc.stdout
+    errors = json.loads(out[out.index("[{"):])
+    (err,) = errors
+    assert err["filepath"].endswith("dpops_spec_errors.py")
+    assert "2 release spec(s) could not be loaded" in err["error"]
+    bad_lines = [ln for ln in err["error"].splitlines() if ln.startswith("- ")]
+    assert [Path(ln[2:].split(":")[0]).name for ln in bad_lines] == ["af_bad.yaml", "af_bad2.yaml"]
+    with stack.client() as c:
+        rest = c.get("/importErrors").json()["import_errors"]
+        dags = {d["dag_id"] for d in c.get("/dags").json()["dags"]}
+    assert len(rest) == 1 and "af_bad.yaml" in rest[0]["stack_trace"] and "af_bad2.yaml" in rest[0]["stack_trace"]
+    assert stack.ws.dag_id in dags  # the good release is not hidden by the bad one
+    for text in (out, json.dumps(rest)):
+        assert SENTINEL not in text
+
+
+def test_rest_run_without_logical_date_fails_at_once(stack):
+    dag_id = stack.ws.dag_id
+    t0 = time.monotonic()
+    with stack.client() as c:
+        r = c.post(f"/dags/{dag_id}/dagRuns", json={"logical_date": None})
+        assert r.status_code in (200, 201), r.text
+        run_id = r.json()["dag_run_id"]
+    run = stack.wait_run(dag_id, run_id, timeout=180)
+    elapsed = time.monotonic() - t0
+    print(f"[dag stack] logical_date null: run {run['state']} after {elapsed:.0f} s", flush=True)
+    assert run["state"] == "failed"
+    tis = stack.tis(dag_id, run_id)
+    assert tis["wait_for_input"]["state"] == "failed" and tis["wait_for_input"]["try_number"] == 1
+    log = stack.task_log(dag_id, run_id, "wait_for_input")
+    assert "has no data interval" in log and "KeyError" not in log
+
+
+def test_cli_trigger_with_a_past_logical_date_is_refused_not_released_for_today(stack):
+    """`airflow dags trigger -l D` gives the run the interval of the trigger time, not of D: refused at once."""
+    dag_id = stack.ws.dag_id
+    run_id = f"cli_{secrets.token_hex(3)}"
+    airflow_cli(stack.env, "dags", "trigger", dag_id, "-l", "2024-01-10T00:00:00+00:00", "--run-id", run_id)
+    run = stack.wait_run(dag_id, run_id, timeout=180)
+    assert run["state"] == "failed" and not run["data_interval_start"].startswith("2024-01-0")
+    tis = stack.tis(dag_id, run_id)
+    assert tis["wait_for_input"]["state"] == "failed" and tis["wait_for_input"]["try_number"] == 1
+    log = stack.task_log(dag_id, run_id, "wait_for_input")
+    assert "names the logical date 2024-01-10T00:00:00+00:00" in log
+    assert f"airflow backfill create --dag-id {dag_id} --from-date D --to-date D" in log
+
+
+def test_backfill_of_one_past_day_releases_that_day(stack):
+    """The README's CLI call for one past day: the run's interval starts on that day."""
+    from dpops.ledger import open_ledger
+
+    dag_id = stack.ws.dag_id
+    airflow_cli(stack.env, "backfill", "create", "--dag-id", dag_id, "--from-date", "2024-01-03",
+                "--to-date", "2024-01-03")
+    deadline = time.monotonic() + 300
+    rows: list = []
+    while time.monotonic() < deadline:
+        stack.alive()
+        rows = pg_exec(stack.meta_url, "SELECT run_id, state, data_interval_start FROM dag_run WHERE dag_id = %s "
+                       "AND run_type = 'backfill'", (dag_id,), fetch=True)
+        if rows and rows[0][1] in ("success", "failed"):
+            break
+        time.sleep(2)
+    (run_id, state, start), = rows
+    assert state == "success" and start.isoformat().startswith("2024-01-03T00:00:00")
+    ledger = open_ledger(stack.ws.ledger_url)
+    tis = stack.tis(dag_id, run_id)
+    assert tis["publish_release"]["state"] == "success"
+    assert ledger.published(stack.ws.release, "2024-01-03T00:00:00+00:00", "2024-01-04T00:00:00+00:00")
+
+
+def test_past_day_publishes_emits_asset_event_and_triggers_the_consumer(stack):
+    dag_id = stack.ws.dag_id
+    with stack.client() as c:
+        # The interval [2024-01-01, 2024-01-02) is the one ENDING at the logical date (README section).
+        r = c.post(f"/dags/{dag_id}/dagRuns", json={"logical_date": "2024-01-02T00:00:00Z"})
+        assert r.status_code in (200, 201), r.text
+        run_id = r.json()["dag_run_id"]
+    run = stack.wait_run(dag_id, run_id)
+    assert run["state"] == "success", stack.tis(dag_id, run_id)
+    assert run["data_interval_start"].startswith("2024-01-01T00:00:00")
+    assert stack.tis(dag_id, run_id)["publish_release"]["state"] == "success"
+
+    with stack.client() as c:
+        events = c.get("/assets/events", params={"source_dag_id": dag_id}).json()["asset_events"]
+        published = [r.key.interval_start for r in __import__("dpops.ledger", fromlist=["open_ledger"])
+                     .open_ledger(stack.ws.ledger_url).runs(release=stack.ws.release, states=["committed"])]
+        assert sorted(e["extra"]["interval_start"] for e in events) == sorted(published)
+        assert "2024-01-01T00:00:00+00:00" in published
+        assert {e["uri"] for e in events} == {"dpops://releases/af_stack"}
+        deadline = time.monotonic() + 120
+        consumer_runs: list = []
+        while time.monotonic() < deadline and not consumer_runs:
+            consumer_runs = c.get(f"/dags/{CONSUMER}/dagRuns").json()["dag_runs"]
+            time.sleep(2)
+    assert consumer_runs and consumer_runs[0]["run_type"] == "asset_triggered"
+
+    # Task logs: one summary line; no Great Expectations INFO or Beam GCP-client noise (issue 12, logs).
+    counts = {}
+    for task_id in ("wait_for_input", "check_input", "reserve_budget", "compute_release", "validate_output",
+                    "publish_release", "record_run"):
+        lines = stack.task_log(dag_id, run_id, task_id).splitlines()
+        counts[task_id] = len(lines)
+        loggers = [json.loads(ln).get("logger", "") if ln.startswith("{") else "(raw)" for ln in lines]
+        print(f"[dag stack] {task_id}: {len(lines)} lines, loggers {sorted(set(loggers))}", flush=True)
+        noise = [ln for ln, lg in zip(lines, loggers) if lg.startswith(("great_expectations", "apache_beam.io.gcp",
+                                                                        "apitools")) or "bigquery" in ln.lower()]
+        assert not noise, (task_id, noise[:5])
+    print(f"[dag stack] task log lines: {counts}", flush=True)
+    assert counts["check_input"] <= 40 and counts["validate_output"] <= 40
+    record = stack.task_log(dag_id, run_id, "record_run")
+    assert sum("dpops release=af_stack " in ln for ln in record.splitlines()) == 1
+
+
+def test_refused_interval_is_skipped_with_note_summary_and_alert(stack):
+    dag_id = stack.ws.dag_id
+    # The cap (1.1) fits two runs of 0.5: [Jan 3, Jan 4) by the backfill test, [Jan 1, Jan 2) here (served
+    # if the test above published it); then [Jan 4, Jan 5) is refused. (A backfill run's logical date is its
+    # interval START, a REST run's here its END: one logical date per run, so the days are kept apart.)
+    with stack.client() as c:
+        r = c.post(f"/dags/{dag_id}/dagRuns", json={"logical_date": "2024-01-02T00:00:00Z",
+                                                    "dag_run_id": f"first_{secrets.token_hex(3)}"})
+        first = r.json().get("dag_run_id") if r.status_code in (200, 201) else None
+    if first:
+        stack.wait_run(dag_id, first)
+    with stack.client() as c:
+        r = c.post(f"/dags/{dag_id}/dagRuns", json={"logical_date": "2024-01-05T00:00:00Z"})
+        assert r.status_code in (200, 201), r.text
+        run_id = r.json()["dag_run_id"]
+    run = stack.wait_run(dag_id, run_id)
+    tis = stack.tis(dag_id, run_id)
+    assert run["data_interval_start"].startswith("2024-01-04T00:00:00")
+    assert tis["reserve_budget"]["state"] == "skipped" and tis["reserve_budget"]["try_number"] == 1
+    assert tis["publish_release"]["state"] == "skipped"
+    assert run["note"] and run["note"].startswith("REFUSED: budget refused for af_stack")
+    assert "scope 'af_stack_scope' has epsilon 0.1 left" in run["note"]
+    log = stack.task_log(dag_id, run_id, "reserve_budget")
+    assert "Traceback" not in log
+    assert sum("dpops release=af_stack " in ln and "outcome=refused" in ln for ln in log.splitlines()) == 1
+    assert sum("DPOPS_ALERT" in ln and "dpops.refused" in ln for ln in log.splitlines()) == 1
+    # An operator finds refusals through the API: the note is on the run.
+    with stack.client() as c:
+        runs_ = c.get(f"/dags/{dag_id}/dagRuns").json()["dag_runs"]
+    assert [r["dag_run_id"] for r in runs_ if (r.get("note") or "").startswith("REFUSED")] == [run_id]
