@@ -97,7 +97,9 @@ def cli(events_json: str, accountant_ref: str, delta: float | None, epsilon: flo
         }
         if compare:
             out["compare"] = [{"accountant": r["accountant"], asked: _finite(r["value"])} for r in rows]
-        click.echo(json.dumps(out, indent=2, sort_keys=True))
+        from dpops.cli.common import echo_ok
+
+        echo_ok(out)
         return
     label = f"delta = {given:g}" if delta is not None else f"epsilon = {given:g}"
     for i, r in enumerate(rows):

@@ -10,12 +10,14 @@ import json
 
 import click
 
+from dpops.cli.common import ledger_option, ledger_url, mark_json_printed
 from dpops.errors import IntegrityError, InvalidParameter
 
 
 def _render(results, title: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in results], indent=2, sort_keys=True))
+        mark_json_printed()  # a failed audit exits 7 after this list: no second JSON document
         return
     from rich.console import Console
     from rich.table import Table
@@ -115,13 +117,13 @@ def spec_cmd(spec_path: str, metrics: tuple[str, ...], trials: int, confidence: 
 
 @cli.command("scope")
 @click.argument("spec_path", type=click.Path(dir_okay=False))
-@click.option("--ledger", "url", default=None, help="ledger URL (default: $DPOPS_LEDGER_URL or the SQLite default)")
+@ledger_option
 @click.option("--rows-per-unit", type=int, default=40, show_default=True,
               help="rows of the scope's unit in the neighbour (a record-level release counts each as a unit)")
 @click.option("--trials", type=int, default=2000, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="print JSON instead of a table")
-def scope_cmd(spec_path: str, url: str | None, rows_per_unit: int, trials: int, seed: int, as_json: bool) -> None:
+def scope_cmd(spec_path: str, rows_per_unit: int, trials: int, seed: int, as_json: bool) -> None:
     """Audit SPEC_PATH against the unit of its budget scope (budget.scope in the ledger).
 
     A release whose unit definition differs from the scope's is refused by `dpops release run`;
@@ -134,7 +136,7 @@ def scope_cmd(spec_path: str, url: str | None, rows_per_unit: int, trials: int, 
     if rows_per_unit < 1 or trials < 8:
         raise InvalidParameter("--rows-per-unit must be >= 1 and --trials >= 8")
     spec = load_spec(spec_path)
-    led = open_ledger(url)
+    led = open_ledger(ledger_url())
     try:
         scope = led.scope(spec.budget.scope)
     finally:
@@ -143,6 +145,7 @@ def scope_cmd(spec_path: str, url: str | None, rows_per_unit: int, trials: int, 
     if as_json:
         click.echo(json.dumps({"refused": res.refused, "reasons": res.reasons,
                                "results": [r.to_dict() for r in res.results]}, indent=2, sort_keys=True))
+        mark_json_printed()
     else:
         click.echo(f"scope {scope.name!r}: " + ("REFUSED by dpops release run:\n  " + "\n  ".join(res.reasons)
                                                 if res.refused else "the release's unit definition matches"))

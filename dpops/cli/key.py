@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
+from dpops.cli.common import echo_ok
 from dpops.randomness import NoiseKey
 
 
@@ -21,7 +20,7 @@ def generate(path: str, as_json: bool) -> None:
     """Write 32 random bytes (hex) to PATH with mode 0600. Refuses to overwrite."""
     key = NoiseKey.generate(path)
     if as_json:
-        click.echo(json.dumps({"path": path, "key_id": key.key_id}))
+        echo_ok({"path": path, "key_id": key.key_id})
     else:
         click.echo(f"wrote new noise key to {path} (key id {key.key_id}); keep it secret and backed up")
 
@@ -34,6 +33,6 @@ def key_id(path: str, as_json: bool) -> None:
     public key id. The key itself is never printed."""
     key = NoiseKey.from_file(path)
     if as_json:
-        click.echo(json.dumps({"path": path, "key_id": key.key_id}))
+        echo_ok({"path": path, "key_id": key.key_id})
     else:
         click.echo(key.key_id)

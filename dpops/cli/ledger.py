@@ -1,8 +1,9 @@
 """``dpops ledger``: inspect and administer the global privacy-budget ledger.
 
-Rich tables for humans, ``--json`` for machines. The ledger URL comes from
-``--ledger`` or the environment variable DPOPS_LEDGER_URL (default: a SQLite file
-``dpops-ledger.sqlite`` in the working directory).
+Rich tables for humans, ``--json`` for machines (one object with ``ok`` and ``exit_code``). The
+ledger URL comes from ``--ledger`` (before or after the command, see ``dpops.cli.common``) or
+DPOPS_LEDGER_URL; there is no default file, and only ``init`` and ``scope create`` may create a
+SQLite ledger that does not exist yet.
 """
 
 from __future__ import annotations
@@ -13,14 +14,22 @@ import math
 import sys
 
 import click
-from rich.console import Console
-from rich.table import Table
 
+from dpops.cli.common import (
+    LEDGER_HELP,
+    attach,
+    echo_ok,
+    json_option,
+    ledger_option,
+    open_cli_ledger,
+    print_table,
+)
 from dpops.errors import IntegrityError
-from dpops.ledger import ScopeDefinition, open_ledger
+from dpops.ledger import ScopeDefinition
 from dpops.ledger.model import RUN_STATES, ScopeStatus
 
-LEDGER_OPTION_HELP = "Ledger URL: sqlite:///path.sqlite or postgresql://user@host:port/db (env DPOPS_LEDGER_URL)."
+LEDGER_OPTION_HELP = LEDGER_HELP
+CHARGED_STATES = ("committed", "spent_unpublished", "started", "reserved")
 
 
 def default_actor() -> str:
@@ -37,32 +46,54 @@ def fmt(x: float | None) -> str:
 
 
 def echo_json(obj) -> None:
-    click.echo(json.dumps(obj, indent=2, sort_keys=True, allow_nan=False))
+    """The success object of a command (``ok``/``exit_code`` added; a list goes under ``key``)."""
+    echo_ok(obj if isinstance(obj, dict) else {"items": obj})
 
 
-def _ledger(ctx: click.Context):
-    return open_ledger(ctx.obj.get("url") if ctx.obj else None)
+def _ledger(ctx: click.Context, *, create: bool = False):
+    return open_cli_ledger(ctx, create=create)
 
 
-def status_table(st: ScopeStatus) -> Table:
+def per_run_sums(led, st: ScopeStatus) -> dict[str, float]:
+    """Per bucket, the plain sum of each charged run's own figure (its ``epsilon`` as the accountant
+    counts that run alone). Shown beside the composed total so a reviewer sees why they differ: the
+    accountant composes all runs together (e.g. RDP), which is tighter than adding them up."""
+    sums = {b.bucket: 0.0 for b in st.buckets}
+    for r in led.runs(scope=st.scope, states=list(CHARGED_STATES)):
+        for b in r.buckets or ["*"]:
+            if b in sums and r.epsilon is not None:
+                sums[b] += float(r.epsilon)
+    return sums
+
+
+def composition_note(st: ScopeStatus, sums: dict[str, float]) -> str:
+    unit = "ε" if st.unit == "epsilon" else "ρ"
+    top = max(st.buckets, key=lambda b: b.total).bucket if st.buckets else None
+    added = f"; the plain sum of the runs' own {unit} is {fmt(sums[top])}" if top in sums else ""
+    return (f"total = every charged run (committed, spent unpublished, started, reserved) composed by the "
+            f"{st.accountant} accountant{' at δ=' + format(st.delta, 'g') if st.unit == 'epsilon' else ''}, "
+            f"not the sum of per-run {unit}{added}; remaining = cap - total")
+
+
+def status_table(st: ScopeStatus, sums: dict[str, float] | None = None) -> tuple[str, list[str], list[list[str]], str]:
     unit = "ε" if st.unit == "epsilon" else "ρ"
     title = f"scope {st.scope}: cap {unit}={fmt(st.cap)}" + (f" at δ={st.delta:g}" if st.unit == "epsilon" else "")
-    table = Table(title=f"{title} ({st.accountant})")
-    for col in ("bucket", "committed", "spent unpublished", "started", "reserved", "total", "remaining", "runs"):
-        table.add_column(col, justify="left" if col in ("bucket", "runs") else "right")
+    sums = sums or {}
+    cols = ["bucket", "committed", "spent unpublished", "started", "reserved", f"sum of runs' {unit}",
+            f"scope total {unit} (composed)", "cap", "remaining", "runs"]
+    rows = []
     for b in st.buckets:
         runs = ", ".join(f"{k} {v}" for k, v in sorted(b.runs.items()))
-        table.add_row(b.bucket, fmt(b.committed), fmt(b.spent_unpublished), fmt(b.started), fmt(b.reserved),
-                      fmt(b.total), fmt(b.remaining), runs)
-    return table
+        rows.append([b.bucket, fmt(b.committed), fmt(b.spent_unpublished), fmt(b.started), fmt(b.reserved),
+                     fmt(sums.get(b.bucket)) if b.bucket in sums else "?", fmt(b.total), fmt(st.cap),
+                     fmt(b.remaining), runs])
+    return f"{title} ({st.accountant} accountant)", cols, rows, composition_note(st, sums)
 
 
 @click.group()
-@click.option("--ledger", "url", default=None, help=LEDGER_OPTION_HELP)
-@click.pass_context
-def cli(ctx: click.Context, url: str | None) -> None:
+@ledger_option
+def cli() -> None:
     """The global privacy-budget ledger: scopes, caps, runs, history and verification."""
-    ctx.obj = {"url": url}
 
 
 @cli.command()
@@ -70,20 +101,32 @@ def cli(ctx: click.Context, url: str | None) -> None:
               help="PostgreSQL: give existing ROLE the application rights only (append entries, update the derived "
                    "tables; no UPDATE/DELETE/TRUNCATE of entries, no DDL). Run as the owner role. Repeatable.")
 @click.option("--print-sql", is_flag=True, help="With --app-role: print the GRANT statements run.")
+@ledger_option
+@json_option
 @click.pass_context
-def init(ctx: click.Context, app_roles, print_sql) -> None:
-    """Create the ledger database (or migrate it to the current schema)."""
+def init(ctx: click.Context, app_roles, print_sql, as_json) -> None:
+    """Create the ledger database (or migrate it to the current schema).
+
+    The only command, with ``scope create``, that may create a new SQLite file."""
     from dpops.ledger.backend import redact
     from dpops.ledger.roles import grant_app_role
 
-    with _ledger(ctx) as led:
-        click.echo(f"ledger ready at {redact(led.url)} (schema version {led.schema_version})")
+    granted = []
+    with _ledger(ctx, create=True) as led:
+        url, version = redact(led.url), led.schema_version
+        if not as_json:
+            click.echo(f"ledger ready at {url} (schema version {version})")
         for role in app_roles:
             statements = grant_app_role(led, role)
+            granted.append({"role": role, "statements": statements})
+            if as_json:
+                continue
             if print_sql:
                 click.echo(";\n".join(statements) + ";")
             click.echo(f"role {role}: may append entries and update the derived tables; cannot UPDATE, DELETE or "
                        "TRUNCATE entries, nor drop or disable triggers")
+    if as_json:
+        echo_ok({"ledger": url, "schema_version": version, "app_roles": granted})
 
 
 @cli.command()
@@ -91,7 +134,8 @@ def init(ctx: click.Context, app_roles, print_sql) -> None:
               help="Where checkpoints are kept (env DPOPS_LEDGER_CHECKPOINTS_DIR), e.g. beside the manifests.")
 @click.option("--signing-key", default=None, metavar="PEM",
               help="Ed25519 private key PEM (env DPOPS_LEDGER_CHECKPOINT_KEY), e.g. from `dpops ledger keygen`.")
-@click.option("--json", "as_json", is_flag=True)
+@ledger_option
+@json_option
 @click.pass_context
 def checkpoint(ctx, directory, signing_key, as_json) -> None:
     """Sign the current chain head into DIR: an anchor a database administrator cannot recompute."""
@@ -138,7 +182,8 @@ def scope() -> None:
 @click.option("--owner", default="")
 @click.option("--description", default="")
 @click.option("--actor", default=None, help="Who creates the scope (default cli:<user>).")
-@click.option("--json", "as_json", is_flag=True)
+@ledger_option
+@json_option
 @click.pass_context
 def scope_create(ctx, name, unit, unit_column, epsilon, rho, delta, accountant, bucket, unit_period, adjacency,
                  record_level, population, owner, description, actor, as_json) -> None:
@@ -147,7 +192,7 @@ def scope_create(ctx, name, unit, unit_column, epsilon, rho, delta, accountant, 
                                  accountant=accountant, bucket=bucket, population=population, owner=owner,
                                  description=description, unit_period=unit_period, adjacency=adjacency,
                                  record_level=record_level)
-    with _ledger(ctx) as led:
+    with _ledger(ctx, create=True) as led:
         created = led.create_scope(definition, actor=actor or default_actor())
     if as_json:
         echo_json(created.to_dict())
@@ -158,24 +203,24 @@ def scope_create(ctx, name, unit, unit_column, epsilon, rho, delta, accountant, 
 
 @scope.command("show")
 @click.argument("name", required=False)
-@click.option("--json", "as_json", is_flag=True)
+@ledger_option
+@json_option
 @click.pass_context
 def scope_show(ctx, name, as_json) -> None:
     """Show scope NAME, or all scopes."""
     with _ledger(ctx) as led:
         scopes = [led.scope(name)] if name else led.scopes()
     if as_json:
-        echo_json([{**s.to_dict(), "adjacency": s.adjacency, "record_level": s.record_level} for s in scopes])
+        echo_ok({"scopes": [{**s.to_dict(), "adjacency": s.adjacency, "record_level": s.record_level}
+                            for s in scopes]})
         return
-    table = Table(title="budget scopes")
-    for col in ("name", "cap", "delta", "accountant", "bucket", "unit", "unit column", "record level", "adjacency",
-                "unit period", "owner"):
-        table.add_column(col)
-    for s in scopes:
-        table.add_row(s.name, f"{'ρ' if s.rho is not None else 'ε'}={s.cap:g}", f"{s.delta:g}", s.accountant,
-                      s.bucket or "-", s.unit, s.unit_column, "yes" if s.record_level else "no",
-                      s.adjacency or "not recorded (legacy scope: releases refused)", s.unit_period or "-", s.owner)
-    Console().print(table)
+    cols = ["name", "cap", "delta", "accountant", "bucket", "unit", "unit column", "record level", "adjacency",
+            "unit period", "owner"]
+    rows = [[s.name, f"{'ρ' if s.rho is not None else 'ε'}={s.cap:g}", f"{s.delta:g}", s.accountant,
+             s.bucket or "-", s.unit, s.unit_column, "yes" if s.record_level else "no",
+             s.adjacency or "not recorded (legacy scope: releases refused)", s.unit_period or "-", s.owner]
+            for s in scopes]
+    print_table("budget scopes", cols, rows, keep=("name", "accountant"))
 
 
 @cli.command()
@@ -185,53 +230,73 @@ def scope_show(ctx, name, as_json) -> None:
 @click.option("--delta", type=float, default=None)
 @click.option("--reason", required=True, help="Why the cap changes (kept in the ledger forever).")
 @click.option("--actor", default=None)
+@ledger_option
+@json_option
 @click.pass_context
-def cap(ctx, name, epsilon, rho, delta, reason, actor) -> None:
+def cap(ctx, name, epsilon, rho, delta, reason, actor, as_json) -> None:
     """Change the cap of scope NAME."""
     with _ledger(ctx) as led:
         new = led.change_cap(name, epsilon=epsilon, rho=rho, delta=delta, reason=reason, actor=actor or default_actor())
-    click.echo(f"scope {new.name}: cap {new.cap_unit}={new.cap:g}, delta={new.delta:g}")
+    if as_json:
+        echo_ok({"scope": new.to_dict(), "cap_unit": new.cap_unit, "cap": new.cap, "reason": reason})
+    else:
+        click.echo(f"scope {new.name}: cap {new.cap_unit}={new.cap:g}, delta={new.delta:g}")
 
 
 @cli.command()
 @click.argument("scope_name", metavar="SCOPE")
-@click.option("--json", "as_json", is_flag=True)
+@ledger_option
+@json_option
 @click.pass_context
 def status(ctx, scope_name, as_json) -> None:
-    """Budget spent, reserved and remaining on SCOPE (per bucket when bucketed)."""
+    """Budget spent, reserved and remaining on SCOPE (per bucket when bucketed).
+
+    The scope total is every charged run composed by the scope's accountant; the plain sum of the
+    runs' own ε is shown beside it (it is larger under RDP/PLD/zCDP composition)."""
     with _ledger(ctx) as led:
         st = led.status(scope_name)
+        sums = per_run_sums(led, st)
     if as_json:
-        echo_json(st.to_dict())
+        doc = st.to_dict()
+        for b in doc["buckets"]:
+            b["sum_of_runs"] = sums.get(b["bucket"])
+        top = max(st.buckets, key=lambda b: b.total).bucket if st.buckets else None
+        doc["sum_of_runs"] = sums.get(top, 0.0) if top else 0.0
+        doc["composition"] = composition_note(st, sums)
+        echo_json(doc)
     else:
-        Console().print(status_table(st))
+        title, cols, rows, note = status_table(st, sums)
+        print_table(title, cols, rows, keep=[c for c in cols if c != "runs"], caption=note,
+                    right=[c for c in cols if c not in ("bucket", "runs")])
 
 
 @cli.command()
 @click.argument("scope_name", metavar="[SCOPE]", required=False)
-@click.option("--json", "as_json", is_flag=True)
+@ledger_option
+@json_option
 @click.pass_context
 def history(ctx, scope_name, as_json) -> None:
     """Every ledger entry (of SCOPE), oldest first."""
     with _ledger(ctx) as led:
         entries = led.history(scope_name)
     if as_json:
-        echo_json([e.to_dict() for e in entries])
+        echo_ok({"entries": [e.to_dict() for e in entries]})
         return
-    table = Table(title=f"ledger history{' of ' + scope_name if scope_name else ''}")
-    for col in ("id", "time (UTC)", "kind", "scope", "run", "buckets", "actor", "note", "hash"):
-        table.add_column(col)
+    cols = ["id", "time (UTC)", "kind", "scope", "run", "buckets", "actor", "note", "hash"]
+    rows = []
     for e in entries:
         note = e.data.get("reason") or e.data.get("output_uri") or ""
-        table.add_row(str(e.id), e.ts[:19], e.kind, e.scope or "", (e.run_id or "")[:12], ",".join(e.buckets)[:24],
-                      e.actor, str(note)[:40], e.hash[:12])
-    Console().print(table)
+        rows.append([str(e.id), e.ts[:19], e.kind, e.scope or "", e.run_id or "", ",".join(e.buckets), e.actor,
+                     str(note), e.hash[:16]])
+    print_table(f"ledger history{' of ' + scope_name if scope_name else ''}", cols, rows,
+                keep=("id", "time (UTC)", "run"))
 
 
 @cli.command()
 @click.argument("private_key", metavar="PRIVATE_PEM")
 @click.argument("public_key", metavar="PUBLIC_PEM")
-def keygen(private_key, public_key) -> None:
+@json_option
+def keygen(private_key, public_key, as_json) -> None:
     """Create an Ed25519 key pair for checkpoints (private file 0600, never overwritten).
 
     Keep the private key with the operator or reviewer, never with the database administrator.
@@ -244,7 +309,10 @@ def keygen(private_key, public_key) -> None:
         from dpops.errors import InvalidParameter
 
         raise InvalidParameter(f"{private_key} exists; a signing key is never overwritten") from None
-    click.echo(f"Ed25519 key {kid}: private {private_key}, public {public_key}")
+    if as_json:
+        echo_ok({"key_id": kid, "private_key": private_key, "public_key": public_key})
+    else:
+        click.echo(f"Ed25519 key {kid}: private {private_key}, public {public_key}")
 
 
 @cli.command()
@@ -257,7 +325,8 @@ def keygen(private_key, public_key) -> None:
               help="Ed25519 public key of the checkpoints (env DPOPS_LEDGER_CHECKPOINT_PUBLIC_KEY).")
 @click.option("--expect-head", "expect_heads", multiple=True, metavar="[N:]HASH",
               help="Also require an entry with this hash (at entry N), e.g. a head a reviewer wrote down. Repeatable.")
-@click.option("--json", "as_json", is_flag=True)
+@ledger_option
+@json_option
 @click.pass_context
 def verify(ctx, export_file, checkpoints_dir, public_key, expect_heads, as_json) -> None:
     """Recompute the hash chain, the state machine and every cached total. Exit 7 on failure.
@@ -265,12 +334,15 @@ def verify(ctx, export_file, checkpoints_dir, public_key, expect_heads, as_json)
     Without --checkpoints or --expect-head this proves only that the database is self-consistent: its
     owner could have rebuilt it. The anchors prove it still extends what a reviewer saw.
     """
-    from dpops.errors import InvalidParameter
-    from dpops.ledger.checkpoint import default_public_key, load_checkpoints
-
     import os
 
-    from dpops.ledger.checkpoint import DIR_ENV, PUBLIC_KEY_ENV
+    from dpops.errors import InvalidParameter
+    from dpops.ledger.checkpoint import (
+        DIR_ENV,
+        PUBLIC_KEY_ENV,
+        default_public_key,
+        load_checkpoints,
+    )
 
     if not checkpoints_dir and os.environ.get(DIR_ENV) and os.environ.get(PUBLIC_KEY_ENV):
         checkpoints_dir = os.environ[DIR_ENV]  # a reviewer's environment: anchored by default
@@ -289,7 +361,8 @@ def verify(ctx, export_file, checkpoints_dir, public_key, expect_heads, as_json)
         with _ledger(ctx) as led:
             report = led.verify(checkpoints=checkpoints, expect_heads=expect_heads)
     if as_json:
-        echo_json(report.to_dict())
+        if report.ok:
+            echo_json(report.to_dict())
     elif report.ok:
         what = "export" if export_file is not None else "ledger"
         click.echo(f"{what} OK: {report.entries} entries, head {report.head_hash}")
@@ -309,17 +382,30 @@ def verify(ctx, export_file, checkpoints_dir, public_key, expect_heads, as_json)
             click.echo(f"FAILED: {p}")
     if not report.ok:
         where = f" at entry {report.first_bad_entry}" if report.first_bad_entry is not None else ""
-        raise IntegrityError(f"ledger verification failed{where}: {report.problems[0]}")
+        raise attach(IntegrityError(f"ledger verification failed{where}: {report.problems[0]}"), report.to_dict())
 
 
 @cli.command()
-@click.argument("file", type=click.File("w"), default="-")
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True), default="-")
+@ledger_option
+@json_option
 @click.pass_context
-def export(ctx, file) -> None:
-    """Write every entry as one JSON line to FILE (default stdout)."""
+def export(ctx, file, as_json) -> None:
+    """Write every entry as one JSON line to FILE (default stdout; with --json a FILE is needed, and the
+    JSON object says how many entries were written)."""
+    from dpops.errors import InvalidParameter
+
+    if as_json and file == "-":
+        raise InvalidParameter("--json reports on the export: give a FILE for the entries")
     with _ledger(ctx) as led:
-        n = led.export(file)
-    if file is not sys.stdout and getattr(file, "name", "-") != "<stdout>":
+        if file == "-":
+            n = led.export(sys.stdout)
+            return
+        with click.open_file(file, "w") as fh:
+            n = led.export(fh)
+    if as_json:
+        echo_ok({"file": file, "entries": n})
+    else:
         click.echo(f"exported {n} entries", err=True)
 
 
@@ -327,14 +413,15 @@ def export(ctx, file) -> None:
 @click.option("--older-than", "older_than", type=float, required=True,
               help="Only runs idle for longer than this many seconds.")
 @click.option("--actor", default=None)
-@click.option("--json", "as_json", is_flag=True)
+@ledger_option
+@json_option
 @click.pass_context
 def recover(ctx, older_than, actor, as_json) -> None:
     """Close abandoned runs: reserved -> released (refund), started -> spent_unpublished (charge stays)."""
     with _ledger(ctx) as led:
         recs = led.recover(older_than_seconds=older_than, actor=actor or default_actor())
     if as_json:
-        echo_json([{"run_id": r.run_id, "scope": r.scope, "state": r.state} for r in recs])
+        echo_ok({"recovered": [{"run_id": r.run_id, "scope": r.scope, "state": r.state} for r in recs]})
         return
     for r in recs:
         click.echo(f"{r.run_id} ({r.scope}, {r.key.release} {r.key.interval_start}): {r.state}")
@@ -345,22 +432,81 @@ def recover(ctx, older_than, actor, as_json) -> None:
 @click.option("--scope", "scope_name", default=None)
 @click.option("--release", default=None)
 @click.option("--state", "states", multiple=True, type=click.Choice(RUN_STATES))
-@click.option("--json", "as_json", is_flag=True)
+@ledger_option
+@json_option
 @click.pass_context
 def runs(ctx, scope_name, release, states, as_json) -> None:
     """List runs and their states."""
     with _ledger(ctx) as led:
         recs = led.runs(scope=scope_name, release=release, states=list(states) or None)
     if as_json:
-        echo_json([{"run_id": r.run_id, "scope": r.scope, "state": r.state, "key": r.key.to_dict(),
+        echo_ok({"runs": [{"run_id": r.run_id, "scope": r.scope, "state": r.state, "key": r.key.to_dict(),
                     "buckets": r.buckets, "restates": r.restates, "output_uri": r.output_uri,
                     "epsilon": r.epsilon if math.isfinite(r.epsilon) else None, "entry_ids": r.entry_ids,
-                    "created_at": r.created_at, "updated_at": r.updated_at} for r in recs])
+                    "created_at": r.created_at, "updated_at": r.updated_at} for r in recs]})
         return
-    table = Table(title="runs")
-    for col in ("run", "scope", "release", "interval", "state", "ε", "restates", "output"):
-        table.add_column(col)
-    for r in recs:
-        table.add_row(r.run_id[:12], r.scope, r.key.release, f"{r.key.interval_start} .. {r.key.interval_end}",
-                      r.state, fmt(r.epsilon), (r.restates or "")[:12], r.output_uri or "")
-    Console().print(table)
+    cols = ["run", "scope", "release", "interval start", "interval end", "state", "ε this run", "restates", "output"]
+    rows = [[r.run_id, r.scope, r.key.release, r.key.interval_start, r.key.interval_end, r.state, fmt(r.epsilon),
+             r.restates or "", r.output_uri or ""] for r in recs]
+    print_table("runs (ε: each run alone, as its scope's accountant counts it)", cols, rows,
+                keep=("run", "interval start", "interval end"))
+
+
+@cli.command("reserve")
+@click.argument("spec", type=click.Path(dir_okay=False))
+@click.option("--interval", required=True,
+              help="data interval START/END (ISO-8601 UTC), or one START for the spec's period starting there")
+@click.option("--key-file", "key_file", envvar="DPOPS_NOISE_KEY_FILE", type=click.Path(dir_okay=False), default=None,
+              help="the noise key file (the run key holds the input's keyed fingerprint)")
+@click.option("--randomness", type=click.Choice(["keyed", "os", "test"]), default="keyed", show_default=True)
+@click.option("--test-seed", type=int, default=None, help="with --randomness test: the seed (never publishable)")
+@click.option("--start", "do_start", is_flag=True, help="then mark the run started (no refund after this)")
+@click.option("--commit", "do_commit", is_flag=True, help="then commit it (needs --output-uri; implies --start)")
+@click.option("--output-uri", default=None, help="with --commit: where the run's output is published")
+@click.option("--release", "do_release", is_flag=True, help="then refund the reservation (only before --start)")
+@click.option("--reason", default=None, help="with --release: why (kept in the ledger)")
+@click.option("--actor", default=None)
+@ledger_option
+@json_option
+def reserve_cmd(spec, interval, key_file, randomness, test_seed, do_start, do_commit, output_uri, do_release, reason,
+                actor, as_json) -> None:
+    """Reserve (and optionally start, commit or release) SPEC's run over --interval without a Beam job.
+
+    The same checks as `dpops release run` (dpops.runs.prepare and reserve): the input is checked and
+    fingerprinted, the scope's unit definition must match the spec's, the cap is enforced by the
+    scope's accountant, and the run key is idempotent (the same input, spec and key reserve once).
+    For operators (hold budget for a run, close a stuck one) and tests."""
+    from dpops import runs
+    from dpops.cli.release import _interval
+    from dpops.errors import InvalidParameter, LedgerError
+
+    if do_release and (do_start or do_commit):
+        raise InvalidParameter("--release refunds a reservation; it cannot be combined with --start or --commit "
+                               "(a started run may have drawn noise: its charge is never refunded)")
+    if do_commit and not output_uri:
+        raise InvalidParameter("--commit needs --output-uri: the ledger records where the run was published")
+    if do_release and not reason:
+        raise InvalidParameter("--release needs --reason (kept in the ledger)")
+    iv = _interval(spec, interval)
+    who = actor or default_actor()
+    ctx = runs.prepare(spec, iv.start, iv.end, randomness=randomness, key_path=key_file, test_seed=test_seed,
+                       actor=who)
+    with open_cli_ledger() as led:
+        out = runs.reserve(ctx, led)
+        charged = out.epsilon_charged
+        if out.state != "already_published":
+            rec = led.run(ctx.run_id)
+            if do_release:
+                if rec.state != "reserved":
+                    raise LedgerError(f"run {ctx.run_id} is {rec.state}: only a reserved run is refunded")
+                rec = led.release(ctx.run_id, reason=reason, actor=who)
+            if (do_start or do_commit) and rec.state == "reserved":
+                rec = led.start(ctx.run_id, actor=who)
+            if do_commit and rec.state == "started":
+                rec = led.commit(ctx.run_id, output_uri=output_uri, actor=who,
+                                 details={"note": "committed by dpops ledger reserve --commit (no Beam job)"})
+            out = runs._outcome(ctx, led, rec.state, record=rec, charged=charged)
+    if as_json:
+        echo_ok(out.as_dict())
+    else:
+        click.echo(out.line())

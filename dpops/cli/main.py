@@ -15,6 +15,14 @@ import sys
 import click
 
 from dpops import __version__
+from dpops.cli.common import (
+    dumps,
+    error_object,
+    json_printed,
+    ledger_option,
+    reset,
+    wants_json,
+)
 from dpops.errors import DEBUG_ENV, DpopsError, public_message
 
 # (command name, module under dpops.cli). A module that does not exist yet is skipped.
@@ -28,10 +36,20 @@ SUBCOMMANDS = [
     ("report", "report"),
     ("audit", "audit"),
     ("key", "key"),
+    ("gaps", "gaps"),
 ]
 
 
 class LazyGroup(click.Group):
+    def main(self, args: list[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: object) -> object:
+        """Standalone calls (the console script, ``click.testing.CliRunner``) go through ``main()`` so
+        that errors get the same one line, exit code and ``--json`` object everywhere."""
+        if not standalone_mode:
+            return super().main(args=args, prog_name=prog_name, complete_var=complete_var,
+                                standalone_mode=False, **extra)  # type: ignore[arg-type]
+        sys.exit(main(None if args is None else list(args)))
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return [name for name, mod in SUBCOMMANDS if self._load(mod) is not None]
 
@@ -54,6 +72,7 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="dpops")
+@ledger_option
 def cli() -> None:
     """dpops: differentially private batch releases with a global budget ledger.
 
@@ -63,27 +82,38 @@ def cli() -> None:
     """
 
 
+def _fail(exc: BaseException, code: int, message: str, as_json: bool, *, stderr_line: str | None = None) -> int:
+    """One clear line on stderr; with ``--json`` also one JSON object on stdout (unless the command
+    already printed its own)."""
+    if stderr_line is not None:
+        click.echo(stderr_line, err=True)
+    if as_json and not json_printed():
+        click.echo(dumps(error_object(exc, code, message)))
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    as_json = wants_json(args)
+    reset()
     try:
-        cli.main(args=argv, prog_name="dpops", standalone_mode=False)
+        cli.main(args=args, prog_name="dpops", standalone_mode=False)
     except DpopsError as exc:
-        click.echo(f"dpops: error: {exc}", err=True)
-        return exc.exit_code
+        return _fail(exc, exc.exit_code, str(exc), as_json, stderr_line=f"dpops: error: {exc}")
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.ClickException as exc:
         exc.show()
-        return exc.exit_code
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        return 1
+        return _fail(exc, exc.exit_code, exc.format_message(), as_json)
+    except click.exceptions.Abort as exc:
+        return _fail(exc, 1, "aborted", as_json, stderr_line="aborted")
     except Exception as exc:  # noqa: BLE001 - a bug: one clear line and exit 1, never a bare traceback
         if os.environ.get(DEBUG_ENV):
             raise
         # Only the class: a foreign exception's text may quote input data (dpops.errors.public_message).
-        click.echo(f"dpops: internal error ({public_message(exc)}). This is a bug; please report it "
-                   "with the command you ran.", err=True)
-        return 1
+        msg = (f"internal error ({public_message(exc)}). This is a bug; please report it "
+               "with the command you ran.")
+        return _fail(exc, 1, msg, as_json, stderr_line=f"dpops: {msg}")
     return 0
 
 

@@ -10,6 +10,7 @@ import os
 
 import click
 
+from dpops.cli.common import attach, echo_ok, json_option, ledger_option, ledger_url
 from dpops.errors import IntegrityError
 
 
@@ -112,8 +113,7 @@ def _fmt(x) -> str:
 
 @cli.command("verify")
 @click.argument("run_or_file")
-@click.option("--ledger", "ledger_url", envvar="DPOPS_LEDGER_URL", default=None,
-              help="ledger URL: also recompute the scope total from its entries (default: $DPOPS_LEDGER_URL)")
+@ledger_option
 @click.option("--manifests", "manifests", envvar="DPOPS_MANIFESTS_DIR", type=click.Path(file_okay=False),
               help="directory to look a run id up in")
 @click.option("--public-key", "public_key", envvar="DPOPS_MANIFEST_PUBLIC_KEY",
@@ -125,8 +125,8 @@ def _fmt(x) -> str:
 @click.option("--key-file", "key_file", type=click.Path(dir_okay=False), default=None,
               help="noise key file: also check the published files' keyed fingerprints (without it only the "
                    "ledger's file digests can be compared, when --ledger is given)")
-@click.option("--json", "as_json", is_flag=True, help="machine-readable result")
-def verify_cmd(run_or_file: str, ledger_url: str | None, manifests: str | None, public_key: str | None,
+@json_option
+def verify_cmd(run_or_file: str, manifests: str | None, public_key: str | None,
                require_signature: bool, key_file: str | None, as_json: bool) -> None:
     """Recompute a manifest's claim (RUN_ID or FILE); exit 7 naming the field on any mismatch.
 
@@ -142,10 +142,11 @@ def verify_cmd(run_or_file: str, ledger_url: str | None, manifests: str | None, 
 
         key = NoiseKey.from_file(key_file)
     ledger = None
-    if ledger_url:
+    url = ledger_url(required=False)  # optional: with a ledger the scope total is recomputed too
+    if url:
         from dpops.ledger import open_ledger
 
-        ledger = open_ledger(ledger_url)
+        ledger = open_ledger(url)
     try:
         result = verify_manifest(m, ledger=ledger, public_key=public_key, source=path,
                                  file_name=os.path.basename(path), file_digest=file_sha256(path),
@@ -155,7 +156,8 @@ def verify_cmd(run_or_file: str, ledger_url: str | None, manifests: str | None, 
             ledger.close()
     skipped = [c.name for c in result.checks if c.skipped]
     if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2))
+        if result.ok:
+            echo_ok(result.to_dict())
     else:
         for c in result.checks:
             mark = "skip" if c.skipped else ("ok" if c.ok else "FAIL")
@@ -164,6 +166,7 @@ def verify_cmd(run_or_file: str, ledger_url: str | None, manifests: str | None, 
             for p in c.problems:
                 click.echo(f"      {p}")
     if not result.ok:
-        raise IntegrityError(f"{path}: verification failed: {len(result.problems)} problem(s); first: {result.problems[0]}")
+        raise attach(IntegrityError(f"{path}: verification failed: {len(result.problems)} problem(s); first: "
+                                    f"{result.problems[0]}"), result.to_dict())
     if not as_json:
         click.echo(f"verified: run {result.run_id}" + (f" (not checked: {', '.join(skipped)})" if skipped else ""))

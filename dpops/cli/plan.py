@@ -1,16 +1,20 @@
-"""``dpops plan``: what planned runs would cost on a scope and whether they fit. Writes nothing."""
+"""``dpops plan``: what a backfill (or a list of planned runs) would cost on a scope, and what fits. Writes nothing."""
 
 from __future__ import annotations
 
 import json
 
 import click
-from rich.console import Console
-from rich.table import Table
 
-from dpops.cli.ledger import LEDGER_OPTION_HELP, echo_json, fmt
+from dpops.cli.common import (
+    attach,
+    json_option,
+    ledger_option,
+    open_cli_ledger,
+    print_table,
+)
+from dpops.cli.ledger import echo_json, fmt
 from dpops.errors import BudgetExceeded, InvalidParameter
-from dpops.ledger import open_ledger
 
 
 def load_plan(fp, name: str) -> list[tuple[str, str, list]]:
@@ -33,32 +37,129 @@ def load_plan(fp, name: str) -> list[tuple[str, str, list]]:
     return out
 
 
-@click.command()
-@click.argument("scope")
-@click.argument("plan_file", type=click.File("r"), metavar="PLAN.json")
-@click.option("--ledger", "url", default=None, help=LEDGER_OPTION_HELP)
-@click.option("--json", "as_json", is_flag=True)
-@click.option("--check", is_flag=True, help="Exit 5 if any planned run would not fit.")
-def cli(scope, plan_file, url, as_json, check) -> None:
-    """Cost of the runs in PLAN.json on SCOPE, in order, and which would fit (nothing is written).
+FREE = {"published": "skip: published", "in_progress": "already charged (reserved), not counted again"}
 
-    PLAN.json is a list of {"interval_start": ISO, "interval_end": ISO, "events": [privacy events]}.
+
+def _action(st) -> tuple[str, bool]:
+    """What a backfill would do with this interval, and whether it costs a new charge."""
+    if st.status in FREE:
+        return FREE[st.status], False
+    last = st.runs[-1]["state"] if st.runs else None
+    if st.status == "spent_unpublished" and last in ("started", "committed"):
+        return "retry: already charged, a keyed retry costs nothing", False
+    return "run", True
+
+
+@click.command()
+@click.argument("target", metavar="SPEC|SCOPE")
+@click.argument("plan_file", type=click.File("r"), metavar="[PLAN.json]", required=False)
+@click.option("--from", "start", default=None, help="with SPEC: first day of the backfill (ISO-8601, UTC)")
+@click.option("--to", "end", default=None, help="with SPEC: end of the backfill, exclusive (ISO-8601, UTC)")
+@click.option("--manifests", "manifests", envvar="DPOPS_MANIFESTS_DIR", type=click.Path(file_okay=False), default=None,
+              help="with SPEC: the run manifests (refusals are known only from these)")
+@ledger_option
+@json_option
+@click.option("--check", is_flag=True, help="Exit 5 if any planned run would not fit.")
+def cli(target, plan_file, start, end, manifests, as_json, check) -> None:
+    """What a backfill would cost, and which intervals the cap would refuse (nothing is written).
+
+    \b
+    dpops plan SPEC --from DATE --to DATE
+        the spec's intervals starting in [FROM, TO) (its unit period or cron schedule), each costing
+        the spec's per-run privacy events, composed by the scope's accountant on top of the ledger's
+        current position; published intervals are skipped, started ones retry for free.
+    dpops plan SCOPE PLAN.json
+        PLAN.json is a list of {"interval_start": ISO, "interval_end": ISO, "events": [privacy events]}.
+
     A run that fits is counted as charged for the runs after it.
     """
+    if start is not None or end is not None:
+        if plan_file is not None or start is None or end is None:
+            raise InvalidParameter("dpops plan SPEC needs both --from and --to (and no PLAN.json)")
+        return _plan_spec(target, start, end, manifests, as_json, check)
+    if plan_file is None:
+        raise InvalidParameter("give SPEC --from DATE --to DATE, or SCOPE PLAN.json")
+    scope = target
     runs = load_plan(plan_file, getattr(plan_file, "name", "PLAN"))
-    with open_ledger(url) as led:
+    with open_cli_ledger() as led:
         result = led.plan(scope, runs)
+    refused_error = None
+    if check and not result.fits_all:
+        refused_error = BudgetExceeded(f"{len(result.items) - result.admitted} planned run(s) would not fit on "
+                                       f"scope {scope!r}")
     if as_json:
+        if refused_error is not None:
+            raise attach(refused_error, result.to_dict())
         echo_json(result.to_dict())
     else:
         unit = "ε" if result.unit == "epsilon" else "ρ"
-        table = Table(title=f"plan on scope {scope}: cap {unit}={fmt(result.cap)}")
-        for col in ("interval", "buckets", "cost", "fits", "total after", "remaining after"):
-            table.add_column(col)
-        for it in result.items:
-            table.add_row(f"{it.interval_start} .. {it.interval_end}", ",".join(it.buckets)[:30], fmt(it.cost),
-                          "yes" if it.fits else "NO", fmt(it.total_after), fmt(it.remaining_after))
-        Console().print(table)
+        print_table(f"plan on scope {scope}: cap {unit}={fmt(result.cap)}",
+                    ["interval start", "interval end", "buckets", f"{unit} this run", "fits",
+                     f"scope total {unit} after (composed)", "remaining after"],
+                    [[it.interval_start, it.interval_end, ",".join(it.buckets), fmt(it.cost),
+                      "yes" if it.fits else "NO", fmt(it.total_after), fmt(it.remaining_after)]
+                     for it in result.items], keep=("interval start", "interval end"))
         click.echo(f"{result.admitted} of {len(result.items)} planned runs fit")
-    if check and not result.fits_all:
-        raise BudgetExceeded(f"{len(result.items) - result.admitted} planned run(s) would not fit on scope {scope!r}")
+    if refused_error is not None:
+        raise refused_error
+
+
+def _plan_spec(spec_path: str, start: str, end: str, manifests: str | None, as_json: bool, check: bool) -> None:
+    from dpops.gaps import interval_statuses, parse_day
+    from dpops.release_plan import plan_release
+    from dpops.spec import load_spec
+
+    spec = load_spec(spec_path)
+    events = list(plan_release(spec).events)
+    lo, hi = parse_day(start, "--from"), parse_day(end, "--to")
+    scope = spec.budget.scope
+    with open_cli_ledger() as led:
+        statuses = interval_statuses(spec, led, lo, hi, manifests_dir=manifests)
+        costing = [st for st in statuses if _action(st)[1]]
+        result = led.plan(scope, [(st.interval_start, st.interval_end, events) for st in costing])
+        sdef = led.scope(scope)
+        before = led.status(scope)
+    items = iter(result.items)
+    unit = "ε" if result.unit == "epsilon" else "ρ"
+    rows = []
+    for st in statuses:
+        action, costs = _action(st)
+        row = {"interval_start": st.interval_start, "interval_end": st.interval_end, "status": st.status,
+               "action": action, "cost": 0.0, "fits": True, "total_after": None, "remaining_after": None,
+               "detail": st.detail}
+        if costs:
+            it = next(items)
+            row.update(cost=it.cost, fits=it.fits, total_after=it.total_after, remaining_after=it.remaining_after,
+                       action="run" if it.fits else "REFUSED: " + (it.reason or "over the cap"))
+        rows.append(row)
+    refused = [r for r in rows if not r["fits"]]
+    admitted = [it for it in result.items if it.fits]
+    after = max([it.total_after for it in admitted], default=before.total)
+    doc = {"release": spec.name, "scope": scope, "accountant": sdef.accountant, "unit": result.unit,
+           "cap": result.cap, "delta": result.delta, "per_run_cost": result.items[0].cost if result.items else None,
+           "scope_total_before": before.total, "scope_total_after": after, "intervals": len(rows),
+           "to_run": len(costing), "would_fit": len(admitted), "would_be_refused": len(refused),
+           "refused_intervals": [f"{r['interval_start']}/{r['interval_end']}" for r in refused], "items": rows}
+    summary = (f"{len(costing)} of {len(rows)} interval(s) to run at {unit}={fmt(doc['per_run_cost'])} each; "
+               f"scope {scope} total {unit}={fmt(before.total)} now, {fmt(after)} after the {len(admitted)} that fit, "
+               f"of cap {fmt(result.cap)} ({sdef.accountant} accountant, all runs composed)"
+               + (f"; {len(refused)} would be refused: " + ", ".join(doc["refused_intervals"]) if refused else ""))
+    doc["summary"] = summary
+    refused_error = None
+    if check and refused:
+        refused_error = BudgetExceeded(f"{spec.name}: {len(refused)} interval(s) of the backfill would be refused "
+                                       f"by scope {scope!r}'s cap")
+    if as_json:
+        if refused_error is not None:
+            raise attach(refused_error, doc)
+        echo_json(doc)
+    else:
+        print_table(f"backfill plan of {spec.name} on scope {scope}: cap {unit}={fmt(result.cap)}",
+                    ["interval start", "interval end", "status", "action", f"{unit} this run",
+                     f"scope total {unit} after (composed)"],
+                    [[r["interval_start"], r["interval_end"], r["status"].replace("_", " "), r["action"],
+                      fmt(r["cost"]), fmt(r["total_after"]) if r["total_after"] is not None else "-"] for r in rows],
+                    keep=("interval start", "interval end"))
+        click.echo(summary)
+    if refused_error is not None:
+        raise refused_error

@@ -7,13 +7,13 @@ Exit codes: 0 ok, 3 invalid spec or parameter, 4 invalid input, 5 budget refused
 from __future__ import annotations
 
 import functools
-import json
 import os
 import traceback
 from typing import Any, Callable
 
 import click
 
+from dpops.cli.common import attach, echo_ok, json_option, ledger_option, ledger_url
 from dpops.errors import DEBUG_ENV, DpopsError, public_message
 
 
@@ -24,7 +24,12 @@ def _internal_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (DpopsError, click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+        except DpopsError as exc:
+            failed = getattr(exc, "dpops_outcome", None)  # the run's refused/failed outcome (dpops.runs)
+            if failed is not None and not getattr(exc, "json_payload", None):
+                attach(exc, failed.as_dict())
+            raise
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except Exception as exc:  # noqa: BLE001
             last = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
@@ -38,9 +43,8 @@ def _internal_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _common(fn: Callable[..., Any]) -> Callable[..., Any]:
-    fn = click.option("--json", "as_json", is_flag=True, help="print the outcome as JSON")(fn)
-    fn = click.option("--ledger", "ledger_url", envvar="DPOPS_LEDGER_URL", default=None,
-                      help="ledger URL (sqlite:///path or postgresql://...; default $DPOPS_LEDGER_URL)")(fn)
+    fn = json_option(fn)
+    fn = ledger_option(fn)
     fn = click.option("--interval", required=True,
                       help="data interval START/END, ISO-8601 UTC, e.g. 2024-01-01/2024-01-02; or one START "
                            "(e.g. 2024-01-03) for the one period / schedule interval of the spec starting there")(fn)
@@ -80,7 +84,7 @@ def _compute_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _emit(outcome: Any, as_json: bool) -> None:
     if as_json:
-        click.echo(json.dumps(outcome.as_dict(), indent=2, sort_keys=True))
+        echo_ok(outcome.as_dict())
     else:
         click.echo(outcome.line())
 
@@ -95,36 +99,45 @@ def cli() -> None:
 @_compute_options
 @click.option("--publish", "publish_output", is_flag=True,
               help="publish the noisy output and commit the run (without it: compute and stage only)")
+@click.option("--progress/--no-progress", "show_progress", default=True, show_default=True,
+              help="show each stage on stderr (a spinner on a terminal, one line per stage otherwise)")
 @_internal_errors
-def run_cmd(spec: str, interval: str, ledger_url: str | None, as_json: bool, runner: str, runner_options: tuple,
-            randomness: str, key_file: str | None, gx_checks: bool, publish_output: bool) -> None:
+def run_cmd(spec: str, interval: str, as_json: bool, runner: str, runner_options: tuple,
+            randomness: str, key_file: str | None, gx_checks: bool, publish_output: bool, show_progress: bool) -> None:
     """Reserve budget, compute and (with --publish) publish SPEC over --interval.
 
     Safe to repeat: a published interval is served without a charge; a retry reuses the reservation
     (keyed randomness reproduces the same noise)."""
     from dpops import runs
+    from dpops.cli.progress import stage_progress
     iv = _interval(spec, interval)
-    with runs.open_run_ledger(ledger_url) as ledger:
+    url = ledger_url()
+    with stage_progress(show_progress) as progress, runs.open_run_ledger(url) as ledger:
         outcome = runs.execute_release(spec, iv.start, iv.end, ledger=ledger, randomness=randomness,
                                        key_path=key_file, runner=runner, runner_options=runner_options,
-                                       publish_output=publish_output, gx_checks=gx_checks, actor=None)
+                                       publish_output=publish_output, gx_checks=gx_checks, actor=None,
+                                       progress=progress)
     _emit(outcome, as_json)
 
 
 @cli.command("restate")
 @_common
 @_compute_options
+@click.option("--progress/--no-progress", "show_progress", default=True, show_default=True,
+              help="show each stage on stderr")
 @_internal_errors
-def restate_cmd(spec: str, interval: str, ledger_url: str | None, as_json: bool, runner: str, runner_options: tuple,
-                randomness: str, key_file: str | None, gx_checks: bool) -> None:
+def restate_cmd(spec: str, interval: str, as_json: bool, runner: str, runner_options: tuple,
+                randomness: str, key_file: str | None, gx_checks: bool, show_progress: bool) -> None:
     """Publish a corrected input of an already published interval as a new version (a fresh charge,
     linked to the run it corrects; the old version is kept)."""
     from dpops import runs
+    from dpops.cli.progress import stage_progress
     iv = _interval(spec, interval)
-    with runs.open_run_ledger(ledger_url) as ledger:
+    url = ledger_url()
+    with stage_progress(show_progress) as progress, runs.open_run_ledger(url) as ledger:
         outcome = runs.execute_restatement(spec, iv.start, iv.end, ledger=ledger, randomness=randomness,
                                            key_path=key_file, runner=runner, runner_options=runner_options,
-                                           gx_checks=gx_checks)
+                                           gx_checks=gx_checks, progress=progress)
     _emit(outcome, as_json)
 
 
@@ -133,7 +146,7 @@ def restate_cmd(spec: str, interval: str, ledger_url: str | None, as_json: bool,
 @_internal_errors
 @click.option("--key-file", "key_file", type=click.Path(dir_okay=False), default=None,
               help="noise key file: also check the published files against the manifest's keyed fingerprints")
-def status_cmd(spec: str, interval: str, ledger_url: str | None, as_json: bool, key_file: str | None) -> None:
+def status_cmd(spec: str, interval: str, as_json: bool, key_file: str | None) -> None:
     """What the ledger and the published outputs say about SPEC's --interval (reads no private data).
 
     Exits 7 naming the file when a published file no longer matches what was published."""
@@ -145,28 +158,44 @@ def status_cmd(spec: str, interval: str, ledger_url: str | None, as_json: bool, 
         from dpops.randomness import NoiseKey
 
         key = NoiseKey.from_file(key_file)
-    with runs.open_run_ledger(ledger_url) as ledger:
+    with runs.open_run_ledger(ledger_url()) as ledger:
         st = runs.status(spec, iv.start, iv.end, ledger=ledger, key=key)
+        st.update(_position(ledger, st))
     files = st.get("published_files")
+    if files and files["problems"]:
+        if not as_json:
+            _print_status(st)
+        raise attach(IntegrityError(f"{st['release']} {st['interval']}: the published output changed after "
+                                    "publication: " + "; ".join(files["problems"])), st)
     if as_json:
-        click.echo(json.dumps(st, indent=2, sort_keys=True, default=str))
+        echo_ok(st)
     else:
         _print_status(st)
-    if files and files["problems"]:
-        raise IntegrityError(f"{st['release']} {st['interval']}: the published output changed after publication: "
-                             + "; ".join(files["problems"]))
+
+
+def _position(ledger: Any, st: dict) -> dict:
+    """The scope's composed total, cap and accountant, beside each run's own ε (issue 12)."""
+    from dpops.runs import scope_position
+
+    pos = scope_position(ledger, st["scope"])
+    pos.pop("scope_remaining", None)
+    return pos
 
 
 def _print_status(st: dict) -> None:
     files = st.get("published_files")
     rem = "?" if st["scope_remaining"] is None else f"{st['scope_remaining']:.6g}"
-    click.echo(f"release={st['release']} interval={st['interval']} scope={st['scope']} remaining={rem}")
+    u = "ρ" if st.get("budget_unit") == "rho" else "ε"
+    total = "?" if st.get("scope_total") is None else f"{st['scope_total']:.6g}"
+    cap = "?" if st.get("scope_cap") is None else f"{st['scope_cap']:.6g}"
+    click.echo(f"release={st['release']} interval={st['interval']} scope={st['scope']} remaining={rem}: "
+               f"scope total {u}={total} of cap {cap} ({st.get('accountant') or '?'} accountant, all runs composed)")
     click.echo(f"  published run: {st['published_run'] or '-'}" + (f" at {st['output_uri']}" if st["output_uri"] else ""))
     for v in st["versions"]:
         click.echo(f"  v{v['version']}: run {v['run_id']}" + (f" restates {v['restates']}" if v["restates"] else "")
                    + f" published {v['published_at']}")
     for r in st["runs"]:
-        click.echo(f"  run {r['run_id']}: {r['state']}, epsilon {r['epsilon']:.6g}, key {r['key_id']}"
+        click.echo(f"  run {r['run_id']}: {r['state']}, {u}={r['epsilon']:.6g} this run alone, key {r['key_id']}"
                    + (f", restates {r['restates']}" if r["restates"] else ""))
     if files:
         verdict = "CHANGED" if files["problems"] else ("ok" if files["checked"] else "NOT CHECKED")
@@ -184,13 +213,13 @@ def _print_status(st: dict) -> None:
 @click.option("--randomness", type=click.Choice(["keyed", "os"]), default="keyed", show_default=True)
 @click.option("--reason", required=True, help="why the run is given up (recorded in the ledger)")
 @_internal_errors
-def abandon_cmd(spec: str, interval: str, ledger_url: str | None, as_json: bool, key_file: str | None,
+def abandon_cmd(spec: str, interval: str, as_json: bool, key_file: str | None,
                 randomness: str, reason: str) -> None:
     """Give up the unpublished run of SPEC over --interval: refund it if no noise was drawn yet, else mark
     it spent_unpublished (the charge stays)."""
     from dpops import runs
     iv = _interval(spec, interval)
     ctx = runs.prepare(spec, iv.start, iv.end, randomness=randomness, key_path=key_file)
-    with runs.open_run_ledger(ledger_url) as ledger:
+    with runs.open_run_ledger(ledger_url()) as ledger:
         outcome = runs.abandon(ctx, ledger, reason=reason)
     _emit(outcome, as_json)

@@ -76,7 +76,9 @@ def check_cmd(file: str, as_json: bool, key_file: str | None) -> None:
     doc["plan"] = plan
     doc["warnings"] = [str(w.message) for w in caught] + ([note] if note else [])
     if as_json:
-        click.echo(json.dumps(doc, indent=2, sort_keys=True, default=str))
+        from dpops.cli.common import echo_ok
+
+        echo_ok(doc)
         return
     u = spec.privacy_unit
     click.echo(f"{doc['file']}: valid release spec {spec.name!r} (spec hash {spec.spec_hash[:16]})")
@@ -111,3 +113,29 @@ def check_cmd(file: str, as_json: bool, key_file: str | None) -> None:
         click.echo(f"  privacy events reserved per run: {len(plan.get('events', []))}")
     for w in doc["warnings"]:
         click.echo(f"  warning: {w}")
+
+
+@cli.command("synth")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--from", "start", required=True, help="first interval start (ISO-8601, UTC)")
+@click.option("--to", "end", required=True, help="end, exclusive: intervals starting before it")
+@click.option("--rows", type=int, default=2000, show_default=True, help="rows per interval file")
+@click.option("--users", type=int, default=300, show_default=True, help="distinct units")
+@click.option("--partitions", type=int, default=8, show_default=True,
+              help="values per partition column when the spec does not list public partitions")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="print the written files as JSON")
+def synth_cmd(file: str, start: str, end: str, rows: int, users: int, partitions: int, seed: int,
+              as_json: bool) -> None:
+    """Write SYNTHETIC input (never real data) for FILE's intervals in [--from, --to), where the spec's
+    input.path says, with its declared columns, public partitions and metric bounds (dpops.synthetic)."""
+    from dpops.synthetic import generate_for_spec
+
+    paths = generate_for_spec(file, start, end, n_rows=rows, n_users=users, n_partitions=partitions, seed=seed)
+    if as_json:
+        from dpops.cli.common import echo_ok
+
+        echo_ok({"spec": file, "files": paths})
+    else:
+        for p in paths:
+            click.echo(f"wrote synthetic input {p}")
