@@ -1,6 +1,7 @@
 # Two entry points that work on a fresh machine with Python 3.11 and the package registry:
 #   make demo   - set up .venv and run the end-to-end demo release
-#   make test   - set up .venv and run the whole test suite
+#   make test   - set up .venv, lint (ruff + mypy), then run the whole test suite
+#   make lint   - ruff and mypy only (configured in pyproject.toml); fails on any finding
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -11,7 +12,7 @@ export GX_ANALYTICS_ENABLED := false
 export SCARF_ANALYTICS := false
 export DO_NOT_TRACK := true
 
-.PHONY: demo test venv bench clean
+.PHONY: demo test lint venv bench clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) on PATH (or run: make PYTHON=python3 ...)"; exit 1; }
@@ -22,7 +23,15 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 
 venv: $(STAMP)
 
-test: $(STAMP)
+# Lint first so a style or type slip fails in seconds, not after the suite. The rule sets
+# live in pyproject.toml ([tool.ruff], [tool.mypy]); tests get a lighter ruff set there.
+LINT_PATHS := dpops pipelines dags
+
+lint: $(STAMP)
+	$(PY) -m ruff check $(LINT_PATHS) tests
+	$(PY) -m mypy $(LINT_PATHS)
+
+test: lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 demo: $(STAMP)
@@ -32,4 +41,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_samplers.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info demo-output
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info demo-output

@@ -18,21 +18,30 @@ class ComputeRequest:
     spec_path: str  # the pipeline re-loads the spec with dpops.spec.load_spec
     interval_start: str  # ISO-8601 UTC
     interval_end: str
-    input_paths: tuple[str, ...]
+    input_paths: tuple[str, ...]  # local paths or URIs (read through Beam's FileSystems on the workers)
     # {"release", "spec_hash", "interval_start", "interval_end", "input_fingerprint"}: the keyed noise label
     noise_label: dict
     randomness: str  # "keyed" | "os" | "test"
-    key_path: str | None = None  # keyed mode: the FILE holding the noise key (never the key itself)
+    # keyed mode: a REFERENCE to the noise key (``dpops.keyref``: a key file path mounted on every worker,
+    # file:PATH, gcp-secret://...), never the key itself; each worker resolves it
+    key_ref: str | None = None
     # keyed mode: the public id of the key the run was prepared (and charged) with; every worker
     # refuses to draw noise with a key file holding another key
     key_id: str | None = None
     test_seed: int | None = None  # test mode only
-    staging_dir: str = ""  # run-specific empty directory: data.parquet + summary.json are written there
+    # run-specific empty location, a local path or a URI (file://, s3://, gs://...): data.parquet +
+    # summary.json are written there; scratch under <staging>/_parts/ is removed at the end
+    staging_dir: str = ""
     runner: str = "FnApiRunner"
     runner_options: tuple[str, ...] = ()
     # Optional guard: sha256 of the plan the ledger reserved (ReleasePlan.plan_hash). When given, the
     # pipeline refuses to draw noise if the plan it derives from the spec differs (spec edited in between).
     expected_plan_hash: str | None = None
+
+    @property
+    def key_path(self) -> str | None:
+        """The former name of ``key_ref`` (read-only; a key file path is a key reference)."""
+        return self.key_ref
 
 
 @dataclass

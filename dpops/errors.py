@@ -7,7 +7,7 @@ Exit codes (documented in README.md):
   3  invalid parameter or release spec (fix the configuration)
   4  invalid input data (fix or provide the input file)
   5  budget refused by the ledger (nothing was spent)
-  6  ledger or storage unavailable / conflicting state (retry later)
+  6  ledger, storage or Beam runner unavailable / conflicting state (retry later)
   7  verification failed (tampered or inconsistent ledger/manifest)
 """
 
@@ -52,6 +52,13 @@ class LedgerError(DpopsError):
 
 class StorageError(DpopsError):
     """Staging or publishing an output failed (disk full, read-only path, corrupt file)."""
+
+    exit_code = 6
+
+
+class RunnerError(DpopsError):
+    """The Beam runner, its options or its endpoint cannot be used (unknown runner, unknown flag, a job
+    service or worker pool that does not answer). Raised before the ledger starts the run: nothing charged."""
 
     exit_code = 6
 

@@ -44,8 +44,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping, Union
+from typing import Any, cast
 
 from dpops.errors import InvalidParameter
 
@@ -85,6 +86,8 @@ def _delta(x: Any, what: str = "delta") -> float:
 
 @dataclass(frozen=True)
 class Laplace:
+    """Continuous Laplace noise of scale ``scale`` on a query of L1 sensitivity ``l1_sensitivity``."""
+
     scale: float
     l1_sensitivity: float
     max_coords: int = 1
@@ -97,11 +100,14 @@ class Laplace:
 
     @property
     def epsilon(self) -> float:
+        """Pure epsilon = Δ1 / b."""
         return self.l1_sensitivity / self.scale
 
 
 @dataclass(frozen=True)
 class Gaussian:
+    """Continuous Gaussian noise of standard deviation ``sigma`` on a query of L2 sensitivity ``l2_sensitivity``."""
+
     sigma: float
     l2_sensitivity: float
     kind: str = field(default="gaussian", init=False)
@@ -112,11 +118,14 @@ class Gaussian:
 
     @property
     def rho(self) -> float:
+        """zCDP rho = Δ2² / (2σ²) (Bun & Steinke 2016, Prop 1.6)."""
         return self.l2_sensitivity**2 / (2 * self.sigma**2)
 
 
 @dataclass(frozen=True)
 class DiscreteLaplace:
+    """Discrete Laplace noise on the lattice ``resolution``·Z; scale, sensitivity in value units (rounding charged)."""
+
     scale: float
     l1_sensitivity: float
     resolution: float = 1.0
@@ -131,11 +140,18 @@ class DiscreteLaplace:
 
     @property
     def epsilon(self) -> float:
+        """Pure epsilon = Δ1 / b (the rounding charge is already in Δ1)."""
         return self.l1_sensitivity / self.scale
 
 
 @dataclass(frozen=True)
 class DiscreteGaussian:
+    """Discrete Gaussian noise on the lattice ``resolution``·Z; sigma and sensitivity in value units, rounding charged.
+
+    sigma must be at least DISCRETE_GAUSSIAN_MIN_SIGMA_STEPS lattice steps: the flat tau charge in ``rho`` is only
+    valid there (see the module docstring).
+    """
+
     sigma: float
     l2_sensitivity: float
     resolution: float = 1.0
@@ -156,11 +172,14 @@ class DiscreteGaussian:
 
     @property
     def rho(self) -> float:
+        """zCDP rho = Δ2² / (2σ²) plus the flat tau of CKS20 Thm 14 for vectors."""
         return self.l2_sensitivity**2 / (2 * self.sigma**2) + DISCRETE_GAUSSIAN_TAU
 
 
 @dataclass(frozen=True)
 class PureDP:
+    """Any ε-DP mechanism (exponential mechanism, report-noisy-max), named by ``mechanism``."""
+
     epsilon: float
     mechanism: str = "pure_dp"
     kind: str = field(default="pure_dp", init=False)
@@ -171,6 +190,8 @@ class PureDP:
 
 @dataclass(frozen=True)
 class ApproxDP:
+    """Any (ε, δ)-DP mechanism (private partition selection), named by ``mechanism``; ε may be 0, not both."""
+
     epsilon: float
     delta: float
     mechanism: str = "approx_dp"
@@ -189,6 +210,8 @@ class ApproxDP:
 
 @dataclass(frozen=True)
 class ZCDP:
+    """Any ρ-zCDP mechanism, named by ``mechanism``."""
+
     rho: float
     mechanism: str = "zcdp"
     kind: str = field(default="zcdp", init=False)
@@ -199,7 +222,9 @@ class ZCDP:
 
 @dataclass(frozen=True)
 class Composed:
-    events: tuple["PrivacyEvent", ...]
+    """Sequential composition of ``events`` (at least one), in order."""
+
+    events: tuple[PrivacyEvent, ...]
     kind: str = field(default="composed", init=False)
 
     def __post_init__(self) -> None:
@@ -210,7 +235,9 @@ class Composed:
 
 @dataclass(frozen=True)
 class SelfComposed:
-    event: "PrivacyEvent"
+    """``count`` adaptive repetitions of ``event``: how a per-partition mechanism is charged once per partition."""
+
+    event: PrivacyEvent
     count: int
     kind: str = field(default="self_composed", init=False)
 
@@ -219,9 +246,9 @@ class SelfComposed:
             raise InvalidParameter(f"privacy event: self_composed count must be an integer >= 1, got {self.count!r}")
 
 
-PrivacyEvent = Union[
-    Laplace, Gaussian, DiscreteLaplace, DiscreteGaussian, PureDP, ApproxDP, ZCDP, Composed, SelfComposed
-]
+PrivacyEvent = (
+    Laplace | Gaussian | DiscreteLaplace | DiscreteGaussian | PureDP | ApproxDP | ZCDP | Composed | SelfComposed
+)
 
 _SIMPLE = {
     "laplace": (Laplace, ("scale", "l1_sensitivity", "max_coords")),
@@ -239,8 +266,10 @@ def event_to_dict(event: PrivacyEvent) -> dict[str, Any]:
     if isinstance(event, Composed):
         return {"schema": EVENT_SCHEMA, "kind": "composed", "events": [event_to_dict(e) for e in event.events]}
     if isinstance(event, SelfComposed):
-        return {"schema": EVENT_SCHEMA, "kind": "self_composed", "count": event.count, "event": event_to_dict(event.event)}
-    cls_fields = _SIMPLE.get(getattr(event, "kind", None))
+        return {"schema": EVENT_SCHEMA, "kind": "self_composed", "count": event.count,
+                "event": event_to_dict(event.event)}
+    kind = getattr(event, "kind", None)
+    cls_fields = _SIMPLE.get(kind) if isinstance(kind, str) else None
     if cls_fields is None or not isinstance(event, cls_fields[0]):
         raise InvalidParameter(f"not a privacy event: {event!r}")
     out: dict[str, Any] = {"schema": EVENT_SCHEMA, "kind": event.kind}
@@ -249,8 +278,11 @@ def event_to_dict(event: PrivacyEvent) -> dict[str, Any]:
     return out
 
 
-def event_from_dict(data: Mapping[str, Any]) -> PrivacyEvent:
-    """Parse the stable JSON form; unknown schema versions, kinds or fields are refused."""
+def event_from_dict(data: object) -> PrivacyEvent:
+    """Parse the stable JSON form; unknown schema versions, kinds or fields are refused.
+
+    ``data`` is untrusted parsed JSON (a ledger row, a manifest), so anything is accepted and checked here.
+    """
     if not isinstance(data, Mapping):
         raise InvalidParameter(f"privacy event must be a JSON object, got {type(data).__name__}")
     schema = data.get("schema", EVENT_SCHEMA)
@@ -265,9 +297,12 @@ def event_from_dict(data: Mapping[str, Any]) -> PrivacyEvent:
         return Composed(tuple(event_from_dict(e) for e in events))
     if kind == "self_composed":
         _only(data, {"event", "count"})
-        return SelfComposed(event_from_dict(data.get("event")), data.get("count"))
+        # the count is checked by SelfComposed itself, like every field of the simple kinds
+        return SelfComposed(event_from_dict(data.get("event")), cast(int, data.get("count")))
     if kind not in _SIMPLE:
-        raise InvalidParameter(f"unknown privacy event kind {kind!r}; known: {sorted(_SIMPLE) + ['composed', 'self_composed']}")
+        raise InvalidParameter(
+            f"unknown privacy event kind {kind!r}; known: {sorted(_SIMPLE) + ['composed', 'self_composed']}"
+        )
     cls, names = _SIMPLE[kind]
     _only(data, set(names))
     kwargs = {n: data[n] for n in names if n in data}
@@ -284,10 +319,12 @@ def _only(data: Mapping[str, Any], allowed: set[str]) -> None:
 
 
 def events_to_json(events: Iterable[PrivacyEvent]) -> str:
+    """Canonical JSON of a list of events: the form the ledger stores and hashes."""
     return canonical_json([event_to_dict(e) for e in events])
 
 
 def events_from_json(text: str) -> list[PrivacyEvent]:
+    """Parse a list of events (or one event object) from JSON; anything malformed is an ``InvalidParameter``."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -300,6 +337,7 @@ def events_from_json(text: str) -> list[PrivacyEvent]:
 
 
 def event_hash(event: PrivacyEvent) -> str:
+    """SHA-256 of the event's canonical JSON: stable for a given event schema version."""
     return hashlib.sha256(canonical_json(event_to_dict(event)).encode()).hexdigest()
 
 

@@ -50,7 +50,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -67,7 +67,6 @@ from dpops.events import (
     DISCRETE_GAUSSIAN_TAU,
     DiscreteGaussian,
     DiscreteLaplace,
-    PrivacyEvent,
 )
 from dpops.randomness import RandomSource
 from dpops.samplers import (
@@ -82,11 +81,18 @@ from dpops.samplers import (
 from dpops.validation import check_delta, check_epsilon, check_positive, check_positive_int
 
 RESOLUTION_BITS = 10
+Target = tuple[tuple[str, float], ...]  # the requested budget, e.g. (("epsilon", 1.0), ("delta", 1e-6))
 _MAX_LATTICE = 2**52  # |rounded value + noise| in lattice units must stay exact in a double
 
 
 @dataclass(frozen=True)
 class NoiseParams:
+    """The noise a vector gets, as calibrated: enough to draw it and to record and re-check the privacy claim.
+
+    ``scale`` and the sensitivities are the conservatively rounded floats the event records; ``lattice`` is
+    the exact integer-lattice parameter the sampler uses (rebuilt from ``scale`` when absent).
+    """
+
     family: str  # "laplace" | "gaussian"
     integer_valued: bool
     resolution: float
@@ -97,15 +103,25 @@ class NoiseParams:
     lattice: DiscreteLaplaceParam | DiscreteGaussianParam | None = field(default=None, repr=False)
     max_coords: int = 1
     calibration: str = "pure"  # "pure" | "cks20_exact" | "zcdp_conversion" | "zcdp"
-    target: tuple = ()  # requested (("epsilon", e), ("delta", d)) or (("rho", r),), for the record
+    target: Target = ()  # requested (("epsilon", e), ("delta", d)) or (("rho", r),), for the record
 
-    def event(self) -> PrivacyEvent:
+    def event(self) -> DiscreteLaplace | DiscreteGaussian:
+        """The privacy event this noise spends, from the recorded (conservatively rounded) floats."""
         if self.family == "laplace":
-            return DiscreteLaplace(
-                scale=self.scale, l1_sensitivity=self.l1_sensitivity, resolution=self.resolution, max_coords=self.max_coords
-            )
+            return self._laplace_event()
+        return self._gaussian_event()
+
+    # A None sensitivity (the other family's field) is refused by the event's own check, hence the casts.
+    def _laplace_event(self) -> DiscreteLaplace:
+        return DiscreteLaplace(
+            scale=self.scale, l1_sensitivity=cast(float, self.l1_sensitivity), resolution=self.resolution,
+            max_coords=self.max_coords,
+        )
+
+    def _gaussian_event(self) -> DiscreteGaussian:
         return DiscreteGaussian(
-            sigma=self.scale, l2_sensitivity=self.l2_sensitivity, resolution=self.resolution, max_coords=self.max_coords
+            sigma=self.scale, l2_sensitivity=cast(float, self.l2_sensitivity), resolution=self.resolution,
+            max_coords=self.max_coords,
         )
 
     def lattice_halfwidth(self, coverage: float = 0.95) -> int:
@@ -204,7 +220,8 @@ def _check_common(sens: float, name: str, integer_valued: Any, max_coords: int) 
     return sens, integer_valued, m
 
 
-def laplace_mechanism(epsilon: float, l1_sensitivity: float, *, integer_valued: bool, max_coords: int = 1) -> NoiseParams:
+def laplace_mechanism(epsilon: float, l1_sensitivity: float, *, integer_valued: bool,
+                      max_coords: int = 1) -> NoiseParams:
     """ε-DP discrete Laplace noise for a query with L1 sensitivity Δ1 (value units)."""
     epsilon = check_epsilon(epsilon)
     sens, integer_valued, m = _check_common(l1_sensitivity, "l1_sensitivity", integer_valued, max_coords)
@@ -228,13 +245,13 @@ def laplace_mechanism(epsilon: float, l1_sensitivity: float, *, integer_valued: 
         calibration="pure",
         target=(("epsilon", epsilon),),
     )
-    if not params.event().epsilon <= epsilon:  # pragma: no cover - rounding is upward by construction
+    if not params._laplace_event().epsilon <= epsilon:  # pragma: no cover - rounding is upward by construction
         raise InvalidParameter("internal: Laplace calibration does not certify the requested epsilon")
     return params
 
 
 def _gaussian_params(lat: DiscreteGaussianParam, r: float, lat_sens: Fraction, integer_valued: bool, m: int,
-                     calibration: str, target: tuple) -> NoiseParams:
+                     calibration: str, target: Target) -> NoiseParams:
     fr = Fraction(r)
     return NoiseParams(
         family="gaussian",
@@ -283,7 +300,7 @@ def gaussian_mechanism(
         for _ in range(100):
             lat = discrete_gaussian_param(sigma)
             params = _gaussian_params(lat, r, lat_sens, integer_valued, m, "cks20_exact", target)
-            ev = params.event()
+            ev = params._gaussian_event()
             # verify on the recorded (conservative) floats, in lattice units
             if discrete_gaussian_delta(epsilon, (ev.sigma / r) ** 2, round(ev.l2_sensitivity / r)) <= delta:
                 return params
@@ -296,14 +313,14 @@ def gaussian_mechanism(
     for _ in range(100):
         lat = discrete_gaussian_param(sigma)
         params = _gaussian_params(lat, r, lat_sens, integer_valued, m, "zcdp_conversion", target)
-        if zcdp_epsilon(params.event().rho, delta) <= epsilon:
+        if zcdp_epsilon(params._gaussian_event().rho, delta) <= epsilon:
             return params
         sigma *= 1 + 1e-12
     raise InvalidParameter("internal: zCDP calibration did not verify")  # pragma: no cover
 
 
 def _gaussian_for_accountant(epsilon: float, delta: float, r: float, lat_sens: Fraction, integer_valued: bool,
-                             m: int, ref: str, target: tuple) -> NoiseParams:
+                             m: int, ref: str, target: Target) -> NoiseParams:
     from dpops.accounting import get_accountant  # lazy: accounting is a separate layer
 
     acct = get_accountant(ref)
@@ -334,7 +351,8 @@ def _gaussian_for_accountant(epsilon: float, delta: float, r: float, lat_sens: F
     return build(hi)
 
 
-def gaussian_mechanism_zcdp(rho: float, l2_sensitivity: float, *, integer_valued: bool, max_coords: int = 1) -> NoiseParams:
+def gaussian_mechanism_zcdp(rho: float, l2_sensitivity: float, *, integer_valued: bool,
+                            max_coords: int = 1) -> NoiseParams:
     """ρ-zCDP discrete Gaussian noise: σ = Δ2'/sqrt(2ρ) with the rounding-charged Δ2'."""
     rho = check_positive(rho, "rho")
     sens, integer_valued, m = _check_common(l2_sensitivity, "l2_sensitivity", integer_valued, max_coords)
@@ -345,7 +363,7 @@ def gaussian_mechanism_zcdp(rho: float, l2_sensitivity: float, *, integer_valued
     for _ in range(100):
         lat = discrete_gaussian_param(sigma)
         params = _gaussian_params(lat, r, lat_sens, integer_valued, m, "zcdp", (("rho", rho),))
-        if params.event().rho <= rho:
+        if params._gaussian_event().rho <= rho:
             return params
         sigma *= 1 + 1e-12
     raise InvalidParameter("internal: zCDP calibration did not verify")  # pragma: no cover
@@ -365,7 +383,8 @@ def add_noise(values: np.ndarray, params: NoiseParams, rng: RandomSource) -> np.
     if not isinstance(rng, RandomSource):
         raise InvalidParameter("add_noise needs a RandomSource (os_random, keyed_random or test_random)")
     arr = np.asarray(values)
-    if arr.dtype == bool or arr.dtype == object or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
+    numeric = np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)
+    if arr.dtype == bool or arr.dtype == object or not numeric:
         raise InvalidParameter(f"values must be a numeric array, got dtype {arr.dtype}")
     if np.issubdtype(arr.dtype, np.floating):
         bad = ~np.isfinite(arr)
@@ -377,7 +396,8 @@ def add_noise(values: np.ndarray, params: NoiseParams, rng: RandomSource) -> np.
             frac = arr != np.floor(arr)
             if frac.any():
                 i = _first_bad(frac)
-                raise InvalidParameter(f"values[{i}]={arr.reshape(-1)[i]!r} is not an integer but the query is integer-valued")
+                raise InvalidParameter(f"values[{i}]={arr.reshape(-1)[i]!r} is not an integer but the query is "
+                                       "integer-valued")
         if arr.size and np.abs(arr).max() >= _MAX_LATTICE:
             raise InvalidParameter(f"values must be below 2**52 in magnitude, got {np.abs(arr).max()!r}")
         base = arr.astype(np.int64)

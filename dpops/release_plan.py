@@ -50,14 +50,20 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from dpops import sensitivity
 from dpops.errors import InvalidParameter, SpecError
 from dpops.events import ApproxDP, PrivacyEvent, PureDP, SelfComposed, canonical_json, event_to_dict
 
+if TYPE_CHECKING:  # imported lazily at run time (numpy); see plan_release
+    from dpops.mechanisms import NoiseParams
+    from dpops.selection import PartitionSelection
+    from dpops.sensitivity import Sensitivity
+
 SAFETY = 1.0 - 1e-9
-QUANTILE_BINS = 256  # public candidate grid for quantiles: lo + j (hi - lo) / 256, j = 0..256 (dense per-partition histograms)
+# public candidate grid for quantiles: lo + j (hi - lo) / 256, j = 0..256 (dense per-partition histograms)
+QUANTILE_BINS = 256
 PARTITION_SELECTION_KEY = "partition_selection"
 GAUSSIAN_ABLE = ("count", "unit_count", "sum", "mean", "variance")
 
@@ -68,15 +74,18 @@ class NoisyVector:
 
     name: str  # "count", "sum", "normalized_sum", "normalized_sum_squares"
     accumulator: str  # which per-partition aggregate it noises
-    params: Any  # dpops.mechanisms.NoiseParams
-    sensitivity: Any  # dpops.sensitivity.Sensitivity (before the rounding charge)
+    params: NoiseParams
+    sensitivity: Sensitivity  # before the rounding charge
 
     def event(self) -> PrivacyEvent:
+        """What this vector's noise spends (the rounding charge included)."""
         return self.params.event()
 
 
 @dataclass(frozen=True)
 class MetricPlan:
+    """One released metric: its share of the budget and either its noised vectors or its exponential-mechanism runs."""
+
     key: str
     type: str
     column: str | None
@@ -98,14 +107,18 @@ class MetricPlan:
     count_from: str | None = None  # mean/variance: key of the count metric whose noisy vector is reused
 
     def events(self) -> list[PrivacyEvent]:
+        """What this metric spends: one event per noised vector, or the EM runs one unit can influence."""
         if self.vectors:
             return [v.event() for v in self.vectors]
         mech = "exponential_mechanism/quantile" if self.type == "quantiles" else "top_k"
-        return [SelfComposed(PureDP(self.per_run_epsilon, mechanism=mech), self.runs_per_unit)]
+        # per_run_epsilon is set for every EM metric; PureDP refuses a None itself
+        return [SelfComposed(PureDP(cast(float, self.per_run_epsilon), mechanism=mech), self.runs_per_unit)]
 
 
 @dataclass(frozen=True)
 class ReleasePlan:
+    """Every mechanism of one release run, derived from the spec alone (``plan_release``)."""
+
     release: str
     spec_hash: str
     epsilon: float
@@ -118,8 +131,8 @@ class ReleasePlan:
     max_rows_per_unit_per_partition: int
     partition_columns: tuple[str, ...]
     public_partitions: tuple[tuple[Any, ...], ...] | None
-    partition_selection: Any | None  # dpops.selection.PartitionSelection (parameters it runs with)
-    partition_selection_event: PrivacyEvent | None  # what it is charged (group privacy for replace)
+    partition_selection: PartitionSelection | None  # the parameters it runs with
+    partition_selection_event: ApproxDP | None  # what it is charged (group privacy for replace)
     metrics: tuple[MetricPlan, ...]
     postprocess: dict[str, Any] = field(default_factory=dict)
     weights: dict[str, float] = field(default_factory=dict)
@@ -181,12 +194,14 @@ class ReleasePlan:
             s = self.partition_selection
             ps = {"strategy": s.strategy, "epsilon_run": s.epsilon, "delta_run": s.delta,
                   "max_partitions_per_unit": s.max_partitions_per_unit,
-                  "event": event_to_dict(self.partition_selection_event)}
+                  # set together with partition_selection by plan_release
+                  "event": event_to_dict(cast(PrivacyEvent, self.partition_selection_event))}
         return {
             "schema": "dpops.plan/1",
             "release": self.release, "spec_hash": self.spec_hash,
             "budget": {"epsilon": self.epsilon, "delta": self.delta, "noise": self.noise, "weights": self.weights},
-            "privacy_unit": {"column": self.unit_column, "adjacency": self.adjacency, "record_level": self.record_level},
+            "privacy_unit": {"column": self.unit_column, "adjacency": self.adjacency,
+                             "record_level": self.record_level},
             "contribution": {"max_partitions_per_unit": self.max_partitions_per_unit,
                              "max_rows_per_unit_per_partition": self.max_rows_per_unit_per_partition},
             "partitions": {"columns": list(self.partition_columns),
@@ -200,6 +215,7 @@ class ReleasePlan:
 
     @property
     def plan_hash(self) -> str:
+        """SHA-256 of ``describe()``'s canonical JSON: lets the compute step refuse a plan other than the reserved."""
         return hashlib.sha256(canonical_json(self.describe()).encode()).hexdigest()
 
 
@@ -214,7 +230,7 @@ def rho_for_epsilon_delta(epsilon: float, delta: float) -> float:
     return (math.sqrt(epsilon + L) - math.sqrt(L)) ** 2
 
 
-def plan_release(spec) -> ReleasePlan:
+def plan_release(spec) -> ReleasePlan:  # spec: dpops.spec.ReleaseSpec (typing it needs its metric union narrowed)
     """Derive the whole release plan from a validated ``dpops.spec.ReleaseSpec``."""
     from dpops import mechanisms, selection  # noqa: PLC0415 - keeps `import dpops.release_plan` light
     eps, delta, noise = float(spec.budget.epsilon), float(spec.budget.delta), spec.budget.noise
@@ -293,7 +309,8 @@ def plan_release(spec) -> ReleasePlan:
         else:  # pragma: no cover - the spec model only admits known types
             raise SpecError(f"unknown metric type {m.type!r}")
 
-    ps = ps_event = None
+    ps: selection.PartitionSelection | None = None
+    ps_event: ApproxDP | None = None
     if private:
         e_ps, d_ps = eps_share[PARTITION_SELECTION_KEY], delta_share[PARTITION_SELECTION_KEY]
         if unit.adjacency == "replace":

@@ -37,7 +37,6 @@ import importlib
 import logging
 import math
 import os
-import shutil
 import traceback
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -49,13 +48,26 @@ from dpops.errors import (DEBUG_ENV, DpopsError, InputDataError, IntegrityError,
                           LedgerError, SpecError, StorageError, public_message)
 from dpops.inputs import Interval, TestFingerprintKey, check_input, input_fingerprint, parse_interval, resolve_input_paths
 from dpops.spec import ReleaseSpec, interval_problems, load_spec
-from dpops.storage import PUBLISHED_FILES, ReleaseStore, StagedRun, sha256_file
+from dpops.storage import PUBLISHED_FILES, Location, StagedRun, Store, files, is_uri, open_store
+from dpops.storage import ReleaseStore  # noqa: F401  (the local backend; tests patch runs.ReleaseStore)
+from dpops.storage.base import version_number
 
 log = logging.getLogger("dpops.runs")
 _QUIET: ContextVar[bool] = ContextVar("dpops_runs_quiet", default=False)
 
 RANDOMNESS = ("keyed", "os", "test")
+# Stages reported to a ``progress`` callback, in order. Reading, bounding and noise are one Beam job
+# (pipelines.release_pipeline), so they are one stage here: reporting them apart would need a hook
+# inside the pipeline, and a stage line that claims noise is drawn before it is would mislead.
+STAGES = ("fingerprint", "reserve", "read, bound and noise", "write", "check output", "publish")
+Progress = Callable[[str], None]
+
+
+def _stage(progress: Progress | None, name: str) -> None:
+    if progress is not None:
+        progress(name)
 RUN_RELEASE = "pipelines.release_pipeline:run_release"
+RUNNER_CHECK = "pipelines.runner_check:check_runner"
 MAX_OS_ATTEMPTS = 100
 
 
@@ -82,7 +94,7 @@ class RunContext:
     randomness: str
     key_id: str
     plan: Any
-    store: ReleaseStore
+    store: Store
     key_path: str | None = None
     test_seed: int | None = None
     attempt: int = 1  # chosen by ``reserve``: os mode always; keyed mode only after a refunded attempt
@@ -128,7 +140,14 @@ class RunContext:
 
 @dataclass
 class RunOutcome:
-    """What happened to one release over one interval. ``line()`` is the one log line."""
+    """What happened to one release over one interval. ``line()`` is the one log line.
+
+    Two different ε appear and the line names both (issue 12): what THIS run charged (the run's own
+    events as the scope's accountant counts them alone), and the scope total, which the accountant
+    composes over every charged run of the scope (for RDP/PLD/zCDP well below the plain sum of the
+    runs' own ε), with the cap it is checked against. A reviewer adding up seven "charged 0.94"
+    lines gets 6.58, not the ledger's 3.93; the line says which number is which.
+    """
 
     release: str
     interval: str
@@ -141,12 +160,37 @@ class RunOutcome:
     scope_remaining: float | None = None
     restates: str | None = None
     message: str = ""
+    scope_total: float | None = None  # every charged run of the scope, composed by its accountant
+    scope_cap: float | None = None
+    accountant: str | None = None  # e.g. rdp/1
+    budget_unit: str = "epsilon"  # the scope's cap unit: epsilon (at its delta) or rho (zCDP)
+
+    def budget_words(self) -> str:
+        """``charged ε=0.94 this run; scope total ε=3.93 of cap 4 (rdp/1 accountant)``."""
+        u = "ρ" if self.budget_unit == "rho" else "ε"
+        if self.state == "refused":
+            this = (f"charged {u}=0 this run" + (f" (it would have cost {u}={self.run_epsilon:.6g})"
+                                                 if self.run_epsilon is not None else ""))
+        else:
+            this = f"charged {u}={self.epsilon_charged:.6g} this run"
+            if self.run_epsilon is not None and not math.isclose(self.run_epsilon, self.epsilon_charged,
+                                                                 rel_tol=1e-9, abs_tol=1e-12):
+                this += f" (the run's own {u}={self.run_epsilon:.6g}, charged once when it was first reserved)"
+        if self.scope_total is None:
+            scope = f"scope {self.scope} total unknown"
+        else:
+            scope = f"scope {self.scope} total {u}={self.scope_total:.6g}"
+            if self.scope_cap is not None:
+                scope += f" of cap {self.scope_cap:.6g}"
+            if self.accountant:
+                scope += f" ({self.accountant} accountant, all runs composed)"
+        return f"{this}; {scope}"
 
     def line(self) -> str:
         rem = "?" if self.scope_remaining is None else f"{self.scope_remaining:.6g}"
-        run_eps = "" if self.run_epsilon is None else f" (run total {self.run_epsilon:.6g})"
         text = (f"release={self.release} interval={self.interval} outcome={self.state} "
-                f"epsilon_charged={self.epsilon_charged:.6g}{run_eps} scope={self.scope} remaining={rem}")
+                f"epsilon_charged={self.epsilon_charged:.6g} scope={self.scope} remaining={rem}: "
+                f"{self.budget_words()}")
         if self.restates:
             text += f" restates={self.restates}"
         if self.output_uri:
@@ -157,32 +201,46 @@ class RunOutcome:
 
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
-        for k in ("epsilon_charged", "run_epsilon", "scope_remaining"):
+        d["budget"] = self.budget_words()
+        for k in ("epsilon_charged", "run_epsilon", "scope_remaining", "scope_total", "scope_cap"):
             if isinstance(d[k], float) and not math.isfinite(d[k]):
                 d[k] = None
         return d
 
 
+def scope_position(ledger: Any, scope: str, buckets: Sequence[str] | None = None) -> dict[str, Any]:
+    """The scope's composed total, cap, remaining, accountant and unit, for an outcome line. For a
+    bucketed scope: the fullest of the run's own buckets (the one its cap check bound), else the
+    fullest bucket. Empty if the ledger cannot say (the line must not fail because a read did)."""
+    try:
+        st = ledger.status(scope)
+    except Exception:  # noqa: BLE001
+        return {}
+    mine = [b for b in st.buckets if buckets and b.bucket in buckets]
+    top = max(mine, key=lambda b: b.total) if mine else None
+    total = float(top.total) if top else float(st.total)
+    remaining = float(top.remaining) if top else float(st.remaining)
+    return {"scope_total": total, "scope_remaining": remaining, "scope_cap": float(st.cap),
+            "accountant": st.accountant, "budget_unit": "rho" if st.unit == "rho" else "epsilon"}
+
+
 def _outcome(ctx: RunContext, ledger: Any, state: str, *, record: Any = None, charged: float = 0.0,
              message: str = "", output_uri: str | None = None) -> RunOutcome:
-    remaining = None
-    try:
-        remaining = float(ledger.status(ctx.spec.budget.scope).remaining)
-    except Exception:  # noqa: BLE001 - the outcome line must not fail because a status read did
-        pass
+    pos = scope_position(ledger, ctx.spec.budget.scope, getattr(record, "buckets", None))
+    remaining = pos.pop("scope_remaining", None)
     out = RunOutcome(
         release=ctx.spec.name, interval=str(ctx.interval), state=state,
         run_id=getattr(record, "run_id", None) or ctx.run_id,
         output_uri=output_uri or getattr(record, "output_uri", None),
         epsilon_charged=charged, run_epsilon=getattr(record, "epsilon", None), scope=ctx.spec.budget.scope,
-        scope_remaining=remaining, restates=getattr(record, "restates", None), message=message,
+        scope_remaining=remaining, restates=getattr(record, "restates", None), message=message, **pos,
     )
     # Inside execute_release the steps' lines are DEBUG: the whole run logs ONE line at the end.
     log.log(logging.DEBUG if _QUIET.get() else logging.INFO, out.line())
     return out
 
 
-def _log_failure(ctx: RunContext, ledger: Any, exc: BaseException) -> None:
+def _log_failure(ctx: RunContext, ledger: Any, exc: BaseException) -> RunOutcome:
     """The one line of a run that ended in an error (the error itself still propagates)."""
     from dpops.errors import BudgetExceeded
 
@@ -192,14 +250,16 @@ def _log_failure(ctx: RunContext, ledger: Any, exc: BaseException) -> None:
         rec = ledger.run(ctx.run_id)
     except Exception:  # noqa: BLE001
         pass
+    pos = scope_position(ledger, ctx.spec.budget.scope, getattr(rec, "buckets", None))
+    remaining = pos.pop("scope_remaining", None)
+    run_eps = getattr(rec, "epsilon", None)
+    if run_eps is None and isinstance(getattr(exc, "requested", None), float):
+        run_eps = exc.requested  # type: ignore[attr-defined] - a refusal: what this run would have cost
     out = RunOutcome(release=ctx.spec.name, interval=str(ctx.interval), state=state, run_id=ctx.run_id,
-                     run_epsilon=getattr(rec, "epsilon", None), scope=ctx.spec.budget.scope,
-                     message=public_message(exc) + (f" (ledger state {rec.state})" if rec else ""))
-    try:
-        out.scope_remaining = float(ledger.status(ctx.spec.budget.scope).remaining)
-    except Exception:  # noqa: BLE001
-        pass
+                     run_epsilon=run_eps, scope=ctx.spec.budget.scope, scope_remaining=remaining,
+                     message=public_message(exc) + (f" (ledger state {rec.state})" if rec else ""), **pos)
     log.warning(out.line())
+    return out
 
 
 @contextmanager
@@ -245,13 +305,30 @@ def _refuse_key_in_env() -> None:
 
 
 def _load_key(key_path: str | None) -> Any:
-    """Load the noise key once per run (``randomness.load_key`` keeps it for the in-process pipeline)."""
+    """Load the noise key once per run (``randomness.load_key`` keeps it for the in-process pipeline).
+
+    ``key_path`` is a key reference (``dpops.keyref``): a file path, file:PATH, or a secret-manager
+    reference that the pipeline's workers resolve themselves."""
+    from dpops.keyref import FileKeyProvider, resolve_key, scheme_of
     from dpops.randomness import load_key  # lazy: owned by the mechanisms module
 
     if not key_path:
         raise InvalidParameter("no noise key file given: pass --key-file PATH or set DPOPS_NOISE_KEY_FILE "
                                "(create a key with dpops key generate PATH)")
-    return load_key(key_path)
+    if scheme_of(key_path) == "file":
+        return load_key(FileKeyProvider().path(key_path))
+    return resolve_key(key_path)
+
+
+def _key_ref(key_path: str | None) -> str | None:
+    """The key reference the workers get: a file path made absolute, any other reference as given."""
+    from dpops.keyref import FileKeyProvider, scheme_of
+
+    if not key_path:
+        return None
+    if scheme_of(key_path) == "file":
+        return str(Path(FileKeyProvider().path(key_path)).resolve())
+    return key_path
 
 
 def _sealer(randomness: str, fp_key: Any) -> Any:
@@ -273,7 +350,7 @@ def _default_planner(spec: ReleaseSpec) -> Any:
 def prepare(spec_path: str | os.PathLike[str], interval_start: Any, interval_end: Any = None, *,
             randomness: str = "keyed", key_path: str | None = None, test_seed: int | None = None,
             key: Any = None, planner: Callable[[ReleaseSpec], Any] | None = None,
-            actor: str | None = None) -> RunContext:
+            actor: str | None = None, progress: Progress | None = None) -> RunContext:
     """Load and check everything a run needs, without touching the ledger.
 
     ``key`` (an object with ``key_id`` and ``hmac(bytes)``) overrides ``key_path`` (tests, embedding);
@@ -301,6 +378,7 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: Any, interval_end
     if misaligned:
         raise SpecError("\n".join(f"{spec.source}: {m}" for m in misaligned) + "\nnothing was reserved")
     paths = resolve_input_paths(spec, interval.start, interval.end, key_path=key_path)
+    _stage(progress, "fingerprint")
     check_input(spec, paths)
     fingerprint = input_fingerprint(paths, fp_key)
     plan = (planner or _default_planner)(spec)
@@ -312,8 +390,8 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: Any, interval_end
     return RunContext(
         spec_path=str(Path(spec_path).resolve()), spec=spec, interval=interval, input_paths=paths,
         input_fingerprint=fingerprint, randomness=randomness, key_id=key_id, plan=plan,
-        store=ReleaseStore(spec.output_root, spec.name, sealer=_sealer(randomness, fp_key)),
-        key_path=str(Path(key_path).resolve()) if key_path else None,
+        store=open_store(spec.output_root, spec.name, sealer=_sealer(randomness, fp_key)),
+        key_path=_key_ref(key_path),
         test_seed=test_seed, actor=actor or default_actor(), fingerprint_key=fp_key,
     )
 
@@ -474,13 +552,28 @@ def _load_run_release() -> Callable[[Any], Any]:
     return getattr(importlib.import_module(mod_name), func)
 
 
-def _compute_request(ctx: RunContext, staging_dir: Path, runner: str, runner_options: Sequence[str]) -> Any:
+def check_runner(runner: str, runner_options: Sequence[str], run_release: Callable[[Any], Any] | None = None) -> str:
+    """Validate the Beam runner, its options and endpoints (``pipelines.runner_check``, imported lazily:
+    dpops never imports Beam); returns the runner name to hand to the pipeline.
+
+    Called before ``reserve`` and before ``ledger.start``: an os-mode run is charged once started, so a
+    typo'd runner or a dead job endpoint must fail (RunnerError, exit 6, bounded connect timeout) before
+    that. An injected ``run_release`` (tests, a library caller) owns its runner and is not checked.
+    """
+    if run_release is not None:
+        return runner
+    mod_name, func = RUNNER_CHECK.split(":")
+    checked = getattr(importlib.import_module(mod_name), func)(runner, tuple(runner_options))
+    return str(checked.runner)
+
+
+def _compute_request(ctx: RunContext, staging_dir: Location, runner: str, runner_options: Sequence[str]) -> Any:
     from dpops.compute import ComputeRequest
 
     kwargs: dict[str, Any] = dict(
         spec_path=ctx.spec_path, interval_start=ctx.interval.start_iso, interval_end=ctx.interval.end_iso,
         input_paths=tuple(ctx.input_paths), noise_label=ctx.noise_label, randomness=ctx.randomness,
-        key_path=ctx.key_path if ctx.randomness == "keyed" else None, test_seed=ctx.test_seed,
+        key_ref=ctx.key_path if ctx.randomness == "keyed" else None, test_seed=ctx.test_seed,
         key_id=ctx.key_id if ctx.randomness == "keyed" else None,
         staging_dir=str(staging_dir), runner=runner, runner_options=tuple(runner_options),
     )
@@ -495,11 +588,11 @@ def compute(ctx: RunContext, ledger: Any, *, runner: str = "FnApiRunner", runner
     """Produce (or find) the sealed staged output of this run. Needs a reservation (``reserve`` first)."""
     staged = compute_staged(ctx, ledger, runner=runner, runner_options=runner_options, run_release=run_release)
     return _outcome(ctx, ledger, "staged", record=ledger.run(ctx.run_id),
-                    output_uri=staged.directory.resolve().as_uri(), message="noisy output staged, not yet published")
+                    output_uri=location_uri(staged.location), message="noisy output staged, not yet published")
 
 
 def compute_staged(ctx: RunContext, ledger: Any, *, runner: str = "FnApiRunner", runner_options: Sequence[str] = (),
-                   run_release: Callable[[Any], Any] | None = None) -> StagedRun:
+                   run_release: Callable[[Any], Any] | None = None, progress: Progress | None = None) -> StagedRun:
     """``compute`` returning the ``StagedRun`` itself."""
     _pick_attempt(ctx, ledger)
     record = ledger.run(ctx.run_id)
@@ -510,7 +603,7 @@ def compute_staged(ctx: RunContext, ledger: Any, *, runner: str = "FnApiRunner",
         # Sealed output exists only after ``start``, so this ledger never started this run: another ledger
         # (sharing this output root) or a ledger restored from an older backup computed it. No mechanism ran
         # under this reservation, so it is refunded rather than left stuck (issue 13).
-        msg = (f"run {ctx.run_id} of {ctx.spec.name} {ctx.interval}: {ctx.store.staged_interval_dir(ctx.interval.slug)} "
+        msg = (f"run {ctx.run_id} of {ctx.spec.name} {ctx.interval}: {ctx.store.staged_interval_location(ctx.interval.slug)} "
                "holds a staged output of this run that this ledger never started: another ledger shares this "
                "output root (or this ledger was restored from an older backup). The reservation was refunded. "
                "Use one ledger per output root: run with the ledger that computed it, or give this release "
@@ -533,17 +626,21 @@ def compute_staged(ctx: RunContext, ledger: Any, *, runner: str = "FnApiRunner",
         )
     # Everything that can fail without drawing noise happens before start, so such a failure is refunded.
     fn = run_release or _load_run_release()
+    runner = check_runner(runner, runner_options, run_release)
     if record.state == "reserved":
         _check_input_unchanged(ctx, "before the computation started; nothing was drawn, the reservation is refunded")
-    tmp = ctx.store.new_staging_dir(ctx.interval.slug, ctx.run_id)
+    # The staging location is a local directory or an object-store prefix; the pipeline gets it as a str
+    # (ComputeRequest.staging_dir) and writes data.parquet + summary.json there through Beam FileSystems.
+    tmp = ctx.store.new_staging(ctx.interval.slug, ctx.run_id)
     try:
         if record.state == "reserved":
             ledger.start(ctx.run_id, actor=ctx.actor)  # right before the first noise is drawn: no refund after this
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        ctx.store.discard_staging(tmp)
         raise
     try:
         try:
+            _stage(progress, "read, bound and noise")
             result = fn(_compute_request(ctx, tmp, runner, runner_options))
         except DpopsError:
             raise
@@ -561,17 +658,18 @@ def compute_staged(ctx: RunContext, ledger: Any, *, runner: str = "FnApiRunner",
                                 f"please report it; the error text is withheld because it may quote input data, "
                                 f"{DEBUG_ENV}=1 shows it on a trusted terminal)") from None
         for f in (result.output_file, result.summary_file):
-            if Path(f).resolve().parent != tmp.resolve():
+            if as_location(f).realpath().parent != tmp.realpath():
                 raise StorageError(f"the pipeline wrote {f} outside its staging directory {tmp}")
         # The output is sealed only if the input is still the one the run was reserved with (its
         # fingerprint is in the run key and the noise label): a file swapped during the computation
         # would publish a release of other data under this run's key.
         _check_input_unchanged(ctx, "while the pipeline read it; noise was drawn, so the run stays charged and "
                                     "its output is discarded")
+        _stage(progress, "write")
         staged = ctx.store.finish_staging(tmp, ctx.interval.slug, ctx.run_id, dict(result.internal or {}),
                                           test_mode=ctx.randomness == "test")
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        ctx.store.discard_staging(tmp)
         if ctx.randomness == "os":
             try:
                 ledger.mark_spent_unpublished(ctx.run_id, reason="os-mode computation failed after start",
@@ -600,7 +698,7 @@ _DISK_ERRORS = {errno.ENOSPC: "the disk is full", errno.EROFS: "the file system 
                 errno.EDQUOT: "the disk quota is exceeded"}
 
 
-def _storage_error_from(exc: BaseException, where: Path) -> StorageError | None:
+def _storage_error_from(exc: BaseException, where: Path | Location) -> StorageError | None:
     """A StorageError (exit 6) if ``exc`` is, or wraps, a full/read-only disk error; else None."""
     seen: set[int] = set()
     cur: BaseException | None = exc
@@ -627,7 +725,7 @@ def _storage_error_from(exc: BaseException, where: Path) -> StorageError | None:
 # --------------------------------------------------------------------------- 4. publish
 
 
-def check_noisy_output(spec: ReleaseSpec, data_file: str | os.PathLike[str]) -> list[str]:
+def check_noisy_output(spec: ReleaseSpec, data_file: str | os.PathLike[str] | Location) -> list[str]:
     """Post-processing checks on the NOISY output (free to block a publish): returns the checks that ran.
 
     Partition columns and every metric's value/std/CI columns present; no NaN anywhere (nulls only where
@@ -639,7 +737,9 @@ def check_noisy_output(spec: ReleaseSpec, data_file: str | os.PathLike[str]) -> 
 
     where = f"noisy output {data_file}"
     try:
-        table = pq.read_table(data_file)
+        loc = as_location(data_file)
+        fs, inner = loc.filesystem()
+        table = pq.read_table(inner, filesystem=fs)
     except Exception as exc:  # noqa: BLE001
         raise IntegrityError(f"{where}: cannot read it as Parquet ({type(exc).__name__}); not publishing") from None
     names = set(table.column_names)
@@ -684,7 +784,7 @@ def check_noisy_output(spec: ReleaseSpec, data_file: str | os.PathLike[str]) -> 
     return checks
 
 
-def publish(ctx: RunContext, ledger: Any, *, gx_checks: bool = False) -> RunOutcome:
+def publish(ctx: RunContext, ledger: Any, *, gx_checks: bool = False, progress: Progress | None = None) -> RunOutcome:
     """Check the noisy output, write the manifest, commit the run, then publish it atomically as the
     interval's next version (see the ordering note below)."""
     _pick_attempt(ctx, ledger)
@@ -702,45 +802,80 @@ def publish(ctx: RunContext, ledger: Any, *, gx_checks: bool = False) -> RunOutc
         ledger.mark_spent_unpublished(ctx.run_id, reason="test-mode output is never published", actor=ctx.actor)
         raise StorageError(f"run {ctx.run_id} used test-mode (seeded) noise; it is never published. It is now "
                            "spent_unpublished; run with keyed or os randomness to publish")
-    ctx.output_checks = check_noisy_output(ctx.spec, staged.data_file)
-    if gx_checks:
-        from dpops.validate import check_release_output
+    _stage(progress, "check output")
+    ctx.output_checks = check_noisy_output(ctx.spec, staged.data_location)
+    if gx_checks or os.environ.get("DPOPS_GX_PROJECT"):
+        with local_copy(ctx, staged) as data_file:  # GX reads local files; an object-store output is copied privately
+            if gx_checks:
+                from dpops.validate import check_release_output
 
-        check_release_output(str(staged.data_file), partition_columns=ctx.spec.partitions.columns,
-                             public_partitions=ctx.spec.public_partitions(),
-                             allow_null=ctx.spec.postprocess.suppress_below is not None)
-        ctx.output_checks = [*ctx.output_checks, "great expectations output suite"]
-    if os.environ.get("DPOPS_GX_PROJECT"):  # the deployment's GX project: checkpoint + Data Docs (noisy output only)
-        from dpops.gx_project import run_output_checkpoint
+                check_release_output(str(data_file), partition_columns=ctx.spec.partitions.columns,
+                                     public_partitions=ctx.spec.public_partitions(),
+                                     allow_null=ctx.spec.postprocess.suppress_below is not None)
+                ctx.output_checks = [*ctx.output_checks, "great expectations output suite"]
+            if os.environ.get("DPOPS_GX_PROJECT"):  # the deployment's GX project: checkpoint + Data Docs
+                from dpops.gx_project import run_output_checkpoint
 
-        gx_result = run_output_checkpoint(os.environ["DPOPS_GX_PROJECT"], ctx.spec, staged.data_file, run_id=ctx.run_id)
-        ctx.output_checks = [*ctx.output_checks,
-                             *(f"great expectations checkpoint {gx_result.checkpoint}: suite {s}" for s in gx_result.suites)]
+                gx_result = run_output_checkpoint(os.environ["DPOPS_GX_PROJECT"], ctx.spec, data_file,
+                                                  run_id=ctx.run_id)
+                ctx.output_checks = [*ctx.output_checks,
+                                     *(f"great expectations checkpoint {gx_result.checkpoint}: suite {s}"
+                                       for s in gx_result.suites)]
     # The manifest is written BEFORE anything becomes visible (semantics.md section 5): it
     # fingerprints the staged files, and the published copies are verified byte-identical.
-    target = ctx.store.next_version_dir(ctx.interval.slug, ctx.run_id)
-    manifest_path = write_manifest_before_publish(ctx, ledger, target.resolve().as_uri(), staged.directory,
+    _stage(progress, "publish")
+    target = ctx.store.next_version_location(ctx.interval.slug, ctx.run_id)
+    manifest_path = write_manifest_before_publish(ctx, ledger, location_uri(target), staged.location,
                                                   ctx.output_checks)
     # Order: ledger commit, then the files become visible. The charge was already final at start;
     # the commit records the decision to publish. A crash in between leaves a committed run whose
     # output is not visible yet, which every retry (and every served re-run) completes through
     # ``_make_visible``; `dpops ledger recover` never touches committed runs. The opposite order
     # would let recovery mark a run whose output is live as spent_unpublished.
-    details = {"version": _version_number(target),
+    details = {"version": version_number(target),
                "files": {n: staged.hashes[n] for n in PUBLISHED_FILES if n in staged.hashes}}
     if manifest_path:
-        details["manifest"] = {"file": Path(manifest_path).name, "sha256": sha256_file(Path(manifest_path))}
-    record = ledger.commit(ctx.run_id, output_uri=target.resolve().as_uri(), actor=ctx.actor, details=details)
+        from dpops.manifest.io import file_sha256
+
+        details["manifest"] = {"file": as_location(manifest_path).name, "sha256": file_sha256(manifest_path)}
+    record = ledger.commit(ctx.run_id, output_uri=location_uri(target), actor=ctx.actor, details=details)
     pub = _make_visible(ctx, record)
-    if pub.directory.resolve() != target.resolve():  # pragma: no cover - publish refuses races first
-        raise StorageError(f"run {ctx.run_id} was published to {pub.directory}, not {target} as its ledger "
+    if pub.location.realpath() != target.realpath():  # pragma: no cover - publish refuses races first
+        raise StorageError(f"run {ctx.run_id} was published to {pub.location}, not {target} as its ledger "
                            "entry and manifest say; investigate before publishing anything else for this interval")
     return _outcome(ctx, ledger, "published", record=record, output_uri=pub.uri,
                     message=f"version v{pub.version}")
 
 
-def _version_number(directory: Path) -> int:
-    return int(directory.name.lstrip("v"))
+def as_location(p: str | os.PathLike[str] | Location) -> Location:
+    """A path or URI the pipeline or a caller gave as a ``Location`` (relative paths: the working directory)."""
+    if isinstance(p, Location):
+        return p
+    text = os.fspath(p)
+    return Location.parse(text) if is_uri(text) else Location.local(text)
+
+
+def location_uri(loc: Location) -> str:
+    """The URI recorded in the ledger and the manifest: ``file://`` of the resolved local path, or the object URI."""
+    return loc.local_path.resolve().as_uri() if loc.is_local else loc.uri
+
+
+@contextmanager
+def local_copy(ctx: RunContext, staged: StagedRun) -> Iterator[Path]:
+    """The staged data file as a local path: itself (local backend) or a private temporary copy (0700 directory
+    under the private state directory, removed afterwards) of an object-store one."""
+    if staged.location.is_local:
+        yield staged.data_file
+        return
+    import tempfile
+
+    base = Path(getattr(ctx.store, "state_dir", None) or tempfile.gettempdir())
+    base.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="dpops-check-", dir=base) as d:
+        os.chmod(d, 0o700)
+        target = Path(d) / "data.parquet"
+        files.copy(staged.data_location, Location.local(target))
+        yield target
 
 
 def _make_visible(ctx: RunContext, record: Any) -> Any:
@@ -753,14 +888,15 @@ def _make_visible(ctx: RunContext, record: Any) -> Any:
     if staged is None:
         raise StorageError(
             f"run {record.run_id} of {ctx.spec.name} {ctx.interval} is committed in the ledger but its staged "
-            f"output is missing under {ctx.store.staged_interval_dir(slug)}: restore the staging area from "
+            f"output is missing under {ctx.store.staged_interval_location(slug)}: restore the staging area from "
             "backup; nothing was charged again"
         )
     return ctx.store.publish(staged, slug, restates=record.restates,
                              extra={"spec_hash": ctx.spec.spec_hash, "randomness": ctx.randomness})
 
 
-def published_file_check(store: ReleaseStore, slug: str, record: Any, manifest_dir: Path, key: Any = None) -> Any:
+def published_file_check(store: Store, slug: str, record: Any, manifest_dir: Path | Location,
+                         key: Any = None) -> Any:
     """Compare a committed run's published files with the ledger's commit entry and (with the noise
     key) the manifest's keyed fingerprints. Returns a ``dpops.manifest.files.FileCheck``."""
     from dpops.manifest.files import FileCheck, check_ledger_files, check_manifest_files, merge
@@ -768,17 +904,18 @@ def published_file_check(store: ReleaseStore, slug: str, record: Any, manifest_d
     version = next((v for v in store.versions(slug) if v.run_id == record.run_id), None)
     if version is None:
         return FileCheck(not_checked=[f"no published version of run {record.run_id} under "
-                                      f"{store.published_interval_dir(slug)}"])
-    checks = [check_ledger_files(record, version.directory)]
-    mpath = manifest_dir / f"{record.run_id}.published.json"
-    if key is not None and mpath.is_file():
-        from dpops.manifest.io import read_manifest
+                                      f"{store.published_interval_location(slug)}"])
+    checks = [check_ledger_files(record, version.location)]
+    from dpops.manifest.io import manifest_exists, read_manifest
 
-        checks.append(check_manifest_files(read_manifest(mpath), key=key, directory=version.directory))
+    name = f"{record.run_id}.published.json"
+    mpath = manifest_exists(manifest_dir, name)
+    if key is not None and mpath is not None:
+        checks.append(check_manifest_files(read_manifest(mpath), key=key, directory=version.location))
     elif key is None:
         checks.append(FileCheck(not_checked=["no noise key given: the manifest's keyed fingerprints were not checked"]))
     else:
-        checks.append(FileCheck(not_checked=[f"no manifest {mpath}"]))
+        checks.append(FileCheck(not_checked=[f"no manifest {as_location(manifest_dir) / name}"]))
     return merge(*checks)
 
 
@@ -800,33 +937,48 @@ def check_served_files(ctx: RunContext, record: Any) -> None:
 # --------------------------------------------------------------------------- manifests
 
 
-def manifests_dir(ctx: RunContext) -> Path:
+def manifests_dir(ctx: RunContext) -> Path | Location:
     """``$DPOPS_MANIFESTS_DIR`` or ``<output root>/manifests/<release>`` (the DAG uses the same rule)."""
+    return spec_manifests_dir(ctx.spec)
+
+
+def spec_manifests_dir(spec: ReleaseSpec) -> Path | Location:
+    """A local ``Path``, or a ``Location`` under an object-store output root (or a URI in the env var)."""
     env = os.environ.get("DPOPS_MANIFESTS_DIR")
-    return Path(env) if env else ctx.spec.output_root / "manifests" / ctx.spec.name
+    if env:
+        return Location.parse(env) if is_uri(env) else Path(env)
+    root = spec.output_root
+    if root.is_local:
+        return root.local_path / "manifests" / spec.name
+    return root.join("manifests", spec.name)
 
 
-def output_fingerprints(ctx: RunContext, directory: Path) -> dict[str, str]:
+def output_fingerprints(ctx: RunContext, directory: Path | Location) -> dict[str, str]:
     """Keyed fingerprints of the published files (a plain hash would let a manifest reader confirm guesses)."""
     out: dict[str, str] = {}
-    if ctx.fingerprint_key is None or not directory.is_dir():
+    loc = as_location(directory)
+    if ctx.fingerprint_key is None or not files.exists(loc):
         return out
     for name in PUBLISHED_FILES:
-        f = directory / name
-        if f.is_file():
-            out[name] = "hmac-sha256:" + ctx.fingerprint_key.hmac(f.read_bytes()).hex()
+        f = loc / name
+        if files.is_file(f):
+            data = files.read_bytes(f)
+            assert data is not None
+            out[name] = "hmac-sha256:" + ctx.fingerprint_key.hmac(data).hex()
     return out
 
 
-def write_manifest_before_publish(ctx: RunContext, ledger: Any, output_uri: str, staged_dir: Path,
+def write_manifest_before_publish(ctx: RunContext, ledger: Any, output_uri: str, staged_dir: Path | Location,
                                   checks: Sequence[str] = ()) -> str | None:
     """Write the published run's manifest from its staged files; a retry finds the existing one."""
     if not ctx.write_manifest:
         return None
     folder = manifests_dir(ctx)
-    existing = folder / f"{ctx.run_id}.published.json"
-    if existing.exists():
-        return str(existing)
+    from dpops.manifest.io import manifest_exists
+
+    existing = manifest_exists(folder, f"{ctx.run_id}.published.json")
+    if existing is not None:
+        return existing
     from dpops.manifest.run_hook import write_run_manifest
 
     validation = {"checks": [{"name": c, "passed": True} for c in checks], "proceeded": True} if checks else None
@@ -841,14 +993,16 @@ def ensure_manifest(ctx: RunContext, ledger: Any, outcome: RunOutcome, checks: S
     if outcome.state not in ("published", "already_published") or outcome.run_id != ctx.run_id:
         return None
     folder = manifests_dir(ctx)
-    existing = folder / f"{ctx.run_id}.published.json"
-    if existing.exists():
-        return str(existing)
+    from dpops.manifest.io import manifest_exists
+
+    existing = manifest_exists(folder, f"{ctx.run_id}.published.json")
+    if existing is not None:
+        return existing
     from dpops.manifest.run_hook import write_run_manifest
 
     published = ctx.store.current(ctx.interval.slug)
-    directory = next((v.directory for v in ctx.store.versions(ctx.interval.slug) if v.run_id == ctx.run_id),
-                     published.directory if published else None)
+    directory = next((v.location for v in ctx.store.versions(ctx.interval.slug) if v.run_id == ctx.run_id),
+                     published.location if published else None)
     validation = {"checks": [{"name": c, "passed": True} for c in checks], "proceeded": True} if checks else None
     return write_run_manifest(
         ctx, ledger, {"state": "published", "output_uri": outcome.output_uri}, manifests_dir=folder,
@@ -878,7 +1032,11 @@ def _run_steps(ctx: RunContext, ledger: Any, **kwargs: Any) -> RunOutcome:
         out = _run_steps_quiet(ctx, ledger, **kwargs)
     except BaseException as exc:
         _QUIET.reset(token)
-        _log_failure(ctx, ledger, exc)
+        failed = _log_failure(ctx, ledger, exc)
+        try:
+            exc.dpops_outcome = failed  # type: ignore[attr-defined] - the CLI's --json error object shows it
+        except AttributeError:  # pragma: no cover
+            pass
         raise
     _QUIET.reset(token)
     log.info(out.line())
@@ -887,16 +1045,20 @@ def _run_steps(ctx: RunContext, ledger: Any, **kwargs: Any) -> RunOutcome:
 
 def _run_steps_quiet(ctx: RunContext, ledger: Any, *, publish_output: bool, runner: str, runner_options: Sequence[str],
                run_release: Callable[[Any], Any] | None, gx_checks: bool, restates: str | None,
-               reserved: RunOutcome | None = None, write_manifest: bool = True) -> RunOutcome:
+               reserved: RunOutcome | None = None, write_manifest: bool = True,
+               progress: Progress | None = None) -> RunOutcome:
     ctx.write_manifest = write_manifest
     if reserved is None:
+        check_runner(runner, runner_options, run_release)  # before reserve: a bad runner costs nothing
+        _stage(progress, "reserve")
         reserved = reserve(ctx, ledger, restates=restates)
     if reserved.state == "already_published":
         if write_manifest:
             ensure_manifest(ctx, ledger, reserved)
         return reserved
     try:
-        staged = compute_staged(ctx, ledger, runner=runner, runner_options=runner_options, run_release=run_release)
+        staged = compute_staged(ctx, ledger, runner=runner, runner_options=runner_options, run_release=run_release,
+                                progress=progress)
     except BaseException as exc:
         _release_before_start(ctx, ledger, exc)
         raise
@@ -905,7 +1067,7 @@ def _run_steps_quiet(ctx: RunContext, ledger: Any, *, publish_output: bool, runn
         return _outcome(ctx, ledger, "staged", record=rec, charged=reserved.epsilon_charged,
                         output_uri=staged.directory.resolve().as_uri(),
                         message="computed and staged; publish with --publish (no new charge)")
-    out = publish(ctx, ledger, gx_checks=gx_checks)
+    out = publish(ctx, ledger, gx_checks=gx_checks, progress=progress)
     out.epsilon_charged = reserved.epsilon_charged
     if write_manifest:
         ensure_manifest(ctx, ledger, out, ctx.output_checks)
@@ -917,12 +1079,14 @@ def execute_release(spec_path: str | os.PathLike[str], interval_start: Any, inte
                     test_seed: int | None = None, key: Any = None, runner: str = "FnApiRunner",
                     runner_options: Sequence[str] = (), publish_output: bool = True,
                     run_release: Callable[[Any], Any] | None = None, planner: Callable[[ReleaseSpec], Any] | None = None,
-                    gx_checks: bool = False, actor: str | None = None) -> RunOutcome:
-    """``dpops release run``: prepare, reserve, compute, publish. Safe to call again after any failure."""
+                    gx_checks: bool = False, actor: str | None = None, progress: Progress | None = None) -> RunOutcome:
+    """``dpops release run``: prepare, reserve, compute, publish. Safe to call again after any failure.
+
+    ``progress`` is called with each stage name of ``STAGES`` as the run reaches it."""
     ctx = prepare(spec_path, interval_start, interval_end, randomness=randomness, key_path=key_path,
-                  test_seed=test_seed, key=key, planner=planner, actor=actor)
+                  test_seed=test_seed, key=key, planner=planner, actor=actor, progress=progress)
     return _run_steps(ctx, ledger, publish_output=publish_output, runner=runner, runner_options=runner_options,
-                      run_release=run_release, gx_checks=gx_checks, restates=None)
+                      run_release=run_release, gx_checks=gx_checks, restates=None, progress=progress)
 
 
 def restate(ctx: RunContext, ledger: Any) -> RunOutcome:
@@ -947,11 +1111,13 @@ def execute_restatement(spec_path: str | os.PathLike[str], interval_start: Any, 
                         runner: str = "FnApiRunner", runner_options: Sequence[str] = (),
                         run_release: Callable[[Any], Any] | None = None,
                         planner: Callable[[ReleaseSpec], Any] | None = None,
-                        gx_checks: bool = False, actor: str | None = None) -> RunOutcome:
+                        gx_checks: bool = False, actor: str | None = None,
+                        progress: Progress | None = None) -> RunOutcome:
     """``dpops release restate``: prepare, restate (reserve linked to the published run), compute, publish."""
     ctx = prepare(spec_path, interval_start, interval_end, randomness=randomness, key_path=key_path, key=key,
-                  planner=planner, actor=actor)
+                  planner=planner, actor=actor, progress=progress)
     token = _QUIET.set(True)
+    _stage(progress, "reserve")
     try:
         first = restate(ctx, ledger)
     finally:
@@ -960,7 +1126,8 @@ def execute_restatement(spec_path: str | os.PathLike[str], interval_start: Any, 
         log.info(first.line())
         return first
     return _run_steps(ctx, ledger, publish_output=True, runner=runner, runner_options=runner_options,
-                      run_release=run_release, gx_checks=gx_checks, restates=first.restates, reserved=first)
+                      run_release=run_release, gx_checks=gx_checks, restates=first.restates, reserved=first,
+                      progress=progress)
 
 
 def abandon(ctx: RunContext, ledger: Any, *, reason: str) -> RunOutcome:
@@ -987,7 +1154,7 @@ def status(spec_path: str | os.PathLike[str], interval_start: Any, interval_end:
     the noise ``key``, with the manifest's keyed fingerprints (``ok`` False names each changed file)."""
     spec = load_spec(spec_path)
     iv = parse_interval(interval_start, interval_end)
-    store = ReleaseStore(spec.output_root, spec.name)
+    store = open_store(spec.output_root, spec.name)
     runs = ledger.runs(release=spec.name, interval_start=iv.start_iso, interval_end=iv.end_iso)
     published = ledger.published(spec.name, iv.start_iso, iv.end_iso)
     try:
@@ -1003,9 +1170,7 @@ def status(spec_path: str | os.PathLike[str], interval_start: Any, interval_end:
         "runs": [{"run_id": r.run_id, "state": r.state, "epsilon": r.epsilon, "restates": r.restates,
                   "key_id": r.key.key_id, "created_at": r.created_at, "updated_at": r.updated_at} for r in runs],
         "published_files": published_file_check(
-            store, iv.slug, published,
-            Path(os.environ.get("DPOPS_MANIFESTS_DIR") or spec.output_root / "manifests" / spec.name),
-            key).to_dict() if published is not None else None,
+            store, iv.slug, published, spec_manifests_dir(spec), key).to_dict() if published is not None else None,
     }
 
 

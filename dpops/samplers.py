@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
+import numpy.typing as npt
 
 from dpops.errors import InvalidParameter
 from dpops.randomness import RandomSource
@@ -33,7 +34,7 @@ _SCALE_BITS = 40  # significant bits of a discrete Laplace scale t/s (relative r
 _MAX_SCALE = 2.0**50
 
 
-def _as_int_array(x, name: str) -> np.ndarray:
+def _as_int_array(x: npt.ArrayLike, name: str) -> np.ndarray:
     a = np.asarray(x)
     if a.dtype == object:
         if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in a.reshape(-1)):
@@ -50,7 +51,7 @@ def _as_int_array(x, name: str) -> np.ndarray:
 _MARGIN = 2.0**-49  # far above the <= 2**-51 rounding error of the float screen below
 
 
-def bernoulli_ratio(num, den, rng: RandomSource) -> np.ndarray:
+def bernoulli_ratio(num: npt.ArrayLike, den: npt.ArrayLike, rng: RandomSource) -> np.ndarray:
     """Exact Bernoulli(num/den) for integer arrays with 0 <= num <= den (den may be a float-exact product).
 
     One 64-bit word U per element is compared with num/den. A double-precision screen decides
@@ -127,7 +128,7 @@ def _bernoulli_exp_int(num: int, den: int, rng: RandomSource, k_start: int = 1) 
 _ONE = np.ones(1, dtype=np.int64)
 
 
-def bernoulli_exp(num, den, rng: RandomSource) -> np.ndarray:
+def bernoulli_exp(num: npt.ArrayLike, den: npt.ArrayLike, rng: RandomSource) -> np.ndarray:
     """Exact Bernoulli(exp(-num/den)) per element, for integers num >= 0, den >= 1 (CKS20 Alg. 1).
 
     ``num``/``den`` broadcast against each other; int64 or Python-int (object) arrays.
@@ -171,7 +172,7 @@ def bernoulli_exp(num, den, rng: RandomSource) -> np.ndarray:
     return out.reshape(shape)
 
 
-def bernoulli_rational(num, den, rng: RandomSource) -> np.ndarray:
+def bernoulli_rational(num: npt.ArrayLike, den: npt.ArrayLike, rng: RandomSource) -> np.ndarray:
     """Exact Bernoulli(num/den) for int64 arrays with 0 <= num <= den."""
     num_a = _as_int_array(num, "num")
     den_a = _as_int_array(den, "den")
@@ -180,7 +181,7 @@ def bernoulli_rational(num, den, rng: RandomSource) -> np.ndarray:
     return bernoulli_ratio(num_a, den_a, rng)
 
 
-def bernoulli_float(p, rng: RandomSource) -> np.ndarray:
+def bernoulli_float(p: npt.ArrayLike, rng: RandomSource) -> np.ndarray:
     """Exact Bernoulli(p) for double-precision probabilities p (each a dyadic rational).
 
     A 64-bit uniform word is compared with the first 64 bits of p's binary expansion; on a tie
@@ -219,7 +220,7 @@ def _bernoulli_fraction_tail(rest: Fraction, rng: RandomSource) -> bool:
 # --------------------------------------------------------------------------- parameters
 
 
-def _fraction_of(x, name: str) -> Fraction:
+def _fraction_of(x: object, name: str) -> Fraction:
     if isinstance(x, Fraction):
         f = x
     elif isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool):
@@ -269,7 +270,8 @@ def dg_tail_unnorm(j: int, s2: float) -> float:
         # an UPPER bound (relative excess <= f(j)/sum ~ 1/sigma < 1e-5): tails used for thresholds and
         # interval half-widths only get more conservative.
         sigma = math.sqrt(s2)
-        return math.exp(-(float(j) * j) / (2 * s2)) + sigma * math.sqrt(math.pi / 2) * math.erfc(j / (sigma * math.sqrt(2)))
+        return (math.exp(-(float(j) * j) / (2 * s2))
+                + sigma * math.sqrt(math.pi / 2) * math.erfc(j / (sigma * math.sqrt(2))))
     k = np.arange(j, top + 1, dtype=np.float64)
     # factor out the first term to keep precision when the tail is tiny
     return float(np.exp(-(k * k - float(j) * j) / (2 * s2)).sum()) * math.exp(-(float(j) * j) / (2 * s2))
@@ -284,13 +286,16 @@ class DiscreteLaplaceParam:
 
     @property
     def scale(self) -> Fraction:
+        """The exact scale t/s."""
         return Fraction(self.t, self.s)
 
     @property
     def scale_float(self) -> float:
+        """The scale as a double (rounded up: a claim computed from it is conservative)."""
         return float_up(self.scale)  # t < 2**53 and s a power of two: exact in practice
 
     def variance(self) -> float:
+        """Variance 2p/(1-p)² of the two-sided geometric distribution, p = exp(-s/t)."""
         # p = exp(-1/scale); Var = 2p/(1-p)^2 for the two-sided geometric distribution.
         p = math.exp(-self.s / self.t)
         return 2.0 * p / (-math.expm1(-self.s / self.t)) ** 2
@@ -311,6 +316,7 @@ class DiscreteGaussianParam:
 
     @property
     def sigma2(self) -> Fraction:
+        """The exact variance parameter t·c/b (the distribution's variance is slightly below it)."""
         return Fraction(self.t * self.c, self.b)
 
     @property
@@ -328,6 +334,7 @@ class DiscreteGaussianParam:
         return np.arange(-half, half + 1, dtype=np.float64)
 
     def variance(self) -> float:
+        """The distribution's actual variance (summed over its support; sigma² when the difference underflows)."""
         s2 = float(self.sigma2)
         if s2 > 1e4:
             # |Var - sigma^2| <= sigma^2 * O(exp(-2 pi^2 sigma^2)) (Poisson summation): 0 in doubles.
@@ -342,7 +349,7 @@ class DiscreteGaussianParam:
         return min(1.0, max(0.0, dg_tail_unnorm(int(k), s2) / dg_norm(s2)))
 
 
-def discrete_laplace_param(scale) -> DiscreteLaplaceParam:
+def discrete_laplace_param(scale: float | Fraction | DiscreteLaplaceParam) -> DiscreteLaplaceParam:
     """Round a scale up to t/s with s a power of two and t of at most 40 significant bits."""
     if isinstance(scale, DiscreteLaplaceParam):
         return scale
@@ -357,7 +364,7 @@ def discrete_laplace_param(scale) -> DiscreteLaplaceParam:
     return DiscreteLaplaceParam(t // g, s // g)
 
 
-def discrete_gaussian_param(sigma) -> DiscreteGaussianParam:
+def discrete_gaussian_param(sigma: float | Fraction | DiscreteGaussianParam) -> DiscreteGaussianParam:
     """Round sigma up: sigma^2 = t*c/b with t = floor(sigma)+1, b a power of two, c = ceil(sigma^2 b / t)."""
     if isinstance(sigma, DiscreteGaussianParam):
         return sigma
@@ -377,7 +384,7 @@ def discrete_gaussian_param(sigma) -> DiscreteGaussianParam:
 # --------------------------------------------------------------------------- samplers
 
 
-def _check_n(n) -> int:
+def _check_n(n: object) -> int:
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
         raise InvalidParameter(f"number of samples must be an integer >= 0, got {n!r}")
     return int(n)
@@ -415,13 +422,13 @@ def _discrete_laplace_ts(t: int, s: int, n: int, rng: RandomSource) -> np.ndarra
     return out
 
 
-def discrete_laplace(scale, n: int, rng: RandomSource) -> np.ndarray:
+def discrete_laplace(scale: float | Fraction | DiscreteLaplaceParam, n: int, rng: RandomSource) -> np.ndarray:
     """n samples with P(k) ∝ exp(-|k|/scale), scale rounded up by ``discrete_laplace_param``."""
     p = discrete_laplace_param(scale)
     return _discrete_laplace_ts(p.t, p.s, _check_n(n), rng)
 
 
-def discrete_gaussian(sigma, n: int, rng: RandomSource) -> np.ndarray:
+def discrete_gaussian(sigma: float | Fraction | DiscreteGaussianParam, n: int, rng: RandomSource) -> np.ndarray:
     """n samples with P(k) ∝ exp(-k^2/(2 sigma^2)) (CKS20 Algorithm 3), sigma rounded up.
 
     Proposal Y ~ discrete Laplace(t); accept with probability exp(-(|Y| - sigma^2/t)^2 / (2 sigma^2)).

@@ -27,11 +27,13 @@ Keep probabilities are doubles (relative error ~1e-15); sampling from a double i
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from dpops.calibration import discrete_gaussian_sigma, gaussian_sigma_zcdp
 from dpops.errors import InvalidParameter
@@ -39,9 +41,9 @@ from dpops.events import ApproxDP, PrivacyEvent, PureDP
 from dpops.randomness import RandomSource
 from dpops.samplers import (
     DiscreteGaussianParam,
+    DiscreteLaplaceParam,
     _bernoulli_exp_int,
     _compare_exact,
-    DiscreteLaplaceParam,
     bernoulli_exp,
     bernoulli_float,
     discrete_gaussian,
@@ -78,7 +80,7 @@ def _dyadic_rate_down(rate: Fraction, max_diff: int) -> tuple[int, int]:
     return math.floor(rate * (1 << k)), k
 
 
-def _utilities(utilities: Any) -> tuple[np.ndarray, bool]:
+def _utilities(utilities: npt.ArrayLike) -> tuple[np.ndarray, bool]:
     u = np.asarray(utilities)
     if u.ndim != 1 or u.size == 0:
         raise InvalidParameter("utilities must be a non-empty 1-D array (one score per candidate)")
@@ -134,7 +136,7 @@ def _permute_and_flip(u: np.ndarray, exact: bool, rate: Fraction, candidates: np
         rest[j], rest[-1] = rest[-1], rest[j]
         c = rest.pop()
         if exact:
-            ok = _bernoulli_exp_int((best - int(u[c])) * p, 1 << k, rng)
+            ok = _bernoulli_exp_int((int(best) - int(u[c])) * p, 1 << k, rng)  # best is an int here
         else:
             prob = Fraction(float(np.exp(-float(rate) * (best - float(u[c])))))
             ok = _compare_exact(int(rng.uint64(1)[0]), prob.numerator, prob.denominator, rng)
@@ -149,7 +151,8 @@ def _rate(epsilon: float, sensitivity: float, monotonic: bool) -> Fraction:
 # --------------------------------------------------------------------------- exponential mechanism
 
 
-def exponential_mechanism(utilities, epsilon: float, sensitivity: float, rng: RandomSource, monotonic: bool = False) -> int:
+def exponential_mechanism(utilities: npt.ArrayLike, epsilon: float, sensitivity: float, rng: RandomSource,
+                          monotonic: bool = False) -> int:
     """ε-DP choice of a candidate index (permute-and-flip; exact for integer utilities)."""
     epsilon = check_epsilon(epsilon)
     sensitivity = check_positive(sensitivity, "sensitivity")
@@ -158,10 +161,12 @@ def exponential_mechanism(utilities, epsilon: float, sensitivity: float, rng: Ra
 
 
 def exponential_mechanism_event(epsilon: float) -> PrivacyEvent:
+    """The event of one ``exponential_mechanism`` call (ε-DP)."""
     return PureDP(check_epsilon(epsilon), mechanism="exponential_mechanism/permute_and_flip")
 
 
-def top_k(utilities, k: int, epsilon: float, sensitivity: float, rng: RandomSource, monotonic: bool = False) -> list[int]:
+def top_k(utilities: npt.ArrayLike, k: int, epsilon: float, sensitivity: float, rng: RandomSource,
+          monotonic: bool = False) -> list[int]:
     """k distinct indices, best first, by k peels of permute-and-flip at ε/k each (ε-DP in total)."""
     epsilon = check_epsilon(epsilon)
     sensitivity = check_positive(sensitivity, "sensitivity")
@@ -180,6 +185,7 @@ def top_k(utilities, k: int, epsilon: float, sensitivity: float, rng: RandomSour
 
 
 def top_k_event(epsilon: float, k: int = 1) -> PrivacyEvent:
+    """The event of one ``top_k`` call: ε-DP in total over its k peels."""
     check_positive_int(k, "k")
     return PureDP(check_epsilon(epsilon), mechanism="top_k/peeling_permute_and_flip")
 
@@ -198,7 +204,8 @@ def quantile_grid(lo: float, hi: float, n_candidates: int = DEFAULT_QUANTILE_CAN
     return np.linspace(lo, hi, n)
 
 
-def quantile_histogram(values, lo: float, hi: float, n_candidates: int = DEFAULT_QUANTILE_CANDIDATES) -> np.ndarray:
+def quantile_histogram(values: npt.ArrayLike, lo: float, hi: float,
+                       n_candidates: int = DEFAULT_QUANTILE_CANDIDATES) -> np.ndarray:
     """Counts per grid cell: cell j holds values in [c_j, c_{j+1}) (the last cell holds hi).
 
     Values are clamped to [lo, hi] first. Histograms of disjoint data add up, so a pipeline can
@@ -214,7 +221,7 @@ def quantile_histogram(values, lo: float, hi: float, n_candidates: int = DEFAULT
 
 
 def dp_quantile(
-    data,
+    data: npt.ArrayLike,
     lo: float,
     hi: float,
     q: float,
@@ -261,6 +268,7 @@ def dp_quantile(
 
 
 def dp_quantile_event(epsilon: float) -> PrivacyEvent:
+    """The event of one ``dp_quantile`` call (ε-DP)."""
     return PureDP(check_epsilon(epsilon), mechanism="quantile/exponential_mechanism")
 
 
@@ -272,6 +280,12 @@ _MAX_TABLE = 10_000_000
 
 @dataclass(frozen=True)
 class PartitionSelection:
+    """Private partition selection: keep a partition only if enough units are in it.
+
+    (ε, δ)-DP when one unit is in at most ``max_partitions_per_unit`` partitions. ``strategy`` is one of
+    STRATEGIES; the table, or the noise and threshold, it needs is computed once in ``__post_init__``.
+    """
+
     strategy: str
     epsilon: float
     delta: float
@@ -282,7 +296,8 @@ class PartitionSelection:
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
-            raise InvalidParameter(f"partition selection strategy {self.strategy!r} is unknown; use one of {STRATEGIES}")
+            raise InvalidParameter(f"partition selection strategy {self.strategy!r} is unknown; "
+                                   f"use one of {STRATEGIES}")
         check_epsilon(self.epsilon)
         check_delta(self.delta, allow_zero=False)
         l0 = check_positive_int(self.max_partitions_per_unit, "max_partitions_per_unit")
@@ -297,9 +312,10 @@ class PartitionSelection:
                 sigma = discrete_gaussian_sigma(float(self.epsilon), self.delta / 2, 1.0)
             else:
                 sigma = gaussian_sigma_zcdp(self.epsilon, self.delta / 2, math.sqrt(l0) * (1 + 1e-15))
-            lat = discrete_gaussian_param(sigma)
-            object.__setattr__(self, "_noise", lat)
-            object.__setattr__(self, "_threshold", _threshold(lat.tail, self.delta / 2 / l0, math.sqrt(float(lat.sigma2))))
+            glat = discrete_gaussian_param(sigma)
+            object.__setattr__(self, "_noise", glat)
+            object.__setattr__(self, "_threshold",
+                               _threshold(glat.tail, self.delta / 2 / l0, math.sqrt(float(glat.sigma2))))
 
     @property
     def threshold(self) -> int | None:
@@ -308,9 +324,10 @@ class PartitionSelection:
 
     @property
     def noise(self) -> DiscreteLaplaceParam | DiscreteGaussianParam | None:
+        """The lattice noise of the thresholding strategies; None for ``truncated_geometric``."""
         return self._noise
 
-    def keep_probability(self, unit_counts) -> np.ndarray:
+    def keep_probability(self, unit_counts: npt.ArrayLike) -> np.ndarray:
         """Exact P(keep | n units) per entry (n <= 0 is never kept)."""
         n = _counts(unit_counts)
         if self.strategy == "truncated_geometric":
@@ -328,7 +345,7 @@ class PartitionSelection:
             out[i] = cache[d]
         return out
 
-    def keep(self, unit_counts, rng: RandomSource) -> np.ndarray:
+    def keep(self, unit_counts: npt.ArrayLike, rng: RandomSource) -> np.ndarray:
         """Bool mask of the partitions to publish."""
         n = _counts(unit_counts)
         if self.strategy == "truncated_geometric":
@@ -339,10 +356,12 @@ class PartitionSelection:
             z = discrete_gaussian(self._noise, n.size, rng)
         return ((n.reshape(-1) + z) >= self._threshold).reshape(n.shape) & (n > 0)
 
-    def event(self) -> PrivacyEvent:
+    def event(self) -> ApproxDP:
+        """What one run of this selection spends: (ε, δ) as configured."""
         return ApproxDP(self.epsilon, self.delta, mechanism=f"partition_selection/{self.strategy}")
 
     def describe(self) -> dict[str, Any]:
+        """JSON for the manifest: the strategy, its (ε, δ), L0 and the noise and threshold it runs with."""
         out: dict[str, Any] = {
             "strategy": self.strategy,
             "epsilon": self.epsilon,
@@ -354,11 +373,12 @@ class PartitionSelection:
             if isinstance(self._noise, DiscreteLaplaceParam):
                 out["noise"] = {"sampler": "discrete_laplace", "lattice_scale": f"{self._noise.t}/{self._noise.s}"}
             else:
-                out["noise"] = {"sampler": "discrete_gaussian", "lattice_sigma2": f"{self._noise.t * self._noise.c}/{self._noise.b}"}
+                out["noise"] = {"sampler": "discrete_gaussian",
+                                "lattice_sigma2": f"{self._noise.t * self._noise.c}/{self._noise.b}"}
         return out
 
 
-def _counts(unit_counts) -> np.ndarray:
+def _counts(unit_counts: npt.ArrayLike) -> np.ndarray:
     n = np.asarray(unit_counts)
     if n.dtype == bool or not np.issubdtype(n.dtype, np.integer):
         if np.issubdtype(n.dtype, np.floating) and np.all(np.isfinite(n)) and np.all(n == np.floor(n)):
@@ -380,7 +400,7 @@ def _truncated_geometric_table(eps: float, delta: float) -> np.ndarray:
     return np.array(table)
 
 
-def _threshold(tail, delta_per_partition: float, scale: float) -> int:
+def _threshold(tail: Callable[[int], float], delta_per_partition: float, scale: float) -> int:
     """Smallest integer T with P(1 + noise >= T) = tail(T - 1) <= delta_per_partition."""
     j = max(1, int(scale))
     while tail(j) > delta_per_partition:

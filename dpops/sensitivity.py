@@ -63,6 +63,8 @@ ADJACENCIES = ("add_remove", "replace")
 
 @dataclass(frozen=True)
 class ContributionBounds:
+    """How much one privacy unit may contribute: at most L0 partitions and Linf rows in each, under an adjacency."""
+
     adjacency: str  # "add_remove" | "replace"
     max_partitions: int  # L0 >= 1
     max_rows_per_partition: int  # Linf >= 1
@@ -77,12 +79,15 @@ class ContributionBounds:
         check_positive_int(self.max_rows_per_partition, "contribution bounds: max_rows_per_partition (Linf)")
         if not isinstance(self.partitions_fixed_per_unit, bool):
             raise InvalidParameter(
-                f"contribution bounds: partitions_fixed_per_unit must be true or false, got {self.partitions_fixed_per_unit!r}"
+                "contribution bounds: partitions_fixed_per_unit must be true or false, "
+                f"got {self.partitions_fixed_per_unit!r}"
             )
 
 
 @dataclass(frozen=True)
 class Sensitivity:
+    """Sensitivities of one output vector: the L1, L2 and L∞ change one unit causes, over ``max_coords`` coordinates."""
+
     l1: float
     l2: float
     linf: float  # max change of one output coordinate

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import math
 import os
 import re
@@ -35,7 +36,7 @@ import warnings
 from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import (
@@ -52,6 +53,9 @@ from pydantic import (
 from dpops.errors import InvalidParameter, SpecError
 from dpops.events import canonical_json
 from dpops.validation import check_bounds, check_delta, check_delta_for_population, check_epsilon
+
+if TYPE_CHECKING:
+    from dpops.storage.location import Location
 
 MAX_SPEC_BYTES = 1024 * 1024  # a release spec is a few KiB; anything bigger is a mistake or an attack
 MAX_PUBLIC_FILE_BYTES = 64 * 1024 * 1024
@@ -324,15 +328,34 @@ class PostprocessSpec(_Strict):
 
 
 class OutputSpec(_Strict):
+    """``root``: where staged and published outputs go.
+
+    A relative path (below the spec's directory, the default ``out``), an absolute path, or a URI
+    (``file://``, ``s3://``, ``gs://``, anything ``pyarrow.fs`` understands). An absolute path or a URI
+    is accepted only under an entry of the operator's ``DPOPS_OUTPUT_ROOTS`` (``dpops.dataroots.
+    check_output_root``, run by ``parse_spec``): a spec author must not be able to make a process that
+    holds the noise key write next to another release's files or into a bucket the operator did not
+    choose. The shape is checked here; the allow-list needs the environment and the spec's file name.
+    """
+
     root: str = "out"
 
     @field_validator("root")
     @classmethod
     def _root(cls, v: str) -> str:
+        from dpops.storage.location import Location, LocationError, is_uri
+
         if not v.strip():
             raise ValueError("output root is empty")
-        if os.path.isabs(v) or v.startswith("~") or re.match(r"^[A-Za-z]:", v) or "\\" in v:
-            raise ValueError(f"output root {v!r} must be a relative path below the spec's directory")
+        if is_uri(v):
+            try:
+                Location.parse(v)
+            except LocationError as exc:
+                raise ValueError(f"output root: {exc}") from None
+            return v
+        if v.startswith("~") or re.match(r"^[A-Za-z]:", v) or "\\" in v:
+            raise ValueError(f"output root {v!r} must be a relative path below the spec's directory, an absolute "
+                             "path or a URI (s3://bucket/prefix)")
         if ".." in Path(v).parts:
             raise ValueError(f"output root {v!r} must not contain '..'")
         return v
@@ -419,12 +442,15 @@ class ReleaseSpec(_Strict):
     def source(self) -> str:
         return self._source
 
-    def resolve_path(self, p: str) -> Path:
-        path = Path(p).expanduser()
-        return path if path.is_absolute() else self._base_dir / path
+    def resolve_path(self, p: str) -> "Location":
+        """A spec path as a ``Location``: a URI as given, an absolute path, or relative to the spec's directory."""
+        from dpops.storage.location import Location
+
+        return Location.parse(p, base=Location.local(self._base_dir))
 
     @property
-    def output_root(self) -> Path:
+    def output_root(self) -> "Location":
+        """``output.root`` as a ``Location`` (local path or object-store URI); see ``OutputSpec``."""
         return self.resolve_path(self.output.root)
 
     def canonical_document(self) -> dict[str, Any]:
@@ -772,6 +798,9 @@ def parse_spec(data: Any, source: str = "<spec>", base_dir: str | Path | None = 
         raise SpecError("\n".join(f"{source}: {line}" for line in lines)) from None
     spec._base_dir = Path(base_dir) if base_dir is not None else Path.cwd()
     spec._source = source
+    from dpops.dataroots import check_output_root
+
+    check_output_root(spec)  # the operator's allow-list, at load (DAG parse, spec check, prepare before reserve)
     if spec.budget.delta > 1e-5:
         warnings.warn(f"{source}: budget.delta={spec.budget.delta!r} is above 1e-5; a delta this large is rarely justified",
                       stacklevel=2)
@@ -817,7 +846,7 @@ def _yaml_where(exc: Exception) -> str:
     return f": {problem or 'cannot parse'}{where}"
 
 
-def _read_public_file(spec: ReleaseSpec, path: Path) -> list[tuple[Any, ...]]:
+def _read_public_file(spec: ReleaseSpec, path: "Location") -> list[tuple[Any, ...]]:
     """CSV with a header naming the partition columns; values converted to the declared column types."""
     where = f"{spec.source}: partitions.public_file ({path})"
     # The path must resolve under a data root and away from the noise key (dpops.dataroots), and no error
@@ -825,11 +854,13 @@ def _read_public_file(spec: ReleaseSpec, path: Path) -> list[tuple[Any, ...]]:
     from dpops.dataroots import check_data_path
 
     check_data_path(path, "partitions.public_file", source=spec.source, spec_dir=spec.base_dir)
+    from dpops.storage import files
+
     try:
-        if path.stat().st_size > MAX_PUBLIC_FILE_BYTES:
+        raw = files.read_bytes(path, limit=MAX_PUBLIC_FILE_BYTES)
+        if raw is None:
             raise SpecError(f"{where}: larger than {MAX_PUBLIC_FILE_BYTES} bytes")
-        with open(path, newline="", encoding="utf-8") as fh:
-            rows = list(csv.reader(fh))
+        rows = list(csv.reader(io.StringIO(raw.decode("utf-8"), newline="")))
     except OSError as exc:
         raise SpecError(f"{where}: cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError:

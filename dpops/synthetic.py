@@ -1,5 +1,8 @@
 """Synthetic event data for benchmarks, tests and the demo (never real data).
 
+``generate_for_spec`` writes input shaped by a release spec (its path template, format, columns,
+public partitions and bounds), so the shipped examples run as they are (``dpops spec synth``).
+
 ``generate_events`` writes one Parquet file per day using the spec's path
 template (``{start:%Y-%m-%d}`` ...). Activity is power-law: user i has weight
 proportional to (i+1)^-user_exponent, so a few users have many rows (the case
@@ -13,6 +16,7 @@ from __future__ import annotations
 import os
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -103,6 +107,101 @@ def generate_events(
                     pa.array(t, pa.timestamp("us", tz="UTC")),
                 ], schema=schema)
                 writer.write_batch(batch, row_group_size=row_group_size)
+        os.replace(tmp, out)
+        written.append(str(out))
+    return written
+
+
+def generate_for_spec(
+    spec_path: str | os.PathLike[str],
+    start: str,
+    end: str,
+    *,
+    n_rows: int = 2000,
+    n_users: int = 300,
+    n_partitions: int = 8,
+    seed: int = 0,
+    user_exponent: float = 1.0,
+) -> list[str]:
+    """Write synthetic input for every interval of a release spec starting in [start, end).
+
+    The files follow the spec itself, so a shipped example runs as it is: its ``input.path``
+    template (relative to the spec's directory), its ``format`` (parquet or csv) and its declared
+    ``columns``. Values: the unit column holds power-law user ids; partition columns hold the
+    spec's public partitions when it lists them (else ``<column><i>`` names, power-law); a bounded
+    metric's column is lognormal clipped to its bounds; a top_k column draws from its domain; the
+    time column falls inside the file's interval. Returns the written paths. Never real data.
+    """
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    from dpops.gaps import spec_intervals
+    from dpops.ledger.model import parse_utc
+    from dpops.spec import load_spec
+
+    for name, v in (("n_rows", n_rows), ("n_users", n_users), ("n_partitions", n_partitions)):
+        if not isinstance(v, int) or v < 1:
+            raise InvalidParameter(f"generate_for_spec: {name} must be an integer >= 1, got {v!r}")
+    spec = load_spec(spec_path)
+    cols = spec.input.columns
+    unit = spec.privacy_unit.column
+    part_cols = list(spec.partitions.columns)
+    public = spec.public_partitions()
+    bounds: dict[str, tuple[float, float]] = {}
+    domains: dict[str, list[Any]] = {}
+    for m in spec.metrics:
+        col = getattr(m, "column", None)
+        if col and getattr(m, "bounds", None):
+            lo, hi = m.bounds
+            bounds[col] = (min(bounds.get(col, (lo, hi))[0], lo), max(bounds.get(col, (lo, hi))[1], hi))
+        if col and getattr(m, "domain", None):
+            domains[col] = list(m.domain)
+    rng = np.random.default_rng(seed)
+    user_p = _power_law(n_users, user_exponent)
+    written = []
+    for s, e in spec_intervals(spec, parse_utc(start, "start"), parse_utc(end, "end")):
+        n = n_rows
+        data: dict[str, Any] = {}
+        users = rng.choice(n_users, size=n, p=user_p)
+        data[unit] = [f"u{i}" for i in users] if cols[unit] == "string" else users.astype(np.int64)
+        if public is not None:
+            idx = rng.choice(len(public), size=n, p=_power_law(len(public), 0.8))
+            for j, c in enumerate(part_cols):
+                data[c] = [public[i][j] for i in idx]
+        else:
+            for c in part_cols:
+                idx = rng.choice(n_partitions, size=n, p=_power_law(n_partitions, 0.8))
+                data[c] = [f"{c}{i}" for i in idx] if cols[c] == "string" else idx.astype(np.int64)
+        for c, t in cols.items():
+            if c in data:
+                continue
+            if c == spec.input.time_column or t == "timestamp":
+                span_us = int((e - s).total_seconds() * 1_000_000)
+                base_us = int(s.timestamp() * 1_000_000)
+                data[c] = pa.array(base_us + rng.integers(0, span_us, size=n), pa.timestamp("us", tz="UTC"))
+            elif c in domains:
+                dom = domains[c]
+                data[c] = [dom[i] for i in rng.choice(len(dom), size=n, p=_power_law(len(dom), 0.7))]
+            elif t in ("float", "int"):
+                lo, hi = bounds.get(c, (0.0, 100.0))
+                v = np.clip(lo + rng.lognormal(0.0, 1.0, size=n) * max(hi - lo, 1e-9) / 8.0, lo, hi)
+                data[c] = v if t == "float" else np.round(v).astype(np.int64)
+            elif t == "bool":
+                data[c] = rng.random(n) < 0.5
+            else:
+                data[c] = [f"{c}{i}" for i in rng.integers(0, 10, size=n)]
+        types = {"string": pa.string(), "int": pa.int64(), "float": pa.float64(), "bool": pa.bool_(),
+                 "timestamp": pa.timestamp("us", tz="UTC")}
+        table = pa.table({c: pa.array(data[c], types[t]) if not isinstance(data[c], pa.Array) else data[c]
+                          for c, t in cols.items()})
+        out = Path(spec.resolve_path(spec.input.path.format(start=s, end=e)))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + ".tmp")
+        if spec.input.format == "parquet":
+            pq.write_table(table, tmp)
+        else:
+            pacsv.write_csv(table, tmp)
         os.replace(tmp, out)
         written.append(str(out))
     return written

@@ -62,8 +62,8 @@ def test_l0_bounding_skipped_fails(monkeypatch):
 
     real = bounding.bound_contributions
 
-    def no_l0(u, p, prio, l0, linf):  # BUG: a unit keeps all its partitions
-        return real(u, p, prio, 10**9, linf)
+    def no_l0(u, p, prio, l0, linf, *pair_prio):  # BUG: a unit keeps all its partitions
+        return real(u, p, prio, 10**9, linf, *pair_prio)
 
     monkeypatch.setattr(bounding, "bound_contributions", no_l0)
     res = _audit("count")
@@ -74,7 +74,8 @@ def test_linf_bounding_skipped_fails(monkeypatch):
     import pipelines.bounding as bounding
 
     real = bounding.bound_contributions
-    monkeypatch.setattr(bounding, "bound_contributions", lambda u, p, prio, l0, linf: real(u, p, prio, l0, 10**9))
+    monkeypatch.setattr(bounding, "bound_contributions",
+                        lambda u, p, prio, l0, linf, *pair_prio: real(u, p, prio, l0, 10**9, *pair_prio))
     res = _audit("sum")
     assert not res.passed and res.scenario == "over_bounds", res
 

@@ -103,7 +103,8 @@ def _assert_refused(case: Case, r, code: int, fragment: str) -> None:
     assert not r.traceback, r.err[-3000:]
     assert r.rc == code, f"expected exit {code}, got {r.rc}: {r.err[-2000:]}"
     assert fragment.lower() in r.err.lower(), f"{fragment!r} not in: {r.err[-2000:]}"
-    assert r.err.startswith("dpops: error: "), r.err[:300]
+    err = "".join(line for line in r.err.splitlines(keepends=True) if not line.startswith("dpops: stage: "))
+    assert err.startswith("dpops: error: "), r.err[:300]  # after the stage lines (issue 12), one error line
     assert case.published() is None and not (case.root / "out" / "published").exists()
     # refused before reading data: no reservation, no charge, not even a released run
     from dpops.ledger import open_ledger

@@ -337,7 +337,7 @@ def test_leak_scan_through_the_cli(tmp_path, clean_env):
         release(spec, "2024-01-03/2024-01-04", 3)  # a symlink to the key under the data root
         release(spec, "2024-01-04/2024-01-05", 4)  # a copy of the key read as a CSV header
         # a future bug inside the Beam job whose exception text quotes the data: withheld everywhere
-        import pipelines.release_pipeline as rp
+        import pipelines.io as rp  # the read DoFn (pipelines.transforms) calls it through this module
 
         real = rp.prepare_batch
 

@@ -44,10 +44,10 @@ def test_init_scope_status_history_verify_export(capsys, url, tmp_path):
     code, out, _ = run(capsys, "ledger", "--ledger", url, "status", "web")
     assert code == 0 and "0.75" in out
     code, out, _ = run(capsys, "ledger", "--ledger", url, "history", "web", "--json")
-    assert [e["kind"] for e in json.loads(out)] == ["scope_created", "reserved", "started", "committed"]
+    assert [e["kind"] for e in json.loads(out)["entries"]] == ["scope_created", "reserved", "started", "committed"]
     assert run(capsys, "ledger", "--ledger", url, "history")[0] == 0
     code, out, _ = run(capsys, "ledger", "--ledger", url, "runs", "--json", "--state", "committed")
-    assert code == 0 and json.loads(out)[0]["run_id"] == rec.run_id
+    assert code == 0 and json.loads(out)["runs"][0]["run_id"] == rec.run_id
     assert run(capsys, "ledger", "--ledger", url, "runs")[0] == 0
     assert run(capsys, "ledger", "--ledger", url, "scope", "show")[0] == 0
     code, out, _ = run(capsys, "ledger", "--ledger", url, "verify", "--json")
@@ -83,7 +83,7 @@ def test_cap_recover_and_errors(capsys, url, monkeypatch):
     assert code == 3 and "unit_period='day'" in err
     monkeypatch.setenv("DPOPS_LEDGER_URL", url)  # the default comes from the environment
     code, out, _ = run(capsys, "ledger", "scope", "show", "web", "--json")
-    assert code == 0 and json.loads(out)[0]["epsilon"] == 2.0
+    assert code == 0 and json.loads(out)["scopes"][0]["epsilon"] == 2.0
 
 
 def test_plan_command_writes_nothing(capsys, url, tmp_path):

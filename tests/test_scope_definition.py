@@ -120,7 +120,7 @@ def test_scope_show_lists_the_definition(tmp_path, capsys, monkeypatch):
                  "--record-level"]) == 0
     capsys.readouterr()
     assert main(["ledger", "--ledger", url, "scope", "show", "rl", "--json"]) == 0
-    shown = json.loads(capsys.readouterr().out)[0]
+    shown = json.loads(capsys.readouterr().out)["scopes"][0]
     assert shown["adjacency"] == "replace" and shown["record_level"] is True and shown["unit_column"] == "row_id"
     assert main(["ledger", "--ledger", url, "scope", "show"]) == 0
     text = capsys.readouterr().out

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from dpops.errors import SpecError
+from dpops.storage.location import Location
 from dpops.spec import load_spec, parse_spec
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "daily_purchases.yaml"
@@ -30,7 +31,7 @@ def test_example_is_valid():
     assert spec.name == "daily_purchases"
     assert spec.metric_keys[:3] == ["count", "unit_count", "sum_amount"]
     assert spec.public_partitions() == [("north",), ("south",), ("east",), ("west",)]
-    assert spec.output_root == EXAMPLE.parent / "out"
+    assert spec.output_root == Location.local(EXAMPLE.parent / "out")
     assert len(spec.spec_hash) == 64
 
 
@@ -83,7 +84,7 @@ BAD = [
     ("partitions.private", {"strategy": "truncated_geometric"}, "partitions: give exactly one of"),
     ("output.root", "../escape", "output.root: output root '../escape' must not contain '..'"),
     ("output.root", "out/../../etc", "output.root"),
-    ("output.root", "/etc/dpops", "output.root: output root '/etc/dpops' must be a relative path"),
+    ("output.root", "/etc/dpops", "output.root (/etc/dpops) is an absolute path or URI outside the operator's allowed output roots ($DPOPS_OUTPUT_ROOTS"),
     ("name", "../evil", "name: release name '../evil' must match"),
     ("name", "Daily Purchases", "name: release name"),
     ("contribution.max_partitions_per_unit", 0, "contribution.max_partitions_per_unit: Input should be greater than or equal to 1"),

@@ -123,7 +123,8 @@ def numpy_core(spec_path: Path, input_path: Path) -> dict:
     for item in work_items([str(input_path)], "parquet"):
         for seq, (batch, offset) in enumerate(iter_record_batches(item, ctx.read)):
             rows, (uniq, values), _ = prepare_batch(batch, item[0], offset, ctx.read,
-                                                    source.child("bounding", item[0], item[2], seq))
+                                                    source.child("bounding", item[0], item[2], seq),
+                                                    pair_salt=ctx.randomness.pair_salt(source))
             for j, h in enumerate(uniq):
                 names.setdefault(int(h), tuple(col[j] for col in values))
             for b, chunk in split_by_bucket(rows, ctx.read.n_buckets):

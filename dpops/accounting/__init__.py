@@ -23,6 +23,11 @@ _LATEST: dict[str, str] = {ref.split("/")[0]: ref for ref in _BUILTIN}
 
 
 def register(cls: type[Accountant]) -> type[Accountant]:
+    """Add an accountant class under ``name/version``; a third-party accountant registers itself this way.
+
+    The last version registered for a name becomes what the bare name resolves to, so register
+    older versions first. Returns the class, so it can be used as a decorator.
+    """
     ref = f"{cls.name}/{cls.version}"
     _REGISTRY[ref] = cls
     # "latest" is by registration order: register older versions first.
@@ -50,6 +55,7 @@ def get_accountant(ref: str) -> Accountant:
 
 
 def known_accountants() -> list[str]:
+    """Every registered ``name/version``, sorted (for error messages, manifest checks and the CLI)."""
     return sorted(_REGISTRY)
 
 

@@ -14,7 +14,8 @@ reservation, so that checking a cap costs the same at 10 and at 10,000 entries.
 from __future__ import annotations
 
 import abc
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from dpops.events import PrivacyEvent
 
@@ -22,6 +23,12 @@ State = dict[str, Any]
 
 
 class Accountant(abc.ABC):
+    """A composition rule for privacy events, identified by an immutable ``name/version``.
+
+    Subclasses implement the four running-state methods; the one-shot ``epsilon``/``delta`` are
+    defined through them, so the ledger's cached state and a fresh replay can never disagree.
+    """
+
     name: str
     version: str
 
@@ -41,17 +48,20 @@ class Accountant(abc.ABC):
 
     # --- running state (the ledger's per-scope cache) ------------------------
     @abc.abstractmethod
-    def empty_state(self) -> State: ...
+    def empty_state(self) -> State:
+        """The state of an empty history (nothing spent)."""
 
     @abc.abstractmethod
     def add_events(self, state: State, events: Sequence[PrivacyEvent]) -> State:
         """Return a new state with ``events`` composed in; ``state`` is not modified."""
 
     @abc.abstractmethod
-    def state_epsilon(self, state: State, delta: float) -> float: ...
+    def state_epsilon(self, state: State, delta: float) -> float:
+        """Smallest epsilon certified at ``delta`` for the history ``state`` summarises (inf if none is)."""
 
     @abc.abstractmethod
-    def state_delta(self, state: State, epsilon: float) -> float: ...
+    def state_delta(self, state: State, epsilon: float) -> float:
+        """Smallest delta certified at ``epsilon`` for the history ``state`` summarises (1.0 if none is)."""
 
     def describe(self) -> dict[str, Any]:
         """Name, version and the library versions that computed the numbers."""

@@ -10,7 +10,7 @@ the rdp and pld accountants.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from dpops.accounting.base import Accountant, State
 from dpops.errors import InvalidParameter
@@ -38,13 +38,17 @@ def zcdp_to_epsilon(rho: float, delta: float) -> float:
 
 
 class BasicAccountant(Accountant):
+    """``basic/1``: pure and approximate epsilons and deltas add; Gaussian-type events go through zCDP."""
+
     name = "basic"
     version = "1"
 
     def empty_state(self) -> State:
+        """Three sums: pure+approx epsilon, approx delta, and the rho of the Gaussian-type events."""
         return {"eps": 0.0, "delta": 0.0, "rho": 0.0}
 
     def add_events(self, state: State, events: Sequence[PrivacyEvent]) -> State:
+        """Add each atomic event (times its multiplicity) to the matching sum."""
         eps, dlt, rho = float(state["eps"]), float(state["delta"]), float(state["rho"])
         for ev, k in flatten(events):
             if isinstance(ev, (Laplace, DiscreteLaplace, PureDP)):
@@ -59,6 +63,7 @@ class BasicAccountant(Accountant):
         return {"eps": eps, "delta": dlt, "rho": rho}
 
     def state_epsilon(self, state: State, delta: float) -> float:
+        """Summed epsilon plus the zCDP conversion of rho at the delta left after the approx-DP deltas."""
         check_delta(delta)
         left = delta - state["delta"]
         if left < 0:
@@ -68,6 +73,7 @@ class BasicAccountant(Accountant):
         return state["eps"] + zcdp_to_epsilon(state["rho"], left)
 
     def state_delta(self, state: State, epsilon: float) -> float:
+        """Inverse of ``state_epsilon``: the approx deltas plus the delta the zCDP part needs for the spare epsilon."""
         check_epsilon(epsilon)
         spare = epsilon - state["eps"]
         if spare < 0:

@@ -43,8 +43,7 @@ from __future__ import annotations
 
 import functools
 import json
-import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import dp_accounting
 import numpy as np
@@ -93,7 +92,8 @@ def _lattice_sensitivity(sensitivity: float, resolution: float) -> int | None:
 
 def _rr(eps: float, delta: float = 0.0) -> pld_lib.PrivacyLossDistribution:
     return pld_lib.from_privacy_parameters(
-        pld_common.DifferentialPrivacyParameters(eps, delta), value_discretization_interval=VALUE_DISCRETIZATION_INTERVAL
+        pld_common.DifferentialPrivacyParameters(eps, delta),
+        value_discretization_interval=VALUE_DISCRETIZATION_INTERVAL,
     )
 
 
@@ -157,10 +157,17 @@ def _composed(items: tuple[tuple[str, int], ...]):
 
 
 class PldAccountant(Accountant):
+    """``pld/1``: privacy loss distributions from dp_accounting (pessimistic), never looser than ``rdp/1``.
+
+    The running state is the multiset of atomic events (canonical JSON -> count): a PLD cannot be
+    stored compactly, so it is rebuilt from the events on each query (``_composed`` caches it).
+    """
+
     name = "pld"
     version = "1"
 
     def empty_state(self) -> State:
+        """No events."""
         return {"events": {}}
 
     def _items(self, state: State) -> tuple[tuple[str, int], ...]:
@@ -174,6 +181,7 @@ class PldAccountant(Accountant):
         return [SelfComposed(event_from_dict(json.loads(k)), c) for k, c in items]
 
     def add_events(self, state: State, events: Sequence[PrivacyEvent]) -> State:
+        """Count each atomic event by its canonical JSON; nothing is composed until a query."""
         out = dict(self._items(state))
         for ev, k in flatten(events):
             if not isinstance(ev, (Gaussian, Laplace, DiscreteLaplace, DiscreteGaussian, PureDP, ApproxDP, ZCDP)):
@@ -183,6 +191,7 @@ class PldAccountant(Accountant):
         return {"events": out}
 
     def state_epsilon(self, state: State, delta: float) -> float:
+        """The PLD's epsilon (with the events it cannot represent composed beside through RDP), capped by ``rdp/1``."""
         check_delta(delta)
         items = self._items(state)
         if not items:
@@ -200,6 +209,7 @@ class PldAccountant(Accountant):
         return float(max(0.0, min(own, via_rdp)))
 
     def state_delta(self, state: State, epsilon: float) -> float:
+        """The PLD's delta (events it cannot represent composed beside through RDP), capped by ``rdp/1``."""
         check_epsilon(epsilon)
         items = self._items(state)
         if not items:
@@ -219,6 +229,7 @@ class PldAccountant(Accountant):
         return float(min(1.0, own, via_rdp))
 
     def describe(self) -> dict:
+        """Also records the dp_accounting version and discretisation: they change the numbers."""
         return {
             "name": self.name,
             "version": self.version,

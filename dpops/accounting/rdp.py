@@ -42,7 +42,7 @@ floats whose size does not grow with history.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -106,21 +106,27 @@ def rdp_to_delta(rdp: np.ndarray, epsilon: float) -> float:
 
 
 class RdpAccountant(Accountant):
+    """``rdp/1``: Rényi DP curves over fixed orders, converted with Canonne, Kamath & Steinke 2020, Prop 12."""
+
     name = "rdp"
     version = "1"
 
     def empty_state(self) -> State:
+        """Zero curves, zero pure epsilon, zero approx (epsilon, delta)."""
         zeros = [0.0] * len(ORDERS)
-        return {"rdp_all": list(zeros), "rdp_noise": list(zeros), "pure_eps": 0.0, "approx_eps": 0.0, "approx_delta": 0.0}
+        return {"rdp_all": list(zeros), "rdp_noise": list(zeros), "pure_eps": 0.0, "approx_eps": 0.0,
+                "approx_delta": 0.0}
 
     def _vectors(self, state: State) -> tuple[np.ndarray, np.ndarray]:
         check_state(state, _STATE_KEYS, self.ref)
         all_, noise = np.asarray(state["rdp_all"], dtype=float), np.asarray(state["rdp_noise"], dtype=float)
         if all_.shape != _A.shape or noise.shape != _A.shape:
-            raise InvalidParameter(f"{self.ref} running state has RDP vectors of the wrong length (expected {len(ORDERS)})")
+            raise InvalidParameter(f"{self.ref} running state has RDP vectors of the wrong length "
+                                   f"(expected {len(ORDERS)})")
         return all_, noise
 
     def add_events(self, state: State, events: Sequence[PrivacyEvent]) -> State:
+        """Add each event's RDP curve; approx-DP events are summed beside (they have no RDP form)."""
         rdp_all, rdp_noise = (v.copy() for v in self._vectors(state))
         pure_eps, a_eps, a_delta = float(state["pure_eps"]), float(state["approx_eps"]), float(state["approx_delta"])
         # Group identical atoms first: a history of 10,000 copies costs one curve evaluation.
@@ -154,6 +160,7 @@ class RdpAccountant(Accountant):
         }
 
     def state_epsilon(self, state: State, delta: float) -> float:
+        """The better of the joint curve and (noise curve + pure epsilon beside), plus the approx epsilon."""
         check_delta(delta)
         rdp_all, rdp_noise = self._vectors(state)
         left = delta - state["approx_delta"]
@@ -164,6 +171,7 @@ class RdpAccountant(Accountant):
         return min(joint, beside) + state["approx_eps"]
 
     def state_delta(self, state: State, epsilon: float) -> float:
+        """Inverse of ``state_epsilon``: the smaller delta of the two analyses, plus the approx deltas."""
         check_epsilon(epsilon)
         rdp_all, rdp_noise = self._vectors(state)
         spare = epsilon - state["approx_eps"]
@@ -175,6 +183,7 @@ class RdpAccountant(Accountant):
         return min(1.0, min(joint, beside) + state["approx_delta"])
 
     def describe(self) -> dict:
+        """Also records the orders and the numpy version that computed the curves."""
         return {
             "name": self.name,
             "version": self.version,

@@ -29,7 +29,7 @@ The running state keeps five floats, so a reservation costs O(new events).
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from dpops.accounting.base import Accountant, State
 from dpops.accounting.basic import zcdp_to_epsilon
@@ -70,13 +70,17 @@ def check_state(state: State, keys: Sequence[str], ref: str) -> None:
 
 
 class ZcdpAccountant(Accountant):
+    """``zcdp/1``: sum rho and convert once (see the module docstring for what each event costs)."""
+
     name = "zcdp"
     version = "1"
 
     def empty_state(self) -> State:
+        """Five zero sums (see ``_STATE_KEYS``)."""
         return {k: 0.0 for k in _STATE_KEYS}
 
     def add_events(self, state: State, events: Sequence[PrivacyEvent]) -> State:
+        """Add each event's rho (and, for pure events, its epsilon for the "beside" bound) or approx (eps, delta)."""
         check_state(state, _STATE_KEYS, self.ref)
         out = {k: float(state[k]) for k in _STATE_KEYS}
         for ev, k in flatten(events):
@@ -93,6 +97,10 @@ class ZcdpAccountant(Accountant):
         return out
 
     def state_epsilon(self, state: State, delta: float) -> float:
+        """The smaller of "all as rho" and "pure beside", plus the approx epsilon.
+
+        inf when ``delta`` does not exceed the approx deltas (no finite epsilon certifies it).
+        """
         check_delta(delta)
         check_state(state, _STATE_KEYS, self.ref)
         left = delta - state["approx_delta"]
@@ -104,6 +112,7 @@ class ZcdpAccountant(Accountant):
         return min(as_rho, pure_beside) + state["approx_eps"]
 
     def state_delta(self, state: State, epsilon: float) -> float:
+        """Inverse of ``state_epsilon``: the smaller delta of the two analyses, plus the approx deltas."""
         check_epsilon(epsilon)
         check_state(state, _STATE_KEYS, self.ref)
         spare = epsilon - state["approx_eps"]
@@ -115,6 +124,7 @@ class ZcdpAccountant(Accountant):
         return min(1.0, min(as_rho, pure_beside) + state["approx_delta"])
 
     def describe(self) -> dict:
+        """Also records the conversion used."""
         return {
             "name": self.name,
             "version": self.version,

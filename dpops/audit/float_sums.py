@@ -51,6 +51,8 @@ ATTACK_ROWS = 2**22
 
 @dataclass(frozen=True)
 class FloatSumCase:
+    """One attack case: the metric, its bounds and the rows that make a float64 running sum drop a unit's term."""
+
     metric: str  # metric type
     bounds: tuple[float, float]
     big: float  # value of the 2^22 large rows
@@ -109,6 +111,7 @@ def audit_float_sums(cases: list[str] | None = None, *, adjacency: str = "add_re
     from dpops.mechanisms import lattice_of_fixed
     from dpops.randomness import test_random
     from dpops.release_plan import plan_release
+    from dpops.samplers import DiscreteLaplaceParam
     from pipelines.bounding import SUM_KINDS, sum_unit
 
     out = []
@@ -117,6 +120,7 @@ def audit_float_sums(cases: list[str] | None = None, *, adjacency: str = "add_re
         spec = attack_spec(case, adjacency)
         plan = plan_release(spec)
         m = plan.metrics[0]
+        assert m.bounds is not None  # the attack specs are bounded sums/means with Laplace noise
         h = Harness(spec, plan)
         published, lattice = [], []
         for world in (0, 1):
@@ -142,8 +146,9 @@ def audit_float_sums(cases: list[str] | None = None, *, adjacency: str = "add_re
                 d = abs(Fraction(published[1]) - Fraction(published[0])) / Fraction(r)  # exact: both on the r-grid
             else:
                 d = Fraction(abs(lattice[1][v.name] - lattice[0][v.name]))
-            charged = Fraction(v.params.l1_sensitivity) / Fraction(r)
             lat = v.params._lattice()
+            assert isinstance(lat, DiscreteLaplaceParam) and v.params.l1_sensitivity is not None
+            charged = Fraction(v.params.l1_sensitivity) / Fraction(r)
             scale = Fraction(lat.t, lat.s)  # discrete Laplace lattice scale t/s
             claimed = float(charged / scale)
             out.append(AuditResult(

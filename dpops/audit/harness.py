@@ -22,11 +22,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dpops.errors import DpopsError, SpecError
+
+if TYPE_CHECKING:
+    from dpops.randomness import RandomSource
+    from dpops.release_plan import ReleasePlan
 
 AUDIT_POSTPROCESS = {"non_negative": False, "integer_counts": True, "clamp_means_to_bounds": False,
                      "suppress_below": None}
@@ -42,16 +46,19 @@ class Rows:
     cat: np.ndarray  # int64 category code in the metric's domain, -1 = none
 
     @staticmethod
-    def concat(parts: list["Rows"]) -> "Rows":
+    def concat(parts: list[Rows]) -> Rows:
+        """The rows of ``parts`` one after another (an empty list gives an empty dataset)."""
         parts = [p for p in parts if p.unit.size] or [Rows.empty()]
         return Rows(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("unit", "part", "value", "cat")))
 
     @staticmethod
-    def empty() -> "Rows":
+    def empty() -> Rows:
+        """A dataset with no rows (the neighbour that lacks the target under add/remove)."""
         return Rows(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64))
 
 
 def block(units: np.ndarray, parts: np.ndarray, value: float, cat: int = -1) -> Rows:
+    """``units.size`` rows of ``value`` (and category ``cat``, -1 for none), unit and partition given per row."""
     units = np.asarray(units, np.int64)
     parts = np.asarray(parts, np.int64)
     return Rows(units, parts, np.full(units.size, float(value)), np.full(units.size, int(cat), np.int64))
@@ -60,7 +67,9 @@ def block(units: np.ndarray, parts: np.ndarray, value: float, cat: int = -1) -> 
 class Harness:
     """Everything needed to push synthetic rows through the pipeline functions for one plan."""
 
-    def __init__(self, spec, plan, *, category_column: str | None = None, category_domain: tuple = ()):
+    # spec: a dpops.spec.ReleaseSpec; left untyped until pipelines.io takes Mapping[str, str] column types
+    def __init__(self, spec: Any, plan: ReleasePlan, *, category_column: str | None = None,
+                 category_domain: tuple = ()):
         from pipelines.bounding import AggregationSpec, metric_layout
         from pipelines.io import ReadConfig
 
@@ -87,7 +96,7 @@ class Harness:
     def partition_values(self, n_parts: int) -> list[list[Any]]:
         """Partition column values of partition index 0..n-1 (first column carries the index)."""
         idx = np.arange(n_parts)
-        out = []
+        out: list[list[Any]] = []
         for i, c in enumerate(self.part_cols):
             t = self.types[c]
             if i == 0:
@@ -99,6 +108,7 @@ class Harness:
         return out
 
     def partition_index(self, first_col_values: list[Any]) -> np.ndarray:
+        """Partition index of each released row, from its first partition column (inverse of ``partition_values``)."""
         t = self.types[self.part_cols[0]]
         if t == "string":
             return np.array([int(v[1:]) for v in first_col_values], np.int64)
@@ -116,7 +126,7 @@ class Harness:
             cols[self.unit_col] = pa.array(rows.unit, pa.int64())
         pvals = self.partition_values(n_parts)
         take = pa.array(rows.part, pa.int64())
-        for c, vals in zip(self.part_cols, pvals):
+        for c, vals in zip(self.part_cols, pvals, strict=True):
             cols[c] = pa.array(vals, ARROW_TYPES[self.types[c]]).take(take)
         for c in self.value_cols:
             cols[c] = pa.array(rows.value, pa.float64(), from_pandas=False)
@@ -134,7 +144,7 @@ class Harness:
         return pa.RecordBatch.from_arrays(arrays, names=needed)
 
     # ------------------------------------------------------------------ run
-    def run(self, rows: Rows, n_parts: int, rng) -> dict[str, Any]:
+    def run(self, rows: Rows, n_parts: int, rng: RandomSource) -> dict[str, Any]:
         """Released columns (before free post-processing) plus ``_part``: the partition index of each row."""
         from pipelines.aggregate import select_and_noise
 
@@ -144,7 +154,7 @@ class Harness:
         cols["_part"] = self.partition_index(list(first))
         return cols
 
-    def accumulate(self, rows: Rows, n_parts: int, rng):
+    def accumulate(self, rows: Rows, n_parts: int, rng: RandomSource):
         """The pipeline's exact per-partition accumulators before noise: (partition hashes,
         accumulators, names, public hashes, public names). Never published: audit use only."""
         from pipelines.bounding import aggregate_bucket
@@ -153,9 +163,9 @@ class Harness:
         read = self.read
         pub_hashes = pub_names = None
         if self.public:
-            tuples = list(zip(*self.partition_values(n_parts)))
+            tuples = list(zip(*self.partition_values(n_parts), strict=True))
             hashes = hash_partition_tuples(tuples, self.part_cols, self.types)
-            pub_names = {int(h): t for h, t in zip(hashes, tuples)}
+            pub_names = {int(h): t for h, t in zip(hashes, tuples, strict=True)}
             pub_hashes = np.array(sorted(pub_names), dtype=np.uint64)
             read = dataclasses.replace(read, public_hashes=pub_hashes)
         batch = self.to_batch(rows, n_parts)
@@ -166,7 +176,7 @@ class Harness:
         return parts, acc, names, pub_hashes, pub_names
 
 
-def safe_run(h: Harness, rows: Rows, n_parts: int, rng) -> dict[str, Any] | Exception:
+def safe_run(h: Harness, rows: Rows, n_parts: int, rng: RandomSource) -> dict[str, Any] | Exception:
     """A run that raises on some input is an observable outcome (a data-dependent abort leaks)."""
     try:
         return h.run(rows, n_parts, rng)

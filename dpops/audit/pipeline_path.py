@@ -27,6 +27,11 @@ from dpops.errors import SpecError
 
 def audit_metric_via_pipeline(spec, metric: str, *, trials: int = 1000, confidence: float = 0.99,
                               seed: int = 0, runner: str = "FnApiRunner") -> AuditResult:
+    """Audit one metric of a public-partition spec through ``run_release`` itself (see the module docstring).
+
+    Slower than ``audit_plan`` but covers what the direct calls skip: Beam's shuffles, the file I/O and
+    the driver's merge. ``runner`` is a Beam runner name.
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
     import yaml
@@ -53,7 +58,7 @@ def audit_metric_via_pipeline(spec, metric: str, *, trials: int = 1000, confiden
         doc = spec.model_dump(mode="json", exclude_none=True)
         values = h.partition_values(n_parts)
         doc["partitions"] = {"columns": list(h.part_cols),
-                             "public": values[0] if len(values) == 1 else [list(t) for t in zip(*values)]}
+                             "public": values[0] if len(values) == 1 else [list(t) for t in zip(*values, strict=True)]}
         doc["metrics"] = [x for x in doc["metrics"] if _key(x) in deps]
         doc["postprocess"] = {**doc.get("postprocess", {}), "non_negative": False, "clamp_means_to_bounds": False,
                               "suppress_below": None}

@@ -5,14 +5,19 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dpops.audit.harness import Harness, safe_run
 from dpops.audit.scenarios import Scenario, ScenarioBuilder
-from dpops.audit.stats import held_out_bound
+from dpops.audit.stats import Bound, held_out_bound
 from dpops.errors import InvalidParameter, SpecError
 from dpops.randomness import test_random
+
+if TYPE_CHECKING:
+    from dpops.release_plan import ReleasePlan
+    from dpops.spec import ReleaseSpec
 
 MAX_ROWS_PER_CALL = 600_000  # rows pushed through the pipeline functions in one call (memory/latency)
 # Automatic trial counts (audit_plan(trials=None)): DEFAULT_TRIALS, fewer where the pipeline works per
@@ -25,6 +30,8 @@ MIN_AUTO_TRIALS = 200
 
 @dataclass(frozen=True)
 class AuditResult:
+    """The audit of one target: the claimed ε, the lower bound the samples give and whether the claim held."""
+
     target: str  # metric key, or "partition_selection"
     mechanism: str  # metric type / selection strategy
     claimed_epsilon: float
@@ -38,6 +45,7 @@ class AuditResult:
     seconds: float
 
     def to_dict(self) -> dict:
+        """JSON form (all fields)."""
         return asdict(self)
 
 
@@ -73,13 +81,14 @@ def audit_scenarios(h: Harness, scenarios: list[Scenario], *, target: str, mecha
         raise InvalidParameter(f"trials must be an integer >= 8, got {trials!r}")
     t0 = time.time()
     alpha = (1.0 - confidence) / max(1, len(scenarios))
-    best = None
+    best: tuple[Bound, str] | None = None
     for sc in scenarios:
         s_d = sample_statistic(h, sc, 0, trials, seed, target)
         s_dp = sample_statistic(h, sc, 1, trials, seed, target)
         b = held_out_bound(s_d, s_dp, delta, alpha)
         if best is None or b.epsilon_lb > best[0].epsilon_lb:
             best = (b, sc.name)
+    assert best is not None, "audit_scenarios needs at least one scenario"
     b, name = best
     return AuditResult(target=target, mechanism=mechanism, claimed_epsilon=claimed_epsilon, delta=delta,
                        epsilon_lb=b.epsilon_lb, trials=trials, confidence=confidence, scenario=name, event=b.event,
@@ -91,8 +100,8 @@ def auto_trials(kind: str, scenarios: list[Scenario]) -> int:
     return max(MIN_AUTO_TRIALS, min(SLOW_TRIALS.get(kind, DEFAULT_TRIALS), ROW_BUDGET // rows))
 
 
-def audit_plan(spec, plan=None, *, metrics: list[str] | None = None, trials: int | None = None,
-               confidence: float = 0.99, seed: int = 0) -> list[AuditResult]:
+def audit_plan(spec: ReleaseSpec, plan: ReleasePlan | None = None, *, metrics: list[str] | None = None,
+               trials: int | None = None, confidence: float = 0.99, seed: int = 0) -> list[AuditResult]:
     """Audit each metric of a release plan (and its partition selection) against its share of the budget.
 
     Claimed ε of a metric = its share in the plan (plus the share of a count metric whose noisy
@@ -131,12 +140,14 @@ def audit_plan(spec, plan=None, *, metrics: list[str] | None = None, trials: int
         h = Harness(spec, sub)
         sb = ScenarioBuilder(h)
         if key == PARTITION_SELECTION_KEY:
+            assert plan.partition_selection is not None  # the key is offered only when there is one
             scen = sb.partition_selection(trials or DEFAULT_TRIALS)
             n = trials or auto_trials(key, scen)
             results.append(audit_scenarios(
                 h, scen, target=key, mechanism=plan.partition_selection.strategy,
                 claimed_epsilon=ps_eps, delta=ps_delta, trials=n, confidence=confidence, seed=seed))
             continue
+        assert m is not None  # every other wanted key is a metric key (checked above)
         scen = sb.metric(key)
         n = trials or auto_trials(m.type, scen)
         results.append(audit_scenarios(

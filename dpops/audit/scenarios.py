@@ -31,12 +31,16 @@ private and a metric is audited.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dpops.audit.harness import Harness, Rows, block
+
+if TYPE_CHECKING:
+    from dpops.selection import PartitionSelection
 
 UNIT_STRIDE = 1_000_000  # unit ids g * UNIT_STRIDE + k: target u = 0, u' = 1, base units from 2
 MAX_BASE_ROWS_PER_PARTITION = 200
@@ -45,6 +49,8 @@ Z_PLAN = 2.6  # z-score used only to pick n0 for partition selection (not part o
 
 @dataclass(frozen=True)
 class Scenario:
+    """One pair of neighbouring datasets, laid out as T independent groups of J partitions (one trial each)."""
+
     name: str
     n_parts: int  # J, partitions per group
     weights: np.ndarray  # (J,)
@@ -52,6 +58,7 @@ class Scenario:
     read: Callable[[dict, int], np.ndarray]  # (released columns, T) -> per-partition values (T*J,)
 
     def rows(self, world: int, groups: int) -> Rows:
+        """The rows of ``groups`` trials on neighbour ``world`` (0 = D, 1 = D')."""
         return self.build(world, groups)
 
     def statistic(self, cols: dict, groups: int) -> np.ndarray:
@@ -93,6 +100,12 @@ def _extreme(lo: float, hi: float) -> tuple[float, float]:
 
 
 class ScenarioBuilder:
+    """Builds the neighbouring datasets that stress each metric of a plan at its contribution bounds.
+
+    The target unit contributes the L0 partitions and Linf rows it is allowed (and, in the "over" scenarios,
+    more than that, which bounding must drop), at the values that move each statistic most.
+    """
+
     def __init__(self, h: Harness):
         self.h = h
         self.plan = h.plan
@@ -124,6 +137,7 @@ class ScenarioBuilder:
         return rows
 
     def n_parts(self, over: bool) -> int:
+        """J: the partitions one trial group spans (the target's L0, doubled for "over" and again for replace)."""
         n_p = 2 * self.l0 if over and not self.h.record_level else self.l0
         return 2 * n_p if self.replace else n_p
 
@@ -160,6 +174,7 @@ class ScenarioBuilder:
 
     # -------------------------------------------------------------- per metric
     def metric(self, key: str) -> list[Scenario]:
+        """The scenarios for metric ``key``: within the bounds, and (unit-level plans) beyond them."""
         m = next((x for x in self.plan.metrics if x.key == key), None)
         if m is None:
             raise KeyError(key)
@@ -191,7 +206,8 @@ class ScenarioBuilder:
                 if getattr(m, "count_from", None):  # the count vector is another metric's
                     src = next(x for x in self.plan.metrics if x.key == m.count_from)
                 std_c = max(float(v.params.std) for v in src.vectors if v.name == "count")
-                base_units = max(base_units, min(MAX_BASE_ROWS_PER_PARTITION, max(4 * self.linf, math.ceil(10 * std_c))))
+                base_units = max(base_units,
+                                 min(MAX_BASE_ROWS_PER_PARTITION, max(4 * self.linf, math.ceil(10 * std_c))))
             if m.type == "quantiles":
                 # Linf other rows at mid: on D every candidate ties; the unit's Linf rows at hi lift
                 # the candidates in [mid, hi) above those below mid by the utility sensitivity.
@@ -259,6 +275,7 @@ class ScenarioBuilder:
 
     # -------------------------------------------------------------- partition selection
     def partition_selection(self, trials_hint: int) -> list[Scenario]:
+        """Scenarios for private partition selection: n0 other units in the target's partitions (0 and a hard n0)."""
         ps = self.plan.partition_selection
         if ps is None:
             return []
@@ -269,12 +286,14 @@ class ScenarioBuilder:
             out.append(self._ps_scenario(f"n0={n_mid},over_bounds", n_mid, over=True))
         return out
 
-    def _best_n0(self, ps, half: int) -> int:
+    def _best_n0(self, ps: PartitionSelection, half: int) -> int:
         """n0 whose per-partition keep probabilities (public, from the parameters) separate best."""
         n = np.arange(0, 4096)
         p = ps.keep_probability(n)
         best, best_n = -math.inf, 1
-        delta = float(self.plan.partition_selection_event.delta)
+        ps_event = self.plan.partition_selection_event
+        assert ps_event is not None  # plan_release sets it together with partition_selection
+        delta = float(ps_event.delta)
         for k in range(1, len(n) - 1):
             p0, p1 = p[k], p[k + 1]
             for a, b in ((p1, p0), (1 - p0, 1 - p1)):

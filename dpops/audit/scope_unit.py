@@ -12,7 +12,7 @@ this audit shows why (and ``refused`` says whether dpops would refuse it).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,15 +21,22 @@ from dpops.audit.runner import AuditResult, audit_scenarios
 from dpops.audit.scenarios import UNIT_STRIDE, ScenarioBuilder
 from dpops.errors import SpecError
 
+if TYPE_CHECKING:
+    from dpops.ledger.model import ScopeDefinition
+    from dpops.spec import ReleaseSpec
+
 
 @dataclasses.dataclass(frozen=True)
 class ScopeAudit:
+    """Result of auditing a release against a scope's unit: refused by dpops, or audited against that unit."""
+
     refused: bool  # dpops.runs would refuse this release on this scope (before any reservation)
     reasons: list[str]
     results: list[AuditResult]  # audits against the scope's unit (a user with many rows)
 
     @property
     def passed(self) -> bool:
+        """Every audit against the scope's unit held."""
         return all(r.passed for r in self.results)
 
 
@@ -53,8 +60,9 @@ class _UserTarget(ScenarioBuilder):
         return block(units, g * J + offset, value, cat)
 
 
-def audit_against_scope(spec: Any, scope: Any, *, metric: str | None = None, rows_per_unit: int = 40,
-                        trials: int = 2000, confidence: float = 0.99, seed: int = 0) -> ScopeAudit:
+def audit_against_scope(spec: ReleaseSpec, scope: ScopeDefinition, *, metric: str | None = None,
+                        rows_per_unit: int = 40, trials: int = 2000, confidence: float = 0.99,
+                        seed: int = 0) -> ScopeAudit:
     """Would dpops refuse ``spec`` on ``scope``, and what ε does it really spend for the scope's unit?"""
     from dpops.release_plan import plan_release
     from dpops.runs import unit_definition_mismatches

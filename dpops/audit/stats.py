@@ -63,6 +63,7 @@ class Event:
     column: int = 0  # which statistic, when a trial yields several (one row per trial)
 
     def indicator(self, s: np.ndarray) -> np.ndarray:
+        """Per trial: did the event happen (a failed run counts only for the ``error`` event)?"""
         s = _as_2d(s)
         err = np.isnan(s).any(axis=1)
         if self.op == "error":
@@ -78,6 +79,7 @@ class Event:
         return hit & ~err
 
     def describe(self) -> str:
+        """The event in words, for reports (e.g. ``s >= 3``)."""
         if self.op == "error":
             return "run failed"
         return f"{'s' if self.column == 0 else f's{self.column}'} {self.op} {self.threshold:.6g}"
@@ -112,6 +114,8 @@ def candidate_events(s0: np.ndarray, s1: np.ndarray) -> list[Event]:
 
 @dataclass(frozen=True)
 class Bound:
+    """An ε lower bound from the evaluation half, with the event that gave it and its two frequencies."""
+
     epsilon_lb: float  # max(0, bound): 0 means "no evidence of any privacy loss"
     event: str  # the chosen event, e.g. "s >= 3 on D' vs D"
     trials: int  # trials per neighbour (both halves)

@@ -30,6 +30,8 @@ MECHANISMS: dict[str, dict[str, Any]] = {
 
 @dataclass(frozen=True)
 class Profile:
+    """Trial counts and confidence of one audit-suite run (``ci`` or ``thorough``)."""
+
     name: str
     trials: int  # per neighbour and scenario, for the fast mechanisms
     slow_trials: dict[str, int]  # mechanisms whose code path runs per partition in Python

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 from dpops.ledger.backend import DEFAULT_URL
 from dpops.ledger.model import (
+    Adjacency,
+    BucketSize,
     BucketStatus,
     Entry,
     PlanItem,
     PlanResult,
     RunKey,
     RunRecord,
+    RunState,
     ScopeDefinition,
     ScopeStatus,
     VerifyReport,
@@ -40,6 +43,7 @@ def open_ledger(url: str | None = None) -> Ledger:
 
 
 __all__ = [
-    "DEFAULT_URL", "BucketStatus", "Entry", "Ledger", "PlanItem", "PlanResult", "RunKey", "RunRecord",
-    "ScopeBudgetExceeded", "ScopeDefinition", "ScopeStatus", "VerifyReport", "bucket_labels", "open_ledger",
+    "DEFAULT_URL", "Adjacency", "BucketSize", "BucketStatus", "Entry", "Ledger", "PlanItem", "PlanResult", "RunKey",
+    "RunRecord", "RunState", "ScopeBudgetExceeded", "ScopeDefinition", "ScopeStatus", "VerifyReport", "bucket_labels",
+    "open_ledger",
 ]

@@ -17,8 +17,10 @@ import os
 import re
 import sqlite3
 import time
+from abc import abstractmethod
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from dpops.errors import LedgerError
@@ -28,10 +30,10 @@ BUSY_TIMEOUT_S = 60.0
 _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 # Test hook: called with a point name inside write transactions (see set_test_hook).
-_TEST_HOOK = None
+_TEST_HOOK: Callable[[str], None] | None = None
 
 
-def set_test_hook(fn) -> None:
+def set_test_hook(fn: Callable[[str], None] | None) -> None:
     """Tests only: ``fn(point)`` runs inside the open transaction, e.g. to block and be SIGKILLed.
 
     The env var ``DPOPS_LEDGER_TEST_PAUSE=<point>:<seconds>`` does the same across a CLI process.
@@ -41,6 +43,7 @@ def set_test_hook(fn) -> None:
 
 
 def hook(point: str) -> None:
+    """Fault-injection point inside a write transaction; a no-op unless a test set a hook or a pause."""
     if _TEST_HOOK is not None:
         _TEST_HOOK(point)
     pause = os.environ.get("DPOPS_LEDGER_TEST_PAUSE")
@@ -60,27 +63,75 @@ def redact(url: str) -> str:
     return url
 
 
+class Cursor(Protocol):
+    """What the ledger uses of a DB-API cursor (``sqlite3.Cursor`` and psycopg's ``Cursor`` both fit)."""
+
+    @property
+    def rowcount(self) -> int:
+        """Rows changed by the statement: how ``ON CONFLICT DO NOTHING`` tells a win from a lost race."""
+
+    def fetchone(self) -> Any:
+        """The next row as a tuple, or None."""
+
+    def fetchall(self) -> Sequence[Any]:
+        """All remaining rows as tuples."""
+
+
 class Backend:
+    """One ledger database connection: the SQL dialect, explicit transactions and ``?`` placeholders.
+
+    The ledger code above is written once against this class; the two subclasses differ only in
+    how they lock (see the module docstring) and how they report conflicts as ``LedgerError``.
+    """
+
     dialect: str
     url: str
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any: ...
-    def close(self) -> None: ...
+    @abstractmethod
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
+        """Run one statement with ``?`` placeholders; a write conflict is raised as ``LedgerError``."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Close the connection; an open transaction is rolled back by the database."""
+
+    @abstractmethod
     @contextmanager
-    def transaction(self, write: bool = True) -> Iterator[None]: ...  # pragma: no cover
+    def transaction(self, write: bool = True) -> Iterator[None]:  # pragma: no cover
+        """One transaction, committed on normal exit and rolled back on any exception.
+
+        ``write=True`` takes the write lock at the start (no lock upgrade, so no deadlock);
+        ``write=False`` reads one consistent snapshot.
+        """
+        yield
 
     def one(self, sql: str, params: Sequence[Any] = ()) -> tuple | None:
+        """The first row of a query, or None."""
         return self.execute(sql, params).fetchone()
 
+    def row(self, sql: str, params: Sequence[Any] = ()) -> tuple:
+        """The row of a query that always returns one (a function call, the chain head singleton).
+
+        None there means a ledger without its schema (or a broken one): a LedgerError, not a TypeError later.
+        """
+        found = self.one(sql, params)
+        if found is None:
+            raise LedgerError(f"ledger {redact(self.url)}: no row from {sql!r}; is it initialised (dpops ledger init)?")
+        return found
+
     def all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+        """Every row of a query."""
         return list(self.execute(sql, params).fetchall())
 
     @property
     def for_update(self) -> str:
+        """Row-lock suffix for a ``SELECT`` inside a write transaction (empty where the whole DB is locked)."""
         return ""
 
 
 class SqliteBackend(Backend):
+    """The embedded default: one SQLite file in WAL mode, writers serialised by ``BEGIN IMMEDIATE``."""
+
     dialect = "sqlite"
 
     def __init__(self, url: str, path: str, synchronous: str = "full") -> None:
@@ -102,7 +153,8 @@ class SqliteBackend(Backend):
         if path != ":memory:" and str(mode).lower() != "wal":
             raise LedgerError(f"ledger {url}: could not switch to WAL journal mode (got {mode!r})")
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
+        """Run one statement; a constraint violation or a busy timeout becomes a retryable ``LedgerError``."""
         try:
             return self.conn.execute(sql, tuple(params))
         except sqlite3.IntegrityError as exc:
@@ -115,6 +167,7 @@ class SqliteBackend(Backend):
 
     @contextmanager
     def transaction(self, write: bool = True) -> Iterator[None]:
+        """``BEGIN IMMEDIATE`` for writes, a deferred ``BEGIN`` (WAL snapshot) for reads."""
         # IMMEDIATE takes the write lock now, not at the first write: no lock upgrade, no deadlock.
         self.execute("BEGIN IMMEDIATE" if write else "BEGIN")
         try:
@@ -125,10 +178,13 @@ class SqliteBackend(Backend):
         self.conn.execute("COMMIT")
 
     def close(self) -> None:
+        """Close the connection."""
         self.conn.close()
 
 
 class PostgresBackend(Backend):
+    """A shared PostgreSQL ledger: writers serialise on ``SELECT ... FOR UPDATE`` of the scope row."""
+
     dialect = "postgresql"
 
     def __init__(self, url: str, conninfo: str, schema: str | None) -> None:
@@ -152,9 +208,11 @@ class PostgresBackend(Backend):
 
     @property
     def for_update(self) -> str:
+        """PostgreSQL locks rows, so reads that decide a write lock them."""
         return " FOR UPDATE"
 
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
+        """Run one statement (``?`` rewritten to ``%s``); conflicts and lost connections become ``LedgerError``."""
         try:
             return self.conn.execute(sql.replace("?", "%s"), tuple(params))
         except self._psycopg.IntegrityError as exc:
@@ -166,6 +224,7 @@ class PostgresBackend(Backend):
 
     @contextmanager
     def transaction(self, write: bool = True) -> Iterator[None]:
+        """READ COMMITTED for writes (rows are locked explicitly); a read-only REPEATABLE READ snapshot for reads."""
         self.execute("BEGIN" if write else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         try:
             yield
@@ -176,6 +235,7 @@ class PostgresBackend(Backend):
         self.execute("COMMIT")
 
     def close(self) -> None:
+        """Close the connection."""
         self.conn.close()
 
 
@@ -208,11 +268,11 @@ def connect(url: str | None) -> Backend:
             raise LedgerError(f"malformed ledger URL {redact(url)}: {exc}") from None
         if not parts.hostname and not parts.path.strip("/"):
             raise LedgerError(f"malformed ledger URL {redact(url)}: expected postgresql://user@host:port/database")
-        query = dict(parse_qsl(parts.query))
-        schema = query.pop("schema", None)  # dpops extension: keep the ledger in its own PostgreSQL schema
+        pg_options = dict(parse_qsl(parts.query))
+        schema = pg_options.pop("schema", None)  # dpops extension: keep the ledger in its own PostgreSQL schema
         if schema is not None and not _SCHEMA_RE.match(schema):
             raise LedgerError(f"ledger URL: schema must be a lower-case SQL identifier, got {schema!r}")
-        query.setdefault("connect_timeout", "5")
-        conninfo = urlunsplit(parts._replace(scheme="postgresql", query=urlencode(query)))
+        pg_options.setdefault("connect_timeout", "5")
+        conninfo = urlunsplit(parts._replace(scheme="postgresql", query=urlencode(pg_options)))
         return PostgresBackend(url, conninfo, schema)
     raise LedgerError(f"unsupported ledger URL scheme {scheme!r} in {redact(url)}: use sqlite:/// or postgresql://")

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
 
-from dpops.accounting import Accountant, get_accountant
+from dpops.accounting import Accountant, State, get_accountant
 from dpops.errors import SpecError
 from dpops.events import PrivacyEvent
 from dpops.ledger.model import ScopeDefinition
@@ -25,20 +25,28 @@ from dpops.ledger.model import ScopeDefinition
 CAP_RELATIVE_TOLERANCE = 1e-12
 
 
-def dump_state(state: dict[str, Any]) -> str:
+def dump_state(state: State) -> str:
+    """Serialise an accountant's running state for its database column (sorted keys, so equal states are equal text)."""
     # Infinity is legal in a running state (e.g. an RDP order that overflowed): keep it round-trippable.
     return json.dumps(state, sort_keys=True, separators=(",", ":"))
 
 
-def load_state(text: str) -> dict[str, Any]:
+def load_state(text: str) -> State:
+    """Parse a running state stored by ``dump_state``."""
     return json.loads(text)
 
 
 def accountant_for(scope: ScopeDefinition) -> Accountant:
+    """The accountant pinned by ``scope`` (its ``name/version``, never the latest of the name)."""
     return get_accountant(scope.accountant)
 
 
-def state_rho(acct: Accountant, state: dict[str, Any]) -> float:
+def state_rho(acct: Accountant, state: State) -> float:
+    """rho of a running state, for a zCDP cap; SpecError when the composition has no rho form.
+
+    An accountant may provide ``state_rho`` itself; ``zcdp/1`` keeps rho in two fields and has a rho only while
+    no approximate-DP event (e.g. partition selection) is in the history.
+    """
     fn = getattr(acct, "state_rho", None)
     if callable(fn):
         return float(fn(state))
@@ -52,7 +60,7 @@ def state_rho(acct: Accountant, state: dict[str, Any]) -> float:
     )
 
 
-def measure(acct: Accountant, scope: ScopeDefinition, state: dict[str, Any]) -> float:
+def measure(acct: Accountant, scope: ScopeDefinition, state: State) -> float:
     """The capped quantity of a state: epsilon at the scope's delta, or rho for a zCDP cap."""
     if scope.rho is not None:
         return state_rho(acct, state)
@@ -60,6 +68,7 @@ def measure(acct: Accountant, scope: ScopeDefinition, state: dict[str, Any]) -> 
 
 
 def measure_events(acct: Accountant, scope: ScopeDefinition, events: Sequence[PrivacyEvent]) -> float:
+    """``measure`` of the composition of ``events`` alone (0 for none): one group of runs, for statuses, replays."""
     if not events:
         return 0.0
     return measure(acct, scope, acct.add_events(acct.empty_state(), list(events)))
@@ -76,4 +85,5 @@ def epsilon_of(acct: Accountant, scope: ScopeDefinition, events: Sequence[Privac
 
 
 def within_cap(value: float, cap: float) -> bool:
+    """Is ``value`` within ``cap``, allowing float noise of CAP_RELATIVE_TOLERANCE relative? NaN never is."""
     return not math.isnan(value) and value <= cap * (1.0 + CAP_RELATIVE_TOLERANCE)

@@ -27,15 +27,19 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from cryptography.exceptions import InvalidSignature
 
 from dpops.errors import IntegrityError, InvalidParameter
 from dpops.ledger.backend import redact
 from dpops.ledger.model import utc_now
+
+if TYPE_CHECKING:
+    from dpops.ledger.store import Ledger
 
 log = logging.getLogger(__name__)
 
@@ -84,14 +88,15 @@ def write_checkpoint(directory: str | os.PathLike[str], doc: dict) -> Path:
     return target
 
 
-def checkpoint_ledger(ledger, directory: str | os.PathLike[str], private_key_path: str | os.PathLike[str]) -> Path:
+def checkpoint_ledger(ledger: Ledger, directory: str | os.PathLike[str],
+                      private_key_path: str | os.PathLike[str]) -> Path:
     """Sign the ledger's current chain head (read in one snapshot) into ``directory``."""
     with ledger._read() as db:
-        head = db.one("SELECT last_id, last_hash FROM chain_head WHERE singleton = 1")
+        head = db.row("SELECT last_id, last_hash FROM chain_head WHERE singleton = 1")
     return write_checkpoint(directory, make_checkpoint(int(head[0]), head[1], ledger.url, private_key_path))
 
 
-def auto_checkpoint(ledger) -> Path | None:
+def auto_checkpoint(ledger: Ledger) -> Path | None:
     """After a commit: checkpoint if DPOPS_LEDGER_CHECKPOINTS_DIR and DPOPS_LEDGER_CHECKPOINT_KEY are both set.
 
     A failure is logged, not raised: the commit is already durable, and the next checkpoint covers it.
@@ -108,6 +113,8 @@ def auto_checkpoint(ledger) -> Path | None:
 
 @dataclass(frozen=True)
 class Checkpoint:
+    """One verified checkpoint file: the ledger had ``entries`` entries, the last with hash ``head_hash``."""
+
     source: str
     entries: int
     head_hash: str
@@ -133,7 +140,8 @@ def load_checkpoints(directory: str | os.PathLike[str], public_key_path: str | o
                                  "copy") from None
         if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
             raise IntegrityError(f"checkpoint {path.name}: not a {SCHEMA} document")
-        sig = doc.get("signature") if isinstance(doc.get("signature"), dict) else {}
+        raw_sig = doc.get("signature")
+        sig = raw_sig if isinstance(raw_sig, dict) else {}
         if sig.get("public_key_id") != kid:
             raise IntegrityError(f"checkpoint {path.name}: signed by key {sig.get('public_key_id')!r}, not by the "
                                  f"given public key {kid!r}")
@@ -185,10 +193,12 @@ def check_anchors(hashes: list[str], checkpoints: Iterable[Checkpoint] = (),
 
 
 def default_public_key(value: str | None) -> str | None:
+    """The public key given on the command line, else ``$DPOPS_LEDGER_CHECKPOINT_PUBLIC_KEY``, else None."""
     return value or os.environ.get(PUBLIC_KEY_ENV) or None
 
 
 def summary(checkpoints: list[Checkpoint]) -> dict[str, Any]:
+    """Count and the newest checkpoint (most entries), for ``ledger verify`` output."""
     latest = max(checkpoints, key=lambda c: c.entries)
     return {"checkpoints": len(checkpoints), "latest": latest.source, "latest_entries": latest.entries,
             "latest_head": latest.head_hash, "public_key_id": latest.public_key_id}

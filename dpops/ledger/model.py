@@ -10,23 +10,56 @@ import hashlib
 import math
 import re
 from dataclasses import asdict, dataclass, field
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
+from enum import StrEnum
 from typing import Any
 
 from dpops.errors import InvalidParameter, SpecError
 from dpops.events import PrivacyEvent, canonical_json
 
-RUN_STATES = ("reserved", "started", "committed", "spent_unpublished", "released")
+
+class RunState(StrEnum):
+    """A run's state in the ledger (the state diagram is in ``dpops.ledger.store``).
+
+    A ``StrEnum``: each member *is* its string, so the values stored in SQL, written to JSON and
+    compared by older code are the same strings as before.
+    """
+
+    RESERVED = "reserved"
+    STARTED = "started"
+    COMMITTED = "committed"
+    SPENT_UNPUBLISHED = "spent_unpublished"
+    RELEASED = "released"
+
+
+class Adjacency(StrEnum):
+    """Neighbouring datasets: one unit added or removed, or one unit's data replaced."""
+
+    ADD_REMOVE = "add_remove"
+    REPLACE = "replace"
+
+
+class BucketSize(StrEnum):
+    """The period a bucketed scope splits its cap by (and a unit may be scoped to)."""
+
+    DAY = "day"
+    WEEK = "week"
+    MONTH = "month"
+
+
+# The same values as plain-string tuples, in declaration order (click choices, SQL IN lists, messages).
+RUN_STATES = tuple(s.value for s in RunState)
 # Runs whose charge is still moving: composed from the runs table at each reservation.
-OPEN_STATES = ("reserved", "started")
-BUCKET_SIZES = ("day", "week", "month")
-ADJACENCIES = ("add_remove", "replace")
+OPEN_STATES = (RunState.RESERVED.value, RunState.STARTED.value)
+BUCKET_SIZES = tuple(b.value for b in BucketSize)
+ADJACENCIES = tuple(a.value for a in Adjacency)
 UNBUCKETED = "*"  # the single bucket of a scope that is not bucketed by period
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 
 
 def check_scope_name(name: Any) -> str:
+    """``name`` if it is a valid scope name (it appears in paths and SQL values), else SpecError."""
     if not isinstance(name, str) or not _NAME_RE.match(name):
         raise SpecError(
             f"scope name must be 1-128 characters of letters, digits, '_', '.', '-' "
@@ -50,8 +83,8 @@ def parse_utc(value: Any, what: str) -> datetime:
     except ValueError:
         raise InvalidParameter(f"{what} is not an ISO-8601 timestamp: {value!r} (e.g. 2024-01-31T00:00:00Z)") from None
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return dt.astimezone(timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
+    return dt.astimezone(UTC)
 
 
 def normalize_utc(value: str, what: str = "timestamp") -> str:
@@ -64,7 +97,8 @@ def normalize_utc(value: str, what: str = "timestamp") -> str:
 
 
 def utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+    """Now as an ISO-8601 UTC timestamp with microseconds: the ledger's ``ts``/``created_at`` form."""
+    return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
 @dataclass(frozen=True)
@@ -119,8 +153,8 @@ class ScopeDefinition:
         if self.bucket is not None and self.unit_period != self.bucket:
             raise SpecError(
                 f"scope {self.name!r}: a scope may be bucketed by {self.bucket} only if its privacy unit is itself "
-                f"scoped to one {self.bucket} (e.g. a user-{self.bucket}); declare unit_period={self.bucket!r} to state "
-                f"that, or remove the bucket (got unit_period={self.unit_period!r})"
+                f"scoped to one {self.bucket} (e.g. a user-{self.bucket}); declare unit_period={self.bucket!r} "
+                f"to state that, or remove the bucket (got unit_period={self.unit_period!r})"
             )
         if self.adjacency is not None and self.adjacency not in ADJACENCIES:
             raise SpecError(f"scope {self.name!r}: adjacency must be one of {ADJACENCIES}, got {self.adjacency!r}")
@@ -131,6 +165,7 @@ class ScopeDefinition:
                 raise SpecError(f"scope {self.name!r}: {what} must be a string, got {text!r}")
 
     def to_dict(self) -> dict[str, Any]:
+        """The stored (hashed) JSON form; fields added later are left out at their legacy values."""
         # The stored (hashed) form of a scope predates ``adjacency`` and ``record_level``: leave them
         # out at their legacy values so that a scope written before they existed reads back and
         # re-serialises byte for byte (the ledger's verify compares the stored definition).
@@ -148,7 +183,8 @@ class ScopeDefinition:
                 "period": self.unit_period, "bucket": self.bucket}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ScopeDefinition":
+    def from_dict(cls, data: dict[str, Any]) -> ScopeDefinition:
+        """Parse the stored form; an unknown field is refused rather than dropped (it may carry a limit)."""
         known = set(cls.__dataclass_fields__)
         extra = set(data) - known
         if extra:
@@ -157,10 +193,12 @@ class ScopeDefinition:
 
     @property
     def cap(self) -> float:
+        """The cap value: rho for a zCDP cap, else epsilon."""
         return float(self.rho if self.rho is not None else self.epsilon)  # type: ignore[arg-type]
 
     @property
     def cap_unit(self) -> str:
+        """``"rho"`` or ``"epsilon"``: the unit of ``cap`` and of every figure in the scope's status."""
         return "rho" if self.rho is not None else "epsilon"
 
 
@@ -186,18 +224,22 @@ class RunKey:
             )
 
     def to_dict(self) -> dict[str, str]:
+        """The key as stored in the ledger (intervals as given; ``run_id`` normalises them)."""
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "RunKey":
+    def from_dict(cls, data: dict[str, Any]) -> RunKey:
+        """Rebuild a key from its stored form (extra fields are ignored)."""
         return cls(**{k: data[k] for k in cls.__dataclass_fields__})
 
     @property
     def start_utc(self) -> str:
+        """``interval_start`` in the one UTC spelling."""
         return normalize_utc(self.interval_start)
 
     @property
     def end_utc(self) -> str:
+        """``interval_end`` in the one UTC spelling."""
         return normalize_utc(self.interval_end)
 
     @property
@@ -217,6 +259,8 @@ class RunKey:
 
 @dataclass
 class RunRecord:
+    """A run as the ledger holds it: its key, scope, state, the events it reserved, and its entries in the chain."""
+
     run_id: str
     key: RunKey
     scope: str
@@ -235,6 +279,8 @@ class RunRecord:
 
 @dataclass(frozen=True)
 class BucketStatus:
+    """Budget use of one bucket of a scope (see ScopeStatus for what each figure composes)."""
+
     bucket: str
     committed: float
     spent_unpublished: float
@@ -269,18 +315,23 @@ class ScopeStatus:
 
     @property
     def remaining_epsilon(self) -> float | None:
+        """``remaining`` when the cap is an epsilon, else None."""
         return self.remaining if self.unit == "epsilon" else None
 
     @property
     def total_epsilon(self) -> float | None:
+        """``total`` when the cap is an epsilon, else None."""
         return self.total if self.unit == "epsilon" else None
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON form; infinite figures become null."""
         return _finite_or_none(asdict(self))
 
 
 @dataclass(frozen=True)
 class PlanItem:
+    """One run of a budget plan: its cost alone and whether it still fits after the runs planned before it."""
+
     interval_start: str
     interval_end: str
     buckets: list[str]
@@ -293,6 +344,8 @@ class PlanItem:
 
 @dataclass(frozen=True)
 class PlanResult:
+    """``ledger.plan``: what a sequence of runs would cost against a scope, without reserving anything."""
+
     scope: str
     unit: str
     cap: float
@@ -301,13 +354,16 @@ class PlanResult:
 
     @property
     def fits_all(self) -> bool:
+        """Every planned run fits."""
         return all(i.fits for i in self.items)
 
     @property
     def admitted(self) -> int:
+        """How many planned runs fit."""
         return sum(1 for i in self.items if i.fits)
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON form with ``fits_all`` and ``admitted``; infinite figures become null."""
         out = _finite_or_none(asdict(self))
         out["fits_all"] = self.fits_all
         out["admitted"] = self.admitted
@@ -316,6 +372,8 @@ class PlanResult:
 
 @dataclass(frozen=True)
 class Entry:
+    """One hash-chained ledger entry: ``hash`` covers ``prev_hash`` and the entry's content."""
+
     id: int
     ts: str
     kind: str
@@ -328,11 +386,14 @@ class Entry:
     hash: str
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON form (all fields)."""
         return asdict(self)
 
 
 @dataclass
 class VerifyReport:
+    """Result of ``ledger verify``: the chain, the tables against a replay of the entries, and the anchors."""
+
     ok: bool
     entries: int
     head_hash: str
@@ -342,6 +403,7 @@ class VerifyReport:
     anchors: dict[str, Any] = field(default_factory=dict)  # the checkpoints / expected heads checked, if any
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON form (all fields)."""
         return asdict(self)
 
 

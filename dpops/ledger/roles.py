@@ -21,8 +21,12 @@ database (``dpops.ledger.checkpoint``) catch that.
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from dpops.errors import LedgerError
+
+if TYPE_CHECKING:
+    from dpops.ledger.store import Ledger
 
 _ROLE_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
@@ -37,6 +41,7 @@ TABLE_GRANTS = (
 
 
 def check_role_name(role: str) -> str:
+    """``role`` if it is a plain lower-case SQL identifier (it is interpolated into GRANTs), else LedgerError."""
     if not isinstance(role, str) or not _ROLE_RE.match(role):
         raise LedgerError(f"application role must be a lower-case SQL identifier (letters, digits, _), got {role!r}")
     return role
@@ -60,7 +65,7 @@ def app_role_sql(role: str, schema: str) -> list[str]:
     return out
 
 
-def grant_app_role(ledger, role: str) -> list[str]:
+def grant_app_role(ledger: Ledger, role: str) -> list[str]:
     """Grant the application rights to an existing ``role``; run as the owner. Returns the SQL it ran.
 
     Refuses a role that could undo the guards: a superuser, the tables' owner, or a member of the owner role.
@@ -83,12 +88,12 @@ def grant_app_role(ledger, role: str) -> list[str]:
     if role == owner[0] or (member and member[0]):
         raise LedgerError(f"role {role!r} owns the ledger tables (or is a member of their owner {owner[0]!r}): "
                           "it could drop the triggers; the application role must be a separate role")
-    me = db.one("SELECT current_user, pg_has_role(current_user, ?, 'USAGE')", (owner[0],))
+    me = db.row("SELECT current_user, pg_has_role(current_user, ?, 'USAGE')", (owner[0],))
     if not me[1]:
         # PostgreSQL only warns when a non-owner GRANTs or REVOKEs; refuse instead of pretending it worked.
         raise LedgerError(f"connected as {me[0]!r}, which does not own the ledger tables (owner {owner[0]!r}): "
                           "run `dpops ledger init --app-role` as the owner role")
-    schema = db.one("SELECT current_schema()")[0]
+    schema = db.row("SELECT current_schema()")[0]
     statements = app_role_sql(role, schema)
     with db.transaction():
         for sql in statements:

@@ -16,13 +16,18 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from dpops.errors import DpopsError
 from dpops.events import canonical_json, event_from_dict
 from dpops.ledger import budget
 from dpops.ledger.model import RunKey, ScopeDefinition, VerifyReport, bucket_labels
 from dpops.ledger.schema import GENESIS_HASH, entry_hash
+
+if TYPE_CHECKING:
+    from dpops.ledger.checkpoint import Checkpoint
+    from dpops.ledger.store import Ledger
 
 _REL_TOL = 1e-9
 _ONE_SHOT_REL_TOL = 1e-6  # incremental vs one-shot composition may differ by accountant numerics
@@ -73,8 +78,8 @@ class _Replay:
         if kind == "reserved":
             self._reserve(eid, ts, sdef, acct, run_id, buckets, data)
             return
-        run = self.runs.get(run_id)
-        if run is None:
+        run = self.runs.get(run_id) if run_id is not None else None
+        if run is None or run_id is None:
             raise _Broken(eid, f"{kind} for run {run_id} that was never reserved")
         from dpops.ledger.store import TRANSITIONS
 
@@ -189,7 +194,8 @@ def _totals(replay: _Replay) -> dict[str, Any]:
     return out
 
 
-def _anchor(report: VerifyReport, hashes: list[str], checkpoints, expect_heads) -> VerifyReport:
+def _anchor(report: VerifyReport, hashes: list[str], checkpoints: Sequence[Checkpoint] | None,
+            expect_heads: Sequence[str]) -> VerifyReport:
     from dpops.ledger.checkpoint import check_anchors, summary
 
     if not report.ok or (not checkpoints and not expect_heads):
@@ -205,7 +211,8 @@ def _anchor(report: VerifyReport, hashes: list[str], checkpoints, expect_heads) 
     return report
 
 
-def verify_ledger(ledger, checkpoints=None, expect_heads=()) -> VerifyReport:
+def verify_ledger(ledger: Ledger, checkpoints: Sequence[Checkpoint] | None = None,
+                  expect_heads: Sequence[str] = ()) -> VerifyReport:
     """Chain, state machine, caches; then (if given) that the chain extends every signed checkpoint and head."""
     with ledger._read() as db:  # one consistent snapshot
         head = db.one("SELECT last_id, last_hash FROM chain_head WHERE singleton = 1")
@@ -231,7 +238,8 @@ def verify_ledger(ledger, checkpoints=None, expect_heads=()) -> VerifyReport:
 _EXPORT_FIELDS = ("id", "ts", "kind", "scope", "run_id", "buckets", "actor", "data", "prev_hash", "hash")
 
 
-def verify_export(lines: Iterable[str], source: str = "export", checkpoints=None, expect_heads=()) -> VerifyReport:
+def verify_export(lines: Iterable[str], source: str = "export", checkpoints: Sequence[Checkpoint] | None = None,
+                  expect_heads: Sequence[str] = ()) -> VerifyReport:
     """Verify a ``dpops ledger export`` file alone: chain, state machine (every reservation within the cap
     in force), totals. Each hashed body is rebuilt from the line exactly as the ledger built it.
 
@@ -281,7 +289,8 @@ def _compare_caches(replay: _Replay, hashes, scope_rows, bucket_rows, run_rows) 
             problems.append(f"scopes table row {name!r} differs from its entries (definition or cap edited?)")
     stored_buckets = {(r[0], r[1]): r for r in bucket_rows}
     if set(stored_buckets) != set(replay.buckets):
-        problems.append(f"buckets table rows {sorted(set(stored_buckets) ^ set(replay.buckets))} do not match the entries")
+        problems.append(f"buckets table rows {sorted(set(stored_buckets) ^ set(replay.buckets))} "
+                        "do not match the entries")
     for (scope, b), states in replay.buckets.items():
         row = stored_buckets.get((scope, b))
         if row is None:
@@ -300,7 +309,8 @@ def _compare_caches(replay: _Replay, hashes, scope_rows, bucket_rows, run_rows) 
                             f"of its history ({one_shot!r}): accountant {acct.ref} is inconsistent")
     stored_runs = {r[0]: r for r in run_rows}
     if set(stored_runs) != set(replay.runs):
-        problems.append(f"runs table has runs {sorted(set(stored_runs) ^ set(replay.runs))[:5]} not matching the entries")
+        problems.append(f"runs table has runs {sorted(set(stored_runs) ^ set(replay.runs))[:5]} "
+                        "not matching the entries")
     for run_id, run in replay.runs.items():
         row = stored_runs.get(run_id)
         if row is None:
@@ -314,7 +324,7 @@ def _compare_caches(replay: _Replay, hashes, scope_rows, bucket_rows, run_rows) 
         names = ("run_id", "scope", "release", "interval_start", "interval_end", "run_key", "state", "events",
                  "buckets", "restates", "output_uri", "details", "entry_ids", "entry_hashes", "created_at",
                  "updated_at", "last_entry")
-        for name, e, g in zip(names, expect, got):
+        for name, e, g in zip(names, expect, got, strict=True):
             if e != g:
                 problems.append(f"runs table row {run_id}: {name} is {g!r} but the entries say {e!r}")
     return problems

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,19 @@ from dpops.report.data import ReportData, gather
 
 def build_report(ledger: Any, scope: str, out_path: str | os.PathLike[str], *, manifests_dir: str | None = None,
                  start: str | None = None, end: str | None = None, key: Any = None,
-                 public_key: str | None = None, gx_project: str | None = None) -> tuple[str, ReportData]:
-    """Gather the scope's facts (verifying every manifest) and render the HTML; returns (html, data)."""
+                 public_key: str | None = None, gx_project: str | None = None,
+                 specs: Sequence[str] = ()) -> tuple[str, ReportData]:
+    """Gather the scope's facts (verifying every manifest) and render the HTML; returns (html, data).
+
+    ``specs``: release specs whose backfill gaps (``dpops.gaps``) the report lists."""
+    from dpops.report.data import backfill_gaps
     from dpops.report.render import render_html
 
     data = gather(ledger, scope, manifests_dir, start, end, key=key, public_key=public_key, gx_project=gx_project)
+    if specs:
+        data.backfill_gaps, notes = backfill_gaps(ledger, specs, start, end, manifests_dir)
+        data.gap_specs = [str(s) for s in specs]
+        data.warnings = [*data.warnings, *notes]
     return render_html(data, out_path), data
 
 

@@ -67,6 +67,9 @@ class ReportData:
     checks: dict[str, ManifestCheck] = field(default_factory=dict)  # path -> verification
     provenance: dict[str, Any] = field(default_factory=dict)
     releases: list[dict[str, Any]] = field(default_factory=list)  # per run with a verified manifest
+    # Per spec given (--spec): every interval of its grid in the window with no publication, and why.
+    backfill_gaps: list[dict[str, Any]] = field(default_factory=list)
+    gap_specs: list[str] = field(default_factory=list)
 
     @property
     def trusted(self) -> dict[str, dict[str, Any]]:
@@ -446,3 +449,39 @@ def _warnings(d: ReportData) -> list[str]:
         if r.key_id:
             last_key[r.release] = r.key_id
     return out
+
+
+def backfill_gaps(ledger: Any, specs: Any, start: str | None, end: str | None,
+                  manifests_dir: str | os.PathLike[str] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """``dpops.gaps`` for each spec over the report window (default: the release's first to last run).
+
+    Returns (gap rows, warnings). A spec that does not load, or has no interval grid, is a warning in
+    the report rather than a failure: the rest of the report still stands."""
+    from datetime import timedelta
+
+    from dpops.gaps import interval_statuses
+    from dpops.ledger.model import parse_utc
+    from dpops.spec import load_spec
+
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
+    for path in specs:
+        try:
+            spec = load_spec(path)
+            recs = ledger.runs(release=spec.name)
+            lo = parse_utc(start, "--from") if start else (
+                min(parse_utc(r.key.interval_start, "interval_start") for r in recs) if recs else None)
+            hi = parse_utc(end, "--to") if end else (
+                max(parse_utc(r.key.interval_end, "interval_end") for r in recs) - timedelta(microseconds=1)
+                if recs else None)
+            if lo is None or hi is None:
+                notes.append(f"{path}: no runs of {spec.name} in the ledger and no --from/--to: no gaps to list")
+                continue
+            for st in interval_statuses(spec, ledger, lo, hi,
+                                        manifests_dir=manifests_dir if manifests_dir else None):
+                if st.is_gap:
+                    rows.append({"release": spec.name, **st.to_dict()})
+        except DpopsError as exc:
+            notes.append(f"{path}: gaps not listed: {exc}")
+    return rows, notes
+

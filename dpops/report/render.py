@@ -152,6 +152,7 @@ def render_html(data: Any, out_path: str | os.PathLike[str]) -> str:
           f"<td><code>{_e(r.run_id[:16])}</code></td><td>{_e(r.restates[:16] if r.restates else '')}</td>"
           f"<td>{_e(r.key_id)}</td><td>{_a(href(r.manifest, out_dir), 'manifest')}</td></tr>")
     a("</table>")
+    a(_gaps_html(data))
     a(_releases_html(data))
     a(_verification_html(data, out_dir))
 
@@ -217,6 +218,25 @@ def _provenance_html(data: Any, out_dir: Path | None = None) -> str:
     return ("<h2>Provenance</h2><table id='provenance'>"
             + "".join(f"<tr data-field='{f}'><td>{label}</td><td>{value}</td></tr>" for f, label, value in rows)
             + "</table>")
+
+
+def _gaps_html(data: Any) -> str:
+    """Intervals of each given spec's grid with no publication, and why (dpops gaps)."""
+    specs = getattr(data, "gap_specs", [])
+    gaps = getattr(data, "backfill_gaps", [])
+    if not specs:
+        return ("<h2>Backfill gaps</h2><p id='gaps'>Not listed: give <code>--spec SPEC</code> to list the intervals "
+                "of each release's schedule that have no publication and why (<code>dpops gaps</code>).</p>")
+    out = [f"<h2>Backfill gaps ({len(gaps)})</h2><table id='gaps'><tr><th>release</th><th>interval</th>"
+           "<th>why</th><th>run</th><th>detail</th></tr>"]
+    for g in gaps:
+        out.append(f"<tr data-status='{_e(g['status'])}'><td>{_e(g['release'])}</td>"
+                   f"<td>[{_e(g['interval_start'])}, {_e(g['interval_end'])})</td>"
+                   f"<td data-field='status'>{_e(g['status'].replace('_', ' '))}</td>"
+                   f"<td><code>{_e(g['run_id'] or '')}</code></td><td>{_e(g['detail'])}</td></tr>")
+    out.append(f"</table><p>Specs checked: {_e(', '.join(specs))}. Intervals follow each spec's grid (unit period "
+               "or cron schedule); refusals are known from their manifests only.</p>")
+    return "".join(out)
 
 
 def _releases_html(data: Any) -> str:
