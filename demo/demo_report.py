@@ -1,4 +1,4 @@
-"""The demo's final report (rich): one day's published statistics, the ledger, refusals, manifests."""
+"""The demo's final report (rich): one day's published statistics, the ledger, refusals, gaps, manifests."""
 
 from __future__ import annotations
 
@@ -49,12 +49,36 @@ def report(paths: DemoPaths, ivs: list, scheduled: list[IntervalResult], backfil
         console.print(f"[yellow]{len(refused)} interval(s) refused[/] ({', '.join(r.day for r in refused)}): the scope "
                       "cap would be exceeded; nothing was charged and nothing was published for them. The ledger said:")
         console.print(f"  [dim]{refused[0].reason}[/]")
+    _gaps(paths, ivs, console)
     manifests = sorted(paths.manifests_dir.glob("*.json")) if paths.manifests_dir.is_dir() else []
     console.print(f"\nManifests ({len(manifests)}): {paths.manifests_dir}")
     if manifests:
         console.print(f"  check one: dpops manifest verify {manifests[0]} --ledger {paths.ledger_url}")
     console.print(f"Published outputs: {paths.output_root / 'published' / DEMO_RELEASE}")
     _verify_and_report(paths, manifests, console)
+
+
+def _gaps(paths: DemoPaths, ivs: list, console: Any) -> None:
+    """What an operator runs after a backfill: ``dpops gaps`` over the fortnight and the day after it.
+
+    Airflow alone would show every backfill run as successful (a refusal ends ``reserve_budget``
+    *skipped*), so the holes are found from the ledger, the published outputs and the refusal
+    manifests. The extra day has no data and no run: it shows as "never run"."""
+    import os
+    import subprocess
+    import sys
+
+    first, last = ivs[0][0], ivs[-1][1]
+    cmd = ["gaps", str(paths.spec_path), "--from", f"{first:%Y-%m-%d}",
+           "--to", f"{last + (last - ivs[-1][0]):%Y-%m-%d}", "--ledger", paths.ledger_url]
+    console.print("\n[bold]3. Gaps[/]: what an operator runs after a backfill")
+    console.print(f"  $ dpops {' '.join(cmd)}", markup=False, highlight=False, soft_wrap=True)
+    env = {**os.environ, "COLUMNS": str(console.width)}  # the CLI fits its table to the terminal
+    proc = subprocess.run([sys.executable, "-c", "from dpops.cli.main import main; main()", *cmd],
+                          capture_output=True, text=True, env=env, check=False)
+    console.print(proc.stdout.rstrip(), markup=False, highlight=False, soft_wrap=True)  # already laid out
+    if proc.returncode != 0:
+        console.print(f"[red]dpops gaps exited {proc.returncode}[/]: {proc.stderr.strip()[-2000:]}")
 
 
 def _verify_and_report(paths: DemoPaths, manifests: list, console: Any) -> None:

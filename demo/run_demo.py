@@ -8,8 +8,9 @@
    for the first week, as the daily schedule would,
 4. backfills the whole fortnight: the published week is served for free, the scope's cap
    is hit part way and the remaining intervals are refused (nothing charged or published),
-5. prints the published statistics of one day, the ledger status, the refused intervals
-   and where the manifests are.
+5. prints the published statistics of one day, the ledger status, the refused intervals,
+   the gaps an operator finds with ``dpops gaps`` (refused and never-run days) and where the
+   manifests are.
 
 Everything lives under ``demo-output/`` (git-ignored). Running it again is safe: published
 intervals are served, nothing is charged twice, refused ones are refused again for free.
