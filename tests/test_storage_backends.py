@@ -208,6 +208,25 @@ def test_concurrent_first_publications_one_wins(root):
     assert files.read_bytes(cur.location / "data.parquet") == f"payload {won[0][-1]}".encode()
 
 
+def test_s3_same_version_publisher_that_reads_the_winners_pointer_loses(s3):
+    """Both first publications compute v1 (B's listing predates A); B then reads A's pointer, which names
+    the same version number: B must lose and withdraw, not replace the pointer at v1 (the interleaving that
+    let both concurrent publishers win under load)."""
+    root = Location.parse(s3.uri("dp"))
+    a, b = store_at(root), store_at(root)
+    sa, sb = stage(a, "runA", b"A"), stage(b, "runB", b"B")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(b, "current", lambda slug: None)  # B's view before A publishes
+        b_versions = b.versions
+        mp.setattr(b, "versions", lambda slug: [v for v in b_versions(slug) if v.run_id != "runA"])
+        a.publish(sa, IV)
+        with pytest.raises(StorageError, match="already names v1"):
+            b.publish(sb, IV)  # B's pointer read is real: it sees A's v1
+    assert [v.run_id for v in a.versions(IV)] == ["runA"]  # B's version withdrawn
+    assert a.current(IV).run_id == "runA"
+    assert files.read_bytes(a.current(IV).location / "data.parquet") == b"A"
+
+
 def test_s3_losing_publisher_withdraws_and_late_retry_does_not_steal_pointer(s3):
     """Publisher B read "no pointer", A published meanwhile: B's conditional create loses, B's never-visible
     version is withdrawn, and a later retry of B neither moves the pointer nor overwrites A."""

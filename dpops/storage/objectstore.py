@@ -429,8 +429,11 @@ class ObjectReleaseStore(PrivateRunLog):
         doc, tag = self._pointer(interval_slug)
         if doc is not None and doc.get("prefix") == pub.location.name:
             return
-        if doc is not None and int(doc.get("version", 0)) > pub.version:
-            raise StorageError(f"{loc} already names a newer version (v{doc.get('version')}); not moved back")
+        if doc is not None and int(doc.get("version", 0)) >= pub.version:
+            # Strictly forward only: two first publications of an interval both compute v1 (different
+            # prefixes); the one that reads the other's pointer must lose, not replace it at the same number.
+            raise StorageError(f"{loc} already names v{doc.get('version')} ({doc.get('prefix')!r}); not moved to "
+                               f"v{pub.version} of run {pub.run_id} (check dpops release status)")
         new = {"pointer": POINTER_VERSION, "release": self.release, "interval": interval_slug,
                "version": pub.version, "run_id": pub.run_id, "prefix": pub.location.name, "files": dict(pub.hashes),
                "published_at": pub.published_at}
