@@ -57,8 +57,9 @@ class FileKeyProvider:
 class GcpSecretKeyProvider:
     """``gcp-secret://projects/P/secrets/S/versions/V`` through Google Secret Manager (lazy import).
 
-    Untested here: there is no Secret Manager on the test machines. The payload is decoded and
-    checked like a key file's content (hex / base64 / raw, length, entropy)."""
+    The payload is decoded and checked like a key file's content (hex / base64 / raw, length,
+    entropy). There is no Secret Manager on the test machines: ``tests/test_keyref_gcp.py`` runs
+    this provider against a stand-in client with the library's documented call shape."""
 
     _NAME = re.compile(r"^projects/[^/]+/secrets/[^/]+/versions/[^/]+$")
 
