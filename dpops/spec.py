@@ -52,7 +52,7 @@ from pydantic import (
 
 from dpops.errors import InvalidParameter, SpecError
 from dpops.events import canonical_json
-from dpops.validation import check_bounds, check_delta, check_delta_for_population, check_epsilon
+from dpops.param_checks import check_bounds, check_delta, check_delta_for_population, check_epsilon
 
 if TYPE_CHECKING:
     from dpops.storage.location import Location
