@@ -1,7 +1,7 @@
 """Build one Airflow DAG per dpops release spec.
 
 The DAG only calls dpops: every privacy decision (what to reserve, how much noise, whether
-an interval is already published, manifests, fingerprints) lives in ``dpops.runs``, sequenced
+an interval is already published, manifests, fingerprints) lives in ``dpops.release``, sequenced
 per task by ``dpops.orchestration``. This file translates between Airflow and those functions:
 
     wait_for_input -> check_input -> reserve_budget -> compute_release -> validate_output
