@@ -357,7 +357,7 @@ def tracking_beam_jobs() -> Iterator[list[str]]:
 class ComputeOperator(BaseOperator):
     """``compute_release``: the dpops compute step, with ``on_kill`` cancelling its Beam job.
 
-    The privacy steps stay in dpops (``runs.compute``: ledger ``start`` right before the first noise
+    The privacy steps stay in dpops (``dpops.release.compute``: ledger ``start`` right before the first noise
     is drawn, sealing after). Killing the task (timeout, mark failed, worker shutdown) cancels every
     Beam job the step registered (``dpops.orchestration.track_job``), so a non-local runner does not
     keep drawing noise on a cluster after Airflow gave up on it."""
