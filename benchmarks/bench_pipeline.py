@@ -109,7 +109,7 @@ def child_dpops(n: int, split: str) -> dict:
     import numpy as np
     import pyarrow.parquet as pq
 
-    from dpops.compute import ComputeRequest
+    from dpops.release.pipeline_seam import ComputeRequest
     from pipelines.release_pipeline import bounded_truth, run_release
 
     work = OUT / "dpops" / f"n{n}"
@@ -185,7 +185,7 @@ def child_pipelinedp(n: int, truth_file: str | None) -> dict:
 
 def write_truth(n: int) -> str:
     """The dpops bounded counts per region (JSON) for PipelineDP's error column."""
-    from dpops.compute import ComputeRequest
+    from dpops.release.pipeline_seam import ComputeRequest
     from pipelines.release_pipeline import bounded_truth
 
     work = OUT / "dpops" / f"n{n}"

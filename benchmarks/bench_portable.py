@@ -43,7 +43,7 @@ START, END = "2024-01-01T00:00:00+00:00", "2024-01-02T00:00:00+00:00"
 
 
 def _request(spec: Path, data: Path, stage: Path, runner: str, options: list[str]):
-    from dpops.compute import ComputeRequest
+    from dpops.release.pipeline_seam import ComputeRequest
 
     return ComputeRequest(spec_path=str(spec), interval_start=START, interval_end=END, input_paths=(str(data),),
                           noise_label={"release": "bench"}, randomness="test", test_seed=1,

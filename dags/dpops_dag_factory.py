@@ -1,7 +1,7 @@
 """Build one Airflow DAG per dpops release spec.
 
 The DAG only calls dpops: every privacy decision (what to reserve, how much noise, whether
-an interval is already published, manifests, fingerprints) lives in ``dpops.runs``, sequenced
+an interval is already published, manifests, fingerprints) lives in ``dpops.release``, sequenced
 per task by ``dpops.orchestration``. This file translates between Airflow and those functions:
 
     wait_for_input -> check_input -> reserve_budget -> compute_release -> validate_output
@@ -357,7 +357,7 @@ def tracking_beam_jobs() -> Iterator[list[str]]:
 class ComputeOperator(BaseOperator):
     """``compute_release``: the dpops compute step, with ``on_kill`` cancelling its Beam job.
 
-    The privacy steps stay in dpops (``runs.compute``: ledger ``start`` right before the first noise
+    The privacy steps stay in dpops (``dpops.release.compute``: ledger ``start`` right before the first noise
     is drawn, sealing after). Killing the task (timeout, mark failed, worker shutdown) cancels every
     Beam job the step registered (``dpops.orchestration.track_job``), so a non-local runner does not
     keep drawing noise on a cluster after Airflow gave up on it."""

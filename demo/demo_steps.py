@@ -156,11 +156,11 @@ def _refusal_reason(paths: DemoPaths, run_id: str) -> str:
 
 
 def run_intervals(dag: Any, ivs: list[tuple[datetime, datetime]], paths: DemoPaths, *, console: Any) -> list[IntervalResult]:
-    from dpops import runs
+    from dpops import release
 
     results = []
     for i, (start, end) in enumerate(ivs, 1):
-        ctx = runs.prepare(str(paths.spec_path), start, end, randomness="keyed", key_path=str(paths.key_path))
+        ctx = release.prepare(str(paths.spec_path), start, end, randomness="keyed", key_path=str(paths.key_path))
         state_before, *_ = _ledger_view(paths, ctx.run_id)
         t = time.monotonic()
         with _quiet(paths.task_log):

@@ -83,11 +83,11 @@ def spec_intervals(spec: Any, start: datetime, end: datetime, *, limit: int = 10
 
 
 def manifests_dir_for(spec: Any, manifests_dir: str | os.PathLike[str] | None = None) -> Any:
-    """Where this release's manifests are: ``dpops.runs.spec_manifests_dir``'s rule (a local ``Path`` or an
+    """Where this release's manifests are: ``dpops.release.spec_manifests_dir``'s rule (a local ``Path`` or an
     object-store ``Location``), unless ``manifests_dir`` is given."""
     if manifests_dir:
         return Path(manifests_dir)
-    from dpops.runs import spec_manifests_dir
+    from dpops.release import spec_manifests_dir
 
     return spec_manifests_dir(spec)
 

@@ -12,7 +12,7 @@
 
 Privacy reason: these suites see only the noisy, already-private output, so any expectation is
 post-processing and may block a publish freely (semantics.md section 6); the private input is still
-checked only at schema level (``dpops.validate.check_input_schema``). The Data Docs and validation
+checked only at schema level (``dpops.release.gx_checks.check_input_schema``). The Data Docs and validation
 results therefore hold published values only. A failed suite raises ``IntegrityError`` naming the
 suite and expectation; it quotes no values.
 """
@@ -64,8 +64,8 @@ def data_docs_index(root: str | os.PathLike[str]) -> Path:
 
 def _dpops_expectations(df: Any, partition_columns: Sequence[str], public_partitions: Sequence[Any] | None,
                         allow_null: bool) -> tuple[Any, list[Any]]:
-    """dpops' output suite: the very expectations ``dpops.validate.check_release_output`` runs."""
-    from dpops.validate import output_expectations
+    """dpops' output suite: the very expectations ``dpops.release.gx_checks.check_release_output`` runs."""
+    from dpops.release.gx_checks import output_expectations
 
     return output_expectations(df, partition_columns, public_partitions, allow_null, "release output")
 

@@ -17,7 +17,7 @@ References:
   dependency of dpops and this provider is not exercised by the test suite (no Secret Manager here).
 
 There is deliberately no environment-variable provider: a key in the environment leaks into process
-listings and every child process (``dpops.runs`` refuses the old variable). Other secret stores plug
+listings and every child process (``dpops.release`` refuses the old variable). Other secret stores plug
 in with ``register_provider(scheme, factory)``; the factory is called on first use.
 """
 

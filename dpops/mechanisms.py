@@ -68,6 +68,7 @@ from dpops.events import (
     DiscreteGaussian,
     DiscreteLaplace,
 )
+from dpops.param_checks import check_delta, check_epsilon, check_positive, check_positive_int
 from dpops.randomness import RandomSource
 from dpops.samplers import (
     DiscreteGaussianParam,
@@ -78,7 +79,6 @@ from dpops.samplers import (
     discrete_laplace_param,
     float_up,
 )
-from dpops.validation import check_delta, check_epsilon, check_positive, check_positive_int
 
 RESOLUTION_BITS = 10
 Target = tuple[tuple[str, float], ...]  # the requested budget, e.g. (("epsilon", 1.0), ("delta", 1e-6))

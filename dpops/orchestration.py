@@ -4,13 +4,13 @@ The Airflow DAG (``dags/dpops_dag_factory.py``) only translates between Airflow 
 functions: it resolves settings from connections/variables, passes the run's data interval as
 ISO strings and maps the returned ``RunOutcome`` states to task states. Every rule (what is
 reserved, when a changed input is refused, how manifests and output fingerprints are made)
-has one owner, ``dpops.runs``; this module only sequences its steps the way a task-per-step
+has one owner, the ``dpops.release`` package; this module only sequences its steps the way a task-per-step
 orchestrator needs them:
 
     wait_for_input -> check_input_step -> reserve_step -> compute_step -> validate_step
                    -> publish_step -> record_step
 
-Each step re-runs ``runs.prepare`` (deterministic, writes nothing), so a task retried on
+Each step re-runs ``release.prepare`` (deterministic, writes nothing), so a task retried on
 another worker needs nothing from the previous attempt but the ledger and the staged files.
 
 A *refusal* (budget cap reached, or a changed input of a published interval without an
@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from dpops import runs
+from dpops import release
 from dpops.errors import (
     BudgetExceeded,
     IntegrityError,
@@ -37,6 +37,8 @@ from dpops.errors import (
     SpecError,
     public_message,
 )
+from dpops.release.context import _pick_attempt
+from dpops.release.reservation import _refuse_changed
 
 log = logging.getLogger("dpops.orchestration")
 
@@ -155,13 +157,13 @@ class Step:
     settings: Settings
     actor: str = "orchestrator"
 
-    def prepare(self) -> runs.RunContext:
+    def prepare(self) -> release.RunContext:
         s = self.settings
-        return runs.prepare(self.spec_path, self.interval_start, self.interval_end, randomness=s.randomness,
-                            key_path=s.key_path, actor=self.actor)
+        return release.prepare(self.spec_path, self.interval_start, self.interval_end, randomness=s.randomness,
+                               key_path=s.key_path, actor=self.actor)
 
     def ledger(self) -> Any:
-        return runs.open_run_ledger(self.settings.ledger_url)
+        return release.open_run_ledger(self.settings.ledger_url)
 
 
 # --------------------------------------------------------------------------- late input
@@ -204,7 +206,7 @@ def check_input_step(step: Step) -> dict[str, Any]:
         rec = ledger.published(ctx.spec.name, ctx.interval.start_iso, ctx.interval.end_iso)
     if rec is not None and rec.run_id == ctx.run_id:
         return {"run_id": ctx.run_id, "checks": None, "state": "already_published"}
-    from dpops.validate import check_input_schema
+    from dpops.release.gx_checks import check_input_schema
 
     quiet_third_party_loggers()
     report = check_input_schema(ctx.input_paths, ctx.spec.input.columns, ctx.spec.input.format)
@@ -212,17 +214,17 @@ def check_input_step(step: Step) -> dict[str, Any]:
     return {"run_id": ctx.run_id, "checks": report.as_dict(), "state": "checked"}
 
 
-def _refused(ctx: runs.RunContext, ledger: Any, reason: str) -> runs.RunOutcome:
+def _refused(ctx: release.RunContext, ledger: Any, reason: str) -> release.RunOutcome:
     try:
         remaining: float | None = float(ledger.status(ctx.spec.budget.scope).remaining)
     except Exception:  # noqa: BLE001 - the refusal must not fail on a status read
         remaining = None
-    return runs.RunOutcome(release=ctx.spec.name, interval=str(ctx.interval), state="refused", run_id=ctx.run_id,
+    return release.RunOutcome(release=ctx.spec.name, interval=str(ctx.interval), state="refused", run_id=ctx.run_id,
                            scope=ctx.spec.budget.scope,
                            scope_remaining=remaining, message=reason)
 
 
-def _budget_reason(ctx: runs.RunContext, ledger: Any, exc: BudgetExceeded) -> str:
+def _budget_reason(ctx: release.RunContext, ledger: Any, exc: BudgetExceeded) -> str:
     scope = getattr(exc, "scope", None) or ctx.spec.budget.scope
     try:
         left = f"{float(ledger.status(scope).remaining):.6g}"
@@ -237,36 +239,36 @@ def _budget_reason(ctx: runs.RunContext, ledger: Any, exc: BudgetExceeded) -> st
             f"{public_message(exc)}")
 
 
-def _record_refusal_manifest(ctx: runs.RunContext, ledger: Any, reason: str) -> None:
+def _record_refusal_manifest(ctx: release.RunContext, ledger: Any, reason: str) -> None:
     """A refused run gets a manifest too (nothing spent); best effort, never masks the refusal."""
     try:
         from dpops.manifest.io import manifest_exists
         from dpops.manifest.run_hook import write_run_manifest
 
-        folder = runs.manifests_dir(ctx)
+        folder = release.manifests_dir(ctx)
         if manifest_exists(folder, f"{ctx.run_id}.refused.json") is None:  # local dir or object-store prefix
             write_run_manifest(ctx, ledger, {"state": "refused", "reason": reason}, manifests_dir=folder)
     except Exception:
         log.exception("could not write the refusal manifest of run %s", ctx.run_id)
 
 
-def reserve_step(step: Step, *, restate: bool = False) -> runs.RunOutcome:
+def reserve_step(step: Step, *, restate: bool = False) -> release.RunOutcome:
     """Reserve the plan's events, serve an interval this run already published (state
     ``already_published``, no charge), or return a ``refused`` outcome saying why."""
     ctx = step.prepare()
     with step.ledger() as ledger:
         if not restate:
-            runs._pick_attempt(ctx, ledger)  # the run key the ledger knows (a refunded attempt is skipped)
+            _pick_attempt(ctx, ledger)  # the run key the ledger knows (a refunded attempt is skipped)
             published = ledger.published(ctx.spec.name, ctx.interval.start_iso, ctx.interval.end_iso)
             try:
                 # The one owner of the "never restate silently" rule (attempt 1 = the run key the ledger saw).
-                runs._refuse_changed(ctx, published, None)
+                _refuse_changed(ctx, published, None)
             except LedgerError as exc:
                 reason = (f"{public_message(exc)}. In Airflow: trigger this interval with the param "
                           "restate=true")
                 return _refused(ctx, ledger, reason)
         try:
-            return runs.restate(ctx, ledger) if restate else runs.reserve(ctx, ledger)
+            return release.restate(ctx, ledger) if restate else release.reserve(ctx, ledger)
         except BudgetExceeded as exc:
             reason = _budget_reason(ctx, ledger, exc)
             _record_refusal_manifest(ctx, ledger, reason)
@@ -278,8 +280,8 @@ def compute_step(step: Step) -> dict[str, Any]:
     s = step.settings
     ctx = step.prepare()
     with step.ledger() as ledger:
-        out = runs.compute(ctx, ledger, runner=s.runner, runner_options=s.runner_options)
-    return runs.step_summary(out)
+        out = release.compute(ctx, ledger, runner=s.runner, runner_options=s.runner_options)
+    return release.step_summary(out)
 
 
 def validate_step(step: Step) -> dict[str, Any]:
@@ -289,8 +291,8 @@ def validate_step(step: Step) -> dict[str, Any]:
     if staged is None:
         raise LedgerError(f"run {ctx.run_id} of {ctx.spec.name} {ctx.interval}: no staged output to validate; "
                           "clear the compute task to compute it again (keyed noise: same numbers, no new charge)")
-    checks = runs.check_noisy_output(ctx.spec, staged.data_file)
-    from dpops.validate import check_release_output
+    checks = release.check_noisy_output(ctx.spec, staged.data_file)
+    from dpops.release.gx_checks import check_release_output
 
     quiet_third_party_loggers()
     report = check_release_output(str(staged.data_file), partition_columns=ctx.spec.partitions.columns,
@@ -300,15 +302,15 @@ def validate_step(step: Step) -> dict[str, Any]:
             "gx": report.as_dict()}
 
 
-def publish_step(step: Step) -> runs.RunOutcome:
-    """Write the manifest, commit in the ledger and publish atomically (``runs.publish``). The GX suite
-    already ran in ``validate_step``; ``runs.publish`` repeats the cheap structural checks."""
+def publish_step(step: Step) -> release.RunOutcome:
+    """Write the manifest, commit in the ledger and publish atomically (``release.publish``). The GX suite
+    already ran in ``validate_step``; ``release.publish`` repeats the cheap structural checks."""
     ctx = step.prepare()
     with step.ledger() as ledger:
-        return runs.publish(ctx, ledger)
+        return release.publish(ctx, ledger)
 
 
-def record_step(step: Step, *, charged: float) -> runs.RunOutcome:
+def record_step(step: Step, *, charged: float) -> release.RunOutcome:
     """The run's final outcome: its manifest (written by publish; found, or written once for a run
     committed by an older version) and the ledger position, for the one summary line."""
     ctx = step.prepare()
@@ -319,21 +321,21 @@ def record_step(step: Step, *, charged: float) -> runs.RunOutcome:
             remaining: float | None = float(ledger.status(ctx.spec.budget.scope).remaining)
         except Exception:  # noqa: BLE001 - the summary must not fail on a status read
             remaining = None
-        # Built here rather than by runs._outcome, which would log a second copy of the summary line.
-        out = runs.RunOutcome(release=ctx.spec.name, interval=str(ctx.interval), state=state, run_id=ctx.run_id,
+        # Built here rather than by dpops.release.context._outcome, which would log a second copy of the summary line.
+        out = release.RunOutcome(release=ctx.spec.name, interval=str(ctx.interval), state=state, run_id=ctx.run_id,
                               output_uri=getattr(rec, "output_uri", None), epsilon_charged=charged,
                               run_epsilon=getattr(rec, "epsilon", None), scope=ctx.spec.budget.scope,
                               scope_remaining=remaining, restates=getattr(rec, "restates", None))
-        runs.ensure_manifest(ctx, ledger, out)
+        release.ensure_manifest(ctx, ledger, out)
     return out
 
 
-def summary_line(outcome: runs.RunOutcome) -> str:
+def summary_line(outcome: release.RunOutcome) -> str:
     """The one ``dpops release=...`` line every outcome (published, served, refused, failed) emits."""
     return f"dpops {outcome.line()}"
 
 
-def failure_outcome(step: Step, exc: BaseException) -> runs.RunOutcome | None:
+def failure_outcome(step: Step, exc: BaseException) -> release.RunOutcome | None:
     """The outcome line of a step that failed with ``exc`` (best effort: None if even prepare fails)."""
     try:
         ctx = step.prepare()
@@ -347,7 +349,7 @@ def failure_outcome(step: Step, exc: BaseException) -> runs.RunOutcome | None:
             remaining = float(ledger.status(ctx.spec.budget.scope).remaining)
     except Exception as read_exc:  # noqa: BLE001 - the line is best effort; the step's error propagates
         log.debug("ledger not readable for the failure line: %s", type(read_exc).__name__)
-    return runs.RunOutcome(release=ctx.spec.name, interval=str(ctx.interval), state="failed", run_id=ctx.run_id,
+    return release.RunOutcome(release=ctx.spec.name, interval=str(ctx.interval), state="failed", run_id=ctx.run_id,
                            run_epsilon=getattr(rec, "epsilon", None), scope=ctx.spec.budget.scope,
                            scope_remaining=remaining, message=public_message(exc))
 

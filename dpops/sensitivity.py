@@ -56,7 +56,7 @@ import math
 from dataclasses import dataclass
 
 from dpops.errors import InvalidParameter
-from dpops.validation import check_bounds, check_positive_int
+from dpops.param_checks import check_bounds, check_positive_int
 
 ADJACENCIES = ("add_remove", "replace")
 

@@ -52,7 +52,7 @@ from pydantic import (
 
 from dpops.errors import InvalidParameter, SpecError
 from dpops.events import canonical_json
-from dpops.validation import check_bounds, check_delta, check_delta_for_population, check_epsilon
+from dpops.param_checks import check_bounds, check_delta, check_delta_for_population, check_epsilon
 
 if TYPE_CHECKING:
     from dpops.storage.location import Location
@@ -604,7 +604,7 @@ def _consistency_problems(spec: ReleaseSpec) -> list[tuple[str, str]]:
 # Period buckets compose in parallel only if releases over different periods read disjoint rows
 # (semantics.md section 4). dpops proves that by the data path, never by a file name:
 #   1. a spec whose unit is period-scoped releases exactly one period per run (``interval_problems``);
-#   2. a bucketed scope refuses a spec without ``input.time_column`` (``dpops.runs``);
+#   2. a bucketed scope refuses a spec without ``input.time_column`` (``dpops.release``);
 #   3. the pipeline keeps only rows whose event time lies in [start, end) (``pipelines.io``), a
 #      per-row filter on public bounds, so the filter itself reveals nothing.
 # Then one run per period reads only that period's rows, whatever file the template resolves to.

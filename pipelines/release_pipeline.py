@@ -38,7 +38,7 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 
-from dpops.compute import ComputeRequest, ComputeResult
+from dpops.release.pipeline_seam import ComputeRequest, ComputeResult
 from dpops.errors import DpopsError, InputDataError, InvalidParameter, StorageError
 from dpops.release_plan import plan_release
 from dpops.spec import load_spec
@@ -359,7 +359,7 @@ def run_release(request: ComputeRequest) -> ComputeResult:
 
 
 def _key_id(request: ComputeRequest) -> str | None:
-    """The run's key id: given by the request (``dpops.runs``, which loaded the key), else the key is
+    """The run's key id: given by the request (``dpops.release.preparation``, which loaded the key), else the key is
     loaded here once (a hand-written request JSON) and every worker is held to it."""
     if request.randomness != "keyed":
         return None

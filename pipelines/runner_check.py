@@ -1,6 +1,6 @@
 """Validate a Beam runner, its options and its endpoints before the ledger starts a run.
 
-``dpops.runs`` calls :func:`check_runner` (imported lazily by its dotted name, like the
+``dpops.release.computation`` calls :func:`check_runner` (imported lazily by its dotted name, like the
 pipeline itself, so ``dpops`` never imports Beam) before ``ledger.reserve`` and again right
 before ``ledger.start``. Why: an os-mode run is charged as soon as it starts, and a typo in
 ``--runner`` or a dead ``--job_endpoint`` used to surface only after that (a dead endpoint

@@ -87,7 +87,7 @@ def _withhold_data_in_errors(process):
             raise
         except Exception as exc:
             if os.environ.get(DEBUG_ENV) or _is_disk_error(exc):
-                raise  # a full or read-only disk: its text is the OS's, and dpops.runs makes it a StorageError
+                raise  # a full or read-only disk: its text is the OS's, and dpops.release.computation makes it a StorageError
             last = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
             where = f" at {Path(last.filename).name}:{last.lineno}" if last else ""
             raise InternalError(f"internal error in {type(self).__name__}: {type(exc).__name__}{where} (a bug, "

@@ -13,7 +13,8 @@ from test_runs import (  # the same stand-ins as the run tests
     write_input,
 )
 
-from dpops import runs
+from dpops.release import computation
+from dpops.release import preparation
 from dpops.cli.main import main
 from dpops.ledger import ScopeDefinition, open_ledger
 from dpops.randomness import NoiseKey
@@ -68,8 +69,8 @@ def make_env(root: Path, monkeypatch, *, cap: float = 1.2, accountant: str = "ba
     key = root / "noise.key"
     NoiseKey.generate(key)
     pipe = FakePipeline()
-    monkeypatch.setattr(runs, "_load_run_release", lambda: pipe)
-    monkeypatch.setattr(runs, "_default_planner", planner_fn)
+    monkeypatch.setattr(computation, "_load_run_release", lambda: pipe)
+    monkeypatch.setattr(preparation, "_default_planner", planner_fn)
     import dpops.release_plan
 
     monkeypatch.setattr(dpops.release_plan, "plan_release", planner_fn)  # dpops plan SPEC uses the same plan

@@ -8,7 +8,7 @@ never run a pipeline in the parent; forking after other test files ran Beam in-p
 was checked to work, and ``run_cli``'s timeout turns a stuck child into a failure.
 
 Fault points (``dpops.faults.fault_point``) are installed in the child by wrapping
-functions of ``dpops.runs``, ``dpops.storage``, ``dpops.ledger`` and the pipeline
+functions of ``dpops.release``, ``dpops.storage``, ``dpops.ledger`` and the pipeline
 (``install_fault_points``), plus the ledger's own in-transaction test hook, so no
 module owned by someone else needs a change. ``FAULT_POINTS`` lists them in run order.
 
@@ -83,19 +83,22 @@ def _before(point: str, fn):
 
 def install_fault_points() -> None:
     """Wrap the run's steps with fault points (call in the forked child only)."""
-    from dpops import runs
+    from dpops import release
     from dpops.ledger import backend
     from dpops.ledger.store import Ledger
+    from dpops.release import computation, execute, manifests
     from dpops.storage import ReleaseStore
     from pipelines import release_pipeline as rp
 
-    runs.prepare = _after("prepare.after", runs.prepare)
-    runs.reserve = _after("reserve.after", runs.reserve)
-    runs.write_manifest_before_publish = _after("manifest.after", runs.write_manifest_before_publish)
+    # prepare and reserve are looked up in dpops.release.execute by execute_release/execute_restatement,
+    # and on the package by `dpops ledger reserve`: one wrapper, patched at both.
+    execute.prepare = release.prepare = _after("prepare.after", execute.prepare)
+    execute.reserve = release.reserve = _after("reserve.after", execute.reserve)
+    manifests.write_manifest_before_publish = _after("manifest.after", manifests.write_manifest_before_publish)
     Ledger.start = _after("start.after", Ledger.start)
     Ledger.commit = _after("commit.after", Ledger.commit)
-    real_load = runs._load_run_release
-    runs._load_run_release = lambda: _after("pipeline.after", real_load())
+    real_load = computation._load_run_release
+    computation._load_run_release = lambda: _after("pipeline.after", real_load())
     ReleaseStore.finish_staging = _after("stage.after", ReleaseStore.finish_staging)
     ReleaseStore.publish = _after("publish.after", ReleaseStore.publish)
     ReleaseStore._point_current = staticmethod(_before("publish.before_pointer", ReleaseStore._point_current))

@@ -147,7 +147,7 @@ def test_truncated_geometric_with_inflated_delta_fails(monkeypatch):
 def test_key_reused_on_changed_input_fails(monkeypatch):
     ok = audit_key_reuse(trials=2000, confidence=CONF, seed=3)
     assert ok.passed, ok
-    from dpops.runs import RunContext
+    from dpops.release import RunContext
 
     real = RunContext.noise_label.fget
     # BUG: the run label forgets the input fingerprint: a restatement reuses the original noise

@@ -9,7 +9,7 @@ import pytest
 from cli_support import make_env
 from test_runs import write_input
 
-from dpops import runs
+from dpops import release
 from dpops.accounting import get_accountant
 from dpops.events import Gaussian
 from dpops.ledger import open_ledger
@@ -88,16 +88,16 @@ def test_progress_stages_in_order(tmp_path, monkeypatch, capsys):
     env = make_env(tmp_path, monkeypatch, cap=10.0)
     seen: list[str] = []
     with open_ledger(env.url) as led:
-        out = runs.execute_release(str(env.spec), "2024-01-01", "2024-01-02", ledger=led, key_path=str(env.key),
+        out = release.execute_release(str(env.spec), "2024-01-01", "2024-01-02", ledger=led, key_path=str(env.key),
                                    progress=seen.append)
         assert out.state == "published"
-        assert seen == list(runs.STAGES)
+        assert seen == list(release.STAGES)
         seen.clear()
-        runs.execute_release(str(env.spec), "2024-01-01", "2024-01-02", ledger=led, key_path=str(env.key),
+        release.execute_release(str(env.spec), "2024-01-01", "2024-01-02", ledger=led, key_path=str(env.key),
                              progress=seen.append)
         assert seen == ["fingerprint", "reserve"]  # served from the publication: nothing computed
         seen.clear()
-        runs.execute_release(str(env.spec), "2024-01-02", "2024-01-03", ledger=led, key_path=str(env.key),
+        release.execute_release(str(env.spec), "2024-01-02", "2024-01-03", ledger=led, key_path=str(env.key),
                              progress=seen.append, publish_output=False)
         assert seen == ["fingerprint", "reserve", "read, bound and noise", "write"]
     # the CLI: one plain line per stage on stderr (not a terminal), nothing of it on the --json stdout
@@ -105,7 +105,7 @@ def test_progress_stages_in_order(tmp_path, monkeypatch, capsys):
                              "--publish", "--no-gx-checks", "--json")
     assert code == 0 and json.loads(out)["state"] == "published"
     stages = [line.split("dpops: stage: ", 1)[1] for line in err.splitlines() if line.startswith("dpops: stage: ")]
-    assert stages == list(runs.STAGES)
+    assert stages == list(release.STAGES)
     code, _, err = env.run(capsys, "release", "run", str(env.spec), *env.base("2024-01-04"), "--ledger", env.url,
                            "--publish", "--no-gx-checks", "--no-progress")
     assert code == 0 and "dpops: stage" not in err
@@ -206,10 +206,10 @@ def test_gaps_name_each_reason(tmp_path, monkeypatch, capsys):
     # 03 refused: the DAG's refusal manifest is the only record (nothing reaches the ledger)
     from dpops.manifest.run_hook import write_run_manifest
 
-    ctx = runs.prepare(spec, "2024-01-03", "2024-01-04", key_path=str(env.key))
+    ctx = release.prepare(spec, "2024-01-03", "2024-01-04", key_path=str(env.key))
     with open_ledger(env.url) as led:
         write_run_manifest(ctx, led, {"state": "refused", "reason": "budget refused on scope 'shop'"},
-                           manifests_dir=runs.manifests_dir(ctx))
+                           manifests_dir=release.manifests_dir(ctx))
     # 04 failed: refunded before any noise was drawn
     assert env.run(capsys, "ledger", "reserve", spec, *env.base("2024-01-04"), *u, "--release", "--reason",
                    "failed before any mechanism ran: InputDataError")[0] == 0

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dpops import runs
+from dpops.release import computation
+from dpops.release import preparation
 from dpops.cli.main import main
 from dpops.ledger import ScopeDefinition, open_ledger
 from dpops.randomness import NoiseKey
@@ -42,8 +43,8 @@ def cli_env(tmp_path, monkeypatch):
     key = tmp_path / "noise.key"
     NoiseKey.generate(key)
     pipe = FakePipeline()
-    monkeypatch.setattr(runs, "_load_run_release", lambda: pipe)
-    monkeypatch.setattr(runs, "_default_planner", planner)
+    monkeypatch.setattr(computation, "_load_run_release", lambda: pipe)
+    monkeypatch.setattr(preparation, "_default_planner", planner)
     base = ["--interval", "2024-01-01/2024-01-02", "--ledger", url, "--key-file", str(key)]
     return tmp_path, spec, url, base, pipe
 
@@ -104,7 +105,7 @@ def test_exit_codes(cli_env, capsys, monkeypatch):
     # internal error -> 1 with one line
     def boom(req):
         raise ZeroDivisionError("boom")
-    monkeypatch.setattr(runs, "_load_run_release", lambda: boom)
+    monkeypatch.setattr(computation, "_load_run_release", lambda: boom)
     assert main(["release", "run", str(spec), "--interval", "2024-01-05/2024-01-06", *base[2:]]) == 4  # no input
     write_input(tmp, "2024-01-05")
     led = open_ledger(url)

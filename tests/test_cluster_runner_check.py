@@ -107,17 +107,17 @@ def test_control_valid_runner_is_charged(release_env):
 def test_compute_step_checks_before_start(release_env):
     """The Airflow path (reserve, then compute as its own task): a dead endpoint at compute fails before
     ``ledger.start``; the run stays reserved (refundable), never started."""
-    from dpops import runs
+    from dpops import release
 
     _, spec, url, key = release_env
     led = open_ledger(url)
     try:
-        ctx = runs.prepare(spec, "2024-01-01", "2024-01-02", randomness="os", key_path=str(key))
-        runs.reserve(ctx, led)
+        ctx = release.prepare(spec, "2024-01-01", "2024-01-02", randomness="os", key_path=str(key))
+        release.reserve(ctx, led)
         os.environ["DPOPS_RUNNER_CONNECT_TIMEOUT"] = "2"
         try:
             with pytest.raises(RunnerError, match="refused"):
-                runs.compute(ctx, led, runner="PortableRunner", runner_options=(f"--job_endpoint=localhost:{dead_port()}",))
+                release.compute(ctx, led, runner="PortableRunner", runner_options=(f"--job_endpoint=localhost:{dead_port()}",))
         finally:
             del os.environ["DPOPS_RUNNER_CONNECT_TIMEOUT"]
         assert led.run(ctx.run_id).state == "reserved"

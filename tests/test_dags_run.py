@@ -111,12 +111,13 @@ def test_one_interval_publishes_commits_and_a_rerun_is_free(tmp_path, monkeypatc
 def _fail_once_after_manifest(monkeypatch):
     """The one fault-hook mechanism (dpops.faults): ``manifest.after`` fires inside publish, after the noise
     was drawn and staged and the manifest written, before the ledger commit; ``raise`` = a crash a retry heals."""
-    from dpops import faults, runs
+    from dpops import faults
+    from dpops.release import manifests
     from fault_support import _after
 
     monkeypatch.setattr(faults, "_hits", {})
-    monkeypatch.setattr(runs, "write_manifest_before_publish",
-                        _after("manifest.after", runs.write_manifest_before_publish))
+    monkeypatch.setattr(manifests, "write_manifest_before_publish",
+                        _after("manifest.after", manifests.write_manifest_before_publish))
     monkeypatch.setenv("DPOPS_FAULT", "manifest.after=raise")
 
 
@@ -186,7 +187,7 @@ def test_budget_refusal_is_a_refusal_not_a_crash(tmp_path, monkeypatch, capfd, c
     msg = alert["message"]
     assert "scope 'af_refuse_scope' has epsilon 0.3 left" in msg and "this run asked epsilon 0.5" in msg
     assert "stays unpublished" in msg
-    # The one summary line every outcome emits (dpops.runs.RunOutcome.line).
+    # The one summary line every outcome emits (dpops.release.RunOutcome.line).
     lines = [m for m in records if m.startswith("dpops release=af_refuse ")]
     assert len(lines) == 1 and "outcome=refused" in lines[0], lines
 

@@ -170,7 +170,7 @@ def test_public_file_header_error_does_not_echo_the_file(tmp_path, clean_env):
 def test_csv_and_parquet_schema_errors_do_not_echo_the_file(tmp_path):
     from dpops.inputs import check_input
     from dpops.spec import parse_spec
-    from dpops.validate import check_input_schema
+    from dpops.release.gx_checks import check_input_schema
 
     spec = parse_spec(_spec_doc(), base_dir=tmp_path)
     p = tmp_path / "in.csv"
@@ -406,7 +406,8 @@ def test_parquet_string_cell_with_invalid_utf8_is_dropped(tmp_path):
 
 
 def test_run_failure_lines_and_ledger_reasons_withhold_foreign_error_text(tmp_path, clean_env, caplog):
-    from dpops import runs
+    from dpops import release
+    from dpops.storage import ReleaseStore
     from dpops.errors import InternalError
     from dpops.ledger import ScopeDefinition, open_ledger
     from test_runs import FakeKey, FakePipeline, planner, write_input
@@ -427,9 +428,9 @@ def test_run_failure_lines_and_ledger_reasons_withhold_foreign_error_text(tmp_pa
     def boom(*a, **k):  # fails before any noise: the reservation is refunded with a reason
         raise ValueError(f"cannot parse {SENT_STR}")
 
-    clean_env.setattr(runs.ReleaseStore, "new_staging_dir", boom)
+    clean_env.setattr(ReleaseStore, "new_staging_dir", boom)
     with pytest.raises(ValueError):
-        runs.execute_release(spec, "2024-01-01", "2024-01-02", ledger=led, key=FakeKey(), run_release=pipe,
+        release.execute_release(spec, "2024-01-01", "2024-01-02", ledger=led, key=FakeKey(), run_release=pipe,
                              planner=planner)
     clean_env.undo()
     real_call = FakePipeline.__call__
@@ -440,7 +441,7 @@ def test_run_failure_lines_and_ledger_reasons_withhold_foreign_error_text(tmp_pa
     FakePipeline.__call__ = leaky
     try:
         with pytest.raises(InternalError) as err:
-            runs.execute_release(spec, "2024-01-01", "2024-01-02", ledger=led, key=FakeKey(), run_release=pipe,
+            release.execute_release(spec, "2024-01-01", "2024-01-02", ledger=led, key=FakeKey(), run_release=pipe,
                                  planner=planner)
     finally:
         FakePipeline.__call__ = real_call

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from dpops import runs
+from dpops import release
 from dpops.errors import DpopsError, LedgerError
 from dpops.ledger import ScopeDefinition, open_ledger
 from test_runs import IV, FakeKey, env, ledger_url, planner, published_bytes  # noqa: F401 - fixtures
@@ -22,7 +22,7 @@ def test_second_ledger_on_same_output_root_refunds_and_explains(env, tmp_path):
                                        adjacency="add_remove"), actor="test")
 
     def run_other():
-        return runs.execute_release(env.spec, *IV, ledger=other, key=FakeKey(), run_release=env.pipe, planner=planner)
+        return release.execute_release(env.spec, *IV, ledger=other, key=FakeKey(), run_release=env.pipe, planner=planner)
 
     with pytest.raises(LedgerError, match="another ledger shares this output root") as err:
         run_other()

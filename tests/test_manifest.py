@@ -347,10 +347,10 @@ from test_cli_release import cli_env  # noqa: E402,F401 - the CLI release fixtur
 @pytest.fixture
 def real_plan(monkeypatch):
     """The CLI fixture stubs the plan for speed; a manifest must verify, so use the real planner."""
-    from dpops import runs
+    from dpops.release import preparation
     from dpops.release_plan import plan_release
 
-    monkeypatch.setattr(runs, "_default_planner", plan_release)
+    monkeypatch.setattr(preparation, "_default_planner", plan_release)
     monkeypatch.delenv("DPOPS_MANIFESTS_DIR", raising=False)
 
 

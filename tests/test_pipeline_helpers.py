@@ -10,7 +10,7 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import yaml
 
-from dpops.compute import ComputeRequest
+from dpops.release.pipeline_seam import ComputeRequest
 
 START, END = "2024-01-01T00:00:00+00:00", "2024-01-02T00:00:00+00:00"
 COLUMNS = {"user_id": "string", "region": "string", "amount": "float", "category": "string"}

@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from dpops import runs
-from dpops.compute import ComputeResult
+from dpops import release
+from dpops.release.pipeline_seam import ComputeResult
 from dpops.errors import (BudgetExceeded, InputDataError, IntegrityError, InternalError, LedgerError, SpecError,
                           StorageError)
 from dpops.events import Laplace
@@ -134,7 +134,7 @@ def env(tmp_path, ledger_url):
 
     e = Env()
     e.tmp, e.spec, e.ledger, e.pipe = tmp_path, spec, ledger, pipe
-    e.run = lambda **kw: runs.execute_release(spec, *IV, ledger=ledger, key=FakeKey(), run_release=pipe,
+    e.run = lambda **kw: release.execute_release(spec, *IV, ledger=ledger, key=FakeKey(), run_release=pipe,
                                               planner=planner, **kw)
     yield e
     ledger.close()
@@ -232,7 +232,7 @@ def test_changed_input_without_restate_refused_then_restated(env):
         env.run()
     assert charged(env.ledger) == pytest.approx(0.5) and env.pipe.calls == 1
     old_bytes = published_bytes(env.tmp)
-    out = runs.execute_restatement(env.spec, *IV, ledger=env.ledger, key=FakeKey(), run_release=env.pipe,
+    out = release.execute_restatement(env.spec, *IV, ledger=env.ledger, key=FakeKey(), run_release=env.pipe,
                                    planner=planner)
     assert out.state == "published" and out.restates == first.run_id and out.run_id != first.run_id
     assert out.epsilon_charged == pytest.approx(0.5) and charged(env.ledger) == pytest.approx(1.0)
@@ -241,25 +241,25 @@ def test_changed_input_without_restate_refused_then_restated(env):
     assert v1.read_bytes() == old_bytes  # the old version is kept
     assert published_bytes(env.tmp) != old_bytes
     # restating again with the same corrected input changes nothing
-    again = runs.execute_restatement(env.spec, *IV, ledger=env.ledger, key=FakeKey(), run_release=env.pipe,
+    again = release.execute_restatement(env.spec, *IV, ledger=env.ledger, key=FakeKey(), run_release=env.pipe,
                                      planner=planner)
     assert again.state == "already_published" and charged(env.ledger) == pytest.approx(1.0)
 
 
 def test_restate_needs_a_publication(env):
     with pytest.raises(LedgerError, match="has not been published: nothing to restate"):
-        runs.execute_restatement(env.spec, *IV, ledger=env.ledger, key=FakeKey(), run_release=env.pipe,
+        release.execute_restatement(env.spec, *IV, ledger=env.ledger, key=FakeKey(), run_release=env.pipe,
                                  planner=planner)
 
 
 def test_budget_refusal_leaves_nothing(env):
     env.run()  # 0.5
     write_input(env.tmp, "2024-01-02")
-    runs.execute_release(env.spec, "2024-01-02", "2024-01-03", ledger=env.ledger, key=FakeKey(),
+    release.execute_release(env.spec, "2024-01-02", "2024-01-03", ledger=env.ledger, key=FakeKey(),
                          run_release=env.pipe, planner=planner)  # 1.0 of 1.2
     write_input(env.tmp, "2024-01-03")
     with pytest.raises(BudgetExceeded) as info:
-        runs.execute_release(env.spec, "2024-01-03", "2024-01-04", ledger=env.ledger, key=FakeKey(),
+        release.execute_release(env.spec, "2024-01-03", "2024-01-04", ledger=env.ledger, key=FakeKey(),
                              run_release=env.pipe, planner=planner)
     assert info.value.exit_code == 5
     assert charged(env.ledger) == pytest.approx(1.0) and env.pipe.calls == 2
@@ -271,13 +271,13 @@ def test_failure_before_start_releases_reservation(env):
     def no_pipeline():
         raise ModuleNotFoundError("No module named 'apache_beam'")
 
-    from dpops import runs as r
+    from dpops.release import computation as r
 
     orig = r._load_run_release
     r._load_run_release = no_pipeline
     try:
         with pytest.raises(ModuleNotFoundError):
-            runs.execute_release(env.spec, *IV, ledger=env.ledger, key=FakeKey(), planner=planner)
+            release.execute_release(env.spec, *IV, ledger=env.ledger, key=FakeKey(), planner=planner)
     finally:
         r._load_run_release = orig
     rec = env.ledger.runs(release="purchases_test")[0]
@@ -285,14 +285,14 @@ def test_failure_before_start_releases_reservation(env):
     assert charged(env.ledger) == 0
     # The failure was transient: a retry must not be blocked by the refunded run key. It reserves a new
     # attempt (no noise was ever drawn under the first), publishes, and is charged exactly once.
-    out = runs.execute_release(env.spec, *IV, ledger=env.ledger, key=FakeKey(), run_release=env.pipe,
+    out = release.execute_release(env.spec, *IV, ledger=env.ledger, key=FakeKey(), run_release=env.pipe,
                                planner=planner)
     assert out.state == "published" and out.run_id != rec.run_id
     assert charged(env.ledger) == pytest.approx(0.5)
     states = sorted(r.state for r in env.ledger.runs(release="purchases_test"))
     assert states == ["committed", "released"]
     # and a later re-run serves the published attempt without a charge
-    again = runs.execute_release(env.spec, *IV, ledger=env.ledger, key=FakeKey(), run_release=env.pipe,
+    again = release.execute_release(env.spec, *IV, ledger=env.ledger, key=FakeKey(), run_release=env.pipe,
                                  planner=planner)
     assert again.state == "already_published" and again.run_id == out.run_id
     assert charged(env.ledger) == pytest.approx(0.5)
@@ -311,7 +311,7 @@ def test_bad_input_touches_no_ledger(env):
 def test_missing_scope_is_clear(env, tmp_path):
     other = open_ledger(f"sqlite:///{tmp_path / 'empty.sqlite'}")
     with pytest.raises(LedgerError, match="budget scope 'shop' .* is not in the ledger.*dpops ledger scope create"):
-        runs.execute_release(env.spec, *IV, ledger=other, key=FakeKey(), run_release=env.pipe, planner=planner)
+        release.execute_release(env.spec, *IV, ledger=other, key=FakeKey(), run_release=env.pipe, planner=planner)
     assert other.runs() == []
     other.close()
 
@@ -326,7 +326,7 @@ def test_noisy_output_checks_block_publish(env):
 
 def test_test_mode_never_published(env):
     with pytest.raises(StorageError, match="test-mode .*never published"):
-        runs.execute_release(env.spec, *IV, ledger=env.ledger, randomness="test", test_seed=7,
+        release.execute_release(env.spec, *IV, ledger=env.ledger, randomness="test", test_seed=7,
                              run_release=env.pipe, planner=planner)
     rec = env.ledger.runs(release="purchases_test")[0]
     assert rec.state == "spent_unpublished" and rec.key.key_id == "test/seed-7"
@@ -348,24 +348,24 @@ def test_os_mode_retry_takes_a_new_attempt(env):
 
 
 def test_steps_one_by_one_are_idempotent(env):
-    ctx = runs.prepare(env.spec, *IV, key=FakeKey(), planner=planner)
-    a = runs.reserve(ctx, env.ledger)
-    b = runs.reserve(ctx, env.ledger)
+    ctx = release.prepare(env.spec, *IV, key=FakeKey(), planner=planner)
+    a = release.reserve(ctx, env.ledger)
+    b = release.reserve(ctx, env.ledger)
     assert a.state == "reserved" and b.state == "reserved" and b.epsilon_charged == 0
-    s1 = runs.compute(ctx, env.ledger, run_release=env.pipe)
-    s2 = runs.compute(ctx, env.ledger, run_release=env.pipe)
+    s1 = release.compute(ctx, env.ledger, run_release=env.pipe)
+    s2 = release.compute(ctx, env.ledger, run_release=env.pipe)
     assert s1.state == s2.state == "staged" and env.pipe.calls == 1
-    p1 = runs.publish(ctx, env.ledger)
-    p2 = runs.publish(ctx, env.ledger)
+    p1 = release.publish(ctx, env.ledger)
+    p2 = release.publish(ctx, env.ledger)
     assert p1.state == "published" and p2.state == "already_published"
-    assert runs.step_summary(p1)["run_id"] == ctx.run_id
-    json.dumps(runs.step_summary(s1))
+    assert release.step_summary(p1)["run_id"] == ctx.run_id
+    json.dumps(release.step_summary(s1))
     assert charged(env.ledger) == pytest.approx(0.5)
 
 
 def test_status(env):
     out = env.run()
-    st = runs.status(env.spec, *IV, ledger=env.ledger)
+    st = release.status(env.spec, *IV, ledger=env.ledger)
     assert st["published_run"] == out.run_id and st["versions"][0]["version"] == 1
     assert st["runs"][0]["state"] == "committed"
 
@@ -408,14 +408,14 @@ def test_end_to_end_keyed_retry_reproduces_noise_with_one_charge(tmp_path):
                                         epsilon=3.0, delta=1e-6, rho=None, accountant="basic/1",
                                         adjacency="add_remove"), actor="test")
     try:
-        ctx = runs.prepare(spec, *IV, key_path=str(key))
-        assert runs.reserve(ctx, ledger).state == "reserved"
-        first = runs.compute_staged(ctx, ledger)
+        ctx = release.prepare(spec, *IV, key_path=str(key))
+        assert release.reserve(ctx, ledger).state == "reserved"
+        first = release.compute_staged(ctx, ledger)
         table1 = pq.read_table(first.data_file)
         import shutil
 
         shutil.rmtree(first.directory)  # the worker's disk is lost after noise was drawn
-        again = runs.execute_release(spec, *IV, ledger=ledger, key_path=str(key))
+        again = release.execute_release(spec, *IV, ledger=ledger, key_path=str(key))
         assert again.state == "published" and again.epsilon_charged == 0
         table2 = pq.read_table(tmp_path / "out/published/e2e" / SLUG / "current/data.parquet")
         assert table2.equals(table1)  # same key + same input => the same noise, nothing new revealed
@@ -447,7 +447,7 @@ def test_concurrent_runs_of_one_interval_charge_once_and_publish_once(env, ledge
     def worker():
         led = open_ledger(ledger_url)
         try:
-            results.append(runs.execute_release(env.spec, *IV, ledger=led, key=FakeKey(), run_release=pipeline,
+            results.append(release.execute_release(env.spec, *IV, ledger=led, key=FakeKey(), run_release=pipeline,
                                                 planner=planner))
         except (LedgerError, StorageError) as exc:  # a lost race is a retryable error, never a double spend
             errors.append(exc)
@@ -486,15 +486,15 @@ def test_one_log_line_per_run(env, caplog):
 
 
 def test_abandon(env):
-    ctx = runs.prepare(env.spec, *IV, key=FakeKey(), planner=planner)
-    runs.reserve(ctx, env.ledger)
-    assert runs.abandon(ctx, env.ledger, reason="wrong day").state == "released"
+    ctx = release.prepare(env.spec, *IV, key=FakeKey(), planner=planner)
+    release.reserve(ctx, env.ledger)
+    assert release.abandon(ctx, env.ledger, reason="wrong day").state == "released"
     assert charged(env.ledger) == 0
     write_input(env.tmp, amounts=(5.0, 5.0, 5.0, 5.0))
-    ctx = runs.prepare(env.spec, *IV, key=FakeKey(), planner=planner)
-    runs.reserve(ctx, env.ledger)
-    runs.compute(ctx, env.ledger, run_release=env.pipe)
-    assert runs.abandon(ctx, env.ledger, reason="bad output").state == "spent_unpublished"
+    ctx = release.prepare(env.spec, *IV, key=FakeKey(), planner=planner)
+    release.reserve(ctx, env.ledger)
+    release.compute(ctx, env.ledger, run_release=env.pipe)
+    assert release.abandon(ctx, env.ledger, reason="bad output").state == "spent_unpublished"
     assert charged(env.ledger) == pytest.approx(0.5)  # noise was drawn: the charge stays
     with pytest.raises(LedgerError, match="cannot be reserved again"):
-        runs.reserve(ctx, env.ledger)
+        release.reserve(ctx, env.ledger)

@@ -10,7 +10,7 @@ import json
 import pytest
 import yaml
 
-from dpops import runs
+from dpops import release
 from dpops.errors import SpecError
 from dpops.ledger import ScopeDefinition, open_ledger
 from tests.test_runs import IV, FakeKey, FakePipeline, planner, write_input
@@ -50,7 +50,7 @@ def ledger(tmp_path):
 
 
 def _run(spec, ledger):
-    return runs.execute_release(spec, *IV, ledger=ledger, key=FakeKey(), run_release=FakePipeline(), planner=planner)
+    return release.execute_release(spec, *IV, ledger=ledger, key=FakeKey(), run_release=FakePipeline(), planner=planner)
 
 
 @pytest.mark.parametrize("scope_kw, unit_kw, needle", [

@@ -13,7 +13,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from dpops import runs  # noqa: E402
+from dpops import release  # noqa: E402
+from dpops.release import execute  # noqa: E402
 from dpops.errors import InputDataError  # noqa: E402
 from dpops.ledger import ScopeDefinition, open_ledger  # noqa: E402
 from dpops.randomness import test_random  # noqa: E402
@@ -56,7 +57,7 @@ def test_input_changed_during_the_computation_is_never_published(env, tmp_path):
         return out
 
     with pytest.raises(InputDataError, match="input files changed since the run was prepared .*while the pipeline"):
-        runs.execute_release(spec, *IV, ledger=led, key=FakeKey(), run_release=swapping_pipeline, planner=planner)
+        release.execute_release(spec, *IV, ledger=led, key=FakeKey(), run_release=swapping_pipeline, planner=planner)
     (rec,) = led.runs()
     assert rec.state == "started"  # noise was drawn: charged, never refunded, never published
     assert not (tmp_path / "out/published").exists() or not any((tmp_path / "out/published").rglob("data.parquet"))
@@ -66,11 +67,11 @@ def test_input_changed_during_the_computation_is_never_published(env, tmp_path):
 def test_input_changed_before_the_computation_is_refunded(env, tmp_path):
     spec, data, led = env
     pipe = FakePipeline()
-    ctx = runs.prepare(spec, *IV, key=FakeKey(), planner=planner)
-    runs.reserve(ctx, led)
+    ctx = release.prepare(spec, *IV, key=FakeKey(), planner=planner)
+    release.reserve(ctx, led)
     write_day(tmp_path, amounts=(7.0, 7.0, 7.0, 7.0))
     with pytest.raises(InputDataError, match="before the computation started"):
-        runs._run_steps(ctx, led, publish_output=True, runner="FnApiRunner", runner_options=(), run_release=pipe,
+        execute._run_steps(ctx, led, publish_output=True, runner="FnApiRunner", runner_options=(), run_release=pipe,
                         gx_checks=False, restates=None)
     assert pipe.calls == 0
     assert [r.state for r in led.runs()] == ["released"]
@@ -104,13 +105,13 @@ def test_test_mode_refusal_manifest_leaves_out_the_input_fingerprint(env, tmp_pa
     from dpops.manifest.run_hook import TEST_REFUSAL_FINGERPRINT, write_run_manifest
 
     spec, data, led = env
-    ctx = runs.prepare(spec, *IV, randomness="test", test_seed=4, planner=planner)
+    ctx = release.prepare(spec, *IV, randomness="test", test_seed=4, planner=planner)
     path = write_run_manifest(ctx, led, {"state": "refused", "reason": "budget"}, manifests_dir=tmp_path / "m")
     text = Path(path).read_text()
     assert ctx.input_fingerprint not in text and ctx.run_id not in text and ctx.run_id not in Path(path).name
     m = read_manifest(path)
     assert m["run_key"]["input_fingerprint"] == TEST_REFUSAL_FINGERPRINT and m["outcome"]["state"] == "refused"
     # keyed mode keeps its (secret-keyed) fingerprint
-    kctx = runs.prepare(spec, *IV, key=FakeKey(), planner=planner)
+    kctx = release.prepare(spec, *IV, key=FakeKey(), planner=planner)
     kpath = write_run_manifest(kctx, led, {"state": "refused", "reason": "budget"}, manifests_dir=tmp_path / "k")
     assert json.loads(Path(kpath).read_text())["run_key"]["input_fingerprint"] == kctx.input_fingerprint

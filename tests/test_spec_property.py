@@ -21,7 +21,7 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from dpops.compute import ComputeRequest
+from dpops.release.pipeline_seam import ComputeRequest
 from dpops.errors import DpopsError
 from dpops.randomness import test_random
 from dpops.selection import dp_quantile, exponential_mechanism
@@ -147,7 +147,7 @@ def numpy_core(spec_path: Path, input_path: Path) -> dict:
 def test_accepted_specs_never_fail_with_a_parameter_error(tmp_path, doc, seed):
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(doc))
-    # `dpops spec check` (and runs.prepare): parse + plan. A refusal here is before any reservation.
+    # `dpops spec check` (and dpops.release.prepare): parse + plan. A refusal here is before any reservation.
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -13,9 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from dpops import runs
+from dpops.release import computation
 from dpops.cli.main import main
-from dpops.compute import ComputeResult
+from dpops.release.pipeline_seam import ComputeResult
 from dpops.ledger import ScopeDefinition, open_ledger
 from dpops.randomness import NoiseKey
 from dpops.storage import Location, files
@@ -89,7 +89,7 @@ def s3_run(s3, tmp_path, monkeypatch):
     key = tmp_path / "noise.key"
     NoiseKey.generate(key)
     pipe = UriPipeline()
-    monkeypatch.setattr(runs, "_load_run_release", lambda: pipe)
+    monkeypatch.setattr(computation, "_load_run_release", lambda: pipe)
     base = ["--interval", INTERVAL, "--ledger", url, "--key-file", str(key)]
     return {"s3": s3, "spec": str(spec), "url": url, "key": str(key), "base": base, "pipe": pipe,
             "root": Location.parse(f"{bucket}/out")}

@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from dpops import runs
+from dpops import release
+from dpops.inputs import parse_interval
 from dpops.errors import SpecError
 from dpops.ledger import ScopeDefinition, open_ledger
 from dpops.spec import interval_problems, load_spec, parse_spec
@@ -86,7 +87,7 @@ def test_bucketed_scope_refuses_a_spec_without_time_column(tmp_path, ledger):
     spec = _spec(tmp_path, time_column=False)
     for start, end in DAYS:
         with pytest.raises(SpecError, match="declare the event-time column"):
-            runs.execute_release(spec, start, end, ledger=ledger, randomness="test", test_seed=1)
+            release.execute_release(spec, start, end, ledger=ledger, randomness="test", test_seed=1)
     assert ledger.runs() == []
 
 
@@ -96,10 +97,10 @@ def test_each_day_reads_only_its_own_rows(tmp_path, ledger, fmt):
     spec = _spec(tmp_path, fmt=fmt)
     total = sum(ROWS_PER_DAY)
     for d, (start, end) in enumerate(DAYS):
-        out = runs.execute_release(spec, start, end, ledger=ledger, randomness="test", test_seed=3,
+        out = release.execute_release(spec, start, end, ledger=ledger, randomness="test", test_seed=3,
                                    publish_output=False)
         assert out.state == "staged"
-        slug = runs.parse_interval(start, end).slug
+        slug = parse_interval(start, end).slug
         internal = ReleaseStore(tmp_path / "out", "daily").read_internal_log(slug, out.run_id)
         assert internal["rows_read"] == total
         assert internal["dropped_outside_interval"] == total - ROWS_PER_DAY[d]
@@ -118,7 +119,7 @@ def test_misaligned_interval_is_refused_before_reservation(tmp_path, ledger, int
     _three_day_file(tmp_path)
     spec = _spec(tmp_path, path="data/{start:%Y-%m-%d}.parquet")
     with pytest.raises(SpecError) as err:
-        runs.execute_release(spec, *interval, ledger=ledger, randomness="test", test_seed=1)
+        release.execute_release(spec, *interval, ledger=ledger, randomness="test", test_seed=1)
     text = str(err.value)
     assert "is not exactly one UTC day" in text and "nothing was reserved" in text
     assert f"dpops release run {spec} --interval {needle}" in text
@@ -200,7 +201,7 @@ def test_example_spec_with_synthetic_data_on_a_day_bucketed_scope(tmp_path):
                                          epsilon=1.0, delta=1e-7, rho=None, accountant="rdp/1", bucket="day",
                                          unit_period="day", adjacency="add_remove", population=1_000_000), actor="t")
         for start, end in DAYS[:2]:
-            out = runs.execute_release(spec, start, end, ledger=led, randomness="test", test_seed=1,
+            out = release.execute_release(spec, start, end, ledger=led, randomness="test", test_seed=1,
                                        publish_output=False)
             assert out.state == "staged"
         assert len(led.status("purchases").buckets) == 2
@@ -209,7 +210,7 @@ def test_example_spec_with_synthetic_data_on_a_day_bucketed_scope(tmp_path):
 @pytest.mark.parametrize("tz", [None, "UTC", "Europe/Paris"])
 def test_gx_input_schema_check_knows_timestamp(tmp_path, tz):
     from dpops.errors import InputDataError
-    from dpops.validate import check_input_schema
+    from dpops.release.gx_checks import check_input_schema
 
     p = tmp_path / "x.parquet"
     pq.write_table(pa.table({"ts": pa.array([1], pa.timestamp("ms", tz=tz)), "x": [1.0]}), p)

@@ -25,7 +25,7 @@ from dpops.events import (
     PureDP,
     flatten,
 )
-from dpops.validation import check_delta, check_epsilon
+from dpops.param_checks import check_delta, check_epsilon
 
 
 def zcdp_to_epsilon(rho: float, delta: float) -> float:

@@ -69,7 +69,7 @@ from dpops.events import (
     event_to_dict,
     flatten,
 )
-from dpops.validation import check_delta, check_epsilon
+from dpops.param_checks import check_delta, check_epsilon
 
 VALUE_DISCRETIZATION_INTERVAL = 1e-4
 SPLITS = (0.5, 0.1, 0.01, 0.001, 0.9, 0.99)

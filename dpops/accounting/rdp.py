@@ -60,7 +60,7 @@ from dpops.events import (
     PureDP,
     flatten,
 )
-from dpops.validation import check_delta, check_epsilon
+from dpops.param_checks import check_delta, check_epsilon
 
 ORDERS = tuple(1.0 + 10.0 ** (k / 20.0) for k in range(-40, 121))
 _A = np.array(ORDERS)

@@ -45,7 +45,7 @@ from dpops.events import (
     PureDP,
     flatten,
 )
-from dpops.validation import check_delta, check_epsilon
+from dpops.param_checks import check_delta, check_epsilon
 
 _STATE_KEYS = ("rho_noise", "rho_pure", "pure_eps", "approx_eps", "approx_delta")
 

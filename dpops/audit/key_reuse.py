@@ -9,7 +9,7 @@ The experiment follows a restatement. The original run reads X; late data arrive
 restatement reads X + v (+ u): v is a late unit that is always there (so the input always
 changes), u is the target unit. The adversary sees both releases and computes, per trial group,
 s = stat(restatement) - stat(original). World D: late data without u; world D': with u. Labels
-are built by the real ``dpops.runs.RunContext.noise_label`` from the real keyed
+are built by the real ``dpops.release.RunContext.noise_label`` from the real keyed
 ``dpops.inputs.input_fingerprint`` of the two input files, and the noise is drawn by
 ``keyed_random(key, label)`` exactly as the pipeline's ``RandomnessConfig.source`` does.
 Both releases are charged, so the claim checked is twice the metric's ε. With fresh noise the
@@ -36,7 +36,7 @@ INTERVAL = ("2026-01-01T00:00:00+00:00", "2026-01-02T00:00:00+00:00")
 
 
 def _noise_label(spec, fingerprint: str) -> dict:
-    from dpops.runs import RunContext
+    from dpops.release import RunContext
 
     ctx = SimpleNamespace(spec=spec, interval=SimpleNamespace(start_iso=INTERVAL[0], end_iso=INTERVAL[1]),
                           input_fingerprint=fingerprint, randomness="keyed", attempt=1)

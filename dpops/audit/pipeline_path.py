@@ -2,7 +2,7 @@
 
 The fast audits call the pipeline's functions directly and skip Beam's shuffles. This one runs
 the real ``pipelines.release_pipeline.run_release`` (loaded lazily through
-``dpops.compute.load_run_release``, like ``dpops.runs``; ``dpops`` itself never imports Beam):
+``dpops.release.pipeline_seam.load_run_release``, like ``dpops.release``; ``dpops`` itself never imports Beam):
 it writes the neighbours D and D' as Parquet files and a copy of the spec whose public partitions
 are the trial groups, runs the pipeline once per neighbour in test-randomness mode, and bounds ε
 from the published ``data.parquet``. One pipeline run yields T trials (one per group of
@@ -36,7 +36,7 @@ def audit_metric_via_pipeline(spec, metric: str, *, trials: int = 1000, confiden
     import pyarrow.parquet as pq
     import yaml
 
-    from dpops.compute import ComputeRequest, load_run_release
+    from dpops.release.pipeline_seam import ComputeRequest, load_run_release
     from dpops.release_plan import SAFETY, plan_release
     from dpops.spec import parse_spec
 

@@ -5,7 +5,7 @@ charged to a scope protecting another unit is only as private as it is for the s
 case the auditor can show is a record-level release (each row its own unit) in a scope whose
 unit is a user: the target neighbour is one *user* with ``rows_per_unit`` rows, which the
 record-level pipeline treats as that many units, so the audited ε grows with the rows while the
-ledger would be charged ε once. ``dpops.runs`` refuses such a release before any reservation;
+ledger would be charged ε once. ``dpops.release.reservation`` refuses such a release before any reservation;
 this audit shows why (and ``refused`` says whether dpops would refuse it).
 """
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 class ScopeAudit:
     """Result of auditing a release against a scope's unit: refused by dpops, or audited against that unit."""
 
-    refused: bool  # dpops.runs would refuse this release on this scope (before any reservation)
+    refused: bool  # dpops.release.reservation would refuse this release on this scope (before any reservation)
     reasons: list[str]
     results: list[AuditResult]  # audits against the scope's unit (a user with many rows)
 
@@ -64,8 +64,8 @@ def audit_against_scope(spec: ReleaseSpec, scope: ScopeDefinition, *, metric: st
                         rows_per_unit: int = 40, trials: int = 2000, confidence: float = 0.99,
                         seed: int = 0) -> ScopeAudit:
     """Would dpops refuse ``spec`` on ``scope``, and what ε does it really spend for the scope's unit?"""
+    from dpops.release import unit_definition_mismatches
     from dpops.release_plan import plan_release
-    from dpops.runs import unit_definition_mismatches
 
     reasons = unit_definition_mismatches(spec, scope)
     if not (spec.privacy_unit.record_level and not getattr(scope, "record_level", False)):

@@ -472,11 +472,11 @@ def reserve_cmd(spec, interval, key_file, randomness, test_seed, do_start, do_co
                 actor, as_json) -> None:
     """Reserve (and optionally start, commit or release) SPEC's run over --interval without a Beam job.
 
-    The same checks as `dpops release run` (dpops.runs.prepare and reserve): the input is checked and
+    The same checks as `dpops release run` (dpops.release.prepare and reserve): the input is checked and
     fingerprinted, the scope's unit definition must match the spec's, the cap is enforced by the
     scope's accountant, and the run key is idempotent (the same input, spec and key reserve once).
     For operators (hold budget for a run, close a stuck one) and tests."""
-    from dpops import runs
+    from dpops import release
     from dpops.cli.release import _interval
     from dpops.errors import InvalidParameter, LedgerError
 
@@ -489,10 +489,10 @@ def reserve_cmd(spec, interval, key_file, randomness, test_seed, do_start, do_co
         raise InvalidParameter("--release needs --reason (kept in the ledger)")
     iv = _interval(spec, interval)
     who = actor or default_actor()
-    ctx = runs.prepare(spec, iv.start, iv.end, randomness=randomness, key_path=key_file, test_seed=test_seed,
+    ctx = release.prepare(spec, iv.start, iv.end, randomness=randomness, key_path=key_file, test_seed=test_seed,
                        actor=who)
     with open_cli_ledger() as led:
-        out = runs.reserve(ctx, led)
+        out = release.reserve(ctx, led)
         charged = out.epsilon_charged
         if out.state != "already_published":
             rec = led.run(ctx.run_id)
@@ -505,7 +505,7 @@ def reserve_cmd(spec, interval, key_file, randomness, test_seed, do_start, do_co
             if do_commit and rec.state == "started":
                 rec = led.commit(ctx.run_id, output_uri=output_uri, actor=who,
                                  details={"note": "committed by dpops ledger reserve --commit (no Beam job)"})
-            out = runs._outcome(ctx, led, rec.state, record=rec, charged=charged)
+            out = release.context._outcome(ctx, led, rec.state, record=rec, charged=charged)
     if as_json:
         echo_ok(out.as_dict())
     else:

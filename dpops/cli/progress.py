@@ -2,7 +2,7 @@
 
 On a terminal: a rich spinner naming the current stage, and one line per finished stage with its
 duration. Otherwise (a log file, Airflow, a pipe): one plain line per stage, so a log shows where a
-run spent its time or stopped. Stage names are ``dpops.runs.STAGES``.
+run spent its time or stopped. Stage names are ``dpops.release.STAGES``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 @contextmanager
 def stage_progress(enabled: bool = True, *, tty: bool | None = None) -> Iterator[Callable[[str], None] | None]:
-    """Yield a ``progress(stage)`` callback for ``dpops.runs`` (None when disabled)."""
+    """Yield a ``progress(stage)`` callback for ``dpops.release`` (None when disabled)."""
     if not enabled:
         yield None
         return

@@ -25,7 +25,7 @@ def _internal_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except DpopsError as exc:
-            failed = getattr(exc, "dpops_outcome", None)  # the run's refused/failed outcome (dpops.runs)
+            failed = getattr(exc, "dpops_outcome", None)  # the run's refused/failed outcome (dpops.release)
             if failed is not None and not getattr(exc, "json_payload", None):
                 attach(exc, failed.as_dict())
             raise
@@ -108,12 +108,12 @@ def run_cmd(spec: str, interval: str, as_json: bool, runner: str, runner_options
 
     Safe to repeat: a published interval is served without a charge; a retry reuses the reservation
     (keyed randomness reproduces the same noise)."""
-    from dpops import runs
+    from dpops import release
     from dpops.cli.progress import stage_progress
     iv = _interval(spec, interval)
     url = ledger_url()
-    with stage_progress(show_progress) as progress, runs.open_run_ledger(url) as ledger:
-        outcome = runs.execute_release(spec, iv.start, iv.end, ledger=ledger, randomness=randomness,
+    with stage_progress(show_progress) as progress, release.open_run_ledger(url) as ledger:
+        outcome = release.execute_release(spec, iv.start, iv.end, ledger=ledger, randomness=randomness,
                                        key_path=key_file, runner=runner, runner_options=runner_options,
                                        publish_output=publish_output, gx_checks=gx_checks, actor=None,
                                        progress=progress)
@@ -130,12 +130,12 @@ def restate_cmd(spec: str, interval: str, as_json: bool, runner: str, runner_opt
                 randomness: str, key_file: str | None, gx_checks: bool, show_progress: bool) -> None:
     """Publish a corrected input of an already published interval as a new version (a fresh charge,
     linked to the run it corrects; the old version is kept)."""
-    from dpops import runs
+    from dpops import release
     from dpops.cli.progress import stage_progress
     iv = _interval(spec, interval)
     url = ledger_url()
-    with stage_progress(show_progress) as progress, runs.open_run_ledger(url) as ledger:
-        outcome = runs.execute_restatement(spec, iv.start, iv.end, ledger=ledger, randomness=randomness,
+    with stage_progress(show_progress) as progress, release.open_run_ledger(url) as ledger:
+        outcome = release.execute_restatement(spec, iv.start, iv.end, ledger=ledger, randomness=randomness,
                                            key_path=key_file, runner=runner, runner_options=runner_options,
                                            gx_checks=gx_checks, progress=progress)
     _emit(outcome, as_json)
@@ -150,7 +150,7 @@ def status_cmd(spec: str, interval: str, as_json: bool, key_file: str | None) ->
     """What the ledger and the published outputs say about SPEC's --interval (reads no private data).
 
     Exits 7 naming the file when a published file no longer matches what was published."""
-    from dpops import runs
+    from dpops import release
     from dpops.errors import IntegrityError
     iv = _interval(spec, interval)
     key = None
@@ -158,8 +158,8 @@ def status_cmd(spec: str, interval: str, as_json: bool, key_file: str | None) ->
         from dpops.randomness import NoiseKey
 
         key = NoiseKey.from_file(key_file)
-    with runs.open_run_ledger(ledger_url()) as ledger:
-        st = runs.status(spec, iv.start, iv.end, ledger=ledger, key=key)
+    with release.open_run_ledger(ledger_url()) as ledger:
+        st = release.status(spec, iv.start, iv.end, ledger=ledger, key=key)
         st.update(_position(ledger, st))
     files = st.get("published_files")
     if files and files["problems"]:
@@ -175,7 +175,7 @@ def status_cmd(spec: str, interval: str, as_json: bool, key_file: str | None) ->
 
 def _position(ledger: Any, st: dict) -> dict:
     """The scope's composed total, cap and accountant, beside each run's own ε (issue 12)."""
-    from dpops.runs import scope_position
+    from dpops.release import scope_position
 
     pos = scope_position(ledger, st["scope"])
     pos.pop("scope_remaining", None)
@@ -217,9 +217,9 @@ def abandon_cmd(spec: str, interval: str, as_json: bool, key_file: str | None,
                 randomness: str, reason: str) -> None:
     """Give up the unpublished run of SPEC over --interval: refund it if no noise was drawn yet, else mark
     it spent_unpublished (the charge stays)."""
-    from dpops import runs
+    from dpops import release
     iv = _interval(spec, interval)
-    ctx = runs.prepare(spec, iv.start, iv.end, randomness=randomness, key_path=key_file)
-    with runs.open_run_ledger(ledger_url()) as ledger:
-        outcome = runs.abandon(ctx, ledger, reason=reason)
+    ctx = release.prepare(spec, iv.start, iv.end, randomness=randomness, key_path=key_file)
+    with release.open_run_ledger(ledger_url()) as ledger:
+        outcome = release.abandon(ctx, ledger, reason=reason)
     _emit(outcome, as_json)

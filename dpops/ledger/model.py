@@ -112,7 +112,7 @@ class ScopeDefinition:
 
     The unit definition is whole (issue 11 item 1): ``unit_column``, ``record_level``,
     ``adjacency`` and ``unit_period``. A release whose ``privacy_unit`` differs in any of
-    them is refused before reservation (``dpops.runs._check_scope``): an epsilon charged
+    them is refused before reservation (``dpops.release.reservation._check_scope``): an epsilon charged
     for one unit definition says nothing about another (a record-level release in a
     user scope costs a user up to rows*epsilon; add_remove epsilon is 2*epsilon under
     replace). ``adjacency=None`` is how a scope created before this field existed is

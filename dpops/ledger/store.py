@@ -49,7 +49,7 @@ from dpops.ledger.model import (
     utc_now,
 )
 from dpops.ledger.schema import entry_hash, migrate
-from dpops.validation import check_delta_for_population, check_epsilon, check_positive
+from dpops.param_checks import check_delta_for_population, check_epsilon, check_positive
 
 # Allowed (from, to) transitions; staying in the same state is an idempotent retry.
 TRANSITIONS = {

@@ -138,7 +138,7 @@ def _validation_summary(validation: Any) -> dict[str, Any] | None:
     if isinstance(validation, Mapping):
         checks_in = validation.get("checks", [])
         proceeded = validation.get("proceeded")
-    else:  # a report object such as dpops.validate.CheckReport
+    else:  # a report object such as dpops.release.gx_checks.CheckReport
         checks_in = getattr(validation, "checks", None) or getattr(validation, "results", None) or []
         proceeded = getattr(validation, "proceeded", None)
         if proceeded is None:

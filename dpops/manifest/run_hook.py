@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 
 class RunContextLike(Protocol):
-    """What a manifest reads from a run: ``dpops.runs.RunContext``, or a stand-in holding just these.
+    """What a manifest reads from a run: ``dpops.release.RunContext``, or a stand-in holding just these.
 
     Optional attributes read when present: ``randomness`` ("keyed" | "os" | "test", default keyed) and
     ``restates`` (the run id a restatement replaces).

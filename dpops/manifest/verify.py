@@ -238,7 +238,7 @@ def _check_randomness(m: dict[str, Any]) -> list[str]:
         out.append("outcome.state: a test-mode run (seeded noise) can never be published")
     if r["key_id"] != m["run_key"]["key_id"]:
         out.append(f"randomness.key_id: {r['key_id']!r} differs from run_key.key_id {m['run_key']['key_id']!r}")
-    # The key id's form is fixed by the mode (dpops.runs.RunContext.run_key_id), and the key id is part
+    # The key id's form is fixed by the mode (dpops.release.RunContext.run_key_id), and the key id is part
     # of the run key and so of the run id: an edited mode cannot keep a key id of another mode's form.
     # Privacy reason: "os" tells a reviewer the noise cannot be recomputed by anyone, "keyed" that a
     # key holder can; claiming the wrong one misstates who can reproduce the noise.

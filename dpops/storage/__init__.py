@@ -1,6 +1,7 @@
 """Staged and published release outputs, on a local filesystem or an object store.
 
-- ``location``: ``Location``, the one typed value for a local path or an object-store URI.
+- ``location``: ``Location``, the one typed value for a local path or an object-store URI, and
+  ``as_location`` / ``location_uri`` to convert caller paths and record URIs.
 - ``base``: the ``Store`` interface the run steps use, the shared records (``StagedRun``,
   ``PublishedRun``) and the staging-seal payload.
 - ``local``: ``ReleaseStore`` (alias ``LocalReleaseStore``), the local backend: 0700/0600 staging,
@@ -28,7 +29,7 @@ from dpops.storage.base import (
     Store,
 )
 from dpops.storage.local import STATE_DIR_ENV, LocalReleaseStore, ReleaseStore, private_state_dir, sha256_file
-from dpops.storage.location import Location, LocationError, is_uri
+from dpops.storage.location import Location, LocationError, as_location, is_uri, location_uri
 
 
 def open_store(root: Location | str | os.PathLike[str], release: str, *, sealer: Sealer | None = None,
@@ -44,5 +45,5 @@ def open_store(root: Location | str | os.PathLike[str], release: str, *, sealer:
 
 
 __all__ = ["open_store", "Store", "ReleaseStore", "LocalReleaseStore", "StagedRun", "PublishedRun", "Sealer",
-           "Location", "LocationError", "is_uri", "sha256_file", "private_state_dir", "DATA_FILE", "SUMMARY_FILE",
-           "INTERNAL_FILE", "PUBLISHED_FILES", "STATE_DIR_ENV"]
+           "Location", "LocationError", "is_uri", "as_location", "location_uri", "sha256_file", "private_state_dir",
+           "DATA_FILE", "SUMMARY_FILE", "INTERNAL_FILE", "PUBLISHED_FILES", "STATE_DIR_ENV"]

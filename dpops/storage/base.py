@@ -8,7 +8,7 @@ Two backends implement ``Store``:
   symlink, so immutable version prefixes plus a ``current`` pointer object written last.
 
 ``open_store(root, release, ...)`` picks one from the root's ``Location``. The run steps
-(``dpops.runs``) only call what ``Store`` declares, plus ``dpops.storage.files`` to read files at
+(``dpops.release``) only call what ``Store`` declares, plus ``dpops.storage.files`` to read files at
 a ``Location``; the guarantees (manifest first, ledger commit before visibility, immutable versions,
 a crash between commit and visibility healed by any retry) are each backend's job, documented there.
 """
@@ -103,6 +103,9 @@ class Store(Protocol):
     def staged_interval_location(self, interval_slug: str) -> Location: ...
 
     def published_interval_location(self, interval_slug: str) -> Location: ...
+
+    def published_interval_dir(self, interval_slug: str) -> Path | Location:
+        """The published interval as the backend names it in messages (a local ``Path`` or a ``Location``)."""
 
     def new_staging(self, interval_slug: str, run_id: str) -> Location:
         """An empty, run-specific place the pipeline writes ``data.parquet`` and ``summary.json`` into."""

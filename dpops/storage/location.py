@@ -199,4 +199,18 @@ def _remote_fs(scheme: str, bucket: str) -> pyarrow.fs.FileSystem:
 
 _FS_CACHE: dict[tuple[str, str, str, str], pyarrow.fs.FileSystem] = {}
 
-__all__ = ["Location", "LocationError", "is_uri", "LOCAL"]
+
+def as_location(p: str | os.PathLike[str] | Location) -> Location:
+    """A path or URI the pipeline or a caller gave as a ``Location`` (relative paths: the working directory)."""
+    if isinstance(p, Location):
+        return p
+    text = os.fspath(p)
+    return Location.parse(text) if is_uri(text) else Location.local(text)
+
+
+def location_uri(loc: Location) -> str:
+    """The URI recorded in the ledger and the manifest: ``file://`` of the resolved local path, or the object URI."""
+    return loc.local_path.resolve().as_uri() if loc.is_local else loc.uri
+
+
+__all__ = ["Location", "LocationError", "is_uri", "as_location", "location_uri", "LOCAL"]

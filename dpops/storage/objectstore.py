@@ -186,7 +186,7 @@ class ObjectReleaseStore(PrivateRunLog):
     def published_interval_location(self, interval_slug: str) -> Location:
         return self.root_location.join("published", self.release, interval_slug)
 
-    # names the local store uses in messages (dpops.runs formats them with str())
+    # names the local store uses in messages (dpops.release formats them with str())
     staged_interval_dir = staged_interval_location
     published_interval_dir = published_interval_location
 

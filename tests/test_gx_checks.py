@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dpops.errors import InputDataError, IntegrityError, SpecError
-from dpops.validate import check_input_schema, check_release_output
+from dpops.release.gx_checks import check_input_schema, check_release_output
 
 COLUMNS = {"user_id": "string", "region": "string", "amount": "float", "n": "int"}
 

@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 from dpops.errors import InvalidParameter
-from dpops.validation import check_bounds, check_delta, check_delta_for_population, check_epsilon
+from dpops.param_checks import check_bounds, check_delta, check_delta_for_population, check_epsilon
 
 
 @pytest.mark.parametrize("eps", [0, -1, math.nan, math.inf, "1", None, True])

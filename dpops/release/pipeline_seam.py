@@ -1,13 +1,16 @@
-"""The seam between run orchestration (dpops.runs) and the Beam pipeline (pipelines/).
+"""The seam between the release steps (``dpops.release.computation``) and the Beam pipeline (pipelines/).
 
-Dataclasses only: ``dpops`` never imports Beam. ``dpops.runs`` builds a
+Dataclasses only: ``dpops`` never imports Beam. The compute step builds a
 ``ComputeRequest`` and calls ``pipelines.release_pipeline:run_release`` by its
-dotted name, which returns a ``ComputeResult``.
+dotted name, which returns a ``ComputeResult``. The request carries a key
+REFERENCE, never the key: each worker resolves it and checks its key id.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 RUN_RELEASE = "pipelines.release_pipeline:run_release"
 RANDOMNESS_MODES = ("keyed", "os", "test")
@@ -20,7 +23,7 @@ class ComputeRequest:
     interval_end: str
     input_paths: tuple[str, ...]  # local paths or URIs (read through Beam's FileSystems on the workers)
     # {"release", "spec_hash", "interval_start", "interval_end", "input_fingerprint"}: the keyed noise label
-    noise_label: dict
+    noise_label: dict[str, str]
     randomness: str  # "keyed" | "os" | "test"
     # keyed mode: a REFERENCE to the noise key (``dpops.keyref``: a key file path mounted on every worker,
     # file:PATH, gcp-secret://...), never the key itself; each worker resolves it
@@ -50,12 +53,13 @@ class ComputeResult:
     summary_file: str
     partitions_released: int
     # rows read, dropped by reason, clamped...: INTERNAL run log only, never published
-    internal: dict = field(default_factory=dict)
+    internal: dict[str, Any] = field(default_factory=dict)
 
 
-def load_run_release():
+def load_run_release() -> Callable[[ComputeRequest], ComputeResult]:
     """Import the pipeline lazily (Beam is heavy and optional for the core package)."""
     import importlib
 
     mod_name, func = RUN_RELEASE.split(":")
-    return getattr(importlib.import_module(mod_name), func)
+    run_release: Callable[[ComputeRequest], ComputeResult] = getattr(importlib.import_module(mod_name), func)
+    return run_release

@@ -1,0 +1,223 @@
+"""Step 3, ``compute``: the only step that draws noise, bracketed by the ledger's ``start``.
+
+Reuse a sealed staged output of this run (a retry: nothing drawn or charged again), else
+``ledger.start`` and run the pipeline (``pipelines.release_pipeline:run_release``, imported lazily
+by its dotted name: ``dpops`` never imports Beam). Everything that can fail without drawing noise
+happens before ``start`` (runner and endpoints checked, input fingerprint re-checked), so such a
+failure is refunded; after ``start`` the charge is final. The input's keyed fingerprint is
+re-checked before sealing too: a file swapped during the computation would otherwise publish a
+release of other data under this run's key.
+
+Retries (semantics.md section 3):
+
+- keyed mode: noise is a function of (key, run key); the run key contains the input
+  fingerprint. A retry after ``start`` recomputes the same noise over the same input,
+  reveals nothing new and is not charged again.
+- os mode: fresh OS randomness cannot be reproduced. A run that started but left no
+  sealed staged output is marked ``spent_unpublished`` (its noise may exist somewhere)
+  and the next invocation reserves a NEW attempt (``key_id`` ``os/attempt-N``, so a
+  new run id) with a fresh charge. The operator sees this in the error and the ledger.
+- test mode: seeded noise, runs through the ledger like any other run (it did read
+  private data) but its output can never be published.
+
+A pipeline error's text may quote an input cell, so it never leaves this process: a full or
+read-only disk becomes a ``StorageError``, anything else an ``InternalError`` naming only the
+exception type and place (``DPOPS_DEBUG=1`` shows the text on a trusted terminal).
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib
+import os
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dpops.errors import DEBUG_ENV, DpopsError, InputDataError, InternalError, LedgerError, StorageError
+from dpops.inputs import input_fingerprint
+from dpops.release.context import Progress, RunContext, RunOutcome, _outcome, _pick_attempt, _stage, log
+from dpops.release.pipeline_seam import ComputeRequest, ComputeResult, load_run_release
+from dpops.storage import Location, StagedRun, as_location, location_uri
+
+if TYPE_CHECKING:
+    from dpops.ledger import Ledger
+
+RUNNER_CHECK = "pipelines.runner_check:check_runner"
+# The pipeline entry point: ``run_release(request) -> result`` (tests and library callers inject their own).
+RunRelease = Callable[[ComputeRequest], ComputeResult]
+
+
+def _load_run_release() -> RunRelease:
+    """The real pipeline (tests patch this name in this module: ``compute_staged`` looks it up here)."""
+    return load_run_release()
+
+
+def check_runner(runner: str, runner_options: Sequence[str], run_release: RunRelease | None = None) -> str:
+    """Validate the Beam runner, its options and endpoints (``pipelines.runner_check``, imported lazily:
+    dpops never imports Beam); returns the runner name to hand to the pipeline.
+
+    Called before ``reserve`` and before ``ledger.start``: an os-mode run is charged once started, so a
+    typo'd runner or a dead job endpoint must fail (RunnerError, exit 6, bounded connect timeout) before
+    that. An injected ``run_release`` (tests, a library caller) owns its runner and is not checked.
+    """
+    if run_release is not None:
+        return runner
+    mod_name, func = RUNNER_CHECK.split(":")
+    checked = getattr(importlib.import_module(mod_name), func)(runner, tuple(runner_options))
+    return str(checked.runner)
+
+
+def _compute_request(ctx: RunContext, staging_dir: Location, runner: str,
+                     runner_options: Sequence[str]) -> ComputeRequest:
+    # expected_plan_hash: the pipeline refuses to draw noise if the plan it derives differs from the reserved one.
+    return ComputeRequest(
+        spec_path=ctx.spec_path, interval_start=ctx.interval.start_iso, interval_end=ctx.interval.end_iso,
+        input_paths=tuple(ctx.input_paths), noise_label=ctx.noise_label, randomness=ctx.randomness,
+        key_ref=ctx.key_path if ctx.randomness == "keyed" else None, test_seed=ctx.test_seed,
+        key_id=ctx.key_id if ctx.randomness == "keyed" else None,
+        staging_dir=str(staging_dir), runner=runner, runner_options=tuple(runner_options),
+        expected_plan_hash=getattr(ctx.plan, "plan_hash", None),
+    )
+
+
+def compute(ctx: RunContext, ledger: Ledger, *, runner: str = "FnApiRunner", runner_options: Sequence[str] = (),
+            run_release: RunRelease | None = None) -> RunOutcome:
+    """Produce (or find) the sealed staged output of this run. Needs a reservation (``reserve`` first)."""
+    staged = compute_staged(ctx, ledger, runner=runner, runner_options=runner_options, run_release=run_release)
+    return _outcome(ctx, ledger, "staged", record=ledger.run(ctx.run_id),
+                    output_uri=location_uri(staged.location), message="noisy output staged, not yet published")
+
+
+def compute_staged(ctx: RunContext, ledger: Ledger, *, runner: str = "FnApiRunner", runner_options: Sequence[str] = (),
+                   run_release: RunRelease | None = None, progress: Progress | None = None) -> StagedRun:
+    """``compute`` returning the ``StagedRun`` itself."""
+    _pick_attempt(ctx, ledger)
+    record = ledger.run(ctx.run_id)
+    if record is None:
+        raise LedgerError(f"run {ctx.run_id} of {ctx.spec.name} {ctx.interval} is not reserved: reserve it first")
+    staged = ctx.store.find_staged(ctx.interval.slug, ctx.run_id)
+    if staged is not None and record.state == "reserved":
+        # Sealed output exists only after ``start``, so this ledger never started this run: another ledger
+        # (sharing this output root) or a ledger restored from an older backup computed it. No mechanism ran
+        # under this reservation, so it is refunded rather than left stuck (issue 13).
+        msg = (f"run {ctx.run_id} of {ctx.spec.name} {ctx.interval}: "
+               f"{ctx.store.staged_interval_location(ctx.interval.slug)} "
+               "holds a staged output of this run that this ledger never started: another ledger shares this "
+               "output root (or this ledger was restored from an older backup). The reservation was refunded. "
+               "Use one ledger per output root: run with the ledger that computed it, or give this release "
+               "its own output.root")
+        ledger.release(ctx.run_id, reason="staged output computed under another ledger; nothing drawn here",
+                       actor=ctx.actor)
+        raise LedgerError(msg)
+    if staged is not None:
+        return staged  # a retry: the noisy output exists; reuse it, nothing drawn or charged again
+    if record.state in ("committed", "released", "spent_unpublished"):
+        raise LedgerError(f"run {ctx.run_id} is {record.state}; it cannot be computed again")
+    if record.state == "started" and ctx.randomness == "os":
+        # Fresh noise may have been drawn and cannot be reproduced: the charge stays, the attempt is closed.
+        ledger.mark_spent_unpublished(ctx.run_id, reason="os-mode run started but left no staged output; "
+                                      "fresh noise cannot be recomputed under the same charge", actor=ctx.actor)
+        raise LedgerError(
+            f"os-mode run {ctx.run_id} (attempt {ctx.attempt}) of {ctx.spec.name} {ctx.interval} had started but "
+            "left no staged output; it is now spent_unpublished (the charge stays). Run again to reserve a new "
+            "attempt with a fresh charge, or use keyed randomness, whose retries are free"
+        )
+    # Everything that can fail without drawing noise happens before start, so such a failure is refunded.
+    fn = run_release or _load_run_release()
+    runner = check_runner(runner, runner_options, run_release)
+    if record.state == "reserved":
+        _check_input_unchanged(ctx, "before the computation started; nothing was drawn, the reservation is refunded")
+    # The staging location is a local directory or an object-store prefix; the pipeline gets it as a str
+    # (ComputeRequest.staging_dir) and writes data.parquet + summary.json there through Beam FileSystems.
+    tmp = ctx.store.new_staging(ctx.interval.slug, ctx.run_id)
+    try:
+        if record.state == "reserved":
+            ledger.start(ctx.run_id, actor=ctx.actor)  # right before the first noise is drawn: no refund after this
+    except BaseException:
+        ctx.store.discard_staging(tmp)
+        raise
+    try:
+        try:
+            _stage(progress, "read, bound and noise")
+            result = fn(_compute_request(ctx, tmp, runner, runner_options))
+        except DpopsError:
+            raise
+        except Exception as exc:  # Beam wraps worker errors; a full or read-only disk is not a bug
+            storage = _storage_error_from(exc, tmp)
+            if storage is not None:
+                raise storage from None
+            if os.environ.get(DEBUG_ENV):
+                raise
+            # A bug inside the pipeline: its text (and its chained causes, which Airflow prints) may quote
+            # a cell, so neither leaves this process (dpops.errors.public_message).
+            last = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+            where = f" at {Path(last.filename).name}:{last.lineno}" if last else ""
+            raise InternalError(f"internal error in the release pipeline: {type(exc).__name__}{where} (a bug, "
+                                f"please report it; the error text is withheld because it may quote input data, "
+                                f"{DEBUG_ENV}=1 shows it on a trusted terminal)") from None
+        for f in (result.output_file, result.summary_file):
+            if as_location(f).realpath().parent != tmp.realpath():
+                raise StorageError(f"the pipeline wrote {f} outside its staging directory {tmp}")
+        # The output is sealed only if the input is still the one the run was reserved with (its
+        # fingerprint is in the run key and the noise label): a file swapped during the computation
+        # would publish a release of other data under this run's key.
+        _check_input_unchanged(ctx, "while the pipeline read it; noise was drawn, so the run stays charged and "
+                                    "its output is discarded")
+        _stage(progress, "write")
+        staged = ctx.store.finish_staging(tmp, ctx.interval.slug, ctx.run_id, dict(result.internal or {}),
+                                          test_mode=ctx.randomness == "test")
+    except BaseException:
+        ctx.store.discard_staging(tmp)
+        if ctx.randomness == "os":
+            try:
+                ledger.mark_spent_unpublished(ctx.run_id, reason="os-mode computation failed after start",
+                                              actor=ctx.actor)
+            except Exception:  # noqa: BLE001 - keep the original error; recover() will close the run
+                log.exception("could not mark run %s spent_unpublished", ctx.run_id)
+        raise
+    return staged
+
+
+def _check_input_unchanged(ctx: RunContext, when: str) -> None:
+    """Fail (InputDataError) if the input files no longer have the keyed fingerprint of the run key."""
+    assert ctx.fingerprint_key is not None  # prepare always sets it
+    try:
+        now = input_fingerprint(ctx.input_paths, ctx.fingerprint_key)
+    except DpopsError as exc:
+        raise InputDataError(f"{ctx.spec.name} {ctx.interval}: the input cannot be re-read to check its fingerprint "
+                             f"({when}): {exc}") from None
+    if now != ctx.input_fingerprint:
+        raise InputDataError(
+            f"{ctx.spec.name} {ctx.interval}: the input files changed since the run was prepared ({when}); "
+            f"nothing is published. Run again when the input is final: a new input is a new run (and charge)"
+        )
+
+
+_DISK_ERRORS = {errno.ENOSPC: "the disk is full", errno.EROFS: "the file system is read-only",
+                errno.EDQUOT: "the disk quota is exceeded"}
+
+
+def _storage_error_from(exc: BaseException, where: Path | Location) -> StorageError | None:
+    """A StorageError (exit 6) if ``exc`` is, or wraps, a full/read-only disk error; else None."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    found = None
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno in _DISK_ERRORS:
+            found = _DISK_ERRORS[cur.errno]
+            break
+        cur = cur.__cause__ or cur.__context__
+    if found is None:  # Beam re-raises worker errors as RuntimeError with only the text kept
+        text = str(exc)
+        for code, words in _DISK_ERRORS.items():
+            if os.strerror(code) in text:
+                found = words
+                break
+    if found is None:
+        return None
+    return StorageError(f"the pipeline could not write its staged output under {where}: {found}. Noise was drawn, "
+                        "so the run stays charged (started); fix the disk and run again: keyed noise reproduces "
+                        "the same output at no new charge")

@@ -1,0 +1,228 @@
+"""The whole run: the steps chained for ``dpops release run`` / ``restate``, and the operator actions.
+
+The Airflow DAG calls the steps one by one (each task re-runs ``prepare``, which writes nothing);
+``execute_release`` chains them:
+
+1. ``prepare``  (``preparation``) checks everything without touching the ledger.
+2. ``reserve``  (``reservation``) serves, refuses, or reserves the plan's events.
+3. ``compute``  (``computation``) draws the noise after ``ledger.start``.
+4. ``publish``  (``publication``) checks, writes the manifest, commits, publishes.
+5. ``restate``  the explicit operator action for a published interval whose input changed:
+                a new run key, a fresh charge, linked to the run it corrects.
+
+A failure before any noise was drawn refunds the reservation (semantics.md section 4); after
+``start`` the charge stays. ``abandon`` gives up an unpublished run the same way; a publication is
+never withdrawn. Every run logs ONE outcome line (the steps' own lines are DEBUG inside a run).
+``status`` reads only the ledger and the storage, never private data.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypedDict, Unpack
+
+from dpops.errors import DpopsError, LedgerError, public_message
+from dpops.inputs import HmacKey, parse_interval
+from dpops.release.computation import RunRelease, check_runner, compute_staged
+from dpops.release.context import (
+    _QUIET,
+    IntervalBound,
+    NoiseKeyLike,
+    Progress,
+    RunContext,
+    RunOutcome,
+    _log_failure,
+    _outcome,
+    _pick_attempt,
+    _stage,
+    log,
+)
+from dpops.release.manifests import ensure_manifest, spec_manifests_dir
+from dpops.release.preparation import Planner, prepare
+from dpops.release.publication import publish
+from dpops.release.reservation import reserve
+from dpops.release.served import _make_visible, check_served_files, published_file_check
+from dpops.spec import load_spec
+from dpops.storage import open_store
+
+if TYPE_CHECKING:
+    from dpops.ledger import Ledger
+
+
+class _StepOptions(TypedDict, total=False):
+    """``_run_steps``'s keyword arguments (those of ``_run_steps_quiet``)."""
+
+    publish_output: bool
+    runner: str
+    runner_options: Sequence[str]
+    run_release: RunRelease | None
+    gx_checks: bool
+    restates: str | None
+    reserved: RunOutcome | None
+    write_manifest: bool
+    progress: Progress | None
+
+
+def _release_before_start(ctx: RunContext, ledger: Ledger, exc: BaseException) -> None:
+    """A failure before any noise was drawn refunds the reservation (semantics.md section 4)."""
+    try:
+        rec = ledger.run(ctx.run_id)
+        if rec is not None and rec.state == "reserved":
+            reason = public_message(exc)  # the ledger and the log keep no input data (dpops.errors)
+            ledger.release(ctx.run_id, reason=f"failed before any mechanism ran: {reason}"[:500], actor=ctx.actor)
+            log.info("release=%s interval=%s outcome=released run=%s reason=%s", ctx.spec.name, ctx.interval,
+                     ctx.run_id, reason)
+    except Exception:  # noqa: BLE001 - keep the original error; `dpops ledger recover` releases it later
+        log.exception("could not release the reservation of run %s", ctx.run_id)
+
+
+def _run_steps(ctx: RunContext, ledger: Ledger, **kwargs: Unpack[_StepOptions]) -> RunOutcome:
+    token = _QUIET.set(True)
+    try:
+        out = _run_steps_quiet(ctx, ledger, **kwargs)
+    except BaseException as exc:
+        _QUIET.reset(token)
+        failed = _log_failure(ctx, ledger, exc)
+        try:
+            setattr(exc, "dpops_outcome", failed)  # noqa: B010 - the CLI's --json error object shows it
+        except AttributeError:  # pragma: no cover
+            pass
+        raise
+    _QUIET.reset(token)
+    log.info(out.line())
+    return out
+
+
+def _run_steps_quiet(ctx: RunContext, ledger: Ledger, *, publish_output: bool, runner: str,
+                     runner_options: Sequence[str], run_release: RunRelease | None, gx_checks: bool,
+                     restates: str | None, reserved: RunOutcome | None = None, write_manifest: bool = True,
+                     progress: Progress | None = None) -> RunOutcome:
+    ctx.write_manifest = write_manifest
+    if reserved is None:
+        check_runner(runner, runner_options, run_release)  # before reserve: a bad runner costs nothing
+        _stage(progress, "reserve")
+        reserved = reserve(ctx, ledger, restates=restates)
+    if reserved.state == "already_published":
+        if write_manifest:
+            ensure_manifest(ctx, ledger, reserved)
+        return reserved
+    try:
+        staged = compute_staged(ctx, ledger, runner=runner, runner_options=runner_options, run_release=run_release,
+                                progress=progress)
+    except BaseException as exc:
+        _release_before_start(ctx, ledger, exc)
+        raise
+    if not publish_output:
+        rec = ledger.run(ctx.run_id)
+        return _outcome(ctx, ledger, "staged", record=rec, charged=reserved.epsilon_charged,
+                        output_uri=staged.directory.resolve().as_uri(),
+                        message="computed and staged; publish with --publish (no new charge)")
+    out = publish(ctx, ledger, gx_checks=gx_checks, progress=progress)
+    out.epsilon_charged = reserved.epsilon_charged
+    if write_manifest:
+        ensure_manifest(ctx, ledger, out, ctx.output_checks)
+    return out
+
+
+def execute_release(spec_path: str | os.PathLike[str], interval_start: IntervalBound,
+                    interval_end: IntervalBound = None, *, ledger: Ledger, randomness: str = "keyed",
+                    key_path: str | None = None,
+                    test_seed: int | None = None, key: NoiseKeyLike | None = None, runner: str = "FnApiRunner",
+                    runner_options: Sequence[str] = (), publish_output: bool = True,
+                    run_release: RunRelease | None = None, planner: Planner | None = None,
+                    gx_checks: bool = False, actor: str | None = None, progress: Progress | None = None) -> RunOutcome:
+    """``dpops release run``: prepare, reserve, compute, publish. Safe to call again after any failure.
+
+    ``progress`` is called with each stage name of ``STAGES`` as the run reaches it."""
+    ctx = prepare(spec_path, interval_start, interval_end, randomness=randomness, key_path=key_path,
+                  test_seed=test_seed, key=key, planner=planner, actor=actor, progress=progress)
+    return _run_steps(ctx, ledger, publish_output=publish_output, runner=runner, runner_options=runner_options,
+                      run_release=run_release, gx_checks=gx_checks, restates=None, progress=progress)
+
+
+def restate(ctx: RunContext, ledger: Ledger) -> RunOutcome:
+    """The restatement's reserve step: explicitly re-release a published interval whose input (or spec)
+    changed. A new run key, a fresh charge, linked (``restates``) to the run it corrects; ``compute`` and
+    ``publish`` then publish it as the interval's next version."""
+    _pick_attempt(ctx, ledger)
+    published = ledger.published(ctx.spec.name, ctx.interval.start_iso, ctx.interval.end_iso)
+    if published is None:
+        raise LedgerError(f"{ctx.spec.name} {ctx.interval} has not been published: nothing to restate; "
+                          "use dpops release run")
+    if published.run_id == ctx.run_id:
+        _make_visible(ctx, published)  # completes a restatement killed between its commit and the file publish
+        check_served_files(ctx, published)
+        return _outcome(ctx, ledger, "already_published", record=published,
+                        message="input, spec and key unchanged: the published result stands, nothing charged")
+    return reserve(ctx, ledger, restates=published.run_id)
+
+
+def execute_restatement(spec_path: str | os.PathLike[str], interval_start: IntervalBound,
+                        interval_end: IntervalBound = None, *, ledger: Ledger, randomness: str = "keyed",
+                        key_path: str | None = None, key: NoiseKeyLike | None = None,
+                        runner: str = "FnApiRunner", runner_options: Sequence[str] = (),
+                        run_release: RunRelease | None = None,
+                        planner: Planner | None = None,
+                        gx_checks: bool = False, actor: str | None = None,
+                        progress: Progress | None = None) -> RunOutcome:
+    """``dpops release restate``: prepare, restate (reserve linked to the published run), compute, publish."""
+    ctx = prepare(spec_path, interval_start, interval_end, randomness=randomness, key_path=key_path, key=key,
+                  planner=planner, actor=actor, progress=progress)
+    token = _QUIET.set(True)
+    _stage(progress, "reserve")
+    try:
+        first = restate(ctx, ledger)
+    finally:
+        _QUIET.reset(token)
+    if first.state == "already_published":
+        log.info(first.line())
+        return first
+    return _run_steps(ctx, ledger, publish_output=True, runner=runner, runner_options=runner_options,
+                      run_release=run_release, gx_checks=gx_checks, restates=first.restates, reserved=first,
+                      progress=progress)
+
+
+def abandon(ctx: RunContext, ledger: Ledger, *, reason: str) -> RunOutcome:
+    """Explicitly give up an unpublished run: a reservation is refunded (no noise was drawn), a started
+    run is marked spent_unpublished (its noise may exist, so the charge stays). Published runs are final."""
+    _pick_attempt(ctx, ledger)
+    rec = ledger.run(ctx.run_id)
+    if rec is None:
+        raise LedgerError(f"run {ctx.run_id} of {ctx.spec.name} {ctx.interval} is not in the ledger: "
+                          "nothing to abandon")
+    if rec.state == "reserved":
+        rec = ledger.release(ctx.run_id, reason=f"abandoned by operator: {reason}", actor=ctx.actor)
+    elif rec.state == "started":
+        rec = ledger.mark_spent_unpublished(ctx.run_id, reason=f"abandoned by operator: {reason}", actor=ctx.actor)
+    elif rec.state == "committed":
+        raise LedgerError(f"run {ctx.run_id} is published; a publication is never withdrawn (restate it instead)")
+    return _outcome(ctx, ledger, rec.state, record=rec, message=f"abandoned: {reason}")
+
+
+def status(spec_path: str | os.PathLike[str], interval_start: IntervalBound, interval_end: IntervalBound = None, *,
+           ledger: Ledger, key: HmacKey | None = None) -> dict[str, object]:
+    """What the ledger and the storage say about a release's interval. Reads no private data.
+
+    ``published_files``: the published run's files compared with the ledger's commit entry and, given
+    the noise ``key``, with the manifest's keyed fingerprints (``ok`` False names each changed file)."""
+    spec = load_spec(spec_path)
+    iv = parse_interval(interval_start, interval_end)
+    store = open_store(spec.output_root, spec.name)
+    runs = ledger.runs(release=spec.name, interval_start=iv.start_iso, interval_end=iv.end_iso)
+    published = ledger.published(spec.name, iv.start_iso, iv.end_iso)
+    try:
+        remaining = float(ledger.status(spec.budget.scope).remaining)
+    except DpopsError:
+        remaining = None
+    return {
+        "release": spec.name, "interval": str(iv), "scope": spec.budget.scope, "scope_remaining": remaining,
+        "published_run": published.run_id if published else None,
+        "output_uri": published.output_uri if published else None,
+        "versions": [{"version": v.version, "run_id": v.run_id, "restates": v.restates, "published_at": v.published_at}
+                     for v in store.versions(iv.slug)],
+        "runs": [{"run_id": r.run_id, "state": r.state, "epsilon": r.epsilon, "restates": r.restates,
+                  "key_id": r.key.key_id, "created_at": r.created_at, "updated_at": r.updated_at} for r in runs],
+        "published_files": published_file_check(
+            store, iv.slug, published, spec_manifests_dir(spec), key).to_dict() if published is not None else None,
+    }

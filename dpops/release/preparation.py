@@ -1,0 +1,148 @@
+"""Step 1, ``prepare``: load and check everything a run needs, and write nothing.
+
+Load the spec, refuse an interval that is not one period / one schedule interval, resolve and
+check the input, fingerprint it (keyed), build the run key and the plan. No ledger write, so bad
+input costs nothing: every refusal here happens before any budget is reserved. The Airflow DAG
+re-runs ``prepare`` in every task (it is deterministic), so no task trusts a context handed over
+by another.
+
+The noise key is loaded here, once per run, from a file or a key reference, never from the
+environment (``DPOPS_NOISE_KEY`` is refused: environments leak into process listings, crash dumps
+and child processes). os mode needs the key too: the input fingerprint is keyed (semantics.md
+section 5), so a fingerprint in the ledger or a manifest does not let a reader confirm guesses.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dpops.errors import InvalidParameter, SpecError
+from dpops.inputs import (
+    HmacKey,
+    TestFingerprintKey,
+    check_input,
+    input_fingerprint,
+    parse_interval,
+    resolve_input_paths,
+)
+from dpops.release.context import RANDOMNESS, IntervalBound, NoiseKeyLike, Progress, RunContext, _stage, default_actor
+from dpops.spec import ReleaseSpec, interval_problems, load_spec
+from dpops.storage import Sealer, open_store
+
+if TYPE_CHECKING:
+    from dpops.randomness import NoiseKey
+    from dpops.release_plan import ReleasePlan
+
+REMOVED_KEY_ENV = "DPOPS_NOISE_KEY"
+# Builds the run's plan from its spec (default ``dpops.release_plan.plan_release``; tests inject their own).
+Planner = Callable[[ReleaseSpec], "ReleasePlan"]
+
+
+def _refuse_key_in_env() -> None:
+    """The key VALUE in the environment is refused before anything is reserved: environments leak
+    (process listings, crash dumps, every child process, Airflow task metadata)."""
+    if REMOVED_KEY_ENV in os.environ:
+        raise InvalidParameter(
+            f"the environment variable {REMOVED_KEY_ENV} is set, but dpops no longer reads a noise key from the "
+            "environment (it leaks into process listings and child processes): put the key in a file "
+            "(dpops key generate PATH), pass --key-file PATH or set DPOPS_NOISE_KEY_FILE, and unset "
+            f"{REMOVED_KEY_ENV}; nothing was reserved"
+        )
+
+
+def _load_key(key_path: str | None) -> NoiseKey:
+    """Load the noise key once per run (``randomness.load_key`` keeps it for the in-process pipeline).
+
+    ``key_path`` is a key reference (``dpops.keyref``): a file path, file:PATH, or a secret-manager
+    reference that the pipeline's workers resolve themselves."""
+    from dpops.keyref import FileKeyProvider, resolve_key, scheme_of
+    from dpops.randomness import load_key  # lazy: owned by the mechanisms module
+
+    if not key_path:
+        raise InvalidParameter("no noise key file given: pass --key-file PATH or set DPOPS_NOISE_KEY_FILE "
+                               "(create a key with dpops key generate PATH)")
+    if scheme_of(key_path) == "file":
+        return load_key(FileKeyProvider().path(key_path))
+    return resolve_key(key_path)
+
+
+def _key_ref(key_path: str | None) -> str | None:
+    """The key reference the workers get: a file path made absolute, any other reference as given."""
+    from dpops.keyref import FileKeyProvider, scheme_of
+
+    if not key_path:
+        return None
+    if scheme_of(key_path) == "file":
+        return str(Path(FileKeyProvider().path(key_path)).resolve())
+    return key_path
+
+
+def _sealer(randomness: str, noise_key: NoiseKeyLike | None) -> Sealer | None:
+    """The key that seals this run's staged output (dpops.storage): the noise key in keyed and os mode
+    (both always load it), the public test seal key in test mode (never publishable anyway)."""
+    if randomness == "test":
+        from dpops.randomness import test_seal_key
+
+        return test_seal_key()
+    return noise_key
+
+
+def _default_planner(spec: ReleaseSpec) -> ReleasePlan:
+    from dpops.release_plan import plan_release
+
+    return plan_release(spec)
+
+
+def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, interval_end: IntervalBound = None, *,
+            randomness: str = "keyed", key_path: str | None = None, test_seed: int | None = None,
+            key: NoiseKeyLike | None = None, planner: Planner | None = None,
+            actor: str | None = None, progress: Progress | None = None) -> RunContext:
+    """Load and check everything a run needs, without touching the ledger.
+
+    ``key`` (an object with ``key_id`` and ``hmac(bytes)``) overrides ``key_path`` (tests, embedding);
+    ``planner`` overrides ``dpops.release_plan.plan_release``.
+    """
+    if randomness not in RANDOMNESS:
+        raise InvalidParameter(f"randomness must be one of {RANDOMNESS}, got {randomness!r}")
+    _refuse_key_in_env()
+    noise_key: NoiseKeyLike | None = None
+    fp_key: HmacKey
+    if randomness == "test":
+        if test_seed is None:
+            raise InvalidParameter("randomness 'test' needs a test seed")
+        fp_key = TestFingerprintKey()
+        key_id = f"test/seed-{int(test_seed)}"
+    else:
+        if test_seed is not None:
+            raise InvalidParameter(f"a test seed is allowed only with randomness 'test', not {randomness!r}")
+        # os mode also needs the key: the input fingerprint is keyed (semantics.md section 5).
+        noise_key = key if key is not None else _load_key(key_path)
+        fp_key = noise_key
+        key_id = fp_key.key_id
+    spec = load_spec(spec_path)
+    interval = parse_interval(interval_start, interval_end)
+    # Before anything is read or reserved: a period-scoped release covers exactly one period and a
+    # scheduled one exactly one schedule interval (issue 11 item 2; see dpops.spec.interval_problems).
+    misaligned = interval_problems(spec, interval.start, interval.end, spec_path=str(spec_path))
+    if misaligned:
+        raise SpecError("\n".join(f"{spec.source}: {m}" for m in misaligned) + "\nnothing was reserved")
+    paths = resolve_input_paths(spec, interval.start, interval.end, key_path=key_path)
+    _stage(progress, "fingerprint")
+    check_input(spec, paths)
+    fingerprint = input_fingerprint(paths, fp_key)
+    plan = (planner or _default_planner)(spec)
+    if not list(plan.events):
+        raise SpecError(f"{spec.source}: the plan has no privacy events; nothing to release")
+    from dpops.manifest.run_hook import check_signing_key
+
+    check_signing_key()  # a configured manifest signing key must load before anything is reserved
+    return RunContext(
+        spec_path=str(Path(spec_path).resolve()), spec=spec, interval=interval, input_paths=paths,
+        input_fingerprint=fingerprint, randomness=randomness, key_id=key_id, plan=plan,
+        store=open_store(spec.output_root, spec.name, sealer=_sealer(randomness, noise_key)),
+        key_path=_key_ref(key_path),
+        test_seed=test_seed, actor=actor or default_actor(), fingerprint_key=fp_key,
+    )
