@@ -252,7 +252,7 @@ def test_third_party_loggers_are_quieted_but_dpops_warnings_are_not(caplog):
     with caplog.at_level(logging.NOTSET):
         logging.getLogger("great_expectations.data_context.x").info("gx chatter")
         logging.getLogger("apache_beam.io.gcp.bigquery").warning("no bigquery client")
-        logging.getLogger("dpops.runs").warning("a dpops warning")
+        logging.getLogger("dpops.release").warning("a dpops warning")
         logging.warning("a root warning from elsewhere")
         import apache_beam.io.gcp.internal.clients.bigquery  # noqa: F401  (logs through the root logger)
         import importlib

@@ -473,15 +473,15 @@ def test_concurrent_runs_of_one_interval_charge_once_and_publish_once(env, ledge
 def test_one_log_line_per_run(env, caplog):
     import logging
 
-    with caplog.at_level(logging.INFO, logger="dpops.runs"):
+    with caplog.at_level(logging.INFO, logger="dpops.release"):
         env.run()
-    lines = [r.getMessage() for r in caplog.records if r.name == "dpops.runs" and r.levelno >= logging.INFO]
+    lines = [r.getMessage() for r in caplog.records if r.name == "dpops.release" and r.levelno >= logging.INFO]
     assert len(lines) == 1 and "outcome=published" in lines[0] and "remaining=0.7" in lines[0]
     caplog.clear()
     write_input(env.tmp, amounts=(7.0, 7.0, 7.0, 7.0))
-    with caplog.at_level(logging.INFO, logger="dpops.runs"), pytest.raises(LedgerError):
+    with caplog.at_level(logging.INFO, logger="dpops.release"), pytest.raises(LedgerError):
         env.run()
-    lines = [r.getMessage() for r in caplog.records if r.name == "dpops.runs" and r.levelno >= logging.INFO]
+    lines = [r.getMessage() for r in caplog.records if r.name == "dpops.release" and r.levelno >= logging.INFO]
     assert len(lines) == 1 and "outcome=failed" in lines[0] and "restate" in lines[0]
 
 

@@ -7,8 +7,8 @@ is the ledger's identity of the run: keyed noise is a function of (key, run key)
 retry of the same run key reveals nothing new and is not charged again.
 
 ``RunOutcome`` is the one line a run logs. It never carries input data, only ledger figures.
-Logs go to the ``dpops.runs`` logger (its name kept from the former module: log filters and
-alerts select on it).
+Logs go to the ``dpops.release`` logger: the one ``dpops release=...`` line per run that log
+filters and alerts select on.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # the ledger is imported lazily at run time (DAG parsing must
     from dpops.ledger import Ledger, RunKey, RunRecord
     from dpops.release_plan import ReleasePlan
 
-log = logging.getLogger("dpops.runs")
+log = logging.getLogger("dpops.release")
 _QUIET: ContextVar[bool] = ContextVar("dpops_runs_quiet", default=False)
 
 RANDOMNESS = ("keyed", "os", "test")
