@@ -38,6 +38,7 @@ from dpops.errors import (
     public_message,
 )
 from dpops.release.context import _pick_attempt
+from dpops.release.refusals import budget_refusal_reason, record_refusal
 from dpops.release.reservation import _refuse_changed
 
 log = logging.getLogger("dpops.orchestration")
@@ -224,34 +225,6 @@ def _refused(ctx: release.RunContext, ledger: Any, reason: str) -> release.RunOu
                            scope_remaining=remaining, message=reason)
 
 
-def _budget_reason(ctx: release.RunContext, ledger: Any, exc: BudgetExceeded) -> str:
-    scope = getattr(exc, "scope", None) or ctx.spec.budget.scope
-    try:
-        left = f"{float(ledger.status(scope).remaining):.6g}"
-    except Exception:  # noqa: BLE001
-        left = "?"
-    unit = getattr(exc, "unit", None) or "epsilon"
-    asked = getattr(exc, "requested", None)
-    return (f"budget refused for {ctx.spec.name} {ctx.interval}: scope {scope!r} has {unit} {left} left "
-            f"(cap {getattr(exc, 'cap', '?')}), this run asked {unit} "
-            f"{'?' if asked is None else f'{float(asked):.6g}'}; nothing was charged and the interval stays "
-            f"unpublished. Raise the cap or wait for budget, then run the interval again. Ledger: "
-            f"{public_message(exc)}")
-
-
-def _record_refusal_manifest(ctx: release.RunContext, ledger: Any, reason: str) -> None:
-    """A refused run gets a manifest too (nothing spent); best effort, never masks the refusal."""
-    try:
-        from dpops.manifest.io import manifest_exists
-        from dpops.manifest.run_hook import write_run_manifest
-
-        folder = release.manifests_dir(ctx)
-        if manifest_exists(folder, f"{ctx.run_id}.refused.json") is None:  # local dir or object-store prefix
-            write_run_manifest(ctx, ledger, {"state": "refused", "reason": reason}, manifests_dir=folder)
-    except Exception:
-        log.exception("could not write the refusal manifest of run %s", ctx.run_id)
-
-
 def reserve_step(step: Step, *, restate: bool = False) -> release.RunOutcome:
     """Reserve the plan's events, serve an interval this run already published (state
     ``already_published``, no charge), or return a ``refused`` outcome saying why."""
@@ -270,8 +243,8 @@ def reserve_step(step: Step, *, restate: bool = False) -> release.RunOutcome:
         try:
             return release.restate(ctx, ledger) if restate else release.reserve(ctx, ledger)
         except BudgetExceeded as exc:
-            reason = _budget_reason(ctx, ledger, exc)
-            _record_refusal_manifest(ctx, ledger, reason)
+            reason = budget_refusal_reason(ctx, ledger, exc)
+            record_refusal(ctx, ledger, reason)
             return _refused(ctx, ledger, reason)
 
 

@@ -194,6 +194,29 @@ def test_plan_spec_skips_published_and_names_refusals(tmp_path, monkeypatch, cap
 # --------------------------------------------------------------------------- gaps
 
 
+def test_cli_refusal_leaves_a_refusal_manifest_that_gaps_reads(tmp_path, monkeypatch, capsys):
+    """`dpops release run` refused by the cap writes the same refusal manifest as the DAG (one owner,
+    dpops.release.refusals), so `dpops gaps` says "refused" for it, not "never run"; a second refusal of
+    the same run does not write a second manifest."""
+    env = make_env(tmp_path, monkeypatch, cap=0.7)  # one 0.5 run fits, the second does not
+    write_input(tmp_path, "2024-01-02")
+    u = ["--ledger", env.url]
+    spec = str(env.spec)
+    assert env.run(capsys, "release", "run", spec, *env.base("2024-01-01"), *u, "--publish", "--no-gx-checks")[0] == 0
+    for _ in range(2):
+        code, doc, _ = env.json(capsys, "release", "run", spec, *env.base("2024-01-02"), *u, "--publish",
+                                "--no-gx-checks", "--json")
+        assert code == 5 and doc["ok"] is False
+    ctx = release.prepare(spec, "2024-01-02", "2024-01-03", key_path=str(env.key))
+    refusals = sorted(release.manifests_dir(ctx).glob("*.refused.json"))
+    assert [p.name for p in refusals] == [f"{ctx.run_id}.refused.json"]
+    code, doc, _ = env.json(capsys, "gaps", spec, "--from", "2024-01-01", "--to", "2024-01-04", *u, "--json")
+    assert code == 0 and doc["gaps"] == 2
+    by_day = {i["interval_start"][:10]: i for i in doc["items"]}
+    assert by_day["2024-01-02"]["status"] == "refused" and by_day["2024-01-03"]["status"] == "never_run"
+    assert "budget refused for" in by_day["2024-01-02"]["detail"] and "nothing was charged" in by_day["2024-01-02"]["detail"]
+
+
 def test_gaps_name_each_reason(tmp_path, monkeypatch, capsys):
     env = make_env(tmp_path, monkeypatch, cap=10.0)
     for d in days(7):

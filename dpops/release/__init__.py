@@ -13,6 +13,7 @@ The package by role (each module's docstring gives the privacy/ledger reason for
 - ``manifests``      where manifests live; the published run's manifest, written before publishing.
 - ``publication``    step 4, ``publish``: checks, manifest, ledger commit, atomic versioned publish.
 - ``served``         serving a published interval: make it visible, refuse changed files.
+- ``refusals``       a budget refusal's reason and its refusal manifest (the ledger keeps no entry for it).
 - ``execute``        the whole run (``execute_release``), ``restate``, ``abandon``, ``status``.
 
 Modules are nouns and the step functions verbs, so ``dpops.release.prepare`` is always the function and

@@ -22,7 +22,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypedDict, Unpack
 
-from dpops.errors import DpopsError, LedgerError, public_message
+from dpops.errors import BudgetExceeded, DpopsError, LedgerError, public_message
 from dpops.inputs import HmacKey, parse_interval
 from dpops.release.computation import RunRelease, check_runner, compute_staged
 from dpops.release.context import (
@@ -41,6 +41,7 @@ from dpops.release.context import (
 from dpops.release.manifests import ensure_manifest, spec_manifests_dir
 from dpops.release.preparation import Planner, prepare
 from dpops.release.publication import publish
+from dpops.release.refusals import budget_refusal_reason, record_refusal
 from dpops.release.reservation import reserve
 from dpops.release.served import _make_visible, check_served_files, published_file_check
 from dpops.spec import load_spec
@@ -83,6 +84,8 @@ def _run_steps(ctx: RunContext, ledger: Ledger, **kwargs: Unpack[_StepOptions]) 
         out = _run_steps_quiet(ctx, ledger, **kwargs)
     except BaseException as exc:
         _QUIET.reset(token)
+        if isinstance(exc, BudgetExceeded) and kwargs.get("write_manifest", True):
+            record_refusal(ctx, ledger, budget_refusal_reason(ctx, ledger, exc))  # `dpops gaps` says "refused"
         failed = _log_failure(ctx, ledger, exc)
         try:
             setattr(exc, "dpops_outcome", failed)  # noqa: B010 - the CLI's --json error object shows it

@@ -1,0 +1,54 @@
+"""A refused run: the reason an operator reads, and the refusal manifest that records it.
+
+A budget refusal charges nothing and the ledger keeps no entry for it (a refusal is not a state
+change), so the only durable trace is the refusal manifest ``<run_id>.refused.json`` next to the
+release's other manifests. ``dpops gaps`` reads it to say *refused* rather than *never run*, and a
+reviewer sees what was asked and what was left. Both entry points write it through this module:
+``dpops release run`` (``execute``) and the Airflow DAG (``dpops.orchestration``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from dpops.errors import BudgetExceeded, public_message
+from dpops.release.context import RunContext
+from dpops.release.manifests import manifests_dir
+
+if TYPE_CHECKING:
+    from dpops.ledger import Ledger
+
+log = logging.getLogger("dpops.release")
+
+
+def budget_refusal_reason(ctx: RunContext, ledger: Ledger, exc: BudgetExceeded) -> str:
+    """What was left, what was asked and what to do; only ledger figures (never input data)."""
+    scope = getattr(exc, "scope", None) or ctx.spec.budget.scope
+    try:
+        left = f"{float(ledger.status(scope).remaining):.6g}"
+    except Exception:  # noqa: BLE001 - the refusal must not fail on a status read
+        left = "?"
+    unit = getattr(exc, "unit", None) or "epsilon"
+    asked = getattr(exc, "requested", None)
+    return (f"budget refused for {ctx.spec.name} {ctx.interval}: scope {scope!r} has {unit} {left} left "
+            f"(cap {getattr(exc, 'cap', '?')}), this run asked {unit} "
+            f"{'?' if asked is None else f'{float(asked):.6g}'}; nothing was charged and the interval stays "
+            f"unpublished. Raise the cap or wait for budget, then run the interval again. Ledger: "
+            f"{public_message(exc)}")
+
+
+def record_refusal(ctx: RunContext, ledger: Ledger, reason: str) -> None:
+    """Write the run's refusal manifest once (nothing spent); best effort, never masks the refusal."""
+    try:
+        from dpops.manifest.io import manifest_exists
+        from dpops.manifest.run_hook import write_run_manifest
+
+        folder = manifests_dir(ctx)
+        if manifest_exists(folder, f"{ctx.run_id}.refused.json") is None:  # local dir or object-store prefix
+            write_run_manifest(ctx, ledger, {"state": "refused", "reason": reason}, manifests_dir=folder)
+    except Exception:
+        log.exception("could not write the refusal manifest of run %s", ctx.run_id)
+
+
+__all__ = ["budget_refusal_reason", "record_refusal"]
