@@ -49,6 +49,20 @@ _BUCKET_INSERT = ("INSERT INTO buckets (scope, bucket, settled_state, committed_
 _RUN_INSERT = ("INSERT INTO runs (run_id, scope, release, interval_start, interval_end, run_key, state, events, "
                "buckets, restates, output_uri, details, entry_ids, entry_hashes, created_at, updated_at, epsilon, "
                "last_entry) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+# PostgreSQL keeps every version of the one chain_head row a transaction updates, and an UPDATE by key follows
+# that chain of versions: N steps by key cost O(N^2) (measured: 10k entries 1.8 s, 20k 6.5 s). Each step here
+# goes to the current version by its ctid instead: linear (100k steps ~4 s). The guard trigger still checks
+# every step; the table lock taken before (below) keeps every other writer out, so the ctid cannot move.
+_PG_HEAD_WALK = """DO $$
+DECLARE t tid; r record;
+BEGIN
+  SELECT ctid INTO t FROM chain_head WHERE singleton = 1;
+  FOR r IN SELECT id, hash FROM entries WHERE id > (SELECT last_id FROM chain_head WHERE singleton = 1)
+           ORDER BY id LOOP
+    UPDATE chain_head SET last_id = r.id, last_hash = r.hash WHERE ctid = t RETURNING ctid INTO t;
+    IF t IS NULL THEN RAISE EXCEPTION 'dpops ledger import: lost the chain head row'; END IF;
+  END LOOP;
+END $$"""
 # Writers lock scopes, then buckets, then the chain head (store.py); taking the tables in that order means an
 # import that starts while a writer is mid-transaction waits for it instead of deadlocking with it.
 _PG_LOCK = "LOCK TABLE scopes, buckets, runs, chain_head, entries IN EXCLUSIVE MODE"
@@ -160,7 +174,10 @@ def import_export(ledger: Ledger, export: ExportReplay, *, checkpoints: Sequence
         check_empty(db)
         db.execute_many(_ENTRY_INSERT, rows)
         # The guard lets the head move only one entry forward, to an entry that exists: walk it.
-        db.execute_many(_HEAD_STEP, [(r[0], r[9]) for r in rows])
+        if db.dialect == "postgresql":
+            db.execute(_PG_HEAD_WALK)
+        else:  # SQLite updates the row in place: one step per entry is linear
+            db.execute_many(_HEAD_STEP, [(r[0], r[9]) for r in rows])
         hook("import:entries")
         db.execute_many(_SCOPE_INSERT, caches.scopes)
         db.execute_many(_BUCKET_INSERT, caches.buckets)
