@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import io
 import json
+import multiprocessing as mp
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -26,7 +28,7 @@ from dpops.events import Gaussian, Laplace
 from dpops.ledger import RunKey, ScopeBudgetExceeded, ScopeDefinition, open_ledger
 from dpops.ledger import transfer
 from dpops.ledger.backend import set_test_hook
-from dpops.ledger.checkpoint import checkpoint_ledger, load_checkpoints
+from dpops.ledger.checkpoint import DIR_ENV, PUBLIC_KEY_ENV, checkpoint_ledger, load_checkpoints
 from dpops.ledger.schema import GENESIS_HASH
 from dpops.ledger.verify import ExportReplay
 from dpops.manifest.sign import generate_signing_key
@@ -341,6 +343,32 @@ def test_a_failure_mid_import_rolls_back_to_the_empty_ledger(source, target_url,
     assert cli(capsys, "ledger", "--ledger", target_url, "import", str(source["path"]))[0] == 0
 
 
+def _import_and_hang(url, lines, point, ready):
+    def hang(at):
+        if at == point:
+            ready.set()
+            time.sleep(600)
+
+    set_test_hook(hang)
+    with open_ledger(url) as led:
+        transfer.import_export(led, transfer.read_export(lines, "export"))
+
+
+@pytest.mark.parametrize("point", ["import:entries", "import:before_commit"])
+def test_sigkill_mid_import_leaves_the_ledger_empty(source, target_url, capsys, point):
+    """kill -9 of the importing process, with every row written (and verified) but not committed."""
+    ctx = mp.get_context("fork")
+    ready = ctx.Event()
+    proc = ctx.Process(target=_import_and_hang, args=(target_url, source["lines"], point, ready))
+    proc.start()
+    assert ready.wait(60), "the import never reached the hook"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(30)
+    assert proc.exitcode == -signal.SIGKILL
+    assert_empty(target_url)
+    assert cli(capsys, "ledger", "--ledger", target_url, "import", str(source["path"]))[0] == 0
+
+
 def test_a_database_error_or_a_failed_verification_rolls_back(source, target_url, monkeypatch):
     real = ExportReplay.cache_rows
 
@@ -367,12 +395,22 @@ def test_a_database_error_or_a_failed_verification_rolls_back(source, target_url
 # --- anchors and roles -----------------------------------------------------------------------------------------
 
 
-def test_checkpoints_of_the_old_ledger_hold_on_the_imported_one(source, target_url, tmp_path, capsys):
+def test_checkpoints_of_the_old_ledger_hold_on_the_imported_one(source, target_url, tmp_path, capsys, monkeypatch):
     priv, pub = tmp_path / "cp.key", tmp_path / "cp.pub"
     generate_signing_key(priv, pub)
-    cps = tmp_path / "cps"
+    cps, later = tmp_path / "cps", tmp_path / "later"
     with open_ledger(source["url"]) as led:
         checkpoint_ledger(led, cps, priv)
+        committed(led, key(9), "web", lap(0.01))  # the old ledger grew after the export was taken ...
+        checkpoint_ledger(led, later, priv)
+    # ... so the export is a truncated copy of what was signed: refused (from the reviewer's environment)
+    monkeypatch.setenv(DIR_ENV, str(later))
+    monkeypatch.setenv(PUBLIC_KEY_ENV, str(pub))
+    code, _, err = cli(capsys, "ledger", "--ledger", target_url, "import", str(source["path"]))
+    assert code == 7 and "entries were removed after the checkpoint" in err and "nothing was imported" in err
+    assert_empty(target_url)
+    monkeypatch.delenv(DIR_ENV)
+    monkeypatch.delenv(PUBLIC_KEY_ENV)
     code, out, err = cli(capsys, "ledger", "--ledger", target_url, "import", str(source["path"]),
                          "--checkpoints", str(cps), "--public-key", str(pub))
     assert code == 0 and "extends 1 signed checkpoint(s) of the old ledger" in out, err

@@ -519,7 +519,8 @@ def reserve_cmd(spec, interval, key_file, randomness, test_seed, do_start, do_co
                    "verify --export FILE` printed on the old machine. Repeatable.")
 @click.option("--checkpoints", "checkpoints_dir", default=None, metavar="DIR",
               help="Also require the chain to extend every signed checkpoint in DIR, taken on the old ledger "
-                   "(needs --public-key).")
+                   "(needs --public-key). Default: DPOPS_LEDGER_CHECKPOINTS_DIR when "
+                   "DPOPS_LEDGER_CHECKPOINT_PUBLIC_KEY is also set.")
 @click.option("--public-key", default=None, metavar="PEM",
               help="Ed25519 public key of the checkpoints (env DPOPS_LEDGER_CHECKPOINT_PUBLIC_KEY).")
 @ledger_option
@@ -533,13 +534,16 @@ def import_(ctx, file, expect_heads, checkpoints_dir, public_key, as_json) -> No
     replay `verify` uses, all in one transaction that is verified before it commits. PostgreSQL: run it
     as the owner role. Exit 7 for an export that does not verify, 6 for a target that is not empty.
     """
+    import os
+
+    from dpops.errors import InvalidParameter
+    from dpops.ledger.checkpoint import DIR_ENV, PUBLIC_KEY_ENV, default_public_key, load_checkpoints
     from dpops.ledger.transfer import import_export, read_export
 
+    if not checkpoints_dir and os.environ.get(DIR_ENV) and os.environ.get(PUBLIC_KEY_ENV):
+        checkpoints_dir = os.environ[DIR_ENV]  # as for `verify`: a reviewer's environment is anchored by default
     checkpoints = None
     if checkpoints_dir:
-        from dpops.errors import InvalidParameter
-        from dpops.ledger.checkpoint import default_public_key, load_checkpoints
-
         key = default_public_key(public_key)
         if not key:
             raise InvalidParameter("--checkpoints needs --public-key (or DPOPS_LEDGER_CHECKPOINT_PUBLIC_KEY): "
