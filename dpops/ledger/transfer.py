@@ -63,8 +63,10 @@ BEGIN
     IF t IS NULL THEN RAISE EXCEPTION 'dpops ledger import: lost the chain head row'; END IF;
   END LOOP;
 END $$"""
-# Writers lock scopes, then buckets, then the chain head (store.py); taking the tables in that order means an
-# import that starts while a writer is mid-transaction waits for it instead of deadlocking with it.
+# Every write transaction of store.py starts by locking a scopes row (then buckets, the chain head, entries,
+# runs). Locking the scopes table first means an import that starts while a writer is mid-transaction waits
+# for it to commit (and then finds the ledger not empty), and a writer that starts later waits at its first
+# statement holding nothing: no deadlock either way. No other session writes during the import.
 _PG_LOCK = "LOCK TABLE scopes, buckets, runs, chain_head, entries IN EXCLUSIVE MODE"
 
 
