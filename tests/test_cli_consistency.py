@@ -44,6 +44,16 @@ def env(tmp_path, monkeypatch, capsys):
     return e
 
 
+def export_file(e, tmp_path) -> str:
+    """A valid export of the env's ledger: `ledger import` verifies it before it opens the target."""
+    from dpops.ledger import open_ledger
+
+    path = tmp_path / "to-import.jsonl"
+    with open_ledger(e.url) as led, open(path, "w", encoding="utf-8") as fh:
+        led.export(fh)
+    return str(path)
+
+
 def ledger_args(e, tmp_path) -> dict[tuple[str, ...], list[str]]:
     spec, key = str(e.spec), str(e.key)
     return {
@@ -57,6 +67,7 @@ def ledger_args(e, tmp_path) -> dict[tuple[str, ...], list[str]]:
         ("ledger", "history"): [],
         ("ledger", "verify"): [],
         ("ledger", "export"): [str(tmp_path / "export.jsonl")],
+        ("ledger", "import"): [export_file(e, tmp_path)],
         ("ledger", "recover"): ["--older-than", "0"],
         ("ledger", "runs"): [],
         ("ledger", "reserve"): [spec, "--interval", "2024-01-02", "--key-file", key],

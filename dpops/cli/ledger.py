@@ -510,3 +510,55 @@ def reserve_cmd(spec, interval, key_file, randomness, test_seed, do_start, do_co
         echo_ok(out.as_dict())
     else:
         click.echo(out.line())
+
+
+@cli.command("import")
+@click.argument("file", type=click.File("r", encoding="utf-8"), metavar="FILE")
+@click.option("--expect-head", "expect_heads", multiple=True, metavar="[N:]HASH",
+              help="Require the export (and the imported ledger) to hold this head, e.g. the one `dpops ledger "
+                   "verify --export FILE` printed on the old machine. Repeatable.")
+@click.option("--checkpoints", "checkpoints_dir", default=None, metavar="DIR",
+              help="Also require the chain to extend every signed checkpoint in DIR, taken on the old ledger "
+                   "(needs --public-key). Default: DPOPS_LEDGER_CHECKPOINTS_DIR when "
+                   "DPOPS_LEDGER_CHECKPOINT_PUBLIC_KEY is also set.")
+@click.option("--public-key", default=None, metavar="PEM",
+              help="Ed25519 public key of the checkpoints (env DPOPS_LEDGER_CHECKPOINT_PUBLIC_KEY).")
+@ledger_option
+@json_option
+@click.pass_context
+def import_(ctx, file, expect_heads, checkpoints_dir, public_key, as_json) -> None:
+    """Load a `dpops ledger export` FILE into this empty ledger (e.g. SQLite to PostgreSQL), verified.
+
+    The export is verified from the file alone first; the ledger must be initialised and empty (never
+    merged into); entries are copied verbatim (same chain, same head), the derived tables rebuilt by the
+    replay `verify` uses, all in one transaction that is verified before it commits. PostgreSQL: run it
+    as the owner role. Exit 7 for an export that does not verify, 6 for a target that is not empty.
+    """
+    import os
+
+    from dpops.errors import InvalidParameter
+    from dpops.ledger.checkpoint import DIR_ENV, PUBLIC_KEY_ENV, default_public_key, load_checkpoints
+    from dpops.ledger.transfer import import_export, read_export
+
+    if not checkpoints_dir and os.environ.get(DIR_ENV) and os.environ.get(PUBLIC_KEY_ENV):
+        checkpoints_dir = os.environ[DIR_ENV]  # as for `verify`: a reviewer's environment is anchored by default
+    checkpoints = None
+    if checkpoints_dir:
+        key = default_public_key(public_key)
+        if not key:
+            raise InvalidParameter("--checkpoints needs --public-key (or DPOPS_LEDGER_CHECKPOINT_PUBLIC_KEY): "
+                                   "an unverified checkpoint proves nothing")
+        checkpoints = load_checkpoints(checkpoints_dir, key)
+    source = getattr(file, "name", "export")
+    export = read_export(file, source, checkpoints, expect_heads)  # before the target is opened for writing
+    with _ledger(ctx) as led:
+        result = import_export(led, export, checkpoints=checkpoints, expect_heads=expect_heads)
+    if as_json:
+        echo_ok(result.to_dict())
+        return
+    states = ", ".join(f"{k} {v}" for k, v in result.runs_by_state.items())
+    click.echo(f"imported {result.entries} entries from {source} into {result.ledger}: {len(result.scopes)} "
+               f"scope(s), {result.runs} run(s)" + (f" ({states})" if states else ""))
+    click.echo(f"ledger OK: head {result.head}")
+    if result.anchors.get("checkpoints"):
+        click.echo(f"extends {result.anchors['checkpoints']} signed checkpoint(s) of the old ledger")

@@ -105,6 +105,15 @@ class Backend:
         """
         yield
 
+    def execute_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """Run one statement once per row, in order (a bulk load, e.g. ``dpops ledger import``).
+
+        The default runs them one by one; the backends override it with their driver's batch call so that
+        thousands of rows do not cost thousands of round trips. Errors are reported as by ``execute``.
+        """
+        for params in rows:
+            self.execute(sql, params)
+
     def one(self, sql: str, params: Sequence[Any] = ()) -> tuple | None:
         """The first row of a query, or None."""
         return self.execute(sql, params).fetchone()
@@ -165,6 +174,13 @@ class SqliteBackend(Backend):
                                   "retry later") from None
             raise
 
+    def execute_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """``sqlite3``'s ``executemany``; a constraint violation becomes ``LedgerError`` as in ``execute``."""
+        try:
+            self.conn.executemany(sql, [tuple(r) for r in rows])
+        except sqlite3.IntegrityError as exc:
+            raise LedgerError(f"ledger {self.url}: conflicting write ({exc}); retry") from None
+
     @contextmanager
     def transaction(self, write: bool = True) -> Iterator[None]:
         """``BEGIN IMMEDIATE`` for writes, a deferred ``BEGIN`` (WAL snapshot) for reads."""
@@ -217,6 +233,17 @@ class PostgresBackend(Backend):
             return self.conn.execute(sql.replace("?", "%s"), tuple(params))
         except self._psycopg.IntegrityError as exc:
             # e.g. the same run key reserved at the same moment on two different scopes
+            raise LedgerError(f"ledger {redact(self.url)}: conflicting concurrent write ({str(exc).strip()}); "
+                              "retry") from None
+        except self._psycopg.OperationalError as exc:
+            raise LedgerError(f"PostgreSQL ledger {redact(self.url)} failed: {str(exc).strip()}") from None
+
+    def execute_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """psycopg's ``executemany`` (pipelined: one round trip per batch, not per row)."""
+        try:
+            with self.conn.cursor() as cur:
+                cur.executemany(sql.replace("?", "%s"), [tuple(r) for r in rows])
+        except self._psycopg.IntegrityError as exc:
             raise LedgerError(f"ledger {redact(self.url)}: conflicting concurrent write ({str(exc).strip()}); "
                               "retry") from None
         except self._psycopg.OperationalError as exc:

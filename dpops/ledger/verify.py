@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dpops.errors import DpopsError
@@ -26,6 +27,7 @@ from dpops.ledger.model import RunKey, ScopeDefinition, VerifyReport, bucket_lab
 from dpops.ledger.schema import GENESIS_HASH, entry_hash
 
 if TYPE_CHECKING:
+    from dpops.ledger.backend import Backend
     from dpops.ledger.checkpoint import Checkpoint
     from dpops.ledger.store import Ledger
 
@@ -130,9 +132,47 @@ class _Replay:
             "interval_end": key.end_utc, "run_key": canonical_json(key.to_dict()), "state": "reserved",
             "events": events, "events_json": canonical_json(data["events"]), "buckets": buckets,
             "restates": data["restates"], "output_uri": None, "details": data["details"], "entry_ids": [eid],
-            "created_at": ts, "updated_at": ts, "last_entry": eid,
+            "created_at": ts, "updated_at": ts, "last_entry": eid, "scope_def": sdef,
         }
         self.open.setdefault(sdef.name, {})[run_id] = self.runs[run_id]
+
+    def cache_rows(self, hashes: Sequence[str]) -> CacheRows:
+        """The derived tables as ``Ledger`` writes them, rebuilt from this replay; ``hashes[i]`` is entry i+1's.
+
+        Why here: ``dpops ledger import`` fills an empty ledger's caches from these rows, and ``verify``
+        rebuilds the caches with this same replay, so one piece of code owns what the caches must hold
+        (a second replay could drift and import a budget that verify then reads differently).
+        A run's ``epsilon`` is that run alone at the delta of the scope definition in force when it was
+        reserved, as ``Ledger.reserve`` computed it.
+        """
+        scopes = [(name, canonical_json(sdef.to_dict()), sdef.accountant, self.scope_last[name])
+                  for name, sdef in sorted(self.scopes.items())]
+        buckets = [(scope, b, budget.dump_state(st["settled"]), budget.dump_state(st["committed"]),
+                    budget.dump_state(st["spent"])) for (scope, b), st in sorted(self.buckets.items())]
+        runs = []
+        for run_id, run in sorted(self.runs.items(), key=lambda item: item[1]["entry_ids"][0]):
+            sdef = run["scope_def"]
+            eps = budget.epsilon_of(budget.accountant_for(sdef), sdef, run["events"])
+            runs.append((run_id, run["scope"], run["release"], run["interval_start"], run["interval_end"],
+                         run["run_key"], run["state"], run["events_json"], json.dumps(run["buckets"]),
+                         run["restates"], run["output_uri"], canonical_json(run["details"]),
+                         json.dumps(run["entry_ids"]), json.dumps([hashes[i - 1] for i in run["entry_ids"]]),
+                         run["created_at"], run["updated_at"], eps if math.isfinite(eps) else None,
+                         run["last_entry"]))
+        return CacheRows(scopes=scopes, buckets=buckets, runs=runs)
+
+
+@dataclass(frozen=True)
+class CacheRows:
+    """Rows of the derived tables, column for column as ``dpops.ledger.store`` writes them.
+
+    ``scopes``: (name, definition, accountant, last_entry); ``buckets``: (scope, bucket, settled_state,
+    committed_state, spent_state); ``runs``: the columns of ``store._RUN_COLS`` in that order.
+    """
+
+    scopes: list[tuple]
+    buckets: list[tuple]
+    runs: list[tuple]
 
 
 def _verify_chain(entries, head) -> tuple[VerifyReport, _Replay, list[str]]:
@@ -215,14 +255,24 @@ def verify_ledger(ledger: Ledger, checkpoints: Sequence[Checkpoint] | None = Non
                   expect_heads: Sequence[str] = ()) -> VerifyReport:
     """Chain, state machine, caches; then (if given) that the chain extends every signed checkpoint and head."""
     with ledger._read() as db:  # one consistent snapshot
-        head = db.one("SELECT last_id, last_hash FROM chain_head WHERE singleton = 1")
-        entries = db.all("SELECT id, ts, kind, scope, run_id, buckets, actor, body, prev_hash, hash FROM entries "
-                         "ORDER BY id")
-        scope_rows = db.all("SELECT name, definition, accountant, last_entry FROM scopes")
-        bucket_rows = db.all("SELECT scope, bucket, settled_state, committed_state, spent_state FROM buckets")
-        run_rows = db.all("SELECT run_id, scope, release, interval_start, interval_end, run_key, state, events, "
-                          "buckets, restates, output_uri, details, entry_ids, entry_hashes, created_at, updated_at, "
-                          "last_entry FROM runs")
+        return verify_tables(db, checkpoints, expect_heads)
+
+
+def verify_tables(db: Backend, checkpoints: Sequence[Checkpoint] | None = None,
+                  expect_heads: Sequence[str] = ()) -> VerifyReport:
+    """``verify_ledger`` on the transaction already open on ``db``.
+
+    Why separate: ``dpops ledger import`` verifies what it wrote *before* it commits, on its own
+    uncommitted transaction, so a ledger that would not verify is rolled back rather than left behind.
+    """
+    head = db.one("SELECT last_id, last_hash FROM chain_head WHERE singleton = 1")
+    entries = db.all("SELECT id, ts, kind, scope, run_id, buckets, actor, body, prev_hash, hash FROM entries "
+                     "ORDER BY id")
+    scope_rows = db.all("SELECT name, definition, accountant, last_entry FROM scopes")
+    bucket_rows = db.all("SELECT scope, bucket, settled_state, committed_state, spent_state FROM buckets")
+    run_rows = db.all("SELECT run_id, scope, release, interval_start, interval_end, run_key, state, events, "
+                      "buckets, restates, output_uri, details, entry_ids, entry_hashes, created_at, updated_at, "
+                      "last_entry FROM runs")
     if head is None:
         head = (-1, "")  # no chain head row: reported as a broken head below
     report, replay, hashes = _verify_chain(entries, head)
@@ -238,15 +288,40 @@ def verify_ledger(ledger: Ledger, checkpoints: Sequence[Checkpoint] | None = Non
 _EXPORT_FIELDS = ("id", "ts", "kind", "scope", "run_id", "buckets", "actor", "data", "prev_hash", "hash")
 
 
-def verify_export(lines: Iterable[str], source: str = "export", checkpoints: Sequence[Checkpoint] | None = None,
-                  expect_heads: Sequence[str] = ()) -> VerifyReport:
-    """Verify a ``dpops ledger export`` file alone: chain, state machine (every reservation within the cap
-    in force), totals. Each hashed body is rebuilt from the line exactly as the ledger built it.
+@dataclass
+class ExportReplay:
+    """An export file parsed and replayed: its verification report and what an import needs.
 
-    A removed *last* entry leaves a valid shorter chain: only an anchor (``checkpoints`` or ``expect_heads``)
-    catches that, as for the database.
+    ``rows`` are the entries in the ``entries`` table's column order (the hashed body rebuilt exactly as the
+    ledger built it), ``lines[i]`` the file line of ``rows[i]``, ``hashes[i]`` the verified hash of entry i+1
+    (empty when the chain is broken), ``replay`` the state the entries build.
     """
-    rows = []
+
+    report: VerifyReport
+    source: str = "export"
+    rows: list[tuple] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list)
+    hashes: list[str] = field(default_factory=list)
+    replay: _Replay = field(default_factory=_Replay)
+
+    def line_of(self, entry_id: int | None) -> int | None:
+        """The file line holding entry ``entry_id`` (or standing where it should be), None if past the end."""
+        if entry_id is None or not 1 <= entry_id <= len(self.lines):
+            return None
+        return self.lines[entry_id - 1]
+
+    def cache_rows(self) -> CacheRows:
+        """The derived tables these entries build (see ``_Replay.cache_rows``)."""
+        return self.replay.cache_rows(self.hashes)
+
+
+def replay_export(lines: Iterable[str], source: str = "export", checkpoints: Sequence[Checkpoint] | None = None,
+                  expect_heads: Sequence[str] = ()) -> ExportReplay:
+    """Parse, verify and replay a ``dpops ledger export`` file (``verify_export`` keeps only the report).
+
+    A line that is not an export line raises IntegrityError naming the line (never quoting it).
+    """
+    rows, numbers = [], []
     for n, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -265,10 +340,24 @@ def verify_export(lines: Iterable[str], source: str = "export", checkpoints: Seq
             raise _export_error(source, n, "holds a value JSON cannot hash (NaN or infinity)") from None
         rows.append((doc["id"], doc["ts"], doc["kind"], doc["scope"], doc["run_id"], json.dumps(doc["buckets"]),
                      doc["actor"], body_text, doc["prev_hash"], doc["hash"]))
+        numbers.append(n)
     report, replay, hashes = _verify_chain(rows, None)
     if report.ok:
         report.totals = _totals(replay)
-    return _anchor(report, hashes, checkpoints, expect_heads)
+    report = _anchor(report, hashes, checkpoints, expect_heads)
+    return ExportReplay(report=report, source=source, rows=rows, lines=numbers,
+                        hashes=hashes if report.ok else [], replay=replay)
+
+
+def verify_export(lines: Iterable[str], source: str = "export", checkpoints: Sequence[Checkpoint] | None = None,
+                  expect_heads: Sequence[str] = ()) -> VerifyReport:
+    """Verify a ``dpops ledger export`` file alone: chain, state machine (every reservation within the cap
+    in force), totals. Each hashed body is rebuilt from the line exactly as the ledger built it.
+
+    A removed *last* entry leaves a valid shorter chain: only an anchor (``checkpoints`` or ``expect_heads``)
+    catches that, as for the database.
+    """
+    return replay_export(lines, source, checkpoints, expect_heads).report
 
 
 def _export_error(source: str, line: int, what: str):
