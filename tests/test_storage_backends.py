@@ -92,6 +92,26 @@ def test_resealed_without_key_refused(root):
         other.verify_staged(IV, "run1")
 
 
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: m.update(test_mode=False), "seal does not verify"),  # a test-mode run relabelled as real
+    (lambda m: m.pop("seal"), "carries no keyed seal"),
+    (lambda m: m.update(run_id="run2"), "does not describe run run1"),
+    (lambda m: m.update(test_mode="no"), "test_mode is not a boolean"),
+    (lambda m: m["files"].pop("summary.json"), "does not describe run run1"),
+])
+def test_edited_staged_marker_refused_on_every_backend(root, edit, message):
+    """The marker checks (dpops.storage.base.check_staged_seal) hold for the local and the S3 backend."""
+    store = store_at(root)
+    staged = stage(store, "run1", b"noisy", test_mode=True)
+    marker_loc = staged.location / "_STAGED.json"
+    marker = json.loads(files.read_bytes(marker_loc))
+    edit(marker)
+    tamper(marker_loc, json.dumps(marker).encode())
+    with pytest.raises(IntegrityError, match=message):
+        store.verify_staged(IV, "run1")
+    assert store.current(IV) is None and store.versions(IV) == []
+
+
 def test_restatement_new_version_old_one_immutable(root):
     store = store_at(root)
     p1 = store.publish(stage(store, "run1", b"first"), IV)

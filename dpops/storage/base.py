@@ -15,6 +15,7 @@ a crash between commit and visibility healed by any retry) are each backend's jo
 
 from __future__ import annotations
 
+import hmac
 import json
 import re
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from dpops.errors import StorageError
+from dpops.errors import IntegrityError, StorageError
 from dpops.storage.location import Location
 
 DATA_FILE = "data.parquet"
@@ -135,6 +136,35 @@ class Store(Protocol):
 def seal_payload(release: str, interval_slug: str, run_id: str, files: dict[str, str], test_mode: bool) -> bytes:
     return json.dumps({"version": SEAL_VERSION, "release": release, "interval": interval_slug, "run_id": run_id,
                        "files": files, "test_mode": bool(test_mode)}, sort_keys=True, separators=(",", ":")).encode()
+
+
+def check_staged_seal(marker: object, where: str, *, release: str, interval_slug: str, run_id: str,
+                      sealer: Sealer, published_files: tuple[str, ...], remedy: str) -> tuple[dict[str, str], bool]:
+    """Check a staged marker's shape and its keyed seal; return (file name -> sha256, test_mode).
+
+    The one owner of this rule for every backend: the seal is an HMAC under the noise key over the
+    release, interval, run id, file hashes and test-mode flag, so a staged output changed or sealed by
+    someone without the key (or a test-mode run relabelled as real) is never published. The caller then
+    checks each file's sha256 against the returned hashes through its own storage."""
+    doc = marker if isinstance(marker, dict) else {}
+    files = doc.get("files")
+    seal = doc.get("seal")
+    if (doc.get("run_id") != run_id or not isinstance(files, dict) or set(files) != set(published_files)
+            or not all(isinstance(v, str) for v in files.values())):
+        raise IntegrityError(f"{where} does not describe run {run_id}: the staged output is corrupt "
+                             f"and will not be published; {remedy}")
+    if not isinstance(seal, dict) or seal.get("version") != SEAL_VERSION or not isinstance(seal.get("mac"), str):
+        raise IntegrityError(f"{where} carries no keyed seal (written by an older dpops or by hand): it will not "
+                             f"be published; {remedy}")
+    test_mode = doc.get("test_mode", False)
+    if not isinstance(test_mode, bool):
+        raise IntegrityError(f"{where}: test_mode is not a boolean; {remedy}")
+    want_mac = sealer.seal_mac(seal_payload(release, interval_slug, run_id, files, test_mode))
+    if not hmac.compare_digest(want_mac, seal["mac"]):
+        raise IntegrityError(
+            f"{where}: the seal does not verify under the noise key (key id {getattr(sealer, 'key_id', '?')}): "
+            f"the staged output was changed or resealed without the key; it will not be published; {remedy}")
+    return dict(files), test_mode
 
 
 def check_run_id(run_id: str) -> str:

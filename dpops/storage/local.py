@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import hmac
 import json
 import os
 import re
@@ -70,6 +69,7 @@ from dpops.storage.base import (
     SUMMARY_FILE,
     PublishedRun,
     StagedRun,
+    check_staged_seal,
 )
 from dpops.storage.base import check_run_id as _check_run_id
 from dpops.storage.base import now_iso as _now
@@ -390,25 +390,9 @@ class ReleaseStore(PrivateRunLog):
         except StorageError:
             raise IntegrityError(f"{d / STAGED_MARKER} is not a readable seal: the staged output is corrupt and will "
                                  f"not be published; {remedy}") from None
-        files = marker.get("files")
-        seal = marker.get("seal")
-        if (marker.get("run_id") != run_id or not isinstance(files, dict) or set(files) != set(PUBLISHED_FILES)
-                or not all(isinstance(v, str) for v in files.values())):
-            raise IntegrityError(f"{d / STAGED_MARKER} does not describe run {run_id}: the staged output is corrupt "
-                                 f"and will not be published; {remedy}")
-        if not isinstance(seal, dict) or seal.get("version") != SEAL_VERSION or not isinstance(seal.get("mac"), str):
-            raise IntegrityError(f"{d / STAGED_MARKER} carries no keyed seal (written by an older dpops or by "
-                                 f"hand): it will not be published; {remedy}")
-        sealer = self._require_sealer("verify the staged output")
-        test_mode = marker.get("test_mode", False)
-        if not isinstance(test_mode, bool):
-            raise IntegrityError(f"{d / STAGED_MARKER}: test_mode is not a boolean; {remedy}")
-        want_mac = sealer.seal_mac(_seal_payload(self.release, interval_slug, run_id, files, test_mode))
-        if not hmac.compare_digest(want_mac, seal["mac"]):
-            raise IntegrityError(
-                f"{d / STAGED_MARKER}: the seal does not verify under the noise key (key id "
-                f"{getattr(sealer, 'key_id', '?')}): the staged output was changed or resealed without the key; "
-                f"it will not be published; {remedy}")
+        files, test_mode = check_staged_seal(
+            marker, str(d / STAGED_MARKER), release=self.release, interval_slug=interval_slug, run_id=run_id,
+            sealer=self._require_sealer("verify the staged output"), published_files=PUBLISHED_FILES, remedy=remedy)
         for name, want in files.items():
             path = d / name
             try:

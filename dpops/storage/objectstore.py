@@ -65,6 +65,7 @@ from dpops.storage.base import (
     StagedRun,
     check_release,
     check_run_id,
+    check_staged_seal,
     now_iso,
     seal_payload,
 )
@@ -271,24 +272,9 @@ class ObjectReleaseStore(PrivateRunLog):
         except (OSError, ValueError):
             raise IntegrityError(f"{d / STAGED_MARKER} is not a readable seal: the staged output is corrupt and will "
                                  f"not be published; {remedy}") from None
-        files_doc = marker.get("files") if isinstance(marker, dict) else None
-        seal = marker.get("seal") if isinstance(marker, dict) else None
-        if (not isinstance(marker, dict) or marker.get("run_id") != run_id or not isinstance(files_doc, dict)
-                or set(files_doc) != set(PUBLISHED_FILES) or not all(isinstance(v, str) for v in files_doc.values())):
-            raise IntegrityError(f"{d / STAGED_MARKER} does not describe run {run_id}: the staged output is corrupt "
-                                 f"and will not be published; {remedy}")
-        if not isinstance(seal, dict) or seal.get("version") != SEAL_VERSION or not isinstance(seal.get("mac"), str):
-            raise IntegrityError(f"{d / STAGED_MARKER} carries no keyed seal: it will not be published; {remedy}")
-        sealer = self._require_sealer("verify the staged output")
-        test_mode = marker.get("test_mode", False)
-        if not isinstance(test_mode, bool):
-            raise IntegrityError(f"{d / STAGED_MARKER}: test_mode is not a boolean; {remedy}")
-        want_mac = sealer.seal_mac(seal_payload(self.release, interval_slug, run_id, files_doc, test_mode))
-        if not hmac.compare_digest(want_mac, seal["mac"]):
-            raise IntegrityError(
-                f"{d / STAGED_MARKER}: the seal does not verify under the noise key (key id "
-                f"{getattr(sealer, 'key_id', '?')}): the staged output was changed or resealed without the key; "
-                f"it will not be published; {remedy}")
+        files_doc, test_mode = check_staged_seal(
+            marker, str(d / STAGED_MARKER), release=self.release, interval_slug=interval_slug, run_id=run_id,
+            sealer=self._require_sealer("verify the staged output"), published_files=PUBLISHED_FILES, remedy=remedy)
         for name, want in files_doc.items():
             try:
                 got = files.sha256(d / name)
