@@ -14,19 +14,22 @@ from __future__ import annotations
 import airflow_support  # noqa: F401  (environment before airflow)
 
 import hashlib
-import os
 import secrets
-import signal
-import socket
-import subprocess
 import time
-import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
-from airflow_support import AIRFLOW_BIN, airflow_env, make_workspace
+from airflow_support import (
+    airflow_cli,
+    airflow_env,
+    free_port,
+    make_workspace,
+    pg_exec,
+    start_airflow,
+    wait_health,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(900)]
 
@@ -36,30 +39,16 @@ CAP = 2.0  # fits exactly 4 runs under basic composition
 WAIT_RUNS_S = 420
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _pg(url: str, sql: str, params: tuple = (), fetch: bool = False):
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
-        cur = conn.execute(sql, params)
-        return cur.fetchall() if fetch else None
-
-
 @pytest.fixture
 def airflow_pg_db(postgres_url):
     """A fresh PostgreSQL database for Airflow's metadata, dropped afterwards."""
     name = f"airflow_test_{secrets.token_hex(4)}"
-    _pg(postgres_url, f'CREATE DATABASE "{name}"')
+    pg_exec(postgres_url, f'CREATE DATABASE "{name}"')
     base = postgres_url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
     try:
         yield f"{base}/{name}"
     finally:
-        _pg(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        pg_exec(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture
@@ -69,54 +58,12 @@ def ledger_pg_url(postgres_url):
     try:
         yield f"{postgres_url}{sep}schema={schema}"
     finally:
-        _pg(postgres_url, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-
-
-def _cli(env: dict, *args: str, timeout: float = 240) -> str:
-    proc = subprocess.run([AIRFLOW_BIN, *args], env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"airflow {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc.stdout
-
-
-def _start(env: dict, logdir: Path, stack: ExitStack, *args: str) -> subprocess.Popen:
-    log = open(logdir / f"{args[0]}.log", "wb")
-    stack.callback(log.close)
-    # A new session: the process's own PID is its group id, so we stop it and its children by that id.
-    proc = subprocess.Popen([AIRFLOW_BIN, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    stack.callback(_stop, proc)
-    return proc
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-    except ProcessLookupError:
-        pass
-
-
-def _wait_health(port: int, procs: list, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for p in procs:
-            assert p.poll() is None, f"{p.args[1]} exited early with {p.returncode}"
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=3):
-                return
-        except OSError:
-            time.sleep(1)
-    raise AssertionError("api-server did not become healthy")
+        pg_exec(postgres_url, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def _dag_runs(meta_url: str, dag_id: str) -> list[tuple]:
     url = meta_url.replace("postgresql+psycopg://", "postgresql://", 1)
-    return _pg(url, "SELECT run_id, state, start_date, end_date, clear_number, data_interval_start FROM dag_run "
+    return pg_exec(url, "SELECT run_id, state, start_date, end_date, clear_number, data_interval_start FROM dag_run "
                "WHERE dag_id = %s AND run_type = 'backfill' ORDER BY data_interval_start", (dag_id,), fetch=True)
 
 
@@ -135,7 +82,7 @@ def _wait_runs(meta_url: str, dag_id: str, n: int, procs: list, min_clear: int =
 
 def _task_durations(meta_url: str, dag_id: str) -> list[tuple]:
     url = meta_url.replace("postgresql+psycopg://", "postgresql://", 1)
-    return _pg(url, "SELECT task_id, count(*), round(avg(duration)::numeric, 1), round(max(duration)::numeric, 1), "
+    return pg_exec(url, "SELECT task_id, count(*), round(avg(duration)::numeric, 1), round(max(duration)::numeric, 1), "
                "round(avg(extract(epoch from start_date - queued_dttm))::numeric, 1) FROM task_instance "
                "WHERE dag_id = %s GROUP BY task_id", (dag_id,), fetch=True)
 
@@ -166,7 +113,7 @@ def test_backfill_through_scheduler_never_exceeds_cap_and_rerun_is_free(
 
     ws = make_workspace(tmp_path / "ws", ledger_url=ledger_pg_url, release="af_backfill", scope="af_bf_scope",
                         days=DAYS, epsilon_per_run=EPS_PER_RUN, scope_cap=CAP, rows_per_day=1500)
-    port = _free_port()
+    port = free_port()
     home = tmp_path / "airflow"
     home.mkdir()
     env = airflow_env(
@@ -193,21 +140,21 @@ def test_backfill_through_scheduler_never_exceeds_cap_and_rerun_is_free(
         phases.append((name, round(time.monotonic() - t0, 1)))
         print(f"[backfill test] {name} at {phases[-1][1]} s", flush=True)
 
-    _cli(env, "db", "migrate")
+    airflow_cli(env, "db", "migrate")
     phase("metadata db migrated")
-    _cli(env, "dags", "reserialize")
+    airflow_cli(env, "dags", "reserialize")
     phase("dags reserialized")
     dag_id = ws.dag_id
 
     with ExitStack() as stack:
-        api = _start(env, home, stack, "api-server", "--port", str(port))
-        sched = _start(env, home, stack, "scheduler")
-        proc_ = _start(env, home, stack, "dag-processor")
+        api = start_airflow(env, home, stack, "api-server", "--port", str(port))
+        sched = start_airflow(env, home, stack, "scheduler")
+        proc_ = start_airflow(env, home, stack, "dag-processor")
         procs = [api, sched, proc_]
-        _wait_health(port, procs)
+        wait_health(port, procs)
         phase("api-server healthy")
-        _cli(env, "dags", "unpause", dag_id)
-        _cli(env, "backfill", "create", "--dag-id", dag_id, "--from-date", "2024-01-01",
+        airflow_cli(env, "dags", "unpause", dag_id)
+        airflow_cli(env, "backfill", "create", "--dag-id", dag_id, "--from-date", "2024-01-01",
              "--to-date", f"2024-01-{DAYS:02d}", "--max-active-runs", "2")
         rows = _wait_runs(airflow_pg_db, dag_id, DAYS, procs)
         phase("first backfill finished")
@@ -237,7 +184,7 @@ def test_backfill_through_scheduler_never_exceeds_cap_and_rerun_is_free(
         # the DAG run completes; nothing in the ledger, nothing published.
         states = {str(r[5])[:10]: r[1] for r in rows}
         assert set(states.values()) == {"success"}
-        skipped = _pg(airflow_pg_db.replace("postgresql+psycopg://", "postgresql://", 1),
+        skipped = pg_exec(airflow_pg_db.replace("postgresql+psycopg://", "postgresql://", 1),
                       "SELECT count(*) FROM task_instance WHERE dag_id = %s AND task_id = 'reserve_budget' "
                       "AND state = 'skipped'", (dag_id,), fetch=True)[0][0]
         assert skipped == DAYS - len(committed)
@@ -253,7 +200,7 @@ def test_backfill_through_scheduler_never_exceeds_cap_and_rerun_is_free(
         deadline = time.monotonic() + 60
         while True:  # the first backfill must be marked complete before another is accepted
             try:
-                _cli(env, "backfill", "create", "--dag-id", dag_id, "--from-date", "2024-01-01",
+                airflow_cli(env, "backfill", "create", "--dag-id", dag_id, "--from-date", "2024-01-01",
                      "--to-date", f"2024-01-{DAYS:02d}", "--max-active-runs", "2",
                      "--reprocess-behavior", "completed")
                 break
