@@ -49,7 +49,14 @@ def _set(doc: dict, path: str, value):
         cur[last] = value
 
 
-_DELETE = object()
+class _Delete:
+    """Marks a key to remove; a stable repr keeps test ids identical in every pytest-xdist worker."""
+
+    def __repr__(self) -> str:
+        return "DELETE"
+
+
+_DELETE = _Delete()
 
 # (mutation path, new value, substring the error must contain: the field path and the reason)
 BAD = [
