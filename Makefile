@@ -31,8 +31,11 @@ lint: $(STAMP)
 	$(PY) -m ruff check $(LINT_PATHS) tests
 	$(PY) -m mypy $(LINT_PATHS)
 
+# One pytest process per core, a whole test file per process (module fixtures such as the moto server
+# and the Airflow stacks stay in one process). Most slow tests wait on real Airflow/Beam processes,
+# so two processes on two cores take the suite from ~18.5 to ~12 minutes here.
 test: lint
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n auto --dist loadfile $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(PY) demo/run_demo.py $(DEMO_ARGS)
