@@ -12,6 +12,7 @@ import getpass
 import json
 import math
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
@@ -27,6 +28,9 @@ from dpops.cli.common import (
 from dpops.errors import IntegrityError
 from dpops.ledger import ScopeDefinition
 from dpops.ledger.model import RUN_STATES, ScopeStatus
+
+if TYPE_CHECKING:
+    from dpops.ledger.checkpoint import Checkpoint
 
 LEDGER_OPTION_HELP = LEDGER_HELP
 CHARGED_STATES = ("committed", "spent_unpublished", "started", "reserved")
@@ -315,6 +319,25 @@ def keygen(private_key, public_key, as_json) -> None:
         click.echo(f"Ed25519 key {kid}: private {private_key}, public {public_key}")
 
 
+def _checkpoints(checkpoints_dir: str | None, public_key: str | None) -> list[Checkpoint] | None:
+    """Signed checkpoints for ``verify`` and ``import``; a reviewer's environment is anchored by default.
+
+    An unverified checkpoint proves nothing, so a directory without a public key is refused."""
+    import os
+
+    from dpops.errors import InvalidParameter
+    from dpops.ledger.checkpoint import DIR_ENV, PUBLIC_KEY_ENV, default_public_key, load_checkpoints
+
+    if not checkpoints_dir and os.environ.get(DIR_ENV) and os.environ.get(PUBLIC_KEY_ENV):
+        checkpoints_dir = os.environ[DIR_ENV]
+    if not checkpoints_dir:
+        return None
+    key = default_public_key(public_key)
+    if not key:
+        raise InvalidParameter("--checkpoints needs --public-key (or DPOPS_LEDGER_CHECKPOINT_PUBLIC_KEY): "
+                               "an unverified checkpoint proves nothing")
+    return load_checkpoints(checkpoints_dir, key)
+
 @cli.command()
 @click.option("--export", "export_file", type=click.File("r"), default=None, metavar="FILE",
               help="Verify a `dpops ledger export` file alone (chain, state machine, totals); no database needed.")
@@ -334,25 +357,7 @@ def verify(ctx, export_file, checkpoints_dir, public_key, expect_heads, as_json)
     Without --checkpoints or --expect-head this proves only that the database is self-consistent: its
     owner could have rebuilt it. The anchors prove it still extends what a reviewer saw.
     """
-    import os
-
-    from dpops.errors import InvalidParameter
-    from dpops.ledger.checkpoint import (
-        DIR_ENV,
-        PUBLIC_KEY_ENV,
-        default_public_key,
-        load_checkpoints,
-    )
-
-    if not checkpoints_dir and os.environ.get(DIR_ENV) and os.environ.get(PUBLIC_KEY_ENV):
-        checkpoints_dir = os.environ[DIR_ENV]  # a reviewer's environment: anchored by default
-    checkpoints = None
-    if checkpoints_dir:
-        key = default_public_key(public_key)
-        if not key:
-            raise InvalidParameter("--checkpoints needs --public-key (or DPOPS_LEDGER_CHECKPOINT_PUBLIC_KEY): "
-                                   "an unverified checkpoint proves nothing")
-        checkpoints = load_checkpoints(checkpoints_dir, key)
+    checkpoints = _checkpoints(checkpoints_dir, public_key)
     if export_file is not None:
         from dpops.ledger.verify import verify_export
 
@@ -534,21 +539,10 @@ def import_(ctx, file, expect_heads, checkpoints_dir, public_key, as_json) -> No
     replay `verify` uses, all in one transaction that is verified before it commits. PostgreSQL: run it
     as the owner role. Exit 7 for an export that does not verify, 6 for a target that is not empty.
     """
-    import os
 
-    from dpops.errors import InvalidParameter
-    from dpops.ledger.checkpoint import DIR_ENV, PUBLIC_KEY_ENV, default_public_key, load_checkpoints
     from dpops.ledger.transfer import import_export, read_export
 
-    if not checkpoints_dir and os.environ.get(DIR_ENV) and os.environ.get(PUBLIC_KEY_ENV):
-        checkpoints_dir = os.environ[DIR_ENV]  # as for `verify`: a reviewer's environment is anchored by default
-    checkpoints = None
-    if checkpoints_dir:
-        key = default_public_key(public_key)
-        if not key:
-            raise InvalidParameter("--checkpoints needs --public-key (or DPOPS_LEDGER_CHECKPOINT_PUBLIC_KEY): "
-                                   "an unverified checkpoint proves nothing")
-        checkpoints = load_checkpoints(checkpoints_dir, key)
+    checkpoints = _checkpoints(checkpoints_dir, public_key)
     source = getattr(file, "name", "export")
     export = read_export(file, source, checkpoints, expect_heads)  # before the target is opened for writing
     with _ledger(ctx) as led:
