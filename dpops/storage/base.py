@@ -138,6 +138,14 @@ def seal_payload(release: str, interval_slug: str, run_id: str, files: dict[str,
                        "files": files, "test_mode": bool(test_mode)}, sort_keys=True, separators=(",", ":")).encode()
 
 
+def require_sealer(sealer: object, what: str) -> Sealer:
+    """The noise key as a sealer, or a StorageError saying the staging seal needs it (every backend)."""
+    if sealer is None or not callable(getattr(sealer, "seal_mac", None)):
+        raise StorageError(f"cannot {what} without the noise key: the staging seal is an HMAC under it "
+                           "(pass --key-file / DPOPS_NOISE_KEY_FILE)")
+    return sealer  # type: ignore[return-value]  # checked structurally just above
+
+
 def check_staged_seal(marker: object, where: str, *, release: str, interval_slug: str, run_id: str,
                       sealer: Sealer, published_files: tuple[str, ...], remedy: str) -> tuple[dict[str, str], bool]:
     """Check a staged marker's shape and its keyed seal; return (file name -> sha256, test_mode).

@@ -68,8 +68,10 @@ from dpops.storage.base import (
     STAGED_MARKER,
     SUMMARY_FILE,
     PublishedRun,
+    Sealer,
     StagedRun,
     check_staged_seal,
+    require_sealer,
 )
 from dpops.storage.base import check_run_id as _check_run_id
 from dpops.storage.base import now_iso as _now
@@ -288,11 +290,8 @@ class ReleaseStore(PrivateRunLog):
     def next_version_location(self, interval_slug: str, run_id: str) -> Location:
         return Location.local(self.next_version_dir(interval_slug, run_id))
 
-    def _require_sealer(self, what: str) -> Any:
-        if self.sealer is None or not callable(getattr(self.sealer, "seal_mac", None)):
-            raise StorageError(f"cannot {what} without the noise key: the staging seal is an HMAC under it "
-                               "(pass --key-file / DPOPS_NOISE_KEY_FILE)")
-        return self.sealer
+    def _require_sealer(self, what: str) -> Sealer:
+        return require_sealer(self.sealer, what)
 
     # ---- staging ----------------------------------------------------------------
     def new_staging_dir(self, interval_slug: str, run_id: str) -> Path:

@@ -67,6 +67,7 @@ from dpops.storage.base import (
     check_run_id,
     check_staged_seal,
     now_iso,
+    require_sealer,
     seal_payload,
 )
 from dpops.storage.local import PrivateRunLog, private_state_dir
@@ -192,10 +193,7 @@ class ObjectReleaseStore(PrivateRunLog):
     published_interval_dir = published_interval_location
 
     def _require_sealer(self, what: str) -> Sealer:
-        if self.sealer is None or not callable(getattr(self.sealer, "seal_mac", None)):
-            raise StorageError(f"cannot {what} without the noise key: the staging seal is an HMAC under it "
-                               "(pass --key-file / DPOPS_NOISE_KEY_FILE)")
-        return self.sealer
+        return require_sealer(self.sealer, what)
 
     # ---- staging ----------------------------------------------------------------
     def new_staging(self, interval_slug: str, run_id: str) -> Location:
