@@ -22,7 +22,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 from dpops.events import Laplace
-from dpops.ledger import RunKey, ScopeDefinition, open_ledger
+from dpops.ledger import RunKey, ScopeDefinition, TimeRule, open_ledger
 from dpops.ledger.transfer import import_export, read_export
 
 PG_BASE = os.environ.get("DPOPS_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -36,7 +36,8 @@ def build(url: str, entries: int) -> str:
         for name, bucket in (("flat", None), ("perday", "day")):
             led.create_scope(ScopeDefinition(name=name, unit="a synthetic user-day", unit_column="user_id",
                                              epsilon=1e9, delta=1e-9, rho=None, accountant="basic", bucket=bucket,
-                                             unit_period=bucket, adjacency="add_remove"), actor="bench")
+                                             unit_period=bucket, adjacency="add_remove",
+                                             time_rule=TimeRule("ts") if bucket else None), actor="bench")
         for i in range((entries - 2) // 3):
             start = BASE_TIME + timedelta(hours=6 * i)
             key = RunKey("bench", "h", start.isoformat(), (start + timedelta(hours=6)).isoformat(), "fp", "k")

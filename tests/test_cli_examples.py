@@ -17,6 +17,7 @@ import pytest
 from dpops import release
 from dpops.cli.main import main
 from dpops.ledger import ScopeDefinition, open_ledger
+from dpops.release.reservation import time_rule_of
 from dpops.spec import load_spec
 
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.yaml"))
@@ -56,7 +57,7 @@ def test_example_checks_and_runs_on_synthetic_data(example, tmp_path, capsys, mo
         led.create_scope(ScopeDefinition(
             name=spec.budget.scope, unit=u.description, unit_column=u.column, epsilon=20.0, delta=1e-5, rho=None,
             accountant="rdp", adjacency=u.adjacency, record_level=bool(u.record_level), unit_period=u.period,
-            bucket=u.period if spec.input.time_column else None), actor="test")
+            bucket=u.period if spec.input.time_column else None, time_rule=time_rule_of(spec)), actor="test")
         out = release.execute_release(str(spec_path), start, end, ledger=led, randomness="test", test_seed=7,
                                    publish_output=False)
     assert out.state == "staged" and out.epsilon_charged > 0

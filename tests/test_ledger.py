@@ -19,7 +19,7 @@ import pytest
 from dpops.accounting import get_accountant
 from dpops.errors import BudgetExceeded, InvalidParameter, LedgerError, SpecError
 from dpops.events import Gaussian, Laplace
-from dpops.ledger import RunKey, ScopeBudgetExceeded, ScopeDefinition, bucket_labels, open_ledger
+from dpops.ledger import RunKey, ScopeBudgetExceeded, ScopeDefinition, TimeRule, bucket_labels, open_ledger
 from dpops.ledger.backend import set_test_hook
 from dpops.ledger.schema import SCHEMA_VERSION
 
@@ -240,7 +240,8 @@ def test_bucket_labels():
 
 
 def test_bucketed_backfill_charges_each_day_once(ledger):
-    ledger.create_scope(scope_def(epsilon=0.5, bucket="day", unit_period="day", unit="a user-day"), actor="a")
+    ledger.create_scope(scope_def(epsilon=0.5, bucket="day", unit_period="day", unit="a user-day",
+                                  time_rule=TimeRule("ts")), actor="a")
     for d in range(1, 31):  # a 30-day backfill: 0.3 into each day's bucket, far more than 0.5 in total
         full_run(ledger, key(d), "s", lap(0.3))
     with pytest.raises(ScopeBudgetExceeded) as exc:

@@ -25,7 +25,7 @@ import pytest
 from dpops.cli.main import main
 from dpops.errors import IntegrityError, LedgerError
 from dpops.events import Gaussian, Laplace
-from dpops.ledger import RunKey, ScopeBudgetExceeded, ScopeDefinition, open_ledger
+from dpops.ledger import RunKey, ScopeBudgetExceeded, ScopeDefinition, TimeRule, open_ledger
 from dpops.ledger import transfer
 from dpops.ledger.backend import set_test_hook
 from dpops.ledger.checkpoint import DIR_ENV, PUBLIC_KEY_ENV, checkpoint_ledger, load_checkpoints
@@ -93,7 +93,7 @@ def build_history(led) -> dict[str, str]:
     Returns the ids of the runs left open (to finish them on the imported ledger)."""
     led.create_scope(scope("web", epsilon=1.0), actor="admin")
     led.create_scope(scope("daily", accountant="rdp", epsilon=0.45, bucket="day", unit_period="day",
-                           unit="a user-day"), actor="admin")
+                           unit="a user-day", time_rule=TimeRule("ts")), actor="admin")
     led.create_scope(scope("z", accountant="zcdp", epsilon=None, rho=0.1), actor="admin")
     first = committed(led, key(1), "web", lap(0.2))
     committed(led, key(1, fp="v2"), "web", lap(0.1), restates=first.run_id)  # a restatement

@@ -84,7 +84,8 @@ def test_matching_definition_is_charged(tmp_path, ledger):
     assert out.state == "published" and out.epsilon_charged == pytest.approx(0.5)
     m = json.loads(next((tmp_path / "out/manifests/purchases_test").glob("*.published.json")).read_text())
     assert m["privacy"]["scope"]["definition"] == {"unit_column": "user_id", "record_level": True,
-                                                   "adjacency": "replace", "period": None, "bucket": None}
+                                                   "adjacency": "replace", "period": None, "bucket": None,
+                                                   "time": None}
 
 
 def test_legacy_scope_definition_reads_back_byte_identical():

@@ -20,7 +20,7 @@ import yaml
 from dpops import release
 from dpops.inputs import parse_interval
 from dpops.errors import SpecError
-from dpops.ledger import ScopeDefinition, open_ledger
+from dpops.ledger import ScopeDefinition, TimeRule, open_ledger
 from dpops.spec import interval_problems, load_spec, parse_spec
 from dpops.storage import ReleaseStore
 from pipelines.io import outside_window
@@ -76,7 +76,7 @@ def ledger(tmp_path):
     led = open_ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
     led.create_scope(ScopeDefinition(name="shop", unit="a user's purchases on one day", unit_column="user_id",
                                      epsilon=1.0, delta=1e-6, rho=None, accountant="basic/1", adjacency="add_remove",
-                                     bucket="day", unit_period="day"), actor="test")
+                                     bucket="day", unit_period="day", time_rule=TimeRule("ts")), actor="test")
     yield led
     led.close()
 
@@ -199,7 +199,8 @@ def test_example_spec_with_synthetic_data_on_a_day_bucketed_scope(tmp_path):
     with open_ledger(f"sqlite:///{tmp_path / 'l.sqlite'}") as led:
         led.create_scope(ScopeDefinition(name="purchases", unit="a user's purchases on one day", unit_column="user_id",
                                          epsilon=1.0, delta=1e-7, rho=None, accountant="rdp/1", bucket="day",
-                                         unit_period="day", adjacency="add_remove", population=1_000_000), actor="t")
+                                         unit_period="day", adjacency="add_remove", population=1_000_000,
+                                         time_rule=TimeRule("ts")), actor="t")
         for start, end in DAYS[:2]:
             out = release.execute_release(spec, start, end, ledger=led, randomness="test", test_seed=1,
                                        publish_output=False)

@@ -26,7 +26,7 @@ from dpops.cli.common import (
     print_table,
 )
 from dpops.errors import IntegrityError
-from dpops.ledger import ScopeDefinition
+from dpops.ledger import ScopeDefinition, TimeRule
 from dpops.ledger.model import RUN_STATES, ScopeStatus
 
 if TYPE_CHECKING:
@@ -183,6 +183,9 @@ def scope() -> None:
 @click.option("--record-level", is_flag=True, default=False,
               help="Each row is its own unit (releases must say privacy_unit.record_level: true).")
 @click.option("--population", type=int, default=None, help="Declared number of units n (refuses delta >= 1/n).")
+@click.option("--time-column", default=None,
+              help="Event-time column whose time puts a row in a period (required with --bucket); every release "
+                   "must declare it as input.time_column (type timestamp; naive times are UTC).")
 @click.option("--owner", default="")
 @click.option("--description", default="")
 @click.option("--actor", default=None, help="Who creates the scope (default cli:<user>).")
@@ -190,12 +193,16 @@ def scope() -> None:
 @json_option
 @click.pass_context
 def scope_create(ctx, name, unit, unit_column, epsilon, rho, delta, accountant, bucket, unit_period, adjacency,
-                 record_level, population, owner, description, actor, as_json) -> None:
-    """Create scope NAME (idempotent when identical)."""
+                 record_level, population, time_column, owner, description, actor, as_json) -> None:
+    """Create scope NAME (idempotent when identical).
+
+    On an existing scope that records no time rule (created before time rules existed), the same
+    definition with --time-column pins it (an explicit ``scope_time_pinned`` entry), as ``scope pin-time``."""
     definition = ScopeDefinition(name=name, unit=unit, unit_column=unit_column, epsilon=epsilon, delta=delta, rho=rho,
                                  accountant=accountant, bucket=bucket, population=population, owner=owner,
                                  description=description, unit_period=unit_period, adjacency=adjacency,
-                                 record_level=record_level)
+                                 record_level=record_level,
+                                 time_rule=TimeRule(column=time_column) if time_column is not None else None)
     with _ledger(ctx, create=True) as led:
         created = led.create_scope(definition, actor=actor or default_actor())
     if as_json:
@@ -215,16 +222,50 @@ def scope_show(ctx, name, as_json) -> None:
     with _ledger(ctx) as led:
         scopes = [led.scope(name)] if name else led.scopes()
     if as_json:
-        echo_ok({"scopes": [{**s.to_dict(), "adjacency": s.adjacency, "record_level": s.record_level}
-                            for s in scopes]})
+        echo_ok({"scopes": [{**s.to_dict(), "adjacency": s.adjacency, "record_level": s.record_level,
+                             "time_rule": s.time_rule.to_dict() if s.time_rule is not None else None,
+                             "unit_definition": s.unit_definition} for s in scopes]})
         return
     cols = ["name", "cap", "delta", "accountant", "bucket", "unit", "unit column", "record level", "adjacency",
-            "unit period", "owner"]
+            "unit period", "time rule", "owner"]
     rows = [[s.name, f"{'ρ' if s.rho is not None else 'ε'}={s.cap:g}", f"{s.delta:g}", s.accountant,
              s.bucket or "-", s.unit, s.unit_column, "yes" if s.record_level else "no",
-             s.adjacency or "not recorded (legacy scope: releases refused)", s.unit_period or "-", s.owner]
+             s.adjacency or "not recorded (legacy scope: releases refused)", s.unit_period or "-", _time_text(s),
+             s.owner]
             for s in scopes]
     print_table("budget scopes", cols, rows, keep=("name", "accountant"))
+
+
+def _time_text(s: ScopeDefinition) -> str:
+    if s.time_rule is not None:
+        return s.time_rule.describe()
+    if s.bucket is not None:
+        return f"not recorded (legacy scope: releases refused; pin with dpops ledger scope pin-time {s.name})"
+    return "-"
+
+
+@scope.command("pin-time")
+@click.argument("name")
+@click.option("--time-column", required=True,
+              help="The event-time column every release on the scope must declare as input.time_column.")
+@click.option("--reason", required=True, help="Why, and how the releases already charged were checked (kept forever).")
+@click.option("--actor", default=None, help="Who pins the rule (default cli:<user>).")
+@ledger_option
+@json_option
+@click.pass_context
+def scope_pin_time(ctx, name, time_column, reason, actor, as_json) -> None:
+    """Record the time rule of scope NAME, created before scopes recorded one.
+
+    Which column's time puts a row in a period is part of the unit definition (issue 19): until it is
+    recorded, a bucketed scope refuses every release. A recorded rule is never changed. Check first,
+    from the manifests of the releases already charged to NAME, that they all used this column."""
+    rule = TimeRule(column=time_column)
+    with _ledger(ctx) as led:
+        new = led.pin_time_rule(name, rule, reason=reason, actor=actor or default_actor())
+    if as_json:
+        echo_ok({"scope": new.to_dict(), "time_rule": rule.to_dict(), "reason": reason})
+    else:
+        click.echo(f"scope {new.name}: time rule {rule.describe()}")
 
 
 @cli.command()

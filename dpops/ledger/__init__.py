@@ -24,6 +24,7 @@ from dpops.ledger.model import (
     RunState,
     ScopeDefinition,
     ScopeStatus,
+    TimeRule,
     VerifyReport,
     bucket_labels,
 )
@@ -44,6 +45,6 @@ def open_ledger(url: str | None = None) -> Ledger:
 
 __all__ = [
     "DEFAULT_URL", "Adjacency", "BucketSize", "BucketStatus", "Entry", "Ledger", "PlanItem", "PlanResult", "RunKey",
-    "RunRecord", "RunState", "ScopeBudgetExceeded", "ScopeDefinition", "ScopeStatus", "VerifyReport", "bucket_labels",
-    "open_ledger",
+    "RunRecord", "RunState", "ScopeBudgetExceeded", "ScopeDefinition", "ScopeStatus", "TimeRule", "VerifyReport",
+    "bucket_labels", "open_ledger",
 ]

@@ -55,6 +55,22 @@ BUCKET_SIZES = tuple(b.value for b in BucketSize)
 ADJACENCIES = tuple(a.value for a in Adjacency)
 UNBUCKETED = "*"  # the single bucket of a scope that is not bucketed by period
 
+# The time rule (issue 19 item 1): what decides which rows of an input belong to a run's period,
+# and so to a bucket. ``type`` is the declared type of the time column; ``zone`` how a time without
+# an offset is read; ``filter`` names the row filter the pipeline applies (pipelines.io.outside_window):
+#   dpops.time-filter/1: keep a row iff interval_start <= t < interval_end (half-open, UTC instants);
+#   Parquet timestamps of any unit, CSV cells as ISO-8601 text; a null or unreadable time drops the row.
+# Each value's meaning never changes: a different rule is a new value, which a scope recorded with the
+# old one refuses (its buckets were charged under the old one).
+TIME_TYPES = ("timestamp",)
+TIME_ZONE_RULES = ("naive=UTC",)
+TIME_FILTERS = ("dpops.time-filter/1",)
+CURRENT_TIME_ZONE_RULE = "naive=UTC"
+CURRENT_TIME_FILTER = "dpops.time-filter/1"
+# Entry kinds that set a scope's definition, and which field of their body holds the new definition.
+SCOPE_DEFINITION_ENTRIES = {"scope_created": "definition", "cap_changed": "after", "scope_time_pinned": "after"}
+_COLUMN_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")  # the spec's column-name rule (dpops.spec.COLUMN_RE)
+
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 
 
@@ -102,6 +118,49 @@ def utc_now() -> str:
 
 
 @dataclass(frozen=True)
+class TimeRule:
+    """Which timestamp decides a row's period, and how it is read (issue 19 item 1).
+
+    Part of a scope's unit definition: two releases that put the same row in different days (one by
+    ``ts``, one by ``shipped_at``) would each charge epsilon to a different day's bucket while one
+    person's one-day data feeds both, so the parallel composition of buckets would not hold. A
+    bucketed scope therefore records its time rule and refuses a release with another one.
+    """
+
+    column: str
+    type: str = "timestamp"
+    zone: str = CURRENT_TIME_ZONE_RULE
+    filter: str = CURRENT_TIME_FILTER
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.column, str) or not _COLUMN_RE.match(self.column):
+            raise SpecError(f"time rule: column must be a column name matching {_COLUMN_RE.pattern}, "
+                            f"got {self.column!r}")
+        for value, allowed, what in ((self.type, TIME_TYPES, "type"), (self.zone, TIME_ZONE_RULES, "zone"),
+                                     (self.filter, TIME_FILTERS, "filter")):
+            if value not in allowed:
+                raise SpecError(f"time rule: {what} must be one of {allowed}, got {value!r}")
+
+    def to_dict(self) -> dict[str, str]:
+        """The stored (hashed) form."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> TimeRule:
+        """Parse the stored form; an unknown field is refused (it could change which rows belong to a period)."""
+        if not isinstance(data, dict):
+            raise SpecError(f"time rule must be an object, got {data!r}")
+        extra = set(data) - set(cls.__dataclass_fields__)
+        if extra:
+            raise SpecError(f"time rule: unknown field(s) {sorted(extra)}; known: {sorted(cls.__dataclass_fields__)}")
+        return cls(**data)
+
+    def describe(self) -> str:
+        """One line for tables and messages, e.g. ``ts (timestamp, naive=UTC, dpops.time-filter/1)``."""
+        return f"{self.column} ({self.type}, {self.zone}, {self.filter})"
+
+
+@dataclass(frozen=True)
 class ScopeDefinition:
     """A budget scope: a population of privacy units, a cap and the accountant that checks it.
 
@@ -119,6 +178,14 @@ class ScopeDefinition:
     read: its adjacency was never recorded, so no release can be checked against it and
     every release on it is refused (create a new scope). A missing ``record_level`` reads
     as False, the stricter "one unit = all rows of one unit id" reading.
+
+    ``time_rule`` (issue 19 item 1) completes the definition for a bucketed scope: which column's
+    time puts a row in a period, its type and zone rule (``TimeRule``). A new bucketed scope must
+    record one (``Ledger.create_scope``). ``time_rule=None`` on a bucketed scope is how a scope
+    created before this field existed is read: its releases are refused until the owner pins the
+    rule with an explicit ledger entry (``dpops ledger scope pin-time``, ``Ledger.pin_time_rule``).
+    An unbucketed scope composes every release over one cap whatever rows each reads, so it may
+    record a time rule (then checked) or not.
     """
 
     name: str
@@ -135,6 +202,7 @@ class ScopeDefinition:
     unit_period: str | None = None
     adjacency: str | None = None  # "add_remove" | "replace"; None = recorded before this field (refused)
     record_level: bool = False
+    time_rule: TimeRule | None = None  # None: not recorded (unbucketed, or a bucketed scope from before)
 
     def __post_init__(self) -> None:
         check_scope_name(self.name)
@@ -163,6 +231,12 @@ class ScopeDefinition:
         for text, what in ((self.owner, "owner"), (self.description, "description"), (self.accountant, "accountant")):
             if not isinstance(text, str):
                 raise SpecError(f"scope {self.name!r}: {what} must be a string, got {text!r}")
+        if self.time_rule is not None:
+            if not isinstance(self.time_rule, TimeRule):
+                raise SpecError(f"scope {self.name!r}: time_rule must be a TimeRule, got {self.time_rule!r}")
+            if self.time_rule.column == self.unit_column:
+                raise SpecError(f"scope {self.name!r}: the time column {self.time_rule.column!r} cannot also be "
+                                "the unit column")
 
     def to_dict(self) -> dict[str, Any]:
         """The stored (hashed) JSON form; fields added later are left out at their legacy values."""
@@ -174,13 +248,16 @@ class ScopeDefinition:
             del out["adjacency"]
         if out["record_level"] is False:
             del out["record_level"]
+        if out["time_rule"] is None:
+            del out["time_rule"]
         return out
 
     @property
     def unit_definition(self) -> dict[str, Any]:
         """The whole unit definition a release must match (shown by ``ledger scope show`` and manifests)."""
         return {"unit_column": self.unit_column, "record_level": self.record_level, "adjacency": self.adjacency,
-                "period": self.unit_period, "bucket": self.bucket}
+                "period": self.unit_period, "bucket": self.bucket,
+                "time": self.time_rule.to_dict() if self.time_rule is not None else None}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ScopeDefinition:
@@ -189,7 +266,10 @@ class ScopeDefinition:
         extra = set(data) - known
         if extra:
             raise SpecError(f"scope definition: unknown field(s) {sorted(extra)}; known: {sorted(known)}")
-        return cls(**data)
+        fields = dict(data)
+        if fields.get("time_rule") is not None:
+            fields["time_rule"] = TimeRule.from_dict(fields["time_rule"])
+        return cls(**fields)
 
     @property
     def cap(self) -> float:
@@ -200,6 +280,19 @@ class ScopeDefinition:
     def cap_unit(self) -> str:
         """``"rho"`` or ``"epsilon"``: the unit of ``cap`` and of every figure in the scope's status."""
         return "rho" if self.rho is not None else "epsilon"
+
+
+def definition_set_by(kind: str, data: Any) -> dict[str, Any] | None:
+    """The scope definition (stored form) an entry of ``kind`` puts in force, or None if it sets none.
+
+    One owner for "which entries change a scope's definition": the ledger's replay (verify, import) and
+    the manifest checks (definition in force at an entry) all read it from here.
+    """
+    field_name = SCOPE_DEFINITION_ENTRIES.get(kind)
+    if field_name is None or not isinstance(data, dict):
+        return None
+    value = data.get(field_name)
+    return value if isinstance(value, dict) else None
 
 
 @dataclass(frozen=True)

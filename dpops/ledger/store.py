@@ -42,6 +42,7 @@ from dpops.ledger.model import (
     RunRecord,
     ScopeDefinition,
     ScopeStatus,
+    TimeRule,
     VerifyReport,
     bucket_labels,
     check_scope_name,
@@ -108,6 +109,17 @@ def _check_details(details: Any, what: str = "details") -> dict[str, Any]:
     except (TypeError, ValueError) as exc:
         raise InvalidParameter(f"{what} must be JSON-serialisable without NaN/infinity: {exc}") from None
     return details
+
+
+def _require_time_rule(scope: ScopeDefinition) -> None:
+    """A new bucketed scope states which timestamp puts a row in a period (issue 19 item 1)."""
+    if scope.bucket is not None and scope.time_rule is None:
+        raise SpecError(
+            f"scope {scope.name!r} is bucketed by {scope.bucket}: its buckets compose in parallel only if every "
+            f"release puts each row in the same {scope.bucket}, so the scope records which column's time does "
+            f"that: give the time column (dpops ledger scope create ... --time-column ts), the one every "
+            f"release's input.time_column must name"
+        )
 
 
 def coerce_events(events: Any) -> list[PrivacyEvent]:
@@ -204,13 +216,21 @@ class Ledger:
         return replace(scope, delta=float(scope.delta))
 
     def create_scope(self, scope: ScopeDefinition, *, actor: str) -> ScopeDefinition:
-        """Create a scope; creating an identical one again is a no-op, a different one a conflict."""
+        """Create a scope; creating an identical one again is a no-op, a different one a conflict.
+
+        A new bucketed scope must record its time rule (issue 19 item 1): the parallel composition of
+        its buckets holds only if every release puts a row in the same period. The one difference
+        accepted against an existing scope is a time rule the existing scope never recorded (a scope
+        from before time rules existed): it is pinned, as ``pin_time_rule`` does, with its own entry.
+        That keeps an idempotent ``scope create`` (deploy/ledger-init.sh) working on an upgraded ledger.
+        """
         _check_actor(actor)
         scope = self._validated(scope)
         definition = canonical_json(scope.to_dict())
         with self._write() as db:
             existing = db.one("SELECT definition FROM scopes WHERE name = ?" + db.for_update, (scope.name,))
             if existing is None:
+                _require_time_rule(scope)
                 cur = db.execute(
                     "INSERT INTO scopes (name, definition, accountant, last_entry) VALUES (?, ?, ?, 0) "
                     "ON CONFLICT (name) DO NOTHING",
@@ -222,12 +242,50 @@ class Ledger:
                     db.execute("UPDATE scopes SET last_entry = ? WHERE name = ?", (eid, scope.name))
                     return scope
                 existing = db.one("SELECT definition FROM scopes WHERE name = ?", (scope.name,))
+            elif existing[0] != definition and scope.time_rule is not None:
+                old = ScopeDefinition.from_dict(json.loads(existing[0]))
+                if old.time_rule is None and replace(old, time_rule=scope.time_rule) == scope:
+                    return self._pin(db, old, scope.time_rule, actor=actor,
+                                     reason="time rule pinned by scope create (scope recorded before time rules)")
         if existing[0] != definition:
             raise LedgerError(
                 f"scope {scope.name!r} already exists with a different definition {existing[0]}; "
                 "scopes are never redefined: change its cap with change_cap, or use a new name"
             )
         return scope
+
+    def pin_time_rule(self, name: str, rule: TimeRule, *, reason: str, actor: str) -> ScopeDefinition:
+        """Record the time rule of a scope that has none (issue 19 item 1); an entry ``scope_time_pinned``.
+
+        Only ever from "not recorded" to a rule: a recorded rule is never changed (the scope's buckets
+        were charged for rows placed by it; another rule would place the same rows in other buckets).
+        Pinning the rule it already has is a no-op. It narrows which releases the scope admits, never
+        widens it; it says nothing about runs charged before it (the owner reviews those: their
+        manifests name each release's spec and time column).
+        """
+        _check_actor(actor)
+        _check_reason(reason)
+        if not isinstance(rule, TimeRule):
+            raise SpecError(f"expected a TimeRule, got {type(rule).__name__}")
+        with self._write() as db:
+            old = self._scope_row(db, name, lock=True)
+            return self._pin(db, old, rule, actor=actor, reason=reason)
+
+    def _pin(self, db: Backend, old: ScopeDefinition, rule: TimeRule, *, actor: str, reason: str) -> ScopeDefinition:
+        if old.time_rule == rule:
+            return old
+        if old.time_rule is not None:
+            raise LedgerError(
+                f"scope {old.name!r} already records the time rule {old.time_rule.describe()}; a scope's time rule "
+                f"is never changed (its buckets were charged for rows placed by it, and {rule.describe()} would "
+                "place the same rows in other buckets): create a new scope for releases that use another one"
+            )
+        new = replace(old, time_rule=rule)
+        eid, _, _ = self._append(db, "scope_time_pinned", old.name, None, [], actor,
+                                 {"before": old.to_dict(), "after": new.to_dict(), "reason": reason})
+        db.execute("UPDATE scopes SET definition = ?, last_entry = ? WHERE name = ?",
+                   (canonical_json(new.to_dict()), eid, old.name))
+        return new
 
     def _scope_row(self, db: Backend, name: str, lock: bool) -> ScopeDefinition:
         check_scope_name(name)

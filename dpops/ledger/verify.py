@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterable, Sequence
@@ -77,6 +78,9 @@ class _Replay:
             self.scopes[scope] = ScopeDefinition.from_dict(data["after"])
             self.scope_last[scope] = eid
             return
+        if kind == "scope_time_pinned":
+            self._pin(eid, scope, sdef, data)
+            return
         if kind == "reserved":
             self._reserve(eid, ts, sdef, acct, run_id, buckets, data)
             return
@@ -106,6 +110,18 @@ class _Replay:
         run["entry_ids"].append(eid)
         run["updated_at"] = ts
         run["last_entry"] = eid
+
+    def _pin(self, eid: int, scope: str, sdef: ScopeDefinition, data: dict[str, Any]) -> None:
+        """A time rule pinned on a scope that had none (``Ledger.pin_time_rule``): nothing else may change."""
+        if data["before"] != sdef.to_dict():
+            raise _Broken(eid, f"scope_time_pinned 'before' does not match the definition of scope {scope!r} in force")
+        after = ScopeDefinition.from_dict(data["after"])
+        if sdef.time_rule is not None or after.time_rule is None:
+            raise _Broken(eid, f"scope_time_pinned on scope {scope!r} must set a time rule where none was recorded")
+        if dataclasses.replace(sdef, time_rule=after.time_rule) != after:
+            raise _Broken(eid, f"scope_time_pinned on scope {scope!r} changes more than the time rule")
+        self.scopes[scope] = after
+        self.scope_last[scope] = eid
 
     def _reserve(self, eid, ts, sdef, acct, run_id, buckets, data) -> None:
         if run_id in self.runs:

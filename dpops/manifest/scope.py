@@ -108,16 +108,26 @@ def _replay_rows(ledger: Ledger, entries: Sequence[Entry], acct: Accountant, sde
 
 def scope_in_force(entries: Sequence[Entry]) -> ScopeDefinition | None:
     """The scope definition in force after ``entries`` (a scope's entries, oldest first): its creation,
-    then each ``cap_changed`` entry's ``after``. None if the entries do not create the scope."""
-    from dpops.ledger.model import ScopeDefinition
+    then each entry that sets a new definition (a cap change, a pinned time rule; see
+    ``dpops.ledger.model.SCOPE_DEFINITION_ENTRIES``). None if the entries do not create the scope."""
+    from dpops.ledger.model import ScopeDefinition, definition_set_by
 
     sdef: ScopeDefinition | None = None
     for e in entries:
-        if e.kind == "scope_created":
-            sdef = ScopeDefinition.from_dict(e.data["definition"])
-        elif e.kind == "cap_changed" and sdef is not None:
-            sdef = ScopeDefinition.from_dict(e.data["after"])
+        d = definition_set_by(e.kind, e.data)
+        if d is not None and (sdef is not None or e.kind == "scope_created"):
+            sdef = ScopeDefinition.from_dict(d)
     return sdef
+
+
+def expected_definition(recorded: Mapping[str, Any], in_force: ScopeDefinition) -> dict[str, Any]:
+    """The unit definition a manifest's ``privacy.scope.definition`` must equal: the scope's in force at the
+    manifest's last scope entry. A manifest written before time rules existed has no ``time`` key; it matches
+    only while the scope recorded no rule at that point (it then had none to state)."""
+    want = dict(in_force.unit_definition)
+    if "time" not in recorded and want["time"] is None:
+        del want["time"]
+    return want
 
 
 def replay_position(ledger: Ledger, recorded: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -141,9 +151,12 @@ def replay_position(ledger: Ledger, recorded: Mapping[str, Any]) -> tuple[dict[s
     elif digest != hist["digest"]:
         problems.append("privacy.scope.history.digest: the scope's entry ids/hashes up to "
                         f"#{through} differ from those the manifest was computed from")
-    if "definition" in recorded and recorded["definition"] != scope.unit_definition:
-        problems.append(f"privacy.scope.definition: manifest says {recorded['definition']}, the ledger's scope "
-                        f"defines its unit as {scope.unit_definition}")
+    in_force_def = scope_in_force(entries) or scope
+    if "definition" in recorded:
+        want = expected_definition(recorded["definition"], in_force_def)
+        if recorded["definition"] != want:
+            problems.append(f"privacy.scope.definition: manifest says {recorded['definition']}, the ledger's scope "
+                            f"defined its unit at entry #{through} as {want}")
     if scope.accountant != recorded["accountant"]:
         problems.append(f"privacy.scope.accountant: manifest says {recorded['accountant']}, "
                         f"the ledger's scope uses {scope.accountant}")
@@ -151,7 +164,7 @@ def replay_position(ledger: Ledger, recorded: Mapping[str, Any]) -> tuple[dict[s
     # The cap and delta in force at the manifest's point of the chain, not today's: a legitimate
     # `dpops ledger cap` later must not make an older manifest fail (issue 13), while an edited cap in
     # the manifest is still compared with what the ledger recorded at that point.
-    acct_scope = scope_in_force(entries) or scope
+    acct_scope = in_force_def
     cap = recorded.get("cap") or {}
     in_force = {"unit": acct_scope.cap_unit, "value": float(acct_scope.cap), "delta": float(acct_scope.delta)}
     for field_name in ("unit", "value", "delta"):

@@ -380,15 +380,17 @@ def _check_output_location(m: dict[str, Any], rec: RunRecord) -> list[str]:
 
 
 def scope_definition_at(ledger: Ledger, name: str, through_entry_id: int | None) -> dict[str, Any] | None:
-    """The scope's definition as it stood after entry ``through_entry_id`` (creation, then each cap change)."""
+    """The scope's definition as it stood after entry ``through_entry_id`` (creation, then each entry that sets
+    a definition: a cap change, a pinned time rule)."""
+    from dpops.ledger.model import definition_set_by
+
     definition = None
     for e in ledger.history(name):
         if through_entry_id is not None and int(e.id) > int(through_entry_id):
             break
-        if e.kind == "scope_created" and isinstance(e.data, dict):
-            definition = e.data.get("definition")
-        elif e.kind == "cap_changed" and isinstance(e.data, dict):
-            definition = e.data.get("after")
+        d = definition_set_by(e.kind, e.data)
+        if d is not None and (definition is not None or e.kind == "scope_created"):
+            definition = d
     return definition
 
 

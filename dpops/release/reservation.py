@@ -19,7 +19,7 @@ from dpops.release.served import _make_visible, check_served_files
 from dpops.spec import ReleaseSpec
 
 if TYPE_CHECKING:
-    from dpops.ledger import Ledger, RunRecord, ScopeDefinition
+    from dpops.ledger import Ledger, RunRecord, ScopeDefinition, TimeRule
 
 
 def unit_definition_mismatches(spec: ReleaseSpec, scope: ScopeDefinition) -> list[str]:
@@ -38,6 +38,8 @@ def unit_definition_mismatches(spec: ReleaseSpec, scope: ScopeDefinition) -> lis
       instead, which is simple and sound.
     - period: a period-scoped unit (user-day) only makes sense in a scope that says so.
     - A scope recorded before adjacency existed (``adjacency`` None) cannot be checked: refused.
+    - the time rule (issue 19 item 1, ``_time_rule_mismatches``): the column, type and zone rule that put
+      a row in a period; a bucketed scope's parallel composition rests on every release using the same.
     """
     unit = spec.privacy_unit
     name = spec.budget.scope
@@ -64,10 +66,7 @@ def unit_definition_mismatches(spec: ReleaseSpec, scope: ScopeDefinition) -> lis
         else:
             out.append(f"scope {name!r} is record-level (each row is a unit) but the release protects whole units: "
                        f"set privacy_unit.record_level: true or use a scope whose unit is {unit.column}")
-    if getattr(scope, "bucket", None) is not None and spec.input.time_column is None:
-        out.append(f"scope {name!r} composes its {scope.bucket} buckets in parallel, which is sound only if runs "
-                   f"for different periods read disjoint rows: declare the event-time column (input.time_column, "
-                   f"type timestamp) so the pipeline keeps only the rows of the run's {scope.bucket}")
+    out.extend(_time_rule_mismatches(spec, scope))
     scope_period = getattr(scope, "unit_period", None)
     bucket = getattr(scope, "bucket", None)
     if bucket is not None and unit.period != bucket:
@@ -77,6 +76,61 @@ def unit_definition_mismatches(spec: ReleaseSpec, scope: ScopeDefinition) -> lis
         out.append(f"privacy_unit.period {unit.period!r} differs from scope {name!r}'s unit period "
                    f"{scope_period!r}: releases on one scope must protect the same unit")
     return out
+
+
+def time_rule_of(spec: ReleaseSpec) -> TimeRule | None:
+    """The time rule ``spec``'s run applies (None: it filters no rows by time).
+
+    The one place that turns a spec into the rule a scope records: the column ``input.time_column``,
+    its declared type, and the zone rule and row filter this code implements (``pipelines.io.outside_window``:
+    naive times are UTC, keep ``start <= t < end``, an unreadable time drops its row).
+    """
+    from dpops.ledger.model import CURRENT_TIME_FILTER, CURRENT_TIME_ZONE_RULE, TimeRule
+
+    tc = spec.input.time_column
+    if tc is None:
+        return None
+    return TimeRule(column=tc, type=spec.input.columns.get(tc, "timestamp"), zone=CURRENT_TIME_ZONE_RULE,
+                    filter=CURRENT_TIME_FILTER)
+
+
+def _time_rule_mismatches(spec: ReleaseSpec, scope: ScopeDefinition) -> list[str]:
+    """Issue 19 item 1: which timestamp puts a row in a bucket is part of the unit definition.
+
+    Two releases on one day-bucketed scope that place rows by different columns (purchase time ``ts``
+    vs ``shipped_at``) each charge epsilon to the bucket of "their" day, while one person's rows of one
+    day feed both: measured epsilon >= 1.61 against a per-day cap of 1. So a scope that records a time
+    rule admits only releases with exactly that rule; a bucketed scope that records none (created before
+    the field existed) admits none until its owner pins one with an explicit ledger entry.
+    """
+    name = spec.budget.scope
+    bucket = getattr(scope, "bucket", None)
+    recorded = getattr(scope, "time_rule", None)
+    mine = time_rule_of(spec)
+    if mine is None and bucket is not None:
+        pinned = f": the scope records {recorded.describe()}" if recorded is not None else ""
+        return [f"scope {name!r} composes its {bucket} buckets in parallel, which is sound only if runs "
+                f"for different periods read disjoint rows: declare the event-time column (input.time_column, "
+                f"type timestamp) so the pipeline keeps only the rows of the run's {bucket}{pinned}"]
+    if recorded is not None:
+        if mine is None:
+            return [f"scope {name!r} records the time rule {recorded.describe()}, but the release declares no "
+                    f"input.time_column: set input.time_column: {recorded.column} (declared {recorded.column}: "
+                    f"{recorded.type}), or use a scope for releases that filter no rows by time"]
+        if mine != recorded:
+            return [f"the release's time rule {mine.describe()} (input.time_column in the spec) differs from scope "
+                    f"{name!r}'s recorded time rule {recorded.describe()}: the same row would be charged to "
+                    f"different {bucket or 'period'}s by the two definitions, so one unit-{bucket or 'period'} "
+                    f"could lose more than the cap; set input.time_column: {recorded.column}, or charge this "
+                    f"release to a scope created with --time-column {mine.column}"]
+        return []
+    if bucket is None or mine is None:
+        return []  # an unbucketed scope composes every release against one cap, whatever rows each reads
+    return [f"scope {name!r} is bucketed by {bucket} but was created before scopes recorded their time rule, so "
+            f"the column that puts a row in a {bucket} is not fixed and no release can be checked against it; "
+            f"its owner pins it with an explicit ledger entry, after checking that every release charged to it "
+            f"so far used that column (their manifests embed their specs): dpops ledger scope pin-time {name} "
+            f"--time-column {mine.column} --reason \"...\""]
 
 
 def _check_scope(ctx: RunContext, ledger: Ledger) -> ScopeDefinition:
