@@ -172,6 +172,41 @@ def _check_spec(m: dict[str, Any]) -> list[str]:
     return out
 
 
+def _check_unit_definition(m: dict[str, Any]) -> list[str]:
+    """The embedded spec has the unit definition the manifest says its scope records (issue 19 item 1).
+
+    From the manifest alone: a release is admitted only when its unit column, adjacency, record level
+    and (where the scope records one) time rule are the scope's, so a manifest whose spec differs was
+    either edited or admitted by a dpops that did not check; both make its claim unsupported. The
+    ledger check then compares the recorded definition with the ledger's.
+    """
+    from dpops.release.reservation import time_rule_of
+
+    scope = m["privacy"]["scope"]
+    if scope is None or "definition" not in scope:
+        return []
+    d = scope["definition"]
+    spec = parse_embedded_spec(m["spec"])
+    unit = spec.privacy_unit
+    out = []
+    for field_name, mine in (("unit_column", unit.column), ("adjacency", unit.adjacency),
+                             ("record_level", bool(unit.record_level))):
+        if d.get(field_name) != mine:
+            out.append(f"privacy.scope.definition.{field_name}: the scope records {d.get(field_name)!r}, the "
+                       f"embedded spec declares {mine!r}: the release was not checked against its scope's unit")
+    recorded_time = d.get("time")
+    if recorded_time is not None:
+        rule = time_rule_of(spec)
+        mine_time = rule.to_dict() if rule is not None else None
+        if mine_time != recorded_time:
+            out.append(f"privacy.scope.definition.time: the scope records the time rule {recorded_time}, the embedded "
+                       f"spec's is {mine_time} (input.time_column): the same rows would fall in other buckets")
+    elif d.get("bucket") is not None and "time" in d:
+        out.append("privacy.scope.definition.time: a bucketed scope records no time rule, so no release on it "
+                   "can have been checked against one")
+    return out
+
+
 # --------------------------------------------------------------------------- plan and sensitivity
 
 
@@ -467,6 +502,7 @@ def verify_manifest(manifest: dict[str, Any], *, ledger: Ledger | None = None, p
         return VerificationResult(source, run_id, checks)
     m = manifest
     _run("spec", lambda: _check_spec(m), checks)
+    _run("unit definition", lambda: _check_unit_definition(m), checks)
     _run("plan", lambda: _check_plan(m), checks)
     _run("sensitivity", lambda: _check_sensitivity(m), checks)
     _run("accounting", lambda: _check_accounting(m), checks)

@@ -118,8 +118,8 @@ def _time_rule_mismatches(spec: ReleaseSpec, scope: ScopeDefinition) -> list[str
                     f"input.time_column: set input.time_column: {recorded.column} (declared {recorded.column}: "
                     f"{recorded.type}), or use a scope for releases that filter no rows by time"]
         if mine != recorded:
-            return [f"the release's time rule {mine.describe()} (input.time_column in the spec) differs from scope "
-                    f"{name!r}'s recorded time rule {recorded.describe()}: the same row would be charged to "
+            return [f"the release's time rule {mine.describe()} (input.time_column in the spec) differs from the "
+                    f"time rule {recorded.describe()} that scope {name!r} records: the same row would be charged to "
                     f"different {bucket or 'period'}s by the two definitions, so one unit-{bucket or 'period'} "
                     f"could lose more than the cap; set input.time_column: {recorded.column}, or charge this "
                     f"release to a scope created with --time-column {mine.column}"]
