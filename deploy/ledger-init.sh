@@ -3,10 +3,13 @@
 #   1. create or migrate the ledger schema and grant the application role its rights;
 #   2. create the example release's budget scope (idempotent when identical, so a restart is a no-op;
 #      a scope whose definition differs is refused, never changed: caps change with `ledger cap`).
+#      --time-column records which column's time puts a row in a period (issue 19): every release on the
+#      scope must declare it as input.time_column. On a ledger whose `example` scope predates time rules,
+#      this same command pins it (one `scope_time_pinned` entry), so an upgraded stack restarts cleanly.
 # Operators create the scopes of their own releases the same way (docs/runbook.md).
 set -eu
 APP_ROLE="${DPOPS_LEDGER_APP_ROLE:-dpops_app}"
 dpops ledger init --app-role "$APP_ROLE"
 dpops ledger scope create example --unit "a synthetic user's events on one day" --unit-column user_id \
-    --adjacency add_remove --epsilon 10 --delta 0 --accountant basic --actor ledger-init \
+    --adjacency add_remove --time-column ts --epsilon 10 --delta 0 --accountant basic --actor ledger-init \
     --description "compose example release (deploy/specs/example_daily.yaml)"

@@ -21,6 +21,7 @@ import yaml
 
 from dpops.cli.main import main
 from dpops.events import canonical_json
+from dpops.ledger import open_ledger
 from dpops.ledger.schema import GENESIS_HASH, entry_hash
 from dpops.randomness import NoiseKey
 
@@ -267,3 +268,27 @@ def test_scope_create_on_a_legacy_scope_pins_its_rule(env, capsys):
     assert _create_scope(capsys, url, "--time-column", "ts")[0] == 0  # and then idempotent
     assert len(_ledger_state(capsys, url)[0]) == 2
     assert _cli(capsys, "ledger", "--ledger", url, "verify")[0] == 0
+
+
+def test_the_deploy_ledger_init_scope_records_the_example_specs_time_rule(tmp_path, capsys, monkeypatch):
+    """deploy/ledger-init.sh's `scope create` line, run as written (on SQLite), records the time rule of
+    deploy/specs/example_daily.yaml, and the example release is admitted by the scope it creates."""
+    import shlex
+
+    from dpops.release import unit_definition_mismatches
+    from dpops.spec import load_spec
+
+    repo = Path(__file__).resolve().parent.parent
+    script = (repo / "deploy" / "ledger-init.sh").read_text().replace("\\\n", " ")
+    line = next(ln for ln in script.splitlines() if ln.startswith("dpops ledger scope create"))
+    argv = shlex.split(line)[1:]
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    code, _, err = _cli(capsys, argv[0], "--ledger", url, *argv[1:])
+    assert code == 0, err
+    monkeypatch.setenv("DPOPS_OUTPUT_ROOTS", "/data/out")
+    monkeypatch.setenv("DPOPS_DATA_ROOTS", "/data/input")
+    spec = load_spec(repo / "deploy" / "specs" / "example_daily.yaml")
+    with open_ledger(url) as led:
+        scope = led.scope(spec.budget.scope)
+    assert scope.time_rule is not None and scope.time_rule.column == spec.input.time_column == "ts"
+    assert unit_definition_mismatches(spec, scope) == []
