@@ -63,6 +63,7 @@ def ledger_args(e, tmp_path) -> dict[tuple[str, ...], list[str]]:
                                         "1e-7", "--accountant", "basic", "--adjacency", "add_remove"],
         ("ledger", "scope", "show"): [],
         ("ledger", "cap"): ["shop", "--epsilon", "2", "--reason", "test"],
+        ("ledger", "scope", "pin-time"): ["shop", "--time-column", "ts", "--reason", "test"],
         ("ledger", "status"): ["shop"],
         ("ledger", "history"): [],
         ("ledger", "verify"): [],
