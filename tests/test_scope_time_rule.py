@@ -292,3 +292,21 @@ def test_the_deploy_ledger_init_scope_records_the_example_specs_time_rule(tmp_pa
         scope = led.scope(spec.budget.scope)
     assert scope.time_rule is not None and scope.time_rule.column == spec.input.time_column == "ts"
     assert unit_definition_mismatches(spec, scope) == []
+
+
+def test_a_cap_change_entry_that_moves_the_time_rule_breaks_the_replay(env, capsys):
+    """A forged cap_changed entry (valid hashes) that also moves the time rule is refused by verify's replay:
+    only scope_time_pinned sets a rule, and only where none was recorded."""
+    root, url, _ = env
+    assert _create_scope(capsys, url, "--time-column", "ts")[0] == 0
+    assert _cli(capsys, "ledger", "--ledger", url, "cap", "orders", "--epsilon", "2", "--reason", "board")[0] == 0
+    export = root / "export.jsonl"
+    assert _cli(capsys, "ledger", "--ledger", url, "export", str(export))[0] == 0
+    assert _cli(capsys, "ledger", "verify", "--export", str(export))[0] == 0
+    docs = [json.loads(line) for line in export.read_text().splitlines()]
+    assert docs[1]["kind"] == "cap_changed"
+    after = docs[1]["data"]["after"]
+    docs[1]["data"]["after"] = {**after, "time_rule": {**after["time_rule"], "column": "shipped_at"}}
+    (root / "forged.jsonl").write_text("\n".join(_rehash(docs)) + "\n")
+    code, out, err = _cli(capsys, "ledger", "verify", "--export", str(root / "forged.jsonl"))
+    assert code == 7 and "changes more than the cap" in out + err

@@ -75,7 +75,12 @@ class _Replay:
         if kind == "cap_changed":
             if data["before"] != sdef.to_dict():
                 raise _Broken(eid, f"cap_changed 'before' does not match the definition of scope {scope!r} in force")
-            self.scopes[scope] = ScopeDefinition.from_dict(data["after"])
+            after = ScopeDefinition.from_dict(data["after"])
+            # A cap change moves the cap only (Ledger.change_cap): the unit definition, time rule included,
+            # is never changed by one (issue 19 item 1), so a forged one cannot re-place rows in buckets.
+            if dataclasses.replace(sdef, epsilon=after.epsilon, rho=after.rho, delta=after.delta) != after:
+                raise _Broken(eid, f"cap_changed on scope {scope!r} changes more than the cap (epsilon, rho, delta)")
+            self.scopes[scope] = after
             self.scope_last[scope] = eid
             return
         if kind == "scope_time_pinned":
