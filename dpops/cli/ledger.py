@@ -94,6 +94,23 @@ def status_table(st: ScopeStatus, sums: dict[str, float] | None = None) -> tuple
     return f"{title} ({st.accountant} accountant)", cols, rows, composition_note(st, sums)
 
 
+def writer_lines(writers: dict) -> list[str]:
+    """What ``verify`` knows of who wrote the entries (issue 19 item 10), in words."""
+    out = []
+    if writers.get("access"):
+        out.append(writers["access"])
+    elif writers.get("owner"):
+        by = ", ".join(f"{w} {n}" for w, n in writers.get("owner_only_by_writer", {}).items()) or "none recorded"
+        out.append(f"owner role {writers['owner']}: scope and cap entries written by {by}")
+        if writers.get("unknown_roles"):
+            out.append(f"writer role(s) {', '.join(writers['unknown_roles'])} do not exist in this database "
+                       "(history imported from another cluster?): their scope and cap entries cannot be judged")
+    if writers.get("unrecorded"):
+        out.append(f"{writers['unrecorded']} entr{'y has' if writers['unrecorded'] == 1 else 'ies have'} no recorded "
+                   "writer (written on SQLite or before schema version 3)")
+    return out
+
+
 @click.group()
 @ledger_option
 def cli() -> None:
@@ -115,8 +132,12 @@ def init(ctx: click.Context, app_roles, print_sql, as_json) -> None:
     from dpops.ledger.backend import redact
     from dpops.ledger.roles import grant_app_role
 
+    from dpops.ledger.roles import require_owner
+
     granted = []
     with _ledger(ctx, create=True) as led:
+        # Owner-only even when the schema is up to date (a no-op): an application role is told so, by name.
+        require_owner(led.db, "initialise or migrate the ledger and grant roles (`dpops ledger init`)")
         url, version = redact(led.url), led.schema_version
         if not as_json:
             click.echo(f"ledger ready at {url} (schema version {version})")
@@ -379,6 +400,8 @@ def verify(ctx, export_file, checkpoints_dir, public_key, expect_heads, as_json)
         if not report.anchors:
             click.echo("not anchored: give --checkpoints DIR --public-key PEM (or --expect-head) to show the chain "
                        "was not rebuilt by someone with database write access")
+        for line in writer_lines(report.writers):
+            click.echo(line)
         for scope_name, t in sorted(report.totals.items()):
             spent = ", ".join(f"{b}: {fmt(v['settled'])}" for b, v in sorted(t["buckets"].items()))
             click.echo(f"scope {scope_name}: cap {t['unit']}={fmt(t['cap'])}; settled {spent}")

@@ -48,6 +48,7 @@ from dpops.ledger.model import (
     normalize_utc,
     utc_now,
 )
+from dpops.ledger.roles import require_owner
 from dpops.ledger.schema import entry_hash, migrate
 from dpops.param_checks import check_delta_for_population, check_epsilon, check_positive
 
@@ -63,7 +64,7 @@ _RUN_COLS = (
     "run_id, scope, release, interval_start, interval_end, run_key, state, events, buckets, restates, "
     "output_uri, details, entry_ids, entry_hashes, created_at, updated_at, epsilon, last_entry"
 )
-_ENTRY_COLS = "id, ts, kind, scope, run_id, buckets, actor, body, prev_hash, hash"
+_ENTRY_COLS = "id, ts, kind, scope, run_id, buckets, actor, body, prev_hash, hash, writer"
 
 # Connections inherited over fork() must never be closed by the child (a PostgreSQL
 # terminate message would kill the parent's session): the child keeps them here, unused.
@@ -174,13 +175,19 @@ class Ledger:
         """Append one entry; call last in a write transaction (it locks the chain head)."""
         last_id, last_hash = db.one("SELECT last_id, last_hash FROM chain_head WHERE singleton = 1" + db.for_update)
         new_id, ts = int(last_id) + 1, utc_now()
-        body = {"id": new_id, "ts": ts, "kind": kind, "scope": scope, "run_id": run_id, "buckets": buckets,
-                "actor": actor, "data": data}
+        body: dict[str, Any] = {"id": new_id, "ts": ts, "kind": kind, "scope": scope, "run_id": run_id,
+                                "buckets": buckets, "actor": actor, "data": data}
+        # The database role that writes it (PostgreSQL session_user), in the hashed body and its own column; the
+        # database refuses a row whose writer is not this session's role (schema.py version 3), so the client
+        # cannot claim to be someone else. SQLite: no roles, no writer (the body stays as before).
+        writer = db.session_role()
+        if writer is not None:
+            body["writer"] = writer
         body_text = canonical_json(body)
         digest = entry_hash(last_hash, body_text)
         db.execute(
-            f"INSERT INTO entries ({_ENTRY_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (new_id, ts, kind, scope, run_id, json.dumps(buckets), actor, body_text, last_hash, digest),
+            f"INSERT INTO entries ({_ENTRY_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (new_id, ts, kind, scope, run_id, json.dumps(buckets), actor, body_text, last_hash, digest, writer),
         )
         db.execute("UPDATE chain_head SET last_id = ?, last_hash = ? WHERE singleton = 1", (new_id, digest))
         return new_id, digest, ts
@@ -209,6 +216,7 @@ class Ledger:
         scope = self._validated(scope)
         definition = canonical_json(scope.to_dict())
         with self._write() as db:
+            require_owner(db, "create budget scopes (`dpops ledger scope create`)")
             existing = db.one("SELECT definition FROM scopes WHERE name = ?" + db.for_update, (scope.name,))
             if existing is None:
                 cur = db.execute(
@@ -253,6 +261,7 @@ class Ledger:
         if epsilon is None and rho is None and delta is None:
             raise SpecError("nothing to change: give epsilon, rho and/or delta")
         with self._write() as db:
+            require_owner(db, "change caps (`dpops ledger cap`)")
             old = self._scope_row(db, name, lock=True)
             new = old
             if epsilon is not None:
@@ -623,7 +632,7 @@ class Ledger:
     def _entry(row: tuple) -> Entry:
         body = json.loads(row[7])
         return Entry(id=int(row[0]), ts=row[1], kind=row[2], scope=row[3], run_id=row[4], buckets=json.loads(row[5]),
-                     actor=row[6], data=body.get("data", {}), prev_hash=row[8], hash=row[9])
+                     actor=row[6], data=body.get("data", {}), prev_hash=row[8], hash=row[9], writer=row[10])
 
     def history(self, scope: str | None = None) -> list[Entry]:
         if scope is None:
@@ -635,10 +644,14 @@ class Ledger:
 
     def export(self, fp) -> int:
         """Write every entry as one canonical JSON line; an auditor can recompute each hash:
-        sha256(prev_hash + canonical_json({id, ts, kind, scope, run_id, buckets, actor, data}))."""
+        sha256(prev_hash + canonical_json({id, ts, kind, scope, run_id, buckets, actor, data[, writer]})),
+        ``writer`` in the body only when the entry has one (PostgreSQL, schema version 3 on)."""
         n = 0
         for row in self.db.all(f"SELECT {_ENTRY_COLS} FROM entries ORDER BY id"):
-            fp.write(canonical_json(self._entry(row).to_dict()) + "\n")
+            doc = self._entry(row).to_dict()
+            if doc["writer"] is None:  # SQLite or pre-v3 entries: the line stays what older dpops wrote and reads
+                del doc["writer"]
+            fp.write(canonical_json(doc) + "\n")
             n += 1
         return n
 
