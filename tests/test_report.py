@@ -401,8 +401,8 @@ def test_forged_or_edited_outputs_are_marked_not_trusted(reviewed_scope, tmp_pat
 
 
 def test_ledger_url_in_the_report_has_no_credentials():
-    from dpops.report.data import redact_url
+    from dpops.ledger.backend import redact  # the one redaction (issue 19 item 11); the report uses public=True
 
-    assert redact_url("postgresql://dpops_app:s3cret@db.internal:5432/ledger?sslmode=require") == \
-        "postgresql://db.internal:5432/ledger"
-    assert redact_url("sqlite:////var/lib/dpops/ledger.sqlite") == "sqlite:////var/lib/dpops/ledger.sqlite"
+    assert redact("postgresql://dpops_app:s3cret@db.internal:5432/ledger?sslmode=require&password=pw",
+                  public=True) == "postgresql://db.internal:5432/ledger?sslmode=require"
+    assert redact("sqlite:////var/lib/dpops/ledger.sqlite", public=True) == "sqlite:////var/lib/dpops/ledger.sqlite"

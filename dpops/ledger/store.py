@@ -50,6 +50,7 @@ from dpops.ledger.model import (
 )
 from dpops.ledger.roles import require_owner
 from dpops.ledger.schema import entry_hash, migrate
+from dpops.ledger.text import check_free_text, printable
 from dpops.param_checks import check_delta_for_population, check_epsilon, check_positive
 
 # Allowed (from, to) transitions; staying in the same state is an idempotent retry.
@@ -89,14 +90,18 @@ class ScopeBudgetExceeded(BudgetExceeded):
 
 def _check_actor(actor: Any) -> str:
     if not isinstance(actor, str) or not actor.strip():
-        raise InvalidParameter(f"actor must name who asks (a user or a DAG/task id), got {actor!r}")
-    return actor
+        raise InvalidParameter(f"actor must name who asks (a user or a DAG/task id), got {printable(repr(actor))}")
+    return check_free_text(actor, "actor")
 
 
 def _check_reason(reason: Any) -> str:
     if not isinstance(reason, str) or not reason.strip():
-        raise InvalidParameter(f"reason must say why (it is kept in the ledger forever), got {reason!r}")
-    return reason
+        raise InvalidParameter(f"reason must say why (it is kept in the ledger forever), got {printable(repr(reason))}")
+    return check_free_text(reason, "reason")
+
+
+# Free-text fields of a scope definition an operator reads in `scope show`, `history` and the report.
+_SCOPE_TEXT_FIELDS = ("unit", "unit_column", "description", "owner")
 
 
 def _check_details(details: Any, what: str = "details") -> dict[str, Any]:
@@ -197,6 +202,8 @@ class Ledger:
     def _validated(scope: ScopeDefinition) -> ScopeDefinition:
         if not isinstance(scope, ScopeDefinition):
             raise SpecError(f"expected a ScopeDefinition, got {type(scope).__name__}")
+        for name in _SCOPE_TEXT_FIELDS:
+            check_free_text(getattr(scope, name, ""), f"scope {scope.name!r} {name}")
         ref = get_accountant(scope.accountant).ref  # pin "rdp" -> "rdp/1"
         scope = replace(scope, accountant=ref)
         if scope.epsilon is not None:
