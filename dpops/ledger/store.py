@@ -27,10 +27,11 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator, Sequence
 
 from dpops.accounting import get_accountant
-from dpops.errors import BudgetExceeded, InvalidParameter, LedgerError, SpecError
+from dpops.errors import BudgetExceeded, DpopsError, InvalidParameter, LedgerError, SpecError
 from dpops.events import PrivacyEvent, canonical_json, event_from_dict, event_to_dict
 from dpops.ledger import budget
 from dpops.ledger.backend import Backend, connect, hook
+from dpops.ledger.budget import format_budget
 from dpops.ledger.model import (
     OPEN_STATES,
     UNBUCKETED,
@@ -76,15 +77,18 @@ class ScopeBudgetExceeded(BudgetExceeded):
     """A reservation refused by the cap; the numbers are in the scope's cap unit (epsilon or rho)."""
 
     def __init__(self, scope: str, bucket: str, unit: str, cap: float, spent: float, reserved: float,
-                 requested: float, would_remain: float) -> None:
+                 requested: float, would_remain: float, left: float | None = None) -> None:
         self.scope, self.bucket, self.unit = scope, bucket, unit
         self.cap, self.spent, self.reserved = cap, spent, reserved
         self.requested, self.would_remain = requested, would_remain
+        # cap - (everything charged or in flight on THIS bucket, composed): what was left before this request
+        self.left = cap - spent - reserved if left is None else left
         where = f"scope {scope!r}" + (f" bucket {bucket}" if bucket != UNBUCKETED else "")
+        f = lambda x: format_budget(x, cap)  # noqa: E731 - one precision for every number of the message
         super().__init__(
-            f"budget refused on {where}: cap {unit}={cap:.6g}, spent {spent:.6g}, reserved {reserved:.6g}, "
-            f"requested {requested:.6g}, would remain {would_remain:.6g} (composed by the scope's accountant); "
-            "nothing was charged"
+            f"budget refused on {where}: cap {unit}={format_budget(cap)}, spent {f(spent)}, reserved {f(reserved)}, "
+            f"{f(self.left)} left, requested {format_budget(requested)}, would remain {f(would_remain)} (composed by "
+            "the scope's accountant); nothing was charged"
         )
 
 
@@ -217,8 +221,18 @@ class Ledger:
         check_delta_for_population(scope.delta, scope.population, f"scope {scope.name!r} delta")
         return replace(scope, delta=float(scope.delta))
 
+    def normalized_scope(self, scope: ScopeDefinition) -> ScopeDefinition:
+        """``scope`` validated and pinned as ``create_scope`` would store it (accountant ``rdp`` -> ``rdp/1``)."""
+        return self._validated(scope)
+
     def create_scope(self, scope: ScopeDefinition, *, actor: str) -> ScopeDefinition:
-        """Create a scope; creating an identical one again is a no-op, a different one a conflict."""
+        """Create a scope; returns the scope's definition in force.
+
+        Creating it again is a no-op when the request equals the definition in force, or the definition it was
+        created with and only its cap changed since (``change_cap``): initialisation scripts that run on every
+        start (deploy/ledger-init.sh) stay idempotent after a cap raise, and the cap is left alone (issue 21
+        item 1). Any other difference is a conflict (LedgerError).
+        """
         _check_actor(actor)
         scope = self._validated(scope)
         definition = canonical_json(scope.to_dict())
@@ -237,12 +251,33 @@ class Ledger:
                     db.execute("UPDATE scopes SET last_entry = ? WHERE name = ?", (eid, scope.name))
                     return scope
                 existing = db.one("SELECT definition FROM scopes WHERE name = ?", (scope.name,))
-        if existing[0] != definition:
-            raise LedgerError(
-                f"scope {scope.name!r} already exists with a different definition {existing[0]}; "
-                "scopes are never redefined: change its cap with change_cap, or use a new name"
-            )
-        return scope
+        if existing[0] == definition:
+            return scope
+        current = ScopeDefinition.from_dict(json.loads(existing[0]))
+        original = self._created_definition(scope.name)
+        if original is not None and canonical_json(original.to_dict()) == definition:
+            # Created exactly as asked; its cap (or delta) was changed since through `dpops ledger cap` (the only
+            # way a definition changes, each change an entry): creating what exists is a no-op, the cap stays.
+            return current
+        base = (original or current).to_dict()  # what it was created with: cap changes are not the difference
+        differs = sorted(k for k, v in scope.to_dict().items() if base.get(k) != v)
+        raise LedgerError(
+            f"scope {scope.name!r} already exists with a different definition (differs in: {', '.join(differs)}; "
+            f"see `dpops ledger scope show {scope.name}`): scopes are never redefined; a cap changes with "
+            f"`dpops ledger cap {scope.name} --epsilon E --reason ...` (as the owner role), anything else needs a "
+            "scope with a new name; nothing was changed"
+        )
+
+    def _created_definition(self, name: str) -> ScopeDefinition | None:
+        """The definition ``name`` was created with (its ``scope_created`` entry), before any cap change."""
+        row = self.db.one("SELECT body FROM entries WHERE kind = 'scope_created' AND scope = ? ORDER BY id LIMIT 1",
+                          (name,))
+        if row is None:
+            return None
+        try:
+            return self._validated(ScopeDefinition.from_dict(json.loads(row[0])["data"]["definition"]))
+        except (DpopsError, KeyError, TypeError, ValueError):
+            return None  # a legacy definition that no longer validates: only an identical request is a no-op
 
     def _scope_row(self, db: Backend, name: str, lock: bool) -> ScopeDefinition:
         check_scope_name(name)
@@ -381,9 +416,11 @@ class Ledger:
                 total = budget.measure(acct, sdef, acct.add_events(states[b]["settled"], open_events + evs))
                 if not budget.within_cap(total, sdef.cap):
                     spent = budget.measure(acct, sdef, states[b]["settled"])
+                    before = budget.measure(acct, sdef, acct.add_events(states[b]["settled"], open_events)) \
+                        if open_events else spent
                     raise ScopeBudgetExceeded(
                         scope, b, sdef.cap_unit, sdef.cap, spent, budget.measure_events(acct, sdef, open_events),
-                        budget.measure_events(acct, sdef, evs), sdef.cap - total,
+                        budget.measure_events(acct, sdef, evs), sdef.cap - total, left=sdef.cap - before,
                     )
             hook("reserve:locked")
             data = {"run_key": key.to_dict(), "events": ev_dicts, "restates": restates, "details": details,
@@ -631,7 +668,7 @@ class Ledger:
             items.append(PlanItem(
                 interval_start=start, interval_end=end, buckets=buckets, cost=budget.measure_events(acct, sdef, evs),
                 fits=fits, total_after=worst, remaining_after=sdef.cap - worst,
-                reason="" if fits else f"would exceed the cap {sdef.cap_unit}={sdef.cap:.6g}",
+                reason="" if fits else f"would exceed the cap {sdef.cap_unit}={budget.format_budget(sdef.cap)}",
             ))
         return PlanResult(scope=scope, unit=sdef.cap_unit, cap=sdef.cap, delta=sdef.delta, items=items)
 
