@@ -1,8 +1,10 @@
 #!/bin/sh
 # The compose `ledger-init` service, run as the ledger OWNER role (never as the app role):
 #   1. create or migrate the ledger schema and grant the application role its rights;
-#   2. create the example release's budget scope (idempotent when identical, so a restart is a no-op;
-#      a scope whose definition differs is refused, never changed: caps change with `ledger cap`).
+#   2. create the example release's budget scope. Idempotent against legitimate history: a restart is a
+#      no-op, also after the runbook's `dpops ledger cap example --epsilon 14` (the scope exists as created
+#      and only its cap changed through the ledger: the cap is left alone and the line says so). A scope
+#      whose definition really differs is refused (exit 6), never changed: caps change with `dpops ledger cap`.
 #      --time-column records which column's time puts a row in a period (issue 19): every release on the
 #      scope must declare it as input.time_column. On a ledger whose `example` scope predates time rules,
 #      this same command pins it (one `scope_time_pinned` entry), so an upgraded stack restarts cleanly.

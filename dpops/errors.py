@@ -4,7 +4,8 @@ Exit codes (documented in README.md):
   0  success
   1  internal error (a bug: please report it)
   2  usage error (bad command-line arguments; click's own convention)
-  3  invalid parameter or release spec (fix the configuration)
+  3  invalid parameter or release spec (fix the configuration), or a refused permission (connect as the
+     role the message names, e.g. the ledger owner)
   4  invalid input data (fix or provide the input file)
   5  budget refused by the ledger (nothing was spent)
   6  ledger, storage or Beam runner unavailable / conflicting state (retry later)
@@ -36,6 +37,13 @@ class InputDataError(DpopsError):
     """The private input is missing, unreadable or does not match the declared schema."""
 
     exit_code = 4
+
+
+class PermissionRefused(DpopsError):
+    """The connected identity may not do this (e.g. the ledger's application role asked to change a cap or create
+    a scope, which only the owner role may). Not retryable: connect as the role the message names."""
+
+    exit_code = 3
 
 
 class BudgetExceeded(DpopsError):

@@ -86,7 +86,10 @@ def manifests_dir_for(spec: Any, manifests_dir: str | os.PathLike[str] | None = 
     """Where this release's manifests are: ``dpops.release.spec_manifests_dir``'s rule (a local ``Path`` or an
     object-store ``Location``), unless ``manifests_dir`` is given."""
     if manifests_dir:
-        return Path(manifests_dir)
+        from dpops.storage.location import Location, is_uri
+
+        text = os.fspath(manifests_dir)
+        return Location.parse(text) if is_uri(text) and not Location.parse(text).is_local else Path(text)
     from dpops.release import spec_manifests_dir
 
     return spec_manifests_dir(spec)

@@ -436,7 +436,7 @@ def test_postgres_app_role_is_refused_and_told_to_use_the_owner(source, postgres
         assert cli(capsys, "ledger", "--ledger", owner_url, "init", "--app-role", app)[0] == 0
         code, out, err = cli(capsys, "ledger", "--ledger", app_url, "import", str(source["path"]), "--json")
         doc = json.loads(out)
-        assert code == 6 and doc["exit_code"] == 6
+        assert code == 3 and doc["exit_code"] == 3  # PermissionRefused: not retryable (was 6 before issue 19-10)
         assert f"connected as '{app}'" in doc["error"] and f"connect as '{owner}'" in doc["error"]
         assert "owner role" in doc["error"] and "nothing was imported" in doc["error"]
         assert_empty(owner_url)

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from dpops.errors import BudgetExceeded
+from dpops.ledger.budget import format_budget
 from dpops.manifest import write_manifest
 from dpops.report import build_report, write_report
 from manifest_support import ACTOR, make_ledger, run_key, synthetic_events, synthetic_manifest
@@ -111,7 +112,8 @@ def test_report_renders_and_matches_the_ledger(busy_scope, tmp_path):
     header, row = p.tables["status"][0], p.tables["status"][1]
     for field in ("committed", "spent_unpublished", "reserved", "total", "remaining"):
         col = header.index({"spent_unpublished": "spent, unpublished"}.get(field, field))
-        assert float(row[col]) == pytest.approx(getattr(status, field), rel=1e-11), field
+        # shown as the CLI shows it (issue 21 item 8: the cap's precision); the exact figure is in data-value
+        assert row[col] == format_budget(getattr(status, field), status.cap), field
     assert status.total <= 1.0 + 1e-12 and status.spent_unpublished > 0
 
     timeline = p.tables["runs"][1:]
@@ -315,12 +317,13 @@ def test_reviewer_report_in_chromium(reviewed_scope, tmp_path, browser, capsys):
     assert prov["files"].startswith("4 match") and "0 CHANGED" in prov["files"]
     # the budget table equals `dpops ledger status --json`
     cells = page.evaluate("Object.fromEntries(Array.from(document.querySelectorAll('#status td[data-field]'))"
-                          ".map(td => [td.dataset.field, td.textContent]))")
+                          ".map(td => [td.dataset.field, td.querySelector('[data-value]').dataset.value]))")
     for f in ("committed", "spent_unpublished", "reserved", "total", "remaining"):
         assert float(cells[f]) == pytest.approx(status[f], rel=1e-11), f
     # the timeline: date order, the refusal in place, the gap and the off-grid interval flagged
     rows = page.evaluate("Array.from(document.querySelectorAll('#runs tr[data-kind]')).map(r => "
-                         "({kind: r.dataset.kind, run: r.dataset.run || '', cells: Array.from(r.cells).map(c => c.textContent)}))")
+                         "({kind: r.dataset.kind, run: r.dataset.run || '', cells: Array.from(r.cells).map(c => "
+                         "(c.querySelector('[data-value]') || {dataset: {value: c.textContent}}).dataset.value)}))")
     starts = [r["cells"][0][1:21] for r in rows]
     assert starts == sorted(starts)
     assert [r["cells"][2] for r in rows] == ["committed", "committed", "gap", "committed", "gap", "committed", "gap",
@@ -330,8 +333,8 @@ def test_reviewer_report_in_chromium(reviewed_scope, tmp_path, browser, capsys):
     assert all(r["cells"][5] == "verified" for r in rows if r["kind"] == "run")
     # per release: each figure equals its manifest
     blocks = page.evaluate("Array.from(document.querySelectorAll('#releases .release')).map(b => ({run: b.dataset.run, "
-                           "trusted: b.dataset.trusted, eps: b.querySelector('[data-field=run_epsilon]').textContent, "
-                           "total: b.querySelector('[data-field=scope_total_after]').textContent, "
+                           "trusted: b.dataset.trusted, eps: b.querySelector('[data-field=run_epsilon] [data-value]').dataset.value, "
+                           "total: b.querySelector('[data-field=scope_total_after] [data-value]').dataset.value, "
                            "acct: b.querySelector('[data-field=accountant]').textContent, "
                            "mech: b.querySelectorAll('table.mechanisms tr').length - 1, text: b.textContent}))")
     manifests = {m["run_id"]: m for m in (read_manifest(p) for p in rs.mdir.glob("*.json"))}
@@ -401,8 +404,8 @@ def test_forged_or_edited_outputs_are_marked_not_trusted(reviewed_scope, tmp_pat
 
 
 def test_ledger_url_in_the_report_has_no_credentials():
-    from dpops.report.data import redact_url
+    from dpops.ledger.backend import redact  # the one redaction (issue 19 item 11); the report uses public=True
 
-    assert redact_url("postgresql://dpops_app:s3cret@db.internal:5432/ledger?sslmode=require") == \
-        "postgresql://db.internal:5432/ledger"
-    assert redact_url("sqlite:////var/lib/dpops/ledger.sqlite") == "sqlite:////var/lib/dpops/ledger.sqlite"
+    assert redact("postgresql://dpops_app:s3cret@db.internal:5432/ledger?sslmode=require&password=pw",
+                  public=True) == "postgresql://db.internal:5432/ledger?sslmode=require"
+    assert redact("sqlite:////var/lib/dpops/ledger.sqlite", public=True) == "sqlite:////var/lib/dpops/ledger.sqlite"

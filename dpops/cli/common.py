@@ -91,8 +91,10 @@ def sqlite_path(url: str) -> str | None:
 def refuse_missing_sqlite(url: str) -> None:
     path = sqlite_path(url)
     if path is not None and not os.path.exists(path):
+        from dpops.ledger.backend import redact
+
         raise LedgerError(f"no ledger database at {path} (from --ledger or {LEDGER_ENV}): check the URL, or create "
-                          f"the ledger with: dpops ledger init --ledger {url}; nothing was created")
+                          f"the ledger with: dpops ledger init --ledger {redact(url)}; nothing was created")
 
 
 def open_cli_ledger(ctx: click.Context | None = None, *, create: bool = False) -> Any:
@@ -190,7 +192,12 @@ def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]
     from rich.console import Console
     from rich.table import Table
 
-    rows = [list(r) for r in rows]
+    from dpops.ledger.text import printable
+
+    # Every cell and the title escaped: ledger text written before issue 19 item 11 may hold terminal escapes.
+    rows = [[printable(str(v), keep_newlines=True) for v in r] for r in rows]
+    title = printable(title)
+    caption = printable(caption) if caption else caption
     width = terminal_width()
     console = Console(width=width, soft_wrap=False, highlight=False)
     need = sum(max([len(c)] + [len(r[i]) for r in rows]) + 3 for i, c in enumerate(columns) if c in keep) + \

@@ -27,6 +27,7 @@ from dpops.cli.common import (
 )
 from dpops.errors import IntegrityError
 from dpops.ledger import ScopeDefinition, TimeRule
+from dpops.ledger.budget import format_budget
 from dpops.ledger.model import RUN_STATES, ScopeStatus
 
 if TYPE_CHECKING:
@@ -43,10 +44,12 @@ def default_actor() -> str:
         return "cli"
 
 
-def fmt(x: float | None) -> str:
-    if x is None or (isinstance(x, float) and math.isinf(x)):
-        return "inf"
-    return f"{x:.6g}"
+def fmt(x: float | None, scale: float | None = None) -> str:
+    """A budget figure as people read it (``dpops.ledger.budget.format_budget``, the one owner)."""
+    return format_budget(x, scale)
+
+
+fmt_budget = fmt
 
 
 def echo_json(obj) -> None:
@@ -73,7 +76,7 @@ def per_run_sums(led, st: ScopeStatus) -> dict[str, float]:
 def composition_note(st: ScopeStatus, sums: dict[str, float]) -> str:
     unit = "ε" if st.unit == "epsilon" else "ρ"
     top = max(st.buckets, key=lambda b: b.total).bucket if st.buckets else None
-    added = f"; the plain sum of the runs' own {unit} is {fmt(sums[top])}" if top in sums else ""
+    added = f"; the plain sum of the runs' own {unit} is {fmt(sums[top], st.cap)}" if top in sums else ""
     return (f"total = every charged run (committed, spent unpublished, started, reserved) composed by the "
             f"{st.accountant} accountant{' at δ=' + format(st.delta, 'g') if st.unit == 'epsilon' else ''}, "
             f"not the sum of per-run {unit}{added}; remaining = cap - total")
@@ -88,10 +91,28 @@ def status_table(st: ScopeStatus, sums: dict[str, float] | None = None) -> tuple
     rows = []
     for b in st.buckets:
         runs = ", ".join(f"{k} {v}" for k, v in sorted(b.runs.items()))
-        rows.append([b.bucket, fmt(b.committed), fmt(b.spent_unpublished), fmt(b.started), fmt(b.reserved),
-                     fmt(sums.get(b.bucket)) if b.bucket in sums else "?", fmt(b.total), fmt(st.cap),
-                     fmt(b.remaining), runs])
+        c = st.cap  # every figure at the cap's precision: no float crumbs (issue 21 item 8)
+        rows.append([b.bucket, fmt(b.committed, c), fmt(b.spent_unpublished, c), fmt(b.started, c),
+                     fmt(b.reserved, c), fmt(sums.get(b.bucket), c) if b.bucket in sums else "?", fmt(b.total, c),
+                     fmt(st.cap), fmt(b.remaining, c), runs])
     return f"{title} ({st.accountant} accountant)", cols, rows, composition_note(st, sums)
+
+
+def writer_lines(writers: dict) -> list[str]:
+    """What ``verify`` knows of who wrote the entries (issue 19 item 10), in words."""
+    out = []
+    if writers.get("access"):
+        out.append(writers["access"])
+    elif writers.get("owner"):
+        by = ", ".join(f"{w} {n}" for w, n in writers.get("owner_only_by_writer", {}).items()) or "none recorded"
+        out.append(f"owner role {writers['owner']}: scope and cap entries written by {by}")
+        if writers.get("unknown_roles"):
+            out.append(f"writer role(s) {', '.join(writers['unknown_roles'])} do not exist in this database "
+                       "(history imported from another cluster?): their scope and cap entries cannot be judged")
+    if writers.get("unrecorded"):
+        out.append(f"{writers['unrecorded']} entr{'y has' if writers['unrecorded'] == 1 else 'ies have'} no recorded "
+                   "writer (written on SQLite or before schema version 3)")
+    return out
 
 
 @click.group()
@@ -115,8 +136,12 @@ def init(ctx: click.Context, app_roles, print_sql, as_json) -> None:
     from dpops.ledger.backend import redact
     from dpops.ledger.roles import grant_app_role
 
+    from dpops.ledger.roles import require_owner
+
     granted = []
     with _ledger(ctx, create=True) as led:
+        # Owner-only even when the schema is up to date (a no-op): an application role is told so, by name.
+        require_owner(led.db, "initialise or migrate the ledger and grant roles (`dpops ledger init`)")
         url, version = redact(led.url), led.schema_version
         if not as_json:
             click.echo(f"ledger ready at {url} (schema version {version})")
@@ -204,12 +229,23 @@ def scope_create(ctx, name, unit, unit_column, epsilon, rho, delta, accountant, 
                                  record_level=record_level,
                                  time_rule=TimeRule(column=time_column) if time_column is not None else None)
     with _ledger(ctx, create=True) as led:
+        existed = any(s.name == name for s in led.scopes())
         created = led.create_scope(definition, actor=actor or default_actor())
+        asked = led.normalized_scope(definition)
+    cap_changed = created.to_dict() != asked.to_dict()
     if as_json:
-        echo_json(created.to_dict())
+        echo_json({**created.to_dict(), "created": not existed, "cap_changed_since_creation": cap_changed})
+        return
+    desc = (f"cap {created.cap_unit}={fmt_budget(created.cap)}, delta={created.delta:g}, accountant "
+            f"{created.accountant}" + (f", per {created.bucket}" if created.bucket else ""))
+    if not existed:
+        click.echo(f"scope {created.name} created: {desc}")
+    elif cap_changed:
+        click.echo(f"scope {created.name} exists as created; its cap was changed since through `dpops ledger cap` "
+                   f"(created with {asked.cap_unit}={fmt_budget(asked.cap)}, delta={asked.delta:g}; now {desc}): "
+                   f"left as it is (history: `dpops ledger history {created.name}`)")
     else:
-        click.echo(f"scope {created.name}: cap {created.cap_unit}={created.cap:g}, delta={created.delta:g}, "
-                   f"accountant {created.accountant}" + (f", per {created.bucket}" if created.bucket else ""))
+        click.echo(f"scope {created.name} exists with this definition: {desc}; nothing to do")
 
 
 @scope.command("show")
@@ -285,7 +321,7 @@ def cap(ctx, name, epsilon, rho, delta, reason, actor, as_json) -> None:
     if as_json:
         echo_ok({"scope": new.to_dict(), "cap_unit": new.cap_unit, "cap": new.cap, "reason": reason})
     else:
-        click.echo(f"scope {new.name}: cap {new.cap_unit}={new.cap:g}, delta={new.delta:g}")
+        click.echo(f"scope {new.name}: cap {new.cap_unit}={fmt(new.cap)}, delta={new.delta:g}")
 
 
 @cli.command()
@@ -420,8 +456,10 @@ def verify(ctx, export_file, checkpoints_dir, public_key, expect_heads, as_json)
         if not report.anchors:
             click.echo("not anchored: give --checkpoints DIR --public-key PEM (or --expect-head) to show the chain "
                        "was not rebuilt by someone with database write access")
+        for line in writer_lines(report.writers):
+            click.echo(line)
         for scope_name, t in sorted(report.totals.items()):
-            spent = ", ".join(f"{b}: {fmt(v['settled'])}" for b, v in sorted(t["buckets"].items()))
+            spent = ", ".join(f"{b}: {fmt(v['settled'], t['cap'])}" for b, v in sorted(t["buckets"].items()))
             click.echo(f"scope {scope_name}: cap {t['unit']}={fmt(t['cap'])}; settled {spent}")
     else:
         for p in report.problems:

@@ -12,6 +12,7 @@ import click
 
 from dpops.cli.common import attach, echo_ok, json_option, ledger_option, ledger_url
 from dpops.errors import IntegrityError
+from dpops.ledger.budget import format_budget
 
 
 def _load(run_or_file: str, manifests: str | None) -> tuple[str, dict]:
@@ -82,8 +83,8 @@ def show_cmd(run_or_file: str, manifests: str | None, as_json: bool) -> None:
         s = p["scope"]
         for b in s["buckets"]:
             console.print(f"scope {s['name']} [{b['bucket']}]: cap {s['cap']['unit']}={s['cap']['value']:g}, "
-                          f"total {_fmt(b['total'])}, committed {_fmt(b['committed'])}, reserved {_fmt(b['reserved'])}, "
-                          f"remaining {_fmt(b['remaining'])}")
+                          f"total {_cap(b['total'], s)}, committed {_cap(b['committed'], s)}, reserved "
+                          f"{_cap(b['reserved'], s)}, remaining {_cap(b['remaining'], s)}")
     r = m["randomness"]
     console.print(f"randomness: {r['mode']} (key id {r['key_id']}){'  [red]TEST MODE[/red]' if r['test_mode'] else ''}")
     table = Table(title="mechanisms")
@@ -103,11 +104,14 @@ def show_cmd(run_or_file: str, manifests: str | None, as_json: bool) -> None:
     console.print(f"code: dpops {m['code']['dpops']} ({m['code']['git_commit'] or 'no git commit'})")
 
 
+def _cap(x, scope: dict) -> str:
+    """A scope figure at its cap's precision (``format_budget``)."""
+    return format_budget(x, scope["cap"]["value"]) if isinstance(x, (float, int)) or x is None else str(x)
+
+
 def _fmt(x) -> str:
-    if x is None:
-        return "inf"
-    if isinstance(x, float):
-        return f"{x:.6g}"
+    if isinstance(x, (float, int)) and not isinstance(x, bool) or x is None:
+        return format_budget(x)  # one formatting owner for figures (dpops.ledger.budget)
     return str(x)
 
 

@@ -97,7 +97,7 @@ def cli(target, plan_file, start, end, manifests, as_json, check) -> None:
                     ["interval start", "interval end", "buckets", f"{unit} this run", "fits",
                      f"scope total {unit} after (composed)", "remaining after"],
                     [[it.interval_start, it.interval_end, ",".join(it.buckets), fmt(it.cost),
-                      "yes" if it.fits else "NO", fmt(it.total_after), fmt(it.remaining_after)]
+                      "yes" if it.fits else "NO", fmt(it.total_after, result.cap), fmt(it.remaining_after, result.cap)]
                      for it in result.items], keep=("interval start", "interval end"))
         click.echo(f"{result.admitted} of {len(result.items)} planned runs fit")
     if refused_error is not None:
@@ -141,7 +141,8 @@ def _plan_spec(spec_path: str, start: str, end: str, manifests: str | None, as_j
            "to_run": len(costing), "would_fit": len(admitted), "would_be_refused": len(refused),
            "refused_intervals": [f"{r['interval_start']}/{r['interval_end']}" for r in refused], "items": rows}
     summary = (f"{len(costing)} of {len(rows)} interval(s) to run at {unit}={fmt(doc['per_run_cost'])} each; "
-               f"scope {scope} total {unit}={fmt(before.total)} now, {fmt(after)} after the {len(admitted)} that fit, "
+               f"scope {scope} total {unit}={fmt(before.total, result.cap)} now, {fmt(after, result.cap)} after the "
+               f"{len(admitted)} that fit, "
                f"of cap {fmt(result.cap)} ({sdef.accountant} accountant, all runs composed)"
                + (f"; {len(refused)} would be refused: " + ", ".join(doc["refused_intervals"]) if refused else ""))
     doc["summary"] = summary

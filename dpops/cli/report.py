@@ -17,8 +17,9 @@ from dpops.cli.common import attach, echo_ok, json_option, ledger_option, ledger
               help="release spec whose backfill gaps to list (repeatable; see dpops gaps)")
 @ledger_option
 @json_option
-@click.option("--manifests", "manifests", envvar="DPOPS_MANIFESTS_DIR", type=click.Path(file_okay=False),
-              default=None, help="directory holding the run manifests (refusals are known only from these)")
+@click.option("--manifests", "manifests", envvar="DPOPS_MANIFESTS_DIR", type=str, metavar="DIR|URI",
+              default=None, help="directory or object-store prefix (s3://bucket/manifests) holding the run manifests "
+                                 "(refusals are known only from these)")
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="HTML file to write")
 @click.option("--key-file", "key_file", type=click.Path(dir_okay=False), default=None,
               help="noise key file: also check the published files' keyed fingerprints")

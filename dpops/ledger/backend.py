@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from dpops.errors import LedgerError
+from dpops.errors import LedgerError, PermissionRefused
 
 DEFAULT_URL = "sqlite:///dpops-ledger.sqlite"
 BUSY_TIMEOUT_S = 60.0
@@ -51,16 +51,41 @@ def hook(point: str) -> None:
         time.sleep(float(pause.rsplit(":", 1)[1]))
 
 
-def redact(url: str) -> str:
-    """The URL without its password, for error messages and logs."""
+# libpq connection parameters that carry a secret (or point at one) and may be given in a URL's query string
+# (postgresql://host/db?password=...): never shown, never stored in an artifact.
+CREDENTIAL_PARAMS = frozenset({"password", "passfile", "sslpassword", "sslkey"})
+
+
+def redact(url: str, *, public: bool = False) -> str:
+    """The URL with every credential hidden: the one redaction of ledger URLs (errors, logs, checkpoints, reports).
+
+    The password in the authority and every credential-bearing query parameter (``CREDENTIAL_PARAMS``, the libpq
+    query form ``?password=...``) become ``***`` in errors and logs, so the reader sees that one was given.
+    ``public=True`` (artifacts other people read: signed checkpoints, the HTML report) drops them, and the user
+    name, entirely. Privacy/security reason: checkpoints are 0644 files copied beside the manifests, and an
+    error text travels into task logs and alerts; a database password in either hands the ledger to its readers.
+    """
     try:
         parts = urlsplit(url)
-    except ValueError:
+        userinfo, at, host = parts.netloc.rpartition("@")
+    except (ValueError, TypeError, AttributeError):
         return "<unparseable URL>"
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return url
+    netloc = host
+    if at and not public:
+        user, colon, _ = userinfo.partition(":")
+        netloc = f"{user}{':***' if colon else ''}@{host}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if public:
+            kept = [(k, v) for k, v in pairs if k.lower() not in CREDENTIAL_PARAMS]
+        else:
+            kept = [(k, "***" if k.lower() in CREDENTIAL_PARAMS else v) for k, v in pairs]
+        query = urlencode(kept, safe="*/:")
+    if parts.scheme.lower() == "sqlite" or not netloc:  # urlunsplit would drop the empty host of sqlite:////abs
+        base = url.split("?", 1)[0].split("#", 1)[0]
+        return base + (f"?{query}" if query else "")
+    return urlunsplit(parts._replace(netloc=netloc, query=query, fragment=""))
 
 
 class Cursor(Protocol):
@@ -75,6 +100,15 @@ class Cursor(Protocol):
 
     def fetchall(self) -> Sequence[Any]:
         """All remaining rows as tuples."""
+
+
+class _PendingRefusal(Exception):
+    """A privilege error raised inside a transaction; ``PostgresBackend.transaction`` turns it into
+    ``PermissionRefused`` after the rollback, when the owner role can be looked up."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 class Backend:
@@ -137,6 +171,14 @@ class Backend:
         """Row-lock suffix for a ``SELECT`` inside a write transaction (empty where the whole DB is locked)."""
         return ""
 
+    def session_role(self) -> str | None:
+        """The database role this connection logged in as (PostgreSQL ``session_user``); None for SQLite.
+
+        Every entry records it (``entries.writer``, schema version 3). SQLite has no roles: whoever can write
+        the file is the ledger's owner, so there is nothing to record.
+        """
+        return None
+
 
 class SqliteBackend(Backend):
     """The embedded default: one SQLite file in WAL mode, writers serialised by ``BEGIN IMMEDIATE``."""
@@ -148,7 +190,7 @@ class SqliteBackend(Backend):
         if path != ":memory:":
             parent = os.path.dirname(os.path.abspath(path))
             if not os.path.isdir(parent):
-                raise LedgerError(f"ledger {url}: directory {parent} does not exist; create it first")
+                raise LedgerError(f"ledger {redact(url)}: directory {parent} does not exist; create it first")
         try:
             # isolation_level=None: no implicit BEGIN; every transaction is opened explicitly below.
             self.conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
@@ -158,20 +200,20 @@ class SqliteBackend(Backend):
             # on power loss (not on a process crash) and is offered only as an explicit opt-out for scratch ledgers.
             self.conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
         except sqlite3.DatabaseError as exc:
-            raise LedgerError(f"cannot open SQLite ledger {url}: {exc}") from None
+            raise LedgerError(f"cannot open SQLite ledger {redact(url)}: {exc}") from None
         if path != ":memory:" and str(mode).lower() != "wal":
-            raise LedgerError(f"ledger {url}: could not switch to WAL journal mode (got {mode!r})")
+            raise LedgerError(f"ledger {redact(url)}: could not switch to WAL journal mode (got {mode!r})")
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
         """Run one statement; a constraint violation or a busy timeout becomes a retryable ``LedgerError``."""
         try:
             return self.conn.execute(sql, tuple(params))
         except sqlite3.IntegrityError as exc:
-            raise LedgerError(f"ledger {self.url}: conflicting write ({exc}); retry") from None
+            raise LedgerError(f"ledger {redact(self.url)}: conflicting write ({exc}); retry") from None
         except sqlite3.OperationalError as exc:
             if "locked" in str(exc) or "busy" in str(exc):
-                raise LedgerError(f"ledger {self.url} is busy (another writer held it for {BUSY_TIMEOUT_S:.0f}s); "
-                                  "retry later") from None
+                raise LedgerError(f"ledger {redact(self.url)} is busy (another writer held it for "
+                                  f"{BUSY_TIMEOUT_S:.0f}s); retry later") from None
             raise
 
     def execute_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
@@ -179,7 +221,7 @@ class SqliteBackend(Backend):
         try:
             self.conn.executemany(sql, [tuple(r) for r in rows])
         except sqlite3.IntegrityError as exc:
-            raise LedgerError(f"ledger {self.url}: conflicting write ({exc}); retry") from None
+            raise LedgerError(f"ledger {redact(self.url)}: conflicting write ({exc}); retry") from None
 
     @contextmanager
     def transaction(self, write: bool = True) -> Iterator[None]:
@@ -208,6 +250,7 @@ class PostgresBackend(Backend):
 
         self._psycopg = psycopg
         self.url = url
+        self._session_role: str | None = None
         try:
             # autocommit: transactions are opened with an explicit BEGIN, as for SQLite.
             self.conn = psycopg.connect(conninfo, autocommit=True)
@@ -227,10 +270,52 @@ class PostgresBackend(Backend):
         """PostgreSQL locks rows, so reads that decide a write lock them."""
         return " FOR UPDATE"
 
+    def session_role(self) -> str | None:
+        """``session_user`` (the login role; ``SET ROLE`` does not change it), read once per connection."""
+        if self._session_role is None:
+            self._session_role = str(self.row("SELECT session_user")[0])
+        return self._session_role
+
+    def _refused(self, exc: Exception) -> PermissionRefused:
+        """A privilege error as ``PermissionRefused`` (exit 3) that names the ledger's owner role.
+
+        The database refuses owner-only writes from any other role (privileges and the guard triggers of schema
+        version 3, ``schema.py``); the trigger's message names the owner already, a bare "permission denied"
+        does not, so the owner is looked up here (the connection is usable again: the transaction was rolled back
+        or none was open).
+        """
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        owner = None
+        try:
+            row = self.conn.execute(
+                "SELECT tableowner FROM pg_tables WHERE schemaname = current_schema() AND tablename = 'entries'"
+            ).fetchone()
+            owner = row[0] if row else None
+        except self._psycopg.Error:
+            pass
+        if owner and "owner role" in text:
+            return PermissionRefused(f"ledger {redact(self.url)}: {text}; nothing was changed")
+        who = (f"the ledger owner role {owner!r}" if owner
+               else "the ledger owner role (the one that ran `dpops ledger init`)")
+        return PermissionRefused(
+            f"ledger {redact(self.url)}: {text}: connected as {self.session_role_or_unknown()!r}, but only {who} may "
+            "create scopes, change caps, import history or change the schema; connect as the owner and run the "
+            "command again; nothing was changed"
+        )
+
+    def session_role_or_unknown(self) -> str:
+        """``session_role()`` for a message (never raises)."""
+        try:
+            return self.session_role() or "?"
+        except Exception:  # noqa: BLE001 - a message must not fail
+            return "?"
+
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Cursor:
         """Run one statement (``?`` rewritten to ``%s``); conflicts and lost connections become ``LedgerError``."""
         try:
             return self.conn.execute(sql.replace("?", "%s"), tuple(params))
+        except self._psycopg.errors.InsufficientPrivilege as exc:
+            raise self._privilege_error(exc) from None
         except self._psycopg.IntegrityError as exc:
             # e.g. the same run key reserved at the same moment on two different scopes
             raise LedgerError(f"ledger {redact(self.url)}: conflicting concurrent write ({str(exc).strip()}); "
@@ -243,6 +328,8 @@ class PostgresBackend(Backend):
         try:
             with self.conn.cursor() as cur:
                 cur.executemany(sql.replace("?", "%s"), [tuple(r) for r in rows])
+        except self._psycopg.errors.InsufficientPrivilege as exc:
+            raise self._privilege_error(exc) from None
         except self._psycopg.IntegrityError as exc:
             raise LedgerError(f"ledger {redact(self.url)}: conflicting concurrent write ({str(exc).strip()}); "
                               "retry") from None
@@ -255,11 +342,23 @@ class PostgresBackend(Backend):
         self.execute("BEGIN" if write else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         try:
             yield
+        except _PendingRefusal as pending:
+            if not self.conn.closed:
+                self.conn.execute("ROLLBACK")
+            raise self._refused(pending.cause) from None
         except BaseException:
             if not self.conn.closed:
                 self.conn.execute("ROLLBACK")
             raise
         self.execute("COMMIT")
+
+    def _privilege_error(self, exc: Exception) -> Exception:
+        """Inside a transaction the owner can only be looked up after the rollback (``transaction`` does it)."""
+        from psycopg.pq import TransactionStatus
+
+        if self.conn.info.transaction_status == TransactionStatus.IDLE:
+            return self._refused(exc)
+        return _PendingRefusal(exc)
 
     def close(self) -> None:
         """Close the connection."""
@@ -271,8 +370,9 @@ def connect(url: str | None) -> Backend:
     if url is None:
         url = os.environ.get("DPOPS_LEDGER_URL") or DEFAULT_URL
     if not isinstance(url, str) or "://" not in url:
+        shown = redact(url) if isinstance(url, str) else repr(url)
         raise LedgerError(
-            f"malformed ledger URL {url!r}: expected sqlite:///relative/path.sqlite, sqlite:////absolute/path.sqlite "
+            f"malformed ledger URL {shown}: expected sqlite:///relative/path.sqlite, sqlite:////absolute/path.sqlite "
             "or postgresql://user@host:port/database"
         )
     scheme = url.split("://", 1)[0].lower()
@@ -282,9 +382,9 @@ def connect(url: str | None) -> Backend:
         options = dict(parse_qsl(query))
         synchronous = options.pop("synchronous", "full").lower()
         if options or synchronous not in ("full", "normal"):
-            raise LedgerError(f"ledger URL {url!r}: the only SQLite option is synchronous=full|normal")
+            raise LedgerError(f"ledger URL {redact(url)}: the only SQLite option is synchronous=full|normal")
         if not path:
-            raise LedgerError(f"malformed ledger URL {url!r}: give a file, e.g. sqlite:///dpops-ledger.sqlite "
+            raise LedgerError(f"malformed ledger URL {redact(url)}: give a file, e.g. sqlite:///dpops-ledger.sqlite "
                               "(relative) or sqlite:////var/lib/dpops/ledger.sqlite (absolute)")
         return SqliteBackend(url, path, synchronous)
     if scheme in ("postgresql", "postgres", "postgresql+psycopg"):

@@ -87,3 +87,34 @@ def epsilon_of(acct: Accountant, scope: ScopeDefinition, events: Sequence[Privac
 def within_cap(value: float, cap: float) -> bool:
     """Is ``value`` within ``cap``, allowing float noise of CAP_RELATIVE_TOLERANCE relative? NaN never is."""
     return not math.isnan(value) and value <= cap * (1.0 + CAP_RELATIVE_TOLERANCE)
+
+
+# --- how budget figures are shown (issue 21 item 8) ------------------------------------------------------------
+# The ledger keeps the exact floats (and ``CAP_RELATIVE_TOLERANCE``'s slack; the release plan shares a budget with
+# a 1e-9 safety margin, dpops.release_plan.SAFETY), so a scope at its cap can hold 4.499999995497694 committed and
+# 4.50231e-09 remaining. Those digits mean nothing: privacy parameters are decided to a few significant digits.
+# Every figure a person reads (CLI tables and lines, refusals, outcome lines, the report) goes through
+# ``format_budget``; JSON keeps the exact numbers for machines.
+DISPLAY_DIGITS = 6
+
+
+def format_budget(value: float | None, scale: float | None = None) -> str:
+    """A budget figure (epsilon or rho) at ``DISPLAY_DIGITS`` significant digits.
+
+    ``scale``: the figure it is read against, the scope's cap. A value smaller than the cap's last shown digit
+    (``|value| < cap * 10**-DISPLAY_DIGITS``, e.g. 4.50231e-09 remaining of a cap of 4.5) is a float crumb and
+    shows as 0, so the numbers of one message agree with each other (0 left, asked 0.5, would remain -0.5).
+    Otherwise a figure keeps its own 6 significant digits (4.499999995497694 -> 4.5, 0.4999999995 -> 0.5), the
+    same in every place it appears. None and infinity are "inf" (an epsilon with no finite bound).
+    """
+    if value is None:
+        return "inf"
+    v = float(value)
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    if scale is not None and math.isfinite(float(scale)) and abs(v) < abs(float(scale)) * 10.0 ** -DISPLAY_DIGITS:
+        return "0"
+    text = f"{v:.{DISPLAY_DIGITS}g}"
+    return "0" if text in ("-0", "0") else text

@@ -49,18 +49,13 @@ KEY_ENV = "DPOPS_LEDGER_CHECKPOINT_KEY"
 PUBLIC_KEY_ENV = "DPOPS_LEDGER_CHECKPOINT_PUBLIC_KEY"
 
 
-def _url_without_credentials(url: str) -> str:
-    text = redact(url)
-    return text.replace(":***@", "@")
-
-
 def make_checkpoint(entries: int, head_hash: str, ledger_url: str, private_key_path: str | os.PathLike[str]) -> dict:
     """A signed checkpoint document for a chain of ``entries`` entries ending in ``head_hash``."""
     from dpops.manifest.sign import load_private_key, public_key_id, signed_bytes
 
     key = load_private_key(private_key_path)
     body = {"schema": SCHEMA, "entries": int(entries), "head_hash": str(head_hash), "created_at": utc_now(),
-            "ledger": _url_without_credentials(ledger_url)}
+            "ledger": redact(ledger_url, public=True)}  # a 0644 file: no credential, no user
     sig = key.sign(signed_bytes(body))
     body["signature"] = {"algorithm": "ed25519", "public_key_id": public_key_id(key.public_key()),
                          "value": base64.b64encode(sig).decode("ascii")}

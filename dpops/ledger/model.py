@@ -477,6 +477,9 @@ class Entry:
     data: dict[str, Any]
     prev_hash: str
     hash: str
+    # The database role that wrote the entry (PostgreSQL session_user, recorded by the database; part of the
+    # hashed body). None: SQLite (no roles) or written before schema version 3.
+    writer: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (all fields)."""
@@ -494,6 +497,8 @@ class VerifyReport:
     problems: list[str] = field(default_factory=list)
     totals: dict[str, Any] = field(default_factory=dict)  # per scope/bucket, replayed from the entries
     anchors: dict[str, Any] = field(default_factory=dict)  # the checkpoints / expected heads checked, if any
+    # Who wrote the owner-only entries: the owner role, writers per kind, entries without a recorded writer
+    writers: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (all fields)."""

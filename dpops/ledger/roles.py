@@ -4,11 +4,21 @@ The **owner** role creates and migrates the schema (``dpops ledger init``) and o
 the tables and triggers. The **application** role is what DAG tasks and operators'
 ``dpops release`` runs connect as. It may:
 
-- SELECT and INSERT ``entries`` (append), never UPDATE, DELETE or TRUNCATE them;
+- SELECT and INSERT ``entries`` (append), never UPDATE, DELETE or TRUNCATE them, and only
+  run entries (reserved, started, committed, spent_unpublished, released) that record it
+  as their writer (trigger ``entries_writer``, schema version 3);
 - SELECT and UPDATE ``chain_head`` (the triggers let it move forward by one only);
-- SELECT, INSERT and UPDATE the derived caches ``scopes``, ``buckets``, ``runs``
-  (``verify`` recomputes all three from the entries, so a forged cache is caught);
+- SELECT ``scopes``, and UPDATE of one column only because ``SELECT ... FOR UPDATE`` (the row
+  lock every reservation takes) needs an UPDATE privilege; the trigger ``scopes_owner_only``
+  refuses every actual INSERT, UPDATE or DELETE by a role other than the owner (issue 19
+  item 10: the application role could raise caps and create scopes);
+- SELECT, INSERT and UPDATE the derived caches ``buckets`` and ``runs``
+  (``verify`` recomputes them from the entries, so a forged cache is caught);
 - SELECT ``schema_version``.
+
+Owner-only, refused by the database for every other role (and named so by the CLI, exit 3):
+``dpops ledger scope create`` (a new scope), ``ledger cap``, ``ledger import``, ``ledger init``
+(schema changes and grants); every UPDATE/DELETE/TRUNCATE of history was already refused.
 
 It is not the tables' owner and not a member of the owner role, so it can neither
 drop nor disable the triggers nor ALTER the tables. Privacy reason: whoever runs
@@ -23,9 +33,10 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from dpops.errors import LedgerError
+from dpops.errors import LedgerError, PermissionRefused
 
 if TYPE_CHECKING:
+    from dpops.ledger.backend import Backend
     from dpops.ledger.store import Ledger
 
 _ROLE_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -33,11 +44,39 @@ _ROLE_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 TABLE_GRANTS = (
     ("entries", "SELECT, INSERT"),
     ("chain_head", "SELECT, UPDATE"),
-    ("scopes", "SELECT, INSERT, UPDATE"),
+    ("scopes", "SELECT, UPDATE (last_entry)"),  # UPDATE only for FOR UPDATE row locks; the trigger refuses writes
     ("buckets", "SELECT, INSERT, UPDATE"),
     ("runs", "SELECT, INSERT, UPDATE"),
     ("schema_version", "SELECT"),
 )
+
+
+def table_owner(db: Backend) -> str | None:
+    """The role owning the ledger tables in the current schema (None when there are none yet)."""
+    row = db.one("SELECT tableowner FROM pg_tables WHERE schemaname = current_schema() AND tablename = 'entries'")
+    return str(row[0]) if row else None
+
+
+def require_owner(db: Backend, action: str) -> None:
+    """PostgreSQL: PermissionRefused (exit 3) unless this session's login role may act as the tables' owner.
+
+    The same rule as the database's guard triggers (``schema.py`` version 3): ``session_user`` is a member of the
+    owner role (the owner itself, a role that may SET ROLE to it, or a superuser). Checked up front by owner-only
+    commands so that a no-op (an identical scope, an up-to-date schema) is refused too, with the owner named;
+    the database refuses the writes themselves whatever the client does. SQLite has no roles.
+    """
+    if db.dialect != "postgresql":
+        return
+    owner = table_owner(db)
+    if owner is None:
+        return  # no tables yet: creating them is what makes this session the owner
+    me = db.row("SELECT session_user, pg_has_role(session_user, ?, 'MEMBER')", (owner,))
+    if not me[1]:
+        raise PermissionRefused(
+            f"connected as {me[0]!r}, which is not the ledger owner role {owner!r}: only {owner!r} may {action}; "
+            f"the application role only reserves and settles runs; connect as {owner!r} (the role that ran "
+            "`dpops ledger init`) and run the command again; nothing was changed"
+        )
 
 
 def check_role_name(role: str) -> str:

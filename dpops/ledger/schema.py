@@ -25,7 +25,7 @@ Append a new migration to MIGRATIONS; never edit an applied one.
 
 from __future__ import annotations
 
-from dpops.errors import LedgerError
+from dpops.errors import LedgerError, PermissionRefused
 from dpops.ledger.backend import Backend, redact
 from dpops.ledger.model import utc_now
 
@@ -153,7 +153,87 @@ def _v2(db: Backend) -> None:
         db.execute(sql)
 
 
-MIGRATIONS = [(1, _v1), (2, _v2)]
+# --- version 3: every entry records the database role that wrote it; owner-only writes (issue 19 item 10) --------
+# Why: the application role (DAG tasks, operators' `dpops release`) could raise caps and create scopes, and the
+# history recorded only the actor the caller typed. Decision (docs/threat-model.md, "Owner-only operations"):
+# triggers that check ``session_user`` against the tables' owner, plus privileges as a second layer
+# (``roles.py``: no INSERT on scopes, UPDATE only on one column so ``SELECT ... FOR UPDATE`` row locks work).
+# - A trigger, not a SECURITY DEFINER function: the application role must keep writing entries and the caches
+#   for reserve/start/commit/release through plain statements, and a definer function would be a second write
+#   path to keep in step with store.py. The trigger inspects every INSERT whatever its path.
+# - ``session_user``, not ``current_user``: the login role cannot be changed by ``SET ROLE`` (the application role
+#   is NOINHERIT and no member of the owner), and it is what ``entries.writer`` records.
+# - "Owner" = a member of the role owning the table (``pg_has_role(..., 'MEMBER')``): the owner itself, a role
+#   that may SET ROLE to it, or a superuser. They can disable triggers anyway; the guard is for everyone else.
+# - ``writer`` is set by the database's rule, not the client's word: for any non-owner session the row must say
+#   ``session_user`` (column default too), and the hashed body must carry the same value, so the chain covers it.
+#   An owner may insert another writer (``dpops ledger import`` copies entries verbatim, with their writer).
+# - Entries written before this version have no writer (NULL, no ``writer`` in the body): their hashes are
+#   unchanged, so old chains, exports and checkpoints keep verifying.
+APP_ENTRY_KINDS = ("reserved", "started", "committed", "spent_unpublished", "released")
+OWNER_ONLY_KINDS = ("scope_created", "cap_changed", "scope_time_pinned")
+
+_V3_POSTGRES = [
+    "ALTER TABLE entries ADD COLUMN IF NOT EXISTS writer TEXT",  # no default here: old rows stay NULL
+    "ALTER TABLE entries ALTER COLUMN writer SET DEFAULT session_user",
+    f"""CREATE OR REPLACE FUNCTION dpops_entries_writer() RETURNS trigger AS $$
+       DECLARE owner_name name;
+       BEGIN
+         SELECT pg_get_userbyid(relowner) INTO owner_name FROM pg_class WHERE oid = TG_RELID;
+         IF NOT pg_has_role(session_user, owner_name, 'MEMBER') THEN
+           IF NEW.kind NOT IN ({", ".join(f"'{k}'" for k in APP_ENTRY_KINDS)}) THEN
+             RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format(
+               'role %s may not write a %s entry: only the ledger owner role %s may create scopes, change caps '
+               'or import history', session_user, NEW.kind, owner_name);
+           END IF;
+           IF NEW.writer IS DISTINCT FROM session_user::text THEN
+             RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format(
+               'role %s must record itself as the writer of a ledger entry (the entry says %s); only the ledger '
+               'owner role %s may copy entries written by another role', session_user, NEW.writer, owner_name);
+           END IF;
+         END IF;
+         IF (NEW.body::json ->> 'writer') IS DISTINCT FROM NEW.writer THEN
+           RAISE EXCEPTION 'ledger entry %: its writer column (%) differs from the writer in its hashed body',
+             NEW.id, NEW.writer;
+         END IF;
+         RETURN NEW;
+       END; $$ LANGUAGE plpgsql""",
+    "DROP TRIGGER IF EXISTS entries_writer ON entries",
+    """CREATE TRIGGER entries_writer BEFORE INSERT ON entries
+       FOR EACH ROW EXECUTE FUNCTION dpops_entries_writer()""",
+    """CREATE OR REPLACE FUNCTION dpops_scopes_owner_only() RETURNS trigger AS $$
+       DECLARE owner_name name;
+       BEGIN
+         SELECT pg_get_userbyid(relowner) INTO owner_name FROM pg_class WHERE oid = TG_RELID;
+         IF NOT pg_has_role(session_user, owner_name, 'MEMBER') THEN
+           RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format(
+             'role %s may not %s budget scopes: only the ledger owner role %s may create scopes or change caps',
+             session_user, lower(TG_OP), owner_name);
+         END IF;
+         IF TG_OP = 'DELETE' THEN RETURN OLD; END IF;
+         RETURN NEW;
+       END; $$ LANGUAGE plpgsql""",
+    "DROP TRIGGER IF EXISTS scopes_owner_only ON scopes",
+    """CREATE TRIGGER scopes_owner_only BEFORE INSERT OR UPDATE OR DELETE ON scopes
+       FOR EACH ROW EXECUTE FUNCTION dpops_scopes_owner_only()""",
+    "DROP TRIGGER IF EXISTS scopes_owner_only_truncate ON scopes",
+    """CREATE TRIGGER scopes_owner_only_truncate BEFORE TRUNCATE ON scopes
+       FOR EACH STATEMENT EXECUTE FUNCTION dpops_scopes_owner_only()""",
+]
+
+
+def _v3(db: Backend) -> None:
+    if db.dialect == "sqlite":
+        # No roles (whoever can write the file is the owner): the column exists so exports and imports keep the
+        # writer an entry had on a PostgreSQL ledger.
+        if "writer" not in {r[1] for r in db.all("PRAGMA table_info(entries)")}:
+            db.execute("ALTER TABLE entries ADD COLUMN writer TEXT")
+        return
+    for sql in _V3_POSTGRES:
+        db.execute(sql.replace("%", "%%"))  # format('%s') in plpgsql: not a driver placeholder
+
+
+MIGRATIONS = [(1, _v1), (2, _v2), (3, _v3)]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 
@@ -168,13 +248,11 @@ def migrate(db: Backend) -> int:
                           f"({SCHEMA_VERSION}): upgrade dpops")
     try:
         return _migrate(db)
-    except Exception as exc:
-        if getattr(exc, "sqlstate", None) == "42501":  # insufficient_privilege: an application role
-            raise LedgerError(
-                f"ledger {redact(db.url)} needs schema version {SCHEMA_VERSION} but this role may not change the "
-                "schema: run `dpops ledger init` once as the ledger's owner role"
-            ) from None
-        raise
+    except PermissionRefused:  # insufficient_privilege: an application role
+        raise PermissionRefused(
+            f"ledger {redact(db.url)} needs schema version {SCHEMA_VERSION} (it has {current or 0}) but role "
+            f"{db.session_role()!r} may not change the schema: run `dpops ledger init` once as the ledger's owner role"
+        ) from None
 
 
 def _migrate(db: Backend) -> int:
@@ -187,7 +265,8 @@ def _migrate(db: Backend) -> int:
         current = row[0] or 0 if row else 0
         if current > SCHEMA_VERSION:
             raise LedgerError(
-                f"ledger {db.url} has schema version {current}, newer than this dpops ({SCHEMA_VERSION}): upgrade dpops"
+                f"ledger {redact(db.url)} has schema version {current}, newer than this dpops ({SCHEMA_VERSION}): "
+                "upgrade dpops"
             )
         for version, step in MIGRATIONS:
             if version > current:

@@ -27,10 +27,11 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator, Sequence
 
 from dpops.accounting import get_accountant
-from dpops.errors import BudgetExceeded, InvalidParameter, LedgerError, SpecError
+from dpops.errors import BudgetExceeded, DpopsError, InvalidParameter, LedgerError, SpecError
 from dpops.events import PrivacyEvent, canonical_json, event_from_dict, event_to_dict
 from dpops.ledger import budget
 from dpops.ledger.backend import Backend, connect, hook
+from dpops.ledger.budget import format_budget
 from dpops.ledger.model import (
     OPEN_STATES,
     UNBUCKETED,
@@ -49,7 +50,9 @@ from dpops.ledger.model import (
     normalize_utc,
     utc_now,
 )
+from dpops.ledger.roles import require_owner
 from dpops.ledger.schema import entry_hash, migrate
+from dpops.ledger.text import check_free_text, printable
 from dpops.param_checks import check_delta_for_population, check_epsilon, check_positive
 
 # Allowed (from, to) transitions; staying in the same state is an idempotent retry.
@@ -64,7 +67,7 @@ _RUN_COLS = (
     "run_id, scope, release, interval_start, interval_end, run_key, state, events, buckets, restates, "
     "output_uri, details, entry_ids, entry_hashes, created_at, updated_at, epsilon, last_entry"
 )
-_ENTRY_COLS = "id, ts, kind, scope, run_id, buckets, actor, body, prev_hash, hash"
+_ENTRY_COLS = "id, ts, kind, scope, run_id, buckets, actor, body, prev_hash, hash, writer"
 
 # Connections inherited over fork() must never be closed by the child (a PostgreSQL
 # terminate message would kill the parent's session): the child keeps them here, unused.
@@ -75,28 +78,35 @@ class ScopeBudgetExceeded(BudgetExceeded):
     """A reservation refused by the cap; the numbers are in the scope's cap unit (epsilon or rho)."""
 
     def __init__(self, scope: str, bucket: str, unit: str, cap: float, spent: float, reserved: float,
-                 requested: float, would_remain: float) -> None:
+                 requested: float, would_remain: float, left: float | None = None) -> None:
         self.scope, self.bucket, self.unit = scope, bucket, unit
         self.cap, self.spent, self.reserved = cap, spent, reserved
         self.requested, self.would_remain = requested, would_remain
+        # cap - (everything charged or in flight on THIS bucket, composed): what was left before this request
+        self.left = cap - spent - reserved if left is None else left
         where = f"scope {scope!r}" + (f" bucket {bucket}" if bucket != UNBUCKETED else "")
+        f = lambda x: format_budget(x, cap)  # noqa: E731 - one precision for every number of the message
         super().__init__(
-            f"budget refused on {where}: cap {unit}={cap:.6g}, spent {spent:.6g}, reserved {reserved:.6g}, "
-            f"requested {requested:.6g}, would remain {would_remain:.6g} (composed by the scope's accountant); "
-            "nothing was charged"
+            f"budget refused on {where}: cap {unit}={format_budget(cap)}, spent {f(spent)}, reserved {f(reserved)}, "
+            f"{f(self.left)} left, requested {format_budget(requested)}, would remain {f(would_remain)} (composed by "
+            "the scope's accountant); nothing was charged"
         )
 
 
 def _check_actor(actor: Any) -> str:
     if not isinstance(actor, str) or not actor.strip():
-        raise InvalidParameter(f"actor must name who asks (a user or a DAG/task id), got {actor!r}")
-    return actor
+        raise InvalidParameter(f"actor must name who asks (a user or a DAG/task id), got {printable(repr(actor))}")
+    return check_free_text(actor, "actor")
 
 
 def _check_reason(reason: Any) -> str:
     if not isinstance(reason, str) or not reason.strip():
-        raise InvalidParameter(f"reason must say why (it is kept in the ledger forever), got {reason!r}")
-    return reason
+        raise InvalidParameter(f"reason must say why (it is kept in the ledger forever), got {printable(repr(reason))}")
+    return check_free_text(reason, "reason")
+
+
+# Free-text fields of a scope definition an operator reads in `scope show`, `history` and the report.
+_SCOPE_TEXT_FIELDS = ("unit", "unit_column", "description", "owner")
 
 
 def _check_details(details: Any, what: str = "details") -> dict[str, Any]:
@@ -186,13 +196,19 @@ class Ledger:
         """Append one entry; call last in a write transaction (it locks the chain head)."""
         last_id, last_hash = db.one("SELECT last_id, last_hash FROM chain_head WHERE singleton = 1" + db.for_update)
         new_id, ts = int(last_id) + 1, utc_now()
-        body = {"id": new_id, "ts": ts, "kind": kind, "scope": scope, "run_id": run_id, "buckets": buckets,
-                "actor": actor, "data": data}
+        body: dict[str, Any] = {"id": new_id, "ts": ts, "kind": kind, "scope": scope, "run_id": run_id,
+                                "buckets": buckets, "actor": actor, "data": data}
+        # The database role that writes it (PostgreSQL session_user), in the hashed body and its own column; the
+        # database refuses a row whose writer is not this session's role (schema.py version 3), so the client
+        # cannot claim to be someone else. SQLite: no roles, no writer (the body stays as before).
+        writer = db.session_role()
+        if writer is not None:
+            body["writer"] = writer
         body_text = canonical_json(body)
         digest = entry_hash(last_hash, body_text)
         db.execute(
-            f"INSERT INTO entries ({_ENTRY_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (new_id, ts, kind, scope, run_id, json.dumps(buckets), actor, body_text, last_hash, digest),
+            f"INSERT INTO entries ({_ENTRY_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (new_id, ts, kind, scope, run_id, json.dumps(buckets), actor, body_text, last_hash, digest, writer),
         )
         db.execute("UPDATE chain_head SET last_id = ?, last_hash = ? WHERE singleton = 1", (new_id, digest))
         return new_id, digest, ts
@@ -202,6 +218,8 @@ class Ledger:
     def _validated(scope: ScopeDefinition) -> ScopeDefinition:
         if not isinstance(scope, ScopeDefinition):
             raise SpecError(f"expected a ScopeDefinition, got {type(scope).__name__}")
+        for name in _SCOPE_TEXT_FIELDS:
+            check_free_text(getattr(scope, name, ""), f"scope {scope.name!r} {name}")
         ref = get_accountant(scope.accountant).ref  # pin "rdp" -> "rdp/1"
         scope = replace(scope, accountant=ref)
         if scope.epsilon is not None:
@@ -215,8 +233,17 @@ class Ledger:
         check_delta_for_population(scope.delta, scope.population, f"scope {scope.name!r} delta")
         return replace(scope, delta=float(scope.delta))
 
+    def normalized_scope(self, scope: ScopeDefinition) -> ScopeDefinition:
+        """``scope`` validated and pinned as ``create_scope`` would store it (accountant ``rdp`` -> ``rdp/1``)."""
+        return self._validated(scope)
+
     def create_scope(self, scope: ScopeDefinition, *, actor: str) -> ScopeDefinition:
-        """Create a scope; creating an identical one again is a no-op, a different one a conflict.
+        """Create a scope; returns the scope's definition in force.
+
+        Creating it again is a no-op when the request equals the definition in force, or the definition it was
+        created with and only its cap changed since (``change_cap``): initialisation scripts that run on every
+        start (deploy/ledger-init.sh) stay idempotent after a cap raise, and the cap is left alone (issue 21
+        item 1). Any other difference is a conflict (LedgerError).
 
         A new bucketed scope must record its time rule (issue 19 item 1): the parallel composition of
         its buckets holds only if every release puts a row in the same period. The one difference
@@ -228,6 +255,7 @@ class Ledger:
         scope = self._validated(scope)
         definition = canonical_json(scope.to_dict())
         with self._write() as db:
+            require_owner(db, "create budget scopes (`dpops ledger scope create`)")
             existing = db.one("SELECT definition FROM scopes WHERE name = ?" + db.for_update, (scope.name,))
             if existing is None:
                 _require_time_rule(scope)
@@ -247,12 +275,33 @@ class Ledger:
                 if old.time_rule is None and replace(old, time_rule=scope.time_rule) == scope:
                     return self._pin(db, old, scope.time_rule, actor=actor,
                                      reason="time rule pinned by scope create (scope recorded before time rules)")
-        if existing[0] != definition:
-            raise LedgerError(
-                f"scope {scope.name!r} already exists with a different definition {existing[0]}; "
-                "scopes are never redefined: change its cap with change_cap, or use a new name"
-            )
-        return scope
+        if existing[0] == definition:
+            return scope
+        current = ScopeDefinition.from_dict(json.loads(existing[0]))
+        original = self._created_definition(scope.name)
+        if original is not None and canonical_json(original.to_dict()) == definition:
+            # Created exactly as asked; its cap (or delta) was changed since through `dpops ledger cap` (the only
+            # way a definition changes, each change an entry): creating what exists is a no-op, the cap stays.
+            return current
+        base = (original or current).to_dict()  # what it was created with: cap changes are not the difference
+        differs = sorted(k for k, v in scope.to_dict().items() if base.get(k) != v)
+        raise LedgerError(
+            f"scope {scope.name!r} already exists with a different definition (differs in: {', '.join(differs)}; "
+            f"see `dpops ledger scope show {scope.name}`): scopes are never redefined; a cap changes with "
+            f"`dpops ledger cap {scope.name} --epsilon E --reason ...` (as the owner role), anything else needs a "
+            "scope with a new name; nothing was changed"
+        )
+
+    def _created_definition(self, name: str) -> ScopeDefinition | None:
+        """The definition ``name`` was created with (its ``scope_created`` entry), before any cap change."""
+        row = self.db.one("SELECT body FROM entries WHERE kind = 'scope_created' AND scope = ? ORDER BY id LIMIT 1",
+                          (name,))
+        if row is None:
+            return None
+        try:
+            return self._validated(ScopeDefinition.from_dict(json.loads(row[0])["data"]["definition"]))
+        except (DpopsError, KeyError, TypeError, ValueError):
+            return None  # a legacy definition that no longer validates: only an identical request is a no-op
 
     def pin_time_rule(self, name: str, rule: TimeRule, *, reason: str, actor: str) -> ScopeDefinition:
         """Record the time rule of a scope that has none (issue 19 item 1); an entry ``scope_time_pinned``.
@@ -268,6 +317,7 @@ class Ledger:
         if not isinstance(rule, TimeRule):
             raise SpecError(f"expected a TimeRule, got {type(rule).__name__}")
         with self._write() as db:
+            require_owner(db, "pin a scope's time rule (`dpops ledger scope pin-time`)")
             old = self._scope_row(db, name, lock=True)
             return self._pin(db, old, rule, actor=actor, reason=reason)
 
@@ -311,6 +361,7 @@ class Ledger:
         if epsilon is None and rho is None and delta is None:
             raise SpecError("nothing to change: give epsilon, rho and/or delta")
         with self._write() as db:
+            require_owner(db, "change caps (`dpops ledger cap`)")
             old = self._scope_row(db, name, lock=True)
             new = old
             if epsilon is not None:
@@ -423,9 +474,11 @@ class Ledger:
                 total = budget.measure(acct, sdef, acct.add_events(states[b]["settled"], open_events + evs))
                 if not budget.within_cap(total, sdef.cap):
                     spent = budget.measure(acct, sdef, states[b]["settled"])
+                    before = budget.measure(acct, sdef, acct.add_events(states[b]["settled"], open_events)) \
+                        if open_events else spent
                     raise ScopeBudgetExceeded(
                         scope, b, sdef.cap_unit, sdef.cap, spent, budget.measure_events(acct, sdef, open_events),
-                        budget.measure_events(acct, sdef, evs), sdef.cap - total,
+                        budget.measure_events(acct, sdef, evs), sdef.cap - total, left=sdef.cap - before,
                     )
             hook("reserve:locked")
             data = {"run_key": key.to_dict(), "events": ev_dicts, "restates": restates, "details": details,
@@ -673,7 +726,7 @@ class Ledger:
             items.append(PlanItem(
                 interval_start=start, interval_end=end, buckets=buckets, cost=budget.measure_events(acct, sdef, evs),
                 fits=fits, total_after=worst, remaining_after=sdef.cap - worst,
-                reason="" if fits else f"would exceed the cap {sdef.cap_unit}={sdef.cap:.6g}",
+                reason="" if fits else f"would exceed the cap {sdef.cap_unit}={budget.format_budget(sdef.cap)}",
             ))
         return PlanResult(scope=scope, unit=sdef.cap_unit, cap=sdef.cap, delta=sdef.delta, items=items)
 
@@ -681,7 +734,7 @@ class Ledger:
     def _entry(row: tuple) -> Entry:
         body = json.loads(row[7])
         return Entry(id=int(row[0]), ts=row[1], kind=row[2], scope=row[3], run_id=row[4], buckets=json.loads(row[5]),
-                     actor=row[6], data=body.get("data", {}), prev_hash=row[8], hash=row[9])
+                     actor=row[6], data=body.get("data", {}), prev_hash=row[8], hash=row[9], writer=row[10])
 
     def history(self, scope: str | None = None) -> list[Entry]:
         if scope is None:
@@ -693,10 +746,14 @@ class Ledger:
 
     def export(self, fp) -> int:
         """Write every entry as one canonical JSON line; an auditor can recompute each hash:
-        sha256(prev_hash + canonical_json({id, ts, kind, scope, run_id, buckets, actor, data}))."""
+        sha256(prev_hash + canonical_json({id, ts, kind, scope, run_id, buckets, actor, data[, writer]})),
+        ``writer`` in the body only when the entry has one (PostgreSQL, schema version 3 on)."""
         n = 0
         for row in self.db.all(f"SELECT {_ENTRY_COLS} FROM entries ORDER BY id"):
-            fp.write(canonical_json(self._entry(row).to_dict()) + "\n")
+            doc = self._entry(row).to_dict()
+            if doc["writer"] is None:  # SQLite or pre-v3 entries: the line stays what older dpops wrote and reads
+                del doc["writer"]
+            fp.write(canonical_json(doc) + "\n")
             n += 1
         return n
 

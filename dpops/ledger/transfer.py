@@ -40,8 +40,8 @@ if TYPE_CHECKING:
     from dpops.ledger.checkpoint import Checkpoint
     from dpops.ledger.store import Ledger
 
-_ENTRY_INSERT = ("INSERT INTO entries (id, ts, kind, scope, run_id, buckets, actor, body, prev_hash, hash) "
-                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+_ENTRY_INSERT = ("INSERT INTO entries (id, ts, kind, scope, run_id, buckets, actor, body, prev_hash, hash, writer) "
+                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")  # writer verbatim: only the owner may (schema v3)
 _HEAD_STEP = "UPDATE chain_head SET last_id = ?, last_hash = ? WHERE singleton = 1"
 _SCOPE_INSERT = "INSERT INTO scopes (name, definition, accountant, last_entry) VALUES (?, ?, ?, ?)"
 _BUCKET_INSERT = ("INSERT INTO buckets (scope, bucket, settled_state, committed_state, spent_state) "
@@ -120,23 +120,19 @@ def read_export(lines: Iterable[str], source: str, checkpoints: Sequence[Checkpo
 
 
 def check_owner(db: Backend) -> None:
-    """PostgreSQL: refuse unless the connected role owns the ledger tables (or is a member of their owner).
+    """PostgreSQL: refuse (PermissionRefused, exit 3) unless the session may act as the ledger tables' owner.
 
+    The rule is ``roles.require_owner`` (the database's guard triggers refuse the writes in any case).
     SQLite has no roles: its file's permissions decide who may write it.
     """
+    from dpops.ledger.roles import require_owner, table_owner
+
     if db.dialect != "postgresql":
         return
-    owner = db.one("SELECT tableowner FROM pg_tables WHERE schemaname = current_schema() AND tablename = 'entries'")
-    if owner is None:
+    if table_owner(db) is None:
         raise LedgerError(f"ledger {redact(db.url)}: no ledger tables in this schema; run `dpops ledger init` as "
                           "the owner role first")
-    me = db.row("SELECT current_user, pg_has_role(current_user, ?, 'USAGE')", (owner[0],))
-    if not me[1]:
-        raise LedgerError(
-            f"connected as {me[0]!r}, which does not own the ledger tables (owner {owner[0]!r}): an import is run "
-            f"once by the owner role (the one that ran `dpops ledger init`), never by the application role; "
-            f"connect as {owner[0]!r} and run `dpops ledger import` again; nothing was imported"
-        )
+    require_owner(db, "import history (`dpops ledger import`); nothing was imported")
 
 
 def check_empty(db: Backend) -> None:

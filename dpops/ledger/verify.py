@@ -198,14 +198,14 @@ class CacheRows:
 
 def _verify_chain(entries, head) -> tuple[VerifyReport, _Replay, list[str]]:
     """Chain and state machine over ``entries`` rows (id, ts, kind, scope, run_id, buckets_json, actor, body,
-    prev_hash, hash); ``head`` is (last_id, last_hash) or None when there is no head to compare (an export)."""
+    prev_hash, hash, writer); ``head`` is (last_id, last_hash) or None when there is no head to compare (an export)."""
     replay = _Replay()
     hashes: list[str] = []
     prev, expected = GENESIS_HASH, 1
     report = VerifyReport(ok=True, entries=len(entries), head_hash=head[1] if head else (
         entries[-1][9] if entries else GENESIS_HASH))
     try:
-        for eid, ts, kind, scope, run_id, bjson, actor, body_text, prev_hash, digest in entries:
+        for eid, ts, kind, scope, run_id, bjson, actor, body_text, prev_hash, digest, writer in entries:
             eid = int(eid)
             if eid != expected:
                 raise _Broken(expected, f"entry {expected} is missing or out of order (found entry {eid} in its place)")
@@ -219,7 +219,7 @@ def _verify_chain(entries, head) -> tuple[VerifyReport, _Replay, list[str]]:
             except json.JSONDecodeError:
                 raise _Broken(eid, "body is not valid JSON") from None
             columns = {"id": eid, "ts": ts, "kind": kind, "scope": scope, "run_id": run_id,
-                       "buckets": json.loads(bjson), "actor": actor}
+                       "buckets": json.loads(bjson), "actor": actor, "writer": writer}
             for name, value in columns.items():
                 if body.get(name) != value:
                     raise _Broken(eid, f"column {name}={value!r} disagrees with the hashed body ({body.get(name)!r})")
@@ -287,7 +287,7 @@ def verify_tables(db: Backend, checkpoints: Sequence[Checkpoint] | None = None,
     uncommitted transaction, so a ledger that would not verify is rolled back rather than left behind.
     """
     head = db.one("SELECT last_id, last_hash FROM chain_head WHERE singleton = 1")
-    entries = db.all("SELECT id, ts, kind, scope, run_id, buckets, actor, body, prev_hash, hash FROM entries "
+    entries = db.all("SELECT id, ts, kind, scope, run_id, buckets, actor, body, prev_hash, hash, writer FROM entries "
                      "ORDER BY id")
     scope_rows = db.all("SELECT name, definition, accountant, last_entry FROM scopes")
     bucket_rows = db.all("SELECT scope, bucket, settled_state, committed_state, spent_state FROM buckets")
@@ -301,12 +301,73 @@ def verify_tables(db: Backend, checkpoints: Sequence[Checkpoint] | None = None,
         return report
     report.problems.extend(_compare_caches(replay, dict(enumerate(hashes, start=1)), scope_rows, bucket_rows,
                                            run_rows))
+    report.writers, writer_problems = check_writers(db, entries)
+    report.problems.extend(writer_problems)
     report.ok = not report.problems
     report.totals = _totals(replay)
     return _anchor(report, hashes, checkpoints, expect_heads)
 
 
+def writer_summary(entries: Sequence[Sequence[Any]]) -> dict[str, Any]:
+    """Who wrote what, from entry rows alone: entries per writer role, and owner-only entries per writer."""
+    from dpops.ledger.schema import OWNER_ONLY_KINDS
+
+    by_writer: dict[str, int] = {}
+    owner_only: dict[str, int] = {}
+    unrecorded = 0
+    for row in entries:
+        kind, writer = row[2], row[10]
+        if writer is None:
+            unrecorded += 1
+            continue
+        by_writer[writer] = by_writer.get(writer, 0) + 1
+        if kind in OWNER_ONLY_KINDS:
+            owner_only[writer] = owner_only.get(writer, 0) + 1
+    return {"by_writer": dict(sorted(by_writer.items())), "owner_only_by_writer": dict(sorted(owner_only.items())),
+            "unrecorded": unrecorded}
+
+
+def check_writers(db: Backend, entries: Sequence[Sequence[Any]]) -> tuple[dict[str, Any], list[str]]:
+    """The writers summary and a problem for each owner-only entry written by a role other than the owner.
+
+    PostgreSQL only: "owner" is the rule the database's guard enforces (``schema.py`` version 3): a member of
+    the role owning the tables (``pg_has_role(writer, owner, 'MEMBER')``). A writer role that no longer exists in
+    this database (history imported from another cluster) cannot be judged and is listed, not failed: a false
+    alarm on every imported ledger would teach operators to ignore verify. Entries without a writer were written
+    on SQLite or before schema version 3 and are counted. SQLite: there are no roles; whoever can write the file
+    is the owner (``access`` says so), so nothing is judged.
+    """
+    from dpops.ledger.schema import OWNER_ONLY_KINDS
+
+    summary = writer_summary(entries)
+    if db.dialect != "postgresql":
+        summary["access"] = ("SQLite ledger: no database roles; whoever can write the file is its owner (may create "
+                             "scopes, change caps and rewrite history); only signed checkpoints catch a rewrite")
+        return summary, []
+    from dpops.ledger.roles import table_owner
+
+    owner = table_owner(db)
+    summary["owner"] = owner
+    if owner is None:
+        return summary, []
+    verdicts: dict[str, bool | None] = {}
+    for writer in summary["owner_only_by_writer"]:
+        exists = db.one("SELECT 1 FROM pg_roles WHERE rolname = ?", (writer,))
+        verdicts[writer] = None if exists is None else bool(db.row("SELECT pg_has_role(?, ?, 'MEMBER')",
+                                                                  (writer, owner))[0])
+    summary["unknown_roles"] = sorted(w for w, v in verdicts.items() if v is None)
+    problems = []
+    for row in entries:
+        eid, kind, scope, writer = int(row[0]), row[2], row[3], row[10]
+        if kind in OWNER_ONLY_KINDS and writer is not None and verdicts.get(writer) is False:
+            problems.append(f"entry {eid}: {kind} on scope {scope!r} was written by role {writer!r}, not by the "
+                            f"ledger owner role {owner!r}: only the owner may create scopes or change caps (was "
+                            "the writer guard disabled?)")
+    return summary, problems
+
+
 _EXPORT_FIELDS = ("id", "ts", "kind", "scope", "run_id", "buckets", "actor", "data", "prev_hash", "hash")
+_EXPORT_OPTIONAL = ("writer",)  # exports of entries written on PostgreSQL from schema version 3 on
 
 
 @dataclass
@@ -350,21 +411,28 @@ def replay_export(lines: Iterable[str], source: str = "export", checkpoints: Seq
             doc = json.loads(line)
         except json.JSONDecodeError:
             raise _export_error(source, n, "is not JSON") from None
-        if not isinstance(doc, dict) or set(doc) != set(_EXPORT_FIELDS):
-            raise _export_error(source, n, f"must be an object with exactly the fields {list(_EXPORT_FIELDS)}")
+        if not isinstance(doc, dict) or not set(_EXPORT_FIELDS) <= set(doc) <= {*_EXPORT_FIELDS, *_EXPORT_OPTIONAL}:
+            raise _export_error(source, n, f"must be an object with exactly the fields {list(_EXPORT_FIELDS)} "
+                                           f"(and optionally {list(_EXPORT_OPTIONAL)})")
         if isinstance(doc["id"], bool) or not isinstance(doc["id"], int) or not isinstance(doc["buckets"], list):
             raise _export_error(source, n, "has a malformed id or buckets field")
+        writer = doc.get("writer")
+        if writer is not None and not isinstance(writer, str):
+            raise _export_error(source, n, "has a malformed writer field")
         body = {k: doc[k] for k in ("id", "ts", "kind", "scope", "run_id", "buckets", "actor", "data")}
+        if writer is not None:  # the body as the ledger hashed it: writer only where one was recorded
+            body["writer"] = writer
         try:
             body_text = canonical_json(body)
         except (TypeError, ValueError):
             raise _export_error(source, n, "holds a value JSON cannot hash (NaN or infinity)") from None
         rows.append((doc["id"], doc["ts"], doc["kind"], doc["scope"], doc["run_id"], json.dumps(doc["buckets"]),
-                     doc["actor"], body_text, doc["prev_hash"], doc["hash"]))
+                     doc["actor"], body_text, doc["prev_hash"], doc["hash"], writer))
         numbers.append(n)
     report, replay, hashes = _verify_chain(rows, None)
     if report.ok:
         report.totals = _totals(replay)
+        report.writers = writer_summary(rows)  # roles are judged by the database an export is imported into
     report = _anchor(report, hashes, checkpoints, expect_heads)
     return ExportReplay(report=report, source=source, rows=rows, lines=numbers,
                         hashes=hashes if report.ok else [], replay=replay)

@@ -134,7 +134,8 @@ def compute_staged(ctx: RunContext, ledger: Ledger, *, runner: str = "FnApiRunne
     tmp = ctx.store.new_staging(ctx.interval.slug, ctx.run_id)
     try:
         if record.state == "reserved":
-            ledger.start(ctx.run_id, actor=ctx.actor)  # right before the first noise is drawn: no refund after this
+            # right before the first noise is drawn: no refund after this
+            ctx.note_ledger(ledger.start(ctx.run_id, actor=ctx.actor))
     except BaseException:
         ctx.store.discard_staging(tmp)
         raise

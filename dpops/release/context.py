@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Protocol, TypeAlias, TypedDict
 
 from dpops.errors import BudgetExceeded, LedgerError, public_message
 from dpops.inputs import HmacKey, Interval
+from dpops.ledger.budget import format_budget
 from dpops.spec import ReleaseSpec
 from dpops.storage import StagedRun, Store
 
@@ -88,8 +89,21 @@ class RunContext:
     actor: str = field(default_factory=default_actor)
     # The key behind the keyed fingerprints (input and published files). Never shown or serialized.
     fingerprint_key: HmacKey | None = field(default=None, repr=False, compare=False)
+    # What the ledger last confirmed to this process about the run (its state, its own ε) and what this
+    # invocation charged: a failure line can say "started and charged" when the ledger no longer answers.
+    known_state: str | None = field(default=None, repr=False, compare=False)
+    known_epsilon: float | None = field(default=None, repr=False, compare=False)
+    charged_here: float = field(default=0.0, repr=False, compare=False)
     output_checks: list[str] = field(default_factory=list, repr=False, compare=False)
     write_manifest: bool = field(default=True, repr=False, compare=False)
+
+    def note_ledger(self, record: RunRecord | None, charged: float = 0.0) -> None:
+        """Remember what the ledger just confirmed about this run (``record``) and any charge it made now."""
+        if record is not None and getattr(record, "run_id", None) == self.run_id:
+            self.known_state = record.state
+            self.known_epsilon = getattr(record, "epsilon", None)
+        if charged:
+            self.charged_here = float(charged)
 
     @property
     def run_key_id(self) -> str:
@@ -130,6 +144,10 @@ class RunContext:
         return list(self.plan.events)
 
 
+# A run in these states holds a charge (a reserved one until it is refunded).
+CHARGED_RUN_STATES = ("reserved", "started", "spent_unpublished", "committed")
+
+
 @dataclass
 class RunOutcome:
     """What happened to one release over one interval. ``line()`` is the one log line.
@@ -156,33 +174,52 @@ class RunOutcome:
     scope_cap: float | None = None
     accountant: str | None = None  # e.g. rdp/1
     budget_unit: str = "epsilon"  # the scope's cap unit: epsilon (at its delta) or rho (zCDP)
+    ledger_state: str | None = None  # a failed run: its state in the ledger (read, or last confirmed to this process)
+    ledger_unreadable: bool = False  # a failed run: the ledger did not answer when the outcome was written
 
     def budget_words(self) -> str:
-        """``charged ε=0.94 this run; scope total ε=3.93 of cap 4 (rdp/1 accountant)``."""
+        """``charged ε=0.94 this run; scope total ε=3.93 of cap 4 (rdp/1 accountant)``.
+
+        Figures go through ``format_budget`` (the cap's precision for totals and remaining: no float crumbs).
+        A failed run says what is known (issue 21 item 9): when the ledger had reserved or started it, the run is
+        charged whatever this invocation's ``epsilon_charged`` says, and a total the ledger did not answer for is
+        "could not be read", not "unknown" next to a false "charged ε=0".
+        """
         u = "ρ" if self.budget_unit == "rho" else "ε"
+        f = format_budget
         if self.state == "refused":
-            this = (f"charged {u}=0 this run" + (f" (it would have cost {u}={self.run_epsilon:.6g})"
+            this = (f"charged {u}=0 this run" + (f" (it would have cost {u}={f(self.run_epsilon)})"
                                                  if self.run_epsilon is not None else ""))
+        elif self.state == "failed" and self.ledger_state in CHARGED_RUN_STATES:
+            own = "" if self.run_epsilon is None else f" {u}={f(self.run_epsilon)}"
+            this = f"the run is {self.ledger_state} in the ledger and charged{own}"
+            if self.ledger_state == "reserved":
+                this += " (refunded if no noise was drawn: retry, or `dpops ledger recover`)"
+            elif self.ledger_state == "started":
+                this += " (noise may have been drawn: the charge stays)"
+            if self.epsilon_charged:
+                this += f", {u}={f(self.epsilon_charged)} of it by this invocation"
         else:
-            this = f"charged {u}={self.epsilon_charged:.6g} this run"
+            this = f"charged {u}={f(self.epsilon_charged)} this run"
             if self.run_epsilon is not None and not math.isclose(self.run_epsilon, self.epsilon_charged,
                                                                  rel_tol=1e-9, abs_tol=1e-12):
-                this += f" (the run's own {u}={self.run_epsilon:.6g}, charged once when it was first reserved)"
+                this += f" (the run's own {u}={f(self.run_epsilon)}, charged once when it was first reserved)"
         if self.scope_total is None:
-            scope = f"scope {self.scope} total unknown"
+            scope = (f"scope {self.scope} total could not be read (the ledger did not answer)"
+                     if self.ledger_unreadable else f"scope {self.scope} total unknown")
         else:
-            scope = f"scope {self.scope} total {u}={self.scope_total:.6g}"
+            scope = f"scope {self.scope} total {u}={f(self.scope_total, self.scope_cap)}"
             if self.scope_cap is not None:
-                scope += f" of cap {self.scope_cap:.6g}"
+                scope += f" of cap {f(self.scope_cap)}"
             if self.accountant:
                 scope += f" ({self.accountant} accountant, all runs composed)"
         return f"{this}; {scope}"
 
     def line(self) -> str:
         """The one log line of this outcome."""
-        rem = "?" if self.scope_remaining is None else f"{self.scope_remaining:.6g}"
+        rem = "?" if self.scope_remaining is None else format_budget(self.scope_remaining, self.scope_cap)
         text = (f"release={self.release} interval={self.interval} outcome={self.state} "
-                f"epsilon_charged={self.epsilon_charged:.6g} scope={self.scope} remaining={rem}: "
+                f"epsilon_charged={format_budget(self.epsilon_charged)} scope={self.scope} remaining={rem}: "
                 f"{self.budget_words()}")
         if self.restates:
             text += f" restates={self.restates}"
@@ -231,6 +268,7 @@ def scope_position(ledger: Ledger, scope: str, buckets: Sequence[str] | None = N
 
 def _outcome(ctx: RunContext, ledger: Ledger, state: str, *, record: RunRecord | None = None, charged: float = 0.0,
              message: str = "", output_uri: str | None = None) -> RunOutcome:
+    ctx.note_ledger(record, charged)
     pos = scope_position(ledger, ctx.spec.budget.scope, getattr(record, "buckets", None))  # incl. scope_remaining
     out = RunOutcome(
         release=ctx.spec.name, interval=str(ctx.interval), state=state,
@@ -248,18 +286,26 @@ def _log_failure(ctx: RunContext, ledger: Ledger, exc: BaseException) -> RunOutc
     """The one line of a run that ended in an error (the error itself still propagates)."""
     state = "refused" if isinstance(exc, BudgetExceeded) else "failed"
     rec = None
+    unreadable = False
     try:
         rec = ledger.run(ctx.run_id)
     except Exception:  # noqa: BLE001
-        pass
+        unreadable = True
     pos = scope_position(ledger, ctx.spec.budget.scope, getattr(rec, "buckets", None))  # incl. scope_remaining
-    run_eps = getattr(rec, "epsilon", None)
+    unreadable = unreadable or not pos
+    # What is known: the ledger's answer now, else what it last confirmed to this process (issue 21 item 9).
+    ledger_state = rec.state if rec is not None else (ctx.known_state if state == "failed" else None)
+    run_eps = getattr(rec, "epsilon", None) if rec is not None else ctx.known_epsilon
     requested = getattr(exc, "requested", None)
     if run_eps is None and isinstance(requested, float):
         run_eps = requested  # a refusal: what this run would have cost
+    known = (f" (ledger state {rec.state})" if rec else
+             f" (the ledger did not answer; it last confirmed the run {ctx.known_state})" if ledger_state else "")
     out = RunOutcome(release=ctx.spec.name, interval=str(ctx.interval), state=state, run_id=ctx.run_id,
                      run_epsilon=run_eps, scope=ctx.spec.budget.scope,
-                     message=public_message(exc) + (f" (ledger state {rec.state})" if rec else ""), **pos)
+                     epsilon_charged=ctx.charged_here if state == "failed" else 0.0,
+                     ledger_state=ledger_state, ledger_unreadable=unreadable,
+                     message=public_message(exc) + known, **pos)
     log.warning(out.line())
     return out
 

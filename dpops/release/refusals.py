@@ -13,6 +13,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from dpops.errors import BudgetExceeded, public_message
+from dpops.ledger.budget import format_budget
 from dpops.release.context import RunContext
 from dpops.release.manifests import manifests_dir
 
@@ -25,17 +26,25 @@ log = logging.getLogger("dpops.release")
 def budget_refusal_reason(ctx: RunContext, ledger: Ledger, exc: BudgetExceeded) -> str:
     """What was left, what was asked and what to do; only ledger figures (never input data)."""
     scope = getattr(exc, "scope", None) or ctx.spec.budget.scope
-    try:
-        left = f"{float(ledger.status(scope).remaining):.6g}"
-    except Exception:  # noqa: BLE001 - the refusal must not fail on a status read
-        left = "?"
+    cap = getattr(exc, "cap", None)
+    left_value = getattr(exc, "left", None)  # the refused bucket's, from the same read as the refusal itself
+    if left_value is None:
+        try:
+            left_value = float(ledger.status(scope).remaining)
+            cap = float(ledger.status(scope).cap) if cap is None else cap
+        except Exception:  # noqa: BLE001 - the refusal must not fail on a status read
+            left_value = None
+    # One precision (the cap's) for every number, so they agree: "0 left (cap 4.5), asked 0.5, would remain -0.5".
+    left = "?" if left_value is None else format_budget(left_value, cap)
     unit = getattr(exc, "unit", None) or "epsilon"
     asked = getattr(exc, "requested", None)
+    remain = getattr(exc, "would_remain", None)
     return (f"budget refused for {ctx.spec.name} {ctx.interval}: scope {scope!r} has {unit} {left} left "
-            f"(cap {getattr(exc, 'cap', '?')}), this run asked {unit} "
-            f"{'?' if asked is None else f'{float(asked):.6g}'}; nothing was charged and the interval stays "
-            f"unpublished. Raise the cap or wait for budget, then run the interval again. Ledger: "
-            f"{public_message(exc)}")
+            f"(cap {'?' if cap is None else format_budget(cap)}), this run asked {unit} "
+            f"{'?' if asked is None else format_budget(asked)}"
+            + ("" if remain is None else f", which would leave {format_budget(remain, cap)}")
+            + "; nothing was charged and the interval stays unpublished. Raise the cap or wait for budget, then "
+            f"run the interval again. Ledger: {public_message(exc)}")
 
 
 def record_refusal(ctx: RunContext, ledger: Ledger, reason: str) -> None:

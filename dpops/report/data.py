@@ -10,6 +10,7 @@ from typing import Any
 
 from dpops.accounting import get_accountant, known_accountants
 from dpops.errors import DpopsError, IntegrityError, StorageError
+from dpops.ledger.backend import redact
 
 CHARGED = ("committed", "spent_unpublished", "started", "reserved")
 COMPARED = ("basic", "zcdp", "rdp", "pld")
@@ -87,10 +88,7 @@ def _load_manifests(directory: str | os.PathLike[str] | None, scope: str
     bad: dict[str, ManifestCheck] = {}
     if directory is None:
         return out, bad
-    d = Path(directory)
-    if not d.is_dir():
-        raise StorageError(f"manifest directory {d} does not exist")
-    for p in sorted(d.rglob("*.json")):
+    for p in _manifest_files(directory):
         try:
             m = read_manifest(p)
         except (IntegrityError, StorageError) as exc:
@@ -99,6 +97,29 @@ def _load_manifests(directory: str | os.PathLike[str] | None, scope: str
         if m["spec"]["budget"]["scope"] == scope:
             out[str(p)] = m
     return out, bad
+
+
+def _manifest_files(directory: str | os.PathLike[str]) -> list[str]:
+    """Every ``*.json`` below a local directory or an object-store prefix (``s3://bucket/manifests``), sorted.
+
+    A URI is never turned into a ``Path``: that collapsed ``s3://`` into ``s3:/`` (issue 19 item 11)."""
+    from dpops.storage import files
+    from dpops.storage.location import Location, is_uri
+
+    text = os.fspath(directory)
+    if is_uri(text) and not Location.parse(text).is_local:
+        loc = Location.parse(text)
+        try:
+            names = files.list_files(loc)
+        except OSError as exc:
+            raise StorageError(f"cannot list the manifest directory {loc.uri}: {type(exc).__name__}") from None
+        if not names:
+            raise StorageError(f"manifest directory {loc.uri} does not exist or holds no manifest")
+        return [str(loc / n) for n in names if n.endswith(".json")]
+    d = Location.parse(text).local_path if is_uri(text) else Path(text)
+    if not d.is_dir():
+        raise StorageError(f"manifest directory {d} does not exist")
+    return [str(p) for p in sorted(d.rglob("*.json"))]
 
 
 def _verify_all(manifests: dict[str, dict[str, Any]], ledger: Any, key: Any, public_key: str | None
@@ -125,24 +146,6 @@ def _verify_all(manifests: dict[str, dict[str, Any]], ledger: Any, key: Any, pub
         status = "FAILED" if not r.ok else ("verified (partly)" if not_checked else "verified")
         out[path] = ManifestCheck(path, m.get("run_id"), r.ok, status, r.problems, not_checked, files_state, sig_state)
     return out
-
-
-def redact_url(url: str | None) -> str:
-    """A ledger URL without user name or password (those never belong in a report)."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    if not url:
-        return "unknown"
-    try:
-        u = urlsplit(str(url))
-    except ValueError:
-        return "unparseable URL (not shown)"
-    host = u.hostname or ""
-    if u.port:
-        host = f"{host}:{u.port}"
-    if str(url).startswith(f"{u.scheme}://"):  # keep sqlite:////abs/path intact (urlunsplit drops the empty host)
-        return f"{u.scheme}://{host}{u.path}"
-    return urlunsplit((u.scheme, host, u.path, "", ""))
 
 
 def _checkpoint_state(ledger: Any, verify: dict[str, Any]) -> str:
@@ -188,7 +191,7 @@ def _provenance(ledger: Any, checks: dict[str, ManifestCheck]) -> dict[str, Any]
     return {
         "generated_at": utc_now(),
         "dpops_version": __version__,
-        "ledger_url": redact_url(getattr(ledger, "url", None)),
+        "ledger_url": redact(str(ledger.url), public=True) if getattr(ledger, "url", None) else "unknown",
         "ledger_verify": verify,
         "checkpoint": _checkpoint_state(ledger, verify),
         "manifests": {"total": len(values), "verified": sum(c.status == "verified" for c in values),

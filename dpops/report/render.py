@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from dpops.ledger.budget import format_budget
 from dpops.report.plots import cumulative_plot, per_interval_plot
 
 CSS = """
@@ -41,6 +42,14 @@ def _n(x: Any, digits: int = 6) -> str:
     if isinstance(x, float):
         return f"{x:.{digits}g}"
     return _e(x)
+
+
+def _b(x: Any, cap: float | None = None) -> str:
+    """A budget figure as the CLI shows it (``format_budget``: the cap's precision, no float crumbs); the exact
+    value the ledger holds stays in ``data-value`` for machines and reviewers who want every digit."""
+    if x is None or not isinstance(x, (int, float)):
+        return _n(x)
+    return f"<span data-value='{float(x)!r}'>{_e(format_budget(x, cap))}</span>"
 
 
 def _rel(path: str | None, out_dir: Path) -> str | None:
@@ -108,7 +117,7 @@ def render_html(data: Any, out_path: str | os.PathLike[str]) -> str:
       "<th>spent, unpublished</th><th>started</th><th>reserved</th><th>total</th><th>remaining</th><th>runs</th></tr>")
     for b in st.buckets:
         a(f"<tr data-bucket='{_e(b.bucket)}'>" + f"<td>{_e(b.bucket)}</td>" + "".join(
-            f"<td class='num' data-field='{f}'>{_n(getattr(b, f), 12)}</td>"
+            f"<td class='num' data-field='{f}'>{_b(getattr(b, f), st.cap)}</td>"
             for f in ("committed", "spent_unpublished", "started", "reserved", "total", "remaining"))
           + f"<td>{_e(', '.join(f'{k}: {v}' for k, v in sorted(b.runs.items())))}</td></tr>")
     a("</table>")
@@ -129,7 +138,7 @@ def render_html(data: Any, out_path: str | os.PathLike[str]) -> str:
       f"<th>epsilon at delta={s.delta:g}</th></tr>")
     for ref, eps in data.comparison.items():
         a(f"<tr data-accountant='{_e(ref)}'><td>{_e(ref)}{' (the scope’s)' if ref == s.accountant else ''}</td>"
-          f"<td class='num'>{_n(eps, 12)}</td></tr>")
+          f"<td class='num'>{_b(eps, s.cap)}</td></tr>")
     a("</table><p>Every accountant gives a valid upper bound; tighter ones (PLD, RDP) admit more releases "
       "under the same cap. Only the scope's own accountant decides what the ledger admits.</p>")
 
@@ -146,7 +155,7 @@ def render_html(data: Any, out_path: str | os.PathLike[str]) -> str:
         a(f"<tr data-kind='run' data-run='{_e(r.run_id)}'><td>[{_e(r.interval_start)}, {_e(r.interval_end)})</td>"
           f"<td>{_e(r.release)}</td><td class='state-{_e(r.state)}' data-field='state'>{_e(r.state)}"
           f"{' (test mode)' if r.test_mode else ''}</td>"
-          f"<td class='num' data-field='epsilon'>{_n(r.epsilon, 12)}</td>"
+          f"<td class='num' data-field='epsilon'>{_b(r.epsilon)}</td>"
           f"<td class='flag'>{_e('; '.join(r.flags))}</td>"
           f"<td class='{vclass}' data-field='verification'>{_e(r.verification)}</td>"
           f"<td><code>{_e(r.run_id[:16])}</code></td><td>{_e(r.restates[:16] if r.restates else '')}</td>"
@@ -259,8 +268,8 @@ def _releases_html(data: Any) -> str:
                    f"{_e(c['max_rows_per_unit_per_partition'])} rows per unit per partition; values clamped to "
                    f"{_e(d['value_bounds'])}</li>"
                    f"<li><b>Privacy:</b> this run alone epsilon = <span data-field='run_epsilon'>"
-                   f"{_n(d['run_epsilon'], 12)}</span> at delta = {_n(d['delta'])}; the scope's total after it "
-                   f"<span data-field='scope_total_after'>{_n(d['scope_total_after'], 12)}</span> "
+                   f"{_b(d['run_epsilon'])}</span> at delta = {_n(d['delta'])}; the scope's total after it "
+                   f"<span data-field='scope_total_after'>{_b(d['scope_total_after'], data.scope.cap)}</span> "
                    f"({_e(d['scope_unit'])}); accountant <code data-field='accountant'>{_e(d['accountant'])}</code>"
                    f"</li></ul><table class='mechanisms'><tr><th>metric</th><th>vector</th><th>mechanism</th>"
                    "<th>scale</th><th>std</th><th>L1 sensitivity</th><th>L2 sensitivity</th></tr>")
