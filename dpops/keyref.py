@@ -11,7 +11,8 @@ References:
 
 - a plain path, or ``file:PATH`` / ``file://PATH``: a key file mounted on every worker (a Kubernetes
   secret volume, a file shipped by the cluster manager). Loaded with the strict checks of
-  ``NoiseKey.from_file`` (regular file, owner, mode, no symlink swap, entropy).
+  ``NoiseKey.from_file`` (regular file, owner, mode, no symlink swap, the ``dpops-noise-key v1``
+  format, entropy).
 - ``gcp-secret://projects/P/secrets/S/versions/V``: Google Secret Manager. The client library
   (``google-cloud-secret-manager``) is imported only when such a reference is resolved; it is not a
   dependency of dpops and this provider is not exercised by the test suite (no Secret Manager here).
@@ -29,7 +30,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from dpops.errors import InvalidParameter
-from dpops.randomness import NoiseKey
+from dpops.randomness import MAX_KEY_FILE_BYTES, NoiseKey, parse_key_file
 
 _SCHEME = re.compile(r"^(?P<scheme>[a-zA-Z][-a-zA-Z0-9+.]*):")
 
@@ -57,15 +58,14 @@ class FileKeyProvider:
 class GcpSecretKeyProvider:
     """``gcp-secret://projects/P/secrets/S/versions/V`` through Google Secret Manager (lazy import).
 
-    The payload is decoded and checked like a key file's content (hex / base64 / raw, length,
-    entropy). There is no Secret Manager on the test machines: ``tests/test_keyref_gcp.py`` runs
+    The payload must be the text of a ``dpops-noise-key v1`` file (``dpops.randomness.parse_key_file``,
+    the same rule as a key file: store the file ``dpops key generate`` wrote, e.g. ``gcloud secrets
+    versions add S --data-file=noise_key``); any other secret is refused, never decoded as a key. There is no Secret Manager on the test machines: ``tests/test_keyref_gcp.py`` runs
     this provider against a stand-in client with the library's documented call shape."""
 
     _NAME = re.compile(r"^projects/[^/]+/secrets/[^/]+/versions/[^/]+$")
 
     def load(self, ref: str) -> NoiseKey:
-        from dpops.randomness import _check_entropy, _decode_key
-
         name = ref[len("gcp-secret://"):]
         if not self._NAME.match(name):
             raise InvalidParameter(f"key reference {ref!r}: expected gcp-secret://projects/P/secrets/S/versions/V")
@@ -79,14 +79,10 @@ class GcpSecretKeyProvider:
         except Exception as exc:  # noqa: BLE001 - the client's error classes; its text names the secret only
             raise InvalidParameter(f"key reference {ref!r} cannot be read ({type(exc).__name__}): check the "
                                    "secret exists and this worker's service account may access it") from None
-        where = f"noise key secret {ref!r}"
-        key = _decode_key(bytes(data), where)
-        try:
-            loaded = NoiseKey(key)
-            _check_entropy(key)
-        except InvalidParameter as exc:
-            raise InvalidParameter(f"{where}: {exc}") from None
-        return loaded
+        if len(data) > MAX_KEY_FILE_BYTES:
+            raise InvalidParameter(f"noise key secret {ref!r} is larger than {MAX_KEY_FILE_BYTES} bytes: it is not a "
+                                   "noise key")
+        return parse_key_file(bytes(data), f"noise key secret {ref!r}")
 
 
 _FACTORIES: dict[str, Callable[[], KeyProvider]] = {
