@@ -122,6 +122,9 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
         noise_key = key if key is not None else _load_key(key_path)
         fp_key = noise_key
         key_id = fp_key.key_id
+        from dpops.keyref import check_pinned_key_id
+
+        check_pinned_key_id(key_id, key_path)  # the operator's $DPOPS_NOISE_KEY_ID, before anything is reserved
     spec = load_spec(spec_path)
     interval = parse_interval(interval_start, interval_end)
     # Before anything is read or reserved: a period-scoped release covers exactly one period and a
