@@ -26,6 +26,7 @@ from dpops.inputs import (
     check_input,
     input_fingerprint,
     parse_interval,
+    public_file_rows,
     resolve_input_paths,
 )
 from dpops.release.context import RANDOMNESS, IntervalBound, NoiseKeyLike, Progress, RunContext, _stage, default_actor
@@ -135,7 +136,7 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
     paths = resolve_input_paths(spec, interval.start, interval.end, key_path=key_path)
     _stage(progress, "fingerprint")
     check_input(spec, paths)
-    fingerprint = input_fingerprint(paths, fp_key)
+    fingerprint = input_fingerprint(paths, fp_key, public_file_rows(spec))
     plan = (planner or _default_planner)(spec)
     if not list(plan.events):
         raise SpecError(f"{spec.source}: the plan has no privacy events; nothing to release")
