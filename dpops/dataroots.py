@@ -63,13 +63,10 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable
 
 from dpops.errors import SpecError
 from dpops.storage.location import Location, LocationError, is_uri
-
-if TYPE_CHECKING:
-    from dpops.spec import ReleaseSpec
 
 DATA_ROOTS_ENV = "DPOPS_DATA_ROOTS"
 OUTPUT_ROOTS_ENV = "DPOPS_OUTPUT_ROOTS"
@@ -125,16 +122,13 @@ def output_root_locations() -> list[Location]:
     return _root_locations(split_roots(os.environ.get(OUTPUT_ROOTS_ENV, "")), OUTPUT_ROOTS_ENV)
 
 
-def check_output_root(spec: ReleaseSpec) -> Location:
+def check_output_root(raw: str, root: Location, *, source: str) -> Location:
     """Refuse an absolute or URI ``output.root`` outside ``$DPOPS_OUTPUT_ROOTS``; return the root.
 
-    A relative root lies below the spec's directory by construction (``..`` is refused by the spec
-    model) and needs no allow-list entry."""
-    raw = spec.output.root
-    try:
-        root = spec.output_root
-    except LocationError as exc:
-        raise SpecError(f"{spec.source}: output.root ({raw}): {exc}") from None
+    ``raw`` is the spec's ``output.root`` as written, ``root`` its resolved location, ``source`` the spec's
+    file name (plain values: this module sits below ``dpops.spec`` and never imports it). A relative root
+    lies below the spec's directory by construction (``..`` is refused by the spec model) and needs no
+    allow-list entry."""
     if not is_uri(raw) and not os.path.isabs(raw):
         return root
     allowed = output_root_locations()
@@ -143,7 +137,7 @@ def check_output_root(spec: ReleaseSpec) -> Location:
         return root
     have = f"it is {os.environ.get(OUTPUT_ROOTS_ENV)!r}" if allowed else "it is unset"
     raise SpecError(
-        f"{spec.source}: output.root ({raw}) is an absolute path or URI outside the operator's allowed output "
+        f"{source}: output.root ({raw}) is an absolute path or URI outside the operator's allowed output "
         f"roots (${OUTPUT_ROOTS_ENV}, {have}); use a relative output.root or have the operator add a prefix of it "
         f"to ${OUTPUT_ROOTS_ENV} (comma-separated absolute paths or URI prefixes)"
     )
@@ -282,24 +276,7 @@ def check_public_path(path: str | os.PathLike[str] | Location, field: str, *, so
     return PublicFile(str(resolved), publishable)
 
 
-def check_spec_paths(spec: ReleaseSpec, key_path: str | os.PathLike[str] | None = None) -> None:
-    """``dpops spec check``: the spec's files under the data roots and away from the key, for today's interval.
-
-    ``input.path`` is a template, so this checks it formatted with today's date; ``release run`` checks the
-    actual files of its interval again (after glob expansion) before anything is reserved.
-    """
-    from datetime import datetime, timedelta, timezone
-
-    today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
-    formatted = spec.input.path.format(start=today, end=today + timedelta(days=1))
-    check_data_path(spec.resolve_path(formatted), "input.path", source=spec.source, spec_dir=spec.base_dir,
-                    key_path=key_path)
-    if spec.partitions.public_file is not None:
-        check_public_path(spec.resolve_path(spec.partitions.public_file), "partitions.public_file",
-                          source=spec.source, spec_dir=spec.base_dir, key_path=key_path)
-
-
 __all__ = ["DATA_ROOTS_ENV", "OUTPUT_ROOTS_ENV", "KEY_FILE_ENV", "split_roots", "check_output_root",
            "output_root_locations", "data_root_locations", "data_roots", "key_paths", "check_data_path", "check_data_paths",
-           "check_spec_paths", "PUBLIC_ROOTS_ENV", "PUBLISHABLE_PUBLIC_ROOTS_ENV", "PublicFile",
+           "PUBLIC_ROOTS_ENV", "PUBLISHABLE_PUBLIC_ROOTS_ENV", "PublicFile",
            "public_root_locations", "publishable_root_locations", "check_public_path"]

@@ -823,8 +823,14 @@ def parse_spec(data: Any, source: str = "<spec>", base_dir: str | Path | None = 
     spec._base_dir = Path(base_dir) if base_dir is not None else Path.cwd()
     spec._source = source
     from dpops.dataroots import check_output_root
+    from dpops.storage.location import LocationError
 
-    check_output_root(spec)  # the operator's allow-list, at load (DAG parse, spec check, prepare before reserve)
+    try:
+        root = spec.output_root
+    except LocationError as exc:
+        raise SpecError(f"{source}: output.root ({spec.output.root}): {exc}") from None
+    # the operator's allow-list, at load (DAG parse, spec check, prepare before reserve)
+    check_output_root(spec.output.root, root, source=source)
     if spec.budget.delta > 1e-5:
         warnings.warn(f"{source}: budget.delta={spec.budget.delta!r} is above 1e-5; a delta this large is rarely justified",
                       stacklevel=2)
@@ -859,6 +865,25 @@ def load_spec(path: str | os.PathLike[str]) -> ReleaseSpec:
     except yaml.YAMLError as exc:
         raise SpecError(f"{label}: invalid YAML{_yaml_where(exc)}") from None
     return parse_spec(data, source=label, base_dir=p.resolve().parent)
+
+
+def check_spec_paths(spec: ReleaseSpec, key_path: str | os.PathLike[str] | None = None) -> None:
+    """``dpops spec check``: the spec's files under their roots and away from the key, for today's interval.
+
+    ``input.path`` (under the data roots) is a template, so this checks it formatted with today's date;
+    ``release run`` checks the actual files of its interval again (after glob expansion) before anything
+    is reserved. ``partitions.public_file`` must be under the public roots (``dpops.dataroots``)."""
+    from datetime import timedelta
+
+    from dpops.dataroots import check_data_path, check_public_path
+
+    today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    formatted = spec.input.path.format(start=today, end=today + timedelta(days=1))
+    check_data_path(spec.resolve_path(formatted), "input.path", source=spec.source, spec_dir=spec.base_dir,
+                    key_path=key_path)
+    if spec.partitions.public_file is not None:
+        check_public_path(spec.resolve_path(spec.partitions.public_file), "partitions.public_file",
+                          source=spec.source, spec_dir=spec.base_dir, key_path=key_path)
 
 
 def _yaml_where(exc: Exception) -> str:
@@ -952,5 +977,5 @@ __all__ = [
     "ReleaseSpec", "InputSpec", "PrivacyUnitSpec", "BudgetSpec", "ContributionSpec", "PartitionsSpec",
     "PrivatePartitionsSpec", "CountMetric", "UnitCountMetric", "SumMetric", "MeanMetric", "VarianceMetric",
     "QuantilesMetric", "TopKMetric", "PostprocessSpec", "OutputSpec", "METRIC_TYPES", "PARTITION_SELECTION_KEY",
-    "load_spec", "parse_spec", "interval_problems", "period_bounds", "schedule_bounds",
+    "load_spec", "parse_spec", "interval_problems", "period_bounds", "schedule_bounds", "check_spec_paths",
 ]
