@@ -173,3 +173,28 @@ def test_the_public_rows_enter_the_keyed_input_fingerprint(site, monkeypatch):
     assert a.spec_hash == b.spec_hash  # the count is all the spec document holds of a non-publishable file
     assert input_fingerprint(files, key, public_file_rows(a)) != input_fingerprint(files, key, public_file_rows(b))
     assert input_fingerprint(files, key, public_file_rows(a)) != input_fingerprint(files, key)
+
+
+def test_a_public_list_changed_while_the_pipeline_runs_is_never_published(site, monkeypatch):
+    """The spec hash holds only the row count of an unmarked public file, so a same-size list swapped while
+    the pipeline runs is caught by the keyed input fingerprint, re-read from the file: never published."""
+    from dpops import release
+    from dpops.errors import InputDataError
+
+    monkeypatch.setenv("DPOPS_PUBLIC_ROOTS", str(site["public"]))
+    spec = _spec(site, "shop_daily", str(site["public"] / "regions.csv"))
+
+    def swapping_pipeline(req):
+        from pipelines.release_pipeline import run_release
+
+        out = run_release(req)
+        (site["public"] / "regions.csv").write_text("region\nnorth\neast\n")  # same count, another label
+        return out
+
+    with open_ledger(site["url"]) as led:
+        with pytest.raises(InputDataError, match="input files changed since the run was prepared .*while the pipeline"):
+            release.execute_release(spec, "2024-01-01", "2024-01-02", ledger=led, key_path=str(site["key"]),
+                                    run_release=swapping_pipeline)
+        (rec,) = led.runs()
+        assert rec.state == "started"  # noise was drawn: charged, never published
+    assert not any((site["specs"] / "out").rglob("published/**/data.parquet"))
