@@ -21,8 +21,8 @@ Which key (issue 19 item 9): the operator pins the expected key id in the deploy
 ``DPOPS_NOISE_KEY_ID`` (``check_pinned_key_id``; a run whose key has another id is refused before anything
 is reserved), and a run whose key id differs from the last run of its scope is refused unless the pin names
 the new id, which is how a rotation is declared (``dpops.release.key_continuity``, docs/runbook.md "Key
-rotation"). A key reference chosen in orchestrator metadata (the Airflow Variable ``dpops_noise_key_ref``) is
-only a name under the operator's key directory ``DPOPS_KEY_DIR`` (``key_ref_under_key_dir``), never any path.
+rotation"). A key reference chosen in orchestrator metadata (the Airflow Variable ``dpops_noise_key_ref``) must
+resolve under the operator's key directory ``DPOPS_KEY_DIR`` (``key_ref_under_key_dir``), never any path.
 
 There is deliberately no environment-variable provider: a key in the environment leaks into process
 listings and every child process (``dpops.release`` refuses the old variable). Other secret stores plug
@@ -71,8 +71,9 @@ class GcpSecretKeyProvider:
 
     The payload must be the text of a ``dpops-noise-key v1`` file (``dpops.randomness.parse_key_file``,
     the same rule as a key file: store the file ``dpops key generate`` wrote, e.g. ``gcloud secrets
-    versions add S --data-file=noise_key``); any other secret is refused, never decoded as a key. There is no Secret Manager on the test machines: ``tests/test_keyref_gcp.py`` runs
-    this provider against a stand-in client with the library's documented call shape."""
+    versions add S --data-file=noise_key``); any other secret is refused, never decoded as a key.
+    There is no Secret Manager on the test machines: ``tests/test_keyref_gcp.py`` runs this provider
+    against a stand-in client with the library's documented call shape."""
 
     _NAME = re.compile(r"^projects/[^/]+/secrets/[^/]+/versions/[^/]+$")
 

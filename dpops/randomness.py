@@ -11,7 +11,7 @@
             must be marked and may never reach a production output.
 
 The noise key only ever comes from a file (``NoiseKey.from_file``: one open handle, owner/mode/
-directory checks, entropy check); never from the environment, where it would show in process
+directory checks, the ``dpops-noise-key v1`` format, entropy check); never from the environment, where it would show in process
 listings, crash dumps and child processes. A run loads it once (``load_key``) and every Beam
 worker checks it holds the run's key id (``key_for_run``).
 
@@ -572,4 +572,5 @@ def test_random(seed: int, label: Mapping[str, str | int] | Sequence = ()) -> Ra
 test_random.__test__ = False  # type: ignore[attr-defined]  # not a pytest test function
 
 __all__ = ["NoiseKey", "RandomSource", "os_random", "keyed_random", "test_random", "canonical_label", "load_key",
-           "key_for_run"]
+           "key_for_run", "KEY_FILE_HEADER", "format_key_file", "parse_key_file", "write_key_file",
+           "convert_legacy_key_file"]
