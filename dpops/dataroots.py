@@ -33,6 +33,26 @@ the spec's directory is always allowed; an absolute path or a URI only under an 
 local entries and values compared after ``realpath``). Reason: a process that holds the noise key
 writes there, so the spec author must not choose another release's directory or a foreign bucket.
 
+Public files (``partitions.public_file``; issue 19 item 6), checked by ``check_public_path``: a public file
+becomes partition labels that are published in ``data.parquet`` without noise, so it must be public data
+chosen by the operator, never a file of the data roots (which hold every release's private input):
+
+- it must resolve (``realpath``, symlinks followed) under an entry of the operator's **public roots**
+  ``DPOPS_PUBLIC_ROOTS`` (same syntax as ``DPOPS_DATA_ROOTS``: comma-separated absolute paths or URI
+  prefixes; a comma-free local list may use ``os.pathsep``). Unset means no public file is accepted;
+- a public root that overlaps a data root in either direction (one equal to or below the other; with
+  ``DPOPS_DATA_ROOTS`` unset the data root is the spec's directory) is refused as an operator error, and a
+  public file whose real path lies under a data root is refused even if it is also under a public root
+  (a symlink from a public root into the data);
+- the key file and its directory are refused as for data paths;
+- whether the file's rows may appear in the manifest is the operator's decision, per root:
+  ``DPOPS_PUBLIC_ROOTS_PUBLISHABLE`` lists public roots (each equal to or below an entry of
+  ``DPOPS_PUBLIC_ROOTS``) whose files are publishable as lists. A public file elsewhere is recorded in the
+  manifest only by its row count, and its content enters the run's *keyed* input fingerprint
+  (``dpops.inputs.input_fingerprint``), not the spec document. A spec field cannot set this: the spec's
+  author is the party the rule protects against. Tuning samples (public sample data) are meant to use the
+  same roots through ``public_root_locations``/``check_public_path``.
+
 Refusals are ``SpecError`` (exit 3) naming the spec field and the path, never the
 file's content. Privacy reason: a file's content may be a secret (the key) or a
 private value; the only thing a refusal reveals is the path the spec author wrote.
@@ -42,17 +62,17 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING, Iterable
+from dataclasses import dataclass
+from typing import Iterable
 
 from dpops.errors import SpecError
 from dpops.storage.location import Location, LocationError, is_uri
 
-if TYPE_CHECKING:
-    from dpops.spec import ReleaseSpec
-
 DATA_ROOTS_ENV = "DPOPS_DATA_ROOTS"
 OUTPUT_ROOTS_ENV = "DPOPS_OUTPUT_ROOTS"
 KEY_FILE_ENV = "DPOPS_NOISE_KEY_FILE"
+PUBLIC_ROOTS_ENV = "DPOPS_PUBLIC_ROOTS"
+PUBLISHABLE_PUBLIC_ROOTS_ENV = "DPOPS_PUBLIC_ROOTS_PUBLISHABLE"
 _URI_START = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
@@ -102,16 +122,13 @@ def output_root_locations() -> list[Location]:
     return _root_locations(split_roots(os.environ.get(OUTPUT_ROOTS_ENV, "")), OUTPUT_ROOTS_ENV)
 
 
-def check_output_root(spec: ReleaseSpec) -> Location:
+def check_output_root(raw: str, root: Location, *, source: str) -> Location:
     """Refuse an absolute or URI ``output.root`` outside ``$DPOPS_OUTPUT_ROOTS``; return the root.
 
-    A relative root lies below the spec's directory by construction (``..`` is refused by the spec
-    model) and needs no allow-list entry."""
-    raw = spec.output.root
-    try:
-        root = spec.output_root
-    except LocationError as exc:
-        raise SpecError(f"{spec.source}: output.root ({raw}): {exc}") from None
+    ``raw`` is the spec's ``output.root`` as written, ``root`` its resolved location, ``source`` the spec's
+    file name (plain values: this module sits below ``dpops.spec`` and never imports it). A relative root
+    lies below the spec's directory by construction (``..`` is refused by the spec model) and needs no
+    allow-list entry."""
     if not is_uri(raw) and not os.path.isabs(raw):
         return root
     allowed = output_root_locations()
@@ -120,7 +137,7 @@ def check_output_root(spec: ReleaseSpec) -> Location:
         return root
     have = f"it is {os.environ.get(OUTPUT_ROOTS_ENV)!r}" if allowed else "it is unset"
     raise SpecError(
-        f"{spec.source}: output.root ({raw}) is an absolute path or URI outside the operator's allowed output "
+        f"{source}: output.root ({raw}) is an absolute path or URI outside the operator's allowed output "
         f"roots (${OUTPUT_ROOTS_ENV}, {have}); use a relative output.root or have the operator add a prefix of it "
         f"to ${OUTPUT_ROOTS_ENV} (comma-separated absolute paths or URI prefixes)"
     )
@@ -174,23 +191,92 @@ def check_data_paths(paths: Iterable[str | os.PathLike[str]], field: str, *, sou
         check_data_path(p, field, source=source, spec_dir=spec_dir, key_path=key_path)
 
 
-def check_spec_paths(spec: ReleaseSpec, key_path: str | os.PathLike[str] | None = None) -> None:
-    """``dpops spec check``: the spec's files under the data roots and away from the key, for today's interval.
+@dataclass(frozen=True)
+class PublicFile:
+    """A public file that passed ``check_public_path``: its resolved location (local path or URI) and whether
+    the operator marked its root publishable (``$DPOPS_PUBLIC_ROOTS_PUBLISHABLE``)."""
 
-    ``input.path`` is a template, so this checks it formatted with today's date; ``release run`` checks the
-    actual files of its interval again (after glob expansion) before anything is reserved.
-    """
-    from datetime import datetime, timedelta, timezone
+    location: str
+    publishable: bool
 
-    today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
-    formatted = spec.input.path.format(start=today, end=today + timedelta(days=1))
-    check_data_path(spec.resolve_path(formatted), "input.path", source=spec.source, spec_dir=spec.base_dir,
-                    key_path=key_path)
-    if spec.partitions.public_file is not None:
-        check_data_path(spec.resolve_path(spec.partitions.public_file), "partitions.public_file",
-                        source=spec.source, spec_dir=spec.base_dir, key_path=key_path)
+
+def _overlaps(a: Location, b: Location) -> bool:
+    return a.is_under(b) or b.is_under(a)
+
+
+def public_root_locations(spec_dir: str | os.PathLike[str] | None) -> list[Location]:
+    """The operator's public roots ``$DPOPS_PUBLIC_ROOTS`` (empty when unset), refused as a whole when one of
+    them overlaps a data root (``data_root_locations(spec_dir)``) in either direction: a public root that
+    contains or lies inside the data would make every private input a "public" file."""
+    roots = _root_locations(split_roots(os.environ.get(PUBLIC_ROOTS_ENV, "")), PUBLIC_ROOTS_ENV)
+    data = data_root_locations(spec_dir)
+    for r in roots:
+        for d in data:
+            if _overlaps(r, d):
+                what = f"${DATA_ROOTS_ENV}" if os.environ.get(DATA_ROOTS_ENV, "").strip() \
+                    else f"the spec's directory (${DATA_ROOTS_ENV} is unset)"
+                raise SpecError(
+                    f"${PUBLIC_ROOTS_ENV}: entry {str(r)!r} overlaps the data root {str(d)!r} ({what}): public files "
+                    f"must live apart from every private input; give the operator's public data its own directory "
+                    f"or prefix, disjoint from the data roots (fix the operator setting)")
+    return roots
+
+
+def publishable_root_locations(spec_dir: str | os.PathLike[str] | None) -> list[Location]:
+    """``$DPOPS_PUBLIC_ROOTS_PUBLISHABLE``: the public roots whose files may be published as lists (in the
+    manifest). Each entry must be equal to or below an entry of ``$DPOPS_PUBLIC_ROOTS``."""
+    marked = _root_locations(split_roots(os.environ.get(PUBLISHABLE_PUBLIC_ROOTS_ENV, "")),
+                             PUBLISHABLE_PUBLIC_ROOTS_ENV)
+    if not marked:
+        return []
+    roots = public_root_locations(spec_dir)
+    for m in marked:
+        if not any(m.is_under(r) for r in roots):
+            raise SpecError(f"${PUBLISHABLE_PUBLIC_ROOTS_ENV}: entry {str(m)!r} is not equal to or below an entry of "
+                            f"${PUBLIC_ROOTS_ENV}; list it there too (fix the operator setting)")
+    return marked
+
+
+def check_public_path(path: str | os.PathLike[str] | Location, field: str, *, source: str,
+                      spec_dir: str | os.PathLike[str] | None,
+                      key_path: str | os.PathLike[str] | None = None) -> PublicFile:
+    """Refuse ``path`` unless it resolves under a public root, outside every data root and away from the key;
+    return where it resolves and whether it is publishable (module docstring, "Public files")."""
+    try:
+        loc = path if isinstance(path, Location) else Location.parse(os.path.expanduser(os.fspath(path)),
+                                                                     base=Location.local(os.getcwd()))
+    except LocationError as exc:
+        raise SpecError(f"{source}: {field} ({path}): {exc}") from None
+    resolved = loc.realpath()
+    if resolved.is_local:
+        for key in key_paths(key_path):
+            if resolved.path == key or os.path.dirname(resolved.path) == os.path.dirname(key):
+                raise SpecError(
+                    f"{source}: {field} ({path}) resolves to the noise key file or to a file in the key's directory; "
+                    f"it is refused: point it at a public file under ${PUBLIC_ROOTS_ENV}"
+                )
+    roots = public_root_locations(spec_dir)
+    if not roots:
+        raise SpecError(
+            f"{source}: {field} ({path}): public files are read only from the operator's public roots "
+            f"(${PUBLIC_ROOTS_ENV}), which is unset: have the operator set it to the directory or prefix of "
+            "approved public data (apart from the data roots), or list the partitions inline (partitions.public)")
+    for d in data_root_locations(spec_dir):
+        if resolved.is_under(d):
+            raise SpecError(
+                f"{source}: {field} ({path}) resolves under the data root {str(d)!r}, where private inputs live; "
+                f"a public file is published verbatim as partition labels, so it must come from ${PUBLIC_ROOTS_ENV} "
+                "and never from a data root: move the approved public file to a public root")
+    if not any(resolved.is_under(r) for r in roots):
+        raise SpecError(
+            f"{source}: {field} ({path}) resolves outside the operator's public roots ${PUBLIC_ROOTS_ENV} "
+            f"({','.join(str(r) for r in roots)}); move the file under a public root or have the operator add its "
+            f"directory to ${PUBLIC_ROOTS_ENV}")
+    publishable = any(resolved.is_under(m) for m in publishable_root_locations(spec_dir))
+    return PublicFile(str(resolved), publishable)
 
 
 __all__ = ["DATA_ROOTS_ENV", "OUTPUT_ROOTS_ENV", "KEY_FILE_ENV", "split_roots", "check_output_root",
            "output_root_locations", "data_root_locations", "data_roots", "key_paths", "check_data_path", "check_data_paths",
-           "check_spec_paths"]
+           "PUBLIC_ROOTS_ENV", "PUBLISHABLE_PUBLIC_ROOTS_ENV", "PublicFile",
+           "public_root_locations", "publishable_root_locations", "check_public_path"]

@@ -32,13 +32,16 @@ import posixpath
 import re
 from dataclasses import dataclass
 from datetime import date, datetime, timezone
-from typing import Any, Iterable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Protocol, Sequence
 
-from dpops.dataroots import check_data_paths
+from dpops.dataroots import check_data_paths, check_public_path
 from dpops.errors import InputDataError, InvalidParameter
 from dpops.events import canonical_json
 from dpops.storage import files
 from dpops.storage.location import Location, is_uri
+
+if TYPE_CHECKING:
+    from dpops.spec import ReleaseSpec
 
 _CHUNK = 1 << 20
 
@@ -145,8 +148,8 @@ def resolve_input_paths(spec: Any, interval_start: Any, interval_end: Any = None
     check_data_paths(paths, "input.path", source=spec.source, spec_dir=spec.base_dir, key_path=key_path)
     public_file = getattr(spec.partitions, "public_file", None)
     if public_file is not None:  # already read by load_spec; re-checked against the key path known here
-        check_data_paths([spec.resolve_path(public_file)], "partitions.public_file", source=spec.source,
-                         spec_dir=spec.base_dir, key_path=key_path)
+        check_public_path(spec.resolve_path(public_file), "partitions.public_file", source=spec.source,
+                          spec_dir=spec.base_dir, key_path=key_path)
     return paths
 
 
@@ -320,10 +323,23 @@ def _canonical_names(paths: Sequence[str]) -> list[str]:
     return [posixpath.relpath(p, root) for p in absolute]
 
 
-def input_fingerprint(paths: Iterable[str], key: HmacKey) -> str:
-    """HMAC-SHA256 (under ``key``) of the canonical list of (name, size, sha256 of content), sorted by name.
+def public_file_rows(spec: ReleaseSpec) -> list[list[Any]] | None:
+    """The rows of the spec's ``partitions.public_file`` as lists (None without a public file): they are part
+    of the run's input, so they enter its keyed fingerprint (``input_fingerprint``)."""
+    if getattr(spec.partitions, "public_file", None) is None:
+        return None
+    return [list(p) for p in (spec.public_partitions() or [])]
 
-    The per-file sha256 values stay inside this function; only the keyed result leaves it.
+
+def input_fingerprint(paths: Iterable[str], key: HmacKey,
+                      public_partitions: Sequence[Sequence[Any]] | None = None) -> str:
+    """HMAC-SHA256 (under ``key``) of the canonical list of (name, size, sha256 of content), sorted by name,
+    and of the public file's parsed rows when the spec has one (``public_file_rows``).
+
+    The per-file sha256 values stay inside this function; only the keyed result leaves it. A public file
+    that the operator did not mark publishable is recorded in the manifest by its row count only
+    (``dpops.dataroots``), so a changed list must change the run key through this keyed value: a plain
+    hash of the rows in the manifest would let a reader confirm a guess of them.
     """
     paths = list(paths)
     if not paths:
@@ -335,10 +351,14 @@ def input_fingerprint(paths: Iterable[str], key: HmacKey) -> str:
     for name, path in sorted(zip(names, paths)):
         size, digest = _file_digest(path)
         entries.append([name, size, digest])
-    doc = canonical_json({"v": "dpops.input-fingerprint/1", "files": entries}).encode()
+    content: dict[str, Any] = {"v": "dpops.input-fingerprint/1", "files": entries}
+    if public_partitions is not None:
+        content["public_file"] = [list(p) for p in public_partitions]
+    doc = canonical_json(content).encode()
     return key.hmac(doc).hex()
 
 
 __all__ = [
     "Interval", "parse_interval", "resolve_input_paths", "check_input", "input_fingerprint", "TestFingerprintKey",
+    "public_file_rows",
 ]

@@ -11,10 +11,18 @@ References:
 
 - a plain path, or ``file:PATH`` / ``file://PATH``: a key file mounted on every worker (a Kubernetes
   secret volume, a file shipped by the cluster manager). Loaded with the strict checks of
-  ``NoiseKey.from_file`` (regular file, owner, mode, no symlink swap, entropy).
+  ``NoiseKey.from_file`` (regular file, owner, mode, no symlink swap, the ``dpops-noise-key v1``
+  format, entropy).
 - ``gcp-secret://projects/P/secrets/S/versions/V``: Google Secret Manager. The client library
   (``google-cloud-secret-manager``) is imported only when such a reference is resolved; it is not a
   dependency of dpops and this provider is not exercised by the test suite (no Secret Manager here).
+
+Which key (issue 19 item 9): the operator pins the expected key id in the deployment,
+``DPOPS_NOISE_KEY_ID`` (``check_pinned_key_id``; a run whose key has another id is refused before anything
+is reserved), and a run whose key id differs from the last run of its scope is refused unless the pin names
+the new id, which is how a rotation is declared (``dpops.release.key_continuity``, docs/runbook.md "Key
+rotation"). A key reference chosen in orchestrator metadata (the Airflow Variable ``dpops_noise_key_ref``) must
+resolve under the operator's key directory ``DPOPS_KEY_DIR`` (``key_ref_under_key_dir``), never any path.
 
 There is deliberately no environment-variable provider: a key in the environment leaks into process
 listings and every child process (``dpops.release`` refuses the old variable). Other secret stores plug
@@ -24,13 +32,17 @@ in with ``register_provider(scheme, factory)``; the factory is called on first u
 from __future__ import annotations
 
 import hmac
+import os
 import re
 from collections.abc import Callable
 from typing import Protocol
 
 from dpops.errors import InvalidParameter
-from dpops.randomness import NoiseKey
+from dpops.randomness import MAX_KEY_FILE_BYTES, NoiseKey, parse_key_file
 
+KEY_ID_ENV = "DPOPS_NOISE_KEY_ID"
+KEY_DIR_ENV = "DPOPS_KEY_DIR"
+_KEY_ID = re.compile(r"^[0-9a-f]{16}$")
 _SCHEME = re.compile(r"^(?P<scheme>[a-zA-Z][-a-zA-Z0-9+.]*):")
 
 
@@ -57,15 +69,15 @@ class FileKeyProvider:
 class GcpSecretKeyProvider:
     """``gcp-secret://projects/P/secrets/S/versions/V`` through Google Secret Manager (lazy import).
 
-    The payload is decoded and checked like a key file's content (hex / base64 / raw, length,
-    entropy). There is no Secret Manager on the test machines: ``tests/test_keyref_gcp.py`` runs
-    this provider against a stand-in client with the library's documented call shape."""
+    The payload must be the text of a ``dpops-noise-key v1`` file (``dpops.randomness.parse_key_file``,
+    the same rule as a key file: store the file ``dpops key generate`` wrote, e.g. ``gcloud secrets
+    versions add S --data-file=noise_key``); any other secret is refused, never decoded as a key.
+    There is no Secret Manager on the test machines: ``tests/test_keyref_gcp.py`` runs this provider
+    against a stand-in client with the library's documented call shape."""
 
     _NAME = re.compile(r"^projects/[^/]+/secrets/[^/]+/versions/[^/]+$")
 
     def load(self, ref: str) -> NoiseKey:
-        from dpops.randomness import _check_entropy, _decode_key
-
         name = ref[len("gcp-secret://"):]
         if not self._NAME.match(name):
             raise InvalidParameter(f"key reference {ref!r}: expected gcp-secret://projects/P/secrets/S/versions/V")
@@ -79,14 +91,10 @@ class GcpSecretKeyProvider:
         except Exception as exc:  # noqa: BLE001 - the client's error classes; its text names the secret only
             raise InvalidParameter(f"key reference {ref!r} cannot be read ({type(exc).__name__}): check the "
                                    "secret exists and this worker's service account may access it") from None
-        where = f"noise key secret {ref!r}"
-        key = _decode_key(bytes(data), where)
-        try:
-            loaded = NoiseKey(key)
-            _check_entropy(key)
-        except InvalidParameter as exc:
-            raise InvalidParameter(f"{where}: {exc}") from None
-        return loaded
+        if len(data) > MAX_KEY_FILE_BYTES:
+            raise InvalidParameter(f"noise key secret {ref!r} is larger than {MAX_KEY_FILE_BYTES} bytes: it is not a "
+                                   "noise key")
+        return parse_key_file(bytes(data), f"noise key secret {ref!r}")
 
 
 _FACTORIES: dict[str, Callable[[], KeyProvider]] = {
@@ -143,3 +151,68 @@ def resolve_key_for_run(ref: str, key_id: str) -> NoiseKey:
             "worker must see the same key (check the secret this worker can read)")
     _LOADED[(ref, key_id)] = key
     return key
+
+
+def pinned_key_id() -> str | None:
+    """The key id the operator pinned in the deployment (``$DPOPS_NOISE_KEY_ID``), or None when unset."""
+    raw = os.environ.get(KEY_ID_ENV, "").strip()
+    if not raw:
+        return None
+    if not _KEY_ID.match(raw):
+        raise InvalidParameter(f"${KEY_ID_ENV} must be a key id (16 lower-case hex digits, as `dpops key id PATH` "
+                               "prints it); fix the operator setting; nothing was reserved")
+    return raw
+
+
+def check_pinned_key_id(key_id: str, ref: str | None) -> None:
+    """Refuse a key whose id is not the operator's pin: a reference pointed at another file (by whoever can
+    edit a Variable or a task's arguments) must not become the key a release is published under."""
+    pinned = pinned_key_id()
+    if pinned is not None and not hmac.compare_digest(pinned, str(key_id)):
+        raise InvalidParameter(
+            f"key reference {ref!r} holds key id {key_id}, but the operator pinned ${KEY_ID_ENV}={pinned}: "
+            "point the reference at the pinned key, or (a rotation) set the pin to the new id in the deployment; "
+            "nothing was reserved")
+
+
+def key_ref_under_key_dir(name: str, setting: str) -> str:
+    """The key file a reference from orchestrator metadata (``setting``, e.g. an Airflow Variable) names: an
+    absolute path (or ``file:``/``file://`` reference) that resolves, after symlinks, below the operator's
+    ``$DPOPS_KEY_DIR``. Anything else is refused (a relative value is most likely the key itself pasted in
+    the wrong place, and is never shown).
+
+    Privacy reason: whoever can edit the Variable must not be able to make the task load any readable
+    file as the noise key (the Airflow DB URL, the Fernet key): the directory is fixed by the deployment,
+    which a Variable editor cannot change. Errors name the setting and the directory, never the value
+    (it may be a key pasted in the wrong place)."""
+    root_raw = os.environ.get(KEY_DIR_ENV, "").strip()
+    if not root_raw or not os.path.isabs(root_raw):
+        raise InvalidParameter(
+            f"{setting} names a noise key, but the operator's key directory ${KEY_DIR_ENV} is "
+            f"{'not an absolute path' if root_raw else 'unset'}: set it in the deployment (the directory the "
+            "key secrets are mounted in, e.g. /run/secrets) or unset the setting and use $DPOPS_NOISE_KEY_FILE; "
+            "nothing was reserved")
+    ref = name.strip()
+    path = FileKeyProvider().path(ref) if scheme_of(ref) == "file" else ""
+    if ref.startswith("file://"):
+        from urllib.parse import unquote, urlparse
+
+        path = unquote(urlparse(ref).path)
+    if ref.startswith("gcp-secret:"):
+        raise InvalidParameter(
+            f"{setting} must name a key file under the operator's key directory ${KEY_DIR_ENV} ({root_raw}); a "
+            "secret-manager reference is configured by the operator ($DPOPS_NOISE_KEY_FILE), not in orchestrator "
+            "metadata; nothing was reserved")
+    if not os.path.isabs(path):
+        raise InvalidParameter(
+            f"{setting} must be the absolute path (or file:// URI) of a key file under the operator's key directory "
+            f"${KEY_DIR_ENV} ({root_raw}), never the key itself; its value is not shown. If the key was stored there, "
+            "rotate it (dpops key generate PATH) and store only the path; nothing was reserved")
+    root = os.path.realpath(root_raw)
+    full = os.path.realpath(path)
+    if os.path.commonpath([root, full]) != root or full == root:
+        raise InvalidParameter(
+            f"{setting} must name a key file under the operator's key directory ${KEY_DIR_ENV} ({root_raw}); it "
+            "resolves elsewhere and is refused (its value is not shown): set it to the key's file name in that "
+            "directory; nothing was reserved")
+    return full

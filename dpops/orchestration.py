@@ -128,16 +128,12 @@ class Settings:
     @classmethod
     def resolve(cls, ledger_url: str | None = None, key_ref: str | None = None) -> Settings:
         """Explicit values (from the orchestrator's connections/variables) win; else the environment."""
-        if key_ref and key_ref.startswith("file://"):
-            from urllib.parse import unquote, urlparse
+        if key_ref:
+            # From orchestrator metadata (an editable Variable): only a key file under the operator's
+            # $DPOPS_KEY_DIR, never any path (issue 19 item 9; dpops.keyref.key_ref_under_key_dir).
+            from dpops.keyref import key_ref_under_key_dir
 
-            key_ref = unquote(urlparse(key_ref).path)
-        if key_ref and not os.path.isabs(key_ref):
-            # Most likely the key VALUE pasted where its file's path belongs: refuse, and never echo it.
-            raise InvalidParameter(
-                "the noise key reference (Airflow variable dpops_noise_key_ref) must be the absolute path (or "
-                "file:// URI) of the key file, never the key itself; its value is not shown. If the key was "
-                "stored there, rotate it (dpops key generate PATH) and store only the path; nothing was reserved")
+            key_ref = key_ref_under_key_dir(key_ref, "the noise key reference (Airflow variable dpops_noise_key_ref)")
         key = key_ref or os.environ.get(KEY_FILE_ENV) or None
         return cls(
             ledger_url=ledger_url or os.environ.get(LEDGER_URL_ENV) or None,

@@ -11,7 +11,7 @@
             must be marked and may never reach a production output.
 
 The noise key only ever comes from a file (``NoiseKey.from_file``: one open handle, owner/mode/
-directory checks, entropy check); never from the environment, where it would show in process
+directory checks, the ``dpops-noise-key v1`` format, entropy check); never from the environment, where it would show in process
 listings, crash dumps and child processes. A run loads it once (``load_key``) and every Beam
 worker checks it holds the run's key id (``key_for_run``).
 
@@ -27,6 +27,7 @@ import errno
 import hashlib
 import hmac as _hmac
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -65,7 +66,7 @@ class NoiseKey:
     # --- loading -----------------------------------------------------------------
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "NoiseKey":
-        """Load a key file (raw bytes, or hex / base64 text) through ONE open handle.
+        """Load a ``dpops-noise-key v1`` key file through ONE open handle.
 
         Privacy reasons, each one a way the key could be swapped or read by someone else:
 
@@ -78,79 +79,19 @@ class NoiseKey:
           and its directory owned by this user (or root) and not writable by group/others, so no
           other local user can read it or put another key in its place;
         - a low-entropy key (see ``_check_entropy``) is refused: noise under a guessable key is
-          reproducible by anyone.
+          reproducible by anyone;
+        - only a ``dpops-noise-key v1`` file is accepted (``parse_key_file``): any other readable
+          high-entropy file (the Airflow DB URL, a Fernet key, a TLS key) is refused, so a mistyped or
+          maliciously pointed reference never becomes the noise key of a release.
 
         Errors name the path and what to do; they never contain the file's bytes.
         """
-        shown = str(path)
-        where = f"noise key file {shown!r}"
-        real = os.path.realpath(os.fspath(path))
-        parent, name = os.path.split(real)
-        try:
-            dfd = os.open(parent or os.sep, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
-        except FileNotFoundError:
-            raise InvalidParameter(f"{where} does not exist (create it with `dpops key generate`)") from None
-        except OSError as exc:
-            raise InvalidParameter(f"{where}: its directory cannot be opened: {exc.strerror}") from None
-        try:
-            _check_owner_and_mode(os.fstat(dfd), f"{where}: its directory {parent!r}", directory=True)
-            try:
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0),
-                             dir_fd=dfd)
-            except FileNotFoundError:
-                raise InvalidParameter(f"{where} does not exist (create it with `dpops key generate`)") from None
-            except OSError as exc:
-                if exc.errno == errno.ELOOP:
-                    raise InvalidParameter(f"{where} was replaced by a symlink while it was being loaded; "
-                                           "check who can write its directory") from None
-                raise InvalidParameter(f"{where} cannot be read: {exc.strerror}") from None
-        finally:
-            os.close(dfd)
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise InvalidParameter(f"{where} is not a regular file")
-            _check_owner_and_mode(st, where, directory=False)
-            chunks = []
-            size = 0
-            while size <= MAX_KEY_FILE_BYTES:
-                chunk = os.read(fd, MAX_KEY_FILE_BYTES + 1 - size)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-        except OSError as exc:
-            raise InvalidParameter(f"{where} cannot be read: {exc.strerror}") from None
-        finally:
-            os.close(fd)
-        data = b"".join(chunks)
-        if len(data) > MAX_KEY_FILE_BYTES:
-            raise InvalidParameter(f"{where} is larger than {MAX_KEY_FILE_BYTES} bytes: it is not a noise key file")
-        key = _decode_key(data, where)
-        try:
-            loaded = cls(key)  # length first: a short key gets the clearer message
-            _check_entropy(key)
-            return loaded
-        except InvalidParameter as exc:  # e.g. too short: say which file
-            raise InvalidParameter(f"{where}: {exc}") from None
+        return parse_key_file(_read_key_bytes(path), f"noise key file {str(path)!r}")
 
     @classmethod
     def generate(cls, path: str | os.PathLike) -> "NoiseKey":
-        """Write 32 fresh bytes from os.urandom as hex text, mode 0600. Never overwrites."""
-        p = Path(path)
-        key = os.urandom(MIN_KEY_BYTES)
-        try:
-            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            raise InvalidParameter(f"noise key file {str(p)!r} already exists; refusing to overwrite it") from None
-        except OSError as exc:
-            raise InvalidParameter(f"cannot create noise key file {str(p)!r}: {exc.strerror}") from None
-        try:
-            os.fchmod(fd, 0o600)  # the umask may only remove bits; make the mode explicit anyway
-            os.write(fd, key.hex().encode() + b"\n")
-        finally:
-            os.close(fd)
-        return cls(key)
+        """Write 32 fresh bytes from os.urandom as a ``dpops-noise-key v1`` file, mode 0600. Never overwrites."""
+        return write_key_file(path, os.urandom(MIN_KEY_BYTES))
 
     # --- use -----------------------------------------------------------------------
     def hmac(self, data: bytes) -> bytes:
@@ -180,6 +121,55 @@ class NoiseKey:
     # Pickling is allowed on purpose: Beam ships the key to its workers inside the DoFn.
     def __reduce__(self) -> tuple:
         return (NoiseKey, (self._key,))
+
+
+def _read_key_bytes(path: str | os.PathLike) -> bytes:
+    """The bytes of a key file, read through one handle after the owner/mode checks (see ``NoiseKey.from_file``)."""
+    shown = str(path)
+    where = f"noise key file {shown!r}"
+    real = os.path.realpath(os.fspath(path))
+    parent, name = os.path.split(real)
+    try:
+        dfd = os.open(parent or os.sep, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise InvalidParameter(f"{where} does not exist (create it with `dpops key generate`)") from None
+    except OSError as exc:
+        raise InvalidParameter(f"{where}: its directory cannot be opened: {exc.strerror}") from None
+    try:
+        _check_owner_and_mode(os.fstat(dfd), f"{where}: its directory {parent!r}", directory=True)
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0),
+                         dir_fd=dfd)
+        except FileNotFoundError:
+            raise InvalidParameter(f"{where} does not exist (create it with `dpops key generate`)") from None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise InvalidParameter(f"{where} was replaced by a symlink while it was being loaded; "
+                                       "check who can write its directory") from None
+            raise InvalidParameter(f"{where} cannot be read: {exc.strerror}") from None
+    finally:
+        os.close(dfd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidParameter(f"{where} is not a regular file")
+        _check_owner_and_mode(st, where, directory=False)
+        chunks = []
+        size = 0
+        while size <= MAX_KEY_FILE_BYTES:
+            chunk = os.read(fd, MAX_KEY_FILE_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise InvalidParameter(f"{where} cannot be read: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > MAX_KEY_FILE_BYTES:
+        raise InvalidParameter(f"{where} is larger than {MAX_KEY_FILE_BYTES} bytes: it is not a noise key file")
+    return data
 
 
 def _check_owner_and_mode(st: os.stat_result, where: str, *, directory: bool) -> None:
@@ -264,6 +254,96 @@ def _decode_key(data: bytes, where: str, allow_raw: bool = True) -> bytes:
     if allow_raw:
         return bytes(data)
     raise InvalidParameter(f"{where}: the noise key must be hex or base64 text")
+
+
+KEY_FILE_HEADER = "dpops-noise-key v1"
+_KEY_ID_LINE = re.compile(r"^key-id ([0-9a-f]{16})$")
+_KEY_LINE = re.compile(r"^(?:[0-9a-f]{2}){32,256}$")
+
+
+def format_key_file(key: bytes) -> bytes:
+    """The text of a ``dpops-noise-key v1`` file holding ``key`` (the key material; at least 32 bytes).
+
+    Three lines: the header ``dpops-noise-key v1``, ``key-id <public id>`` and the key in lower-case
+    hex. The header is what makes a file a noise key: dpops refuses every file without it, so a
+    secret of another system (a database URL, a Fernet key) can never be taken for the noise key.
+    The id line lets an operator read the public id without dpops and catches a truncated or edited
+    key (the id is recomputed and compared on load)."""
+    nk = NoiseKey(key)
+    _check_entropy(bytes(key))
+    return f"{KEY_FILE_HEADER}\nkey-id {nk.key_id}\n{bytes(key).hex()}\n".encode("ascii")
+
+
+def parse_key_file(data: bytes, where: str) -> NoiseKey:
+    """The key in a ``dpops-noise-key v1`` file's bytes (a key file, or a secret manager's payload).
+
+    Anything else is refused with a message naming ``where`` and never any of the bytes: an older
+    dpops key file (bare hex, base64 or raw bytes) is converted once with ``dpops key convert OLD
+    NEW`` (same key, same key id, so earlier runs stay reproducible)."""
+    convert = (f"only files written by `dpops key generate` (first line {KEY_FILE_HEADER!r}) are accepted; "
+               "a key file of an older dpops (bare hex or base64) is converted with `dpops key convert OLD NEW` "
+               "(same key, same key id)")
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        raise InvalidParameter(f"{where} is not a dpops noise key file: {convert}") from None
+    lines = text.splitlines()
+    while lines and lines[-1] == "":
+        lines.pop()
+    if not lines or lines[0].rstrip("\r") != KEY_FILE_HEADER:
+        raise InvalidParameter(f"{where} is not a dpops noise key file: {convert}")
+    body = [ln.rstrip("\r") for ln in lines[1:]]
+    m = _KEY_ID_LINE.match(body[0]) if body else None
+    if len(body) != 2 or m is None or not _KEY_LINE.match(body[1]):
+        raise InvalidParameter(f"{where} has the {KEY_FILE_HEADER!r} header but not the 'key-id <16 hex>' and key "
+                               "lines after it (truncated or edited?); restore it from the secret store")
+    key = bytes.fromhex(body[1])
+    try:
+        loaded = NoiseKey(key)
+        _check_entropy(key)
+    except InvalidParameter as exc:
+        raise InvalidParameter(f"{where}: {exc}") from None
+    if not _hmac.compare_digest(loaded.key_id, m.group(1)):
+        raise InvalidParameter(f"{where}: its key-id line does not match its key (the file was edited or "
+                               "corrupted); restore it from the secret store")
+    return loaded
+
+
+def write_key_file(path: str | os.PathLike, key: bytes) -> NoiseKey:
+    """Create ``path`` (mode 0600, never overwriting) as a ``dpops-noise-key v1`` file holding ``key``."""
+    p = Path(path)
+    content = format_key_file(key)
+    try:
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise InvalidParameter(f"noise key file {str(p)!r} already exists; refusing to overwrite it") from None
+    except OSError as exc:
+        raise InvalidParameter(f"cannot create noise key file {str(p)!r}: {exc.strerror}") from None
+    try:
+        os.fchmod(fd, 0o600)  # the umask may only remove bits; make the mode explicit anyway
+        os.write(fd, content)
+    finally:
+        os.close(fd)
+    return NoiseKey(key)
+
+
+def convert_legacy_key_file(old: str | os.PathLike, new: str | os.PathLike) -> NoiseKey:
+    """``dpops key convert``: read a key file of an older dpops (bare hex or base64 text of >= 32 bytes;
+    loaded with the same owner/mode/entropy checks) and write the same key as a v1 file at ``new``.
+
+    Raw binary key files are not converted: nothing tells them from any other secret, which is the
+    point of the format. An old file that already is v1 is refused (nothing to do)."""
+    where = f"noise key file {str(old)!r}"
+    data = _read_key_bytes(old)
+    if data.lstrip().startswith(KEY_FILE_HEADER.encode()):
+        raise InvalidParameter(f"{where} already is a {KEY_FILE_HEADER!r} file; nothing to convert")
+    key = _decode_key(data, where, allow_raw=False)
+    try:
+        NoiseKey(key)
+        _check_entropy(key)
+    except InvalidParameter as exc:
+        raise InvalidParameter(f"{where}: {exc}") from None
+    return write_key_file(new, key)
 
 
 def canonical_label(label: Any) -> bytes:
@@ -492,4 +572,5 @@ def test_random(seed: int, label: Mapping[str, str | int] | Sequence = ()) -> Ra
 test_random.__test__ = False  # type: ignore[attr-defined]  # not a pytest test function
 
 __all__ = ["NoiseKey", "RandomSource", "os_random", "keyed_random", "test_random", "canonical_label", "load_key",
-           "key_for_run"]
+           "key_for_run", "KEY_FILE_HEADER", "format_key_file", "parse_key_file", "write_key_file",
+           "convert_legacy_key_file"]

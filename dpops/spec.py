@@ -20,7 +20,9 @@ Decisions worth knowing (see also the docstrings):
   same result whatever their working directory.
 - ``spec_hash`` = sha256 of the canonical JSON of the validated model (defaults
   filled in). When partitions come from ``public_file``, the file's parsed
-  content is part of the hashed document: changing the list changes the spec.
+  content is part of the hashed document only when the operator marked it publishable
+  (``dpops.dataroots``); otherwise its row count is, and the rows are part of the run's keyed
+  input fingerprint: changing the list changes the run key either way.
 """
 
 from __future__ import annotations
@@ -381,6 +383,7 @@ class ReleaseSpec(_Strict):
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
     _source: str = PrivateAttr(default="<spec>")
     _public_from_file: list[tuple[Any, ...]] | None = PrivateAttr(default=None)
+    _public_publishable: bool = PrivateAttr(default=False)
 
     @field_validator("name")
     @classmethod
@@ -430,7 +433,8 @@ class ReleaseSpec(_Strict):
             return [_as_tuple(p) for p in self.partitions.public]
         if self.partitions.public_file is not None:
             if self._public_from_file is None:
-                self._public_from_file = _read_public_file(self, self.resolve_path(self.partitions.public_file))
+                rows, publishable = _read_public_file(self, self.resolve_path(self.partitions.public_file))
+                self._public_from_file, self._public_publishable = rows, publishable
             return list(self._public_from_file)
         return None
 
@@ -453,10 +457,30 @@ class ReleaseSpec(_Strict):
         """``output.root`` as a ``Location`` (local path or object-store URI); see ``OutputSpec``."""
         return self.resolve_path(self.output.root)
 
+    @property
+    def public_file_publishable(self) -> bool:
+        """The operator marked the public file's root publishable (``$DPOPS_PUBLIC_ROOTS_PUBLISHABLE``):
+        its rows may appear in the spec document and the manifest. False without a public file."""
+        if self.partitions.public_file is None:
+            return False
+        self.public_partitions()
+        return self._public_publishable
+
     def canonical_document(self) -> dict[str, Any]:
+        """The validated spec as hashed (``spec_hash``) and embedded in the manifest.
+
+        A ``public_file`` adds ``public_file_content`` (its rows) only when the operator marked its root
+        publishable; otherwise only ``public_file_count`` (how many partitions), and the rows enter the
+        run's keyed input fingerprint instead (``dpops.inputs.input_fingerprint``): the manifest goes to
+        reviewers outside the trusted boundary, and neither the rows nor a plain hash over them (the spec
+        hash is one) may reach them unless the operator decided the list is publishable."""
         doc = self.model_dump(mode="json")
         if self.partitions.public_file is not None:
-            doc["partitions"]["public_file_content"] = [list(p) for p in (self.public_partitions() or [])]
+            rows = [list(p) for p in (self.public_partitions() or [])]
+            if self._public_publishable:
+                doc["partitions"]["public_file_content"] = rows
+            else:
+                doc["partitions"]["public_file_count"] = len(rows)
         return doc
 
     @cached_property
@@ -799,8 +823,14 @@ def parse_spec(data: Any, source: str = "<spec>", base_dir: str | Path | None = 
     spec._base_dir = Path(base_dir) if base_dir is not None else Path.cwd()
     spec._source = source
     from dpops.dataroots import check_output_root
+    from dpops.storage.location import LocationError
 
-    check_output_root(spec)  # the operator's allow-list, at load (DAG parse, spec check, prepare before reserve)
+    try:
+        root = spec.output_root
+    except LocationError as exc:
+        raise SpecError(f"{source}: output.root ({spec.output.root}): {exc}") from None
+    # the operator's allow-list, at load (DAG parse, spec check, prepare before reserve)
+    check_output_root(spec.output.root, root, source=source)
     if spec.budget.delta > 1e-5:
         warnings.warn(f"{source}: budget.delta={spec.budget.delta!r} is above 1e-5; a delta this large is rarely justified",
                       stacklevel=2)
@@ -837,6 +867,25 @@ def load_spec(path: str | os.PathLike[str]) -> ReleaseSpec:
     return parse_spec(data, source=label, base_dir=p.resolve().parent)
 
 
+def check_spec_paths(spec: ReleaseSpec, key_path: str | os.PathLike[str] | None = None) -> None:
+    """``dpops spec check``: the spec's files under their roots and away from the key, for today's interval.
+
+    ``input.path`` (under the data roots) is a template, so this checks it formatted with today's date;
+    ``release run`` checks the actual files of its interval again (after glob expansion) before anything
+    is reserved. ``partitions.public_file`` must be under the public roots (``dpops.dataroots``)."""
+    from datetime import timedelta
+
+    from dpops.dataroots import check_data_path, check_public_path
+
+    today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    formatted = spec.input.path.format(start=today, end=today + timedelta(days=1))
+    check_data_path(spec.resolve_path(formatted), "input.path", source=spec.source, spec_dir=spec.base_dir,
+                    key_path=key_path)
+    if spec.partitions.public_file is not None:
+        check_public_path(spec.resolve_path(spec.partitions.public_file), "partitions.public_file",
+                          source=spec.source, spec_dir=spec.base_dir, key_path=key_path)
+
+
 def _yaml_where(exc: Exception) -> str:
     """The parser's complaint, line and column, without the snippet of the file PyYAML adds: a spec path may
     be a symlink to a secret, and the error must not print the file's lines."""
@@ -846,14 +895,17 @@ def _yaml_where(exc: Exception) -> str:
     return f": {problem or 'cannot parse'}{where}"
 
 
-def _read_public_file(spec: ReleaseSpec, path: "Location") -> list[tuple[Any, ...]]:
-    """CSV with a header naming the partition columns; values converted to the declared column types."""
+def _read_public_file(spec: ReleaseSpec, path: "Location") -> tuple[list[tuple[Any, ...]], bool]:
+    """CSV with a header naming the partition columns; values converted to the declared column types.
+    Returns the rows and whether the operator marked the file publishable."""
     where = f"{spec.source}: partitions.public_file ({path})"
-    # The path must resolve under a data root and away from the noise key (dpops.dataroots), and no error
-    # below repeats the file's content: a spec author could otherwise point it at a secret and read it back.
-    from dpops.dataroots import check_data_path
+    # The path must resolve under an operator's public root, outside every data root and away from the noise
+    # key (dpops.dataroots, issue 19 item 6), and no error below repeats the file's content: a spec author
+    # could otherwise point it at a secret or another release's private input and read it back.
+    from dpops.dataroots import check_public_path
 
-    check_data_path(path, "partitions.public_file", source=spec.source, spec_dir=spec.base_dir)
+    publishable = check_public_path(path, "partitions.public_file", source=spec.source,
+                                    spec_dir=spec.base_dir).publishable
     from dpops.storage import files
 
     try:
@@ -893,7 +945,7 @@ def _read_public_file(spec: ReleaseSpec, path: "Location") -> list[tuple[Any, ..
         out.append(tup)
     if not out:
         raise SpecError(f"{where}: lists no partitions")
-    return out
+    return out, publishable
 
 
 def _converts(v: str, ctype: str) -> bool:
@@ -925,5 +977,5 @@ __all__ = [
     "ReleaseSpec", "InputSpec", "PrivacyUnitSpec", "BudgetSpec", "ContributionSpec", "PartitionsSpec",
     "PrivatePartitionsSpec", "CountMetric", "UnitCountMetric", "SumMetric", "MeanMetric", "VarianceMetric",
     "QuantilesMetric", "TopKMetric", "PostprocessSpec", "OutputSpec", "METRIC_TYPES", "PARTITION_SELECTION_KEY",
-    "load_spec", "parse_spec", "interval_problems", "period_bounds", "schedule_bounds",
+    "load_spec", "parse_spec", "interval_problems", "period_bounds", "schedule_bounds", "check_spec_paths",
 ]

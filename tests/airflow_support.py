@@ -134,6 +134,7 @@ class Workspace:
             "DPOPS_SPECS_DIR": str(self.specs_dir),
             "DPOPS_LEDGER_URL": self.ledger_url,
             "DPOPS_NOISE_KEY_FILE": str(self.key_path),
+            "DPOPS_KEY_DIR": str(self.key_path.parent),  # the operator's key directory (dpops.keyref)
             "DPOPS_RANDOMNESS": "keyed",
         }
 

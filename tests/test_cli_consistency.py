@@ -152,6 +152,7 @@ def json_error_cases(e, tmp_path) -> dict[tuple[str, ...], tuple[list[str], int]
     cases[("account",)] = ([str(tmp_path / "nope.json"), "--delta", "1e-6"], 3)
     cases[("key", "generate")] = ([str(e.key)], 3)  # refuses to overwrite
     cases[("key", "id")] = ([str(tmp_path / "nope.key")], None)
+    cases[("key", "convert")] = ([str(e.key), str(tmp_path / "converted.key")], 3)  # already a v1 file
     cases[("manifest", "show")] = (["no-such-run", "--manifests", str(tmp_path)], 6)
     cases[("audit", "mechanisms")] = (["--mechanism", "no-such-mechanism"], None)
     cases[("audit", "spec")] = ([str(tmp_path / "nope.yaml")], 3)

@@ -266,7 +266,7 @@ HOSTILE_ARGS = {
     "missing_key_file": ("release run {spec} --interval 2024-01-01/2024-01-02 --key-file {root}/nokey --ledger {url}",
                          3, "does not exist"),
     "short_key_file": ("release run {spec} --interval 2024-01-01/2024-01-02 --key-file {root}/short.key --ledger {url}",
-                       3, "at least 32 are required"),  # the message does not name the file (reported)
+                       3, "short.key' is not a dpops noise key file"),  # format first (issue 19 item 9), names the file
     "unknown_ledger_scheme": ("release run {spec} --interval 2024-01-01/2024-01-02 --key-file {key} --ledger mysql://x/y",
                               6, "unsupported ledger URL scheme"),
     "ledger_not_a_database": ("release run {spec} --interval 2024-01-01/2024-01-02 --key-file {key} "

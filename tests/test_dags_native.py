@@ -94,7 +94,7 @@ def test_ledger_and_key_reference_come_from_airflow_connection_and_variable(tmp_
 def test_a_key_value_in_the_key_reference_variable_is_refused_without_echoing_it(tmp_path, monkeypatch, caplog,
                                                                                  capfd):
     ws = make_workspace(tmp_path, release="af_keyvar", scope="af_keyvar_scope", days=1)
-    hexkey = ws.key_path.read_text().strip()
+    hexkey = ws.key_path.read_text().split()[-1]  # the key material line of the v1 file
     dag = _dag(ws, monkeypatch, retries=2)
     monkeypatch.setenv("AIRFLOW_VAR_DPOPS_NOISE_KEY_REF", hexkey)
     caplog.set_level(logging.DEBUG)
@@ -110,6 +110,36 @@ def test_a_key_value_in_the_key_reference_variable_is_refused_without_echoing_it
     assert "must be the absolute path" in alert["message"] and "its value is not shown" in alert["message"]
     logged = out + err + "\n".join(f"{r.getMessage()} {r.exc_text or ''}" for r in caplog.records)
     assert hexkey not in logged and hexkey[:16] not in logged
+
+
+def test_a_key_reference_variable_outside_the_key_dir_is_refused(tmp_path, monkeypatch, caplog, capfd):
+    """Issue 19 item 9: whoever can edit the Variable dpops_noise_key_ref could point the task at any readable
+    file (another valid key, the Airflow DB URL). Only a key file under the operator's $DPOPS_KEY_DIR is
+    accepted; the run is refused in check_input, nothing is reserved or charged, and it is not retried."""
+    from dpops.ledger import open_ledger
+    from dpops.randomness import NoiseKey
+
+    ws = make_workspace(tmp_path / "ws", release="af_keydir", scope="af_keydir_scope", days=1)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    NoiseKey.generate(elsewhere / "noise.key")  # a perfectly valid key, in the wrong directory
+    (elsewhere / "airflow_db_url").write_text("postgresql://airflow:Zq8vR2xLw9Tt4Kp7@postgres/airflow\n")
+    (elsewhere / "airflow_db_url").chmod(0o600)
+    dag = _dag(ws, monkeypatch, retries=2)
+    caplog.set_level(logging.DEBUG)
+    for target in (elsewhere / "noise.key", elsewhere / "airflow_db_url"):
+        monkeypatch.setenv("AIRFLOW_VAR_DPOPS_NOISE_KEY_REF", str(target))
+        dr = dag.test(logical_date=_day(2))
+        tis = _tis(dr)
+        assert dr.state == "failed" and tis["check_input"].state == "failed" and tis["check_input"].try_number == 1
+        alert = _alerts(caplog, capfd)[-1]
+        assert alert["message"].startswith("InvalidParameter: the noise key reference"), alert
+        assert "under the operator's key directory $DPOPS_KEY_DIR" in alert["message"]
+        assert str(target) not in alert["message"]
+        caplog.clear()
+    with open_ledger(ws.ledger_url) as led:
+        assert led.runs(release=ws.release) == [] and led.status(ws.scope).total == 0
+    # (the Variable naming a key inside $DPOPS_KEY_DIR publishes: the first test of this file)
 
 
 def test_connection_forms_give_ledger_urls():

@@ -64,14 +64,23 @@ def test_gcp_secret_payload_gives_the_same_key_as_the_file(tmp_path, monkeypatch
     assert loaded.key_id == from_file.key_id
 
 
-def test_gcp_secret_raw_bytes_payload(monkeypatch):
-    raw = hashlib.sha256(b"dpops test key").digest()  # 32 bytes that pass the entropy check, not ASCII
-    _install_client(monkeypatch, lambda name: raw)
-    assert keyref.GcpSecretKeyProvider().load(f"gcp-secret://{NAME}").key_id == NoiseKey(raw).key_id
+@pytest.mark.parametrize("payload", [hashlib.sha256(b"dpops test key").digest(),  # raw bytes, not ASCII
+                                     hashlib.sha256(b"dpops test key").hexdigest().encode(),  # an old bare-hex key
+                                     b"postgresql://airflow:pw@db:5432/airflow",
+                                     b"ZmVybmV0LWtleS1mZXJuZXQta2V5LWZlcm5ldC1rZXk="])
+def test_gcp_secret_payload_must_be_a_v1_key_file(monkeypatch, payload):
+    """Issue 19 item 9: the Secret Manager provider follows the key-file rule; any other secret is refused."""
+    _install_client(monkeypatch, lambda name: payload)
+    with pytest.raises(InvalidParameter, match=r"noise key secret 'gcp-secret://projects/p1/.*not a dpops noise key "
+                                               r"file.*dpops key convert") as err:
+        keyref.GcpSecretKeyProvider().load(f"gcp-secret://{NAME}")
+    assert payload.decode("latin-1") not in str(err.value)
 
 
 def test_gcp_secret_weak_payload_is_refused_naming_the_reference(monkeypatch):
-    _install_client(monkeypatch, lambda name: b"00" * 32)
+    weak = b"\x00" * 32
+    payload = f"dpops-noise-key v1\nkey-id {NoiseKey(weak).key_id}\n{weak.hex()}\n".encode()
+    _install_client(monkeypatch, lambda name: payload)
     with pytest.raises(InvalidParameter, match=r"noise key secret 'gcp-secret://projects/p1/.*too little entropy"):
         keyref.GcpSecretKeyProvider().load(f"gcp-secret://{NAME}")
 

@@ -136,7 +136,8 @@ def _spec_doc(**over):
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    for var in ("DPOPS_DATA_ROOTS", "DPOPS_NOISE_KEY_FILE", "DPOPS_NOISE_KEY", "DPOPS_MANIFESTS_DIR", "DPOPS_DEBUG"):
+    for var in ("DPOPS_DATA_ROOTS", "DPOPS_PUBLIC_ROOTS", "DPOPS_PUBLIC_ROOTS_PUBLISHABLE", "DPOPS_NOISE_KEY_FILE",
+                "DPOPS_NOISE_KEY", "DPOPS_MANIFESTS_DIR", "DPOPS_DEBUG"):
         monkeypatch.delenv(var, raising=False)
     return monkeypatch
 
@@ -147,7 +148,7 @@ def _key(tmp_path: Path) -> tuple[Path, str]:
     d = tmp_path / "secrets"
     d.mkdir(exist_ok=True)
     NoiseKey.generate(d / "noise.key")
-    return d / "noise.key", (d / "noise.key").read_text().strip()
+    return d / "noise.key", (d / "noise.key").read_text().split()[-1]  # the key material line
 
 
 def test_public_file_header_error_does_not_echo_the_file(tmp_path, clean_env):
@@ -155,13 +156,16 @@ def test_public_file_header_error_does_not_echo_the_file(tmp_path, clean_env):
 
     rel = tmp_path / "rel"
     rel.mkdir()
-    (rel / "regions.csv").write_text(f"{SENT_STR}\nnorth\n")
+    public = tmp_path / "public"  # the operator's public root, apart from the data root (the spec's directory)
+    public.mkdir()
+    clean_env.setenv("DPOPS_PUBLIC_ROOTS", str(public))
+    (public / "regions.csv").write_text(f"{SENT_STR}\nnorth\n")
     (rel / "spec.yaml").write_text(yaml.safe_dump(_spec_doc(partitions={"columns": ["region"], "public": None,
-                                                                        "public_file": "regions.csv"})))
+                                                                        "public_file": str(public / "regions.csv")})))
     with pytest.raises(SpecError) as err:
         load_spec(rel / "spec.yaml")
     assert "header" in str(err.value) and SENT_STR not in str(err.value)
-    (rel / "regions.csv").write_text(f"region\nnorth\n{SENT_STR},x\n")
+    (public / "regions.csv").write_text(f"region\nnorth\n{SENT_STR},x\n")
     with pytest.raises(SpecError, match="line 3 has 2 values") as err:
         load_spec(rel / "spec.yaml")
     assert SENT_STR not in str(err.value)

@@ -69,7 +69,7 @@ def test_leak_scan_through_airflow(tmp_path, monkeypatch, caplog, capfd):
     from airflow.dag_processing.dagbag import DagBag
 
     ws = make_workspace(tmp_path, release="af_leak", scope="af_leak_scope", days=2)
-    hexkey = ws.key_path.read_text().strip()
+    hexkey = ws.key_path.read_text().split()[-1]  # the key material line of the v1 file
     for day in ("2024-01-01", "2024-01-02"):
         _planted_input(ws.specs_dir / "data" / f"{day}.parquet", hexkey)
     bad_input = SPEC_TEMPLATE.format(name="af_leak_input", scope=ws.scope, epsilon=0.5, public="p0, p1")

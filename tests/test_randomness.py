@@ -14,7 +14,7 @@ from scipy import stats
 from dpops.cli.key import cli as key_cli
 from dpops.cli.main import main as dpops_main
 from dpops.errors import InvalidParameter
-from dpops.randomness import NoiseKey, keyed_random, os_random, test_random
+from dpops.randomness import KEY_FILE_HEADER, NoiseKey, format_key_file, keyed_random, os_random, test_random
 
 KEY = NoiseKey(bytes(range(32)))
 OTHER_KEY = NoiseKey(bytes(range(1, 33)))
@@ -98,25 +98,55 @@ def test_key_pickles_for_beam_workers_but_used_streams_do_not():
         pickle.dumps(clone)
 
 
+def _v1(raw: bytes) -> bytes:
+    """A ``dpops-noise-key v1`` file's text for ``raw``, without the entropy check (for refusal tests)."""
+    return f"{KEY_FILE_HEADER}\nkey-id {NoiseKey(raw).key_id}\n{raw.hex()}\n".encode()
+
+
 def test_key_from_file_formats_and_refusals(tmp_path):
     raw = os.urandom(32)
+    assert format_key_file(raw) == _v1(raw)
+    good = _key_file(tmp_path / "v1", _v1(raw))
+    assert NoiseKey.from_file(good) == NoiseKey(raw)
+    crlf = _key_file(tmp_path / "crlf", _v1(raw).replace(b"\n", b"\r\n"))
+    assert NoiseKey.from_file(crlf) == NoiseKey(raw)
     for name, content in [("hex", raw.hex().encode() + b"\n"), ("b64", base64.b64encode(raw)), ("raw", raw)]:
-        p = tmp_path / name
-        p.write_bytes(content)
-        p.chmod(0o600)
-        assert NoiseKey.from_file(p) == NoiseKey(raw)
-    short = tmp_path / "short"
-    short.write_bytes(os.urandom(16).hex().encode())
-    short.chmod(0o600)
-    with pytest.raises(InvalidParameter, match="at least 32"):
+        p = _key_file(tmp_path / name, content)
+        with pytest.raises(InvalidParameter, match="not a dpops noise key file.*dpops key convert"):
+            NoiseKey.from_file(p)
+    edited = _key_file(tmp_path / "edited", _v1(raw).replace(NoiseKey(raw).key_id.encode(), b"0" * 16))
+    with pytest.raises(InvalidParameter, match="key-id line does not match"):
+        NoiseKey.from_file(edited)
+    truncated = _key_file(tmp_path / "truncated", _v1(raw)[:-20])
+    with pytest.raises(InvalidParameter, match="truncated or edited"):
+        NoiseKey.from_file(truncated)
+    short_raw = os.urandom(16)
+    short = _key_file(tmp_path / "short", f"{KEY_FILE_HEADER}\nkey-id {'0' * 16}\n{short_raw.hex()}\n".encode())
+    with pytest.raises(InvalidParameter, match="truncated or edited"):
         NoiseKey.from_file(short)
-    loose = tmp_path / "loose"
-    loose.write_bytes(raw.hex().encode())
-    loose.chmod(0o640)
+    loose = _key_file(tmp_path / "loose", _v1(raw), 0o640)
     with pytest.raises(InvalidParameter, match="chmod 600"):
         NoiseKey.from_file(loose)
     with pytest.raises(InvalidParameter, match="does not exist"):
         NoiseKey.from_file(tmp_path / "missing")
+
+
+def test_key_convert_keeps_the_key_and_refuses_raw_bytes(tmp_path, capsys):
+    """The migration the refusal names: `dpops key convert OLD NEW` turns an old hex/base64 key file into a
+    v1 file with the same key id (old runs stay reproducible); raw binary is not a recognisable key."""
+    raw = os.urandom(32)
+    for name, content in [("hex", raw.hex().encode() + b"\n"), ("b64", base64.b64encode(raw))]:
+        old = _key_file(tmp_path / f"{name}.old", content)
+        res = CliRunner().invoke(key_cli, ["convert", str(old), str(tmp_path / f"{name}.new"), "--json"])
+        assert res.exit_code == 0, res.output
+        assert NoiseKey.from_file(tmp_path / f"{name}.new") == NoiseKey(raw)
+        assert (tmp_path / f"{name}.new").stat().st_mode & 0o777 == 0o600
+        assert NoiseKey(raw).key_id in res.output and raw.hex() not in res.output
+    binary = _key_file(tmp_path / "raw.old", raw)
+    assert dpops_main(["key", "convert", str(binary), str(tmp_path / "raw.new")]) == 3
+    assert not (tmp_path / "raw.new").exists() and "hex or base64" in capsys.readouterr().err
+    assert dpops_main(["key", "convert", str(tmp_path / "hex.new"), str(tmp_path / "again")]) == 3
+    assert "nothing to convert" in capsys.readouterr().err
 
 
 def test_generate(tmp_path):
@@ -198,7 +228,7 @@ def test_kubernetes_style_symlinked_secret_is_resolved_once(tmp_path):
     real_dir = mount / "..2026_01_01_00_00_00.123"
     real_dir.mkdir(parents=True)
     raw = os.urandom(32)
-    _key_file(real_dir / "noise.key", raw.hex().encode())
+    _key_file(real_dir / "noise.key", _v1(raw))
     os.symlink(real_dir.name, mount / "..data")
     os.symlink("..data/noise.key", mount / "noise.key")
     mount.chmod(0o1777)
@@ -213,8 +243,8 @@ def test_flipped_symlink_never_yields_the_other_key(tmp_path):
     import time
 
     good, bad = os.urandom(32), os.urandom(32)
-    _key_file(tmp_path / "good.key", good.hex().encode())
-    _key_file(tmp_path / "bad.key", bad.hex().encode(), 0o644)
+    _key_file(tmp_path / "good.key", _v1(good))
+    _key_file(tmp_path / "bad.key", _v1(bad), 0o644)
     link = tmp_path / "noise.key"
     os.symlink("good.key", link)
     flipper = subprocess.Popen([sys.executable, "-c", (
@@ -243,7 +273,7 @@ def test_key_file_owner_directory_type_and_size_checks(tmp_path):
     raw = os.urandom(32)
     d = tmp_path / "keys"
     d.mkdir(mode=0o700)
-    p = _key_file(d / "noise.key", raw.hex().encode())
+    p = _key_file(d / "noise.key", _v1(raw))
     assert NoiseKey.from_file(p) == NoiseKey(raw)
     if os.geteuid() == 0:  # only root can give a file away to another uid
         os.chown(p, 65534, 65534)
@@ -263,13 +293,13 @@ def test_key_file_owner_directory_type_and_size_checks(tmp_path):
         NoiseKey.from_file(big)
 
 
-@pytest.mark.parametrize("content", [b"0" * 64, b"ab" * 32, bytes(range(32)).hex().encode(), b"\x00" * 32,
-                                     bytes(range(100, 164)), base64.b64encode(b"\x07\x09" * 16)])
-def test_low_entropy_keys_are_refused_without_echoing_them(tmp_path, content):
-    p = _key_file(tmp_path / "weak.key", content)
+@pytest.mark.parametrize("raw", [bytes(32), b"\xab" * 32, bytes(range(32)), bytes(range(100, 132)),
+                                 b"\x07\x09" * 16])
+def test_low_entropy_keys_are_refused_without_echoing_them(tmp_path, raw):
+    p = _key_file(tmp_path / "weak.key", _v1(raw))
     with pytest.raises(InvalidParameter, match="too little entropy") as info:
         NoiseKey.from_file(p)
-    assert content.decode("latin-1") not in str(info.value)
+    assert raw.hex() not in str(info.value)
 
 
 def test_generated_keys_pass_the_entropy_check(tmp_path):
@@ -281,9 +311,10 @@ def test_generated_keys_pass_the_entropy_check(tmp_path):
 def test_refusals_never_contain_key_bytes(tmp_path):
     raw = os.urandom(32)
     text = raw.hex()
-    loose = _key_file(tmp_path / "loose.key", text.encode(), 0o644)
-    short = _key_file(tmp_path / "short.key", text[:40].encode())
-    for p in (loose, short):
+    loose = _key_file(tmp_path / "loose.key", _v1(raw), 0o644)
+    short = _key_file(tmp_path / "short.key", _v1(raw)[:-30])
+    legacy = _key_file(tmp_path / "legacy.key", text.encode())
+    for p in (loose, short, legacy):
         with pytest.raises(InvalidParameter) as info:
             NoiseKey.from_file(p)
         assert text[:16] not in str(info.value) and text[-16:] not in str(info.value)
@@ -358,6 +389,31 @@ def test_key_in_environment_is_refused_before_reserving(tmp_path, monkeypatch, c
     res = CliRunner().invoke(dpops_cli_group(), ["run", "--help"])
     assert "DPOPS_NOISE_KEY_FILE" in res.output and "$DPOPS_NOISE_KEY)" not in res.output
     assert "DPOPS_NOISE_KEY " not in res.output.replace("\n", " ").replace("DPOPS_NOISE_KEY_FILE", "")
+
+
+@pytest.mark.parametrize("secret", [b"postgresql+psycopg2://airflow:Zq8vR2xLw9Tt4Kp7@postgres:5432/airflow\n",
+                                    b"hJ4m0l2Qw8XbV3nK9sT1yU6eR5aZ7cD0fG2hJ4kL6mN=\n"],
+                         ids=["airflow-db-url", "fernet-key"])
+def test_a_foreign_secret_is_refused_as_the_noise_key_and_nothing_is_charged(tmp_path, monkeypatch, capsys, secret):
+    """Issue 19 item 9: a readable high-entropy file that is not a dpops key (the Airflow DB URL, the Fernet
+    key) passed the key checks and a release published keyed by it. Now `release run` refuses it with the
+    format rule and the migration command, exit 3, before anything is reserved, and never echoes it."""
+    from dpops.ledger import open_ledger
+    from test_storage import _release_env
+
+    monkeypatch.setenv("DPOPS_STATE_DIR", str(tmp_path / "state"))
+    env = _release_env(tmp_path)
+    foreign = tmp_path / "secret" / "airflow_secret"
+    _key_file(foreign, secret)
+    base = list(env["base"])
+    base[base.index("--key-file") + 1] = str(foreign)
+    assert dpops_main(["release", "run", env["spec"], *base, "--publish"]) == 3
+    err = capsys.readouterr().err
+    assert "is not a dpops noise key file" in err and "dpops key convert" in err and str(foreign) in err
+    assert secret.decode().strip() not in err and secret.decode()[:12] not in err
+    with open_ledger(env["url"]) as led:
+        assert led.runs() == [] and led.status("shop").total == 0
+    assert not (tmp_path / "out" / "shop_daily" / "published").exists()
 
 
 def dpops_cli_group():

@@ -166,22 +166,30 @@ def test_several_partition_columns(tmp_path):
         load_spec(write(tmp_path, doc))
 
 
-def test_public_file(tmp_path):
+def test_public_file(tmp_path, monkeypatch):
+    public = tmp_path / "public"  # the operator's public root (dpops.dataroots), apart from the spec's directory
+    public.mkdir()
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    monkeypatch.delenv("DPOPS_DATA_ROOTS", raising=False)
+    monkeypatch.setenv("DPOPS_PUBLIC_ROOTS", str(public))
+    monkeypatch.setenv("DPOPS_PUBLIC_ROOTS_PUBLISHABLE", str(public))
     doc = base_doc()
     del doc["partitions"]["public"]
-    doc["partitions"]["public_file"] = "regions.csv"
-    (tmp_path / "regions.csv").write_text("region\nnorth\nsouth\n")
-    spec = load_spec(write(tmp_path, doc))
+    regions = public / "regions.csv"
+    doc["partitions"]["public_file"] = str(regions)
+    regions.write_text("region\nnorth\nsouth\n")
+    spec = load_spec(write(specs, doc))
     assert spec.public_partitions() == [("north",), ("south",)]
     h1 = spec.spec_hash
-    (tmp_path / "regions.csv").write_text("region\nnorth\nsouth\neast\n")
-    assert load_spec(write(tmp_path, doc)).spec_hash != h1  # the list is part of the spec
-    (tmp_path / "regions.csv").write_text("region\nnorth\nnorth\n")
+    regions.write_text("region\nnorth\nsouth\neast\n")
+    assert load_spec(write(specs, doc)).spec_hash != h1  # a publishable list is part of the spec
+    regions.write_text("region\nnorth\nnorth\n")
     with pytest.raises(SpecError, match=r"public_file .*line 3: duplicate partition"):
-        load_spec(write(tmp_path, doc))
-    (tmp_path / "regions.csv").unlink()
+        load_spec(write(specs, doc))
+    regions.unlink()
     with pytest.raises(SpecError, match=r"partitions.public_file .*cannot read"):
-        load_spec(write(tmp_path, doc))
+        load_spec(write(specs, doc))
 
 
 def test_yaml_bomb_fails_fast(tmp_path):

@@ -62,10 +62,10 @@ def cli() -> None:
 def check_cmd(file: str, as_json: bool, key_file: str | None) -> None:
     """Validate FILE; print the metrics, the epsilon/delta split and each mechanism's sensitivity.
 
-    The spec's input and public files must resolve under the data roots ($DPOPS_DATA_ROOTS, default the
-    spec's directory) and away from the noise key (see dpops.dataroots)."""
-    from dpops.dataroots import check_spec_paths
-    from dpops.spec import load_spec
+    The spec's input files must resolve under the data roots ($DPOPS_DATA_ROOTS, default the spec's
+    directory), its public file under the public roots ($DPOPS_PUBLIC_ROOTS, never under a data root), and
+    both away from the noise key (see dpops.dataroots)."""
+    from dpops.spec import check_spec_paths, load_spec
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -87,7 +87,8 @@ def spec_sections(spec_document: Mapping[str, Any]) -> dict[str, Any]:
         public_count = None
     elif parts.get("public_file") is not None:
         strategy = "public_file"
-        public_count = len(parts.get("public_file_content") or []) or None
+        # Rows only when the operator marked the file publishable; else just their count (dpops.dataroots).
+        public_count = len(parts.get("public_file_content") or []) or parts.get("public_file_count") or None
     else:
         strategy = "public"
         public_count = len(parts.get("public") or []) or None

@@ -138,9 +138,34 @@ def _run(name: str, fn: Callable[[], list[str]], checks: list[Check]) -> None:
 # --------------------------------------------------------------------------- spec
 
 
+def placeholder_partitions(columns: list[str], types: Mapping[str, str], count: int) -> list[Any]:
+    """``count`` distinct inline partitions of the declared column types, standing in for a public file
+    whose rows the manifest does not carry (``public_file_count``): the plan, its sensitivities and the
+    accounting depend on how many public partitions there are, never on their labels."""
+    varying = next((j for j, c in enumerate(columns) if types.get(c) != "bool"), None)
+    const = {"string": "", "int": 0, "float": 0.0, "bool": False}
+    out: list[Any] = []
+    for i in range(count):
+        row: list[Any] = []
+        for j, c in enumerate(columns):
+            t = types.get(c, "string")
+            if varying is None:  # all bool: the i-th combination (a file of n distinct rows has n <= 2**k)
+                row.append(bool((i >> j) & 1))
+            elif j == varying:
+                row.append({"string": f"#{i}", "int": i, "float": float(i)}[t])
+            else:
+                row.append(const[t])
+        out.append(row[0] if len(row) == 1 else row)
+    return out
+
+
 def parse_embedded_spec(spec_document: Mapping[str, Any]) -> Any:
     """Re-validate the embedded spec. A ``public_file`` spec carries the file's parsed content
-    (``public_file_content``); it is re-parsed as the equivalent inline list."""
+    (``public_file_content``) when the operator marked it publishable; it is re-parsed as the equivalent
+    inline list. Otherwise it carries only ``public_file_count`` and is re-parsed with that many
+    placeholder partitions (``placeholder_partitions``): what a reviewer cannot check then is which labels
+    were published (that the list equals the public file's rows), only how many; the rows are bound to the
+    run through its keyed input fingerprint, checkable only by the key holder."""
     from dpops.spec import parse_spec
 
     doc = copy.deepcopy(dict(spec_document))
@@ -149,6 +174,11 @@ def parse_embedded_spec(spec_document: Mapping[str, Any]) -> Any:
         content = parts.pop("public_file_content")
         parts["public_file"] = None
         parts["public"] = [row[0] if len(row) == 1 else row for row in content]
+    elif "public_file_count" in parts:
+        count = int(parts.pop("public_file_count"))
+        parts["public_file"] = None
+        parts["public"] = placeholder_partitions(list(parts.get("columns", [])),
+                                                 dict(doc.get("input", {}).get("columns", {})), count)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # delta warnings were shown when the run was planned
         return parse_spec(doc, source="manifest.spec")
@@ -215,7 +245,13 @@ def _check_plan(m: dict[str, Any]) -> list[str]:
 
     spec = parse_embedded_spec(m["spec"])
     plan = plan_release(spec)
-    out = diff(m["release_plan"], _jsonable(plan.describe()), "release_plan")
+    described = _jsonable(plan.describe())
+    parts = m["spec"].get("partitions", {})
+    if "public_file_content" in parts or "public_file_count" in parts:
+        # Re-parsed as an inline list, the spec hashes differently; the embedded document's own hash is the
+        # plan's (checked against spec_hash by the spec check).
+        described["spec_hash"] = spec_document_hash(m["spec"])
+    out = diff(m["release_plan"], described, "release_plan")
     recomputed_events = [event_to_dict(e) for e in plan.events]
     recorded = [event_to_dict(event_from_dict(e)) for e in m["events"]]
     out.extend(diff(recorded, recomputed_events, "events"))

@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dpops.errors import DEBUG_ENV, DpopsError, InputDataError, InternalError, LedgerError, StorageError
-from dpops.inputs import input_fingerprint
+from dpops.inputs import input_fingerprint, public_file_rows
 from dpops.release.context import Progress, RunContext, RunOutcome, _outcome, _pick_attempt, _stage, log
 from dpops.release.pipeline_seam import ComputeRequest, ComputeResult, load_run_release
+from dpops.spec import load_spec
 from dpops.storage import Location, StagedRun, as_location, location_uri
 
 if TYPE_CHECKING:
@@ -185,7 +186,10 @@ def _check_input_unchanged(ctx: RunContext, when: str) -> None:
     """Fail (InputDataError) if the input files no longer have the keyed fingerprint of the run key."""
     assert ctx.fingerprint_key is not None  # prepare always sets it
     try:
-        now = input_fingerprint(ctx.input_paths, ctx.fingerprint_key)
+        # The public file is read again (the pipeline re-loads the spec): for a file the operator did not mark
+        # publishable, spec_hash holds only its row count, so only this keyed fingerprint sees a changed list.
+        public = public_file_rows(load_spec(ctx.spec_path)) if ctx.spec.partitions.public_file is not None else None
+        now = input_fingerprint(ctx.input_paths, ctx.fingerprint_key, public)
     except DpopsError as exc:
         raise InputDataError(f"{ctx.spec.name} {ctx.interval}: the input cannot be re-read to check its fingerprint "
                              f"({when}): {exc}") from None

@@ -26,6 +26,7 @@ from dpops.inputs import (
     check_input,
     input_fingerprint,
     parse_interval,
+    public_file_rows,
     resolve_input_paths,
 )
 from dpops.release.context import RANDOMNESS, IntervalBound, NoiseKeyLike, Progress, RunContext, _stage, default_actor
@@ -122,6 +123,9 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
         noise_key = key if key is not None else _load_key(key_path)
         fp_key = noise_key
         key_id = fp_key.key_id
+        from dpops.keyref import check_pinned_key_id
+
+        check_pinned_key_id(key_id, key_path)  # the operator's $DPOPS_NOISE_KEY_ID, before anything is reserved
     spec = load_spec(spec_path)
     interval = parse_interval(interval_start, interval_end)
     # Before anything is read or reserved: a period-scoped release covers exactly one period and a
@@ -132,7 +136,7 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
     paths = resolve_input_paths(spec, interval.start, interval.end, key_path=key_path)
     _stage(progress, "fingerprint")
     check_input(spec, paths)
-    fingerprint = input_fingerprint(paths, fp_key)
+    fingerprint = input_fingerprint(paths, fp_key, public_file_rows(spec))
     plan = (planner or _default_planner)(spec)
     if not list(plan.events):
         raise SpecError(f"{spec.source}: the plan has no privacy events; nothing to release")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from dpops.errors import DpopsError, LedgerError, SpecError, StorageError
 from dpops.release.context import RunContext, RunOutcome, _outcome, _pick_attempt
+from dpops.release.key_continuity import check_key_continuity
 from dpops.release.served import _make_visible, check_served_files
 from dpops.spec import ReleaseSpec
 
@@ -189,6 +190,7 @@ def reserve(ctx: RunContext, ledger: Ledger, *, restates: str | None = None) -> 
         raise StorageError(f"{ctx.store.published_interval_dir(ctx.interval.slug)} already holds run "
                            f"{current.run_id}, unknown to this ledger as the published run; nothing reserved")
     _check_scope(ctx, ledger)
+    check_key_continuity(ctx, ledger)  # another key than the scope's only as a declared rotation (issue 19)
     existing = ledger.run(ctx.run_id)
     if existing is not None and existing.state == "committed":
         return _outcome(ctx, ledger, "already_published", record=existing, message="nothing charged")
