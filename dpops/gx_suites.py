@@ -226,7 +226,7 @@ def _find_condition(doc: object, path: str) -> str | None:
     """The path of the first row_condition/condition_parser key anywhere in ``doc``, else None."""
     if isinstance(doc, dict):
         for k, v in doc.items():
-            here = f"{path}.{k}" if path else str(k)
+            here = f"{path}.{k}" if path else str(k)  # made printable by _refuse's caller
             if k in _CONDITION_KEYS:
                 return here
             found = _find_condition(v, here)
@@ -240,17 +240,27 @@ def _find_condition(doc: object, path: str) -> str | None:
     return None
 
 
+_UNION_TAG_RE = re.compile(r"^(int|float|str|bool|none|(function|list|literal|dict)[-\w]*\[.*\])$")
+
+
+def _printable(text: str) -> str:
+    """A field path from the file, safe to print: control characters escaped, at most 200 characters."""
+    out = "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in text)
+    return out if len(out) <= 200 else out[:200] + "..."
+
+
 def _loc(err: ValidationError, prefix: str) -> str:
     first = err.errors()[0]
+    loc = list(first["loc"])
     parts = [prefix] if prefix else []
-    for p in first["loc"]:
-        if isinstance(p, str) and (p in ("int", "float", "str", "bool", "none") or "[" in p):
-            continue  # pydantic's union-member tags, not fields
+    for n, p in enumerate(loc):
+        if isinstance(p, str) and n < len(loc) - 1 and _UNION_TAG_RE.match(p):
+            continue  # pydantic's union-member tags, not fields (the last element is always a real key)
         if isinstance(p, int):
             parts[-1:] = [f"{parts[-1]}[{p}]"] if parts else [f"[{p}]"]
         else:
             parts.append(str(p))
-    return ".".join(parts) or "(document)"
+    return _printable(".".join(parts)) or "(document)"
 
 
 def _reason(err: ValidationError) -> str:
@@ -266,7 +276,7 @@ def validate_suite(doc: object, where: str, expected_name: str | None = None) ->
     ``where`` (the file), the expectation index and the field."""
     cond = _find_condition(doc, "")
     if cond:
-        raise _refuse(where, cond, "row conditions are refused (GX evaluates them as pandas/Python expressions)")
+        raise _refuse(where, _printable(cond), "row conditions are refused (GX evaluates them as pandas/Python expressions)")
     if not isinstance(doc, dict):
         raise _refuse(where, "(document)", "a suite is a JSON object")
     try:
