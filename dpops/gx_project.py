@@ -196,7 +196,8 @@ def run_output_checkpoint(root: str | os.PathLike[str], spec: ReleaseSpec, data_
         _copy_tree(project.joinpath(*_VALIDATIONS), scratch / "history" / "validations")
         _copy_tree(project.joinpath(*_DOCS), scratch / "history" / "local_site")
         payload = {"release": spec.name, "run_id": run_id, "partition_columns": list(spec.partitions.columns),
-                   "public_partitions": spec.public_partitions(), "allow_null": spec.postprocess.suppress_below is not None,
+                   "public_partitions": spec.public_partitions(),
+                   "allow_null": spec.postprocess.suppress_below is not None,
                    "suites": [s.as_payload() for s in suites]}
         child = run_confined(__name__, json.dumps(payload, default=str).encode(), scratch,
                              timeout=SANDBOX_TIMEOUT_SECONDS, require_landlock=bool(suites))

@@ -102,38 +102,54 @@ class _Range(_Kwargs):
 
 
 class ColumnKw(_Kwargs):
+    """A column name (``expect_column_to_exist``)."""
+
     column: Column
 
 
 class ColumnMostlyKw(_Mostly):
+    """A column and an optional ``mostly`` fraction."""
+
     column: Column
 
 
 class ColumnRangeKw(_Range):
+    """A column and an inclusive/strict range for one of its aggregates."""
+
     column: Column
 
 
 class ColumnValuesRangeKw(_Range):
+    """A column, a range for every value, an optional ``mostly``."""
+
     column: Column
     mostly: Number | None = Field(default=None, ge=0, le=1)
 
 
 class ColumnSetKw(_Mostly):
+    """A column, the set its values must lie in, an optional ``mostly``."""
+
     column: Column
     value_set: list[Scalar]
 
 
 class ColumnDistinctSetKw(_Kwargs):
+    """A column and the set its distinct values are compared with."""
+
     column: Column
     value_set: list[Scalar]
 
 
 class ColumnTypeListKw(_Mostly):
+    """A column and the dtype names it may have."""
+
     column: Column
     type_list: list[StrictStr]
 
 
 class ColumnPairKw(_Kwargs):
+    """Two columns, A >= B (or >), and how missing values are treated."""
+
     column_A: Column  # noqa: N815 - GX's own keyword names
     column_B: Column  # noqa: N815
     or_equal: StrictBool = False
@@ -142,14 +158,18 @@ class ColumnPairKw(_Kwargs):
 
 
 class TableRangeKw(_Range):
-    pass
+    """A range for the table's row count."""
 
 
 class TableEqualKw(_Kwargs):
+    """The table's exact row count."""
+
     value: StrictInt = Field(ge=0)
 
 
 class TableColumnsKw(_Kwargs):
+    """The table's column set."""
+
     column_set: list[Column]
     exact_match: StrictBool = True
 
@@ -214,6 +234,7 @@ class TeamSuite:
     expectations: tuple[CheckedExpectation, ...]
 
     def as_payload(self) -> dict[str, object]:
+        """The suite as the sandboxed child receives it (re-validated there)."""
         return {"name": self.name, "expectations": [{"type": e.type, "kwargs": e.kwargs} for e in self.expectations]}
 
 
@@ -276,7 +297,8 @@ def validate_suite(doc: object, where: str, expected_name: str | None = None) ->
     ``where`` (the file), the expectation index and the field."""
     cond = _find_condition(doc, "")
     if cond:
-        raise _refuse(where, _printable(cond), "row conditions are refused (GX evaluates them as pandas/Python expressions)")
+        raise _refuse(where, _printable(cond),
+                      "row conditions are refused (GX evaluates them as pandas/Python expressions)")
     if not isinstance(doc, dict):
         raise _refuse(where, "(document)", "a suite is a JSON object")
     try:

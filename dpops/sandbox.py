@@ -177,6 +177,7 @@ class Confinement:
     landlock: int
 
     def describe(self) -> str:
+        """For logs and the report: which uid and which Landlock ABI."""
         who = f"uid {self.uid}" if self.uid is not None else f"uid {os.geteuid()}"
         return f"{who}, Landlock ABI {self.landlock}" if self.landlock else f"{who}, no Landlock"
 
@@ -239,6 +240,8 @@ def write_result(doc: object) -> None:
 
 @dataclass(frozen=True)
 class ChildResult:
+    """What the child returned: exit status, its answer (stdout), its own output (stderr)."""
+
     returncode: int
     stdout: bytes
     stderr: bytes
