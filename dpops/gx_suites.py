@@ -37,7 +37,7 @@ import math
 import os
 import re
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeAlias
@@ -403,7 +403,3 @@ def load_team_suites(root: str | os.PathLike[str], release: str) -> list[TeamSui
             suites.append(validate_suite(_read_suite_file(path), str(path), ".".join((prefix, *rel))))
     return sorted(suites, key=lambda s: s.name)
 
-
-def expectation_names(suites: Sequence[TeamSuite]) -> list[str]:
-    """``<suite>: <type>`` for each checked expectation (what the manifest lists)."""
-    return [f"{s.name}: {e.type}" for s in suites for e in s.expectations]
