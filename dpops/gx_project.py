@@ -273,6 +273,10 @@ def _child_checkpoint(payload: dict[str, Any], scratch: Path) -> dict[str, objec
             if not r.success:
                 failures.append(name)
     docs = scratch.joinpath("project", *_DOCS, "index.html").is_file()
+    if docs:  # GX's index needs CDN assets; dpops' own one renders offline (dpops.gx_docs)
+        from dpops.gx_docs import write_offline_index
+
+        write_offline_index(scratch.joinpath("project", *_VALIDATIONS), scratch.joinpath("project", *_DOCS))
     return {"ok": True, "checkpoint": cp.name, "success": bool(res.success), "suites": [s.name for s in suites],
             "checks": checks, "failures": failures, "data_docs": docs}
 
