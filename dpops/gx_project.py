@@ -21,7 +21,8 @@ post-processed and publishable) and the validated suites, and cannot open the no
 the staging or state directories, nor connect a TCP socket. Its validation results and Data Docs are
 copied back (regular files only) into ``gx/uncommitted/validations`` and
 ``gx/uncommitted/data_docs/local_site``; earlier results are copied into the child so the Data Docs index
-keeps the history. Team suites are refused, not run unconfined, on a kernel without Landlock.
+keeps the history; the index itself is dpops' offline one (``dpops.gx_docs``). Team suites are refused,
+not run unconfined, on a kernel without Landlock.
 
 Privacy reason: these suites see only the noisy, already-private output, so any verdict is
 post-processing and may block a publish freely (semantics.md section 6); the private input is checked
