@@ -59,7 +59,7 @@ CONFINED = {"dpops_noise_key": {"airflow-scheduler"}, "ledger_pgpass": {"airflow
             "ledger_owner_pgpass": {"ledger-init"}, "airflow_admin_password": {"airflow-init"},
             "airflow_task_connections": {"airflow-scheduler", "airflow-init"}}
 # Environment variables holding paths a dpops process reads or writes (comma-separated lists allowed).
-PATH_VARS = ("DPOPS_DATA_ROOTS", "DPOPS_OUTPUT_ROOTS", "DPOPS_STATE_DIR")
+PATH_VARS = ("DPOPS_DATA_ROOTS", "DPOPS_OUTPUT_ROOTS", "DPOPS_STATE_DIR", "DPOPS_GX_PROJECT")
 
 
 def _named_mounts(svc: dict) -> dict[str, tuple[str, bool]]:
@@ -454,3 +454,13 @@ def test_readme_recipe_creates_every_secret_readable_by_its_reader(uid_dir, comp
     # The metadata URL carries the password the database was given.
     url = (secrets_dir / "airflow_db_url").read_text()
     assert url == f"postgresql+psycopg://airflow:{(secrets_dir / 'airflow_db_password').read_text()}@airflow-db:5432/airflow"
+
+
+def test_gx_project_is_0700_on_its_own_volume_in_the_scheduler_only(compose):
+    """Issue 19 item 5 (c): the deployed GX project directory is created 0700 by the image user, and only the
+    service that publishes (the scheduler) names it."""
+    from deploy_support import dockerfile_created_dirs
+
+    path = service(compose, "airflow-scheduler").env["DPOPS_GX_PROJECT"]
+    assert dockerfile_created_dirs()[path] == (str(IMAGE_UID), "0700")
+    assert [n for n in compose["services"] if "DPOPS_GX_PROJECT" in service(compose, n).env] == ["airflow-scheduler"]

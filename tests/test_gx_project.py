@@ -8,6 +8,7 @@ import pytest
 
 from dpops.cli.main import main
 from test_cli_release import cli_env  # noqa: F401 - the CLI release fixture (fake pipeline, real ledger)
+from test_runs import write_input
 
 
 def _add_user_suite(root, name, **kwargs):
@@ -37,7 +38,7 @@ def test_user_suites_run_through_the_checkpoint_with_data_docs(cli_env, monkeypa
     assert "great expectations checkpoint dpops.purchases_test: suite dpops.output.purchases_test" in names
     assert "great expectations checkpoint dpops.purchases_test: suite output.purchases_test.team" in names
     assert not any("other_release" in n for n in names)
-    assert (root / "gx" / "checkpoints" / "dpops.purchases_test.json").is_file()
+    assert any((root / "gx" / "uncommitted" / "validations").rglob("*.json"))  # results copied back from the sandbox
     docs = root / "gx" / "uncommitted" / "data_docs" / "local_site" / "index.html"
     assert docs.is_file() and out["run_id"] in docs.read_text()
 
@@ -68,3 +69,93 @@ def test_report_links_the_data_docs(cli_env, monkeypatch, capsys):
         led.close()
     text = (tmp / "report.html").read_text()
     assert 'href="./gx_project/gx/uncommitted/data_docs/local_site/index.html"' in text, out
+
+
+# ------------------------------------------------------------------ issue 19 item 5: suites are code
+
+
+def _exploit_suite(root, payload_cmd, name="evil"):
+    """The exact suite from issue 19 item 5: a row_condition GX hands to DataFrame.query."""
+    d = root / "gx" / "expectations" / "output" / "all"
+    d.mkdir(parents=True, exist_ok=True)
+    doc = {"name": f"output.all.{name}", "meta": {}, "expectations": [{
+        "type": "expect_column_values_to_be_between",
+        "kwargs": {"column": "count", "min_value": 0, "condition_parser": "pandas",
+                   "row_condition": f"index >= @pd.io.common.os.system({payload_cmd!r})"},
+        "meta": {}}]}
+    (d / f"{name}.json").write_text(json.dumps(doc))
+    return d / f"{name}.json"
+
+
+def test_exploit_suite_is_refused_before_reservation_and_runs_nothing(cli_env, monkeypatch, capsys):
+    from dpops.ledger import open_ledger
+
+    tmp, spec, url, base, pipe = cli_env
+    root = tmp / "gx_project"
+    root.mkdir(mode=0o700)
+    loot = tmp / "loot"
+    loot.mkdir()
+    key = base[base.index("--key-file") + 1]
+    sentinel = loot / "SENTINEL"
+    cmd = f"cp {key} {loot}/stolen.key; cp {tmp}/data/2024-01-01.parquet {loot}/stolen.parquet; touch {sentinel}"
+    path = _exploit_suite(root, cmd)
+    monkeypatch.setenv("DPOPS_GX_PROJECT", str(root))
+    code = main(["release", "run", str(spec), *base, "--publish"])
+    err = capsys.readouterr().err
+    assert code == 3, err
+    assert f"{path}: expectations[0].kwargs.condition_parser: row conditions are refused" in err
+    assert not sentinel.exists() and not (loot / "stolen.key").exists() and not (loot / "stolen.parquet").exists()
+    assert pipe.calls == 0 and not (tmp / "out" / "published").exists()
+    led = open_ledger(url)
+    try:
+        assert led.status("shop").total == 0  # refused before anything was reserved
+    finally:
+        led.close()
+
+
+def test_a_bad_suite_appearing_after_reservation_refuses_the_publish_and_a_retry_publishes(cli_env, monkeypatch,
+                                                                                               capsys):
+    tmp, spec, url, base, pipe = cli_env
+    root = tmp / "gx_project"
+    monkeypatch.setenv("DPOPS_GX_PROJECT", str(root))
+    sentinel = tmp / "SENTINEL"
+    real_call = type(pipe).__call__
+
+    def compute_then_drop_suite(self, req):
+        out = real_call(self, req)
+        _exploit_suite(root, f"touch {sentinel}", name="late")  # written while the run holds its reservation
+        return out
+
+    monkeypatch.setattr(type(pipe), "__call__", compute_then_drop_suite)
+    assert main(["release", "run", str(spec), *base, "--publish", "--json"]) == 3
+    captured = capsys.readouterr()
+    assert "late.json: expectations[0].kwargs.condition_parser" in captured.err and not sentinel.exists()
+    assert json.loads(captured.out)["state"] == "failed"  # charged once, staged, nothing published
+    assert not (tmp / "out" / "published").exists()
+    (root / "gx" / "expectations" / "output" / "all" / "late.json").unlink()
+    assert main(["release", "run", str(spec), *base, "--publish", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["state"] == "published" and out["epsilon_charged"] == 0 and pipe.calls == 1  # no new charge
+
+
+def test_project_dir_is_created_0700_and_a_writable_one_is_refused(cli_env, monkeypatch, capsys):
+    import stat
+
+    tmp, spec, url, base, _ = cli_env
+    root = tmp / "gx_project"
+    monkeypatch.setenv("DPOPS_GX_PROJECT", str(root))
+    assert main(["release", "run", str(spec), *base, "--publish", "--no-gx-checks"]) == 0
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    capsys.readouterr()
+    write_input(tmp, "2024-01-02")
+    later = ["--interval", "2024-01-02/2024-01-03", *base[2:]]
+    root.chmod(0o777)
+    assert main(["release", "run", str(spec), *later, "--publish"]) == 3
+    assert f"GX project directory {root} is writable by group or others" in capsys.readouterr().err
+    root.chmod(0o700)
+    suite = root / "gx" / "expectations" / "output" / "purchases_test" / "team.json"
+    suite.parent.mkdir(parents=True)
+    suite.write_text(json.dumps({"name": "output.purchases_test.team", "expectations": []}))
+    suite.chmod(0o666)
+    assert main(["release", "run", str(spec), *later, "--publish"]) == 3
+    assert f"GX suite file {suite} is writable by group or others" in capsys.readouterr().err

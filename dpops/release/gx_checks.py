@@ -21,8 +21,9 @@ from __future__ import annotations
 import os
 import threading
 import uuid
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from dpops.errors import InputDataError, IntegrityError, SpecError
 
@@ -53,8 +54,10 @@ class CheckReport:
     checks: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "success": self.success, "checks": list(self.checks), "failures": list(self.failures)}
+    def as_dict(self) -> dict[str, object]:
+        """The report as JSON-ready values (names and verdicts only)."""
+        return {"name": self.name, "success": self.success, "checks": list(self.checks),
+                "failures": list(self.failures)}
 
 
 _lock = threading.Lock()
@@ -282,5 +285,6 @@ def check_release_output(
             report.failures.append(f"{_describe(res)} failed" + (f" ({n_bad} rows)" if n_bad is not None else ""))
     if report.failures:
         report.success = False
-        raise IntegrityError(f"{where}: the noisy output failed its checks, not publishing: " + "; ".join(report.failures))
+        raise IntegrityError(f"{where}: the noisy output failed its checks, not publishing: "
+                             + "; ".join(report.failures))
     return report

@@ -143,6 +143,11 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
     from dpops.manifest.run_hook import check_signing_key
 
     check_signing_key()  # a configured manifest signing key must load before anything is reserved
+    gx_project = os.environ.get("DPOPS_GX_PROJECT")
+    if gx_project:  # team GX suites are untrusted: a bad one is refused before anything is reserved
+        from dpops.gx_project import preflight
+
+        preflight(gx_project, spec.name)
     return RunContext(
         spec_path=str(Path(spec_path).resolve()), spec=spec, interval=interval, input_paths=paths,
         input_fingerprint=fingerprint, randomness=randomness, key_id=key_id, plan=plan,

@@ -51,23 +51,24 @@ def publish(ctx: RunContext, ledger: Ledger, *, gx_checks: bool = False,
                            "spent_unpublished; run with keyed or os randomness to publish")
     _stage(progress, "check output")
     ctx.output_checks = check_noisy_output(ctx.spec, staged.data_location)
-    if gx_checks or os.environ.get("DPOPS_GX_PROJECT"):
+    project = os.environ.get("DPOPS_GX_PROJECT")
+    if project:  # the deployment's GX project: dpops' suite and the team suites, sandboxed (dpops.gx_project)
+        from dpops.gx_project import run_output_checkpoint
+
+        with local_copy(ctx, staged) as data_file:  # an object-store output is copied privately first
+            gx_result = run_output_checkpoint(project, ctx.spec, data_file, run_id=ctx.run_id)
+        # The checkpoint's suite dpops.output.<release> IS the in-process output suite: not run twice.
+        ctx.output_checks = [*ctx.output_checks, *(["great expectations output suite"] if gx_checks else []),
+                             *(f"great expectations checkpoint {gx_result.checkpoint}: suite {s}"
+                               for s in gx_result.suites)]
+    elif gx_checks:
+        from dpops.release.gx_checks import check_release_output
+
         with local_copy(ctx, staged) as data_file:  # GX reads local files; an object-store output is copied privately
-            if gx_checks:
-                from dpops.release.gx_checks import check_release_output
-
-                check_release_output(str(data_file), partition_columns=ctx.spec.partitions.columns,
-                                     public_partitions=ctx.spec.public_partitions(),
-                                     allow_null=ctx.spec.postprocess.suppress_below is not None)
-                ctx.output_checks = [*ctx.output_checks, "great expectations output suite"]
-            if os.environ.get("DPOPS_GX_PROJECT"):  # the deployment's GX project: checkpoint + Data Docs
-                from dpops.gx_project import run_output_checkpoint
-
-                gx_result = run_output_checkpoint(os.environ["DPOPS_GX_PROJECT"], ctx.spec, data_file,
-                                                  run_id=ctx.run_id)
-                ctx.output_checks = [*ctx.output_checks,
-                                     *(f"great expectations checkpoint {gx_result.checkpoint}: suite {s}"
-                                       for s in gx_result.suites)]
+            check_release_output(str(data_file), partition_columns=ctx.spec.partitions.columns,
+                                 public_partitions=ctx.spec.public_partitions(),
+                                 allow_null=ctx.spec.postprocess.suppress_below is not None)
+        ctx.output_checks = [*ctx.output_checks, "great expectations output suite"]
     # The manifest is written BEFORE anything becomes visible (semantics.md section 5): it
     # fingerprints the staged files, and the published copies are verified byte-identical.
     _stage(progress, "publish")
