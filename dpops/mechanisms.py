@@ -147,13 +147,37 @@ class NoiseParams:
                 lo = mid
         return hi
 
+    def halfwidth(self, coverage: float = 0.95) -> float:
+        """Half-width (value units) of a ``coverage`` interval for the true value, from public parameters only.
+
+        The one owner of per-value interval widths: the pipeline's published intervals
+        (``ci95_halfwidth``), ``dpops spec check``/``plan`` and the report all call it. Exact for the
+        integer noise (the smallest lattice h with P(|K| > h) <= 1 - coverage, from the pmf), plus, for
+        real-valued queries, the rounding to the grid (r/2, a worst case). Post-processing of public
+        parameters: it costs no privacy.
+        """
+        if not (0.0 < coverage < 1.0):
+            raise InvalidParameter(f"coverage must be strictly between 0 and 1, got {coverage!r}")
+        h = self.lattice_halfwidth(coverage) * self.resolution
+        return h if self.integer_valued else h + self.resolution / 2
+
+    def noise_coverage(self, lattice_halfwidth: int) -> float:
+        """Exact P(|K| <= h) of the integer noise K (the probability the ``halfwidth`` interval covers the noise)."""
+        h = int(lattice_halfwidth)
+        if h < 0:
+            return 0.0
+        return max(0.0, 1.0 - 2.0 * self._lattice().tail(h + 1))
+
+    def lattice_param(self) -> DiscreteLaplaceParam | DiscreteGaussianParam:
+        """The exact lattice distribution the sampler draws from (for predictions; never to sample)."""
+        return self._lattice()
+
     def ci95_halfwidth(self) -> float:
-        """Half-width of a 95% interval for the true value, from public parameters only.
+        """Half-width of a 95% interval for the true value, from public parameters only (``halfwidth(0.95)``).
 
         Covers the noise (≥ 95%) plus, for real-valued queries, the rounding to the grid (r/2).
         """
-        h = self.lattice_halfwidth(0.95) * self.resolution
-        return h if self.integer_valued else h + self.resolution / 2
+        return self.halfwidth(0.95)
 
     def _lattice(self) -> DiscreteLaplaceParam | DiscreteGaussianParam:
         if self.lattice is not None:
