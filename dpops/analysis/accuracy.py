@@ -345,7 +345,7 @@ def keep_curve(plan: ReleasePlan, units: Sequence[int]) -> list[tuple[int, float
     if ps is None:
         raise InvalidParameter("the release has public partitions: there is no partition selection")
     probs = ps.keep_probability(np.asarray(list(units), dtype=np.int64))
-    return [(int(n), float(p)) for n, p in zip(units, probs)]
+    return [(int(n), float(p)) for n, p in zip(units, probs, strict=True)]
 
 
 __all__ = [

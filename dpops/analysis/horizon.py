@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from dpops.errors import InvalidParameter
@@ -124,7 +124,7 @@ def horizon(spec: ReleaseSpec, plan: ReleasePlan, *, cap: float | None, cap_unit
     if isinstance(intervals, bool) or not isinstance(intervals, int) or intervals < 1:
         raise InvalidParameter(f"the number of intervals must be an integer >= 1, got {intervals!r}")
     d = float(spec.budget.delta if delta is None else delta)
-    t0 = (start or datetime.now(timezone.utc)).astimezone(timezone.utc)
+    t0 = (start or datetime.now(UTC)).astimezone(UTC)
     per_run = list(plan.events)
     rows: list[HorizonRow] = []
     for ref in accountants:
@@ -146,7 +146,7 @@ def horizon(spec: ReleaseSpec, plan: ReleasePlan, *, cap: float | None, cap_unit
         more = False
         when: str | None = None
         if cap is not None:
-            def ok(k: int) -> bool:
+            def ok(k: int, ref: str = ref, cap: float = cap) -> bool:
                 return _measure(ref, list(spent) + repeated(per_run, k), d, cap_unit) <= cap * (1 + 1e-12)
 
             if not ok(0):

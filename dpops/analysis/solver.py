@@ -157,7 +157,8 @@ def _gauss_seidel(spec: ReleaseSpec, shares: dict[str, float], keys: list[str], 
     """Update each targeted share to its least sufficient value given the others, until none moves."""
     floor = floor or {}
     rounds = 0
-    for rounds in range(1, MAX_ROUNDS + 1):
+    while rounds < MAX_ROUNDS:
+        rounds += 1
         moved = False
         for k in keys:
             s = least_share(spec, shares, k)
@@ -221,7 +222,7 @@ def solve(spec: ReleaseSpec, *, accountant: str = "basic/1", available: float | 
     for metric_key, count_key in pairs.items():
         lo_c = shares[count_key]
 
-        def total(c: float) -> float:
+        def total(c: float, count_key: str = count_key, metric_key: str = metric_key) -> float:
             trial = dict(shares)
             trial[count_key] = c
             s = least_share(spec, trial, metric_key)
