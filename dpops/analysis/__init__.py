@@ -51,7 +51,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "load", "plan", "predictions", "keep_curve", "check_targets", "solve", "Solution", "horizon_of",
-    "Horizon", "HorizonRow", "explain", "Prediction", "TargetResult", "ACCOUNTANTS", "FitCheck",
+    "Horizon", "HorizonRow", "horizon", "explain", "Prediction", "TargetResult", "ACCOUNTANTS", "FitCheck",
+    "DEFAULT_CONFIDENCE", "DEFAULT_UNITS", "DEFAULT_GAP",
 ]
 
 

@@ -24,7 +24,7 @@ def lines(spec: ReleaseSpec, plan: ReleasePlan, predictions: list[Prediction] | 
     u = spec.privacy_unit
     c = spec.contribution
     eps, delta = plan.epsilon, plan.delta
-    who = "each row (record-level protection)" if u.record_level else f"one {u.description} (column {u.column})"
+    who = "each row (record-level protection)" if u.record_level else f"{u.description} (column {u.column})"
     out = [f"Protected unit: {who}."]
     if u.adjacency == "add_remove":
         change = "adding or removing all of that unit's data"
