@@ -65,7 +65,8 @@ def _action(st) -> tuple[str, bool]:
 @click.option("--value", "values", multiple=True, metavar="KEY=V",
               help="accuracy view: the true value of metric KEY a relative error is measured against (repeatable)")
 @click.option("--confidence", type=float, default=None, help="accuracy view: interval confidence [0.95]")
-@click.option("--gap", type=int, default=None, help="accuracy view: top-k lead (rows) for the top-pick probability [10]")
+@click.option("--gap", type=int, default=None,
+              help="accuracy view: top-k lead (rows) for the top-pick probability [10]")
 @click.option("--intervals", type=int, default=365, show_default=True,
               help="horizon: total epsilon after this many intervals")
 @click.option("--cap", type=float, default=None,

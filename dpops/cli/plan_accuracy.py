@@ -86,7 +86,6 @@ def _scope_info(led: Ledger, spec: ReleaseSpec) -> tuple[ScopeDefinition, list[P
 def run(spec_path: str, opts: AccuracyOptions, as_json: bool) -> None:
     """Compute and print the accuracy view of ``spec_path``."""
     from dpops import analysis
-    from dpops.analysis.document import accuracy_document
     from dpops.release_plan import plan_release
     from dpops.spec import load_spec
 
