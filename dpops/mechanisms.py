@@ -130,6 +130,8 @@ class NoiseParams:
         lat = self._lattice()
         if isinstance(lat, DiscreteLaplaceParam):
             p = math.exp(-lat.s / lat.t)
+            if 2 * lat.tail(1) <= alpha:  # also when p underflows to 0 (scale far below one lattice step)
+                return 0
             # P(|K| > h) = 2 p^(h+1)/(1+p)
             h = max(0, math.ceil(math.log(alpha / 2 * (1 + p)) / math.log(p)) - 1)
             while h > 0 and 2 * lat.tail(h) <= alpha:
@@ -139,6 +141,14 @@ class NoiseParams:
             return h
         sigma = math.sqrt(float(lat.sigma2))
         lo, hi = -1, int(6 * sigma) + 10  # 2·tail(hi+1) <= alpha; find the smallest such h
+        # Narrow the bracket around the normal quantile (the discrete Gaussian's tail is within a few
+        # lattice steps of it); kept only if it really brackets, so the answer is the same exact h.
+        from statistics import NormalDist
+
+        guess = NormalDist().inv_cdf(1 - alpha / 2) * sigma
+        g_lo, g_hi = max(-1, int(guess * 0.98) - 3), min(hi, int(guess * 1.02) + 3)
+        if (g_lo < 0 or 2 * lat.tail(g_lo + 1) > alpha) and 2 * lat.tail(g_hi + 1) <= alpha:
+            lo, hi = g_lo, g_hi
         while hi - lo > 1:
             mid = (lo + hi) // 2
             if 2 * lat.tail(mid + 1) <= alpha:

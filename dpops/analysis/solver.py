@@ -3,7 +3,9 @@
 What is optimised. The decision variables are the epsilon shares s_k of the split keys that carry a
 target (a metric key, or ``partition_selection`` for a keep target); every other key keeps the share
 the spec declares (a metric without a target has no accuracy to trade against, and the solver must
-not silently starve it). A candidate split is turned into a spec (``ReleaseSpec.with_budget``) and
+not silently starve it). The one exception: a count metric whose noisy vector a targeted mean or
+variance reuses may be RAISED above its declared share when that is cheaper than raising the mean's;
+it never goes below it. A candidate split is turned into a spec (``ReleaseSpec.with_budget``) and
 planned by ``plan_release`` -- the very calibration a release uses -- and its targets are checked by
 ``dpops.analysis.targets.evaluate``. So the solution is judged by the real plan, never by a model of it.
 
@@ -37,7 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from dpops.analysis.targets import TargetResult, evaluate, evaluate_one, target_key
+from dpops.analysis.targets import TargetResult, evaluate, target_key, target_met
 from dpops.errors import InvalidParameter
 
 if TYPE_CHECKING:
@@ -46,7 +48,7 @@ if TYPE_CHECKING:
     from dpops.spec import ReleaseSpec
 
 MIN_SHARE = 1e-4  # below this a share is not planned (selection tables grow as 1/epsilon)
-MAX_SHARE = 1e3  # epsilon per key beyond which a target is called unreachable
+MAX_SHARE = 100.0  # epsilon per key beyond which a target is called unreachable
 REL_TOL = 1e-6
 MAX_ROUNDS = 30
 FitCheck = Callable[[Sequence["PrivacyEvent"]], bool]
@@ -115,26 +117,40 @@ def run_cost(plan: ReleasePlan, accountant: str, delta: float | None = None) -> 
 def _met(spec: ReleaseSpec, shares: dict[str, float], key: str) -> bool:
     try:
         plan = plan_for(spec, shares)
-    except InvalidParameter:
-        return False  # a share too small to plan (e.g. a selection table too long) meets nothing
+    except (InvalidParameter, OverflowError):
+        return False  # a share too small or too large to plan (e.g. a selection table too long) meets nothing
     acc = spec.accuracy
     assert acc is not None
-    return all(evaluate_one(plan, t, float(acc.confidence)).met for t in acc.targets if target_key(t) == key)
+    return all(target_met(plan, t, float(acc.confidence)) for t in acc.targets if target_key(t) == key)
 
 
 def least_share(spec: ReleaseSpec, shares: dict[str, float], key: str) -> float | None:
-    """The least share of ``key`` meeting all of its targets with the other shares fixed (None: none up to MAX)."""
+    """The least share of ``key`` meeting all of its targets with the other shares fixed (None: none up to MAX).
+
+    Brackets the answer by doubling or halving from the current share (so the plans evaluated stay near
+    the answer, away from extreme epsilons), then bisects on a log scale to REL_TOL, returning the
+    feasible end.
+    """
     trial = dict(shares)
 
     def ok(s: float) -> bool:
         trial[key] = s
         return _met(spec, trial, key)
 
-    if not ok(MAX_SHARE):
-        return None
-    if ok(MIN_SHARE):
-        return MIN_SHARE
-    lo, hi = MIN_SHARE, MAX_SHARE
+    s0 = min(max(shares[key], MIN_SHARE), MAX_SHARE)
+    if ok(s0):
+        hi, lo = s0, s0 / 2
+        while lo >= MIN_SHARE and ok(lo):
+            hi, lo = lo, lo / 2
+        if lo < MIN_SHARE:
+            return hi if hi == MIN_SHARE or not ok(MIN_SHARE) else MIN_SHARE
+    else:
+        lo, hi = s0, s0 * 2
+        while not ok(min(hi, MAX_SHARE)):
+            if hi >= MAX_SHARE:
+                return None
+            lo, hi = hi, hi * 2
+        hi = min(hi, MAX_SHARE)
     while hi > lo * (1.0 + REL_TOL):
         mid = math.sqrt(lo * hi)
         if ok(mid):
