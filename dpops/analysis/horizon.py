@@ -127,7 +127,9 @@ def horizon(spec: ReleaseSpec, plan: ReleasePlan, *, cap: float | None, cap_unit
     t0 = (start or datetime.now(UTC)).astimezone(UTC)
     per_run = list(plan.events)
     rows: list[HorizonRow] = []
-    for ref in accountants:
+    from dpops.accounting import get_accountant
+
+    for ref in [get_accountant(a).ref for a in accountants]:  # "rdp" -> "rdp/1": rows name the pinned version
         if cap_unit == "rho" and not ref.startswith("zcdp"):
             rows.append(HorizonRow(ref, None, None, None, note="the scope caps zCDP rho: only a zcdp accountant "
                                                                   "measures it"))
