@@ -1,3 +1,5 @@
+"""Example notebook (percent format): plan, solve and plot a release from its spec alone."""
+
 # %% [markdown]
 # # Plan before spending: predicted accuracy, targets solved into epsilon, the horizon
 #
