@@ -135,3 +135,37 @@ def test_halfwidth_at_a_huge_epsilon_is_zero_not_a_crash():
     """Regression: a Laplace scale far below one lattice step made p underflow to 0 and log(0) raise."""
     p = laplace_mechanism(2000.0, 1.0, integer_valued=True)
     assert p.halfwidth(0.95) == 0.0 and p.ci95_halfwidth() == 0.0
+
+
+def _manifest_for(spec):
+    from dpops.analysis.document import manifest_section
+    from dpops.manifest.build import build_manifest
+
+    plan = plan_release(spec)
+    key = {"release": spec.name, "spec_hash": spec.spec_hash, "interval_start": "2024-01-01T00:00:00Z",
+           "interval_end": "2024-01-02T00:00:00Z", "input_fingerprint": "f" * 64, "key_id": "k"}
+    return build_manifest(run_key=key, spec_document=spec.canonical_document(), release_plan=plan.describe(),
+                          events=plan.events, accountant="basic/1", outcome="refused", randomness_mode="test",
+                          accuracy=manifest_section(spec, plan))
+
+
+def test_manifest_records_targets_and_verify_recomputes_them(tmp_path, monkeypatch):
+    from dpops.manifest.schema import schema_problems
+    from dpops.manifest.verify import verify_manifest
+
+    env = make_env(tmp_path, monkeypatch, planner_fn=plan_release)
+    m = _manifest_for(_with_targets(env))
+    assert schema_problems(m) == []
+    assert [t["met"] for t in m["accuracy"]["targets"]] == [False, True]
+
+    def accuracy_check(doc):
+        return next(c for c in verify_manifest(doc).checks if c.name == "accuracy")
+
+    assert accuracy_check(m).ok
+    forged = json.loads(json.dumps(m))
+    forged["accuracy"]["targets"][0]["met"] = True  # a manifest claiming a target it does not meet
+    assert not accuracy_check(forged).ok
+    # a manifest without targets (and every older one) has no accuracy field and no such check
+    old = _manifest_for(load_spec(tmp_path / "spec.yaml").with_budget(0.5, None).model_copy(update={"accuracy": None}))
+    assert "accuracy" not in old and schema_problems(old) == []
+    assert all(c.name != "accuracy" for c in verify_manifest(old).checks)
