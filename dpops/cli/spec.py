@@ -12,14 +12,14 @@ from typing import Any
 import click
 
 
-def _plan_summary(spec: Any) -> tuple[dict[str, Any] | None, str | None]:
+def _plan_summary(spec: Any) -> tuple[dict[str, Any] | None, str | None, Any]:
     try:
         from dpops.release_plan import plan_release
 
         plan = plan_release(spec)
     except ImportError as exc:  # the plan module or one of its mechanism modules is missing
-        return None, f"the release plan is unavailable ({exc}): no mechanism details"
-    return plan.describe(), None
+        return None, f"the release plan is unavailable ({exc}): no mechanism details", None
+    return plan.describe(), None, plan
 
 
 def summary(spec: Any) -> dict[str, Any]:
@@ -75,10 +75,10 @@ def check_cmd(file: str, as_json: bool, key_file: str | None, require_targets: b
         spec = load_spec(file)
     check_spec_paths(spec, key_file)
     doc = summary(spec)
-    plan, note = _plan_summary(spec)
+    plan, note, plan_obj = _plan_summary(spec)
     doc["plan"] = plan
     doc["warnings"] = [str(w.message) for w in caught] + ([note] if note else [])
-    doc["accuracy"] = _accuracy(spec) if plan is not None else None
+    doc["accuracy"] = _accuracy(spec, plan_obj)
     unmet = [t for t in (doc["accuracy"] or {}).get("targets", []) if not t["met"]]
     err = None
     if require_targets and unmet:
@@ -140,13 +140,16 @@ def check_cmd(file: str, as_json: bool, key_file: str | None, require_targets: b
         raise err
 
 
-def _accuracy(spec: Any) -> dict[str, Any]:
-    """The predicted accuracy of the spec's plan (``dpops.analysis.document``; no data, no charge)."""
+def _accuracy(spec: Any, plan: Any) -> dict[str, Any] | None:
+    """The predicted accuracy of the spec's plan (``dpops.analysis.document``; no data, no charge);
+    None when there is no real ``ReleasePlan`` to predict from (the plan module is unavailable)."""
     from dpops.analysis.document import accuracy_document
-    from dpops.release_plan import plan_release
+    from dpops.release_plan import ReleasePlan
 
+    if not isinstance(plan, ReleasePlan):
+        return None
     conf = float(spec.accuracy.confidence) if spec.accuracy is not None else 0.95
-    doc = accuracy_document(spec, plan_release(spec), confidence=conf)
+    doc = accuracy_document(spec, plan, confidence=conf)
     doc.pop("explain")  # the reviewer's lines belong to dpops plan and the report
     return doc
 
