@@ -38,7 +38,7 @@ from dpops.analysis.accuracy import (
     keep_curve,
     predict,
 )
-from dpops.analysis.horizon import ACCOUNTANTS, Horizon, HorizonRow, horizon
+from dpops.analysis.horizon import ACCOUNTANTS, Horizon, HorizonRow
 from dpops.analysis.solver import FitCheck, Solution, solve
 from dpops.analysis.targets import TargetResult, evaluate
 from dpops.errors import InvalidParameter
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "load", "plan", "predictions", "keep_curve", "check_targets", "solve", "Solution", "horizon_of",
-    "Horizon", "HorizonRow", "horizon", "explain", "Prediction", "TargetResult", "ACCOUNTANTS", "FitCheck",
+    "Horizon", "HorizonRow", "explain", "Prediction", "TargetResult", "ACCOUNTANTS", "FitCheck",
     "DEFAULT_CONFIDENCE", "DEFAULT_UNITS", "DEFAULT_GAP",
 ]
 
@@ -114,7 +114,12 @@ def horizon_of(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], *
                cap_unit: str = "epsilon", delta: float | None = None, spent: Sequence[PrivacyEvent] = (),
                spent_source: str = "given", intervals: int = 365, start: datetime | None = None,
                accountants: Sequence[str] = ACCOUNTANTS, bucket: str | None = None) -> Horizon:
-    """The horizon view of the spec's schedule on a scope with ``cap`` (see ``dpops.analysis.horizon``)."""
+    """The horizon view of the spec's schedule on a scope with ``cap`` (see ``dpops.analysis.horizon``).
+
+    (The function lives in the submodule of the same name, which is why it is not re-exported here:
+    importing the submodule would rebind ``dpops.analysis.horizon`` to the module.)
+    """
+    from dpops.analysis.horizon import horizon
     from dpops.release_plan import plan_release
 
     s = load(spec)
@@ -125,8 +130,8 @@ def horizon_of(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], *
 
 def explain(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], *,
             accountant: str | None = None) -> list[str]:
-    """Plain-language lines for a reviewer (``dpops.analysis.explain.lines``)."""
-    from dpops.analysis.explain import lines
+    """Plain-language lines for a reviewer (``dpops.analysis.reviewer.lines``)."""
+    from dpops.analysis.reviewer import lines
     from dpops.release_plan import plan_release
 
     s = load(spec)

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from dpops.analysis.accuracy import DEFAULT_CONFIDENCE, DEFAULT_GAP, DEFAULT_UNITS, predict
-from dpops.analysis.explain import lines
+from dpops.analysis.reviewer import lines
 from dpops.analysis.targets import evaluate
 
 if TYPE_CHECKING:

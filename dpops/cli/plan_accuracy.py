@@ -145,6 +145,7 @@ def _compute(spec: ReleaseSpec, plan: Any, opts: AccuracyOptions, confidence: fl
              spent: list[PrivacyEvent], remaining: float | None, note: str) -> dict[str, Any]:
     from dpops import analysis
     from dpops.analysis.document import accuracy_document
+    from dpops.analysis.horizon import horizon
 
     acct = sdef.accountant if sdef is not None else None
     doc: dict[str, Any] = {
@@ -174,7 +175,7 @@ def _compute(spec: ReleaseSpec, plan: Any, opts: AccuracyOptions, confidence: fl
         cap, cap_unit, bucket = opts.cap, "epsilon", None
         delta = opts.scope_delta if opts.scope_delta is not None else min(0.5, spec.budget.delta * opts.intervals)
         source = "not reachable: nothing assumed spent"
-    h = analysis.horizon(spec, plan, cap=cap, cap_unit=cap_unit, delta=delta, spent=spent, spent_source=source,
+    h = horizon(spec, plan, cap=cap, cap_unit=cap_unit, delta=delta, spent=spent, spent_source=source,
                          intervals=opts.intervals, accountants=opts.accountants, scope_accountant=acct, bucket=bucket)
     doc["horizon"] = h.to_dict()
     return doc
