@@ -46,6 +46,12 @@ metrics:
 postprocess: {{non_negative: true, integer_counts: true, clamp_means_to_bounds: true, suppress_below: null}}
 output:
   root: "out"
+# What the release must achieve (dpops plan checks these before the first run; docs/accuracy.md)
+accuracy:
+  confidence: 0.95
+  targets:
+    - {{kind: error, metric: count, max_relative_error: 0.1, at_units: 1000}}
+    - {{kind: error, metric: mean_amount, max_error: 6.0, at_units: 1000}}
 """
 
 

@@ -2,6 +2,7 @@
 
     python demo/run_demo.py            (what ``make demo`` runs)
 
+0. shows the plan of the release (predicted accuracy, its accuracy targets, the horizon),
 1. generates 14 days of synthetic purchase events (``dpops.synthetic``; never real data),
 2. creates a noise key and a SQLite ledger scope whose cap fits 10 daily releases,
 3. runs the release DAG through Airflow (SQLite metadata DB, ``dag.test()`` per interval)
@@ -51,6 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     console.rule("[bold]dpops demo: differentially private daily releases through Airflow")
     demo_steps.setup(paths, days=args.days, rows_per_day=args.rows_per_day, console=console)
+    console.print("\n[bold]0. Plan before spending[/]: predicted accuracy, the spec's targets and the horizon "
+                  "(no data read, nothing charged)")
+    from dpops.cli.main import main as dpops_main
+
+    dpops_main(["plan", str(paths.spec_path), "--ledger", paths.ledger_url, "--accountants", "basic,rdp"])
     dag = demo_steps.load_dag(paths, console=console)
     intervals = demo_steps.intervals(args.days)
 

@@ -130,6 +130,8 @@ class NoiseParams:
         lat = self._lattice()
         if isinstance(lat, DiscreteLaplaceParam):
             p = math.exp(-lat.s / lat.t)
+            if 2 * lat.tail(1) <= alpha:  # also when p underflows to 0 (scale far below one lattice step)
+                return 0
             # P(|K| > h) = 2 p^(h+1)/(1+p)
             h = max(0, math.ceil(math.log(alpha / 2 * (1 + p)) / math.log(p)) - 1)
             while h > 0 and 2 * lat.tail(h) <= alpha:
@@ -139,6 +141,14 @@ class NoiseParams:
             return h
         sigma = math.sqrt(float(lat.sigma2))
         lo, hi = -1, int(6 * sigma) + 10  # 2·tail(hi+1) <= alpha; find the smallest such h
+        # Narrow the bracket around the normal quantile (the discrete Gaussian's tail is within a few
+        # lattice steps of it); kept only if it really brackets, so the answer is the same exact h.
+        from statistics import NormalDist
+
+        guess = NormalDist().inv_cdf(1 - alpha / 2) * sigma
+        g_lo, g_hi = max(-1, int(guess * 0.98) - 3), min(hi, int(guess * 1.02) + 3)
+        if (g_lo < 0 or 2 * lat.tail(g_lo + 1) > alpha) and 2 * lat.tail(g_hi + 1) <= alpha:
+            lo, hi = g_lo, g_hi
         while hi - lo > 1:
             mid = (lo + hi) // 2
             if 2 * lat.tail(mid + 1) <= alpha:
@@ -147,13 +157,37 @@ class NoiseParams:
                 lo = mid
         return hi
 
+    def halfwidth(self, coverage: float = 0.95) -> float:
+        """Half-width (value units) of a ``coverage`` interval for the true value, from public parameters only.
+
+        The one owner of per-value interval widths: the pipeline's published intervals
+        (``ci95_halfwidth``), ``dpops spec check``/``plan`` and the report all call it. Exact for the
+        integer noise (the smallest lattice h with P(|K| > h) <= 1 - coverage, from the pmf), plus, for
+        real-valued queries, the rounding to the grid (r/2, a worst case). Post-processing of public
+        parameters: it costs no privacy.
+        """
+        if not (0.0 < coverage < 1.0):
+            raise InvalidParameter(f"coverage must be strictly between 0 and 1, got {coverage!r}")
+        h = self.lattice_halfwidth(coverage) * self.resolution
+        return h if self.integer_valued else h + self.resolution / 2
+
+    def noise_coverage(self, lattice_halfwidth: int) -> float:
+        """Exact P(|K| <= h) of the integer noise K (the probability the ``halfwidth`` interval covers the noise)."""
+        h = int(lattice_halfwidth)
+        if h < 0:
+            return 0.0
+        return max(0.0, 1.0 - 2.0 * self._lattice().tail(h + 1))
+
+    def lattice_param(self) -> DiscreteLaplaceParam | DiscreteGaussianParam:
+        """The exact lattice distribution the sampler draws from (for predictions; never to sample)."""
+        return self._lattice()
+
     def ci95_halfwidth(self) -> float:
-        """Half-width of a 95% interval for the true value, from public parameters only.
+        """Half-width of a 95% interval for the true value, from public parameters only (``halfwidth(0.95)``).
 
         Covers the noise (≥ 95%) plus, for real-valued queries, the rounding to the grid (r/2).
         """
-        h = self.lattice_halfwidth(0.95) * self.resolution
-        return h if self.integer_valued else h + self.resolution / 2
+        return self.halfwidth(0.95)
 
     def _lattice(self) -> DiscreteLaplaceParam | DiscreteGaussianParam:
         if self.lattice is not None:

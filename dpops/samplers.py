@@ -305,6 +305,12 @@ class DiscreteLaplaceParam:
         p = math.exp(-self.s / self.t)
         return p**k / (1.0 + p)
 
+    def pmf(self, k: npt.ArrayLike) -> np.ndarray:
+        """P(X = k) = (1-p)/(1+p) p^|k| for integer k (doubles; used to predict accuracy, never to sample)."""
+        p = math.exp(-self.s / self.t)
+        kk = np.abs(np.asarray(k, dtype=np.float64))
+        return (-math.expm1(-self.s / self.t)) / (1.0 + p) * np.exp(-kk * self.s / self.t)
+
 
 @dataclass(frozen=True)
 class DiscreteGaussianParam:
@@ -347,6 +353,12 @@ class DiscreteGaussianParam:
         """P(X >= k) for integer k (numerical sum of the pmf)."""
         s2 = float(self.sigma2)
         return min(1.0, max(0.0, dg_tail_unnorm(int(k), s2) / dg_norm(s2)))
+
+    def pmf(self, k: npt.ArrayLike) -> np.ndarray:
+        """P(X = k) = exp(-k²/(2σ²)) / Z for integer k (doubles; used to predict accuracy, never to sample)."""
+        s2 = float(self.sigma2)
+        kk = np.asarray(k, dtype=np.float64)
+        return np.exp(-(kk * kk) / (2.0 * s2)) / dg_norm(s2)
 
 
 def discrete_laplace_param(scale: float | Fraction | DiscreteLaplaceParam) -> DiscreteLaplaceParam:

@@ -184,6 +184,33 @@ def top_k(utilities: npt.ArrayLike, k: int, epsilon: float, sensitivity: float, 
     return chosen
 
 
+def top_pick_probability(gap: int, n_candidates: int, k: int, epsilon: float, sensitivity: float,
+                         monotonic: bool = False) -> float:
+    """Exact P(``top_k``'s first pick is the true top item) when every other candidate sits ``gap`` below it.
+
+    Permute-and-flip accepts the best candidate whenever it is visited and each other one with
+    probability q = exp(-rate·gap), rate = ε/(k·(1 or 2)·Δ) rounded down to the dyadic rational the
+    exact path uses. The best is at a uniform position j of the random order and wins iff the j before
+    it are rejected: P = (1/C) Σ_{j<C} (1-q)^j = (1 - (1-q)^C) / (C q). Raising any other candidate's
+    utility only raises its acceptance, so this is a lower bound whenever the gap to the runner-up is
+    at least ``gap``. Public parameters only: no privacy cost.
+    """
+    epsilon = check_epsilon(epsilon)
+    sensitivity = check_positive(sensitivity, "sensitivity")
+    k = check_positive_int(k, "k")
+    c = check_positive_int(n_candidates, "n_candidates")
+    if isinstance(gap, bool) or not isinstance(gap, (int, np.integer)) or gap < 0:
+        raise InvalidParameter(f"gap must be an integer >= 0, got {gap!r}")
+    if c == 1:
+        return 1.0
+    rate = _rate(epsilon, sensitivity, monotonic) / k
+    pr, kk = _dyadic_rate_down(rate, int(gap))
+    q = math.exp(-float(Fraction(pr, 1 << kk)) * int(gap))
+    if q >= 1.0:
+        return 1.0 / c
+    return -math.expm1(c * math.log1p(-q)) / (c * q)
+
+
 def top_k_event(epsilon: float, k: int = 1) -> PrivacyEvent:
     """The event of one ``top_k`` call: ε-DP in total over its k peels."""
     check_positive_int(k, "k")
@@ -345,6 +372,32 @@ class PartitionSelection:
             out[i] = cache[d]
         return out
 
+    def units_for_probability(self, probability: float, limit: int = 1 << 40) -> int | None:
+        """Smallest unit count n with keep_probability(n) >= ``probability`` (None if above ``limit``).
+
+        keep_probability is non-decreasing in n for every strategy (the table is a running min of
+        increasing maps; the thresholds compare n + noise), so a doubling then bisection search is exact.
+        """
+        if not (0.0 < probability <= 1.0):
+            raise InvalidParameter(f"probability must be in (0, 1], got {probability!r}")
+
+        def ok(n: int) -> bool:
+            return float(self.keep_probability(np.array([n]))[0]) >= probability
+
+        hi = 1
+        while not ok(hi):
+            hi *= 2
+            if hi > limit:
+                return None
+        lo = hi // 2  # ok(lo) is false, or lo == 0
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if ok(mid):
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
     def keep(self, unit_counts: npt.ArrayLike, rng: RandomSource) -> np.ndarray:
         """Bool mask of the partitions to publish."""
         n = _counts(unit_counts)
@@ -420,6 +473,7 @@ __all__ = [
     "exponential_mechanism_event",
     "top_k",
     "top_k_event",
+    "top_pick_probability",
     "quantile_grid",
     "quantile_histogram",
     "dp_quantile",

@@ -363,6 +363,78 @@ class OutputSpec(_Strict):
         return v
 
 
+# --------------------------------------------------------------------------- accuracy targets
+#
+# ``accuracy:`` declares what the release must achieve, so that ``dpops plan --solve`` can choose the
+# epsilon split and ``spec check --require-targets`` can fail CI when the declared budget falls short.
+# Targets are claims about public parameters only (the noise the plan draws), never about data: checking
+# or solving them costs no privacy. They are left out of ``spec_hash`` (``canonical_document``): a target
+# changes no mechanism, so editing one must not turn the next run into a new release version.
+
+
+class ErrorTarget(_Strict):
+    """|released - true| <= max_error (or max_relative_error * true) with probability >= confidence.
+
+    ``at_units``: the partition size the claim is about (a partition with that many units has at least
+    that many rows; errors only shrink with more rows, so the prediction is for the smallest partition
+    of that size). ``at_value``: the true value a relative error is measured against; for count and
+    unit_count it defaults to ``at_units`` (the smallest count such a partition can have).
+    """
+
+    kind: Literal["error"]
+    metric: str
+    max_error: Number | None = Field(default=None, gt=0)
+    max_relative_error: Number | None = Field(default=None, gt=0)
+    at_units: Integer = Field(default=1000, ge=1)
+    at_value: Number | None = None
+    confidence: Number | None = Field(default=None, gt=0, lt=1)
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> "ErrorTarget":
+        if (self.max_error is None) == (self.max_relative_error is None):
+            raise ValueError("give exactly one of max_error (absolute) and max_relative_error")
+        if self.at_value is not None and (not math.isfinite(self.at_value) or self.at_value == 0):
+            raise ValueError(f"at_value must be a finite non-zero number, got {self.at_value!r}")
+        return self
+
+
+class KeepTarget(_Strict):
+    """Private partition selection keeps a partition of ``at_units`` units with probability >= min_probability."""
+
+    kind: Literal["keep"]
+    at_units: Integer = Field(ge=1)
+    min_probability: Number = Field(gt=0, lt=1)
+
+
+class RankTarget(_Strict):
+    """A quantile's expected rank error is at most ``max_rank_error`` (a fraction of the partition's rows)."""
+
+    kind: Literal["rank_error"]
+    metric: str
+    max_rank_error: Number = Field(gt=0, lt=1)
+    at_units: Integer = Field(default=1000, ge=1)
+
+
+class TopPickTarget(_Strict):
+    """top_k returns the true top item first with probability >= min_probability when it leads by ``at_gap``."""
+
+    kind: Literal["top_pick"]
+    metric: str
+    at_gap: Integer = Field(ge=0)
+    min_probability: Number = Field(gt=0, lt=1)
+
+
+AccuracyTarget = Annotated[Union[ErrorTarget, KeepTarget, RankTarget, TopPickTarget], Field(discriminator="kind")]
+TARGET_KINDS = ("error", "keep", "rank_error", "top_pick")
+
+
+class AccuracySpec(_Strict):
+    """``accuracy: {confidence: 0.95, targets: [...]}`` (see docs/accuracy.md)."""
+
+    confidence: Number = Field(default=0.95, gt=0, lt=1)
+    targets: list[AccuracyTarget] = Field(min_length=1)
+
+
 # --------------------------------------------------------------------------- the spec
 
 
@@ -378,6 +450,7 @@ class ReleaseSpec(_Strict):
     metrics: list[Metric] = Field(min_length=1)
     postprocess: PostprocessSpec = PostprocessSpec()
     output: OutputSpec = OutputSpec()
+    accuracy: AccuracySpec | None = None
 
     # Set by load_spec: where relative paths start, and the parsed public_file.
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
@@ -427,6 +500,23 @@ class ReleaseSpec(_Strict):
         keys = self.metric_keys + ([] if self.partitions.is_public else [PARTITION_SELECTION_KEY])
         return {k: float(given.get(k, 1.0)) for k in keys}
 
+    def with_budget(self, epsilon: float, split: dict[str, float] | None) -> "ReleaseSpec":
+        """This spec with another ``budget.epsilon`` and ``budget.split`` (e.g. a split ``dpops plan --solve``
+        found); everything else, including where relative paths start, is kept. The keys of ``split`` must
+        be this spec's split keys."""
+        if split is not None:
+            allowed = set(self.split_weights())
+            bad = sorted(set(split) - allowed)
+            if bad:
+                raise SpecError(f"{self.source}: budget.split keys {bad} are not metric keys; known: {sorted(allowed)}")
+        try:
+            budget = BudgetSpec.model_validate({**self.budget.model_dump(), "epsilon": epsilon, "split": split})
+        except ValidationError as exc:
+            raise SpecError(f"{self.source}: budget: " + "; ".join(_format_validation_error(exc))) from None
+        new = self.model_copy(update={"budget": budget})
+        new.__dict__.pop("spec_hash", None)  # cached from the old budget
+        return new
+
     def public_partitions(self) -> list[tuple[Any, ...]] | None:
         """The public partition keys as tuples (one value per partition column), or None when private."""
         if self.partitions.public is not None:
@@ -473,8 +563,9 @@ class ReleaseSpec(_Strict):
         publishable; otherwise only ``public_file_count`` (how many partitions), and the rows enter the
         run's keyed input fingerprint instead (``dpops.inputs.input_fingerprint``): the manifest goes to
         reviewers outside the trusted boundary, and neither the rows nor a plain hash over them (the spec
-        hash is one) may reach them unless the operator decided the list is publishable."""
-        doc = self.model_dump(mode="json")
+        hash is one) may reach them unless the operator decided the list is publishable. The ``accuracy``
+        targets are left out: a target changes no mechanism, so editing one is not a new release version."""
+        doc = self.model_dump(mode="json", exclude={"accuracy"})
         if self.partitions.public_file is not None:
             rows = [list(p) for p in (self.public_partitions() or [])]
             if self._public_publishable:
@@ -613,6 +704,7 @@ def _consistency_problems(spec: ReleaseSpec) -> list[tuple[str, str]]:
             out.append((where, f"metric key {key!r} collides with a partition column or a reserved word; set name:"))
         keys.setdefault(key, i)
 
+    out.extend(_accuracy_problems(spec, keys))
     if b.split is not None:
         allowed = list(keys) + ([] if spec.partitions.is_public else [PARTITION_SELECTION_KEY])
         for k in b.split:
@@ -620,6 +712,37 @@ def _consistency_problems(spec: ReleaseSpec) -> list[tuple[str, str]]:
                 out.append((f"budget.split.{k}", "partitions are public: there is no partition selection to weigh"))
             elif k not in allowed:
                 out.append((f"budget.split.{k}", f"{k!r} is not a metric key; known keys: {allowed}"))
+    return out
+
+
+_TARGET_METRIC_TYPES = {"error": ("count", "unit_count", "sum", "mean", "variance"), "rank_error": ("quantiles",),
+                        "top_pick": ("top_k",)}
+
+
+def _accuracy_problems(spec: ReleaseSpec, keys: dict[str, int]) -> list[tuple[str, str]]:
+    """Each target names a metric of a type it applies to; keep targets need private partitions."""
+    if spec.accuracy is None:
+        return []
+    out: list[tuple[str, str]] = []
+    types = {m.key: m.type for m in spec.metrics}
+    for i, t in enumerate(spec.accuracy.targets):
+        where = f"accuracy.targets[{i}]"
+        if isinstance(t, KeepTarget):
+            if spec.partitions.is_public:
+                out.append((where, "a keep target needs private partition selection (partitions.private); "
+                            "public partitions are always released"))
+            continue
+        if t.metric not in keys:
+            out.append((f"{where}.metric", f"{t.metric!r} is not a metric key; known keys: {list(keys)}"))
+            continue
+        allowed = _TARGET_METRIC_TYPES[t.kind]
+        if types[t.metric] not in allowed:
+            out.append((f"{where}.kind", f"a {t.kind} target applies to {', '.join(allowed)} metrics; "
+                        f"{t.metric!r} is {types[t.metric]}"))
+        elif (isinstance(t, ErrorTarget) and t.max_relative_error is not None and t.at_value is None
+              and types[t.metric] in ("sum", "mean", "variance")):
+            out.append((f"{where}.at_value", f"a relative error of a {types[t.metric]} needs the true value it is "
+                        "relative to: set at_value"))
     return out
 
 
@@ -784,6 +907,8 @@ def _loc_to_path(loc: tuple[Any, ...]) -> str:
             parts.append(f"[{item}]")
         elif isinstance(prev, int) and item in METRIC_TYPES and i >= 2 and loc[i - 2] == "metrics":
             pass  # the discriminated union's tag: noise in a path
+        elif isinstance(prev, int) and item in TARGET_KINDS and i >= 2 and loc[i - 2] == "targets":
+            pass  # the same for accuracy targets
         elif str(item).startswith(("function-", "tagged-union")):
             pass  # pydantic's validator wrappers, not keys of the YAML
         else:
@@ -976,6 +1101,7 @@ def _convert(v: str, ctype: str) -> Any:
 __all__ = [
     "ReleaseSpec", "InputSpec", "PrivacyUnitSpec", "BudgetSpec", "ContributionSpec", "PartitionsSpec",
     "PrivatePartitionsSpec", "CountMetric", "UnitCountMetric", "SumMetric", "MeanMetric", "VarianceMetric",
-    "QuantilesMetric", "TopKMetric", "PostprocessSpec", "OutputSpec", "METRIC_TYPES", "PARTITION_SELECTION_KEY",
+    "QuantilesMetric", "TopKMetric", "PostprocessSpec", "OutputSpec", "AccuracySpec", "ErrorTarget", "KeepTarget",
+    "RankTarget", "TopPickTarget", "TARGET_KINDS", "METRIC_TYPES", "PARTITION_SELECTION_KEY",
     "load_spec", "parse_spec", "interval_problems", "period_bounds", "schedule_bounds", "check_spec_paths",
 ]

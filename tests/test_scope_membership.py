@@ -131,6 +131,8 @@ CLAIMS: dict[str, Claim] = {
     "metrics": Claim(reason="a list of metrics: classified field by field (metrics[].*)"),
     "postprocess": Claim(reason="a section: classified field by field (postprocess.*)"),
     "output": Claim(reason="a section: classified field by field (output.*)"),
+    "accuracy": Claim(reason=f"declared accuracy targets: predictions over public parameters, outside spec_hash; "
+                             f"they change no mechanism and {NOT_READ}"),
     # ---- InputSpec
     "input.path": Claim(
         reason="which files are read: the scope's population question, not a bucket question. Per definition the "

@@ -60,10 +60,36 @@ def _action(st) -> tuple[str, bool]:
 @ledger_option
 @json_option
 @click.option("--check", is_flag=True, help="Exit 5 if any planned run would not fit.")
-def cli(target, plan_file, start, end, manifests, as_json, check) -> None:
-    """What a backfill would cost, and which intervals the cap would refuse (nothing is written).
+@click.option("--at", "at_units", type=int, default=None, metavar="N",
+              help="accuracy view: the partition size (units) errors and keep probabilities are shown at [1000]")
+@click.option("--value", "values", multiple=True, metavar="KEY=V",
+              help="accuracy view: the true value of metric KEY a relative error is measured against (repeatable)")
+@click.option("--confidence", type=float, default=None, help="accuracy view: interval confidence [0.95]")
+@click.option("--gap", type=int, default=None,
+              help="accuracy view: top-k lead (rows) for the top-pick probability [10]")
+@click.option("--intervals", type=int, default=365, show_default=True,
+              help="horizon: total epsilon after this many intervals")
+@click.option("--cap", type=float, default=None,
+              help="horizon: a hypothetical scope cap (epsilon) when the ledger or the scope is not reachable")
+@click.option("--scope-delta", type=float, default=None,
+              help="horizon: the scope's delta when the ledger is not reachable [the spec's delta x --intervals]")
+@click.option("--accountants", default="basic,zcdp,rdp,pld", show_default=True,
+              help="horizon: the accountants to compose with (comma-separated names or name/version)")
+@click.option("--solve", is_flag=True, help="find the least-epsilon split meeting the spec's accuracy targets")
+@click.option("--require-targets", is_flag=True,
+              help="exit 3 if an accuracy target is not met (by the declared budget, or with --solve by any split "
+                   "that fits)")
+def cli(target, plan_file, start, end, manifests, as_json, check, at_units, values, confidence, gap, intervals,
+        cap, scope_delta, accountants, solve, require_targets) -> None:
+    """Plan before spending: predicted accuracy and the horizon, or what a backfill would cost. Writes nothing.
 
     \b
+    dpops plan SPEC [--at N] [--value KEY=V] [--solve] [--require-targets]
+        the accuracy view, from the spec alone (no data read, nothing charged): per metric the noise
+        actually drawn, its std and exact interval, errors at a partition size, keep probabilities,
+        the spec's accuracy targets (met or not; --solve finds the least-epsilon split meeting them),
+        the horizon (intervals that still fit the scope's cap under basic, zCDP, RDP and PLD
+        composition, the date the cap is reached), and plain-language lines for a reviewer.
     dpops plan SPEC --from DATE --to DATE
         the spec's intervals starting in [FROM, TO) (its unit period or cron schedule), each costing
         the spec's per-run privacy events, composed by the scope's accountant on top of the ledger's
@@ -78,7 +104,12 @@ def cli(target, plan_file, start, end, manifests, as_json, check) -> None:
             raise InvalidParameter("dpops plan SPEC needs both --from and --to (and no PLAN.json)")
         return _plan_spec(target, start, end, manifests, as_json, check)
     if plan_file is None:
-        raise InvalidParameter("give SPEC --from DATE --to DATE, or SCOPE PLAN.json")
+        from dpops.cli.plan_accuracy import AccuracyOptions, run
+
+        return run(target, AccuracyOptions(
+            at_units=at_units, values=tuple(values), confidence=confidence, gap=gap, intervals=intervals, cap=cap,
+            scope_delta=scope_delta, solve=solve, require_targets=require_targets,
+            accountants=tuple(a.strip() for a in accountants.split(",") if a.strip())), as_json)
     scope = target
     runs = load_plan(plan_file, getattr(plan_file, "name", "PLAN"))
     with open_cli_ledger() as led:

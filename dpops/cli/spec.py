@@ -12,14 +12,14 @@ from typing import Any
 import click
 
 
-def _plan_summary(spec: Any) -> tuple[dict[str, Any] | None, str | None]:
+def _plan_summary(spec: Any) -> tuple[dict[str, Any] | None, str | None, Any]:
     try:
         from dpops.release_plan import plan_release
 
         plan = plan_release(spec)
     except ImportError as exc:  # the plan module or one of its mechanism modules is missing
-        return None, f"the release plan is unavailable ({exc}): no mechanism details"
-    return plan.describe(), None
+        return None, f"the release plan is unavailable ({exc}): no mechanism details", None
+    return plan.describe(), None, plan
 
 
 def summary(spec: Any) -> dict[str, Any]:
@@ -59,8 +59,11 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True, help="print the summary as JSON")
 @click.option("--key-file", "key_file", envvar="DPOPS_NOISE_KEY_FILE", type=click.Path(dir_okay=False), default=None,
               help="the noise key file (default $DPOPS_NOISE_KEY_FILE): the spec's files must not be it or beside it")
-def check_cmd(file: str, as_json: bool, key_file: str | None) -> None:
-    """Validate FILE; print the metrics, the epsilon/delta split and each mechanism's sensitivity.
+@click.option("--require-targets", is_flag=True,
+              help="exit 3 if the declared budget does not meet one of the spec's accuracy targets (for CI)")
+def check_cmd(file: str, as_json: bool, key_file: str | None, require_targets: bool) -> None:
+    """Validate FILE; print the metrics, the epsilon/delta split, each mechanism's sensitivity and the
+    predicted accuracy (noise, std, exact 95% interval; each accuracy target met or not).
 
     The spec's input files must resolve under the data roots ($DPOPS_DATA_ROOTS, default the spec's
     directory), its public file under the public roots ($DPOPS_PUBLIC_ROOTS, never under a data root), and
@@ -72,12 +75,23 @@ def check_cmd(file: str, as_json: bool, key_file: str | None) -> None:
         spec = load_spec(file)
     check_spec_paths(spec, key_file)
     doc = summary(spec)
-    plan, note = _plan_summary(spec)
+    plan, note, plan_obj = _plan_summary(spec)
     doc["plan"] = plan
     doc["warnings"] = [str(w.message) for w in caught] + ([note] if note else [])
-    if as_json:
-        from dpops.cli.common import echo_ok
+    doc["accuracy"] = _accuracy(spec, plan_obj)
+    unmet = [t for t in (doc["accuracy"] or {}).get("targets", []) if not t["met"]]
+    err = None
+    if require_targets and unmet:
+        from dpops.errors import SpecError
 
+        err = SpecError(f"{spec.source}: the declared budget does not meet {len(unmet)} accuracy target(s): "
+                        + "; ".join(f"{t['description']} (predicted {t['predicted']:.4g})" for t in unmet)
+                        + "; run dpops plan --solve for a split that does")
+    if as_json:
+        from dpops.cli.common import attach, echo_ok
+
+        if err is not None:
+            raise attach(err, doc)
         echo_ok(doc)
         return
     u = spec.privacy_unit
@@ -111,8 +125,45 @@ def check_cmd(file: str, as_json: bool, key_file: str | None) -> None:
         if ps:
             click.echo(f"  - partition selection: {json.dumps(ps, sort_keys=True, default=str)}")
         click.echo(f"  privacy events reserved per run: {len(plan.get('events', []))}")
+    acc = doc["accuracy"]
+    if acc is not None:
+        click.echo(f"  predicted accuracy ({acc['confidence']:.0%}, partitions of {acc['at_units']} units; "
+                   "dpops plan for the full view):")
+        for p in acc["predictions"]:
+            click.echo(f"  - {p['metric']} {p['quantity']}: {_prediction_text(p)}")
+        for t in acc["targets"]:
+            click.echo(f"  target {'met' if t['met'] else 'NOT MET'}: {t['description']}: predicted "
+                       f"{t['predicted']:.4g}" + ("" if t["met"] else f" (off by {t['shortfall']:.1%})"))
     for w in doc["warnings"]:
         click.echo(f"  warning: {w}")
+    if err is not None:
+        raise err
+
+
+def _accuracy(spec: Any, plan: Any) -> dict[str, Any] | None:
+    """The predicted accuracy of the spec's plan (``dpops.analysis.document``; no data, no charge);
+    None when there is no real ``ReleasePlan`` to predict from (the plan module is unavailable)."""
+    from dpops.analysis.document import accuracy_document
+    from dpops.release_plan import ReleasePlan
+
+    if not isinstance(plan, ReleasePlan):
+        return None
+    conf = float(spec.accuracy.confidence) if spec.accuracy is not None else 0.95
+    doc = accuracy_document(spec, plan, confidence=conf)
+    doc.pop("explain")  # the reviewer's lines belong to dpops plan and the report
+    return doc
+
+
+def _prediction_text(p: dict[str, Any]) -> str:
+    if p["type"] == "quantiles":
+        return f"expected rank error <= {p['expected_rank_error']:.4g} rows, {p['distribution']}"
+    if p["type"] == "top_k":
+        return f"P(true top first | lead {p['gap']}) = {p['probability']:.3g}, {p['distribution']}"
+    if p["type"] == "partition_selection":
+        return (f"{p['distribution']}: P(keep | {p['at_units']} units) = {p['probability']:.3g}, 50% at "
+                f"{p['units_50']} units, 95% at {p['units_95']}")
+    rel = f" ({p['rel_error']:.3g} of {p['at_value']:.4g})" if p["rel_error"] is not None else ""
+    return f"{p['distribution']}, std {p['std']:.4g}, +-{p['abs_error']:.4g}{rel} ({p['method']})"
 
 
 @cli.command("synth")

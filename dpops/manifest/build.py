@@ -192,6 +192,7 @@ def build_manifest(
     output: Mapping[str, Any] | None = None,
     created_at: str | None = None,
     code: Mapping[str, Any] | None = None,
+    accuracy: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Assemble one manifest (a plain dict; ``write_manifest`` validates it against the schema).
 
@@ -199,7 +200,9 @@ def build_manifest(
     ``spec_document``: ``ReleaseSpec.canonical_document()``. ``release_plan``: ``ReleasePlan.describe()``.
     ``accountant``: the scope's pinned ``name/version``. ``scope``: ``scope_position(...)`` or None
     (e.g. a run refused before the scope could be read). ``output``: {"uri", "fingerprints"} with
-    HMAC fingerprints only.
+    HMAC fingerprints only. ``accuracy``: ``dpops.analysis.document.manifest_section`` (the declared
+    targets and the plan's prediction for each: public parameters only), recorded only when the spec
+    declares targets, so manifests without it keep verifying.
     """
     if outcome not in OUTCOMES:
         raise InvalidParameter(f"manifest outcome must be one of {OUTCOMES}, got {outcome!r}")
@@ -242,4 +245,6 @@ def build_manifest(
         "timings": _timings(timings),
         "output": dict(output) if output else None,
     }
+    if accuracy is not None:
+        doc["accuracy"] = dict(accuracy)
     return doc

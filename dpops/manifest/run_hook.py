@@ -164,6 +164,7 @@ def write_run_manifest(
         validation=validation,
         timings=timings,
         output={"uri": str(output_uri), "fingerprints": dict(output_fingerprints or {})} if output_uri else None,
+        accuracy=_accuracy_section(spec, plan),
     )
     if signing_key is None:
         signing_key = os.environ.get(SIGNING_KEY_ENV) or None
@@ -182,6 +183,15 @@ def write_run_manifest(
             "write a correction whose 'corrects' names the old file"
         )
     return write_manifest(manifest, manifests_dir)
+
+
+def _accuracy_section(spec: Any, plan: Any) -> dict[str, Any] | None:
+    """The declared accuracy targets and their predictions (issue 20), when the spec declares any."""
+    if getattr(spec, "accuracy", None) is None:
+        return None
+    from dpops.analysis.document import manifest_section
+
+    return manifest_section(spec, plan)
 
 
 def _claim(m: Mapping[str, Any]) -> dict[str, Any]:

@@ -300,6 +300,13 @@ def _check_accounting(m: dict[str, Any]) -> list[str]:
     return out
 
 
+def _check_accuracy(m: dict[str, Any]) -> list[str]:
+    """The recorded targets' predictions recompute from the embedded spec's plan (issue 20)."""
+    from dpops.analysis.document import recompute_manifest_section
+
+    return diff(m["accuracy"], _jsonable(recompute_manifest_section(m["spec"], m["accuracy"])), "accuracy")
+
+
 def _check_randomness(m: dict[str, Any]) -> list[str]:
     r = m["randomness"]
     out = []
@@ -545,6 +552,8 @@ def verify_manifest(manifest: dict[str, Any], *, ledger: Ledger | None = None, p
     _run("randomness", lambda: _check_randomness(m), checks)
     _run("scope arithmetic", lambda: _check_scope_arithmetic(m), checks)
     _run("identity", lambda: _check_identity(m), checks)
+    if m.get("accuracy") is not None:
+        _run("accuracy", lambda: _check_accuracy(m), checks)
     if ledger is not None:
         _run("ledger", lambda: _check_ledger(m, ledger, chain_report)
              + (_check_file_digest(m, ledger, file_name, file_digest) if file_name and file_digest else []), checks)

@@ -282,6 +282,8 @@ def _release_details(rows: list[RunRow], manifests: dict[str, dict[str, Any]], c
             "run_epsilon": m["privacy"]["run"]["epsilon"], "delta": m["privacy"]["run"]["delta"],
             "scope_total_after": max(totals) if totals else None,
             "scope_unit": (scope or {}).get("cap", {}).get("unit"), "accountant": m["accountant"]["ref"],
+            # issue 20: the spec's accuracy targets against the plan's prediction (verified with the manifest)
+            "accuracy_targets": list((m.get("accuracy") or {}).get("targets") or []),
         })
     return out
 

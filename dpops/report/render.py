@@ -277,7 +277,17 @@ def _releases_html(data: Any) -> str:
             out.append(f"<tr><td>{_e(m['metric'])}</td><td>{_e(m['vector'])}</td><td>{_e(m['mechanism'])}</td>"
                        f"<td class='num'>{_n(m['scale'])}</td><td class='num'>{_n(m['std'])}</td>"
                        f"<td class='num'>{_n(m['l1'])}</td><td class='num'>{_n(m['l2'])}</td></tr>")
-        out.append("</table></div>")
+        out.append("</table>")
+        targets = d.get("accuracy_targets") or []
+        if targets:
+            out.append("<table class='targets'><tr><th>accuracy target</th><th>target</th><th>predicted</th>"
+                       "<th>met</th></tr>")
+            for t in targets:
+                out.append(f"<tr data-met='{'true' if t['met'] else 'false'}'><td>{_e(t['description'])}</td>"
+                           f"<td class='num'>{_n(t['target'])}</td><td class='num'>{_n(t['predicted'])}</td>"
+                           f"<td class='{'ok' if t['met'] else 'bad'}'>{'yes' if t['met'] else 'NO'}</td></tr>")
+            out.append("</table>")
+        out.append("</div>")
     out.append("</div>")
     return "".join(out)
 

@@ -1,0 +1,139 @@
+"""dpops.analysis: plan before spending -- predicted accuracy, targets solved into epsilon, the horizon.
+
+Everything here is computed from a release spec and its plan (``dpops.release_plan.plan_release``)
+alone: no data is read and nothing is charged. The CLI (``dpops plan``, ``dpops spec check``), the
+manifest and the report call these same functions; a notebook calls them directly::
+
+    from dpops import analysis
+    spec = analysis.load("examples/daily_purchases.yaml")      # or a dict
+    analysis.plan(spec, at_units=500)                          # pandas DataFrame, one row per quantity
+    sol = analysis.solve(spec)                                 # least-epsilon split meeting spec.accuracy
+    analysis.horizon_of(spec, cap=10.0).rows                   # intervals that fit, per accountant
+
+By role:
+
+- loading: ``load``
+- prediction: ``plan`` (DataFrame), ``predictions`` (rows), ``keep_curve``
+- targets: ``check_targets``, ``solve``, ``Solution``
+- budget over time: ``horizon_of``, ``Horizon``
+- words for a reviewer: ``explain``
+
+Sections 3 (tuning on a sample) and 4 (private bound estimation) of issue 20 will add ``tune`` and
+``estimate`` beside these, over the same plan-and-predict functions.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dpops.analysis.accuracy import (
+    DEFAULT_CONFIDENCE,
+    DEFAULT_GAP,
+    DEFAULT_UNITS,
+    Prediction,
+    keep_curve,
+    predict,
+)
+from dpops.analysis.horizon import ACCOUNTANTS, Horizon, HorizonRow
+from dpops.analysis.solver import FitCheck, Solution, solve
+from dpops.analysis.targets import TargetResult, evaluate
+from dpops.errors import InvalidParameter
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from dpops.events import PrivacyEvent
+    from dpops.spec import ReleaseSpec
+
+__all__ = [
+    "load", "plan", "predictions", "keep_curve", "check_targets", "solve", "Solution", "horizon_of",
+    "Horizon", "HorizonRow", "explain", "Prediction", "TargetResult", "ACCOUNTANTS", "FitCheck",
+    "DEFAULT_CONFIDENCE", "DEFAULT_UNITS", "DEFAULT_GAP",
+]
+
+
+
+def load(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], *,
+         base_dir: str | os.PathLike[str] | None = None) -> ReleaseSpec:
+    """A validated ``ReleaseSpec`` from a YAML path, a dict (as the YAML would parse) or a spec itself.
+
+    A dict's relative paths start at ``base_dir`` (default the working directory). Errors are the same
+    ``SpecError`` (exit class 3) the CLI prints.
+    """
+    from dpops.spec import ReleaseSpec, load_spec, parse_spec
+
+    if isinstance(spec, ReleaseSpec):
+        return spec
+    if isinstance(spec, Mapping):
+        return parse_spec(dict(spec), source="<dict>", base_dir=Path(base_dir) if base_dir is not None else None)
+    if isinstance(spec, (str, os.PathLike)):
+        return load_spec(spec)
+    raise InvalidParameter(f"a spec is a path, a dict or a ReleaseSpec, got {type(spec).__name__}")
+
+
+def predictions(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], *,
+                confidence: float = DEFAULT_CONFIDENCE, at_units: int = DEFAULT_UNITS,
+                at_values: Mapping[str, float] | None = None, gap: int = DEFAULT_GAP) -> list[Prediction]:
+    """Predicted accuracy rows of the spec's plan (see ``dpops.analysis.accuracy``)."""
+    from dpops.release_plan import plan_release
+
+    s = load(spec)
+    return predict(plan_release(s), confidence=confidence, at_units=at_units,
+                   at_values=dict(at_values or {}), gap=gap)
+
+
+def plan(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], *,
+         confidence: float = DEFAULT_CONFIDENCE, at_units: int = DEFAULT_UNITS,
+         at_values: Mapping[str, float] | None = None, gap: int = DEFAULT_GAP) -> pd.DataFrame:
+    """Predicted accuracy as a pandas DataFrame, one row per released quantity (columns: ``Prediction``'s fields).
+
+    Needs pandas (``pip install dpops[analysis]``).
+    """
+    try:
+        import pandas as pd
+    except ImportError:  # pragma: no cover - depends on the installation
+        raise InvalidParameter("dpops.analysis.plan returns a pandas DataFrame: install pandas "
+                               "(pip install 'dpops[analysis]') or use dpops.analysis.predictions") from None
+    rows = predictions(spec, confidence=confidence, at_units=at_units, at_values=at_values, gap=gap)
+    return pd.DataFrame([r.to_dict() for r in rows])
+
+
+def check_targets(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any]) -> list[TargetResult]:
+    """Each of the spec's accuracy targets against its declared budget (empty without ``accuracy:``)."""
+    from dpops.release_plan import plan_release
+
+    s = load(spec)
+    return evaluate(plan_release(s), s.accuracy)
+
+
+def horizon_of(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], *, cap: float | None,
+               cap_unit: str = "epsilon", delta: float | None = None, spent: Sequence[PrivacyEvent] = (),
+               spent_source: str = "given", intervals: int = 365, start: datetime | None = None,
+               accountants: Sequence[str] = ACCOUNTANTS, bucket: str | None = None) -> Horizon:
+    """The horizon view of the spec's schedule on a scope with ``cap`` (see ``dpops.analysis.horizon``).
+
+    (The function lives in the submodule of the same name, which is why it is not re-exported here:
+    importing the submodule would rebind ``dpops.analysis.horizon`` to the module.)
+    """
+    from dpops.analysis.horizon import horizon
+    from dpops.release_plan import plan_release
+
+    s = load(spec)
+    return horizon(s, plan_release(s), cap=cap, cap_unit=cap_unit, delta=delta, spent=spent,
+                   spent_source=spent_source, intervals=intervals, start=start, accountants=accountants,
+                   bucket=bucket)
+
+
+def explain(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], *,
+            accountant: str | None = None) -> list[str]:
+    """Plain-language lines for a reviewer (``dpops.analysis.reviewer.lines``)."""
+    from dpops.analysis.reviewer import lines
+    from dpops.release_plan import plan_release
+
+    s = load(spec)
+    p = plan_release(s)
+    return lines(s, p, predict(p), accountant)

@@ -1,0 +1,355 @@
+"""Predicted accuracy of a release, from its plan alone (no data, no charge).
+
+Everything here is a function of ``dpops.release_plan.plan_release(spec)`` -- the very mechanisms the
+pipeline draws -- and of numbers the user names (a partition size, a true value, a gap). Nothing reads
+private data, so nothing here spends privacy (semantics.md section 3: post-processing of public
+parameters). There is no second implementation of sensitivity, calibration or noise: the noise
+distribution of each vector is the ``NoiseParams`` the plan holds, its interval width is
+``NoiseParams.halfwidth`` (the one owner, also used for the published intervals), keep probabilities
+are ``PartitionSelection.keep_probability`` and top-k probabilities ``selection.top_pick_probability``.
+
+What each metric's prediction means (``confidence`` = 1 - alpha):
+
+- count, unit_count, sum: the exact (1 - alpha) half-width of the noise actually drawn: the smallest
+  lattice h with P(|K| <= h) >= 1 - alpha from the discrete Laplace / discrete Gaussian pmf, times
+  the grid step, plus half a grid step of rounding for real-valued sums. ``coverage`` is the exact
+  P(|K| <= h) (>= 1 - alpha; larger on coarse lattices). Clamping at 0 only moves a value towards
+  the (non-negative) truth, so the interval stays valid after post-processing.
+- mean at partition size n (rows; a partition of n units has at least n rows): the first-order error
+  (E_nsum - d E_count) / n of mid + nsum/count, d = true mean - midpoint (default: the worst case,
+  d = (hi - lo)/2). Its distribution is the exact convolution of the two lattice noises (the count
+  noise is enumerated, the sum noise enters through its exact cdf), plus the sum's rounding. The
+  neglected second-order term is O(std(count)/n) relative.
+- variance at partition size n: first-order error (E_nsq - 2 m1 E_nsum + (h^2/2 - m2 + 2 m1^2) E_count)/n
+  with m1, m2 the true centred moments (default: values at the two bounds, m1 = 0, m2 = h^2). With
+  m1 = 0 it is an exact two-noise convolution as for the mean; otherwise a normal approximation
+  (stated in ``method``).
+- quantiles: the expected excess rank error of the exponential mechanism (permute-and-flip) over its
+  public grid, bounded by (2 Delta / eps_run)(ln |C| + 1) rows (the EM utility theorem; permute-and-flip
+  is never worse in expectation, McKenna & Sheldon 2020), as rows and as a fraction of n.
+- top_k: exact probability that the first pick is the true top item when it leads every other
+  category by ``gap`` (a lower bound for larger gaps).
+- partition selection: keep probability at n units, and the unit counts at which it reaches 50% and 95%.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dpops.errors import InvalidParameter
+from dpops.samplers import DiscreteGaussianParam, DiscreteLaplaceParam
+
+if TYPE_CHECKING:
+    from dpops.mechanisms import NoiseParams
+    from dpops.release_plan import MetricPlan, ReleasePlan
+
+DEFAULT_CONFIDENCE = 0.95
+DEFAULT_UNITS = 1000
+DEFAULT_GAP = 10
+_PMF_FLOOR = 1e-17  # enumerated noise values below this probability are dropped (their mass is added to alpha)
+_MAX_CDF_TABLE = 1_000_000  # lattice cdf tables larger than this fall back to a normal approximation
+_MAX_ENUMERATED = 200_000  # values of the enumerated noise in an exact convolution
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One predicted-accuracy row: a released quantity of one metric under the plan's noise."""
+
+    metric: str  # metric key, or "partition_selection"
+    type: str  # the metric type (count, ..., top_k) or "partition_selection"
+    quantity: str  # what the row is about: the vector, "mean", "q50", "rank1", "keep"
+    distribution: str  # e.g. "discrete_laplace on the integers", "discrete_gaussian on grid 2^-10"
+    epsilon: float  # the metric's epsilon share (basic-composition view, as the plan records it)
+    confidence: float
+    std: float | None = None  # noise standard deviation of the released value
+    abs_error: float | None = None  # (1 - alpha) half-width, value units
+    coverage: float | None = None  # exact P(|error| <= abs_error) where computed
+    at_units: int | None = None
+    at_value: float | None = None
+    rel_error: float | None = None  # abs_error / |at_value|
+    expected_rank_error: float | None = None  # quantiles: rows
+    rank_error_fraction: float | None = None  # quantiles: expected_rank_error / at_units
+    probability: float | None = None  # top_k: P(true top first at gap); selection: P(keep at at_units)
+    gap: int | None = None
+    units_50: int | None = None  # selection: units at which P(keep) reaches 50%
+    units_95: int | None = None
+    method: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (None for what does not apply)."""
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------- one noise vector
+
+
+def distribution_name(params: NoiseParams) -> str:
+    """The noise family and its grid, in words: ``discrete_laplace on the integers`` / ``on grid 2^-10``."""
+    fam = "discrete_laplace" if params.family == "laplace" else "discrete_gaussian"
+    if params.integer_valued:
+        return f"{fam} on the integers"
+    _, e = math.frexp(params.resolution)
+    return f"{fam} on grid 2^{e - 1}"
+
+
+def vector_error(params: NoiseParams, confidence: float) -> tuple[float, float, float]:
+    """(std, exact half-width, exact coverage of the noise) of one noised vector (``NoiseParams.halfwidth``)."""
+    half = params.halfwidth(confidence)
+    h_lat = params.lattice_halfwidth(confidence)
+    return float(params.std), float(half), float(params.noise_coverage(h_lat))
+
+
+def _cdf(lat: DiscreteLaplaceParam | DiscreteGaussianParam, j: np.ndarray, table: np.ndarray | None) -> np.ndarray:
+    """P(K <= j) for integer arrays j (symmetric K)."""
+    if isinstance(lat, DiscreteLaplaceParam):
+        p = math.exp(-lat.s / lat.t)
+        jf = np.abs(j.astype(np.float64))
+        # j >= 0: 1 - P(K >= j+1) = 1 - p^(j+1)/(1+p); j < 0: P(K >= -j) = p^(-j)/(1+p)
+        upper = 1.0 - np.exp(-(jf + 1.0) * lat.s / lat.t) / (1.0 + p)
+        lower = np.exp(-jf * lat.s / lat.t) / (1.0 + p)
+        return np.where(j >= 0, upper, lower)
+    assert table is not None
+    half = (table.size - 1) // 2
+    idx = np.clip(j + half, -1, table.size - 1)
+    return np.where(idx < 0, 0.0, table[np.maximum(idx, 0)])
+
+
+def _dg_table(lat: DiscreteGaussianParam) -> np.ndarray | None:
+    sigma = math.sqrt(float(lat.sigma2))
+    half = int(math.ceil(14.0 * sigma)) + 2  # exp(-98) of the mass lies beyond
+    if 2 * half + 1 > _MAX_CDF_TABLE:
+        return None
+    k = np.arange(-half, half + 1)
+    return np.minimum(np.cumsum(lat.pmf(k)), 1.0)
+
+
+def _support_top(lat: DiscreteLaplaceParam | DiscreteGaussianParam) -> int:
+    """The largest |k| whose pmf is above _PMF_FLOOR."""
+    if isinstance(lat, DiscreteLaplaceParam):
+        return int(math.ceil(-math.log(_PMF_FLOOR) * lat.t / lat.s)) + 1
+    return int(math.ceil(math.sqrt(2.0 * float(lat.sigma2) * -math.log(_PMF_FLOOR)))) + 1
+
+
+def linear_halfwidth(big: tuple[float, NoiseParams], small: tuple[float, NoiseParams] | None,
+                     confidence: float) -> tuple[float, float, str]:
+    """Smallest x with P(|a·r_a·K_a + b·r_b·K_b| <= x) >= confidence, for independent lattice noises.
+
+    The noise with the smaller support is enumerated (pmf above 1e-17; the dropped mass, < 1e-13,
+    counts as not covered) and the other enters through its exact cdf. Returns (x, exact coverage at
+    x, method). When neither can be handled exactly within _MAX_ENUMERATED values / _MAX_CDF_TABLE
+    cdf entries (tiny epsilons on fine grids), the normal approximation is used and ``method`` says so.
+    """
+    a, pa = big
+    if small is None or small[0] == 0:
+        h = pa.lattice_halfwidth(confidence)
+        return abs(a) * h * pa.resolution, pa.noise_coverage(h), "exact (lattice pmf)"
+    b, pb = small
+    if _support_top(pb.lattice_param()) > _support_top(pa.lattice_param()):
+        (a, pa), (b, pb) = (b, pb), (a, pa)
+    la, lb = pa.lattice_param(), pb.lattice_param()
+    top_b = _support_top(lb)
+    table = _dg_table(la) if isinstance(la, DiscreteGaussianParam) else None
+    if 2 * top_b + 1 > _MAX_ENUMERATED or (isinstance(la, DiscreteGaussianParam) and table is None):
+        sd = math.hypot(a * pa.std, b * pb.std)
+        z = _normal_quantile(0.5 + confidence / 2)
+        return z * sd, confidence, "normal approximation (lattices too fine to convolve exactly)"
+    ka = abs(a) * pa.resolution
+    kb = np.arange(-top_b, top_b + 1)
+    wb = lb.pmf(kb)
+    shift = b * pb.resolution * kb.astype(np.float64)  # value of the enumerated term
+
+    def cover(x: float) -> float:
+        # P(|ka K_a + s| <= x) = P((-x - s)/ka <= K_a <= (x - s)/ka)
+        hi = np.floor((x - shift) / ka).astype(np.int64)
+        lo = np.ceil((-x - shift) / ka).astype(np.int64)
+        p = _cdf(la, hi, table) - _cdf(la, lo - 1, table)
+        return float(np.clip((wb * p).sum(), 0.0, 1.0))
+
+    top = 8.0 * math.hypot(a * pa.std, b * pb.std) + ka + abs(b) * pb.resolution
+    while cover(top) < confidence:
+        top *= 2.0
+    lo_x, hi_x = 0.0, top
+    for _ in range(80):
+        mid = 0.5 * (lo_x + hi_x)
+        if cover(mid) >= confidence:
+            hi_x = mid
+        else:
+            lo_x = mid
+        if hi_x - lo_x <= 1e-7 * hi_x:
+            break
+    return hi_x, cover(hi_x), "exact convolution of the two lattice noises (first order in 1/n)"
+
+
+def _normal_quantile(p: float) -> float:
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf(p)
+
+
+# --------------------------------------------------------------------------- per metric
+
+
+def _count_vector(plan: ReleasePlan, m: MetricPlan) -> NoiseParams:
+    """The count noise a mean/variance divides by: its own vector, or the reused count metric's."""
+    for v in m.vectors:
+        if v.name == "count":
+            return v.params
+    if m.count_from is None:  # pragma: no cover - plan_release always gives one of the two
+        raise InvalidParameter(f"metric {m.key!r} has no count vector")
+    src = next(x for x in plan.metrics if x.key == m.count_from)
+    return src.vectors[0].params
+
+
+def _vec(m: MetricPlan, name: str) -> NoiseParams:
+    return next(v.params for v in m.vectors if v.name == name)
+
+
+def mean_error(plan: ReleasePlan, m: MetricPlan, n: int, offset: float | None, confidence: float
+               ) -> tuple[float, float, float, str]:
+    """(std, half-width, coverage, method) of a mean over n rows whose true mean is mid + offset.
+
+    ``offset=None`` is the worst case |offset| = (hi - lo)/2.
+    """
+    lo, hi = m.bounds or (0.0, 0.0)
+    h = (hi - lo) / 2.0
+    d = h if offset is None else max(-h, min(h, float(offset)))
+    ps, pc = _vec(m, "normalized_sum"), _count_vector(plan, m)
+    std = math.hypot(ps.std, d * pc.std) / n
+    x, cov, method = linear_halfwidth((1.0, ps), (-d, pc), confidence)
+    return std, (x + ps.resolution / 2.0) / n, cov, method
+
+
+def variance_error(plan: ReleasePlan, m: MetricPlan, n: int, m1: float, m2: float, confidence: float
+                   ) -> tuple[float, float, float, str]:
+    """(std, half-width, coverage, method) of a variance over n rows with centred moments m1, m2."""
+    lo, hi = m.bounds or (0.0, 0.0)
+    h = (hi - lo) / 2.0
+    pq, ps, pc = _vec(m, "normalized_sum_squares"), _vec(m, "normalized_sum"), _count_vector(plan, m)
+    c_count = h * h / 2.0 - m2 + 2.0 * m1 * m1
+    std = math.sqrt(pq.std ** 2 + (2 * m1 * ps.std) ** 2 + (c_count * pc.std) ** 2) / n
+    rounding = pq.resolution / 2.0 + abs(2 * m1) * ps.resolution / 2.0
+    if m1 == 0:
+        x, cov, method = linear_halfwidth((1.0, pq), (c_count, pc), confidence)
+    else:
+        x = _normal_quantile(0.5 + confidence / 2) * std * n
+        cov, method = confidence, "normal approximation (first order in 1/n, three noises)"
+    return std, (x + rounding) / n, cov, method
+
+
+def predict(plan: ReleasePlan, *, confidence: float = DEFAULT_CONFIDENCE, at_units: int = DEFAULT_UNITS,
+            at_values: dict[str, float] | None = None, gap: int = DEFAULT_GAP) -> list[Prediction]:
+    """Every predicted-accuracy row of ``plan`` (see the module docstring for what each means).
+
+    ``at_units``: the partition size (units; rows >= units) for means, variances, quantiles and the
+    keep probability. ``at_values``: true values per metric key for relative errors (counts default
+    to ``at_units``). ``gap``: the top-k lead (in rows) the top-pick probability is computed at.
+    """
+    if not (0.0 < confidence < 1.0):
+        raise InvalidParameter(f"confidence must be strictly between 0 and 1, got {confidence!r}")
+    if isinstance(at_units, bool) or not isinstance(at_units, int) or at_units < 1:
+        raise InvalidParameter(f"the partition size (units) must be an integer >= 1, got {at_units!r}")
+    values = dict(at_values or {})
+    out: list[Prediction] = []
+    for m in plan.metrics:
+        out.extend(_metric_rows(plan, m, confidence, at_units, values.get(m.key), gap))
+    if plan.partition_selection is not None:
+        out.append(selection_row(plan, at_units, confidence))
+    return out
+
+
+def _rel(abs_error: float | None, at_value: float | None) -> float | None:
+    if abs_error is None or at_value is None or at_value == 0:
+        return None
+    return abs_error / abs(at_value)
+
+
+def _metric_rows(plan: ReleasePlan, m: MetricPlan, confidence: float, n: int, at_value: float | None,
+                 gap: int) -> list[Prediction]:
+    base: dict[str, Any] = {"metric": m.key, "type": m.type, "epsilon": m.epsilon, "confidence": confidence}
+    if m.type in ("count", "unit_count", "sum"):
+        p = m.vectors[0].params
+        std, half, cov = vector_error(p, confidence)
+        value = at_value if at_value is not None else (float(n) if m.type != "sum" else None)
+        return [Prediction(**base, quantity=m.type, distribution=distribution_name(p), std=std, abs_error=half,
+                           coverage=cov, at_units=n if m.type != "sum" else None, at_value=value,
+                           rel_error=_rel(half, value), method="exact (lattice pmf)")]
+    if m.type == "mean":
+        lo, hi = m.bounds or (0.0, 0.0)
+        offset = None if at_value is None else at_value - (lo + hi) / 2.0
+        std, half, cov, method = mean_error(plan, m, n, offset, confidence)
+        dist = distribution_name(_vec(m, "normalized_sum")) + " / " + distribution_name(_count_vector(plan, m))
+        return [Prediction(**base, quantity="mean", distribution=dist, std=std, abs_error=half, coverage=cov,
+                           at_units=n, at_value=at_value, rel_error=_rel(half, at_value),
+                           method=method + ("" if at_value is not None else "; worst case over the true mean"))]
+    if m.type == "variance":
+        lo, hi = m.bounds or (0.0, 0.0)
+        h = (hi - lo) / 2.0
+        m2 = h * h if at_value is None else max(0.0, min(h * h, float(at_value)))
+        std, half, cov, method = variance_error(plan, m, n, 0.0, m2, confidence)
+        dist = distribution_name(_vec(m, "normalized_sum_squares")) + " / " + distribution_name(_count_vector(plan, m))
+        return [Prediction(**base, quantity="variance", distribution=dist, std=std, abs_error=half, coverage=cov,
+                           at_units=n, at_value=at_value, rel_error=_rel(half, at_value),
+                           method=method + ("; mean at the midpoint" if at_value is not None
+                                            else "; values at the two bounds"))]
+    if m.type == "quantiles":
+        rank = quantile_rank_error(m)
+        return [Prediction(**base, quantity=s, distribution=f"exponential mechanism (permute-and-flip) over "
+                           f"{m.n_bins + 1} grid points", at_units=n, expected_rank_error=rank,
+                           rank_error_fraction=rank / n,
+                           method="upper bound (2 Delta/eps_run)(ln|C| + 1) on the expected excess rank error")
+                for s in m.quantile_suffixes]
+    if m.type == "top_k":
+        prob = top_pick(m, gap)
+        return [Prediction(**base, quantity="rank1", distribution=f"permute-and-flip peeling over {len(m.domain)} "
+                           "categories", probability=prob, gap=gap,
+                           method="exact; a lower bound when the lead over the runner-up is larger")]
+    raise InvalidParameter(f"unknown metric type {m.type!r}")  # pragma: no cover
+
+
+def quantile_rank_error(m: MetricPlan) -> float:
+    """Upper bound on the expected excess rank error (rows) of one quantile pick of ``m``."""
+    eps = float(m.per_run_epsilon or 0.0)
+    sens = float(m.utility_sensitivity or 1.0)
+    return 2.0 * sens / eps * (math.log(m.n_bins + 1) + 1.0)
+
+
+def top_pick(m: MetricPlan, gap: int) -> float:
+    """P(the first pick of ``m`` is the true top category | it leads all others by ``gap``)."""
+    from dpops.selection import top_pick_probability
+
+    return top_pick_probability(int(gap), len(m.domain), m.k, float(m.per_run_epsilon or 0.0),
+                                float(m.utility_sensitivity or 1.0), m.monotonic)
+
+
+def selection_row(plan: ReleasePlan, n: int, confidence: float) -> Prediction:
+    """Keep probability of a partition of ``n`` units, and the sizes at which it reaches 50% and 95%."""
+    ps = plan.partition_selection
+    assert ps is not None
+    prob = float(ps.keep_probability(np.array([n]))[0])
+    ev = plan.partition_selection_event
+    return Prediction(metric="partition_selection", type="partition_selection", quantity="keep",
+                      distribution=ps.strategy, epsilon=float(ev.epsilon if ev is not None else ps.epsilon),
+                      confidence=confidence, at_units=n, probability=prob,
+                      units_50=ps.units_for_probability(0.5), units_95=ps.units_for_probability(0.95),
+                      method="exact keep probability of the selection mechanism")
+
+
+def keep_curve(plan: ReleasePlan, units: Sequence[int]) -> list[tuple[int, float]]:
+    """(n, P(keep | n units)) for each n: the whole curve, e.g. for a plot."""
+    ps = plan.partition_selection
+    if ps is None:
+        raise InvalidParameter("the release has public partitions: there is no partition selection")
+    probs = ps.keep_probability(np.asarray(list(units), dtype=np.int64))
+    return [(int(n), float(p)) for n, p in zip(units, probs, strict=True)]
+
+
+__all__ = [
+    "Prediction", "predict", "vector_error", "mean_error", "variance_error", "linear_halfwidth",
+    "quantile_rank_error", "top_pick", "selection_row", "keep_curve", "distribution_name",
+    "DEFAULT_CONFIDENCE", "DEFAULT_UNITS", "DEFAULT_GAP",
+]

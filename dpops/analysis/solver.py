@@ -1,0 +1,302 @@
+"""``dpops plan --solve``: the epsilon split that meets every accuracy target at the least cost.
+
+What is optimised. The decision variables are the epsilon shares s_k of the split keys that carry a
+target (a metric key, or ``partition_selection`` for a keep target); every other key keeps the share
+the spec declares (a metric without a target has no accuracy to trade against, and the solver must
+not silently starve it). The one exception: a count metric whose noisy vector a targeted mean or
+variance reuses may be RAISED above its declared share when that is cheaper than raising the mean's;
+it never goes below it. A candidate split is turned into a spec (``ReleaseSpec.with_budget``) and
+planned by ``plan_release`` -- the very calibration a release uses -- and its targets are checked by
+``dpops.analysis.targets.evaluate``. So the solution is judged by the real plan, never by a model of it.
+
+Algorithm. For one key, "all its targets are met" is monotone in its own share (more epsilon, less
+noise, higher keep probability), so the least sufficient share is found by bisection on a log scale
+(relative precision 1e-6, rounded up: the returned point is always feasible). Keys are updated in
+turn with the others fixed until no share moves (Gauss-Seidel; at most ``MAX_ROUNDS`` rounds), and
+the result is verified once more against the real plan.
+
+Why it is optimal. If each target depends only on its own key's share (Laplace noise; public
+partitions or keep targets without Gaussian metrics; means/variances whose count vector is their
+own), the feasible set is the product of half-lines [s*_k, inf), and s* is its least element. Every
+accountant's epsilon of the plan (basic: the sum of shares; zCDP, RDP, PLD: the composition of the
+plan's events) is non-decreasing in each share -- a larger share only lowers a noise scale or raises
+a selection's epsilon -- so s* minimises the per-interval cost under EVERY accountant at once: the
+accountant changes what the interval costs, not which split is best. When targets are coupled (the
+Gaussian metrics share one zCDP conversion, delta is split between Gaussian metrics and partition
+selection, a mean reuses the count metric's noisy vector) the fixpoint is a coordinate-wise minimum:
+no single share can be lowered without breaking a target. ``tests/test_analysis_solver.py`` checks
+on a grid that no cheaper split meets the targets, for both noise families.
+
+When the budget is short (the scope's cap, or what remains of it in the ledger), the targeted shares
+are scaled down together to the largest factor that fits, and the result lists which targets then
+fail and by how much.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from dpops.analysis.targets import TargetResult, evaluate, target_key, target_met
+from dpops.errors import InvalidParameter
+
+if TYPE_CHECKING:
+    from dpops.events import PrivacyEvent
+    from dpops.release_plan import ReleasePlan
+    from dpops.spec import ReleaseSpec
+
+MIN_SHARE = 1e-4  # below this a share is not planned (selection tables grow as 1/epsilon)
+MAX_SHARE = 100.0  # epsilon per key beyond which a target is called unreachable
+REL_TOL = 1e-6
+MAX_ROUNDS = 30
+FitCheck = Callable[[Sequence["PrivacyEvent"]], bool]
+
+
+@dataclass(frozen=True)
+class Solution:
+    """What ``solve`` found: the split, its cost per interval, and each target at that split."""
+
+    feasible: bool  # every target met, within the budget when one was given
+    epsilon: float  # budget.epsilon to declare (the plan's basic-composition total)
+    split: dict[str, float]  # epsilon share per split key (write as budget.split: they are weights)
+    accountant: str
+    cost: float  # epsilon of one interval under ``accountant`` at the spec's delta
+    targets: list[TargetResult]
+    unreachable: list[int] = field(default_factory=list)  # target indices no share up to MAX_SHARE meets
+    limited_by: str | None = None  # "budget" when the split was scaled down to fit
+    available: float | None = None
+    rounds: int = 0
+    spec: ReleaseSpec | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def failing(self) -> list[TargetResult]:
+        """The targets not met at the returned split."""
+        return [t for t in self.targets if not t.met]
+
+    def spec_patch(self) -> dict[str, Any]:
+        """The ``budget`` keys to write into the spec to use this split."""
+        return {"budget": {"epsilon": self.epsilon, "split": dict(self.split)}}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (without the solved spec object)."""
+        return {"feasible": self.feasible, "epsilon": self.epsilon, "split": dict(self.split),
+                "accountant": self.accountant, "cost": self.cost,
+                "targets": [t.to_dict() for t in self.targets], "unreachable": list(self.unreachable),
+                "limited_by": self.limited_by, "available": self.available, "rounds": self.rounds,
+                "spec_patch": self.spec_patch()}
+
+
+def declared_shares(spec: ReleaseSpec) -> dict[str, float]:
+    """The spec's own epsilon share per split key (basic view: epsilon * w / sum w)."""
+    w = spec.split_weights()
+    total = sum(w.values())
+    return {k: float(spec.budget.epsilon) * v / total for k, v in w.items()}
+
+
+def spec_for(spec: ReleaseSpec, shares: dict[str, float]) -> ReleaseSpec:
+    """The spec whose plan spends ``shares`` (epsilon per key): budget.epsilon = their sum, split = them."""
+    return spec.with_budget(math.fsum(shares.values()), dict(shares))
+
+
+def plan_for(spec: ReleaseSpec, shares: dict[str, float]) -> ReleasePlan:
+    """``plan_release`` of ``spec_for``: the real calibration of a candidate split."""
+    from dpops.release_plan import plan_release
+
+    return plan_release(spec_for(spec, shares))
+
+
+def run_cost(plan: ReleasePlan, accountant: str, delta: float | None = None) -> float:
+    """Epsilon of one run of ``plan`` under ``accountant`` at ``delta`` (default the plan's)."""
+    from dpops.accounting import get_accountant
+
+    return float(get_accountant(accountant).epsilon(plan.events, plan.delta if delta is None else delta))
+
+
+def _met(spec: ReleaseSpec, shares: dict[str, float], key: str) -> bool:
+    try:
+        plan = plan_for(spec, shares)
+    except (InvalidParameter, OverflowError):
+        return False  # a share too small or too large to plan (e.g. a selection table too long) meets nothing
+    acc = spec.accuracy
+    assert acc is not None
+    return all(target_met(plan, t, float(acc.confidence)) for t in acc.targets if target_key(t) == key)
+
+
+def least_share(spec: ReleaseSpec, shares: dict[str, float], key: str) -> float | None:
+    """The least share of ``key`` meeting all of its targets with the other shares fixed (None: none up to MAX).
+
+    Brackets the answer by doubling or halving from the current share (so the plans evaluated stay near
+    the answer, away from extreme epsilons), then bisects on a log scale to REL_TOL, returning the
+    feasible end.
+    """
+    trial = dict(shares)
+
+    def ok(s: float) -> bool:
+        trial[key] = s
+        return _met(spec, trial, key)
+
+    s0 = min(max(shares[key], MIN_SHARE), MAX_SHARE)
+    if ok(s0):
+        hi, lo = s0, s0 / 2
+        while lo >= MIN_SHARE and ok(lo):
+            hi, lo = lo, lo / 2
+        if lo < MIN_SHARE:
+            return hi if hi == MIN_SHARE or not ok(MIN_SHARE) else MIN_SHARE
+    else:
+        lo, hi = s0, s0 * 2
+        while not ok(min(hi, MAX_SHARE)):
+            if hi >= MAX_SHARE:
+                return None
+            lo, hi = hi, hi * 2
+        hi = min(hi, MAX_SHARE)
+    while hi > lo * (1.0 + REL_TOL):
+        mid = math.sqrt(lo * hi)
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _coupled_pairs(spec: ReleaseSpec, keys: list[str]) -> dict[str, str]:
+    """Targeted mean/variance key -> the count metric key whose noisy vector it reuses (both targeted or not)."""
+    from dpops.release_plan import plan_release
+
+    plan = plan_release(spec)
+    return {m.key: m.count_from for m in plan.metrics if m.key in keys and m.count_from is not None}
+
+
+def _gauss_seidel(spec: ReleaseSpec, shares: dict[str, float], keys: list[str], unreachable: set[str],
+                  pairs: dict[str, str], floor: dict[str, float] | None = None) -> int:
+    """Update each targeted share to its least sufficient value given the others, until none moves."""
+    floor = floor or {}
+    rounds = 0
+    while rounds < MAX_ROUNDS:
+        rounds += 1
+        moved = False
+        for k in keys:
+            s = least_share(spec, shares, k)
+            if s is None:
+                if k not in unreachable:
+                    unreachable.add(k)
+                    moved = True
+                shares[k] = MAX_SHARE if k not in pairs.values() else shares[k]
+                continue
+            unreachable.discard(k)
+            s = max(s, floor.get(k, 0.0))
+            if abs(s - shares[k]) > 2 * REL_TOL * shares[k]:
+                moved = True
+            shares[k] = s
+        if not moved:
+            break
+    return rounds
+
+
+def _golden_log(f: Callable[[float], float], lo: float, hi: float, iters: int = 14) -> float:
+    """Minimiser of a unimodal f on [lo, hi] by golden-section search in log space."""
+    g = (math.sqrt(5.0) - 1.0) / 2.0
+    a, b = math.log(lo), math.log(hi)
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = f(math.exp(c)), f(math.exp(d))
+    for _ in range(iters):
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = f(math.exp(c))
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = f(math.exp(d))
+    best = math.exp(c if fc <= fd else d)
+    return best if f(best) <= f(lo) else lo
+
+
+def solve(spec: ReleaseSpec, *, accountant: str = "basic/1", available: float | None = None,
+          fits: FitCheck | None = None) -> Solution:
+    """The least-cost split meeting every target of ``spec.accuracy`` (see the module docstring).
+
+    ``available``: the epsilon (under ``accountant``, at the spec's delta) one interval may cost, e.g.
+    what remains of the scope's cap. ``fits``: a callable deciding whether a run's events fit (the CLI
+    passes the ledger's own ``plan``, which knows buckets, rho caps and open reservations). When the
+    least-cost split does not fit, the targeted shares are scaled down to the largest fitting factor.
+    """
+    if spec.accuracy is None:
+        raise InvalidParameter(f"{spec.source}: the spec declares no accuracy targets (add an accuracy: section)")
+    shares = declared_shares(spec)
+    keys = list(dict.fromkeys(target_key(t) for t in spec.accuracy.targets))
+    unknown = [k for k in keys if k not in shares]
+    if unknown:
+        raise InvalidParameter(f"{spec.source}: accuracy targets name {unknown}, which are not split keys")
+    declared = dict(shares)
+    unreachable_keys: set[str] = set()
+    pairs = _coupled_pairs(spec, keys)
+    rounds = _gauss_seidel(spec, shares, keys, unreachable_keys, pairs)
+    # A mean/variance that reuses the count metric's noisy vector trades its own share against the
+    # count's: search the count's share (log scale, golden section) for the least total.
+    for metric_key, count_key in pairs.items():
+        lo_c = shares[count_key]
+
+        def total(c: float, count_key: str = count_key, metric_key: str = metric_key) -> float:
+            trial = dict(shares)
+            trial[count_key] = c
+            s = least_share(spec, trial, metric_key)
+            return math.inf if s is None else c + s
+
+        best_c = _golden_log(total, lo_c, lo_c * 1e2)
+        if total(best_c) < total(lo_c):
+            shares[count_key] = best_c
+            unreachable_keys.discard(metric_key)
+            rounds += _gauss_seidel(spec, shares, keys, unreachable_keys, pairs, floor={count_key: best_c})
+    for k in unreachable_keys:
+        shares[k] = declared[k]  # do not spend on a target no share can meet; report it instead
+    # Coupled targets can leave a key a hair short after the others moved: nudge up until verified.
+    for _ in range(50):
+        results = evaluate(plan_for(spec, shares), spec.accuracy)
+        short = {r.metric for r in results if not r.met} - unreachable_keys
+        if not short:
+            break
+        for k in short:
+            shares[k] *= 1.0 + 10 * REL_TOL
+    plan = plan_for(spec, shares)
+    results = evaluate(plan, spec.accuracy)
+    unreachable = [r.index for r in results if not r.met and r.metric in unreachable_keys]
+    limited_by = None
+
+    def affordable(p: ReleasePlan) -> bool:
+        if fits is not None:
+            return bool(fits(p.events))
+        if available is not None:
+            return run_cost(p, accountant) <= available * (1.0 + 1e-12)
+        return True
+
+    if not affordable(plan):
+        limited_by = "budget"
+        fixed = {k: v for k, v in shares.items() if k not in keys}
+        lo, hi = 0.0, 1.0  # scale of the targeted shares
+
+        def scaled(f: float) -> dict[str, float]:
+            return {**fixed, **{k: max(shares[k] * f, MIN_SHARE) for k in keys}}
+
+        if not affordable(plan_for(spec, scaled(0.0))):
+            raise InvalidParameter(f"{spec.source}: even with the targeted metrics at epsilon {MIN_SHARE:g} the run "
+                                   "does not fit the budget: the untargeted metrics' declared shares alone exceed it")
+        while hi - lo > 1e-6:
+            mid = 0.5 * (lo + hi)
+            if affordable(plan_for(spec, scaled(mid))):
+                lo = mid
+            else:
+                hi = mid
+        shares = scaled(lo)
+        plan = plan_for(spec, shares)
+        results = evaluate(plan, spec.accuracy)
+    feasible = all(r.met for r in results)
+    solved = spec_for(spec, shares)
+    return Solution(feasible=feasible, epsilon=float(solved.budget.epsilon), split=dict(shares),
+                    accountant=accountant, cost=run_cost(plan, accountant), targets=results,
+                    unreachable=unreachable, limited_by=limited_by, available=available, rounds=rounds, spec=solved)
+
+
+__all__ = ["Solution", "solve", "least_share", "declared_shares", "spec_for", "plan_for", "run_cost",
+           "MIN_SHARE", "MAX_SHARE"]

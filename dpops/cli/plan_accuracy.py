@@ -1,0 +1,238 @@
+"""``dpops plan SPEC``: the accuracy view (predictions, targets, ``--solve``, horizon, reviewer lines).
+
+Thin: every number comes from ``dpops.analysis`` (the same functions a notebook calls). This module
+only gathers what the ledger knows about the spec's scope -- its cap, accountant, bucket and what is
+already charged -- and prints. Nothing is written and no data is read; if the ledger is not
+reachable the view says so and uses ``--cap``/``--scope-delta`` instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from dpops.cli.common import attach, echo_ok, ledger_url, print_table
+from dpops.errors import DpopsError, InvalidParameter
+
+if TYPE_CHECKING:
+    from dpops.events import PrivacyEvent
+    from dpops.ledger.model import ScopeDefinition
+    from dpops.ledger.store import Ledger
+    from dpops.spec import ReleaseSpec
+
+CHARGED = ("reserved", "started", "committed", "spent_unpublished")
+
+
+@dataclass(frozen=True)
+class AccuracyOptions:
+    """The accuracy view's command-line options."""
+
+    at_units: int | None = None
+    values: tuple[str, ...] = ()
+    confidence: float | None = None
+    gap: int | None = None
+    intervals: int = 365
+    cap: float | None = None
+    scope_delta: float | None = None
+    solve: bool = False
+    require_targets: bool = False
+    accountants: tuple[str, ...] = ("basic/1", "zcdp/1", "rdp/1", "pld/1")
+
+
+def parse_values(values: Sequence[str]) -> dict[str, float]:
+    """``KEY=V`` pairs (``--value``) as a dict; a malformed pair is a usage error naming it."""
+    out: dict[str, float] = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        try:
+            v = float(raw)
+        except ValueError:
+            v = math.nan
+        if not sep or not key or not math.isfinite(v):
+            raise InvalidParameter(f"--value {item!r}: expected KEY=NUMBER, e.g. --value sum_amount=50000")
+        out[key] = v
+    return out
+
+
+def _fmt(x: Any, digits: int = 4) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.{digits}g}"
+    return str(x)
+
+
+def _next_interval(spec: ReleaseSpec) -> tuple[str, str]:
+    from dpops.spec import aligned_bounds
+
+    now = datetime.now(UTC)
+    b = aligned_bounds(spec, now)
+    s, e = b if b is not None else (now, now + timedelta(days=1))
+    return s.strftime("%Y-%m-%dT%H:%M:%SZ"), e.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _scope_info(led: Ledger, spec: ReleaseSpec) -> tuple[ScopeDefinition, list[PrivacyEvent], float]:
+    sdef = led.scope(spec.budget.scope)
+    spent = [e for r in led.runs(scope=sdef.name, states=CHARGED) for e in r.events]
+    remaining = float(led.status(sdef.name).remaining)
+    return sdef, spent, remaining
+
+
+def run(spec_path: str, opts: AccuracyOptions, as_json: bool) -> None:
+    """Compute and print the accuracy view of ``spec_path``."""
+    from dpops import analysis
+    from dpops.release_plan import plan_release
+    from dpops.spec import load_spec
+
+    spec = load_spec(spec_path)
+    plan = plan_release(spec)
+    at_values = parse_values(opts.values)
+    unknown = sorted(set(at_values) - set(spec.metric_keys))
+    if unknown:
+        raise InvalidParameter(f"--value names {unknown}, which are not metric keys of {spec.source}: "
+                               f"{spec.metric_keys}")
+    confidence = opts.confidence if opts.confidence is not None else (
+        float(spec.accuracy.confidence) if spec.accuracy is not None else analysis.DEFAULT_CONFIDENCE)
+    at_units = opts.at_units if opts.at_units is not None else analysis.DEFAULT_UNITS
+    gap = opts.gap if opts.gap is not None else analysis.DEFAULT_GAP
+
+    url = ledger_url(required=False)
+    led = None
+    note = ""
+    sdef = None
+    spent: list[PrivacyEvent] = []
+    remaining: float | None = None
+    if url is None:
+        note = "no ledger given (--ledger or $DPOPS_LEDGER_URL): the scope's cap and spending are unknown"
+    else:
+        from dpops.ledger import open_ledger
+
+        try:
+            led = open_ledger(url)
+            sdef, spent, remaining = _scope_info(led, spec)
+            note = f"scope {sdef.name!r} read from the ledger: {len(spent)} charged event(s) so far"
+        except DpopsError as exc:
+            note = f"the ledger or scope is not reachable ({exc}): the scope's cap and spending are unknown"
+            if led is not None:
+                led.close()
+                led = None
+    try:
+        doc = _compute(spec, plan, opts, confidence, at_units, at_values, gap, led, sdef, spent, remaining, note)
+    finally:
+        if led is not None:
+            led.close()
+    failing = _failing(doc, opts)
+    err = None
+    if opts.require_targets and failing:
+        err = InvalidParameter(f"{spec.source}: {len(failing)} accuracy target(s) not met: " + "; ".join(failing))
+    if as_json:
+        if err is not None:
+            raise attach(err, doc)
+        echo_ok(doc)
+    else:
+        _print(doc)
+    if err is not None:
+        raise err
+
+
+def _compute(spec: ReleaseSpec, plan: Any, opts: AccuracyOptions, confidence: float, at_units: int,
+             at_values: dict[str, float], gap: int, led: Ledger | None, sdef: ScopeDefinition | None,
+             spent: list[PrivacyEvent], remaining: float | None, note: str) -> dict[str, Any]:
+    from dpops import analysis
+    from dpops.analysis.document import accuracy_document
+    from dpops.analysis.horizon import horizon
+
+    acct = sdef.accountant if sdef is not None else None
+    doc: dict[str, Any] = {
+        "release": spec.name, "spec_hash": spec.spec_hash, "scope": spec.budget.scope,
+        "ledger": {"reachable": sdef is not None, "note": note, "accountant": acct,
+                   "remaining": remaining, "cap_unit": sdef.cap_unit if sdef is not None else None},
+        "accuracy": accuracy_document(spec, plan, confidence=confidence, at_units=at_units, at_values=at_values,
+                                      gap=gap, accountant=acct),
+        "solution": None,
+    }
+    if opts.solve:
+        if led is not None and sdef is not None:
+            start, end = _next_interval(spec)
+            name = sdef.name
+
+            def fits(events: Sequence[PrivacyEvent]) -> bool:
+                return bool(led.plan(name, [(start, end, list(events))]).items[0].fits)
+
+            sol = analysis.solve(spec, accountant=sdef.accountant, fits=fits)
+        else:
+            sol = analysis.solve(spec, available=opts.cap)
+        doc["solution"] = sol.to_dict()
+    if sdef is not None:
+        cap: float | None = sdef.cap
+        cap_unit, delta, bucket, source = sdef.cap_unit, sdef.delta, sdef.bucket, "ledger"
+    else:
+        cap, cap_unit, bucket = opts.cap, "epsilon", None
+        delta = opts.scope_delta if opts.scope_delta is not None else min(0.5, spec.budget.delta * opts.intervals)
+        source = "not reachable: nothing assumed spent"
+    h = horizon(spec, plan, cap=cap, cap_unit=cap_unit, delta=delta, spent=spent, spent_source=source,
+                         intervals=opts.intervals, accountants=opts.accountants, scope_accountant=acct, bucket=bucket)
+    doc["horizon"] = h.to_dict()
+    return doc
+
+
+def _failing(doc: dict[str, Any], opts: AccuracyOptions) -> list[str]:
+    results = (doc["solution"] or {}).get("targets") if opts.solve else doc["accuracy"]["targets"]
+    return [f"{t['description']}: predicted {_fmt(t['predicted'])}" for t in results or [] if not t["met"]]
+
+
+def _print(doc: dict[str, Any]) -> None:
+    acc = doc["accuracy"]
+    click.echo(f"accuracy of {doc['release']} from its spec alone (no data read, nothing charged); "
+               f"{acc['confidence']:.0%} intervals, partitions of {acc['at_units']} units")
+    rows = []
+    for p in acc["predictions"]:
+        if p["type"] == "quantiles":
+            err = f"E|rank err| <= {_fmt(p['expected_rank_error'])} rows ({_fmt(p['rank_error_fraction'], 3)} of n)"
+        elif p["type"] == "top_k":
+            err = f"P(true top first | lead {p['gap']}) = {_fmt(p['probability'], 3)}"
+        elif p["type"] == "partition_selection":
+            err = (f"P(keep | {p['at_units']} units) = {_fmt(p['probability'], 3)}; 50% at {p['units_50']}, "
+                   f"95% at {p['units_95']} units")
+        else:
+            err = f"+-{_fmt(p['abs_error'])}" + (f" ({_fmt(p['rel_error'], 3)} of {_fmt(p['at_value'])})"
+                                                 if p["rel_error"] is not None else "")
+        rows.append([p["metric"], p["quantity"], p["distribution"], _fmt(p["epsilon"]), _fmt(p["std"]), err])
+    print_table("predicted accuracy", ["metric", "quantity", "noise", "epsilon", "std", "error"], rows,
+                keep=("metric",))
+    if acc["targets"]:
+        print_table("accuracy targets at the declared budget", ["target", "predicted", "met"],
+                    [[t["description"], _fmt(t["predicted"]), "yes" if t["met"] else
+                      f"NO (off by {t['shortfall']:.1%})"] for t in acc["targets"]])
+    sol = doc["solution"]
+    if sol is not None:
+        split = ", ".join(f"{k}: {v:.4g}" for k, v in sol["split"].items())
+        state = "meets every target" if sol["feasible"] else "does NOT meet every target"
+        click.echo(f"solved split ({state}): epsilon {sol['epsilon']:.4g} per interval (basic view), "
+                   f"{sol['cost']:.4g} under {sol['accountant']}; split {{{split}}}")
+        if sol["limited_by"]:
+            click.echo("  the least-cost split does not fit the remaining budget: scaled down to fit")
+        for t in sol["targets"]:
+            if not t["met"]:
+                click.echo(f"  fails: {t['description']}: predicted {_fmt(t['predicted'])} "
+                           f"(off by {t['shortfall']:.1%})")
+    h = doc["horizon"]
+    click.echo(f"horizon on scope {h['scope']}: {doc['ledger']['note']}")
+    unit = "ε" if h["cap_unit"] == "epsilon" else "ρ"
+    print_table(f"horizon ({h['schedule'] or 'no schedule'}; cap {unit}={_fmt(h['cap'])}, delta {h['delta']:.3g})",
+                ["accountant", f"{unit} per interval", f"{unit} after {h['intervals']}", "intervals that fit",
+                 "cap reached on"],
+                [[r["accountant"], _fmt(r["per_interval"]), _fmt(r["total_after"]),
+                  ("more than " if r["more_than"] else "") + _fmt(r["intervals_fit"]), r["cap_reached_on"] or "-"]
+                 for r in h["rows"]], keep=("accountant",))
+    click.echo("for a reviewer:")
+    for line in acc["explain"]:
+        click.echo(f"  {line}")
+
+
+__all__ = ["AccuracyOptions", "run", "parse_values"]

@@ -1,0 +1,192 @@
+"""Calibration of dpops.analysis' predictions against the release's own noise and post-processing path.
+
+For every metric type and both noise families, fixed bounded aggregates (P identical partitions) go
+through ``pipelines.aggregate.select_and_noise`` -- the function the Beam job calls per shard, with the
+plan's own mechanisms -- in test mode (seeded randomness), giving P independent draws per quantity.
+
+Acceptance, at a stated false-failure rate: ALPHA = 1e-4 for the whole file, Bonferroni over the
+N_CHECKS checks (ALPHA / N_CHECKS each).
+- coverage: the number of draws with |released - true| <= predicted half-width is Binomial(P, c) with c
+  the EXACT predicted coverage (>= the confidence; it is larger on coarse lattices); it must lie in the
+  central (1 - ALPHA/N_CHECKS) binomial band.
+- std: the sample variance s^2 of P draws has Var(s^2) ~= sigma^4 (2/(P-1) + kappa/P), kappa the excess
+  kurtosis (0 for the discrete Gaussian, <= 3 for the discrete Laplace and for the first-order mean and
+  variance errors, which are linear combinations of such noises). For the Gaussian family this is the
+  chi-square(P-1) variance; |s^2/sigma^2 - 1| must stay within z(1 - ALPHA/(2 N_CHECKS)) times its sd.
+- keep and top-pick probabilities: the empirical frequency is Binomial(P, p) with p predicted exactly.
+- quantiles: the predicted expected rank error is an upper bound; the empirical mean excess rank error
+  must lie below it (one-sided, with the same z margin on the sample mean).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from dpops.analysis.accuracy import mean_error, predict, variance_error
+from dpops.randomness import test_random
+from dpops.release_plan import plan_release
+from dpops.spec import parse_spec
+from pipelines.aggregate import select_and_noise
+from pipelines.bounding import sum_unit
+
+ALPHA = 1e-4
+N_CHECKS = 2 * (2 * 5) + 2 + 2 + 1  # (family x metric x {coverage, std}) + quantiles + top-k + selection
+A1 = ALPHA / N_CHECKS
+Z = float(stats.norm.ppf(1 - A1 / 2))
+P = 4000  # partitions = independent draws per quantity (selection, top-k)
+DRAWS = {"laplace": 20_000, "gaussian": 5_000}  # noise metrics: enough draws to tell 0.950 from 0.937 coverage
+P_QUANTILES = 1000
+N = 20_000  # rows (= units) per partition: large, so the first-order mean/variance errors are exact to <1e-3
+LO, HI = 0.0, 100.0
+MID, H = 50.0, 50.0
+
+
+def _spec(noise: str, metrics: list[dict], partitions: dict | None = None, epsilon: float = 1.0) -> object:
+    doc = {
+        "name": "calib", "input": {"path": "in.csv", "format": "csv",
+                                   "columns": {"u": "string", "p": "string", "x": "float", "c": "string"}},
+        "privacy_unit": {"column": "u", "description": "a unit", "adjacency": "add_remove"},
+        "budget": {"scope": "calib", "epsilon": epsilon, "delta": 1e-7, "noise": noise},
+        "contribution": {"max_partitions_per_unit": 2, "max_rows_per_unit_per_partition": 2},
+        "partitions": partitions or {"columns": ["p"], "public": ["a", "b"]},
+        "metrics": metrics,
+        "postprocess": {"clamp_means_to_bounds": True},
+    }
+    return parse_spec(doc, source="<calib>")
+
+
+NOISE_METRICS = [{"type": "count"}, {"type": "unit_count"}, {"type": "sum", "column": "x", "bounds": [LO, HI]},
+                 {"type": "mean", "column": "x", "bounds": [LO, HI]},
+                 {"type": "variance", "column": "x", "bounds": [LO, HI]}]
+# True data of every partition: N rows, one per unit, half at MID - H/2 and half at MID + H/2 + D, where the
+# mean is MID + D/2... kept simple: values at MID + D (mean) and at MID -+ H/2 (variance) are summarised below.
+D = 12.5  # mean offset from the midpoint (the mean metric's data)
+M2 = H * H / 4  # centred second moment of the variance metric's data (values at MID -+ H/2, m1 = 0)
+
+
+def _accumulators(plan, P: int = P) -> dict[str, np.ndarray]:
+    acc: dict[str, np.ndarray] = {"count": np.full(P, N, np.int64), "unit_count": np.full(P, N, np.int64)}
+    for m in plan.metrics:
+        if m.type == "sum":
+            # N rows of value MID: exact sum N*MID in fixed-point units of the sum accumulator
+            acc[f"sum:{m.key}"] = np.full(P, int(N * MID / sum_unit("sum", LO, HI)), np.int64)
+        if m.type == "mean":
+            acc[f"nsum:{m.key}"] = np.full(P, int(N * D / sum_unit("nsum", LO, HI)), np.int64)
+        if m.type == "variance":
+            acc[f"nsum:{m.key}"] = np.zeros(P, np.int64)  # m1 = 0
+            # per-row centred square term (x - mid)^2 - h^2/2 = M2 - h^2/2
+            acc[f"nsq:{m.key}"] = np.full(P, int(N * (M2 - H * H / 2) / sum_unit("nsq", LO, HI)), np.int64)
+    return acc
+
+
+def _run(plan, acc: dict[str, np.ndarray], seed: int, public: bool = True) -> dict:
+    P = len(acc["count"])
+    parts = np.arange(1, P + 1, dtype=np.uint64)
+    names = {int(h): (f"p{int(h)}",) for h in parts}
+    return select_and_noise(0, parts, acc, names, plan, parts if public else None, names if public else None,
+                            test_random(seed, ("calibration",)))
+
+
+def _band(p: float, P: int = P) -> tuple[int, int]:
+    return int(stats.binom.ppf(A1 / 2, P, p)), int(stats.binom.isf(A1 / 2, P, p))
+
+
+def _check_std(errors: np.ndarray, sigma: float, kurtosis: float, what: str) -> None:
+    P = errors.size
+    ratio = float(np.var(errors, ddof=1)) / sigma**2
+    tol = Z * math.sqrt(2 / (P - 1) + kurtosis / P)
+    assert abs(ratio - 1) <= tol, f"{what}: empirical/predicted variance {ratio:.4f}, tolerance +-{tol:.4f}"
+
+
+def _check_coverage(errors: np.ndarray, half: float, coverage: float, what: str) -> None:
+    P = errors.size
+    k = int((np.abs(errors) <= half).sum())
+    lo, hi = _band(coverage, P)
+    assert lo <= k <= hi, f"{what}: {k}/{P} within +-{half:.6g}, predicted coverage {coverage:.5f} (band {lo}..{hi})"
+
+
+@pytest.mark.parametrize("noise", ["laplace", "gaussian"])
+def test_noise_metrics_std_and_interval_match_the_release_path(noise):
+    spec = _spec(noise, NOISE_METRICS)
+    plan = plan_release(spec)
+    out = _run(plan, _accumulators(plan, DRAWS[noise]), seed=11 if noise == "laplace" else 12)
+    kurt = 3.0 if noise == "laplace" else 0.0
+    preds = {p.metric: p for p in predict(plan, at_units=N)}
+    truth = {"count": N, "unit_count": N, "sum_x": N * MID}
+    for key in ("count", "unit_count", "sum_x"):
+        p = preds[key]
+        err = np.asarray(out[key], np.float64) - truth[key]
+        _check_std(err, p.std, kurt, f"{noise} {key} std")
+        _check_coverage(err, p.abs_error, p.coverage, f"{noise} {key} interval")
+    m = next(x for x in plan.metrics if x.type == "mean")
+    std, half, cov, method = mean_error(plan, m, N, D, 0.95)
+    assert "exact" in method
+    err = np.asarray(out["mean_x"], np.float64) - (MID + D)
+    _check_std(err, std, kurt, f"{noise} mean std")
+    _check_coverage(err, half, cov, f"{noise} mean interval")
+    v = next(x for x in plan.metrics if x.type == "variance")
+    std, half, cov, method = variance_error(plan, v, N, 0.0, M2, 0.95)
+    assert "exact" in method
+    err = np.asarray(out["variance_x"], np.float64) - M2
+    _check_std(err, std, kurt, f"{noise} variance std")
+    _check_coverage(err, half, cov, f"{noise} variance interval")
+
+
+def test_predicted_interval_is_the_published_interval_for_single_vector_metrics():
+    """One owner: the half-width dpops predicts is the one the release publishes (ci95 columns)."""
+    plan = plan_release(_spec("laplace", NOISE_METRICS[:3]))
+    out = _run(plan, _accumulators(plan), seed=3)
+    preds = {p.metric: p for p in predict(plan, at_units=N, confidence=0.95)}
+    for key in ("count", "unit_count", "sum_x"):
+        width = np.asarray(out[f"{key}_ci95_high"]) - np.asarray(out[f"{key}_ci95_low"])
+        assert np.allclose(width, 2 * preds[key].abs_error)
+
+
+def test_top_pick_probability_matches_the_release_path():
+    spec = _spec("laplace", [{"type": "top_k", "column": "c", "k": 2, "domain": ["a", "b", "c", "d"]}], epsilon=2.0)
+    plan = plan_release(spec)
+    gap = 3
+    cats = np.tile(np.array([100 + gap, 100, 100, 100], np.int64), (P, 1))
+    out = _run(plan, {"count": np.full(P, N, np.int64), "unit_count": np.full(P, N, np.int64),
+                      "cat:top_k_c": cats}, seed=5)
+    p = next(x for x in predict(plan, gap=gap) if x.type == "top_k").probability
+    k = sum(1 for v in out["top_k_c_rank1"] if v == "a")
+    lo, hi = _band(p)
+    assert 0.3 < p < 0.95  # a regime where a wrong rate would show
+    assert lo <= k <= hi, f"top pick {k}/{P}, predicted {p:.4f} (band {lo}..{hi})"
+
+
+def test_keep_probability_matches_the_release_path():
+    parts = {"columns": ["p"], "private": {"strategy": "truncated_geometric"}}
+    spec = _spec("laplace", [{"type": "count"}], partitions=parts)
+    plan = plan_release(spec)
+    pred = next(x for x in predict(plan, at_units=1) if x.type == "partition_selection")
+    n = pred.units_50  # around 50%: the most sensitive point of the curve
+    p = float(plan.partition_selection.keep_probability(np.array([n]))[0])
+    acc = {"count": np.full(P, n, np.int64), "unit_count": np.full(P, n, np.int64)}
+    out = _run(plan, acc, seed=7, public=False)
+    k = len(out["p"])
+    lo, hi = _band(p)
+    assert lo <= k <= hi, f"kept {k}/{P} partitions of {n} units, predicted {p:.4f} (band {lo}..{hi})"
+    assert pred.units_95 is not None and pred.units_95 > n
+
+
+def test_quantile_rank_error_stays_below_its_bound():
+    spec = _spec("laplace", [{"type": "quantiles", "column": "x", "bounds": [LO, HI], "quantiles": [0.5]}])
+    plan = plan_release(spec)
+    m = plan.metrics[0]
+    n_per_bin = 2
+    hist = np.full((P_QUANTILES, m.n_bins + 1), n_per_bin, np.int64)  # values spread evenly over the grid
+    out = _run(plan, {"count": hist.sum(axis=1), "unit_count": hist.sum(axis=1), f"hist:{m.key}": hist}, seed=9)
+    n = int(hist[0].sum())
+    cand = LO + (HI - LO) * np.arange(m.n_bins + 1) / m.n_bins
+    ranks = np.cumsum(hist[0])
+    idx = np.searchsorted(cand, np.asarray(out[f"{m.key}_q50"]))
+    excess = np.abs(ranks[idx] - 0.5 * n) - np.abs(ranks - 0.5 * n).min()
+    bound = next(x for x in predict(plan, at_units=n) if x.type == "quantiles").expected_rank_error
+    mean, sd = float(excess.mean()), float(excess.std(ddof=1))
+    assert mean - Z * sd / math.sqrt(P_QUANTILES) <= bound, f"mean excess rank error {mean:.3g} above the bound {bound:.3g}"
