@@ -34,10 +34,11 @@ from dpops.errors import (
     IntegrityError,
     InvalidParameter,
     LedgerError,
+    NeedsOperator,
     SpecError,
     public_message,
 )
-from dpops.release.context import _pick_attempt
+from dpops.release.context import pick_attempt
 from dpops.release.refusals import budget_refusal_reason, record_refusal
 from dpops.release.reservation import _refuse_changed
 
@@ -47,7 +48,8 @@ LEDGER_URL_ENV = "DPOPS_LEDGER_URL"
 KEY_FILE_ENV = "DPOPS_NOISE_KEY_FILE"
 
 # Errors a retry cannot fix: the orchestrator fails the task at once instead of retrying it.
-FATAL_ERRORS: tuple[type[BaseException], ...] = (BudgetExceeded, SpecError, InvalidParameter, IntegrityError)
+FATAL_ERRORS: tuple[type[BaseException], ...] = (BudgetExceeded, SpecError, InvalidParameter, IntegrityError,
+                                                NeedsOperator)
 
 # Third-party loggers whose INFO/WARNING lines drown a task log (measured: 209 of 223 lines of a
 # check_input/validate_output log were Great Expectations INFO; every task printed Beam's optional
@@ -166,6 +168,13 @@ class Step:
     def ledger(self) -> Any:
         return release.open_run_ledger(self.settings.ledger_url)
 
+    def current(self, ledger: Any) -> release.RunContext:
+        """``prepare``, then the attempt the ledger knows (``pick_attempt``, the one owner of that choice):
+        every task works on the run id ``reserve_step`` reserved, also after a refund or a fresh attempt."""
+        ctx = self.prepare()
+        pick_attempt(ctx, ledger)
+        return ctx
+
 
 # --------------------------------------------------------------------------- late input
 
@@ -202,8 +211,8 @@ def check_input_step(step: Step) -> dict[str, Any]:
 
     An interval this very run already published skips the checks: the same keyed fingerprint
     means byte-identical input, which passed them when it was published."""
-    ctx = step.prepare()
     with step.ledger() as ledger:
+        ctx = step.current(ledger)
         rec = ledger.published(ctx.spec.name, ctx.interval.start_iso, ctx.interval.end_iso)
     if rec is not None and rec.run_id == ctx.run_id:
         return {"run_id": ctx.run_id, "checks": None, "state": "already_published"}
@@ -231,7 +240,7 @@ def reserve_step(step: Step, *, restate: bool = False) -> release.RunOutcome:
     ctx = step.prepare()
     with step.ledger() as ledger:
         if not restate:
-            _pick_attempt(ctx, ledger)  # the run key the ledger knows (a refunded attempt is skipped)
+            pick_attempt(ctx, ledger)  # the run key the ledger knows (a refunded attempt is skipped)
             published = ledger.published(ctx.spec.name, ctx.interval.start_iso, ctx.interval.end_iso)
             try:
                 # The one owner of the "never restate silently" rule (attempt 1 = the run key the ledger saw).
@@ -259,7 +268,8 @@ def compute_step(step: Step) -> dict[str, Any]:
 
 def validate_step(step: Step) -> dict[str, Any]:
     """The noisy output's checks (post-processing: may block the publish) incl. the GX suite."""
-    ctx = step.prepare()
+    with step.ledger() as ledger:
+        ctx = step.current(ledger)
     staged = ctx.store.find_staged(ctx.interval.slug, ctx.run_id)
     if staged is None:
         raise LedgerError(f"run {ctx.run_id} of {ctx.spec.name} {ctx.interval}: no staged output to validate; "
@@ -286,8 +296,8 @@ def publish_step(step: Step) -> release.RunOutcome:
 def record_step(step: Step, *, charged: float) -> release.RunOutcome:
     """The run's final outcome: its manifest (written by publish; found, or written once for a run
     committed by an older version) and the ledger position, for the one summary line."""
-    ctx = step.prepare()
     with step.ledger() as ledger:
+        ctx = step.current(ledger)
         rec = ledger.run(ctx.run_id)
         state = "published" if rec is not None and rec.state == "committed" else getattr(rec, "state", "unknown")
         try:
@@ -318,6 +328,7 @@ def failure_outcome(step: Step, exc: BaseException) -> release.RunOutcome | None
     remaining = None
     try:
         with step.ledger() as ledger:
+            pick_attempt(ctx, ledger)
             rec = ledger.run(ctx.run_id)
             remaining = float(ledger.status(ctx.spec.budget.scope).remaining)
     except Exception as read_exc:  # noqa: BLE001 - the line is best effort; the step's error propagates

@@ -101,13 +101,24 @@ def cli() -> None:
               help="publish the noisy output and commit the run (without it: compute and stage only)")
 @click.option("--progress/--no-progress", "show_progress", default=True, show_default=True,
               help="show each stage on stderr (a spinner on a terminal, one line per stage otherwise)")
+@click.option("--fresh-attempt", "fresh_attempt", is_flag=True,
+              help="the interval's run is spent_unpublished (e.g. after dpops ledger recover): start a fresh attempt "
+                   "with fresh noise, charged AGAIN, linked to the spent run in the ledger, manifest and report "
+                   "(needs --reason)")
+@click.option("--reason", default=None, help="why a fresh attempt is made (recorded in the ledger and the manifest)")
 @_internal_errors
 def run_cmd(spec: str, interval: str, as_json: bool, runner: str, runner_options: tuple,
-            randomness: str, key_file: str | None, gx_checks: bool, publish_output: bool, show_progress: bool) -> None:
+            randomness: str, key_file: str | None, gx_checks: bool, publish_output: bool, show_progress: bool,
+            fresh_attempt: bool, reason: str | None) -> None:
     """Reserve budget, compute and (with --publish) publish SPEC over --interval.
 
     Safe to repeat: a published interval is served without a charge; a retry reuses the reservation
-    (keyed randomness reproduces the same noise)."""
+    (keyed randomness reproduces the same noise). A spent_unpublished run is never recomputed: only
+    --fresh-attempt --reason "..." publishes that interval, at a second charge."""
+    if fresh_attempt and not (reason or "").strip():
+        raise click.UsageError("--fresh-attempt needs --reason \"...\" (recorded in the ledger and the manifest)")
+    if reason is not None and not fresh_attempt:
+        raise click.UsageError("--reason is only used with --fresh-attempt")
     from dpops import release
     from dpops.cli.progress import stage_progress
     iv = _interval(spec, interval)
@@ -116,7 +127,8 @@ def run_cmd(spec: str, interval: str, as_json: bool, runner: str, runner_options
         outcome = release.execute_release(spec, iv.start, iv.end, ledger=ledger, randomness=randomness,
                                        key_path=key_file, runner=runner, runner_options=runner_options,
                                        publish_output=publish_output, gx_checks=gx_checks, actor=None,
-                                       progress=progress)
+                                       progress=progress, fresh_attempt=reason.strip() if fresh_attempt and reason
+                                       else None)
     _emit(outcome, as_json)
 
 
