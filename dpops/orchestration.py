@@ -203,6 +203,27 @@ def missing_inputs(spec_path: str, interval_start: str, interval_end: str) -> li
     return [] if os.path.isfile(path) else [path]
 
 
+def input_timed_out(spec_path: str, interval_start: str, interval_end: str, *, waited_seconds: float,
+                    missing_files: int) -> None:
+    """The sensor gave up waiting for the interval's input: leave the record ``dpops gaps`` reads
+    ("input missing (waited N s)"; ``dpops.gaps.record_input_wait``). Best effort: the task fails anyway."""
+    from dpops.gaps import record_input_wait
+    from dpops.spec import load_spec
+
+    try:
+        record_input_wait(load_spec(spec_path), interval_start, interval_end, waited_seconds=waited_seconds,
+                          missing_files=missing_files)
+    except Exception as exc:  # noqa: BLE001 - the timeout itself is the task's error
+        log.warning("could not record the input wait for dpops gaps: %s", public_message(exc))
+
+
+def requested_interval(spec_path: str, text: str) -> tuple[str, str]:
+    """The interval an operator named for a triggered run (the DAG's ``interval`` param, as
+    ``dpops release run --interval`` takes it: ``2024-01-03`` or ``START/END``), as ISO strings."""
+    iv = release.requested_interval(spec_path, text)
+    return iv.start_iso, iv.end_iso
+
+
 # --------------------------------------------------------------------------- steps
 
 
@@ -378,5 +399,6 @@ def cancel_running_jobs() -> list[str]:
 
 
 __all__ = ["FATAL_ERRORS", "Settings", "Step", "cancel_running_jobs", "check_input_step", "compute_step",
-           "failure_outcome", "is_fatal", "missing_inputs", "publish_step", "quiet_third_party_loggers",
+           "failure_outcome", "input_timed_out", "is_fatal", "missing_inputs",
+           "requested_interval", "publish_step", "quiet_third_party_loggers",
            "record_step", "reserve_step", "summary_line", "track_job", "validate_step"]

@@ -475,24 +475,38 @@ def _check_file_digest(m: dict[str, Any], ledger: Ledger, file_name: str, file_d
     return []
 
 
-def _check_published_files(m: dict[str, Any], ledger: Ledger | None, key: Any) -> Check:
-    """The published bytes are still the ones fingerprinted at publication (see dpops.manifest.files)."""
-    from dpops.manifest.files import check_ledger_files, check_manifest_files, merge, uri_directory
+def _file_check(name: str, result: Any, *, no_key: bool = False) -> Check:
+    """One file check: failed with problems, skipped when nothing could be compared (with the reason; "no
+    noise key" when that is why), ok, with a note naming any part that could not run."""
+    if result.problems:
+        return Check(name, False, result.problems)
+    if not result.ran:
+        why = "; ".join(result.not_checked)
+        return Check(name, True, skipped=(f"no noise key (--key-file or $DPOPS_NOISE_KEY_FILE): {why}" if no_key
+                                          else f"NOT CHECKED: {why}"))
+    note = ("partly: " + "; ".join(result.not_checked)) if result.not_checked else None
+    return Check(name, True, note=note)
 
+
+def _check_published_files(m: dict[str, Any], ledger: Ledger | None, key: Any) -> list[Check]:
+    """The published bytes are still the ones fingerprinted at publication (see dpops.manifest.files): the
+    manifest's keyed fingerprints (needs the noise key) and, with a ledger, the commit entry's digests, as two
+    checks, so a check that could not run for want of the key is listed as skipped, never as ok."""
+    from dpops.manifest.files import check_ledger_files, check_manifest_files, uri_directory
+
+    ledger_part = None
     try:
-        result = check_manifest_files(m, key=key)
+        keyed = check_manifest_files(m, key=key)
         if ledger is not None and m["outcome"]["state"] == "published":
             rec = ledger.run(m["run_id"])
             if rec is not None and rec.state == "committed":
-                result = merge(result, check_ledger_files(rec, uri_directory((m.get("output") or {}).get("uri"))))
+                ledger_part = check_ledger_files(rec, uri_directory((m.get("output") or {}).get("uri")))
     except DpopsError as exc:
-        return Check("published files", False, [f"published files: {exc}"])
-    if result.problems:
-        return Check("published files", False, result.problems)
-    if not result.ran:
-        return Check("published files", True, skipped="NOT CHECKED: " + "; ".join(result.not_checked))
-    note = ("partly: " + "; ".join(result.not_checked)) if result.not_checked else None
-    return Check("published files", True, note=note)
+        return [Check("published files", False, [f"published files: {exc}"])]
+    out = [_file_check("published files", keyed, no_key=key is None)]
+    if ledger_part is not None:
+        out.append(_file_check("published files (ledger digests)", ledger_part))
+    return out
 
 
 # --------------------------------------------------------------------------- entry point
@@ -531,7 +545,7 @@ def verify_manifest(manifest: dict[str, Any], *, ledger: Ledger | None = None, p
         checks.append(Check("ledger", True, skipped="no ledger given: the scope total, cap and output location "
                                                     "were not compared with the ledger"))
     if check_files and m["outcome"]["state"] == "published":  # nothing was published otherwise
-        checks.append(_check_published_files(m, ledger, key))
+        checks.extend(_check_published_files(m, ledger, key))
     if public_key is not None:
         from dpops.manifest.sign import verify_signature
 
