@@ -5,8 +5,8 @@ ledger is the workspace's SQLite file; every operator step is the documented one
 given day", docs/runbook.md), through the REST API, the airflow CLI or the dpops CLI:
 
 - item 6: publish_release fails after the commit (the published area is blocked), the DAG run fails;
-  the runbook's ``airflow tasks clear ... -t '^publish_release$' --downstream`` publishes and the
-  DAG run ends success with record_run run;
+  the runbook's ``airflow tasks clear ... -t publish_release --downstream`` publishes and the DAG run
+  ends success with record_run run;
 - item 5: a triggered run names its day in ``conf.interval`` with ``logical_date: null``: a hole is
   filled and a restatement is published although those logical dates already have runs (the
   runbook's former call with a logical date answers 409);
@@ -157,8 +157,8 @@ def test_1_publish_failure_is_finished_by_the_runbooks_clear_command(ops):
     assert tis["publish_release"]["state"] == "failed" and tis["record_run"]["state"] == "upstream_failed"
     blocked.unlink()  # the outage is over
     runbook = (Path(__file__).resolve().parent.parent / "docs" / "runbook.md").read_text()
-    assert "-t '^publish_release$' -s D -e D --downstream --yes" in runbook
-    airflow_cli(ops.env, "tasks", "clear", dag_id, "-t", "^publish_release$", "-s", DAY[1], "-e", DAY[1],
+    assert "airflow tasks clear dpops_example_daily -t publish_release -s D -e D --downstream --yes" in runbook
+    airflow_cli(ops.env, "tasks", "clear", dag_id, "-t", "publish_release", "-s", DAY[1], "-e", DAY[1],
                 "--downstream", "--yes")
     run = ops.wait_run(dag_id, run_id, min_clear=1)
     tis = ops.tis(dag_id, run_id)
