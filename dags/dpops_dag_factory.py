@@ -269,11 +269,8 @@ REFUSED_NOTE = "REFUSED: "
 def replace_refused_note(context: Any, note: str) -> bool:
     """A DAG run that publishes after an earlier try of it was refused (cap raised, then the run cleared or
     reprocessed) must not keep saying ``REFUSED:``: replace that note (and only that one: an operator's own
-    note stays)."""
-    current = getattr(context.get("dag_run"), "note", None)
-    if not (isinstance(current, str) and current.startswith(REFUSED_NOTE)):
-        return False
-    return set_dag_run_note(context, note)
+    note stays). The task context does not carry the note, so it is read through the REST API."""
+    return _dag_run_note(context, note, only_if_prefix=REFUSED_NOTE)
 
 
 def set_dag_run_note(context: Any, note: str) -> bool:
@@ -282,6 +279,10 @@ def set_dag_run_note(context: Any, note: str) -> bool:
     Airflow 3 tasks cannot write the metadata database, and the task SDK has no note call, so the public
     API is the supported path. Best effort: a missing connection or an unreachable server is logged,
     never raised (the refusal itself is already in the ledger, the log and the alert)."""
+    return _dag_run_note(context, note)
+
+
+def _dag_run_note(context: Any, note: str, *, only_if_prefix: str | None = None) -> bool:
     from airflow.sdk import Connection
 
     try:
@@ -301,8 +302,14 @@ def set_dag_run_note(context: Any, note: str) -> bool:
             tok = client.post("/auth/token", json={"username": conn.login, "password": conn.password})
             tok.raise_for_status()
             headers = {"Authorization": f"Bearer {tok.json()['access_token']}"}
-            resp = client.patch(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}", json={"note": note[:1000]},
-                                params={"update_mask": "note"}, headers=headers)
+            url = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}"
+            if only_if_prefix is not None:
+                got = client.get(url, headers=headers)
+                got.raise_for_status()
+                current = got.json().get("note")
+                if not (isinstance(current, str) and current.startswith(only_if_prefix)):
+                    return False
+            resp = client.patch(url, json={"note": note[:1000]}, params={"update_mask": "note"}, headers=headers)
             resp.raise_for_status()
     except Exception as exc:  # noqa: BLE001
         log.warning("DAG-run note not set: the api-server at %s answered %s", base, type(exc).__name__)
