@@ -8,8 +8,9 @@ per task by ``dpops.orchestration``. This file translates between Airflow and th
                    -> publish_release (outlet: the release's Asset) -> record_run
 
 Every task is keyed on ``data_interval_start``/``data_interval_end`` (never ``ds`` or the
-logical date). A run without a data interval (REST ``logical_date: null``) fails at once,
-without retries. A retry or re-run never draws fresh noise (keyed randomness, staged output
+logical date), or, for a triggered run, on the ``interval`` param (REST ``logical_date: null`` with
+``conf: {"interval": "2024-01-03"}``: a triggered run with a logical date would collide with the
+scheduled or backfill run of that date). A run with neither fails at once, without retries. A retry or re-run never draws fresh noise (keyed randomness, staged output
 reused) and never charges twice (idempotent reserve per run key; a published interval is served).
 
 Settings resolved when a task runs (never at parse time, so the dag-processor needs neither
@@ -23,13 +24,14 @@ the key nor the ledger), Airflow first so a secrets backend works:
     DPOPS_RANDOMNESS, DPOPS_BEAM_RUNNER, DPOPS_BEAM_OPTIONS, DPOPS_MANIFESTS_DIR, DPOPS_ALERT_HOOK
 
 Read when the DAG file is parsed: DPOPS_SPECS_DIR (one DAG per *.yaml there), DPOPS_START_DATE
-(default 2024-01-01), DPOPS_TASK_RETRIES (2), DPOPS_RETRY_DELAY_SECONDS (60),
+(default 2024-01-01), DPOPS_CATCHUP (false; see ``catchup_setting``), DPOPS_TASK_RETRIES (2), DPOPS_RETRY_DELAY_SECONDS (60),
 DPOPS_MAX_ACTIVE_RUNS (2), DPOPS_DAG_OWNER (dpops), DPOPS_INPUT_POKE_SECONDS (300) and
 DPOPS_INPUT_TIMEOUT_SECONDS (21600): how often and how long ``wait_for_input`` waits for late input.
 
 Refusals (budget cap reached; a changed input of a published interval without ``restate``)
 are outcomes, not crashes: ``reserve_budget`` ends SKIPPED with the reason (no traceback), the
-DAG-run note says ``REFUSED: <reason>``, the task log has the one ``dpops release=... outcome=refused``
+DAG-run note says ``REFUSED: <reason>`` (replaced by ``PUBLISHED: ...`` if a later try of the same DAG
+run publishes), the task log has the one ``dpops release=... outcome=refused``
 line and a ``DPOPS_ALERT`` line (event ``dpops.refused``) goes to the alert hook. Skipped, not
 failed, because a refusal is dpops working as intended (nothing charged, nothing published) and
 a failed task is always rendered with a traceback; operators find refusals by the note, the
@@ -140,28 +142,50 @@ def build_all(paths: list[Path], *, register: bool = True) -> tuple[list[DAG], l
 # ------------------------------------------------------------------ runtime helpers (task side)
 
 
-def _interval(context: Any) -> tuple[str, str]:
+def _interval(context: Any, spec_path: str) -> tuple[str, str]:
+    """The run's data interval as ISO strings.
+
+    Scheduled and backfill runs: Airflow's data interval (logical date D covers [D, D + period)). A
+    triggered run names its interval in the ``interval`` param (``conf: {"interval": "2024-01-03"}`` with
+    ``logical_date: null``; the same text ``dpops release run --interval`` takes): a triggered run with a
+    logical date would collide (HTTP 409) with the scheduled or backfill run of that date."""
     start, end = context.get("data_interval_start"), context.get("data_interval_end")
+    dag_id = getattr(context.get("dag"), "dag_id", "DAG_ID")
+    named = (context.get("params") or {}).get("interval")
+    if named:
+        from dpops.errors import DpopsError, public_message
+        from dpops.orchestration import requested_interval
+
+        try:
+            chosen = requested_interval(spec_path, str(named))
+        except DpopsError as exc:
+            raise AirflowFailException(f"param interval {named!r}: {public_message(exc)}; nothing was read, "
+                                       "reserved or charged") from None
+        if start is not None and end is not None and start < end and \
+                (start.astimezone(UTC).isoformat(), end.astimezone(UTC).isoformat()) != chosen:
+            raise AirflowFailException(
+                f"this run names the interval {chosen[0]}/{chosen[1]} (param interval) but Airflow gave it the data "
+                f"interval {start.isoformat()}/{end.isoformat()}; nothing was read, reserved or charged. Trigger "
+                'with "logical_date": null and only conf {"interval": ...}; see README "Releasing a given day"')
+        return chosen
     if start is None or end is None or start >= end:
-        dag_id = getattr(context.get("dag"), "dag_id", "DAG_ID")
         raise AirflowFailException(
             "this DAG run has no data interval (it was triggered without a logical date, e.g. REST "
-            "logical_date: null); a dpops run releases exactly one data interval, so nothing was read, reserved "
-            "or charged. Release one past day D with: airflow backfill create --dag-id "
-            f"{dag_id} --from-date D --to-date D, or trigger with the logical date D+1 "
-            "(the interval ending there); see README 'Releasing a given past day with Airflow'"
+            "logical_date: null, and without the param interval); a dpops run releases exactly one data interval, "
+            "so nothing was read, reserved or charged. Release one day D with: airflow backfill create --dag-id "
+            f"{dag_id} --from-date D --to-date D, or trigger with logical_date null and conf "
+            '{"interval": "D"}; see README "Releasing a given day"'
         )
     logical = context.get("logical_date")
     if logical is not None and logical < start:
         # `airflow dags trigger -l D` keeps D as the logical date but computes the data interval from the
         # trigger time: the operator named one day and would get another released (and charged).
-        dag_id = getattr(context.get("dag"), "dag_id", "DAG_ID")
         raise AirflowFailException(
             f"this run names the logical date {logical.isoformat()} but Airflow gave it the data interval "
             f"{start.isoformat()}/{end.isoformat()} (airflow dags trigger -l computes the interval from the trigger "
             "time); nothing was read, reserved or charged. Release the day D with: airflow backfill create "
-            f"--dag-id {dag_id} --from-date D --to-date D, or the REST API with logical_date D+1; see README "
-            "'Releasing a given past day with Airflow'"
+            f"--dag-id {dag_id} --from-date D --to-date D, or trigger with logical_date null and conf "
+            '{"interval": "D"}; see README "Releasing a given day"'
         )
     return (start.astimezone(UTC).isoformat(), end.astimezone(UTC).isoformat())
 
@@ -206,7 +230,7 @@ def _step(spec_path: str, context: Any) -> Any:
     from dpops.orchestration import Step, quiet_third_party_loggers
 
     quiet_third_party_loggers()
-    start, end = _interval(context)
+    start, end = _interval(context, spec_path)
     ti = context.get("ti")
     # The ledger records who asked: the DAG and task, so an entry leads back to its Airflow log.
     actor = f"{ACTOR}:{getattr(ti, 'dag_id', '?')}.{getattr(ti, 'task_id', '?')}"
@@ -239,12 +263,26 @@ def _call(step: Any, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         raise
 
 
+REFUSED_NOTE = "REFUSED: "
+
+
+def replace_refused_note(context: Any, note: str) -> bool:
+    """A DAG run that publishes after an earlier try of it was refused (cap raised, then the run cleared or
+    reprocessed) must not keep saying ``REFUSED:``: replace that note (and only that one: an operator's own
+    note stays). The task context does not carry the note, so it is read through the REST API."""
+    return _dag_run_note(context, note, only_if_prefix=REFUSED_NOTE)
+
+
 def set_dag_run_note(context: Any, note: str) -> bool:
     """Set this DAG run's note through the api-server's REST API (connection ``dpops_airflow_api``).
 
     Airflow 3 tasks cannot write the metadata database, and the task SDK has no note call, so the public
     API is the supported path. Best effort: a missing connection or an unreachable server is logged,
     never raised (the refusal itself is already in the ledger, the log and the alert)."""
+    return _dag_run_note(context, note)
+
+
+def _dag_run_note(context: Any, note: str, *, only_if_prefix: str | None = None) -> bool:
     from airflow.sdk import Connection
 
     try:
@@ -264,8 +302,14 @@ def set_dag_run_note(context: Any, note: str) -> bool:
             tok = client.post("/auth/token", json={"username": conn.login, "password": conn.password})
             tok.raise_for_status()
             headers = {"Authorization": f"Bearer {tok.json()['access_token']}"}
-            resp = client.patch(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}", json={"note": note[:1000]},
-                                params={"update_mask": "note"}, headers=headers)
+            url = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}"
+            if only_if_prefix is not None:
+                got = client.get(url, headers=headers)
+                got.raise_for_status()
+                current = got.json().get("note")
+                if not (isinstance(current, str) and current.startswith(only_if_prefix)):
+                    return False
+            resp = client.patch(url, json={"note": note[:1000]}, params={"update_mask": "note"}, headers=headers)
             resp.raise_for_status()
     except Exception as exc:  # noqa: BLE001
         log.warning("DAG-run note not set: the api-server at %s answered %s", base, type(exc).__name__)
@@ -291,7 +335,7 @@ class InputSensor(BaseSensorOperator):
     def poke(self, context: Any) -> bool:
         from dpops.orchestration import missing_inputs
 
-        start, end = _interval(context)
+        start, end = _interval(context, self.spec_path)
         self._missing = missing_inputs(self.spec_path, start, end)
         if self._missing:
             log.info("input of %s %s/%s not there yet (%d file(s) missing: %s); next check in %.0f s",
@@ -303,7 +347,11 @@ class InputSensor(BaseSensorOperator):
         try:
             return super().execute(context)
         except AirflowSensorTimeout:
-            start, end = _interval(context)
+            from dpops.orchestration import input_timed_out
+
+            start, end = _interval(context, self.spec_path)
+            input_timed_out(self.spec_path, start, end, waited_seconds=float(self.timeout),
+                            missing_files=len(self._missing))
             raise AirflowFailException(
                 f"input of {self.release} {start}/{end} still missing after waiting {self.timeout:.0f} s "
                 f"(DPOPS_INPUT_TIMEOUT_SECONDS): {', '.join(self._missing[:5]) or '?'}. Nothing was read or "
@@ -405,6 +453,26 @@ def _doc(spec: Any, spec_path: str) -> str:
     )
 
 
+CATCHUP_ENV = "DPOPS_CATCHUP"
+
+
+def catchup_setting() -> bool:
+    """``$DPOPS_CATCHUP`` (true/false, default false): whether the scheduler creates a run for every
+    interval since ``DPOPS_START_DATE`` that has none.
+
+    Default false: each such run reserves budget, so a new deployment (or a DAG unpaused after weeks)
+    would spend the scope on old intervals in whatever order the scheduler picks, up to the cap, before
+    anyone looked at ``dpops plan``. Old intervals are released on purpose with a backfill instead
+    (``dpops plan`` first). Set it true for a deployment whose start date is the first day it must
+    release, so the scheduler itself fills every interval since then."""
+    value = os.environ.get(CATCHUP_ENV, "false").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{CATCHUP_ENV}={value!r}: use true or false")
+
+
 def build_release_dag(spec_path: str | os.PathLike[str], *, register: bool = True) -> DAG:
     from dpops.spec import load_spec
 
@@ -424,7 +492,7 @@ def build_release_dag(spec_path: str | os.PathLike[str], *, register: bool = Tru
         doc_md=_doc(spec, spec_path),
         schedule=_timetable(spec.schedule),
         start_date=start,
-        catchup=False,
+        catchup=catchup_setting(),
         # Budget spends are serialized by the ledger, not by this number (backfills ignore it).
         max_active_runs=int(os.environ.get("DPOPS_MAX_ACTIVE_RUNS", "2")),
         default_args=default_args,
@@ -434,7 +502,13 @@ def build_release_dag(spec_path: str | os.PathLike[str], *, register: bool = Tru
                 False,
                 type="boolean",
                 description="Publish a corrected input of an already published interval as a new, charged version.",
-            )
+            ),
+            "interval": Param(
+                None,
+                type=["null", "string"],
+                description="For a triggered run (logical date empty): the interval to release, e.g. 2024-01-03 "
+                            "(the day starting there) or START/END, as dpops release run --interval takes it.",
+            ),
         },
         auto_register=register,
     ) as dag:
@@ -475,7 +549,7 @@ def _tasks(spec_path: str, release: str) -> None:
         if out.state == "refused":
             log.warning(orch.summary_line(out))
             refusal_alert(context, out.message)
-            set_dag_run_note(context, f"REFUSED: {out.message}")
+            set_dag_run_note(context, f"{REFUSED_NOTE}{out.message}")
             raise AirflowSkipException(f"REFUSED: {out.message}")
         if out.state == "already_published":
             log.info(orch.summary_line(out))
@@ -507,6 +581,8 @@ def _tasks(spec_path: str, release: str) -> None:
             "release": release, "interval_start": step.interval_start, "interval_end": step.interval_end,
             "run_id": out.run_id, "output_uri": out.output_uri, "restates": out.restates,
         }
+        replace_refused_note(context, f"PUBLISHED: run {out.run_id} ({out.message or out.state}); an earlier try "
+                                      "of this DAG run was refused")
         return {**out.as_dict(), "checks": validated.get("checks")}
 
     @task

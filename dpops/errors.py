@@ -58,6 +58,14 @@ class LedgerError(DpopsError):
     exit_code = 6
 
 
+class NeedsOperator(LedgerError):
+    """The ledger state of the run allows no automatic progress: only an operator's explicit action
+    (named in the message, e.g. ``dpops release run --fresh-attempt``) can. A retry cannot fix it, so an
+    orchestrator fails the task at once instead of retrying it."""
+
+    exit_code = 6
+
+
 class StorageError(DpopsError):
     """Staging or publishing an output failed (disk full, read-only path, corrupt file)."""
 

@@ -6,7 +6,9 @@ history appear silently. This module lists, per interval of the spec's own grid 
 else its cron schedule), what the ledger, the storage and the manifests say:
 
 ``published``          the interval's current version is visible in storage and committed in the ledger
-``never_run``          nothing in the ledger and no refusal manifest
+``never_run``          nothing in the ledger, no refusal manifest, no input-wait record
+``input_missing``      a run waited for the interval's input and timed out (``record_input_wait``: the
+                       orchestrator's sensor leaves a small record in the private state directory)
 ``refused``            a refusal manifest (the ledger keeps nothing for a refusal: nothing was charged)
 ``failed``             the run was refunded (released) after a failure before any noise was drawn
 ``spent_unpublished``  charged but not visible: started (noise may exist) or marked spent_unpublished,
@@ -28,7 +30,9 @@ from typing import Any
 
 from dpops.errors import InvalidParameter
 
-REASONS = ("published", "never_run", "refused", "failed", "spent_unpublished", "abandoned", "in_progress")
+REASONS = ("published", "never_run", "input_missing", "refused", "failed", "spent_unpublished", "abandoned",
+           "in_progress")
+WAITS_DIR = "input-waits"
 ABANDON_PREFIX = "abandoned by operator"
 
 
@@ -128,6 +132,42 @@ def _refusals(folder: Any, release: str) -> dict[tuple[str, str], list[dict[str,
     return out
 
 
+def _wait_file(release: str, slug: str, state_dir: Path | None = None) -> Path:
+    from dpops.storage import private_state_dir
+
+    return (state_dir or private_state_dir()) / WAITS_DIR / release / f"{slug}.json"
+
+
+def record_input_wait(spec: Any, interval_start: str, interval_end: str, *, waited_seconds: float,
+                      missing_files: int, state_dir: Path | None = None) -> Path:
+    """Record that a run waited ``waited_seconds`` for the interval's input and gave up, so ``dpops gaps`` says
+    "input missing (waited N s)" instead of "never run".
+
+    Written to the private state directory (``$DPOPS_STATE_DIR``, mode 0700, where the private run logs are),
+    not next to the manifests: it is an operational fact, not a release record. It holds only public facts
+    (release, interval, the wait, how many files were missing, when), never a path, a file name or data."""
+    from dpops.inputs import parse_interval
+
+    iv = parse_interval(interval_start, interval_end)
+    path = _wait_file(spec.name, iv.slug, state_dir)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    doc = {"release": spec.name, "interval_start": iv.start_iso, "interval_end": iv.end_iso,
+           "waited_seconds": round(float(waited_seconds)), "missing_files": int(missing_files),
+           "at": _iso(datetime.now(UTC))}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc, sort_keys=True))
+    os.replace(tmp, path)
+    return path
+
+
+def _input_wait(release: str, slug: str, state_dir: Path | None = None) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(_wait_file(release, slug, state_dir).read_text())
+        return doc if isinstance(doc, dict) and doc.get("release") == release else None
+    except (OSError, ValueError):
+        return None
+
+
 def _reasons(ledger: Any, run_ids: set[str]) -> dict[str, str]:
     """The reason recorded when each run was released or marked spent_unpublished."""
     out: dict[str, str] = {}
@@ -198,6 +238,11 @@ def interval_statuses(spec: Any, ledger: Any, start: datetime, end: datetime, *,
         elif refused:
             st.status = "refused"
             st.detail = refused[-1]["reason"] or "refused"
+        elif (wait := _input_wait(spec.name, Interval(s, e).slug, getattr(store, "state_dir", None))) is not None:
+            st.status = "input_missing"
+            st.detail = (f"input missing (waited {wait.get('waited_seconds', '?')} s, gave up at {wait.get('at', '?')}; "
+                         f"{wait.get('missing_files', '?')} file(s) missing): nothing was read or charged. Deliver "
+                         "the input, then clear wait_for_input of that DAG run or run dpops release run")
         out.append(st)
     return out
 
@@ -209,4 +254,5 @@ def parse_day(text: str, what: str) -> datetime:
     return parse_utc(text, what)
 
 
-__all__ = ["REASONS", "IntervalStatus", "interval_statuses", "manifests_dir_for", "parse_day", "spec_intervals"]
+__all__ = ["REASONS", "IntervalStatus", "interval_statuses", "manifests_dir_for", "parse_day", "record_input_wait",
+           "spec_intervals"]

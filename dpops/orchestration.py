@@ -34,10 +34,11 @@ from dpops.errors import (
     IntegrityError,
     InvalidParameter,
     LedgerError,
+    NeedsOperator,
     SpecError,
     public_message,
 )
-from dpops.release.context import _pick_attempt
+from dpops.release.context import pick_attempt
 from dpops.release.refusals import budget_refusal_reason, record_refusal
 from dpops.release.reservation import _refuse_changed
 
@@ -47,7 +48,8 @@ LEDGER_URL_ENV = "DPOPS_LEDGER_URL"
 KEY_FILE_ENV = "DPOPS_NOISE_KEY_FILE"
 
 # Errors a retry cannot fix: the orchestrator fails the task at once instead of retrying it.
-FATAL_ERRORS: tuple[type[BaseException], ...] = (BudgetExceeded, SpecError, InvalidParameter, IntegrityError)
+FATAL_ERRORS: tuple[type[BaseException], ...] = (BudgetExceeded, SpecError, InvalidParameter, IntegrityError,
+                                                NeedsOperator)
 
 # Third-party loggers whose INFO/WARNING lines drown a task log (measured: 209 of 223 lines of a
 # check_input/validate_output log were Great Expectations INFO; every task printed Beam's optional
@@ -162,6 +164,13 @@ class Step:
     def ledger(self) -> Any:
         return release.open_run_ledger(self.settings.ledger_url)
 
+    def current(self, ledger: Any) -> release.RunContext:
+        """``prepare``, then the attempt the ledger knows (``pick_attempt``, the one owner of that choice):
+        every task works on the run id ``reserve_step`` reserved, also after a refund or a fresh attempt."""
+        ctx = self.prepare()
+        pick_attempt(ctx, ledger)
+        return ctx
+
 
 # --------------------------------------------------------------------------- late input
 
@@ -190,6 +199,27 @@ def missing_inputs(spec_path: str, interval_start: str, interval_end: str) -> li
     return [] if os.path.isfile(path) else [path]
 
 
+def input_timed_out(spec_path: str, interval_start: str, interval_end: str, *, waited_seconds: float,
+                    missing_files: int) -> None:
+    """The sensor gave up waiting for the interval's input: leave the record ``dpops gaps`` reads
+    ("input missing (waited N s)"; ``dpops.gaps.record_input_wait``). Best effort: the task fails anyway."""
+    from dpops.gaps import record_input_wait
+    from dpops.spec import load_spec
+
+    try:
+        record_input_wait(load_spec(spec_path), interval_start, interval_end, waited_seconds=waited_seconds,
+                          missing_files=missing_files)
+    except Exception as exc:  # noqa: BLE001 - the timeout itself is the task's error
+        log.warning("could not record the input wait for dpops gaps: %s", public_message(exc))
+
+
+def requested_interval(spec_path: str, text: str) -> tuple[str, str]:
+    """The interval an operator named for a triggered run (the DAG's ``interval`` param, as
+    ``dpops release run --interval`` takes it: ``2024-01-03`` or ``START/END``), as ISO strings."""
+    iv = release.requested_interval(spec_path, text)
+    return iv.start_iso, iv.end_iso
+
+
 # --------------------------------------------------------------------------- steps
 
 
@@ -198,8 +228,8 @@ def check_input_step(step: Step) -> dict[str, Any]:
 
     An interval this very run already published skips the checks: the same keyed fingerprint
     means byte-identical input, which passed them when it was published."""
-    ctx = step.prepare()
     with step.ledger() as ledger:
+        ctx = step.current(ledger)
         rec = ledger.published(ctx.spec.name, ctx.interval.start_iso, ctx.interval.end_iso)
     if rec is not None and rec.run_id == ctx.run_id:
         return {"run_id": ctx.run_id, "checks": None, "state": "already_published"}
@@ -227,7 +257,7 @@ def reserve_step(step: Step, *, restate: bool = False) -> release.RunOutcome:
     ctx = step.prepare()
     with step.ledger() as ledger:
         if not restate:
-            _pick_attempt(ctx, ledger)  # the run key the ledger knows (a refunded attempt is skipped)
+            pick_attempt(ctx, ledger)  # the run key the ledger knows (a refunded attempt is skipped)
             published = ledger.published(ctx.spec.name, ctx.interval.start_iso, ctx.interval.end_iso)
             try:
                 # The one owner of the "never restate silently" rule (attempt 1 = the run key the ledger saw).
@@ -255,7 +285,8 @@ def compute_step(step: Step) -> dict[str, Any]:
 
 def validate_step(step: Step) -> dict[str, Any]:
     """The noisy output's checks (post-processing: may block the publish) incl. the GX suite."""
-    ctx = step.prepare()
+    with step.ledger() as ledger:
+        ctx = step.current(ledger)
     staged = ctx.store.find_staged(ctx.interval.slug, ctx.run_id)
     if staged is None:
         raise LedgerError(f"run {ctx.run_id} of {ctx.spec.name} {ctx.interval}: no staged output to validate; "
@@ -282,8 +313,8 @@ def publish_step(step: Step) -> release.RunOutcome:
 def record_step(step: Step, *, charged: float) -> release.RunOutcome:
     """The run's final outcome: its manifest (written by publish; found, or written once for a run
     committed by an older version) and the ledger position, for the one summary line."""
-    ctx = step.prepare()
     with step.ledger() as ledger:
+        ctx = step.current(ledger)
         rec = ledger.run(ctx.run_id)
         state = "published" if rec is not None and rec.state == "committed" else getattr(rec, "state", "unknown")
         try:
@@ -314,6 +345,7 @@ def failure_outcome(step: Step, exc: BaseException) -> release.RunOutcome | None
     remaining = None
     try:
         with step.ledger() as ledger:
+            pick_attempt(ctx, ledger)
             rec = ledger.run(ctx.run_id)
             remaining = float(ledger.status(ctx.spec.budget.scope).remaining)
     except Exception as read_exc:  # noqa: BLE001 - the line is best effort; the step's error propagates
@@ -363,5 +395,6 @@ def cancel_running_jobs() -> list[str]:
 
 
 __all__ = ["FATAL_ERRORS", "Settings", "Step", "cancel_running_jobs", "check_input_step", "compute_step",
-           "failure_outcome", "is_fatal", "missing_inputs", "publish_step", "quiet_third_party_loggers",
+           "failure_outcome", "input_timed_out", "is_fatal", "missing_inputs",
+           "requested_interval", "publish_step", "quiet_third_party_loggers",
            "record_step", "reserve_step", "summary_line", "track_job", "validate_step"]

@@ -276,3 +276,107 @@ def wait_health(port: int, procs: list, timeout: float = 180) -> None:
         except OSError:
             time.sleep(1)
     raise AssertionError("api-server did not become healthy")
+
+
+# ------------------------------------------------------------------- a running stack, driven over REST
+
+
+class Stack:
+    """A running api-server + scheduler + dag-processor, driven over the REST API as an operator would."""
+
+    def __init__(self, env: dict, port: int, home: Path, ws, procs: list, meta_url: str):
+        self.env, self.port, self.home, self.ws, self.procs, self.meta_url = env, port, home, ws, procs, meta_url
+        self._token: str | None = None
+
+    def client(self):
+        import httpx
+
+        if self._token is None:
+            r = httpx.post(f"http://127.0.0.1:{self.port}/auth/token",
+                           json={"username": "dpops", "password": self.env["_PW"]}, timeout=30)
+            r.raise_for_status()
+            self._token = r.json()["access_token"]
+        return httpx.Client(base_url=f"http://127.0.0.1:{self.port}/api/v2",
+                            headers={"Authorization": f"Bearer {self._token}"}, timeout=30)
+
+    def alive(self) -> None:
+        for p in self.procs:
+            assert p.poll() is None, f"{p.args[1]} died with {p.returncode}"
+
+    def wait_run(self, dag_id: str, run_id: str, timeout: float = 300, min_clear: int = 0) -> dict:
+        import time
+
+        deadline = time.monotonic() + timeout
+        run: dict = {}
+        with self.client() as c:
+            while time.monotonic() < deadline:
+                self.alive()
+                run = c.get(f"/dags/{dag_id}/dagRuns/{run_id}").json()
+                if run.get("state") in ("success", "failed") and self.clear_number(run_id) >= min_clear:
+                    return run
+                time.sleep(2)
+        raise AssertionError(f"run {run_id} did not finish in {timeout} s: {run}")
+
+    def clear_number(self, run_id: str) -> int:
+        rows = pg_exec(self.meta_url, "SELECT clear_number FROM dag_run WHERE run_id = %s", (run_id,), fetch=True)
+        return int(rows[0][0]) if rows else -1
+
+    def tis(self, dag_id: str, run_id: str) -> dict[str, dict]:
+        with self.client() as c:
+            items = c.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
+        return {t["task_id"]: t for t in items}
+
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
+        files = list((self.home / "logs").glob(f"dag_id={dag_id}/run_id={run_id}/task_id={task_id}/attempt={try_number}.log"))
+        assert files, f"no log file for {dag_id} {run_id} {task_id}"
+        return files[0].read_text()
+
+
+def start_stack(es, tmp: Path, meta_url: str, ws, *, dags_folder: Path | None = None, **extra: str) -> Stack:
+    """Migrate a metadata DB and start api-server, scheduler and dag-processor (LocalExecutor, PARALLELISM=4)
+    for the workspace ``ws``; every process is stopped by its own id when ``es`` (an ExitStack) closes. The
+    REST login is ``dpops`` (admin); ``AIRFLOW_CONN_DPOPS_AIRFLOW_API`` lets tasks set DAG-run notes."""
+    import json
+    import secrets
+    import time
+
+    home = tmp / "airflow"
+    home.mkdir()
+    pw = secrets.token_hex(12)
+    (home / "passwords.json").write_text(json.dumps({"dpops": pw}))
+    port = free_port()
+    env = airflow_env(
+        home, meta_url, ws.specs_dir, **ws.env(),
+        AIRFLOW__CORE__DAGS_FOLDER=str(dags_folder or DAGS_FOLDER),
+        AIRFLOW__CORE__EXECUTOR="LocalExecutor",
+        AIRFLOW__CORE__PARALLELISM="4",
+        AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="False",
+        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="dpops:admin",
+        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=str(home / "passwords.json"),
+        AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://127.0.0.1:{port}/execution/",
+        AIRFLOW__API__PORT=str(port),
+        AIRFLOW__API_AUTH__JWT_SECRET=secrets.token_hex(16),
+        AIRFLOW__API__SECRET_KEY=secrets.token_hex(16),
+        AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="2",
+        AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="20",
+        AIRFLOW__LOGGING__BASE_LOG_FOLDER=str(home / "logs"),
+        AIRFLOW__LOGGING__LOGGING_LEVEL="INFO",
+        AIRFLOW_CONN_DPOPS_AIRFLOW_API=f"http://dpops:{pw}@127.0.0.1:{port}",
+        DPOPS_RETRY_DELAY_SECONDS="2",
+        **extra,
+    )
+    env["_PW"] = pw
+    airflow_cli(env, "db", "migrate", timeout=300)
+    procs = [start_airflow(env, home, es, "api-server", "--port", str(port)),
+             start_airflow(env, home, es, "scheduler"),
+             start_airflow(env, home, es, "dag-processor")]
+    wait_health(port, procs)
+    stack = Stack(env, port, home, ws, procs, meta_url)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:  # the dag-processor's first pass over the folder
+        stack.alive()
+        rows = pg_exec(meta_url, "SELECT dag_id FROM dag WHERE is_stale = false", fetch=True)
+        if ws.dag_id in {r[0] for r in rows}:
+            return stack
+        time.sleep(2)
+    raise AssertionError("the dag-processor did not register the DAG")

@@ -6,8 +6,8 @@ runs triggered through the REST API as an operator would:
 - a spec that does not load is an import error (``airflow dags list-import-errors``,
   ``/api/v2/importErrors``) naming the file, never its content, while the good spec's DAG runs;
 - ``logical_date: null`` fails at once (no retry) with a clear message;
-- a past day released by its logical date publishes, records an asset event and triggers the
-  consumer DAG scheduled on the release's asset;
+- a past day released by a REST trigger naming it in ``conf.interval`` publishes, records an asset
+  event and triggers the consumer DAG scheduled on the release's asset;
 - a refused interval ends skipped with a DAG-run note ``REFUSED: ...``, one summary line, a
   ``DPOPS_ALERT`` line and no traceback in its task log;
 - the task logs of check_input / validate_output carry no Great Expectations / Beam GCP noise.
@@ -25,55 +25,13 @@ from pathlib import Path
 
 import pytest
 
-from airflow_support import (DAGS_FOLDER, airflow_cli, airflow_env, free_port, make_workspace, pg_exec, start_airflow,
-                             wait_health)
+from airflow_support import (DAGS_FOLDER, Stack, airflow_cli, airflow_env, free_port, make_workspace, pg_exec,
+                             start_airflow, wait_health)
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(900)]
 
 SENTINEL = "SENTINEL-spec-Zq81xW"
 CONSUMER = "af_stack_consumer"
-
-
-class Stack:
-    def __init__(self, env: dict, port: int, home: Path, ws, procs: list, meta_url: str):
-        self.env, self.port, self.home, self.ws, self.procs, self.meta_url = env, port, home, ws, procs, meta_url
-        self._token: str | None = None
-
-    def client(self):
-        import httpx
-
-        if self._token is None:
-            r = httpx.post(f"http://127.0.0.1:{self.port}/auth/token",
-                           json={"username": "dpops", "password": self.env["_PW"]}, timeout=30)
-            r.raise_for_status()
-            self._token = r.json()["access_token"]
-        return httpx.Client(base_url=f"http://127.0.0.1:{self.port}/api/v2",
-                            headers={"Authorization": f"Bearer {self._token}"}, timeout=30)
-
-    def alive(self) -> None:
-        for p in self.procs:
-            assert p.poll() is None, f"{p.args[1]} died with {p.returncode}"
-
-    def wait_run(self, dag_id: str, run_id: str, timeout: float = 300) -> dict:
-        deadline = time.monotonic() + timeout
-        with self.client() as c:
-            while time.monotonic() < deadline:
-                self.alive()
-                run = c.get(f"/dags/{dag_id}/dagRuns/{run_id}").json()
-                if run.get("state") in ("success", "failed"):
-                    return run
-                time.sleep(2)
-        raise AssertionError(f"run {run_id} did not finish in {timeout} s: {run}")
-
-    def tis(self, dag_id: str, run_id: str) -> dict[str, dict]:
-        with self.client() as c:
-            items = c.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
-        return {t["task_id"]: t for t in items}
-
-    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
-        files = list((self.home / "logs").glob(f"dag_id={dag_id}/run_id={run_id}/task_id={task_id}/attempt={try_number}.log"))
-        assert files, f"no log file for {dag_id} {run_id} {task_id}"
-        return files[0].read_text()
 
 
 @pytest.fixture(scope="module")
@@ -224,13 +182,12 @@ def test_backfill_of_one_past_day_releases_that_day(stack):
 def test_past_day_publishes_emits_asset_event_and_triggers_the_consumer(stack):
     dag_id = stack.ws.dag_id
     with stack.client() as c:
-        # The interval [2024-01-01, 2024-01-02) is the one ENDING at the logical date (README section).
-        r = c.post(f"/dags/{dag_id}/dagRuns", json={"logical_date": "2024-01-02T00:00:00Z"})
+        # README "Releasing a given day": no logical date, the day (its start) in conf.interval.
+        r = c.post(f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": {"interval": "2024-01-01"}})
         assert r.status_code in (200, 201), r.text
         run_id = r.json()["dag_run_id"]
     run = stack.wait_run(dag_id, run_id)
     assert run["state"] == "success", stack.tis(dag_id, run_id)
-    assert run["data_interval_start"].startswith("2024-01-01T00:00:00")
     assert stack.tis(dag_id, run_id)["publish_release"]["state"] == "success"
 
     with stack.client() as c:
@@ -268,20 +225,19 @@ def test_refused_interval_is_skipped_with_note_summary_and_alert(stack):
     dag_id = stack.ws.dag_id
     # The cap (1.1) fits two runs of 0.5: [Jan 3, Jan 4) by the backfill test, [Jan 1, Jan 2) here (served
     # if the test above published it); then [Jan 4, Jan 5) is refused. (A backfill run's logical date is its
-    # interval START, a REST run's here its END: one logical date per run, so the days are kept apart.)
+    # interval start, a REST run has no logical date and names its day in conf.interval.)
     with stack.client() as c:
-        r = c.post(f"/dags/{dag_id}/dagRuns", json={"logical_date": "2024-01-02T00:00:00Z",
-                                                    "dag_run_id": f"first_{secrets.token_hex(3)}"})
-        first = r.json().get("dag_run_id") if r.status_code in (200, 201) else None
-    if first:
-        stack.wait_run(dag_id, first)
+        r = c.post(f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": {"interval": "2024-01-01"}})
+        assert r.status_code in (200, 201), r.text
+        first = r.json()["dag_run_id"]
+    stack.wait_run(dag_id, first)
     with stack.client() as c:
-        r = c.post(f"/dags/{dag_id}/dagRuns", json={"logical_date": "2024-01-05T00:00:00Z"})
+        r = c.post(f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": {"interval": "2024-01-04"}})
         assert r.status_code in (200, 201), r.text
         run_id = r.json()["dag_run_id"]
     run = stack.wait_run(dag_id, run_id)
     tis = stack.tis(dag_id, run_id)
-    assert run["data_interval_start"].startswith("2024-01-04T00:00:00")
+    assert "2024-01-04T00:00:00+00:00/2024-01-05T00:00:00+00:00" in run["note"]
     assert tis["reserve_budget"]["state"] == "skipped" and tis["reserve_budget"]["try_number"] == 1
     assert tis["publish_release"]["state"] == "skipped"
     assert run["note"] and run["note"].startswith("REFUSED: budget refused for af_stack")

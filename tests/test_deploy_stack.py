@@ -410,7 +410,8 @@ def test_compose_stack_publishes_the_example_as_uid_50000(stack: Stack):
         ledger.close()
 
     # The manifest verifies against the ledger and the published files (keyed fingerprints).
-    manifests = [p for p in (out_root / "manifests" / RELEASE).rglob("*.json") if run_id_dpops in p.read_text()]
+    # DPOPS_MANIFESTS_DIR (deploy/docker-compose.yml): one manifests directory for the deployment.
+    manifests = [p for p in (out_root / "manifests").glob("*.json") if run_id_dpops in p.read_text()]
     assert manifests, f"no manifest for {run_id_dpops} under {out_root / 'manifests'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DPOPS_", "AIRFLOW"))}
     env.update(PYTHONPATH=str(REPO), DPOPS_OUTPUT_ROOTS=str(out_root), DPOPS_DATA_ROOTS=str(stack.paths["/data"] / "input"))
@@ -420,13 +421,19 @@ def test_compose_stack_publishes_the_example_as_uid_50000(stack: Stack):
     assert verify.returncode == 0, verify.stdout[-2000:] + verify.stderr[-2000:]
     # The runbook's report command, as `docker compose exec airflow-scheduler` runs it (uid 50000, its env).
     sched = services["airflow-scheduler"]
-    report_svc = Service(sched.name, ["dpops", "report", "--scope", "example", "--manifests",
-                                      f"/data/out/manifests/{RELEASE}", "--out", "/data/out/report-example.html"],
-                         sched.env, sched.secrets)
+    # README's `dpops manifest verify RUN_ID` in the deployed environment (issue 21 item 11): found through
+    # DPOPS_MANIFESTS_DIR, checked with the key from DPOPS_NOISE_KEY_FILE and the ledger from DPOPS_LEDGER_URL.
+    verify_svc = Service(sched.name, ["dpops", "manifest", "verify", run_id_dpops], sched.env, sched.secrets)
+    verify = subprocess.run(stack.argv(verify_svc), env=stack.env(verify_svc), check=False, capture_output=True,
+                            text=True, timeout=180, cwd=stack.base)
+    assert verify.returncode == 0 and "skip" not in verify.stdout, verify.stdout[-2000:] + verify.stderr[-2000:]
+    report_svc = Service(sched.name, ["dpops", "report", "--scope", "example", "--out",
+                                      "/data/out/report-example.html"], sched.env, sched.secrets)
     report = subprocess.run(stack.argv(report_svc), env=stack.env(report_svc), check=False, capture_output=True, text=True,
                             timeout=180, cwd=stack.base)
     assert report.returncode == 0, report.stdout[-2000:] + report.stderr[-2000:]
     html = (out_root / "report-example.html").read_text()
     assert run_id_dpops[:16] in html, "the report does not list the published run"
+    assert "verified (partly)" not in html.split("<h2>Timeline")[1], "the key is available: fully verified"
     # The private run log went to the state volume, not next to the outputs.
     assert any(stack.paths["/var/lib/dpops/state"].rglob("*")), "no private run log in DPOPS_STATE_DIR"

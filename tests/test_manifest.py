@@ -371,7 +371,14 @@ def test_edited_published_file_is_caught_everywhere(cli_env, real_plan, capsys):
     text = capsys.readouterr().out
     assert "ok    published files" in text and "not checked" not in text
     status_args = ["release", "status", str(spec), "--interval", "2024-01-01/2024-01-02", "--ledger", url]
-    assert main(status_args) == 0 and "published files: ok" in capsys.readouterr().out
+    assert main(status_args + ["--key-file", key]) == 0 and "published files: ok" in capsys.readouterr().out
+    # without the key the keyed part is named as skipped, never "ok" (issue 21 item 11)
+    assert main(status_args) == 0
+    text = capsys.readouterr().out
+    assert "published files: partly checked" in text and "skipped: no noise key" in text
+    assert main(["manifest", "verify", str(manifest), "--ledger", url]) == 0
+    text = capsys.readouterr().out
+    assert "skip  published files  (no noise key" in text and "ok    published files (ledger digests)" in text
 
     # an insider swaps the published bytes (here: the file is rewritten with one byte changed)
     raw = bytearray(data.read_bytes())
@@ -386,7 +393,7 @@ def test_edited_published_file_is_caught_everywhere(cli_env, real_plan, capsys):
     assert "ledger commit files.data.parquet" in capsys.readouterr().out
     assert main(["manifest", "verify", str(manifest)]) == 0  # neither: says clearly that nothing was checked
     text = capsys.readouterr().out
-    assert "skip  published files  (NOT CHECKED" in text and "not checked: ledger, published files" in text
+    assert "skip  published files  (no noise key" in text and "not checked: ledger, published files" in text
     assert main(status_args) == 7
     captured = capsys.readouterr()
     assert "published files: CHANGED" in captured.out and "data.parquet" in captured.err

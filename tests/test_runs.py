@@ -496,5 +496,5 @@ def test_abandon(env):
     release.compute(ctx, env.ledger, run_release=env.pipe)
     assert release.abandon(ctx, env.ledger, reason="bad output").state == "spent_unpublished"
     assert charged(env.ledger) == pytest.approx(0.5)  # noise was drawn: the charge stays
-    with pytest.raises(LedgerError, match="cannot be reserved again"):
+    with pytest.raises(LedgerError, match="never computed again.*--fresh-attempt"):
         release.reserve(ctx, env.ledger)

@@ -31,6 +31,7 @@ import click
 from dpops.errors import LedgerError
 
 LEDGER_ENV = "DPOPS_LEDGER_URL"
+KEY_FILE_ENV = "DPOPS_NOISE_KEY_FILE"
 LEDGER_META = "dpops.ledger_url"
 JSON_PRINTED = "dpops.json_printed"
 LEDGER_HELP = ("ledger URL: sqlite:///path.sqlite or postgresql://user@host:port/db (default $DPOPS_LEDGER_URL; "
@@ -56,6 +57,25 @@ def ledger_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``--ledger URL`` on a command or group; read it back with ``ledger_url(ctx)``."""
     return click.option("--ledger", "ledger_opt", default=None, metavar="URL", expose_value=False,
                         callback=_store_ledger, is_eager=True, help=LEDGER_HELP)(fn)
+
+
+def key_file_option(purpose: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--key-file PATH``, default ``$DPOPS_NOISE_KEY_FILE``: the ONE way every command finds the noise key, so
+    a command that only checks (``manifest verify``, ``release status``, ``report``) sees the key that
+    ``release run`` used. ``purpose`` says what the command does with it."""
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        return click.option("--key-file", "key_file", envvar=KEY_FILE_ENV, type=click.Path(dir_okay=False),
+                            default=None, help=f"noise key file, mode 0600 (default ${KEY_FILE_ENV}): {purpose}")(fn)
+    return deco
+
+
+def load_key(key_file: str | None) -> Any:
+    """The ``NoiseKey`` of ``--key-file`` (or ``$DPOPS_NOISE_KEY_FILE``), or None when neither is given."""
+    if not key_file:
+        return None
+    from dpops.randomness import NoiseKey
+
+    return NoiseKey.from_file(key_file)
 
 
 def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:

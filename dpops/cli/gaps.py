@@ -12,7 +12,8 @@ from dpops.cli.common import (
     print_table,
 )
 
-WORDS = {"never_run": "never run", "refused": "refused", "failed": "failed", "spent_unpublished": "spent unpublished",
+WORDS = {"never_run": "never run", "input_missing": "input missing",
+         "refused": "refused", "failed": "failed", "spent_unpublished": "spent unpublished",
          "abandoned": "abandoned", "in_progress": "in progress", "published": "published"}
 
 

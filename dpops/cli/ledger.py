@@ -21,6 +21,7 @@ from dpops.cli.common import (
     attach,
     echo_ok,
     json_option,
+    key_file_option,
     ledger_option,
     open_cli_ledger,
     print_table,
@@ -540,8 +541,7 @@ def runs(ctx, scope_name, release, states, as_json) -> None:
 @click.argument("spec", type=click.Path(dir_okay=False))
 @click.option("--interval", required=True,
               help="data interval START/END (ISO-8601 UTC), or one START for the spec's period starting there")
-@click.option("--key-file", "key_file", envvar="DPOPS_NOISE_KEY_FILE", type=click.Path(dir_okay=False), default=None,
-              help="the noise key file (the run key holds the input's keyed fingerprint)")
+@key_file_option("the run key holds the input's keyed fingerprint")
 @click.option("--randomness", type=click.Choice(["keyed", "os", "test"]), default="keyed", show_default=True)
 @click.option("--test-seed", type=int, default=None, help="with --randomness test: the seed (never publishable)")
 @click.option("--start", "do_start", is_flag=True, help="then mark the run started (no refund after this)")

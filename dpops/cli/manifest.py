@@ -7,19 +7,35 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
+from typing import Any
 
 import click
 
-from dpops.cli.common import attach, echo_ok, json_option, ledger_option, ledger_url
+from dpops.cli.common import attach, echo_ok, json_option, key_file_option, ledger_option, ledger_url, load_key
 from dpops.errors import IntegrityError
 from dpops.ledger.budget import format_budget
 
 
-def _load(run_or_file: str, manifests: str | None) -> tuple[str, dict]:
+def _load(run_or_file: str, manifests: str | None, spec: str | None = None) -> tuple[str, dict]:
+    """A manifest file, or RUN_ID looked up in --manifests / $DPOPS_MANIFESTS_DIR, else in the default
+    directory of --spec (``<output.root>/manifests/<release>``, where runs write them)."""
     from dpops.manifest.io import find_manifest, read_manifest
 
-    path = find_manifest(run_or_file, manifests)
+    where = manifests
+    if where is None and spec is not None:
+        from dpops.release import spec_manifests_dir
+        from dpops.spec import load_spec
+
+        where = spec_manifests_dir(load_spec(spec))
+    path = find_manifest(run_or_file, where)
     return str(path), read_manifest(path)
+
+
+def _spec_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--spec", "spec", type=click.Path(dir_okay=False), default=None,
+                        help="release spec: look RUN_ID up in its manifests directory (<output.root>/manifests/"
+                             "<release>) when neither --manifests nor $DPOPS_MANIFESTS_DIR is given")(fn)
 
 
 @click.group("manifest")
@@ -53,10 +69,11 @@ def keygen_cmd(private_key: str, public_key: str) -> None:
 @click.argument("run_or_file")
 @click.option("--manifests", "manifests", envvar="DPOPS_MANIFESTS_DIR", type=click.Path(file_okay=False),
               help="directory to look a run id up in (default: $DPOPS_MANIFESTS_DIR)")
+@_spec_option
 @click.option("--json", "as_json", is_flag=True, help="print the manifest as JSON")
-def show_cmd(run_or_file: str, manifests: str | None, as_json: bool) -> None:
+def show_cmd(run_or_file: str, manifests: str | None, spec: str | None, as_json: bool) -> None:
     """Print a readable summary of a manifest (RUN_ID or FILE)."""
-    path, m = _load(run_or_file, manifests)
+    path, m = _load(run_or_file, manifests, spec)
     if as_json:
         click.echo(json.dumps(m, indent=2, sort_keys=True))
         return
@@ -119,18 +136,18 @@ def _fmt(x) -> str:
 @click.argument("run_or_file")
 @ledger_option
 @click.option("--manifests", "manifests", envvar="DPOPS_MANIFESTS_DIR", type=click.Path(file_okay=False),
-              help="directory to look a run id up in")
+              help="directory to look a run id up in (default: $DPOPS_MANIFESTS_DIR)")
+@_spec_option
 @click.option("--public-key", "public_key", envvar="DPOPS_MANIFEST_PUBLIC_KEY",
               type=click.Path(dir_okay=False, exists=True),
               help="Ed25519 public key (PEM; default $DPOPS_MANIFEST_PUBLIC_KEY): the manifest must carry a valid "
                    "signature by it")
 @click.option("--require-signature", is_flag=True,
               help="fail unless the manifest carries a valid signature by --public-key")
-@click.option("--key-file", "key_file", type=click.Path(dir_okay=False), default=None,
-              help="noise key file: also check the published files' keyed fingerprints (without it only the "
-                   "ledger's file digests can be compared, when --ledger is given)")
+@key_file_option("also check the published files' keyed fingerprints (without a key that check is listed as "
+                 "skipped and only the ledger's file digests are compared, when a ledger is given)")
 @json_option
-def verify_cmd(run_or_file: str, manifests: str | None, public_key: str | None,
+def verify_cmd(run_or_file: str, manifests: str | None, spec: str | None, public_key: str | None,
                require_signature: bool, key_file: str | None, as_json: bool) -> None:
     """Recompute a manifest's claim (RUN_ID or FILE); exit 7 naming the field on any mismatch.
 
@@ -139,12 +156,8 @@ def verify_cmd(run_or_file: str, manifests: str | None, public_key: str | None,
     from dpops.manifest.io import file_sha256
     from dpops.manifest.verify import verify_manifest
 
-    path, m = _load(run_or_file, manifests)
-    key = None
-    if key_file:
-        from dpops.randomness import NoiseKey
-
-        key = NoiseKey.from_file(key_file)
+    path, m = _load(run_or_file, manifests, spec)
+    key = load_key(key_file)
     ledger = None
     url = ledger_url(required=False)  # optional: with a ledger the scope total is recomputed too
     if url:

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import click
 
-from dpops.cli.common import attach, echo_ok, json_option, ledger_option, ledger_url
+from dpops.cli.common import attach, echo_ok, json_option, key_file_option, ledger_option, ledger_url, load_key
 from dpops.errors import DEBUG_ENV, DpopsError, public_message
 
 
@@ -54,19 +54,9 @@ def _common(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _interval(spec_path: str, text: str) -> Any:
     """``--interval``: START/END as given, or one START expanded to the spec's period starting there."""
-    from dpops.errors import InvalidParameter
-    from dpops.inputs import Interval, _to_utc, parse_interval
+    from dpops.release.preparation import requested_interval
 
-    if "/" in text:
-        return parse_interval(text)
-    from dpops.spec import load_spec, one_period_interval
-
-    try:
-        start = _to_utc(text, "start")
-    except InvalidParameter:
-        raise InvalidParameter(f"--interval {text!r}: give START/END (ISO-8601 UTC, e.g. 2024-01-01/2024-01-02) "
-                               "or the start of one period of the spec (e.g. 2024-01-03)") from None
-    return Interval(*one_period_interval(load_spec(spec_path), start))
+    return requested_interval(spec_path, text)
 
 
 def _compute_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -75,8 +65,7 @@ def _compute_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                       help="extra Beam pipeline option, repeatable (logged: never a secret)")(fn)
     fn = click.option("--randomness", type=click.Choice(["keyed", "os"]), default="keyed", show_default=True,
                       help="keyed: reproducible noise, free retries; os: fresh noise, a lost run costs a new charge")(fn)
-    fn = click.option("--key-file", "key_file", envvar="DPOPS_NOISE_KEY_FILE", type=click.Path(dir_okay=False),
-                      default=None, help="file holding the noise key, mode 0600 (default $DPOPS_NOISE_KEY_FILE)")(fn)
+    fn = key_file_option("keys the noise and the input's fingerprint")(fn)
     fn = click.option("--gx-checks/--no-gx-checks", default=True, show_default=True,
                       help="also run the Great Expectations checks on the noisy output before publishing")(fn)
     return fn
@@ -101,13 +90,24 @@ def cli() -> None:
               help="publish the noisy output and commit the run (without it: compute and stage only)")
 @click.option("--progress/--no-progress", "show_progress", default=True, show_default=True,
               help="show each stage on stderr (a spinner on a terminal, one line per stage otherwise)")
+@click.option("--fresh-attempt", "fresh_attempt", is_flag=True,
+              help="the interval's run is spent_unpublished (e.g. after dpops ledger recover): start a fresh attempt "
+                   "with fresh noise, charged AGAIN, linked to the spent run in the ledger, manifest and report "
+                   "(needs --reason)")
+@click.option("--reason", default=None, help="why a fresh attempt is made (recorded in the ledger and the manifest)")
 @_internal_errors
 def run_cmd(spec: str, interval: str, as_json: bool, runner: str, runner_options: tuple,
-            randomness: str, key_file: str | None, gx_checks: bool, publish_output: bool, show_progress: bool) -> None:
+            randomness: str, key_file: str | None, gx_checks: bool, publish_output: bool, show_progress: bool,
+            fresh_attempt: bool, reason: str | None) -> None:
     """Reserve budget, compute and (with --publish) publish SPEC over --interval.
 
     Safe to repeat: a published interval is served without a charge; a retry reuses the reservation
-    (keyed randomness reproduces the same noise)."""
+    (keyed randomness reproduces the same noise). A spent_unpublished run is never recomputed: only
+    --fresh-attempt --reason "..." publishes that interval, at a second charge."""
+    if fresh_attempt and not (reason or "").strip():
+        raise click.UsageError("--fresh-attempt needs --reason \"...\" (recorded in the ledger and the manifest)")
+    if reason is not None and not fresh_attempt:
+        raise click.UsageError("--reason is only used with --fresh-attempt")
     from dpops import release
     from dpops.cli.progress import stage_progress
     iv = _interval(spec, interval)
@@ -116,7 +116,8 @@ def run_cmd(spec: str, interval: str, as_json: bool, runner: str, runner_options
         outcome = release.execute_release(spec, iv.start, iv.end, ledger=ledger, randomness=randomness,
                                        key_path=key_file, runner=runner, runner_options=runner_options,
                                        publish_output=publish_output, gx_checks=gx_checks, actor=None,
-                                       progress=progress)
+                                       progress=progress, fresh_attempt=reason.strip() if fresh_attempt and reason
+                                       else None)
     _emit(outcome, as_json)
 
 
@@ -144,8 +145,8 @@ def restate_cmd(spec: str, interval: str, as_json: bool, runner: str, runner_opt
 @cli.command("status")
 @_common
 @_internal_errors
-@click.option("--key-file", "key_file", type=click.Path(dir_okay=False), default=None,
-              help="noise key file: also check the published files against the manifest's keyed fingerprints")
+@key_file_option("also check the published files against the manifest's keyed fingerprints (without a key that "
+                 "part is listed as skipped)")
 def status_cmd(spec: str, interval: str, as_json: bool, key_file: str | None) -> None:
     """What the ledger and the published outputs say about SPEC's --interval (reads no private data).
 
@@ -153,11 +154,7 @@ def status_cmd(spec: str, interval: str, as_json: bool, key_file: str | None) ->
     from dpops import release
     from dpops.errors import IntegrityError
     iv = _interval(spec, interval)
-    key = None
-    if key_file:
-        from dpops.randomness import NoiseKey
-
-        key = NoiseKey.from_file(key_file)
+    key = load_key(key_file)
     with release.open_run_ledger(ledger_url()) as ledger:
         st = release.status(spec, iv.start, iv.end, ledger=ledger, key=key)
         st.update(_position(ledger, st))
@@ -198,18 +195,19 @@ def _print_status(st: dict) -> None:
         click.echo(f"  run {r['run_id']}: {r['state']}, {u}={r['epsilon']:.6g} this run alone, key {r['key_id']}"
                    + (f", restates {r['restates']}" if r["restates"] else ""))
     if files:
-        verdict = "CHANGED" if files["problems"] else ("ok" if files["checked"] else "NOT CHECKED")
+        # ok only when every check ran: a part that could not (e.g. no noise key) is named as skipped
+        verdict = ("CHANGED" if files["problems"] else "NOT CHECKED" if not files["checked"] else
+                   "partly checked" if files["not_checked"] else "ok")
         click.echo(f"  published files: {verdict}" + (f" ({', '.join(files['checked'])} checked)" if files["checked"] else ""))
         for p in files["problems"]:
             click.echo(f"    {p}")
         for p in files["not_checked"]:
-            click.echo(f"    not checked: {p}")
+            click.echo(f"    skipped: {p}")
 
 
 @cli.command("abandon")
 @_common
-@click.option("--key-file", "key_file", envvar="DPOPS_NOISE_KEY_FILE", type=click.Path(dir_okay=False), default=None,
-              help="file holding the noise key (identifies the run: the input fingerprint is keyed)")
+@key_file_option("identifies the run (the input fingerprint is keyed)")
 @click.option("--randomness", type=click.Choice(["keyed", "os"]), default="keyed", show_default=True)
 @click.option("--reason", required=True, help="why the run is given up (recorded in the ledger)")
 @_internal_errors

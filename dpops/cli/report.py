@@ -6,7 +6,7 @@ import os
 
 import click
 
-from dpops.cli.common import attach, echo_ok, json_option, ledger_option, ledger_url
+from dpops.cli.common import attach, echo_ok, json_option, key_file_option, ledger_option, ledger_url, load_key
 
 
 @click.command("report")
@@ -21,8 +21,8 @@ from dpops.cli.common import attach, echo_ok, json_option, ledger_option, ledger
               default=None, help="directory or object-store prefix (s3://bucket/manifests) holding the run manifests "
                                  "(refusals are known only from these)")
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="HTML file to write")
-@click.option("--key-file", "key_file", type=click.Path(dir_okay=False), default=None,
-              help="noise key file: also check the published files' keyed fingerprints")
+@key_file_option("also check the published files' keyed fingerprints (without a key the manifests are "
+                 "'verified (partly)')")
 @click.option("--public-key", "public_key", envvar="DPOPS_MANIFEST_PUBLIC_KEY",
               type=click.Path(dir_okay=False, exists=True), default=None,
               help="Ed25519 public key (PEM): check the manifests' signatures (default $DPOPS_MANIFEST_PUBLIC_KEY)")
@@ -36,11 +36,7 @@ def cli(scope: str, start: str | None, end: str | None, specs: tuple[str, ...], 
     numbers are not used."""
     from dpops.ledger import open_ledger
 
-    key = None
-    if key_file:
-        from dpops.randomness import NoiseKey
-
-        key = NoiseKey.from_file(key_file)
+    key = load_key(key_file)
     from dpops.errors import IntegrityError
     from dpops.report import build_report, write_html
 

@@ -11,6 +11,8 @@ from typing import Any
 
 import click
 
+from dpops.cli.common import key_file_option
+
 
 def _plan_summary(spec: Any) -> tuple[dict[str, Any] | None, str | None, Any]:
     try:
@@ -57,8 +59,7 @@ def cli() -> None:
 @cli.command("check")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="print the summary as JSON")
-@click.option("--key-file", "key_file", envvar="DPOPS_NOISE_KEY_FILE", type=click.Path(dir_okay=False), default=None,
-              help="the noise key file (default $DPOPS_NOISE_KEY_FILE): the spec's files must not be it or beside it")
+@key_file_option("the spec's files must not be it or beside it")
 @click.option("--require-targets", is_flag=True,
               help="exit 3 if the declared budget does not meet one of the spec's accuracy targets (for CI)")
 def check_cmd(file: str, as_json: bool, key_file: str | None, require_targets: bool) -> None:

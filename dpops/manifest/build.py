@@ -186,6 +186,7 @@ def build_manifest(
     entry_ids: Sequence[int] = (),
     entry_hashes: Sequence[str] = (),
     restates: str | None = None,
+    replaces_spent: Mapping[str, Any] | None = None,
     corrects: Mapping[str, Any] | None = None,
     validation: Any = None,
     timings: Mapping[str, Any] | None = None,
@@ -226,6 +227,8 @@ def build_manifest(
         "created_at": created_at or utc_timestamp(),
         "outcome": {"state": outcome, "ledger_state": ledger_state, "reason": reason},
         "restates": {"run_id": restates} if restates else None,
+        "replaces_spent": ({"run_id": str(replaces_spent["run_id"]), "reason": str(replaces_spent.get("reason") or "")}
+                           if replaces_spent else None),
         "corrects": dict(corrects) if corrects else None,
         "spec": dict(spec_document),
         "spec_hash": spec_document_hash(spec_document),

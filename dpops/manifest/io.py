@@ -199,7 +199,10 @@ def find_manifest(run_or_path: str, directory: PathOrLocation | None) -> Path | 
             raise StorageError(f"manifest file {p} does not exist")
         return p
     if directory is None:
-        raise InvalidParameter(f"{run_or_path!r} is not a file; give --manifests DIR to look a run id up")
+        raise InvalidParameter(
+            f"{run_or_path!r} is not a file, and no manifests directory is known to look a run id up in: give "
+            "--manifests DIR or set DPOPS_MANIFESTS_DIR (the deploy/ stack sets it), or --spec SPEC to look in that "
+            "release's default directory <output.root>/manifests/<release>")
     d = _local(directory)
     hits = sorted(d.glob(f"{run_or_path}.*.json"), key=lambda q: (q.stat().st_mtime_ns, q.name))
     if not hits:

@@ -161,6 +161,7 @@ def write_run_manifest(
         entry_ids=rec.entry_ids if rec else (),
         entry_hashes=rec.entry_hashes if rec else (),
         restates=restates,
+        replaces_spent=(rec.details or {}).get("replaces_spent") if rec is not None else None,
         validation=validation,
         timings=timings,
         output={"uri": str(output_uri), "fingerprints": dict(output_fingerprints or {})} if output_uri else None,

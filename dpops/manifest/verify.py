@@ -396,6 +396,7 @@ def _check_ledger(m: dict[str, Any], ledger: Ledger, chain_report: VerifyReport 
     else:
         out.extend(diff(m["run_key"], rec.key.to_dict(), "run_key"))
         out.extend(diff(m["events"], [event_to_dict(e) for e in rec.events], "events"))
+        out.extend(_check_replaces_spent(m, rec, ledger))
         want_restates = (m["restates"] or {}).get("run_id")
         if want_restates != rec.restates:
             out.append(f"restates.run_id: manifest says {want_restates!r}, the ledger says {rec.restates!r}")
@@ -428,13 +429,41 @@ def _check_ledger(m: dict[str, Any], ledger: Ledger, chain_report: VerifyReport 
     return out
 
 
+def _check_replaces_spent(m: dict[str, Any], rec: RunRecord, ledger: Ledger) -> list[str]:
+    """A fresh attempt's link: the ledger reserved the run with the same link, and the run it names is a
+    spent_unpublished run of the same release and interval. Privacy reason: the link is what tells a
+    reviewer that the interval was charged twice (the spent charge stays) and why; a forged or dropped
+    link would hide a second charge or claim one that never happened."""
+    claimed = m.get("replaces_spent")
+    recorded = (rec.details or {}).get("replaces_spent")
+    out: list[str] = []
+    if (claimed or {}).get("run_id") != (recorded or {}).get("run_id") or \
+            (claimed or {}).get("reason", "") != (recorded or {}).get("reason", ""):
+        out.append(f"replaces_spent: manifest says {_short(claimed)}, the ledger reserved run {rec.run_id} with "
+                   f"{_short(recorded)}")
+        return out
+    if not claimed:
+        return out
+    spent = ledger.run(claimed["run_id"])
+    if spent is None:
+        return [f"replaces_spent.run_id: run {claimed['run_id']} is not in the ledger"]
+    if spent.state != "spent_unpublished":
+        out.append(f"replaces_spent.run_id: run {spent.run_id} is {spent.state}, not spent_unpublished")
+    for k in ("release", "interval_start", "interval_end"):
+        if getattr(spent.key, k) != m["run_key"][k]:
+            out.append(f"replaces_spent.run_id: run {spent.run_id} has {k} {getattr(spent.key, k)!r}, this run "
+                       f"{m['run_key'][k]!r}")
+    return out
+
+
 def _check_outcome_against_ledger(m: dict[str, Any], rec: RunRecord, ledger: Ledger) -> list[str]:
     """The outcome and the ledger state the manifest records are ones the ledger's entries show for the run."""
     out = []
     state, recorded = m["outcome"]["state"], m["outcome"]["ledger_state"]
     if state == "refused":
-        out.append(f"outcome.state: manifest says refused (nothing charged), the ledger has run {rec.run_id} "
-                   f"{rec.state}")
+        problem = _refusal_before_run(m, rec)
+        if problem:
+            out.append(problem)
     elif state == "spent_unpublished" and rec.state != "spent_unpublished":
         out.append(f"outcome.state: manifest says spent_unpublished, the ledger has the run {rec.state}")
     if recorded is not None:
@@ -443,6 +472,30 @@ def _check_outcome_against_ledger(m: dict[str, Any], rec: RunRecord, ledger: Led
             out.append(f"outcome.ledger_state: manifest says {recorded!r}, the ledger's entries for the run are "
                        f"{sorted(kinds)}")
     return out
+
+
+def _refusal_before_run(m: dict[str, Any], rec: RunRecord) -> str | None:
+    """A refusal manifest is a true record of its moment: the same run key may be reserved (and published)
+    later, after a cap raise. It contradicts the ledger only if the run already had ledger entries when the
+    refusal was written: the refusal names the ledger position it saw (``privacy.scope.history.
+    through_entry_id``), and every entry of the run must come after it (else, without a position, the
+    refusal must predate the run's first entry). Privacy reason: a refusal claims nothing was charged at
+    that moment; a run charged before it would make that claim false."""
+    scope = m["privacy"]["scope"]
+    through = (scope or {}).get("history", {}).get("through_entry_id") if scope else None
+    first = min((int(i) for i in rec.entry_ids), default=None)
+    if m["ledger"]["entry_ids"]:
+        return (f"outcome.state: manifest says refused (nothing charged) but names the ledger entries "
+                f"{m['ledger']['entry_ids']} of run {rec.run_id} ({rec.state})")
+    if through is not None and first is not None:
+        if first > int(through):
+            return None
+        return (f"outcome.state: manifest says refused (nothing charged) at ledger entry #{through}, but run "
+                f"{rec.run_id} already had ledger entry #{first} ({rec.state})")
+    if first is not None and str(m["created_at"]) <= str(rec.created_at):
+        return None
+    return (f"outcome.state: manifest says refused (nothing charged) at {m['created_at']}, the ledger has run "
+            f"{rec.run_id} {rec.state} since {rec.created_at}")
 
 
 def _check_output_location(m: dict[str, Any], rec: RunRecord) -> list[str]:
@@ -502,24 +555,38 @@ def _check_file_digest(m: dict[str, Any], ledger: Ledger, file_name: str, file_d
     return []
 
 
-def _check_published_files(m: dict[str, Any], ledger: Ledger | None, key: Any) -> Check:
-    """The published bytes are still the ones fingerprinted at publication (see dpops.manifest.files)."""
-    from dpops.manifest.files import check_ledger_files, check_manifest_files, merge, uri_directory
+def _file_check(name: str, result: Any, *, no_key: bool = False) -> Check:
+    """One file check: failed with problems, skipped when nothing could be compared (with the reason; "no
+    noise key" when that is why), ok, with a note naming any part that could not run."""
+    if result.problems:
+        return Check(name, False, result.problems)
+    if not result.ran:
+        why = "; ".join(result.not_checked)
+        return Check(name, True, skipped=(f"no noise key (--key-file or $DPOPS_NOISE_KEY_FILE): {why}" if no_key
+                                          else f"NOT CHECKED: {why}"))
+    note = ("partly: " + "; ".join(result.not_checked)) if result.not_checked else None
+    return Check(name, True, note=note)
 
+
+def _check_published_files(m: dict[str, Any], ledger: Ledger | None, key: Any) -> list[Check]:
+    """The published bytes are still the ones fingerprinted at publication (see dpops.manifest.files): the
+    manifest's keyed fingerprints (needs the noise key) and, with a ledger, the commit entry's digests, as two
+    checks, so a check that could not run for want of the key is listed as skipped, never as ok."""
+    from dpops.manifest.files import check_ledger_files, check_manifest_files, uri_directory
+
+    ledger_part = None
     try:
-        result = check_manifest_files(m, key=key)
+        keyed = check_manifest_files(m, key=key)
         if ledger is not None and m["outcome"]["state"] == "published":
             rec = ledger.run(m["run_id"])
             if rec is not None and rec.state == "committed":
-                result = merge(result, check_ledger_files(rec, uri_directory((m.get("output") or {}).get("uri"))))
+                ledger_part = check_ledger_files(rec, uri_directory((m.get("output") or {}).get("uri")))
     except DpopsError as exc:
-        return Check("published files", False, [f"published files: {exc}"])
-    if result.problems:
-        return Check("published files", False, result.problems)
-    if not result.ran:
-        return Check("published files", True, skipped="NOT CHECKED: " + "; ".join(result.not_checked))
-    note = ("partly: " + "; ".join(result.not_checked)) if result.not_checked else None
-    return Check("published files", True, note=note)
+        return [Check("published files", False, [f"published files: {exc}"])]
+    out = [_file_check("published files", keyed, no_key=key is None)]
+    if ledger_part is not None:
+        out.append(_file_check("published files (ledger digests)", ledger_part))
+    return out
 
 
 # --------------------------------------------------------------------------- entry point
@@ -561,7 +628,7 @@ def verify_manifest(manifest: dict[str, Any], *, ledger: Ledger | None = None, p
         checks.append(Check("ledger", True, skipped="no ledger given: the scope total, cap and output location "
                                                     "were not compared with the ledger"))
     if check_files and m["outcome"]["state"] == "published":  # nothing was published otherwise
-        checks.append(_check_published_files(m, ledger, key))
+        checks.extend(_check_published_files(m, ledger, key))
     if public_key is not None:
         from dpops.manifest.sign import verify_signature
 

@@ -25,17 +25,26 @@ callers; tests patch a name in the module that looks it up at call time (e.g.
 from __future__ import annotations
 
 from dpops.release.computation import check_runner, compute, compute_staged
-from dpops.release.context import STAGES, RunContext, RunOutcome, open_run_ledger, scope_position, step_summary
+from dpops.release.context import (
+    STAGES,
+    RunContext,
+    RunOutcome,
+    open_run_ledger,
+    pick_attempt,
+    scope_position,
+    step_summary,
+)
 from dpops.release.execute import abandon, execute_release, execute_restatement, restate, status
 from dpops.release.manifests import ensure_manifest, manifests_dir, spec_manifests_dir
 from dpops.release.output_checks import check_noisy_output
-from dpops.release.preparation import prepare
+from dpops.release.preparation import prepare, requested_interval
 from dpops.release.publication import publish
 from dpops.release.reservation import reserve, unit_definition_mismatches
 
 __all__ = [
     "STAGES", "RunContext", "RunOutcome", "abandon", "check_noisy_output", "check_runner", "compute",
     "compute_staged", "ensure_manifest", "execute_release", "execute_restatement", "manifests_dir",
-    "open_run_ledger", "prepare", "publish", "reserve", "restate", "scope_position", "spec_manifests_dir",
+    "open_run_ledger", "pick_attempt", "prepare", "publish", "requested_interval", "reserve",
+    "restate", "scope_position", "spec_manifests_dir",
     "status", "step_summary", "unit_definition_mismatches",
 ]

@@ -35,9 +35,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dpops.errors import DEBUG_ENV, DpopsError, InputDataError, InternalError, LedgerError, StorageError
+from dpops.errors import DEBUG_ENV, DpopsError, InputDataError, InternalError, LedgerError, NeedsOperator, StorageError
 from dpops.inputs import input_fingerprint, public_file_rows
-from dpops.release.context import Progress, RunContext, RunOutcome, _outcome, _pick_attempt, _stage, log
+from dpops.release.context import Progress, RunContext, RunOutcome, _outcome, _stage, log, pick_attempt
 from dpops.release.pipeline_seam import ComputeRequest, ComputeResult, load_run_release
 from dpops.spec import load_spec
 from dpops.storage import Location, StagedRun, as_location, location_uri
@@ -94,7 +94,7 @@ def compute(ctx: RunContext, ledger: Ledger, *, runner: str = "FnApiRunner", run
 def compute_staged(ctx: RunContext, ledger: Ledger, *, runner: str = "FnApiRunner", runner_options: Sequence[str] = (),
                    run_release: RunRelease | None = None, progress: Progress | None = None) -> StagedRun:
     """``compute`` returning the ``StagedRun`` itself."""
-    _pick_attempt(ctx, ledger)
+    pick_attempt(ctx, ledger)
     record = ledger.run(ctx.run_id)
     if record is None:
         raise LedgerError(f"run {ctx.run_id} of {ctx.spec.name} {ctx.interval} is not reserved: reserve it first")
@@ -114,7 +114,11 @@ def compute_staged(ctx: RunContext, ledger: Ledger, *, runner: str = "FnApiRunne
         raise LedgerError(msg)
     if staged is not None:
         return staged  # a retry: the noisy output exists; reuse it, nothing drawn or charged again
-    if record.state in ("committed", "released", "spent_unpublished"):
+    if record.state == "spent_unpublished":
+        from dpops.release.reservation import spent_message
+
+        raise NeedsOperator(spent_message(ctx))
+    if record.state in ("committed", "released"):
         raise LedgerError(f"run {ctx.run_id} is {record.state}; it cannot be computed again")
     if record.state == "started" and ctx.randomness == "os":
         # Fresh noise may have been drawn and cannot be reproduced: the charge stays, the attempt is closed.

@@ -85,7 +85,9 @@ class RunContext:
     store: Store
     key_path: str | None = None
     test_seed: int | None = None
-    attempt: int = 1  # chosen by ``reserve``: os mode always; keyed mode only after a refunded attempt
+    attempt: int = 1  # chosen by ``pick_attempt``: os mode always; keyed mode after a refund or a fresh attempt
+    # The spent_unpublished run a fresh attempt replaces (``pick_attempt``); part of the noise label.
+    replaces_spent: str | None = None
     actor: str = field(default_factory=default_actor)
     # The key behind the keyed fingerprints (input and published files). Never shown or serialized.
     fingerprint_key: HmacKey | None = field(default=None, repr=False, compare=False)
@@ -136,6 +138,8 @@ class RunContext:
             "release": self.spec.name, "spec_hash": self.spec.spec_hash, "interval_start": self.interval.start_iso,
             "interval_end": self.interval.end_iso, "input_fingerprint": self.input_fingerprint,
             **({"attempt": str(self.attempt)} if self.randomness == "os" else {}),
+            # A fresh attempt after a spent one draws noise independent of the spent attempt's.
+            **({"replaces_spent": str(self.replaces_spent)} if getattr(self, "replaces_spent", None) else {}),
         }
 
     @property
@@ -334,18 +338,38 @@ def step_summary(result: RunOutcome | StagedRun) -> dict[str, object]:
     raise TypeError(f"not a step result: {type(result).__name__}")
 
 
-def _pick_attempt(ctx: RunContext, ledger: Ledger) -> None:
-    """Choose the attempt number, i.e. the run key, this invocation works on.
+def pick_attempt(ctx: RunContext, ledger: Ledger, *, fresh: bool = False) -> None:
+    """Choose the attempt number, i.e. the run key, this invocation works on: THE one owner of that
+    choice. Every step (``reserve``, ``compute``, ``publish``, and each orchestrator task through
+    ``dpops.orchestration.Step.current``) calls it, so all of them work on the same run id.
 
     os mode: attempts whose noise may exist (spent_unpublished) or which were refunded
     (released) are closed: the next free attempt number gets a new run id and a fresh charge.
-    keyed/test mode: only a refunded attempt is skipped (a transient failure before any noise was
-    drawn must not block the interval forever); a spent_unpublished keyed run stays final.
+    keyed/test mode: a refunded attempt is skipped (a transient failure before any noise was
+    drawn must not block the interval forever). A spent_unpublished keyed attempt stays the
+    interval's current attempt (its noise may exist, it is never silently replaced) until an
+    operator asks for a fresh attempt (``fresh``: ``dpops release run --fresh-attempt --reason``);
+    once the attempt after it exists in the ledger, that one is current.
+
+    A fresh attempt after a spent one gets ``ctx.replaces_spent`` = the spent run id. That id is
+    part of its noise label, so its noise is FRESH (independent of the spent attempt's, which may
+    have leaked from wherever it was drawn), and it is charged again: the spent charge stays,
+    because that noise may exist. A refunded attempt's successor keeps the label (no noise was drawn).
     """
     closed = ("released", "spent_unpublished") if ctx.randomness == "os" else ("released",)
+    ctx.replaces_spent = None
     for attempt in range(1, MAX_OS_ATTEMPTS + 1):
         ctx.attempt = attempt
         rec = ledger.run(ctx.run_id)
-        if rec is None or rec.state not in closed:
+        if rec is not None and rec.state in closed:
+            continue
+        if rec is None or rec.state != "spent_unpublished":
             return
+        spent = ctx.run_id  # a keyed attempt whose noise may exist
+        ctx.attempt = attempt + 1
+        successor = ledger.run(ctx.run_id) is not None
+        ctx.attempt = attempt
+        if not (fresh or successor):
+            return  # stays current: publishing the interval needs an explicit fresh attempt
+        ctx.replaces_spent = spent
     raise LedgerError(f"{ctx.spec.name} {ctx.interval}: {MAX_OS_ATTEMPTS} os-mode attempts failed; investigate first")

@@ -22,7 +22,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypedDict, Unpack
 
-from dpops.errors import BudgetExceeded, DpopsError, LedgerError, public_message
+from dpops.errors import BudgetExceeded, DpopsError, LedgerError, NeedsOperator, public_message
 from dpops.inputs import HmacKey, parse_interval
 from dpops.release.computation import RunRelease, check_runner, compute_staged
 from dpops.release.context import (
@@ -34,9 +34,9 @@ from dpops.release.context import (
     RunOutcome,
     _log_failure,
     _outcome,
-    _pick_attempt,
     _stage,
     log,
+    pick_attempt,
 )
 from dpops.release.manifests import ensure_manifest, spec_manifests_dir
 from dpops.release.preparation import Planner, prepare
@@ -61,6 +61,7 @@ class _StepOptions(TypedDict, total=False):
     gx_checks: bool
     restates: str | None
     reserved: RunOutcome | None
+    fresh_attempt: str | None
     write_manifest: bool
     progress: Progress | None
 
@@ -100,12 +101,12 @@ def _run_steps(ctx: RunContext, ledger: Ledger, **kwargs: Unpack[_StepOptions]) 
 def _run_steps_quiet(ctx: RunContext, ledger: Ledger, *, publish_output: bool, runner: str,
                      runner_options: Sequence[str], run_release: RunRelease | None, gx_checks: bool,
                      restates: str | None, reserved: RunOutcome | None = None, write_manifest: bool = True,
-                     progress: Progress | None = None) -> RunOutcome:
+                     progress: Progress | None = None, fresh_attempt: str | None = None) -> RunOutcome:
     ctx.write_manifest = write_manifest
     if reserved is None:
         check_runner(runner, runner_options, run_release)  # before reserve: a bad runner costs nothing
         _stage(progress, "reserve")
-        reserved = reserve(ctx, ledger, restates=restates)
+        reserved = reserve(ctx, ledger, restates=restates, fresh_attempt=fresh_attempt)
     if reserved.state == "already_published":
         if write_manifest:
             ensure_manifest(ctx, ledger, reserved)
@@ -134,25 +135,35 @@ def execute_release(spec_path: str | os.PathLike[str], interval_start: IntervalB
                     test_seed: int | None = None, key: NoiseKeyLike | None = None, runner: str = "FnApiRunner",
                     runner_options: Sequence[str] = (), publish_output: bool = True,
                     run_release: RunRelease | None = None, planner: Planner | None = None,
-                    gx_checks: bool = False, actor: str | None = None, progress: Progress | None = None) -> RunOutcome:
+                    gx_checks: bool = False, actor: str | None = None, progress: Progress | None = None,
+                    fresh_attempt: str | None = None) -> RunOutcome:
     """``dpops release run``: prepare, reserve, compute, publish. Safe to call again after any failure.
 
-    ``progress`` is called with each stage name of ``STAGES`` as the run reaches it."""
+    ``progress`` is called with each stage name of ``STAGES`` as the run reaches it. ``fresh_attempt``
+    (the operator's reason): replace the interval's spent_unpublished run by a fresh attempt, with fresh
+    noise and a new charge, linked to the spent run (``dpops.release.context.pick_attempt``)."""
     ctx = prepare(spec_path, interval_start, interval_end, randomness=randomness, key_path=key_path,
                   test_seed=test_seed, key=key, planner=planner, actor=actor, progress=progress)
     return _run_steps(ctx, ledger, publish_output=publish_output, runner=runner, runner_options=runner_options,
-                      run_release=run_release, gx_checks=gx_checks, restates=None, progress=progress)
+                      run_release=run_release, gx_checks=gx_checks, restates=None, progress=progress,
+                      fresh_attempt=fresh_attempt)
 
 
 def restate(ctx: RunContext, ledger: Ledger) -> RunOutcome:
     """The restatement's reserve step: explicitly re-release a published interval whose input (or spec)
     changed. A new run key, a fresh charge, linked (``restates``) to the run it corrects; ``compute`` and
     ``publish`` then publish it as the interval's next version."""
-    _pick_attempt(ctx, ledger)
+    pick_attempt(ctx, ledger)
     published = ledger.published(ctx.spec.name, ctx.interval.start_iso, ctx.interval.end_iso)
     if published is None:
-        raise LedgerError(f"{ctx.spec.name} {ctx.interval} has not been published: nothing to restate; "
-                          "use dpops release run")
+        rec = ledger.run(ctx.run_id)
+        if rec is not None and rec.state == "spent_unpublished":
+            from dpops.release.reservation import spent_message
+
+            raise NeedsOperator(f"{ctx.spec.name} {ctx.interval} has not been published, so there is nothing to "
+                                f"restate; {spent_message(ctx)}")
+        raise NeedsOperator(f"{ctx.spec.name} {ctx.interval} has not been published: nothing to restate; "
+                            "use dpops release run")
     if published.run_id == ctx.run_id:
         _make_visible(ctx, published)  # completes a restatement killed between its commit and the file publish
         check_served_files(ctx, published)
@@ -189,7 +200,7 @@ def execute_restatement(spec_path: str | os.PathLike[str], interval_start: Inter
 def abandon(ctx: RunContext, ledger: Ledger, *, reason: str) -> RunOutcome:
     """Explicitly give up an unpublished run: a reservation is refunded (no noise was drawn), a started
     run is marked spent_unpublished (its noise may exist, so the charge stays). Published runs are final."""
-    _pick_attempt(ctx, ledger)
+    pick_attempt(ctx, ledger)
     rec = ledger.run(ctx.run_id)
     if rec is None:
         raise LedgerError(f"run {ctx.run_id} of {ctx.spec.name} {ctx.interval} is not in the ledger: "

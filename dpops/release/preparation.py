@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from dpops.errors import InvalidParameter, SpecError
 from dpops.inputs import (
     HmacKey,
+    Interval,
     TestFingerprintKey,
     check_input,
     input_fingerprint,
@@ -36,6 +37,27 @@ from dpops.storage import Sealer, open_store
 if TYPE_CHECKING:
     from dpops.randomness import NoiseKey
     from dpops.release_plan import ReleasePlan
+
+def requested_interval(spec_path: str | os.PathLike[str], text: str) -> Interval:
+    """An interval named by an operator: ``START/END`` as given, or one ``START`` (e.g. ``2024-01-03``) for the
+    one period / schedule interval of the spec starting there. The one convention for naming a day, shared
+    by ``dpops release run --interval`` and the Airflow DAG's ``interval`` param (a REST trigger with
+    ``logical_date: null`` and ``conf: {"interval": "2024-01-03"}``). ``prepare`` still checks the interval
+    is releasable (one period, on the spec's grid)."""
+    from dpops.ledger.model import parse_utc  # a value parser; no database is touched
+
+    text = str(text).strip()
+    if "/" in text:
+        return parse_interval(text)
+    from dpops.spec import one_period_interval
+
+    try:
+        start = parse_utc(text, "interval start")
+    except InvalidParameter:
+        raise InvalidParameter(f"interval {text!r}: give START/END (ISO-8601 UTC, e.g. 2024-01-01/2024-01-02) "
+                               "or the start of one period of the spec (e.g. 2024-01-03)") from None
+    return Interval(*one_period_interval(load_spec(spec_path), start))
+
 
 REMOVED_KEY_ENV = "DPOPS_NOISE_KEY"
 # Builds the run's plan from its spec (default ``dpops.release_plan.plan_release``; tests inject their own).

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from dpops.errors import LedgerError, StorageError
 from dpops.release import manifests
-from dpops.release.context import Progress, RunContext, RunOutcome, _outcome, _pick_attempt, _stage
+from dpops.release.context import Progress, RunContext, RunOutcome, _outcome, _stage, pick_attempt
 from dpops.release.output_checks import check_noisy_output
 from dpops.release.served import _make_visible, check_served_files
 from dpops.storage import PUBLISHED_FILES, Location, StagedRun, as_location, files, location_uri
@@ -34,7 +34,7 @@ def publish(ctx: RunContext, ledger: Ledger, *, gx_checks: bool = False,
             progress: Progress | None = None) -> RunOutcome:
     """Check the noisy output, write the manifest, commit the run, then publish it atomically as the
     interval's next version (see the ordering note below)."""
-    _pick_attempt(ctx, ledger)
+    pick_attempt(ctx, ledger)
     record = ledger.run(ctx.run_id)
     if record is None:
         raise LedgerError(f"run {ctx.run_id} is not in the ledger: reserve and compute it first")

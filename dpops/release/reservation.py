@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dpops.errors import DpopsError, LedgerError, SpecError, StorageError
-from dpops.release.context import RunContext, RunOutcome, _outcome, _pick_attempt
+from dpops.errors import DpopsError, InvalidParameter, LedgerError, NeedsOperator, SpecError, StorageError
+from dpops.release.context import RunContext, RunOutcome, _outcome, pick_attempt
 from dpops.release.key_continuity import check_key_continuity
 from dpops.release.served import _make_visible, check_served_files
 from dpops.spec import ReleaseSpec
@@ -170,9 +170,28 @@ def _refuse_changed(ctx: RunContext, published: RunRecord | None, restates: str 
     )
 
 
-def reserve(ctx: RunContext, ledger: Ledger, *, restates: str | None = None) -> RunOutcome:
-    """Reserve the plan's events for this run, or serve the interval if this very run is published."""
-    _pick_attempt(ctx, ledger)
+def spent_message(ctx: RunContext, state: str = "spent_unpublished") -> str:
+    """What to do with an interval whose current run is spent_unpublished (one wording for the CLI and
+    the DAG): only an explicit fresh attempt publishes it."""
+    return (f"run {ctx.run_id} of {ctx.spec.name} {ctx.interval} is {state}: noise may have been drawn, so its "
+            "charge stays and the same run key is never computed again. To publish this interval, start a fresh "
+            f"attempt (fresh noise, charged again, linked to the spent run): dpops release run {ctx.spec_path} "
+            f"--interval {ctx.interval.start_iso}/{ctx.interval.end_iso} --publish --fresh-attempt --reason \"...\"; "
+            "or leave the interval unpublished on purpose (dpops gaps lists it). A retry cannot change this")
+
+
+def reserve(ctx: RunContext, ledger: Ledger, *, restates: str | None = None,
+            fresh_attempt: str | None = None) -> RunOutcome:
+    """Reserve the plan's events for this run, or serve the interval if this very run is published.
+
+    ``fresh_attempt``: the operator's reason for replacing a spent_unpublished run of the interval by a
+    fresh attempt (fresh noise, charged again, linked to the spent run: ``pick_attempt``)."""
+    pick_attempt(ctx, ledger, fresh=fresh_attempt is not None)
+    if fresh_attempt is not None and ctx.replaces_spent is None:
+        raise InvalidParameter(
+            f"--fresh-attempt: {ctx.spec.name} {ctx.interval} has no spent_unpublished run to replace (its current "
+            f"run {ctx.run_id} is {getattr(ledger.run(ctx.run_id), 'state', 'not in the ledger')}); run it without "
+            "--fresh-attempt: a retry of a reserved or started keyed run costs nothing; nothing was reserved")
     published = ledger.published(ctx.spec.name, ctx.interval.start_iso, ctx.interval.end_iso)
     if published is not None and published.run_id == ctx.run_id:
         _make_visible(ctx, published)  # a crash between the ledger commit and the file publish is healed here
@@ -195,12 +214,12 @@ def reserve(ctx: RunContext, ledger: Ledger, *, restates: str | None = None) -> 
     if existing is not None and existing.state == "committed":
         return _outcome(ctx, ledger, "already_published", record=existing, message="nothing charged")
     if existing is not None and existing.state in ("released", "spent_unpublished"):
-        raise LedgerError(
-            f"run {ctx.run_id} of {ctx.spec.name} {ctx.interval} is {existing.state}: the same run key cannot be "
-            "reserved again (keyed mode: same key and input => same run); change the input, the spec or the key"
-        )
+        raise NeedsOperator(spent_message(ctx, existing.state))
+    details: dict[str, object] = {"randomness": ctx.randomness, "spec": ctx.spec.source,
+                                  "plan_hash": getattr(ctx.plan, "plan_hash", None)}
+    if ctx.replaces_spent is not None:
+        details["replaces_spent"] = {"run_id": ctx.replaces_spent, "reason": (fresh_attempt or "")[:500]}
     record = ledger.reserve(ctx.run_key, ctx.spec.budget.scope, ctx.events, actor=ctx.actor, restates=restates,
-                            details={"randomness": ctx.randomness, "spec": ctx.spec.source,
-                                     "plan_hash": getattr(ctx.plan, "plan_hash", None)})
+                            details=details)
     charged = float(record.epsilon) if existing is None else 0.0
     return _outcome(ctx, ledger, record.state if existing else "reserved", record=record, charged=charged)

@@ -36,6 +36,7 @@ class RunRow:
     verification: str = "no manifest"  # verified | verified (partly) | FAILED | no manifest
     flags: list[str] = field(default_factory=list)  # off-schedule / misaligned / overlapping interval
     kind: str = "run"  # run | gap
+    replaces_spent: str | None = None  # a fresh attempt: the spent_unpublished run it replaces (charged again)
 
 
 @dataclass
@@ -321,9 +322,13 @@ def gather(ledger: Any, scope_name: str, manifests_dir: str | os.PathLike[str] |
     checks = {**unreadable, **_verify_all(manifests, ledger, key, public_key)}
     # A manifest that failed verification cannot stand for a run: its claims (including the run it
     # names) are not used; only its verified peers are. It still appears, marked, in the report.
+    # A refusal manifest is a record of its moment: the same run key may be published later (after a cap
+    # raise), so refusals are listed on their own and never stand for the run's later outcome.
     by_run: dict[str, tuple[str, dict[str, Any]]] = {}
+    refusals: dict[str, tuple[str, dict[str, Any]]] = {}
     for path, m in sorted(manifests.items(), key=lambda kv: (checks[kv[0]].ok, kv[1]["created_at"])):
-        by_run[m["run_id"]] = (path, m)  # a verified manifest wins over a failed one for the same run
+        target = refusals if m["outcome"]["state"] == "refused" else by_run
+        target[m["run_id"]] = (path, m)  # a verified manifest wins over a failed one for the same run
 
     lo = parse_utc(start, "--from") if start else None
     hi = parse_utc(end, "--to") if end else None
@@ -347,13 +352,13 @@ def gather(ledger: Any, scope_name: str, manifests_dir: str | os.PathLike[str] |
             epsilon=rec.epsilon if rec.epsilon is not None and math.isfinite(rec.epsilon) else None,
             restates=rec.restates, created_at=rec.created_at, updated_at=rec.updated_at, buckets=list(rec.buckets),
             events=list(rec.events), manifest=path, reason=reasons.get(rec.run_id), key_id=rec.key.key_id,
+            replaces_spent=((rec.details or {}).get("replaces_spent") or {}).get("run_id"),
             test_mode=bool(m and m["randomness"]["test_mode"]),
             verification=checks[path].status if path else "no manifest"))
         seen.add(rec.run_id)
-    # Refusals never reach the ledger (nothing is written): their manifests are the record.
-    for run_id, (path, m) in by_run.items():
-        if run_id in seen or m["outcome"]["state"] != "refused":
-            continue
+    # Refusals never reach the ledger (nothing is written): their manifests are the record, also of a run
+    # key reserved and published later (both rows are shown).
+    for run_id, (path, m) in refusals.items():
         k = m["run_key"]
         if not in_window(k["interval_start"], k["interval_end"]):
             continue
