@@ -217,7 +217,7 @@ def iter_record_batches(item: tuple[int, str, int | None, int], cfg: ReadConfig,
 # - Cells are read as bytes and converted by ``_convert_cells``, one cell at a time in effect.
 
 MAX_LINE_BYTES = 16 << 20  # a longer line is malformed (and is never held in memory whole)
-_READ_BYTES = 16 << 20  # bytes read per block; blocks hold whole lines only
+CSV_READ_BYTES = 16 << 20  # bytes read at a time (<= MAX_LINE_BYTES); blocks hold whole lines only
 _BOM = b"\xef\xbb\xbf"
 # A line whose quoted fields all close on it (pyarrow's quoting state machine, as a regular language):
 # field = quoted part ('"', then non-quotes or doubled quotes, then '"') optionally followed by a literal
@@ -240,12 +240,16 @@ def _normalise_newlines(chunk: bytes) -> bytes:
 def _line_blocks(stream: Any, malformed: list[int]) -> Iterator[bytes]:
     """The file's lines after the header, as blocks of whole lines (each block ends with b"\\n", newlines
     normalised to LF). A line longer than MAX_LINE_BYTES is dropped (``malformed[0] += 1``) whatever its
-    position: the decision depends on its own length only, never on where the read blocks fall."""
+    position: the decision depends on its own length only, never on where the reads fall. (A line wholly
+    inside one read is at most CSV_READ_BYTES <= MAX_LINE_BYTES long, so only the line continued from the
+    previous read needs its length checked.)"""
+    if CSV_READ_BYTES > MAX_LINE_BYTES:  # pragma: no cover - a configuration error, not data
+        raise InternalError("CSV_READ_BYTES must not exceed MAX_LINE_BYTES")
     carry = b""
     dropping = False  # inside a too-long line: skip to its end
     header_done = False
     while True:
-        chunk = stream.read(_READ_BYTES)
+        chunk = stream.read(CSV_READ_BYTES)
         if not chunk:
             break
         chunk = bytes(chunk)
@@ -330,6 +334,34 @@ def _csv_batches(path: str, cfg: ReadConfig, counters: dict[str, int] | None) ->
                 counters[MALFORMED_LINES] = counters.get(MALFORMED_LINES, 0) + n
 
 
+_QUOTED_PART = re.compile(rb'(?:^|(?<=,))"[^"]*(?:""[^"]*)*"')
+
+
+def _field_count(line: bytes) -> int:
+    """Fields of a line whose quotes close (``_line_is_closed``), counted as pyarrow splits them."""
+    return _QUOTED_PART.sub(b"", line).count(b",") + 1
+
+
+def _drop_undecodable_malformed_lines(block: bytes, n_fields: int, malformed: list[int]) -> bytes:
+    """Remove the malformed lines (quote left open, wrong field count) that are not UTF-8.
+
+    pyarrow hands a skipped line's text to ``invalid_row_handler`` as a Python str; when the line is not
+    UTF-8 that decode fails inside pyarrow and the whole block fails (on 42476cc: the whole file, after the
+    budget was charged). So such lines never reach pyarrow: each is judged here on its own bytes, by the
+    same rules. Lines that are well-formed stay, whatever their bytes (a bad cell drops its row later).
+    """
+    out = []
+    for line in block[:-1].split(b"\n"):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            if not _line_is_closed(line) or _field_count(line) != n_fields:
+                malformed[0] += 1
+                continue
+        out.append(line)
+    return b"\n".join(out) + b"\n" if out else b""
+
+
 def _parse_block(block: bytes, names: list[str], parse: Any, convert: Any, skipped: "_LineCounter",
                  malformed: list[int]) -> pa.Table:
     """Parse whole lines; every line gives exactly one row or one skip (checked), never part of another's.
@@ -341,6 +373,11 @@ def _parse_block(block: bytes, names: list[str], parse: Any, convert: Any, skipp
     """
     import pyarrow.csv as pcsv
 
+    if not block.isascii():
+        try:
+            block.decode("utf-8")
+        except UnicodeDecodeError:
+            block = _drop_undecodable_malformed_lines(block, len(names), malformed)
     last_start = block.rfind(b"\n", 0, len(block) - 1) + 1
     if not _line_is_closed(block[last_start:-1]):
         malformed[0] += 1
@@ -362,7 +399,7 @@ def _parse_block(block: bytes, names: list[str], parse: Any, convert: Any, skipp
     block = b"\n".join(kept) + b"\n"
     read = pcsv.ReadOptions(column_names=names, use_threads=False, block_size=len(block) + 1)
     table = pcsv.read_csv(pa.py_buffer(block), read_options=read, parse_options=parse, convert_options=convert)
-    if table.num_rows + skipped.count - before != len(kept):  # pragma: no cover - closed lines cannot merge
+    if table.num_rows + skipped.count - before != len(kept):  # closed lines cannot merge: a bug if they do
         raise InternalError("the CSV reader joined two lines although every quote closes on its line")
     return table
 
