@@ -362,7 +362,7 @@ def _drop_undecodable_malformed_lines(block: bytes, n_fields: int, malformed: li
     return b"\n".join(out) + b"\n" if out else b""
 
 
-def _parse_block(block: bytes, names: list[str], parse: Any, convert: Any, skipped: "_LineCounter",
+def _parse_block(block: bytes, names: list[str], parse: Any, convert: Any, skipped: _LineCounter,
                  malformed: list[int]) -> pa.Table:
     """Parse whole lines; every line gives exactly one row or one skip (checked), never part of another's.
 
@@ -584,7 +584,7 @@ def _convert_cells(arr: pa.Array, want: str) -> tuple[pa.Array, np.ndarray]:
         parse = _int_cell if want == "int" else _float_cell
         others = np.flatnonzero(~plain & ~null & ~bad)
         cells = text.take(pa.array(others)).to_pylist() if len(others) else []
-        for i, cell in zip(others.tolist(), cells):
+        for i, cell in zip(others.tolist(), cells, strict=True):
             try:
                 v = parse(cell)
             except Exception:  # noqa: BLE001 - the boundary: any failure on one cell is that cell's
