@@ -44,14 +44,14 @@ class Prio:
 
 cfg = ReadConfig(format=fmt, types={"user_id": "string", "region": "string", "amount": "float"},
                  unit_column="user_id", partition_columns=("region",), value_columns=("amount",))
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 kept = read = 0
 for item in work_items([path], fmt):
     for batch, offset in iter_record_batches(item, cfg, {}):
         rows, _names, stats = prepare_batch(batch, 0, offset, cfg, Prio(), pair_salt=(1, 2))
         kept += len(rows["u"])
         read += stats["rows_read"]
-print(json.dumps({"seconds": time.perf_counter() - t0, "rows_read": read, "rows_kept": kept}))
+print(json.dumps({"seconds": time.perf_counter() - t0, "cpu": time.process_time() - c0, "rows_read": read, "rows_kept": kept}))
 """
 
 
@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     path = ensure_data(n, args.format)
     roots = args.code_root or [str(ROOT)]
     times: dict[str, list[float]] = {r: [] for r in roots}
+    cpus: dict[str, list[float]] = {r: [] for r in roots}
     for i in range(args.repeat):
         for root in roots:
             env = {**os.environ, "PYTHONPATH": root}
@@ -96,11 +97,13 @@ def main(argv: list[str] | None = None) -> int:
                                  capture_output=True, text=True, cwd=root).stdout
             res = json.loads(out.strip().splitlines()[-1])
             times[root].append(res["seconds"])
-            print(f"  run {i + 1} {root}: {res['seconds']:.2f}s read={res['rows_read']:,} kept={res['rows_kept']:,} "
+            cpus[root].append(res["cpu"])
+            print(f"  run {i + 1} {root}: {res['seconds']:.2f}s (cpu {res['cpu']:.2f}s) read={res['rows_read']:,} kept={res['rows_kept']:,} "
                   f"load={os.getloadavg()[0]:.2f}", flush=True)
     for root, ts in times.items():
         med = statistics.median(ts)
-        print(f"{root}: median {med:.2f}s over {len(ts)} runs ({n / med / 1e6:.2f} M rows/s)")
+        print(f"{root}: median {med:.2f}s wall, {statistics.median(cpus[root]):.2f}s cpu over {len(ts)} runs "
+              f"({n / med / 1e6:.2f} M rows/s)")
     return 0
 
 

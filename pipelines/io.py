@@ -26,6 +26,7 @@ the public interval only, so it is data-independent; its count stays in the inte
 
 from __future__ import annotations
 
+import codecs
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -237,22 +238,22 @@ def _normalise_newlines(chunk: bytes) -> bytes:
     return chunk
 
 
-def _line_blocks(stream: Any, malformed: list[int]) -> Iterator[bytes]:
-    """The file's lines after the header, as blocks of whole lines (each block ends with b"\\n", newlines
-    normalised to LF). A line longer than MAX_LINE_BYTES is dropped (``malformed[0] += 1``) whatever its
-    position: the decision depends on its own length only, never on where the reads fall. (A line wholly
-    inside one read is at most CSV_READ_BYTES <= MAX_LINE_BYTES long, so only the line continued from the
-    previous read needs its length checked.)"""
+def _line_blocks(stream: Any, malformed: list[int]) -> Iterator[tuple[bytes, int, int]]:
+    """The file's lines, as blocks of whole lines: (buffer, start, end), the block being buffer[start:end]
+    (not sliced, to save a copy). The first block is the header line alone. Every block ends with b"\\n";
+    newlines are normalised to LF. A line longer than MAX_LINE_BYTES is dropped (``malformed[0] += 1``)
+    whatever its position: the decision depends on its own length only, never on where the reads fall. (A
+    line wholly inside one read is at most CSV_READ_BYTES <= MAX_LINE_BYTES long, so only the line
+    continued from the previous read needs its length checked.)"""
     if CSV_READ_BYTES > MAX_LINE_BYTES:  # pragma: no cover - a configuration error, not data
         raise InternalError("CSV_READ_BYTES must not exceed MAX_LINE_BYTES")
     carry = b""
     dropping = False  # inside a too-long line: skip to its end
     header_done = False
     while True:
-        chunk = stream.read(CSV_READ_BYTES)
+        chunk = bytes(stream.read(CSV_READ_BYTES))
         if not chunk:
             break
-        chunk = bytes(chunk)
         if chunk.endswith(b"\r"):  # keep a CRLF pair in one chunk
             chunk += bytes(stream.read(1))
         chunk = _normalise_newlines(chunk)
@@ -262,34 +263,35 @@ def _line_blocks(stream: Any, malformed: list[int]) -> Iterator[bytes]:
                 continue
             chunk, dropping = chunk[i + 1:], False
         buf = carry + chunk if carry else chunk
+        start = 0
         if not header_done:
             i = buf.find(b"\n")
             if i < 0:
                 if len(buf) > MAX_LINE_BYTES:
-                    raise InputDataError("the CSV header line is longer than 16 MiB")
+                    raise InputDataError(f"the CSV header line is longer than {MAX_LINE_BYTES} bytes")
                 carry = buf
                 continue
-            yield buf[:i + 1]  # the header, as its own block
-            buf, header_done = buf[i + 1:], True
-        cut = buf.rfind(b"\n")
+            yield buf, 0, i + 1  # the header, as its own block
+            start, header_done = i + 1, True
+        cut = buf.rfind(b"\n", start)
         if cut < 0:
-            carry = buf
+            carry = buf[start:]
             if len(carry) > MAX_LINE_BYTES:
                 malformed[0] += 1
                 carry, dropping = b"", True
             continue
-        block, carry = buf[:cut + 1], buf[cut + 1:]
-        first = block.find(b"\n")
+        end, carry = cut + 1, buf[cut + 1:]
+        first = buf.find(b"\n", start, end) - start
         if first > MAX_LINE_BYTES:  # only the line continued from the previous read can be this long
             malformed[0] += 1
-            block = block[first + 1:]
+            start += first + 1
         if len(carry) > MAX_LINE_BYTES:
             malformed[0] += 1
             carry, dropping = b"", True
-        if block:
-            yield block
+        if end > start:
+            yield buf, start, end
     if carry and not dropping:  # the last line (or a header-only file) without a final newline
-        yield carry + b"\n"
+        yield carry + b"\n", 0, len(carry) + 1
 
 
 def _csv_batches(path: str, cfg: ReadConfig, counters: dict[str, int] | None) -> Iterator[tuple[pa.RecordBatch, int]]:
@@ -304,7 +306,8 @@ def _csv_batches(path: str, cfg: ReadConfig, counters: dict[str, int] | None) ->
     stream = open(src, "rb") if isinstance(src, str) else src  # a local path, or Beam's stream for a URI
     blocks = _line_blocks(stream, malformed)
     try:
-        header = next(blocks, b"")
+        hbuf, hstart, hend = next(blocks, (b"", 0, 0))
+        header = hbuf[hstart:hend]
         if header.startswith(_BOM):
             header = header[len(_BOM):]
         if not _line_is_closed(header[:-1]):
@@ -321,8 +324,8 @@ def _csv_batches(path: str, cfg: ReadConfig, counters: dict[str, int] | None) ->
             column_types={c: pa.binary() for c in needed},
             null_values=[""], strings_can_be_null=True, quoted_strings_can_be_null=False,
         )
-        for block in blocks:
-            table = _parse_block(block, names, parse, convert, skipped, malformed)
+        for buf, start, end in blocks:
+            table = _parse_block(buf, start, end, names, parse, convert, skipped, malformed)
             for batch in table.to_batches(max_chunksize=cfg.batch_rows):
                 yield batch, offset
                 offset += batch.num_rows
@@ -362,46 +365,69 @@ def _drop_undecodable_malformed_lines(block: bytes, n_fields: int, malformed: li
     return b"\n".join(out) + b"\n" if out else b""
 
 
-def _parse_block(block: bytes, names: list[str], parse: Any, convert: Any, skipped: _LineCounter,
-                 malformed: list[int]) -> pa.Table:
-    """Parse whole lines; every line gives exactly one row or one skip (checked), never part of another's.
+def _parse_block(buf: bytes, start: int, end: int, names: list[str], parse: Any, convert: Any,
+                 skipped: _LineCounter, malformed: list[int]) -> pa.Table:
+    """Parse the whole lines buf[start:end]; every line gives exactly one row or one skip (checked), never
+    part of another's.
 
     pyarrow's parser lets a quoted field run over line ends even with ``newlines_in_values=False``, so the
     lines whose quotes stay open are removed first. The common case costs one count of b"\\n": the last line
     is checked (nothing follows it to merge with), the block is parsed, and rows + skips must equal lines;
     only if they do not (some line in the middle opened a quote) are the lines checked one by one.
     """
-    import pyarrow.csv as pcsv
-
-    if not block.isascii():
+    if not buf.isascii():  # (the whole buffer: a cheap test first)
         try:
-            block.decode("utf-8")
+            codecs.utf_8_decode(memoryview(buf)[start:end], "strict", True)
         except UnicodeDecodeError:
-            block = _drop_undecodable_malformed_lines(block, len(names), malformed)
-    last_start = block.rfind(b"\n", 0, len(block) - 1) + 1
-    if not _line_is_closed(block[last_start:-1]):
+            buf = _drop_undecodable_malformed_lines(buf[start:end], len(names), malformed)
+            start, end = 0, len(buf)
+    last_start = buf.rfind(b"\n", start, end - 1) + 1
+    if not _line_is_closed(buf[last_start:end - 1]):
         malformed[0] += 1
-        block = block[:last_start]
-    if not block:
-        return pa.table({c: pa.array([], pa.binary()) for c in convert.include_columns})
-    lines = block.count(b"\n")
+        end = last_start
+    if end <= start:
+        return _empty_table(convert)
+    lines = _count_newlines(buf, start, end)
     before = skipped.count
-    read = pcsv.ReadOptions(column_names=names, use_threads=False, block_size=len(block) + 1)
-    table = pcsv.read_csv(pa.py_buffer(block), read_options=read, parse_options=parse, convert_options=convert)
+    table = _read_lines(memoryview(buf)[start:end], names, parse, convert)
     if table.num_rows + skipped.count - before == lines:
         return table
     # Some line left a quote open and took the following lines with it: drop exactly the open lines.
     skipped.count = before
-    kept = [ln for ln in block[:-1].split(b"\n") if _line_is_closed(ln)]
+    kept = [ln for ln in buf[start:end - 1].split(b"\n") if _line_is_closed(ln)]
     malformed[0] += lines - len(kept)
     if not kept:
-        return pa.table({c: pa.array([], pa.binary()) for c in convert.include_columns})
-    block = b"\n".join(kept) + b"\n"
-    read = pcsv.ReadOptions(column_names=names, use_threads=False, block_size=len(block) + 1)
-    table = pcsv.read_csv(pa.py_buffer(block), read_options=read, parse_options=parse, convert_options=convert)
+        return _empty_table(convert)
+    table = _read_lines(b"\n".join(kept) + b"\n", names, parse, convert)
     if table.num_rows + skipped.count - before != len(kept):  # closed lines cannot merge: a bug if they do
         raise InternalError("the CSV reader joined two lines although every quote closes on its line")
     return table
+
+
+def _count_newlines(buf: bytes, start: int, end: int) -> int:
+    """Count of b"\\n" in buf[start:end], 1 MiB at a time into one scratch array (twice as fast as
+    ``bytes.count`` here, and no 16 MiB temporary per block)."""
+    a = np.frombuffer(buf, np.uint8, count=end - start, offset=start)
+    step = 1 << 20
+    scratch = np.empty(min(step, len(a)), bool)
+    n = 0
+    for i in range(0, len(a), step):
+        part = a[i:i + step]
+        out = scratch[:len(part)]
+        np.equal(part, 10, out=out)
+        n += int(np.count_nonzero(out))
+    return n
+
+
+def _read_lines(data: bytes | memoryview, names: list[str], parse: Any, convert: Any) -> pa.Table:
+    import pyarrow.csv as pcsv
+
+    read = pcsv.ReadOptions(column_names=names, use_threads=False, block_size=len(data) + 1)
+    return pcsv.read_csv(pa.py_buffer(data), read_options=read, parse_options=parse, convert_options=convert)
+
+
+def _empty_table(convert: Any) -> pa.Table:
+    return pa.table({c: pa.array([], pa.binary()) for c in convert.include_columns})
 
 
 class _LineCounter:
