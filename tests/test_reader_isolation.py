@@ -60,10 +60,16 @@ def _mix(h: np.ndarray) -> np.ndarray:
     return h ^ (h >> np.uint64(29))
 
 
+WINDOW_NS = (1_704_067_200 * 10**9, 1_704_153_600 * 10**9)  # [2024-01-01, 2024-01-02) UTC
+
+
 def read_rows(path: str, fmt: str, types: dict[str, str] = TYPES, batch_rows: int = 262_144) -> dict[str, np.ndarray]:
-    """Every kept row of a file through the real reader, as numpy columns u, p, v (concatenated)."""
+    """Every kept row of a file through the real reader, as numpy columns u, p, v (concatenated). With
+    ``note`` declared ``timestamp`` it is the event-time column, filtered to WINDOW_NS."""
+    timed = types.get("note") == "timestamp"
     cfg = ReadConfig(format=fmt, types=types, unit_column="user_id", partition_columns=("region",),
-                     value_columns=("amount",), batch_rows=batch_rows)
+                     value_columns=("amount",), batch_rows=batch_rows, time_column="note" if timed else None,
+                     time_window_ns=WINDOW_NS if timed else None)
     parts: dict[str, list[np.ndarray]] = {"u": [], "p": [], "v": [], "pp": []}
     for item in work_items([path], fmt):
         for batch, offset in iter_record_batches(item, cfg, {}):
@@ -112,19 +118,24 @@ _notes = st.sampled_from([b"", b"x", b'"multi ""quoted"""', b'a"b', b"\xc3\xa9"]
 _eol = st.sampled_from([b"\n", b"\n", b"\r\n"])
 
 clean_line = st.builds(lambda u, r, a, n, e: b",".join([u, r, a, n]) + e, _units, _regions, _amounts, _notes, _eol)
+_times = st.sampled_from([b"2024-01-01T10:00:00Z", b"2024-01-01 23:59:59.999999Z", b"2024-01-01T05:00:00+01:00",
+                          b"2024-01-01T12:00:00", b"2024-01-02T00:00:00Z", b"2023-12-31T23:00:00-01:00", b"2024-1-1T01:00:00Z",
+                          b"20240101T010000Z", b" 2024-01-01T01:00:00Z", b"2024-01-01T00:00:00.123456789123Z", b"x"])
+timed_line = st.builds(lambda u, r, a, n, e: b",".join([u, r, a, n]) + e, _units, _regions, _amounts, _times, _eol)
 
 _fragments = st.sampled_from([
     b'"', b'"', b",", b"\n", b"\r", b"\r\n", b'""', b"\x00", b"\xef\xbb\xbf", b"\xff\xfe", b"\xed\xa0\x80",
     b"target", b"target,", b",north,", b"north", b"u1,north,1", b'target,"north,1', b"9" * 5000, b"1" * 300,
     b"0x10", b"1e999", b"-1e-999", b"nan", b"inf", b"NA", b"9223372036854775808", b"1.5", b"2.0", b" ",
-    b"\t", b"x" * 700, b'"' * 3, b'a"b', b'"a"b"', b',""', b'"\n"', b"\\", b"'",
+    b"\t", b"x" * 700, b'"' * 3, b'a"b', b'"a"b"', b',""', b'"\n"', b"\\", b"'", b"2024-01-01T10:00:00Z",
+    b"2024-01-01T10:00:00.123456789123Z", b"2024-01-01T24:00:00Z", b"20240101T010000Z", b"2024-01-01T00:00:00+01",
 ])
 adversary_bytes = st.lists(_fragments | st.binary(max_size=12), min_size=1, max_size=14).map(b"".join)
 
 
 @st.composite
-def csv_case(draw):
-    clean = draw(st.lists(clean_line, max_size=25))
+def csv_case(draw, lines=clean_line):
+    clean = draw(st.lists(lines, max_size=25))
     adv = draw(adversary_bytes)
     pos = draw(st.integers(0, len(clean)))
     if pos < len(clean) or draw(st.booleans()):
@@ -169,6 +180,14 @@ def test_csv_lines_cost_only_themselves_int_metric(tmp_path_factory, case):
     """The same with ``amount`` declared ``int`` (item 2: a 5,000-digit cell must not raise)."""
     clean, adv, pos, limits = case
     _check_csv(tmp_path_factory.mktemp("csvint"), clean, adv, pos, limits, {**TYPES, "amount": "int"})
+
+
+@settings(PROPERTY, max_examples=80)
+@given(csv_case(timed_line))
+def test_csv_lines_cost_only_themselves_time_column(tmp_path_factory, case):
+    """The same with an event-time column (ISO-8601 text, naive = UTC), filtered to one day."""
+    clean, adv, pos, limits = case
+    _check_csv(tmp_path_factory.mktemp("csvts"), clean, adv, pos, limits, {**TYPES, "note": "timestamp"})
 
 
 # --------------------------------------------------------------------------- Parquet
