@@ -150,7 +150,7 @@ def _write(tmp: Path, name: str, data: bytes) -> str:
     return str(p)
 
 
-def _check_csv(tmp: Path, clean: list[bytes], adv: bytes, pos: int, limits: tuple[int, int],
+def check_csv(tmp: Path, clean: list[bytes], adv: bytes, pos: int, limits: tuple[int, int],
                types: dict[str, str] = TYPES) -> None:
     without = HEADER + b"".join(clean)
     with_ = HEADER + b"".join(clean[:pos]) + adv + b"".join(clean[pos:])
@@ -171,7 +171,7 @@ def _check_csv(tmp: Path, clean: list[bytes], adv: bytes, pos: int, limits: tupl
 @given(csv_case())
 def test_csv_lines_cost_only_themselves(tmp_path_factory, case):
     clean, adv, pos, limits = case
-    _check_csv(tmp_path_factory.mktemp("csv"), clean, adv, pos, limits)
+    check_csv(tmp_path_factory.mktemp("csv"), clean, adv, pos, limits)
 
 
 @settings(PROPERTY, max_examples=100)
@@ -179,7 +179,7 @@ def test_csv_lines_cost_only_themselves(tmp_path_factory, case):
 def test_csv_lines_cost_only_themselves_int_metric(tmp_path_factory, case):
     """The same with ``amount`` declared ``int`` (item 2: a 5,000-digit cell must not raise)."""
     clean, adv, pos, limits = case
-    _check_csv(tmp_path_factory.mktemp("csvint"), clean, adv, pos, limits, {**TYPES, "amount": "int"})
+    check_csv(tmp_path_factory.mktemp("csvint"), clean, adv, pos, limits, {**TYPES, "amount": "int"})
 
 
 @settings(PROPERTY, max_examples=80)
@@ -187,7 +187,7 @@ def test_csv_lines_cost_only_themselves_int_metric(tmp_path_factory, case):
 def test_csv_lines_cost_only_themselves_time_column(tmp_path_factory, case):
     """The same with an event-time column (ISO-8601 text, naive = UTC), filtered to one day."""
     clean, adv, pos, limits = case
-    _check_csv(tmp_path_factory.mktemp("csvts"), clean, adv, pos, limits, {**TYPES, "note": "timestamp"})
+    check_csv(tmp_path_factory.mktemp("csvts"), clean, adv, pos, limits, {**TYPES, "note": "timestamp"})
 
 
 # --------------------------------------------------------------------------- Parquet
@@ -208,7 +208,7 @@ def parquet_case(draw):
     return clean, adv, pos
 
 
-def _pq_write(tmp: Path, name: str, rows: list[tuple]) -> str:
+def pq_write(tmp: Path, name: str, rows: list[tuple]) -> str:
     def col(i: int) -> pa.Array:  # bytes viewed as string: invalid UTF-8 stored in a string column
         return pa.array([None if r[i] is None else r[i] if isinstance(r[i], bytes) else r[i].encode() for r in rows],
                         pa.binary()).view(pa.string())
@@ -224,9 +224,9 @@ def _pq_write(tmp: Path, name: str, rows: list[tuple]) -> str:
 def test_parquet_rows_cost_only_themselves(tmp_path_factory, case):
     clean, adv, pos = case
     tmp = tmp_path_factory.mktemp("pq")
-    r0 = read_rows(_pq_write(tmp, "without.parquet", clean), "parquet", batch_rows=3)
-    r1 = read_rows(_pq_write(tmp, "with.parquet", clean[:pos] + adv + clean[pos:]), "parquet", batch_rows=5)
-    ra = read_rows(_pq_write(tmp, "alone.parquet", adv), "parquet")
+    r0 = read_rows(pq_write(tmp, "without.parquet", clean), "parquet", batch_rows=3)
+    r1 = read_rows(pq_write(tmp, "with.parquet", clean[:pos] + adv + clean[pos:]), "parquet", batch_rows=5)
+    ra = read_rows(pq_write(tmp, "alone.parquet", adv), "parquet")
     assert multiset(r1) == sorted(multiset(r0) + multiset(ra))
     named = {int(u) for u in ra["u"]}
     assert [r for r in bounded(r1) if r[0] not in named] == [r for r in bounded(r0) if r[0] not in named]
@@ -234,14 +234,14 @@ def test_parquet_rows_cost_only_themselves(tmp_path_factory, case):
 
 # --------------------------------------------------------------------------- the fast path agrees with the boundary
 
-_num_text = st.text(st.sampled_from(list("0123456789.eE+-xXinfatyINFATY _\t")), max_size=12) | st.sampled_from([
+num_text = st.text(st.sampled_from(list("0123456789.eE+-xXinfatyINFATY _\t")), max_size=12) | st.sampled_from([
     "0x10", "0X1f", "007", "-5", "+5", "1e3", "2.0", "1_0", " 5", "5\t", "inf", "-Infinity", "nan", "nan(1)", "1e400",
     "-0", "9223372036854775807", "9223372036854775808", "-9223372036854775808", ".5", "5.", "1E+05", "\u0661",
     "9007199254740993", "9007199254740993.0", "0" * 30 + "1", "1" * 5000])
 
 
 @settings(PROPERTY, max_examples=150)
-@given(st.lists(_num_text, min_size=1, max_size=6), st.sampled_from(["int", "float"]))
+@given(st.lists(num_text, min_size=1, max_size=6), st.sampled_from(["int", "float"]))
 def test_a_cell_converts_the_same_whatever_its_neighbours(cells, want):
     """A cell's value does not depend on whether a neighbour forces the cell-by-cell path (on 42476cc,
     ``0x10`` read as 16 next to good cells and was dropped next to a bad one)."""
@@ -321,7 +321,7 @@ def test_the_property_can_fail():
         import tempfile
 
         with tempfile.TemporaryDirectory() as d, pytest.raises((AssertionError, InternalError)):
-            _check_csv(Path(d), [b"u1,north,1,\n", b"u2,north,1,\n"], b'target,"north,1\n', 0, (16 << 20, 16 << 20))
+            check_csv(Path(d), [b"u1,north,1,\n", b"u2,north,1,\n"], b'target,"north,1\n', 0, (16 << 20, 16 << 20))
     finally:
         pio._line_is_closed = real
     assert os.path.exists(io.__file__)
