@@ -51,11 +51,13 @@ for item in work_items([path], fmt):
         rows, _names, stats = prepare_batch(batch, 0, offset, cfg, Prio(), pair_salt=(1, 2))
         kept += len(rows["u"])
         read += stats["rows_read"]
-print(json.dumps({"seconds": time.perf_counter() - t0, "cpu": time.process_time() - c0, "rows_read": read, "rows_kept": kept}))
+print(json.dumps({"seconds": time.perf_counter() - t0, "cpu": time.process_time() - c0, "rows_read": read,
+                  "rows_kept": kept}))
 """
 
 
 def ensure_data(n: int, fmt: str) -> Path:
+    """The n-row input (cached under benchmarks/out/reader/), generated like bench_scale's."""
     d = OUT / f"n{n}"
     path = d / f"2024-01-01.{fmt}"
     if path.exists():
@@ -79,6 +81,7 @@ def ensure_data(n: int, fmt: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Time the reader over each --code-root, alternating, and print the medians."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="2e6")
     ap.add_argument("--format", choices=["csv", "parquet"], default="csv")
@@ -98,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             res = json.loads(out.strip().splitlines()[-1])
             times[root].append(res["seconds"])
             cpus[root].append(res["cpu"])
-            print(f"  run {i + 1} {root}: {res['seconds']:.2f}s (cpu {res['cpu']:.2f}s) read={res['rows_read']:,} kept={res['rows_kept']:,} "
-                  f"load={os.getloadavg()[0]:.2f}", flush=True)
+            print(f"  run {i + 1} {root}: {res['seconds']:.2f}s (cpu {res['cpu']:.2f}s) read={res['rows_read']:,} "
+                  f"kept={res['rows_kept']:,} load={os.getloadavg()[0]:.2f}", flush=True)
     for root, ts in times.items():
         med = statistics.median(ts)
         print(f"{root}: median {med:.2f}s wall, {statistics.median(cpus[root]):.2f}s cpu over {len(ts)} runs "
