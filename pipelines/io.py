@@ -3,11 +3,14 @@
 One Beam element is a whole batch (or a slice of it), never one row: per-element
 Python overhead is what makes naive DP pipelines slow.
 
-Malformed input never stops a run (it runs after the budget is charged): a CSV line
-with the wrong number of fields is skipped by the parser (``invalid_row_handler``), a
-cell that does not convert to its declared type drops its row (``_convert_column``),
-both counted only in the internal run log. No error raised here carries a cell value
-or a raw line; pyarrow's own error texts (which quote them) are never passed on.
+Malformed input never stops a run (it runs after the budget is charged), and one line or
+row never changes how another is read (issue 19): CSV lines are cut out of the byte stream
+before parsing and a malformed line (open quote, wrong field count, over 16 MiB) is skipped
+(see "the CSV dialect" below); a cell that does not convert to its declared type drops its
+row (``_convert_column``, ``_convert_cells``: one conversion boundary, every cell's value a
+function of that cell alone); both counted only in the internal run log. No error raised
+here carries a cell value or a raw line; pyarrow's own error texts (which quote them) are
+never passed on.
 
 Hashes must be identical in every worker process and on every run (they decide
 key and shard placement, and the L0 pair priority is a keyed function of the hashes), so
@@ -163,8 +166,8 @@ def iter_record_batches(item: tuple[int, str, int | None, int], cfg: ReadConfig,
     """Yield (batch of the needed columns, row offset in file). Conversion to the declared types is
     ``prepare_batch``'s job, cell by cell, so a bad cell drops its row instead of failing the run.
 
-    CSV lines with more or fewer fields than the header are skipped and counted in
-    ``counters[MALFORMED_LINES]`` (internal run log only). Privacy reason: this runs after the budget is
+    Malformed CSV lines (the dialect below) are skipped and counted in ``counters[MALFORMED_LINES]``
+    (internal run log only); a line costs only itself. Privacy reason: this runs after the budget is
     charged, so a data-dependent abort would be an unaccounted release of one bit (semantics.md section 6);
     and pyarrow's error text quotes the line, i.e. private values, so none of it is ever passed on.
     """

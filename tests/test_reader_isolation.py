@@ -313,6 +313,26 @@ def test_only_empty_cells_are_null_the_same_in_csv_and_parquet(tmp_path, text):
     assert len(rows["u"]) == 3 and multiset(rows) == multiset(prow)
 
 
+def test_the_documented_dialect(tmp_path):
+    """README "The CSV dialect", case by case: CR and CRLF end lines, a BOM is ignored, ``""`` is a literal
+    quote inside a quoted field, the tail after a closing quote is literal, numbers in every documented form."""
+    data = (b'\xef\xbb\xbfuser_id,region,amount\r'  # BOM, lone CR
+            b'"a""b",north,1\r\n'  # a"b
+            b'"no"rth,north,2.0\n'  # north (tail kept literally)
+            b'c"d,north, 3 \n'  # c"d (quote inside an unquoted field), spaces around a number
+            b'e,north,1e1\n'
+            b'f,"south,east",4\n'
+            b'g,north,0x10\n'  # not a number: dropped
+            b'h,north,1_0\n'  # not a number: dropped
+            b'i,north,\xd9\xa1\n'  # Arabic-Indic digit: dropped
+            b'j,north\n')  # too few fields: dropped
+    got = read_rows(_write(tmp_path, "d.csv", data), "csv", {**TYPES, "amount": "int"})
+    want = pa.table({"user_id": ['a"b', "north", 'c"d', "e", "f"], "region": ["north"] * 4 + ["south,east"],
+                     "amount": [1.0, 2.0, 3.0, 10.0, 4.0]})
+    pq.write_table(want, tmp_path / "d.parquet")
+    assert multiset(got) == multiset(read_rows(str(tmp_path / "d.parquet"), "parquet"))
+
+
 def test_the_property_can_fail():
     """Negative control: a reader that lets one line's quote take its neighbours fails the check."""
     real = pio._line_is_closed
