@@ -315,6 +315,10 @@ def _csv_batches(path: str, cfg: ReadConfig, counters: dict[str, int] | None) ->
             header = header[len(_BOM):]
         if not _line_is_closed(header[:-1]):
             raise InputDataError(f"{path}: the CSV header line has an unclosed quote; fix the header")
+        try:
+            header.decode("utf-8")
+        except UnicodeDecodeError:  # check_input refuses it before a run; a file swapped since lands here
+            raise InputDataError(f"{path}: the CSV header (line 1) is not UTF-8 text; fix the header") from None
         names = pcsv.read_csv(pa.py_buffer(header), parse_options=pcsv.ParseOptions(newlines_in_values=False),
                               read_options=pcsv.ReadOptions(use_threads=False)).column_names
         if [c for c in needed if c not in names]:
