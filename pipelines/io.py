@@ -207,7 +207,7 @@ def iter_record_batches(item: tuple[int, str, int | None, int], cfg: ReadConfig,
 # is charged). So a line is cut out of the byte stream BEFORE any CSV parsing, and the parser only
 # ever sees whole lines whose quotes close on that line.
 #
-# The dialect (README "Input files"; docs/decisions.md):
+# The dialect (README "The CSV dialect"; docs/decisions.md):
 # - A line ends at LF, CRLF or a lone CR. Nothing, not even a quoted value, continues past it.
 # - The first line is the header. A UTF-8 byte-order mark before it is ignored.
 # - Fields are separated by ','. A field that starts with '"' is quoted: it ends at the next '"' not
@@ -226,9 +226,11 @@ _BOM = b"\xef\xbb\xbf"
 # A line whose quoted fields all close on it (pyarrow's quoting state machine, as a regular language):
 # field = quoted part ('"', then non-quotes or doubled quotes, then '"') optionally followed by a literal
 # tail that does not start with '"' (a '"' right after the closing one would have been a doubled quote),
-# or an unquoted field (does not start with '"'), or empty.
-_FIELD = rb'(?:"[^"]*(?:""[^"]*)*"(?:[^",][^,]*)?|[^",][^,]*|)'
-_CLOSED_LINE = re.compile(_FIELD + rb"(?:," + _FIELD + rb")*", re.DOTALL)
+# or an unquoted field (does not start with '"'), or empty. Possessive quantifiers and atomic groups: pyarrow
+# pairs every '""' it can (maximal munch), which is exactly what they express, and they make the check
+# linear in the line's length (a backtracking pattern took O(n^2) on a line of quotes: a one-line stall).
+_FIELD = rb'(?>"[^"]*+(?:""[^"]*+)*+"(?:[^",][^,]*+)?+|[^",][^,]*+|)'
+_CLOSED_LINE = re.compile(_FIELD + rb"(?:," + _FIELD + rb")*+", re.DOTALL)
 
 
 def _line_is_closed(line: bytes) -> bool:
@@ -344,7 +346,7 @@ def _csv_batches(path: str, cfg: ReadConfig, counters: dict[str, int] | None) ->
                 counters[MALFORMED_LINES] = counters.get(MALFORMED_LINES, 0) + n
 
 
-_QUOTED_PART = re.compile(rb'(?:^|(?<=,))"[^"]*(?:""[^"]*)*"')
+_QUOTED_PART = re.compile(rb'(?:^|(?<=,))"[^"]*+(?:""[^"]*+)*+"')
 
 
 def _field_count(line: bytes) -> int:
