@@ -3,11 +3,14 @@
 One Beam element is a whole batch (or a slice of it), never one row: per-element
 Python overhead is what makes naive DP pipelines slow.
 
-Malformed input never stops a run (it runs after the budget is charged): a CSV line
-with the wrong number of fields is skipped by the parser (``invalid_row_handler``), a
-cell that does not convert to its declared type drops its row (``_convert_column``),
-both counted only in the internal run log. No error raised here carries a cell value
-or a raw line; pyarrow's own error texts (which quote them) are never passed on.
+Malformed input never stops a run (it runs after the budget is charged), and one line or
+row never changes how another is read (issue 19): CSV lines are cut out of the byte stream
+before parsing and a malformed line (open quote, wrong field count, over 16 MiB) is skipped
+(see "the CSV dialect" below); a cell that does not convert to its declared type drops its
+row (``_convert_column``, ``_convert_cells``: one conversion boundary, every cell's value a
+function of that cell alone); both counted only in the internal run log. No error raised
+here carries a cell value or a raw line; pyarrow's own error texts (which quote them) are
+never passed on.
 
 Hashes must be identical in every worker process and on every run (they decide
 key and shard placement, and the L0 pair priority is a keyed function of the hashes), so
@@ -26,8 +29,10 @@ the public interval only, so it is data-independent; its count stays in the inte
 
 from __future__ import annotations
 
+import codecs
 import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any, Iterator
 
 import numpy as np
@@ -35,7 +40,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dpops.errors import InputDataError
+from dpops.errors import InputDataError, InternalError
 from pipelines.fs import open_input
 
 ROW_ID_SHIFT = 40  # row id = file_index << 40 | row position in file: 1T rows per file
@@ -161,8 +166,8 @@ def iter_record_batches(item: tuple[int, str, int | None, int], cfg: ReadConfig,
     """Yield (batch of the needed columns, row offset in file). Conversion to the declared types is
     ``prepare_batch``'s job, cell by cell, so a bad cell drops its row instead of failing the run.
 
-    CSV lines with more or fewer fields than the header are skipped and counted in
-    ``counters[MALFORMED_LINES]`` (internal run log only). Privacy reason: this runs after the budget is
+    Malformed CSV lines (the dialect below) are skipped and counted in ``counters[MALFORMED_LINES]``
+    (internal run log only); a line costs only itself. Privacy reason: this runs after the budget is
     charged, so a data-dependent abort would be an unaccounted release of one bit (semantics.md section 6);
     and pyarrow's error text quotes the line, i.e. private values, so none of it is ever passed on.
     """
@@ -185,33 +190,253 @@ def iter_record_batches(item: tuple[int, str, int | None, int], cfg: ReadConfig,
             raise InputDataError(f"{path}: cannot read row group {rg} ({type(exc).__name__}): the file is "
                                  "damaged or was replaced after the input check; restore it and retry") from None
     else:
-        import pyarrow.csv as pcsv
-
-        skipped = _LineCounter()
         try:
-            reader = pcsv.open_csv(
-                open_input(path),
-                read_options=pcsv.ReadOptions(block_size=16 << 20),
-                parse_options=pcsv.ParseOptions(invalid_row_handler=skipped),
-                convert_options=pcsv.ConvertOptions(
-                    include_columns=needed,
-                    # Bytes, parsed by us: a bad cell (even invalid UTF-8) drops its row, not the file.
-                    column_types={c: pa.binary() for c in needed},
-                    strings_can_be_null=True,
-                ),
-            )
-            for batch in reader:
-                yield batch, offset
-                offset += batch.num_rows
+            yield from _csv_batches(path, cfg, counters)
         except (OSError, pa.ArrowException) as exc:
             # The exception text quotes the offending line: only its class is kept.
             # (No row count either: how many rows a private file holds is itself internal.)
-            raise InputDataError(f"{path}: cannot read the CSV file ({type(exc).__name__}): a declared column may "
-                                 "be missing, or the file is damaged or was replaced after the input check; fix "
-                                 "the file and retry") from None
-        finally:
-            if counters is not None and skipped.count:
-                counters[MALFORMED_LINES] = counters.get(MALFORMED_LINES, 0) + skipped.count
+            raise InputDataError(f"{path}: cannot read the CSV file ({type(exc).__name__}): the file is damaged "
+                                 "or was replaced after the input check; fix the file and retry") from None
+
+
+# --------------------------------------------------------------------------- the CSV dialect
+#
+# Privacy reason for all of it: a line of the file is one unit's row, written by whoever feeds the
+# input. Whatever bytes it holds, it may cost only itself (issue 19 item 3): it must never change how
+# another line is split, parsed or converted, and never abort the run (which happens after the budget
+# is charged). So a line is cut out of the byte stream BEFORE any CSV parsing, and the parser only
+# ever sees whole lines whose quotes close on that line.
+#
+# The dialect (README "The CSV dialect"; docs/decisions.md):
+# - A line ends at LF, CRLF or a lone CR. Nothing, not even a quoted value, continues past it.
+# - The first line is the header. A UTF-8 byte-order mark before it is ignored.
+# - Fields are separated by ','. A field that starts with '"' is quoted: it ends at the next '"' not
+#   doubled (``""`` is one literal quote); what follows up to the next ',' is kept literally. A '"'
+#   inside an unquoted field is literal. (pyarrow's own rules, restricted to one line.)
+# - A line whose quoted field is still open at its end, a line with more or fewer fields than the
+#   header, and a line longer than MAX_LINE_BYTES are malformed: skipped and counted
+#   (``dropped_malformed_line``). A line is never joined with the next.
+# - An empty cell (nothing between the separators) is null; ``""`` is the empty string, as in Parquet.
+#   No text is null: ``NA``, ``N/A``, ``null``, ``nan`` are ordinary strings (issue 19 item 4).
+# - Cells are read as bytes and converted by ``_convert_cells``, one cell at a time in effect.
+
+MAX_LINE_BYTES = 16 << 20  # a longer line is malformed (and is never held in memory whole)
+CSV_READ_BYTES = 16 << 20  # bytes read at a time (<= MAX_LINE_BYTES); blocks hold whole lines only
+_BOM = b"\xef\xbb\xbf"
+# A line whose quoted fields all close on it (pyarrow's quoting state machine, as a regular language):
+# field = quoted part ('"', then non-quotes or doubled quotes, then '"') optionally followed by a literal
+# tail that does not start with '"' (a '"' right after the closing one would have been a doubled quote),
+# or an unquoted field (does not start with '"'), or empty. Possessive quantifiers and atomic groups: pyarrow
+# pairs every '""' it can (maximal munch), which is exactly what they express, and they make the check
+# linear in the line's length (a backtracking pattern took O(n^2) on a line of quotes: a one-line stall).
+_FIELD = rb'(?>"[^"]*+(?:""[^"]*+)*+"(?:[^",][^,]*+)?+|[^",][^,]*+|)'
+_CLOSED_LINE = re.compile(_FIELD + rb"(?:," + _FIELD + rb")*+", re.DOTALL)
+
+
+def _line_is_closed(line: bytes) -> bool:
+    return b'"' not in line or _CLOSED_LINE.fullmatch(line) is not None
+
+
+def _normalise_newlines(chunk: bytes) -> bytes:
+    if b"\r" in chunk:
+        chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    return chunk
+
+
+def _line_blocks(stream: Any, malformed: list[int]) -> Iterator[tuple[bytes, int, int]]:
+    """The file's lines, as blocks of whole lines: (buffer, start, end), the block being buffer[start:end]
+    (not sliced, to save a copy). The first block is the header line alone. Every block ends with b"\\n";
+    newlines are normalised to LF. A line longer than MAX_LINE_BYTES is dropped (``malformed[0] += 1``)
+    whatever its position: the decision depends on its own length only, never on where the reads fall. (A
+    line wholly inside one read is at most CSV_READ_BYTES <= MAX_LINE_BYTES long, so only the line
+    continued from the previous read needs its length checked.)"""
+    if CSV_READ_BYTES > MAX_LINE_BYTES:  # pragma: no cover - a configuration error, not data
+        raise InternalError("CSV_READ_BYTES must not exceed MAX_LINE_BYTES")
+    carry = b""
+    dropping = False  # inside a too-long line: skip to its end
+    header_done = False
+    while True:
+        chunk = bytes(stream.read(CSV_READ_BYTES))
+        if not chunk:
+            break
+        if chunk.endswith(b"\r"):  # keep a CRLF pair in one chunk
+            chunk += bytes(stream.read(1))
+        chunk = _normalise_newlines(chunk)
+        if dropping:
+            i = chunk.find(b"\n")
+            if i < 0:
+                continue
+            chunk, dropping = chunk[i + 1:], False
+        buf = carry + chunk if carry else chunk
+        start = 0
+        if not header_done:
+            i = buf.find(b"\n")
+            if i < 0:
+                if len(buf) > MAX_LINE_BYTES:
+                    raise InputDataError(f"the CSV header line is longer than {MAX_LINE_BYTES} bytes")
+                carry = buf
+                continue
+            yield buf, 0, i + 1  # the header, as its own block
+            start, header_done = i + 1, True
+        cut = buf.rfind(b"\n", start)
+        if cut < 0:
+            carry = buf[start:]
+            if len(carry) > MAX_LINE_BYTES:
+                malformed[0] += 1
+                carry, dropping = b"", True
+            continue
+        end, carry = cut + 1, buf[cut + 1:]
+        first = buf.find(b"\n", start, end) - start
+        if first > MAX_LINE_BYTES:  # only the line continued from the previous read can be this long
+            malformed[0] += 1
+            start += first + 1
+        if len(carry) > MAX_LINE_BYTES:
+            malformed[0] += 1
+            carry, dropping = b"", True
+        if end > start:
+            yield buf, start, end
+    if carry and not dropping:  # the last line (or a header-only file) without a final newline
+        yield carry + b"\n", 0, len(carry) + 1
+
+
+def _csv_batches(path: str, cfg: ReadConfig, counters: dict[str, int] | None) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """The CSV dialect above, as record batches of the needed columns (bytes). A line costs only itself."""
+    import pyarrow.csv as pcsv
+
+    needed = cfg.needed
+    malformed = [0]
+    skipped = _LineCounter()
+    offset = 0
+    src = open_input(path)
+    stream = open(src, "rb") if isinstance(src, str) else src  # a local path, or Beam's stream for a URI
+    blocks = _line_blocks(stream, malformed)
+    try:
+        hbuf, hstart, hend = next(blocks, (b"", 0, 0))
+        header = hbuf[hstart:hend]
+        if header.startswith(_BOM):
+            header = header[len(_BOM):]
+        if not _line_is_closed(header[:-1]):
+            raise InputDataError(f"{path}: the CSV header line has an unclosed quote; fix the header")
+        try:
+            header.decode("utf-8")
+        except UnicodeDecodeError:  # check_input refuses it before a run; a file swapped since lands here
+            raise InputDataError(f"{path}: the CSV header (line 1) is not UTF-8 text; fix the header") from None
+        names = pcsv.read_csv(pa.py_buffer(header), parse_options=pcsv.ParseOptions(newlines_in_values=False),
+                              read_options=pcsv.ReadOptions(use_threads=False)).column_names
+        if [c for c in needed if c not in names]:
+            raise InputDataError(f"{path}: a column declared in the spec is missing from the CSV header (line 1); "
+                                 "fix the file or input.columns")
+        parse = pcsv.ParseOptions(newlines_in_values=False, ignore_empty_lines=False, invalid_row_handler=skipped)
+        convert = pcsv.ConvertOptions(
+            include_columns=needed,
+            # Bytes, converted by us cell by cell: a bad cell (even invalid UTF-8) drops its row, not the file.
+            column_types={c: pa.binary() for c in needed},
+            null_values=[""], strings_can_be_null=True, quoted_strings_can_be_null=False,
+        )
+        for buf, start, end in blocks:
+            table = _parse_block(buf, start, end, names, parse, convert, skipped, malformed)
+            for batch in table.to_batches(max_chunksize=cfg.batch_rows):
+                yield batch, offset
+                offset += batch.num_rows
+    finally:
+        stream.close()
+        if counters is not None:
+            n = malformed[0] + skipped.count
+            if n:
+                counters[MALFORMED_LINES] = counters.get(MALFORMED_LINES, 0) + n
+
+
+_QUOTED_PART = re.compile(rb'(?:^|(?<=,))"[^"]*+(?:""[^"]*+)*+"')
+
+
+def _field_count(line: bytes) -> int:
+    """Fields of a line whose quotes close (``_line_is_closed``), counted as pyarrow splits them."""
+    return _QUOTED_PART.sub(b"", line).count(b",") + 1
+
+
+def _drop_undecodable_malformed_lines(block: bytes, n_fields: int, malformed: list[int]) -> bytes:
+    """Remove the malformed lines (quote left open, wrong field count) that are not UTF-8.
+
+    pyarrow hands a skipped line's text to ``invalid_row_handler`` as a Python str; when the line is not
+    UTF-8 that decode fails inside pyarrow and the whole block fails (on 42476cc: the whole file, after the
+    budget was charged). So such lines never reach pyarrow: each is judged here on its own bytes, by the
+    same rules. Lines that are well-formed stay, whatever their bytes (a bad cell drops its row later).
+    """
+    out = []
+    for line in block[:-1].split(b"\n"):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            if not _line_is_closed(line) or _field_count(line) != n_fields:
+                malformed[0] += 1
+                continue
+        out.append(line)
+    return b"\n".join(out) + b"\n" if out else b""
+
+
+def _parse_block(buf: bytes, start: int, end: int, names: list[str], parse: Any, convert: Any,
+                 skipped: _LineCounter, malformed: list[int]) -> pa.Table:
+    """Parse the whole lines buf[start:end]; every line gives exactly one row or one skip (checked), never
+    part of another's.
+
+    pyarrow's parser lets a quoted field run over line ends even with ``newlines_in_values=False``, so the
+    lines whose quotes stay open are removed first. The common case costs one count of b"\\n": the last line
+    is checked (nothing follows it to merge with), the block is parsed, and rows + skips must equal lines;
+    only if they do not (some line in the middle opened a quote) are the lines checked one by one.
+    """
+    if not buf.isascii():  # (the whole buffer: a cheap test first)
+        try:
+            codecs.utf_8_decode(memoryview(buf)[start:end], "strict", True)
+        except UnicodeDecodeError:
+            buf = _drop_undecodable_malformed_lines(buf[start:end], len(names), malformed)
+            start, end = 0, len(buf)
+    last_start = buf.rfind(b"\n", start, end - 1) + 1
+    if not _line_is_closed(buf[last_start:end - 1]):
+        malformed[0] += 1
+        end = last_start
+    if end <= start:
+        return _empty_table(convert)
+    lines = _count_newlines(buf, start, end)
+    before = skipped.count
+    table = _read_lines(memoryview(buf)[start:end], names, parse, convert)
+    if table.num_rows + skipped.count - before == lines:
+        return table
+    # Some line left a quote open and took the following lines with it: drop exactly the open lines.
+    skipped.count = before
+    kept = [ln for ln in buf[start:end - 1].split(b"\n") if _line_is_closed(ln)]
+    malformed[0] += lines - len(kept)
+    if not kept:
+        return _empty_table(convert)
+    table = _read_lines(b"\n".join(kept) + b"\n", names, parse, convert)
+    if table.num_rows + skipped.count - before != len(kept):  # closed lines cannot merge: a bug if they do
+        raise InternalError("the CSV reader joined two lines although every quote closes on its line")
+    return table
+
+
+def _count_newlines(buf: bytes, start: int, end: int) -> int:
+    """Count of b"\\n" in buf[start:end], 1 MiB at a time into one scratch array (twice as fast as
+    ``bytes.count`` here, and no 16 MiB temporary per block)."""
+    a = np.frombuffer(buf, np.uint8, count=end - start, offset=start)
+    step = 1 << 20
+    scratch = np.empty(min(step, len(a)), bool)
+    n = 0
+    for i in range(0, len(a), step):
+        part = a[i:i + step]
+        out = scratch[:len(part)]
+        np.equal(part, 10, out=out)
+        n += int(np.count_nonzero(out))
+    return n
+
+
+def _read_lines(data: bytes | memoryview, names: list[str], parse: Any, convert: Any) -> pa.Table:
+    import pyarrow.csv as pcsv
+
+    read = pcsv.ReadOptions(column_names=names, use_threads=False, block_size=len(data) + 1)
+    return pcsv.read_csv(pa.py_buffer(data), read_options=read, parse_options=parse, convert_options=convert)
+
+
+def _empty_table(convert: Any) -> pa.Table:
+    return pa.table({c: pa.array([], pa.binary()) for c in convert.include_columns})
 
 
 class _LineCounter:
@@ -258,7 +483,7 @@ def _convert_column(arr: pa.Array, want: str) -> tuple[pa.Array, np.ndarray]:
         except pa.ArrowException:
             arr = arr.view(pa.binary() if pa.types.is_string(arr.type) else pa.large_binary())
     if pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type):
-        return _parse_text(arr, want)
+        return _convert_cells(arr, want)
     if arr.type == target:
         return arr, ok_mask
     if pa.types.is_null(arr.type):  # an all-null column: every row is dropped for its null, not its type
@@ -287,76 +512,126 @@ def _convert_column(arr: pa.Array, want: str) -> tuple[pa.Array, np.ndarray]:
                              "restore the input and retry") from None
 
 
-_INT_TEXT = re.compile(r"[+-]?[0-9]+")
+# One conversion boundary for CSV text (issue 19 item 2). Every cell's result is a function of that cell
+# alone, and no exception raised while converting a cell can leave ``_convert_cells``: whatever goes wrong
+# (Python's 4,300-digit limit in int(), a huge exponent, a bug in a parser) makes that one cell malformed,
+# so its row is dropped as ``wrong_type`` and the run goes on. Privacy reason: the conversion runs after
+# the budget is charged; an exception there would make whether the interval publishes a function of one
+# row, and a cell whose fate depended on its neighbours would let one unit change another's rows.
+#
+# Accepted text (README "Input files"), ASCII only, surrounding spaces and tabs ignored:
+# - int: [+-]digits, or a decimal number whose value is an integer (``2.0``, ``1e3``), within int64;
+# - float: a decimal number with optional exponent, or inf/infinity/nan (those drop the row as
+#   ``bad_value``, like a NaN in Parquet);
+# - bool: true/false/1/0, any case.
+# Speed: columns whose cells all have the plain form are converted by Arrow in one vectorised cast (a
+# plain int is -?[0-9]{1,18}, which Arrow and int() read alike; for floats Arrow's parser reads exactly
+# the decimal forms above, correctly rounded like float(), plus the non-finite words, which are dropped
+# either way). Only the other cells go through Python, one cell at a time.
+_INT_TEXT = re.compile(r"([+-]?)0*([0-9]+)")
+_DEC_TEXT = r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+_DECIMAL_TEXT = re.compile(_DEC_TEXT)
+_FLOAT_TEXT = re.compile(_DEC_TEXT + r"|[+-]?(?:inf|infinity|nan)", re.IGNORECASE)
+_PLAIN_INT = r"^-?[0-9]{1,18}$"  # what Arrow's cast reads exactly as int() does, and always within int64
+_PLAIN_FLOAT = "^" + _DEC_TEXT + "$"
+_MAX_NUMBER_TEXT = 1000  # a decimal int/float cell longer than this is malformed (bounds the work per cell)
+_BLANK = " \t"
 
 
-def _parse_int_cell(text: str) -> int | None:
-    """One CSV cell declared ``int``: an integer (or an integral float such as ``1e3`` or ``2.0``) within
-    int64; anything else (``1e20``, ``9223372036854775808``, ``1.5``, ``abc``) is None."""
-    t = text.strip()
-    if _INT_TEXT.fullmatch(t):
-        v = int(t)
+def _int_cell(text: str) -> int | None:
+    t = text.strip(_BLANK)
+    m = _INT_TEXT.fullmatch(t)
+    if m:
+        if len(m.group(2)) > 19:  # beyond int64 whatever the digits: never call int() on it
+            return None
+        v = int(m.group(1) + m.group(2))
+    elif len(t) <= _MAX_NUMBER_TEXT and _DECIMAL_TEXT.fullmatch(t):
+        d = Decimal(t)  # exact: "9007199254740993.0" is 9007199254740993, not its float
+        if not (_INT64_MIN <= d <= _INT64_MAX) or d != d.to_integral_value():
+            return None
+        v = int(d)
     else:
-        try:
-            f = float(t)
-        except ValueError:
-            return None
-        if not (f == f and abs(f) != float("inf") and f == int(f)):
-            return None
-        v = int(f)
+        return None
     return v if _INT64_MIN <= v <= _INT64_MAX else None
 
 
-def _parse_float_cell(text: str) -> float | None:
-    try:
-        return float(text.strip())
-    except ValueError:
+def _float_cell(text: str) -> float | None:
+    t = text.strip(_BLANK)
+    if len(t) > _MAX_NUMBER_TEXT or not _FLOAT_TEXT.fullmatch(t):
         return None
+    return float(t)
 
 
-_BOOLS = {"true": True, "false": False, "1": True, "0": False}
-
-
-def _parse_text(arr: pa.Array, want: str) -> tuple[pa.Array, np.ndarray]:
-    """CSV cells (bytes) -> declared type; returns (array, mask of cells that did not parse).
-
-    Fast path: Arrow's own vectorised cast of the whole column. Only when it fails (one or more bad cells)
-    is the column parsed cell by cell, exactly (no detour through float for integers), and the bad cells
-    become null. Never raises because of a cell, and never puts a cell's text in an exception.
-    """
+def _decode_cells(arr: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """Bytes -> UTF-8 text; a cell that is not valid UTF-8 becomes null and is marked bad. Arrow's check
+    and Python's decoder refuse the same sequences (overlong forms, surrogates, > U+10FFFF)."""
     n = len(arr)
     bad = np.zeros(n, bool)
     try:
-        text = arr.cast(pa.string())
-    except pa.ArrowException:  # invalid UTF-8 somewhere: decode cell by cell
-        cells = arr.to_pylist()
-        out = []
-        for i, b in enumerate(cells):
-            if b is None:
-                out.append(None)
-                continue
-            try:
-                out.append(b.decode("utf-8"))
-            except UnicodeDecodeError:
-                out.append(None)
-                bad[i] = True
-        text = pa.array(out, type=pa.string())
-    if want == "string":
-        return text, bad
-    if not bad.any():
+        return arr.cast(pa.string() if pa.types.is_binary(arr.type) else pa.large_string()), bad
+    except pa.ArrowException:
+        pass
+    out: list[str | None] = []
+    for i, b in enumerate(arr.to_pylist()):
+        if b is None:
+            out.append(None)
+            continue
         try:
-            return text.cast(ARROW_TYPES[want]), bad
-        except pa.ArrowException:
-            pass
-    parse = {"int": _parse_int_cell, "float": _parse_float_cell,
-             "bool": lambda t: _BOOLS.get(t.strip().lower())}[want]
-    values = []
-    for i, cell in enumerate(text.to_pylist()):
-        v = None if cell is None or bad[i] else parse(cell)
-        if v is None and cell is not None:
+            out.append(b.decode("utf-8"))
+        except UnicodeDecodeError:
+            out.append(None)
             bad[i] = True
-        values.append(v)
-    return pa.array(values, type=ARROW_TYPES[want]), bad
+    return pa.array(out, type=pa.string()), bad
+
+
+def _convert_cells(arr: pa.Array, want: str) -> tuple[pa.Array, np.ndarray]:
+    """CSV cells (bytes, nulls for empty cells) -> the declared type; returns (array, mask of cells that do
+    not convert). THE conversion boundary: never raises because of a cell (see the comment above)."""
+    n = len(arr)
+    try:
+        text, bad = _decode_cells(arr)
+        if want == "string":
+            return text, bad
+        if want == "bool":
+            low = pc.utf8_lower(pc.utf8_trim(text, _BLANK))
+            true = pc.is_in(low, pa.array(["true", "1"])).to_numpy(zero_copy_only=False)
+            false = pc.is_in(low, pa.array(["false", "0"])).to_numpy(zero_copy_only=False)
+            bad |= ~(true | false) & ~_nulls(text)
+            return pa.array(true, mask=~(true | false)), bad
+        target = ARROW_TYPES[want]
+        plain_re = _PLAIN_INT if want == "int" else _PLAIN_FLOAT
+        null = _nulls(text)
+        if want == "float" and not bad.any():
+            try:  # the fast path (see above): Arrow reads every decimal form exactly as float() does
+                return text.cast(target), bad
+            except pa.ArrowException:
+                pass
+        plain = pc.match_substring_regex(text, plain_re).fill_null(False).to_numpy(zero_copy_only=False)
+        if plain.all():
+            return text.cast(target), bad
+        dtype = np.int64 if want == "int" else np.float64
+        values = np.zeros(n, dtype)
+        ok = np.zeros(n, bool)
+        idx = np.flatnonzero(plain)
+        if len(idx):
+            values[idx] = text.take(pa.array(idx)).cast(target).to_numpy(zero_copy_only=False)
+            ok[idx] = True
+        parse = _int_cell if want == "int" else _float_cell
+        others = np.flatnonzero(~plain & ~null & ~bad)
+        cells = text.take(pa.array(others)).to_pylist() if len(others) else []
+        for i, cell in zip(others.tolist(), cells, strict=True):
+            try:
+                v = parse(cell)
+            except Exception:  # noqa: BLE001 - the boundary: any failure on one cell is that cell's
+                v = None
+            if v is None:
+                bad[i] = True
+            else:
+                values[i] = v
+                ok[i] = True
+        return pa.array(values, type=target, mask=~ok), bad
+    except pa.ArrowException:  # pragma: no cover - defence in depth: a column-level failure drops the column's rows
+        return pa.nulls(n, ARROW_TYPES[want]), np.ones(n, bool)
 
 
 # --------------------------------------------------------------------------- checked, hashed rows
