@@ -77,6 +77,7 @@ from dpops.storage.base import check_run_id as _check_run_id
 from dpops.storage.base import now_iso as _now
 from dpops.storage.base import seal_payload as _seal_payload
 from dpops.storage.location import Location
+from dpops.storage.published import make_binding
 
 STATE_DIR_ENV = "DPOPS_STATE_DIR"
 PRIVATE_DIR_MODE = 0o700
@@ -454,7 +455,7 @@ class ReleaseStore(PrivateRunLog):
         raise StorageError(f"{link} points to {target!r}, which is not a published version")
 
     def publish(self, staged: StagedRun, interval_slug: str, *, restates: str | None = None,
-                extra: dict[str, Any] | None = None) -> PublishedRun:
+                extra: dict[str, Any] | None = None, ledger_entry_hash: str | None = None) -> PublishedRun:
         """Publish a verified staged run as the next version of the interval and move ``current`` to it.
 
         Idempotent per run id (a retry after a crash returns the existing version and repairs the pointer).
@@ -497,9 +498,12 @@ class ReleaseStore(PrivateRunLog):
                     hashes[name] = sha256_file(tmp / name)
                     if hashes[name] != staged.hashes[name]:
                         raise StorageError(f"copy of {name} to {tmp} does not match the staged file; nothing published")
+                binding = make_binding(self.sealer, release=self.release, interval=interval_slug, version=version,
+                                       run_id=staged.run_id, ledger_entry_hash=ledger_entry_hash, files=hashes)
                 _write_json(tmp / PUBLISHED_MARKER, mode=PUBLIC_FILE_MODE, doc={
-                    "release": self.release, "interval": interval_slug, "run_id": staged.run_id, "version": version,
-                    "files": hashes, "restates": restates, "published_at": published_at, **(extra or {}),
+                    **(extra or {}), "release": self.release, "interval": interval_slug, "run_id": staged.run_id,
+                    "version": version, "files": hashes, "restates": restates, "published_at": published_at,
+                    "binding": binding,
                 })
                 _fsync_dir(tmp)
                 try:

@@ -72,6 +72,7 @@ from dpops.storage.base import (
 )
 from dpops.storage.local import PrivateRunLog, private_state_dir
 from dpops.storage.location import Location
+from dpops.storage.published import make_binding
 
 _VERSION_RE = re.compile(r"^v(\d{4,})-([A-Za-z0-9_-]{1,128})$")
 
@@ -346,7 +347,7 @@ class ObjectReleaseStore(PrivateRunLog):
     next_version_dir = next_version_location
 
     def publish(self, staged: StagedRun, interval_slug: str, *, restates: str | None = None,
-                extra: dict[str, Any] | None = None) -> PublishedRun:
+                extra: dict[str, Any] | None = None, ledger_entry_hash: str | None = None) -> PublishedRun:
         """Publish a verified staged run as the interval's next version, then write the pointer (last).
 
         Idempotent per run id: a retry after a crash returns the existing version and writes the pointer."""
@@ -380,9 +381,11 @@ class ObjectReleaseStore(PrivateRunLog):
                 files.copy(staged.location / name, final / name)
                 if files.sha256(final / name) != staged.hashes[name]:
                     raise StorageError(f"copy of {name} to {final} does not match the staged file; nothing published")
-            marker = {"release": self.release, "interval": interval_slug, "run_id": staged.run_id, "version": version,
-                      "files": dict(staged.hashes), "restates": restates, "published_at": published_at,
-                      **(extra or {})}
+            binding = make_binding(self.sealer, release=self.release, interval=interval_slug, version=version,
+                                   run_id=staged.run_id, ledger_entry_hash=ledger_entry_hash, files=staged.hashes)
+            marker = {**(extra or {}), "release": self.release, "interval": interval_slug, "run_id": staged.run_id,
+                      "version": version, "files": dict(staged.hashes), "restates": restates,
+                      "published_at": published_at, "binding": binding}
             try:  # the version's marker, after all of its files: from here on the prefix is immutable
                 put_conditional(final / PUBLISHED_MARKER, files.json_bytes(marker), if_none_match=True)
             except PreconditionFailed:
