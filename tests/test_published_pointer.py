@@ -27,10 +27,11 @@ from dpops.cli.main import main
 from dpops.manifest.sign import generate_signing_key
 from dpops.storage import Location, files
 
-from test_storage_s3_runs import s3_run  # noqa: F401  (pytest fixture)
+import test_storage_s3_runs
 
 moto_server = s3_support.moto_server  # pytest fixtures
 s3 = s3_support.s3
+s3_run = test_storage_s3_runs.s3_run
 SLUG = "20240101T000000Z_20240102T000000Z"
 FORGED_RUN = "f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0"
 

@@ -227,5 +227,6 @@ def status(spec_path: str | os.PathLike[str], interval_start: IntervalBound, int
         "runs": [{"run_id": r.run_id, "state": r.state, "epsilon": r.epsilon, "restates": r.restates,
                   "key_id": r.key.key_id, "created_at": r.created_at, "updated_at": r.updated_at} for r in runs],
         "published_files": published_file_check(
-            store, iv.slug, published, spec_manifests_dir(spec), key, ledger=ledger).to_dict() if published is not None else None,
+            store, iv.slug, published, spec_manifests_dir(spec), key, ledger=ledger).to_dict()
+        if published is not None else None,
     }

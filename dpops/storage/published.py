@@ -57,7 +57,8 @@ class BindingKey(Protocol):
 
     key_id: str
 
-    def binding_mac(self, data: bytes) -> str: ...
+    def binding_mac(self, data: bytes) -> str:
+        """HMAC under the binding's derived key, ``hmac-sha256:<hex>``."""
 
 
 def binding_payload(*, release: str, interval: str, version: int, run_id: str, ledger_entry_hash: str | None,
