@@ -71,6 +71,7 @@ from dpops.storage.base import (
     Sealer,
     StagedRun,
     check_staged_seal,
+    is_run_scratch,
     require_sealer,
 )
 from dpops.storage.base import check_run_id as _check_run_id
@@ -288,6 +289,21 @@ class ReleaseStore(PrivateRunLog):
     def discard_staging(self, staging: Location) -> None:
         _rmtree_quiet(staging.local_path)
 
+    def discard_run_scratch(self, interval_slug: str, run_id: str, *, keep: Location | None = None) -> list[str]:
+        """Remove the run's other ``.tmp-<run_id>-*`` staging directories (a killed attempt's noisy shards)."""
+        parent = self.staged_interval_dir(interval_slug)
+        _check_run_id(run_id)
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            return []
+        removed = []
+        for name in names:
+            if is_run_scratch(name, run_id) and (keep is None or keep.local_path != parent / name):
+                _rmtree_quiet(parent / name)
+                removed.append(name)
+        return removed
+
     def next_version_location(self, interval_slug: str, run_id: str) -> Location:
         return Location.local(self.next_version_dir(interval_slug, run_id))
 
@@ -299,6 +315,7 @@ class ReleaseStore(PrivateRunLog):
         """An empty, run-specific temporary directory for the pipeline to write into (hidden from readers)."""
         parent = self.staged_interval_dir(interval_slug)
         tmp = parent / f".tmp-{_check_run_id(run_id)}-{secrets.token_hex(4)}"
+        self.discard_run_scratch(interval_slug, run_id)  # a killed attempt's leftovers (issue 19 item 8)
         with _storage_errors("create the staging directory", tmp):
             # Every level of staged/ is 0700, set explicitly: unreleased noisy values are not for readers.
             _mkdirs(self.root, ("staged", self.release, interval_slug), PRIVATE_DIR_MODE, force=True)
@@ -362,6 +379,7 @@ class ReleaseStore(PrivateRunLog):
         except BaseException:
             _rmtree_quiet(tmp_dir)
             raise
+        self.discard_run_scratch(interval_slug, run_id)
         return StagedRun(run_id, Location.local(final), hashes, test_mode)
 
     def find_staged(self, interval_slug: str, run_id: str) -> StagedRun | None:
@@ -467,6 +485,7 @@ class ReleaseStore(PrivateRunLog):
         staged = self.verify_staged(interval_slug, staged.run_id)  # hashes re-checked right before copying
         base = self.published_interval_dir(interval_slug)
         existing = self.versions(interval_slug)
+        self.discard_run_scratch(interval_slug, staged.run_id)  # after publish nothing of the run stays in scratch
         for v in existing:
             if v.run_id == staged.run_id:
                 if v.version == max(e.version for e in existing):

@@ -66,6 +66,7 @@ from dpops.storage.base import (
     check_release,
     check_run_id,
     check_staged_seal,
+    is_run_scratch,
     now_iso,
     require_sealer,
     seal_payload,
@@ -200,6 +201,7 @@ class ObjectReleaseStore(PrivateRunLog):
     def new_staging(self, interval_slug: str, run_id: str) -> Location:
         """A fresh, run-specific prefix for the pipeline (hidden from readers by its ``.tmp-`` name)."""
         loc = self.staged_interval_location(interval_slug) / f".tmp-{check_run_id(run_id)}-{secrets.token_hex(4)}"
+        self.discard_run_scratch(interval_slug, run_id)  # a killed attempt's leftovers (issue 19 item 8)
         # Before ledger.start: a state directory that cannot be written fails while the reservation is refundable.
         self._private_log_dir(interval_slug)
         return loc
@@ -209,6 +211,22 @@ class ObjectReleaseStore(PrivateRunLog):
             files.delete_tree(staging)
         except OSError:
             pass
+
+    def discard_run_scratch(self, interval_slug: str, run_id: str, *, keep: Location | None = None) -> list[str]:
+        """Remove the run's other ``.tmp-<run_id>-*`` prefixes: a killed attempt's noisy shards (and, from a
+        dpops older than issue 19 item 8, its exact counters) never stay in the bucket past the next attempt."""
+        parent = self.staged_interval_location(interval_slug)
+        check_run_id(run_id)
+        try:
+            names = files.list_dir(parent)
+        except OSError:
+            return []
+        removed = []
+        for name in names:
+            if is_run_scratch(name, run_id) and (keep is None or keep.name != name):
+                self.discard_staging(parent / name)
+                removed.append(name)
+        return removed
 
     def finish_staging(self, tmp_dir: Location | str, interval_slug: str, run_id: str, internal: dict[str, Any], *,
                        test_mode: bool = False) -> StagedRun:
@@ -252,6 +270,7 @@ class ObjectReleaseStore(PrivateRunLog):
             self.discard_staging(tmp)
             raise
         self.discard_staging(tmp)
+        self.discard_run_scratch(interval_slug, run_id)
         return StagedRun(run_id, final, hashes, test_mode)
 
     def find_staged(self, interval_slug: str, run_id: str) -> StagedRun | None:
@@ -356,6 +375,7 @@ class ObjectReleaseStore(PrivateRunLog):
                                "never be published; run it again with --randomness keyed or os")
         staged = self.verify_staged(interval_slug, staged.run_id)  # hashes re-checked right before copying
         base = self.published_interval_location(interval_slug)
+        self.discard_run_scratch(interval_slug, staged.run_id)  # after publish nothing of the run stays in scratch
         existing = self.versions(interval_slug)
         cur = self.current(interval_slug)
         for v in existing:
