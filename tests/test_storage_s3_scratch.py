@@ -103,3 +103,29 @@ def test_killed_attempt_leaves_no_counters_or_scratch_on_s3(s3, tmp_path, monkey
     log = json.loads((tmp_path / "state" / "runs" / "scratch_e2e" / "20240101T000000Z_20240102T000000Z"
                       / f"{run_id}.internal.json").read_text())
     assert log["rows_read"] == N and 0 < log["rows_kept"] <= N
+    # moto enforces no bucket policy: exactly the unprotected bucket the check exists to catch (run as a reader)
+    assert main(["release", "check-staged-access", "--root", f"{s3.uri()}/out"]) == 7
+    assert "may list staged/" in capsys.readouterr().out
+
+
+def test_check_staged_access_denied_and_local_modes(s3, tmp_path, monkeypatch, capsys):
+    from botocore.exceptions import ClientError
+
+    from dpops.storage import objectstore
+
+    class Denied:  # what a reader's client gets from a bucket with deploy/s3-bucket-policy.json
+        def list_objects_v2(self, **kw):
+            raise ClientError({"Error": {"Code": "AccessDenied"}}, "ListObjectsV2")
+
+    monkeypatch.setattr(objectstore, "_s3_client", lambda: Denied())
+    assert main(["release", "check-staged-access", "--root", f"{s3.uri()}/out"]) == 0
+    capsys.readouterr()
+    staged = tmp_path / "out" / "staged" / "rel" / "iv"
+    staged.mkdir(parents=True)
+    for d in (tmp_path / "out" / "staged", staged.parent, staged):
+        d.chmod(0o700)
+    assert main(["release", "check-staged-access", "--root", str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    staged.parent.chmod(0o755)
+    assert main(["release", "check-staged-access", "--root", str(tmp_path / "out")]) == 7
+    assert "mode 755" in capsys.readouterr().out

@@ -221,6 +221,33 @@ def check_pointer_cmd(root: str, release_name: str, interval: str, public_key: s
                    f"binding verified ({', '.join(res.checked)})")
 
 
+@cli.command("check-staged-access")
+@click.option("--root", "root", required=True, help="the output root (a local path or s3://...)")
+@json_option
+@_internal_errors
+def check_staged_access_cmd(root: str, as_json: bool) -> None:
+    """Can whoever runs this reach ROOT's ``staged/`` (unreleased noisy output)? Run it AS A READER.
+
+    Local roots: every directory under staged/ must be 0700. s3:// roots: with the reader's credentials
+    (e.g. AWS_PROFILE=reader) listing staged/ and reading an object there must be denied by the bucket
+    policy (deploy/s3-bucket-policy.json). Exits 7 naming what a reader could reach."""
+    from dpops.errors import IntegrityError
+    from dpops.storage import as_location
+    from dpops.storage.access import check_staged_access
+
+    problems = check_staged_access(as_location(root))
+    doc = {"root": root, "problems": problems}
+    if problems:
+        if not as_json:
+            for p in problems:
+                click.echo(f"  {p}")
+        raise attach(IntegrityError(f"{root}: staged/ is reachable: " + "; ".join(problems)), doc)
+    if as_json:
+        echo_ok(doc)
+    else:
+        click.echo(f"{root}: staged/ is closed to these credentials")
+
+
 def _position(ledger: Any, st: dict) -> dict:
     """The scope's composed total, cap and accountant, beside each run's own ε (issue 12)."""
     from dpops.release import scope_position

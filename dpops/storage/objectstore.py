@@ -103,6 +103,11 @@ def _s3_client() -> Any:
     return boto3.client("s3")
 
 
+def s3_client() -> Any:
+    """boto3's S3 client from the standard provider chain (public: ``dpops.storage.access`` probes with it)."""
+    return _s3_client()
+
+
 def _bucket_key(loc: Location) -> tuple[str, str]:
     bucket, _, key = loc.path.partition("/")
     return bucket, key
@@ -459,4 +464,4 @@ class ObjectReleaseStore(PrivateRunLog):
                                ) from None
 
 
-__all__ = ["ObjectReleaseStore", "PreconditionFailed", "put_conditional", "read_with_tag"]
+__all__ = ["ObjectReleaseStore", "PreconditionFailed", "put_conditional", "read_with_tag", "s3_client"]
