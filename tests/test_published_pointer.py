@@ -25,7 +25,9 @@ import s3_support
 from cli_support import make_env
 from dpops.cli.main import main
 from dpops.manifest.sign import generate_signing_key
-from dpops.storage import Location, files
+from dpops.errors import IntegrityError
+from dpops.storage import Location, files, open_store
+from dpops.storage.published import verified_current
 
 import test_storage_s3_runs
 
@@ -125,6 +127,16 @@ def test_local_forged_version_and_moved_symlink_fail_every_reader(tmp_path, monk
     _four_readers_fail(capsys, spec=str(env.spec), url=env.url, key=str(env.key), manifests=manifests,
                        run_id=run_id, forged="v2", tmp=tmp_path)
     assert os.readlink(roots[0] / "current") == "v2"  # a failed check never moves the pointer itself
+    # the reader's API: store.current() follows the pointer, verified_current() refuses it
+    store = open_store(root, "purchases_test")
+    assert store.current(SLUG).run_id == FORGED_RUN
+    with pytest.raises(IntegrityError, match="v2"):
+        verified_current(store, SLUG, public_key=signing)
+    os.unlink(roots[0] / "current")
+    os.symlink("v1", roots[0] / "current")
+    assert verified_current(store, SLUG, public_key=signing).run_id == run_id
+    os.unlink(roots[0] / "current")
+    os.symlink("v2", roots[0] / "current")
     _reader_checks(capsys, root, signing, str(env.key), expect=7, needle="v2")
 
 

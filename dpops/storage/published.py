@@ -40,7 +40,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from dpops.errors import DpopsError, StorageError
+from dpops.errors import DpopsError, IntegrityError, StorageError
 from dpops.storage import files
 from dpops.storage.base import PUBLISHED_FILES, PUBLISHED_MARKER, PublishedRun, Store
 
@@ -253,6 +253,17 @@ def check_published(store: Store, interval_slug: str, *, committed: Mapping[str,
     return res
 
 
+def verified_current(store: Store, interval_slug: str, *, key: object = None,
+                     public_key: str | os.PathLike[str] | Ed25519PublicKey | None = None) -> PublishedRun:
+    """``store.current()`` for readers: the version ``current`` names, only if its binding verifies under
+    ``public_key`` (the publisher's signature) or ``key``; else an ``IntegrityError`` naming the version."""
+    res = check_published(store, interval_slug, committed=None, key=key, public_key=public_key)
+    if res.problems or res.current is None:
+        raise IntegrityError(f"{store.release} {interval_slug}: the current pointer does not name a version dpops "
+                             "published: " + "; ".join(res.problems or ["nothing is published"]))
+    return res.current
+
+
 class LedgerRun(Protocol):
     """What ``committed_runs`` reads of a ledger run (``dpops.ledger.RunRecord``)."""
 
@@ -267,4 +278,4 @@ def committed_runs(records: Iterable[LedgerRun]) -> dict[str, str]:
 
 
 __all__ = ["BINDING_VERSION", "BindingKey", "PointerCheck", "binding_payload", "make_binding", "check_binding",
-           "check_published", "committed_runs", "LedgerRun", "SIGNING_KEY_ENV", "PUBLIC_KEY_ENV"]
+           "check_published", "verified_current", "committed_runs", "LedgerRun", "SIGNING_KEY_ENV", "PUBLIC_KEY_ENV"]
