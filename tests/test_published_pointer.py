@@ -138,6 +138,16 @@ def test_local_forged_version_and_moved_symlink_fail_every_reader(tmp_path, monk
     os.unlink(roots[0] / "current")
     os.symlink("v2", roots[0] / "current")
     _reader_checks(capsys, root, signing, str(env.key), expect=7, needle="v2")
+    # the runbook's repair: forged version moved aside as evidence, current pointed back, checks pass again
+    import shutil
+    import subprocess
+
+    shutil.move(str(roots[0] / "v2"), str(tmp_path / "evidence-v2"))
+    subprocess.run("ln -sfn v1 current.new && mv -T current.new current", shell=True, check=True, cwd=roots[0])
+    code, out = _run(capsys, "release", "status", str(env.spec), "--interval", "2024-01-01/2024-01-02", "--ledger",
+                     env.url, "--key-file", str(env.key))
+    assert code == 0 and "published files: ok" in out, out
+    _reader_checks(capsys, root, signing, str(env.key), expect=0, needle="binding verified")
 
 
 def test_s3_forged_version_and_moved_pointer_fail_every_reader(s3_run, tmp_path, capsys, signing):

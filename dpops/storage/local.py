@@ -38,7 +38,13 @@ use ``<interval>/current/`` and nothing is ever overwritten.
 Atomicity: files are written into a hidden temporary directory in the same
 filesystem, fsynced, and the directory is renamed into place; the ``current``
 pointer is a new symlink renamed over the old one. A crash leaves at most a
-``.tmp-*`` directory, which readers never look at. Any ``OSError`` (disk full,
+``.tmp-*`` directory, which readers never look at; a run's ``.tmp-<run_id>-*`` staging
+directories are removed on its next attempt, after sealing and at publish.
+
+Each version's ``_PUBLISHED.json`` carries a binding (``dpops.storage.published``: keyed MAC,
+signature when a signing key is set) over release, interval, version, run id, the ledger's
+commit-entry hash and the files; ``current()`` only follows the symlink, readers use
+``verified_current`` and dpops' own checks compare every version with the ledger. Any ``OSError`` (disk full,
 read-only filesystem, permissions) becomes a ``StorageError`` naming the path.
 """
 

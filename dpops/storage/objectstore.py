@@ -33,8 +33,13 @@ it into place, swap a symlink" becomes:
 
 Who may read what: object stores have no POSIX modes. ``staged/`` holds unreleased noisy values and
 must be readable only by the dpops identity (a bucket policy on the ``staged/`` prefix; deploy/
-documents it); ``published/`` is the product. The private run log (exact counts) never goes to the
-object store: it stays in the local private state directory (``PrivateRunLog``).
+documents it; ``dpops release check-staged-access`` probes it as a reader); ``published/`` is the
+product. Exact counts never go to the object store: the workers report them as Beam metrics to the
+driver (``pipelines.transforms.RunStats``), which writes the private run log to the local private
+state directory (``PrivateRunLog``). Every ``.tmp-<run_id>-*`` prefix of a run (a killed attempt's
+noisy shards) is removed on each new attempt, after sealing and at publish (``discard_run_scratch``).
+Each version's ``_PUBLISHED.json`` carries the keyed (and, with a signing key, signed) binding of
+``dpops.storage.published``; readers check ``current`` with ``verified_current``.
 
 Every ``OSError`` from pyarrow or boto3 becomes a ``StorageError`` naming the URI, never file content.
 """
