@@ -6,7 +6,7 @@
     agg = bounded | AggregatePerPartition(ctx.agg, ctx.read.n_shards)   # {"partials", "stats"}
     noisy = {"partials": agg["partials"], "names": read["names"]} | SelectPartitionsAndNoise(ctx)
     files = noisy | WriteShards(parts_dir, ctx.read.n_shards)
-    (read["stats"], agg["stats"]) | RunStats(stats_path)
+    (read["stats"], agg["stats"]) | RunStats()         # Beam metrics; collect_stats(result) in the driver
 
 Element shapes are in ``pipelines.elements`` and written after each step below. The privacy-relevant
 decisions live in plain numpy functions (``pipelines.io.prepare_batch``, ``pipelines.bounding``,
