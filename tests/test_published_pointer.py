@@ -44,7 +44,8 @@ def _exact_table() -> bytes:
     return buf.getvalue()
 
 
-def _forge(published: Location, genuine: Location, forged_name: str, version: int, *, pointer_doc: bool) -> None:
+def _forge(published: Location, genuine: Location, forged_name: str, version: int, *, pointer_doc: bool,
+          run_id: str = FORGED_RUN) -> None:
     """What an attacker with write access to published/ does: a new version and the pointer moved to it."""
     data = _exact_table()
     summary = files.read_bytes(genuine / "summary.json") or b"{}"
@@ -55,11 +56,11 @@ def _forge(published: Location, genuine: Location, forged_name: str, version: in
     files.write_bytes(forged / "summary.json", summary)
     hashes = {"data.parquet": hashlib.sha256(data).hexdigest(), "summary.json": hashlib.sha256(summary).hexdigest()}
     marker = files.read_json(genuine / "_PUBLISHED.json")
-    marker.update({"run_id": FORGED_RUN, "version": version, "files": hashes})
+    marker.update({"run_id": run_id, "version": version, "files": hashes})
     files.write_bytes(forged / "_PUBLISHED.json", json.dumps(marker).encode())  # binding copied from the genuine one
     if pointer_doc:
         ptr = files.read_json(published / "current")
-        ptr.update({"version": version, "run_id": FORGED_RUN, "prefix": forged_name, "files": hashes})
+        ptr.update({"version": version, "run_id": run_id, "prefix": forged_name, "files": hashes})
         files.write_bytes(published / "current", json.dumps(ptr).encode())
     else:
         link = published.local_path / "current"
@@ -148,6 +149,21 @@ def test_local_forged_version_and_moved_symlink_fail_every_reader(tmp_path, monk
                      env.url, "--key-file", str(env.key))
     assert code == 0 and "published files: ok" in out, out
     _reader_checks(capsys, root, signing, str(env.key), expect=0, needle="binding verified")
+
+
+def test_forged_copy_claiming_the_committed_run_id_fails_without_the_key(tmp_path, monkeypatch, capsys):
+    """The forger reuses the committed run's id: the ledger knows it, but one run is one version, and
+    current's bytes must be the committed ones (no noise key needed for either)."""
+    env = make_env(tmp_path, monkeypatch)
+    args = ["--interval", "2024-01-01/2024-01-02", "--ledger", env.url]
+    assert _run(capsys, "release", "run", str(env.spec), *args, "--key-file", str(env.key), "--publish",
+                "--no-gx-checks")[0] == 0
+    interval = next(tmp_path.rglob("published/purchases_test/" + SLUG))
+    published = Location.local(interval)
+    run_id = files.read_json(published / "v1" / "_PUBLISHED.json")["run_id"]
+    _forge(published, published / "v1", "v2", 2, pointer_doc=False, run_id=run_id)
+    code, out = _run(capsys, "release", "status", str(env.spec), *args)
+    assert code == 7 and "v2" in out and "both claim run" in out, out
 
 
 def test_s3_forged_version_and_moved_pointer_fail_every_reader(s3_run, tmp_path, capsys, signing):

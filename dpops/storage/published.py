@@ -205,7 +205,12 @@ def check_published(store: Store, interval_slug: str, *, committed: Mapping[str,
         return res
     if committed is not None:
         res.checked.append("versions against the ledger")
+        seen: dict[str, PublishedRun] = {}
         for v in versions:
+            if v.run_id in seen:  # a copy of a committed run's version under another number: only one is dpops'
+                res.problems.append(f"v{v.version} ({v.location}) and v{seen[v.run_id].version} both claim run "
+                                    f"{v.run_id}: a run is published as one version only; one of them is forged")
+            seen[v.run_id] = v
             if v.run_id not in committed:
                 res.problems.append(f"v{v.version} ({v.location}): run {v.run_id!r} is not committed in the ledger "
                                     "for this interval: a version no dpops publish made (forged, or copied from "
