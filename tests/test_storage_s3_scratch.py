@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 
 import numpy as np
 import pyarrow as pa
@@ -83,11 +84,23 @@ def test_killed_attempt_leaves_no_counters_or_scratch_on_s3(s3, tmp_path, monkey
     def killed(*a, **k):  # the driver dies once the workers wrote every part
         raise RuntimeError("driver killed")
 
+    stores = []
+    take = ObjectReleaseStore.take_scratch_lease
+
+    def taking(self, slug, name):
+        stores.append(self)
+        take(self, slug, name)
+
     with monkeypatch.context() as m:
         m.setattr(release_pipeline, "read_shards", killed)
         m.setattr(ObjectReleaseStore, "discard_staging", lambda self, staging: None)  # SIGKILL: no cleanup ran
+        m.setattr(ObjectReleaseStore, "take_scratch_lease", taking)
         assert main(["release", "run", *args, "--publish", "--no-gx-checks"]) != 0
     capsys.readouterr()
+    for store in stores:  # the process died: the kernel closes its files, which releases its scratch lease
+        for fd in store.__dict__.get("_scratch_leases", {}).values():
+            os.close(fd)
+        store.__dict__["_scratch_leases"] = {}
     left = _objects(s3)
     assert [k for k in left if "/staged/scratch_e2e/" in k and "/.tmp-" in k and "/_parts/" in k], sorted(left)
 
@@ -129,3 +142,19 @@ def test_check_staged_access_denied_and_local_modes(s3, tmp_path, monkeypatch, c
     staged.parent.chmod(0o755)
     assert main(["release", "check-staged-access", "--root", str(tmp_path / "out")]) == 7
     assert "mode 755" in capsys.readouterr().out
+
+
+def test_a_live_concurrent_attempt_keeps_its_scratch_a_dead_one_does_not(tmp_path):
+    """The sweep removes only scratch whose attempt is gone (its lease is not held)."""
+    from dpops.storage import ReleaseStore
+
+    a = ReleaseStore(tmp_path / "out", "rel", state_dir=tmp_path / "state")
+    b = ReleaseStore(tmp_path / "out", "rel", state_dir=tmp_path / "state")
+    run = "r" * 32
+    live = a.new_staging_dir("iv", run)
+    other = b.new_staging_dir("iv", run)  # a second attempt of the same run: the first is live, kept
+    assert live.is_dir() and other.is_dir()
+    fd = a.__dict__["_scratch_leases"].pop(live.name)
+    os.close(fd)  # the first attempt's process died
+    third = b.new_staging_dir("iv", run)
+    assert not live.exists() and other.is_dir() and third.is_dir()

@@ -247,6 +247,58 @@ class PrivateRunLog:
             os.chmod(self.state_dir, PRIVATE_DIR_MODE)
             return _mkdirs(self.state_dir, ("runs", self.release, interval_slug), PRIVATE_DIR_MODE, force=True)
 
+    # ---- scratch leases ---------------------------------------------------------------------------
+    # A run's ``.tmp-<run_id>-*`` scratch is swept on each new attempt, after sealing and at publish, so a
+    # killed attempt's noisy shards do not stay behind (issue 19 item 8). A LIVE attempt of the same run
+    # (a scheduled run and a backfill at once) must not lose its scratch: each attempt holds an exclusive
+    # ``flock`` on ``<state dir>/runs/<release>/<interval>/<scratch name>.lease`` for as long as it runs.
+    # The kernel drops the lock when the process dies, so a killed attempt's scratch is swept at once.
+    # Attempts on other machines do not share the state dir: their scratch is not protected (documented).
+
+    def take_scratch_lease(self, interval_slug: str, name: str) -> None:
+        """Hold the lease of scratch ``name`` until ``drop_scratch_lease`` (or this process ends)."""
+        import fcntl
+
+        path = self._private_log_dir(interval_slug) / f"{name}.lease"
+        with _storage_errors("take the scratch lease in", path.parent):
+            fd = os.open(path, os.O_CREAT | os.O_RDWR | getattr(os, "O_CLOEXEC", 0), PRIVATE_FILE_MODE)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh random name: never contended
+        leases: dict[str, int] = self.__dict__.setdefault("_scratch_leases", {})
+        leases[name] = fd
+
+    def drop_scratch_lease(self, interval_slug: str, name: str) -> None:
+        fd = self.__dict__.get("_scratch_leases", {}).pop(name, None)
+        if fd is None:
+            return
+        try:
+            os.unlink(self.state_dir / "runs" / self.release / interval_slug / f"{name}.lease")
+        except OSError:
+            pass
+        os.close(fd)
+
+    def scratch_is_live(self, interval_slug: str, name: str) -> bool:
+        """True while another attempt (a thread or process on this machine) holds the scratch's lease."""
+        import fcntl
+
+        if name in self.__dict__.get("_scratch_leases", {}):
+            return True
+        path = self.state_dir / "runs" / self.release / interval_slug / f"{name}.lease"
+        try:
+            fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        return False
+
 
 class ReleaseStore(PrivateRunLog):
     """Staged and published outputs of one release under one local output root (the ``Store`` interface)."""
@@ -294,6 +346,7 @@ class ReleaseStore(PrivateRunLog):
 
     def discard_staging(self, staging: Location) -> None:
         _rmtree_quiet(staging.local_path)
+        self.drop_scratch_lease(staging.parent.name, staging.name)
 
     def discard_run_scratch(self, interval_slug: str, run_id: str, *, keep: Location | None = None) -> list[str]:
         """Remove the run's other ``.tmp-<run_id>-*`` staging directories (a killed attempt's noisy shards)."""
@@ -305,7 +358,8 @@ class ReleaseStore(PrivateRunLog):
             return []
         removed = []
         for name in names:
-            if is_run_scratch(name, run_id) and (keep is None or keep.local_path != parent / name):
+            if (is_run_scratch(name, run_id) and (keep is None or keep.local_path != parent / name)
+                    and not self.scratch_is_live(interval_slug, name)):
                 _rmtree_quiet(parent / name)
                 removed.append(name)
         return removed
@@ -321,18 +375,18 @@ class ReleaseStore(PrivateRunLog):
         """An empty, run-specific temporary directory for the pipeline to write into (hidden from readers)."""
         parent = self.staged_interval_dir(interval_slug)
         tmp = parent / f".tmp-{_check_run_id(run_id)}-{secrets.token_hex(4)}"
-        self.discard_run_scratch(interval_slug, run_id)  # a killed attempt's leftovers (issue 19 item 8)
-        with _storage_errors("create the staging directory", tmp):
-            # Every level of staged/ is 0700, set explicitly: unreleased noisy values are not for readers.
-            _mkdirs(self.root, ("staged", self.release, interval_slug), PRIVATE_DIR_MODE, force=True)
-            os.mkdir(tmp, PRIVATE_DIR_MODE)
-            os.chmod(tmp, PRIVATE_DIR_MODE)
+        # The lease lives in the private state directory: taking it first also checks, before ledger.start
+        # (while the reservation is still refundable), that the state directory can be written.
+        self.take_scratch_lease(interval_slug, tmp.name)
         try:
-            # The private run log's folder too, now: this runs before ledger.start, so a state directory
-            # that cannot be written fails while the reservation is still refundable.
-            self._private_log_dir(interval_slug)
+            self.discard_run_scratch(interval_slug, run_id)  # a killed attempt's leftovers (issue 19 item 8)
+            with _storage_errors("create the staging directory", tmp):
+                # Every level of staged/ is 0700, set explicitly: unreleased noisy values are not for readers.
+                _mkdirs(self.root, ("staged", self.release, interval_slug), PRIVATE_DIR_MODE, force=True)
+                os.mkdir(tmp, PRIVATE_DIR_MODE)
+                os.chmod(tmp, PRIVATE_DIR_MODE)
         except BaseException:
-            _rmtree_quiet(tmp)
+            self.discard_staging(Location.local(tmp))
             raise
         return tmp
 
@@ -378,13 +432,14 @@ class ReleaseStore(PrivateRunLog):
                 })
                 _fsync_dir(tmp_dir)
                 if final.exists():
-                    _rmtree_quiet(tmp_dir)
+                    self.discard_staging(Location.local(tmp_dir))
                     return self.verify_staged(interval_slug, run_id)
                 os.rename(tmp_dir, final)
                 _fsync_dir(final.parent)
         except BaseException:
-            _rmtree_quiet(tmp_dir)
+            self.discard_staging(Location.local(tmp_dir))
             raise
+        self.drop_scratch_lease(interval_slug, tmp_dir.name)
         self.discard_run_scratch(interval_slug, run_id)
         return StagedRun(run_id, Location.local(final), hashes, test_mode)
 

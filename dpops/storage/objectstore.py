@@ -211,6 +211,7 @@ class ObjectReleaseStore(PrivateRunLog):
     def new_staging(self, interval_slug: str, run_id: str) -> Location:
         """A fresh, run-specific prefix for the pipeline (hidden from readers by its ``.tmp-`` name)."""
         loc = self.staged_interval_location(interval_slug) / f".tmp-{check_run_id(run_id)}-{secrets.token_hex(4)}"
+        self.take_scratch_lease(interval_slug, loc.name)
         self.discard_run_scratch(interval_slug, run_id)  # a killed attempt's leftovers (issue 19 item 8)
         # Before ledger.start: a state directory that cannot be written fails while the reservation is refundable.
         self._private_log_dir(interval_slug)
@@ -221,6 +222,7 @@ class ObjectReleaseStore(PrivateRunLog):
             files.delete_tree(staging)
         except OSError:
             pass
+        self.drop_scratch_lease(staging.parent.name, staging.name)
 
     def discard_run_scratch(self, interval_slug: str, run_id: str, *, keep: Location | None = None) -> list[str]:
         """Remove the run's other ``.tmp-<run_id>-*`` prefixes: a killed attempt's noisy shards (and, from a
@@ -233,7 +235,8 @@ class ObjectReleaseStore(PrivateRunLog):
             return []
         removed = []
         for name in names:
-            if is_run_scratch(name, run_id) and (keep is None or keep.name != name):
+            if (is_run_scratch(name, run_id) and (keep is None or keep.name != name)
+                    and not self.scratch_is_live(interval_slug, name)):
                 self.discard_staging(parent / name)
                 removed.append(name)
         return removed
