@@ -435,8 +435,7 @@ def _pointer_check(version_dir: Location | None, ledger: Ledger, rec: RunRecord,
         return FileCheck(not_checked=["published pointer: the manifest names no output location"])
     interval = version_dir.parent
     if interval.parent.name != rec.key.release or interval.parent.parent.name != "published":
-        return FileCheck(not_checked=[f"published pointer: {version_dir} is not under <root>/published/"
-                                      f"{rec.key.release}/<interval>/"])
+        return FileCheck()  # not a dpops store's layout: no versions or pointer there to compare
     store = open_store(interval.parent.parent.parent, rec.key.release)
     return check_published_pointer(store, interval.name, ledger, rec, key=key)
 
