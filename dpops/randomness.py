@@ -44,6 +44,7 @@ _KEY_ID_INFO = b"dpops/key-id"
 _STREAM_INFO = b"dpops/noise-stream/v1\x00"
 _TEST_SEED_INFO = b"dpops/test-seed/v1\x00"
 _SEAL_INFO = b"dpops/staging-seal/v1\x00"
+_BINDING_INFO = b"dpops/published-binding/v1\x00"
 _U64_MAX = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
@@ -106,6 +107,13 @@ class NoiseKey:
         its own label. A plain hash of the staged files could be recomputed by anyone who can write
         the staging area after swapping the noisy values for raw ones; this one needs the secret."""
         return "hmac-sha256:" + _hmac.new(self._derive(_SEAL_INFO), bytes(data), hashlib.sha256).hexdigest()
+
+    def binding_mac(self, data: bytes) -> str:
+        """The published binding (``dpops.storage.published``): HMAC-SHA256 under a key derived from the
+        noise key with its own label, so no staging seal can ever pass as a binding or the reverse. Binds
+        a published version to its run id, ledger entry and files: a writer of ``published/`` without the
+        key cannot forge a version or move ``current`` to one that verifies."""
+        return "hmac-sha256:" + _hmac.new(self._derive(_BINDING_INFO), bytes(data), hashlib.sha256).hexdigest()
 
     def __repr__(self) -> str:
         return f"NoiseKey(key_id={self.key_id!r})"

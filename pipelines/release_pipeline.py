@@ -10,12 +10,14 @@ Built from the composite transforms of ``pipelines.transforms`` (element shapes 
   AggregatePerPartition     clamping, exact integer per-partition partials keyed by noise shard
   SelectPartitionsAndNoise  partition selection / public alignment, noise, post-processing per shard
   WriteShards               <staging>/_parts/shard-NNNNN-of-MMMMM.parquet, every shard, atomically
-  RunStats                  <staging>/_parts/_internal_stats.json (internal counters)
+  RunStats                  internal counters as Beam metrics, read by the driver (never a file)
 
 The driver then reads the shard files back through the same filesystem layer (``pipelines.fs``:
 Beam's ``FileSystems``, so the staging location may be a local path or any URI Beam's filesystems
 handle), refuses a missing or unreadable shard (``StorageError``, never an empty release), merges
-them into data.parquet, writes summary.json and removes ``_parts``.
+them into data.parquet, writes summary.json and removes ``_parts``. The exact internal counters come
+back to the driver through the runner's metrics (``collect_stats``), never through storage the workers
+write: on an object store that would leave exact counts where bucket readers may list them.
 
 DoFns hold only picklable configuration. The noise key travels as a key *reference*
 (``dpops.keyref``): each worker resolves it itself in ``DoFn.setup`` (never on a command line,
@@ -67,6 +69,7 @@ from pipelines.transforms import (
     SelectPartitionsAndNoise,
     WriteShards,
     _SelectNoise,
+    collect_stats,
     concat_rows,
     empty_acc,
     shard_name,
@@ -78,7 +81,6 @@ from pipelines.transforms import (
 # overhead per element 1024 keys cost ~1 s more per 10M rows on this machine.
 N_BUCKETS = 256
 N_SHARDS = 16  # fixed: the noise is drawn per shard
-STATS_FILE = "_internal_stats.json"
 _empty_acc = empty_acc  # the former name (tests import it)
 SelectNoiseWrite = _SelectNoise  # the former DoFn name (the fault-injection tests hook its ``process``)
 
@@ -189,7 +191,7 @@ def build_pipeline(p: beam.Pipeline, ctx: PipelineContext, items: list) -> None:
     noisy = {"partials": agg["partials"], "names": read["names"]} | "SelectPartitionsAndNoise" >> \
         SelectPartitionsAndNoise(ctx)
     noisy | "WriteShards" >> WriteShards(ctx.parts_dir, ctx.read.n_shards)
-    (read["stats"], agg["stats"]) | "RunStats" >> RunStats(fs.join(ctx.parts_dir, STATS_FILE))
+    (read["stats"], agg["stats"]) | "RunStats" >> RunStats()
 
 
 def _make_pipeline(request: ComputeRequest) -> beam.Pipeline:
@@ -305,12 +307,16 @@ def run_release(request: ComputeRequest) -> ComputeResult:
     tables = [t for t in read_shards(parts_dir, N_SHARDS) if t is not None and t.num_rows]
     table = pa.concat_tables(tables, promote_options="default") if tables else _empty_table(plan, spec)
     table = table.sort_by([(c, "ascending") for c in plan.partition_columns])
-    stats_path = fs.join(parts_dir, STATS_FILE)
     try:
-        internal = json.loads(fs.read_bytes(stats_path))
-    except Exception as exc:  # noqa: BLE001
-        raise StorageError(f"{stats_path}: the run's internal counters are missing ({type(exc).__name__}); "
-                           "retry the run") from None
+        reported = collect_stats(result)
+    except Exception as exc:  # noqa: BLE001 - a runner without metrics (NotImplementedError), a job API error
+        raise StorageError(f"the runner returned no pipeline metrics ({type(exc).__name__}): the run's internal "
+                           "counters travel as Beam metrics; use a runner that reports them (FnApiRunner, a "
+                           "portable runner, Flink, Dataflow) and retry") from None
+    if reported is None:
+        raise StorageError("the pipeline reported no internal counters (the RunStats step did not complete); "
+                           "retry the run")
+    internal: dict[str, Any] = dict(reported)
     if "rows_to_bounding" in internal and "rows_kept" in internal:
         internal["rows_dropped_bounding"] = internal["rows_to_bounding"] - internal["rows_kept"]
 

@@ -6,7 +6,7 @@
     agg = bounded | AggregatePerPartition(ctx.agg, ctx.read.n_shards)   # {"partials", "stats"}
     noisy = {"partials": agg["partials"], "names": read["names"]} | SelectPartitionsAndNoise(ctx)
     files = noisy | WriteShards(parts_dir, ctx.read.n_shards)
-    (read["stats"], agg["stats"]) | RunStats(stats_path)
+    (read["stats"], agg["stats"]) | RunStats()         # Beam metrics; collect_stats(result) in the driver
 
 Element shapes are in ``pipelines.elements`` and written after each step below. The privacy-relevant
 decisions live in plain numpy functions (``pipelines.io.prepare_batch``, ``pipelines.bounding``,
@@ -24,7 +24,6 @@ on the number of buckets, bundle sizes, worker count, arrival order or merge ord
 from __future__ import annotations
 
 import functools
-import json
 import os
 import traceback
 from collections.abc import Iterable, Iterator
@@ -481,26 +480,57 @@ class SumStats(beam.CombineFn):
         return acc
 
 
-class _WriteStats(beam.DoFn):
-    def __init__(self, path: str):
-        self.path = path
+STATS_NAMESPACE = "dpops.internal_counters"
+STATS_REPORTED = "_reported"  # 1 per completed report: tells the driver the counters arrived (and how often)
+
+
+class _ReportStats(beam.DoFn):
+    """The one summed counter dict -> Beam metric counters (namespace ``STATS_NAMESPACE``), read by the driver.
+
+    Privacy reason (issue 19 item 8): the counters are EXACT counts of the private data (with one public
+    partition, published count - rows_kept is the noise). Written as a file next to the shards they
+    reached the object store (``staged/.../_parts/``), where a killed attempt left them for anyone who
+    can list the bucket. As metrics they travel over the runner's job API to the driver only, which
+    writes them to the private state directory; no worker ever writes them anywhere."""
 
     def process(self, stats: dict[str, Any]):
-        fs.write_bytes(self.path, json.dumps(stats, sort_keys=True).encode())
-        yield self.path
+        from apache_beam.metrics import Metrics
+
+        for name, value in sorted(stats.items()):
+            Metrics.counter(STATS_NAMESPACE, name).inc(int(value))
+        Metrics.counter(STATS_NAMESPACE, STATS_REPORTED).inc(1)
+        yield len(stats)
 
 
 class RunStats(beam.PTransform):
-    """(dict, dict, ...) -> the path of one JSON file of summed internal counters (never published)."""
-
-    def __init__(self, path: str):
-        super().__init__()
-        self.path = path
+    """(dict, dict, ...) -> summed internal counters, reported as Beam metrics (``collect_stats`` reads them)."""
 
     def expand(self, pcolls):
         return (
             pcolls
             | "FlattenStats" >> beam.Flatten()                          # dict[str, int]
             | "SumStats" >> beam.CombineGlobally(SumStats())            # one dict
-            | "WriteStats" >> beam.ParDo(_WriteStats(self.path))        # the file's path
+            | "ReportStats" >> beam.ParDo(_ReportStats())               # metric counters, nothing written
         )
+
+
+def collect_stats(result: Any) -> dict[str, int] | None:
+    """The internal counters ``RunStats`` reported, from a finished pipeline's result (the driver side).
+
+    Committed values where the runner has them (a retried bundle counts once), else attempted ones; if
+    the runner reports the one report more than once (attempted metrics after a retry), every counter is
+    divided by that count (each attempt reports the same sums in full). None when nothing was reported."""
+    from apache_beam.metrics.metric import MetricsFilter
+
+    found: dict[str, int] = {}
+    for c in result.metrics().query(MetricsFilter().with_namespace(STATS_NAMESPACE))["counters"]:
+        value = c.committed if c.committed is not None else c.attempted
+        if value is not None:
+            found[c.key.metric.name] = found.get(c.key.metric.name, 0) + int(value)
+    times = found.pop(STATS_REPORTED, 0)
+    if times < 1:
+        return None
+    if times > 1:
+        found = {k: v // times for k, v in found.items()}
+        found["internal_counter_reports"] = times
+    return found

@@ -156,6 +156,12 @@ def json_error_cases(e, tmp_path) -> dict[tuple[str, ...], tuple[list[str], int]
     cases[("manifest", "show")] = (["no-such-run", "--manifests", str(tmp_path)], 6)
     cases[("audit", "mechanisms")] = (["--mechanism", "no-such-mechanism"], None)
     cases[("audit", "spec")] = ([str(tmp_path / "nope.yaml")], 3)
+    cases[("release", "check-pointer")] = (["--root", str(tmp_path / "nothing"), "--release", "purchases_test",
+                                            "--interval", "2024-01-01/2024-01-02", "--key-file", str(e.key)], 7)
+    open_staged = tmp_path / "open-root" / "staged"
+    open_staged.mkdir(parents=True, exist_ok=True)
+    open_staged.chmod(0o755)
+    cases[("release", "check-staged-access")] = (["--root", str(tmp_path / "open-root")], 7)
     return cases
 
 

@@ -164,6 +164,13 @@ def test_release_on_isolated_workers_matches_in_process(world, tmp_path, paralle
                              "--manifests", f"s3://{BUCKET}/out/manifests/cluster_release"], cwd=cluster.cwd, env=env)
             assert verify.returncode == 0, verify.stdout[-3000:] + verify.stderr[-3000:]
             assert "verified: run" in verify.stdout
+            # issue 19 item 8: the isolated workers' exact counters reached the driver (Beam metrics) and its
+            # private state dir only; none is in the bucket
+            logs = list((cluster.cwd / "state").rglob("*.internal.json"))
+            assert len(logs) == 1 and json.loads(logs[0].read_text())["rows_read"] == N_ROWS
+            keys = [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="out/")
+                    for o in page.get("Contents", [])]
+            assert not [k for k in keys if "internal" in k or "/.tmp-" in k], keys
         finally:
             _wipe_prefix(client, "out/")
 

@@ -399,7 +399,9 @@ def test_edited_published_file_is_caught_everywhere(cli_env, real_plan, capsys):
     assert "published files: CHANGED" in captured.out and "data.parquet" in captured.err
     assert main(status_args + ["--key-file", key, "--json"]) == 7
     st = json.loads(capsys.readouterr().out)
-    assert st["published_files"]["ok"] is False and len(st["published_files"]["problems"]) == 2
+    # the ledger's digest, the manifest's keyed fingerprint and the version's keyed binding (issue 19 item 7)
+    assert st["published_files"]["ok"] is False and len(st["published_files"]["problems"]) == 3
+    assert any("does not match the sha256 the binding names" in p for p in st["published_files"]["problems"])
     # a re-run must not serve the edited file as published
     assert main(["release", "run", str(spec), *base, "--publish", "--no-gx-checks"]) == 7
     err = capsys.readouterr().err

@@ -169,15 +169,19 @@ def test_aggregate_per_partition_transform():
 def test_write_shards_and_run_stats_transforms(tmp_path):
     parts_dir = str(tmp_path / "_parts")
     shards = [NoisyShard(s, pa.table({"x": list(range(s))})) for s in range(3)]
-    with TestPipeline() as p:
-        files = p | "shards" >> beam.Create(shards) | transforms.WriteShards(parts_dir, 3)
-        assert_that(files | beam.Map(lambda f: (f.shard, Path(f.path).name, f.partitions)),
-                    equal_to([(s, transforms.shard_name(s, 3), s) for s in range(3)]), label="files")
-        stats = (p | "a" >> beam.Create([{"r": 1}, {"r": 2, "d": 1}]), p | "b" >> beam.Create([{"r": 4}]))
-        stats | transforms.RunStats(str(tmp_path / "_parts" / "stats.json"))
+    p = TestPipeline()
+    files = p | "shards" >> beam.Create(shards) | transforms.WriteShards(parts_dir, 3)
+    assert_that(files | beam.Map(lambda f: (f.shard, Path(f.path).name, f.partitions)),
+                equal_to([(s, transforms.shard_name(s, 3), s) for s in range(3)]), label="files")
+    stats = (p | "a" >> beam.Create([{"r": 1}, {"r": 2, "d": 1, "z": 0}]), p | "b" >> beam.Create([{"r": 4}]))
+    stats | transforms.RunStats()
+    result = p.run()
+    result.wait_until_finish()
     tables = release_pipeline.read_shards(parts_dir, 3)  # all 3 present, empty shard 0 included
     assert tables[0] is None and [t.num_rows for t in tables[1:]] == [1, 2]  # empty shard: a zero-byte file
-    assert (tmp_path / "_parts" / "stats.json").read_text() == '{"d": 1, "r": 7}'
+    # the counters come back through the runner's metrics (zero ones too), and no file holds them
+    assert transforms.collect_stats(result) == {"d": 1, "r": 7, "z": 0}
+    assert sorted(x.name for x in Path(parts_dir).iterdir()) == [transforms.shard_name(s, 3) for s in range(3)]
     assert not list(Path(parts_dir).glob("*.tmp-*"))  # temp names renamed away
 
 

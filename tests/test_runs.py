@@ -36,6 +36,9 @@ class FakeKey:
     def seal_mac(self, data: bytes) -> str:  # the staging seal (dpops.storage)
         return "hmac-sha256:" + hmac.new(b"seal-key-0123456789abcdef0123456", data, hashlib.sha256).hexdigest()
 
+    def binding_mac(self, data: bytes) -> str:  # the published binding (dpops.storage.published)
+        return "hmac-sha256:" + hmac.new(b"bind-key-0123456789abcdef0123456", data, hashlib.sha256).hexdigest()
+
 
 class FakePlan:
     """Charges eps 0.5 per run (one Laplace event)."""

@@ -170,6 +170,81 @@ def status_cmd(spec: str, interval: str, as_json: bool, key_file: str | None) ->
         _print_status(st)
 
 
+@cli.command("check-pointer")
+@click.option("--root", "root", required=True, help="the release's output root (a local path or s3://...)")
+@click.option("--release", "release_name", required=True, help="the release name (the spec's name)")
+@click.option("--interval", required=True, help="data interval START/END, ISO-8601 UTC, e.g. 2024-01-01/2024-01-02")
+@click.option("--public-key", "public_key", envvar="DPOPS_MANIFEST_PUBLIC_KEY",
+              type=click.Path(dir_okay=False, exists=True), default=None,
+              help="the publisher's Ed25519 public key (PEM; default $DPOPS_MANIFEST_PUBLIC_KEY): the reader's check")
+@click.option("--key-file", "key_file", type=click.Path(dir_okay=False), default=None,
+              help="the noise key file instead (operators and reviewers only; readers never hold it)")
+@json_option
+@_internal_errors
+def check_pointer_cmd(root: str, release_name: str, interval: str, public_key: str | None, key_file: str | None,
+                      as_json: bool) -> None:
+    """A reader's check, without the ledger: does ROOT's ``current`` for --interval name a version dpops published?
+
+    The version's ``_PUBLISHED.json`` binding (release, interval, version, run id, ledger entry, file
+    sha256) must verify under --public-key (the signature) or --key-file (the keyed MAC), its files must
+    match, and no newer validly bound version may exist. Exits 7 naming the version otherwise."""
+    from dpops.errors import IntegrityError
+    from dpops.inputs import parse_interval
+    from dpops.storage import open_store
+    from dpops.storage.published import check_published
+
+    iv = parse_interval(interval)
+    key = None
+    if key_file:
+        from dpops.keyref import resolve_key
+
+        key = resolve_key(key_file)
+    store = open_store(root, release_name)
+    res = check_published(store, iv.slug, committed=None, key=key, public_key=public_key)
+    doc = {"release": release_name, "interval": str(iv), "problems": res.problems, "checked": res.checked,
+           "current": None if res.current is None else {"version": res.current.version, "run_id": res.current.run_id,
+                                                        "uri": res.current.uri}}
+    if res.problems:
+        if not as_json:
+            for p in res.problems:
+                click.echo(f"  {p}")
+        raise attach(IntegrityError(f"{release_name} {iv}: the current pointer does not name a version dpops "
+                                    "published: " + "; ".join(res.problems)), doc)
+    if as_json:
+        echo_ok(doc)
+    else:
+        assert res.current is not None
+        click.echo(f"current: v{res.current.version} (run {res.current.run_id}) at {res.current.uri}: "
+                   f"binding verified ({', '.join(res.checked)})")
+
+
+@cli.command("check-staged-access")
+@click.option("--root", "root", required=True, help="the output root (a local path or s3://...)")
+@json_option
+@_internal_errors
+def check_staged_access_cmd(root: str, as_json: bool) -> None:
+    """Can whoever runs this reach ROOT's ``staged/`` (unreleased noisy output)? Run it AS A READER.
+
+    Local roots: every directory under staged/ must be 0700. s3:// roots: with the reader's credentials
+    (e.g. AWS_PROFILE=reader) listing staged/ and reading an object there must be denied by the bucket
+    policy (deploy/s3-bucket-policy.json). Exits 7 naming what a reader could reach."""
+    from dpops.errors import IntegrityError
+    from dpops.storage import as_location
+    from dpops.storage.access import check_staged_access
+
+    problems = check_staged_access(as_location(root))
+    doc = {"root": root, "problems": problems}
+    if problems:
+        if not as_json:
+            for p in problems:
+                click.echo(f"  {p}")
+        raise attach(IntegrityError(f"{root}: staged/ is reachable: " + "; ".join(problems)), doc)
+    if as_json:
+        echo_ok(doc)
+    else:
+        click.echo(f"{root}: staged/ is closed to these credentials")
+
+
 def _position(ledger: Any, st: dict) -> dict:
     """The scope's composed total, cap and accountant, beside each run's own ε (issue 12)."""
     from dpops.release import scope_position

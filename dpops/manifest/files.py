@@ -20,11 +20,15 @@ import hmac as _hmac
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 from urllib.parse import unquote, urlparse
 
 from dpops.storage import files
 from dpops.storage.location import Location, LocationError
+
+if TYPE_CHECKING:
+    from dpops.ledger import Ledger, RunRecord
+    from dpops.storage import Store
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -175,3 +179,26 @@ def merge(*checks: FileCheck) -> FileCheck:
         out.problems.extend(c.problems)
         out.not_checked.extend(c.not_checked)
     return out
+
+
+def check_published_pointer(store: Store, slug: str, ledger: Ledger, record: RunRecord, *,
+                            key: Any = None) -> FileCheck:
+    """Every version of ``record``'s interval against the ledger's committed runs, and ``current`` against
+    the newest one (``dpops.storage.published.check_published``, the one owner of the rule): a version whose
+    run the ledger never committed, or a pointer moved to another version, is a problem naming the version.
+    With the noise ``key`` each committed version's keyed binding is checked too.
+
+    Privacy reason: readers take ``current`` as the DP release; a writer of ``published/`` who adds a
+    version with exact counts and moves the pointer must not pass any check dpops offers."""
+    from dpops.storage.published import check_published, committed_runs
+
+    k = record.key
+    runs = ledger.runs(release=k.release, interval_start=k.start_utc, interval_end=k.end_utc, states=["committed"])
+    newest = ledger.published(k.release, k.start_utc, k.end_utc)
+    res = check_published(store, slug, committed=committed_runs(runs), newest=newest.run_id if newest else None,
+                          key=key)
+    # ``checked`` lists file names (callers show and compare them); the pointer adds only findings. The files
+    # of the run's one version are compared with the ledger's commit entry by the callers (check_ledger_files);
+    # one run is one version (check_published), so current's bytes are covered by that comparison.
+    return FileCheck(problems=[f"published pointer: {p}" for p in res.problems],
+                     not_checked=[f"published pointer: {p}" for p in res.not_checked])

@@ -35,6 +35,8 @@ from dpops.manifest.schema import schema_problems
 if TYPE_CHECKING:  # types only: the checks import the ledger lazily, where they need it
     from dpops.ledger.model import RunRecord, VerifyReport
     from dpops.ledger.store import Ledger
+    from dpops.manifest.files import FileCheck
+    from dpops.storage.location import Location
 
 REL_TOL = 1e-9  # recomputation is deterministic; this only absorbs float summation order
 
@@ -568,11 +570,27 @@ def _file_check(name: str, result: Any, *, no_key: bool = False) -> Check:
     return Check(name, True, note=note)
 
 
+def _pointer_check(version_dir: Location | None, ledger: Ledger, rec: RunRecord, key: Any) -> FileCheck:
+    """The interval's versions and ``current`` pointer against the ledger (``check_published_pointer``).
+
+    The interval is the parent of the published version (``<root>/published/<release>/<interval>/<v>``)."""
+    from dpops.manifest.files import FileCheck, check_published_pointer
+    from dpops.storage import open_store
+
+    if version_dir is None:
+        return FileCheck(not_checked=["published pointer: the manifest names no output location"])
+    interval = version_dir.parent
+    if interval.parent.name != rec.key.release or interval.parent.parent.name != "published":
+        return FileCheck()  # not a dpops store's layout: no versions or pointer there to compare
+    store = open_store(interval.parent.parent.parent, rec.key.release)
+    return check_published_pointer(store, interval.name, ledger, rec, key=key)
+
+
 def _check_published_files(m: dict[str, Any], ledger: Ledger | None, key: Any) -> list[Check]:
     """The published bytes are still the ones fingerprinted at publication (see dpops.manifest.files): the
     manifest's keyed fingerprints (needs the noise key) and, with a ledger, the commit entry's digests, as two
     checks, so a check that could not run for want of the key is listed as skipped, never as ok."""
-    from dpops.manifest.files import check_ledger_files, check_manifest_files, uri_directory
+    from dpops.manifest.files import check_ledger_files, check_manifest_files, merge, uri_directory
 
     ledger_part = None
     try:
@@ -580,7 +598,8 @@ def _check_published_files(m: dict[str, Any], ledger: Ledger | None, key: Any) -
         if ledger is not None and m["outcome"]["state"] == "published":
             rec = ledger.run(m["run_id"])
             if rec is not None and rec.state == "committed":
-                ledger_part = check_ledger_files(rec, uri_directory((m.get("output") or {}).get("uri")))
+                version_dir = uri_directory((m.get("output") or {}).get("uri"))
+                ledger_part = merge(check_ledger_files(rec, version_dir), _pointer_check(version_dir, ledger, rec, key))
     except DpopsError as exc:
         return [Check("published files", False, [f"published files: {exc}"])]
     out = [_file_check("published files", keyed, no_key=key is None)]

@@ -166,7 +166,7 @@ def restate(ctx: RunContext, ledger: Ledger) -> RunOutcome:
                             "use dpops release run")
     if published.run_id == ctx.run_id:
         _make_visible(ctx, published)  # completes a restatement killed between its commit and the file publish
-        check_served_files(ctx, published)
+        check_served_files(ctx, published, ledger)
         return _outcome(ctx, ledger, "already_published", record=published,
                         message="input, spec and key unchanged: the published result stands, nothing charged")
     return reserve(ctx, ledger, restates=published.run_id)
@@ -238,5 +238,6 @@ def status(spec_path: str | os.PathLike[str], interval_start: IntervalBound, int
         "runs": [{"run_id": r.run_id, "state": r.state, "epsilon": r.epsilon, "restates": r.restates,
                   "key_id": r.key.key_id, "created_at": r.created_at, "updated_at": r.updated_at} for r in runs],
         "published_files": published_file_check(
-            store, iv.slug, published, spec_manifests_dir(spec), key).to_dict() if published is not None else None,
+            store, iv.slug, published, spec_manifests_dir(spec), key, ledger=ledger).to_dict()
+        if published is not None else None,
     }

@@ -40,7 +40,7 @@ def publish(ctx: RunContext, ledger: Ledger, *, gx_checks: bool = False,
         raise LedgerError(f"run {ctx.run_id} is not in the ledger: reserve and compute it first")
     if record.state == "committed":
         _make_visible(ctx, record)
-        check_served_files(ctx, record)
+        check_served_files(ctx, record, ledger)
         return _outcome(ctx, ledger, "already_published", record=record, message="nothing charged")
     if record.state != "started":
         raise LedgerError(f"run {ctx.run_id} is {record.state}; only a started (computed) run can be published")

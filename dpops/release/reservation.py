@@ -195,7 +195,7 @@ def reserve(ctx: RunContext, ledger: Ledger, *, restates: str | None = None,
     published = ledger.published(ctx.spec.name, ctx.interval.start_iso, ctx.interval.end_iso)
     if published is not None and published.run_id == ctx.run_id:
         _make_visible(ctx, published)  # a crash between the ledger commit and the file publish is healed here
-        check_served_files(ctx, published)
+        check_served_files(ctx, published, ledger)
         return _outcome(ctx, ledger, "already_published", record=published,
                         message="served from the published result, nothing charged")
     _refuse_changed(ctx, published, restates)

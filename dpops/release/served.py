@@ -23,7 +23,7 @@ from dpops.release.manifests import manifests_dir
 from dpops.storage import Location, PublishedRun, Store, as_location
 
 if TYPE_CHECKING:
-    from dpops.ledger import RunRecord
+    from dpops.ledger import Ledger, RunRecord
     from dpops.manifest.files import FileCheck
 
 
@@ -41,20 +41,30 @@ def _make_visible(ctx: RunContext, record: RunRecord) -> PublishedRun:
             "backup; nothing was charged again"
         )
     return ctx.store.publish(staged, slug, restates=record.restates,
-                             extra={"spec_hash": ctx.spec.spec_hash, "randomness": ctx.randomness})
+                             extra={"spec_hash": ctx.spec.spec_hash, "randomness": ctx.randomness},
+                             ledger_entry_hash=record.entry_hashes[-1] if record.entry_hashes else None)
 
 
 def published_file_check(store: Store, slug: str, record: RunRecord, manifest_dir: Path | Location,
-                         key: HmacKey | None = None) -> FileCheck:
+                         key: HmacKey | None = None, *, ledger: Ledger) -> FileCheck:
     """Compare a committed run's published files with the ledger's commit entry and (with the noise
-    key) the manifest's keyed fingerprints. Returns a ``dpops.manifest.files.FileCheck``."""
-    from dpops.manifest.files import FileCheck, check_ledger_files, check_manifest_files, merge
+    key) the manifest's keyed fingerprints, and every version and the ``current`` pointer of the
+    interval with the ledger's committed runs (``dpops.manifest.files.check_published_pointer``: a
+    forged version or a moved pointer is a problem naming the version). Returns a ``FileCheck``."""
+    from dpops.manifest.files import (
+        FileCheck,
+        check_ledger_files,
+        check_manifest_files,
+        check_published_pointer,
+        merge,
+    )
 
+    pointer = check_published_pointer(store, slug, ledger, record, key=key)
     version = next((v for v in store.versions(slug) if v.run_id == record.run_id), None)
     if version is None:
-        return FileCheck(not_checked=[f"no published version of run {record.run_id} under "
-                                      f"{store.published_interval_location(slug)}"])
-    checks = [check_ledger_files(record, version.location)]
+        return merge(pointer, FileCheck(not_checked=[f"no published version of run {record.run_id} under "
+                                                     f"{store.published_interval_location(slug)}"]))
+    checks = [pointer, check_ledger_files(record, version.location)]
     from dpops.manifest.io import manifest_exists, read_manifest
 
     name = f"{record.run_id}.published.json"
@@ -68,16 +78,18 @@ def published_file_check(store: Store, slug: str, record: RunRecord, manifest_di
     return merge(*checks)
 
 
-def check_served_files(ctx: RunContext, record: RunRecord) -> None:
-    """Refuse to serve a published interval whose files changed after publication.
+def check_served_files(ctx: RunContext, record: RunRecord, ledger: Ledger) -> None:
+    """Refuse to serve a published interval whose files changed after publication, or whose
+    ``current`` pointer names a version the ledger did not commit as the interval's newest run.
 
     Privacy reason: a re-run reports the interval as published (a DP release); if its files were
-    edited (e.g. the noise replaced by exact values) serving them would put dpops' name on a
-    non-private release. Nothing is charged either way."""
+    edited (e.g. the noise replaced by exact values), or ``current`` was moved to a forged version,
+    serving them would put dpops' name on a non-private release. Nothing is charged either way."""
     key = ctx.fingerprint_key if ctx.randomness != "test" else None
-    check = published_file_check(ctx.store, ctx.interval.slug, record, manifests_dir(ctx), key)
+    check = published_file_check(ctx.store, ctx.interval.slug, record, manifests_dir(ctx), key, ledger=ledger)
     if check.problems:
         raise IntegrityError(
             f"{ctx.spec.name} {ctx.interval}: refusing to serve run {record.run_id}: " + "; ".join(check.problems)
-            + ". Restore the published files from a backup (or the staged copy) and investigate who changed them; "
+            + ". Restore the published files from a backup (or the staged copy), remove any version the ledger did "
+            "not commit, point current at the newest committed run's version, and investigate who changed them; "
             "nothing was charged")

@@ -113,6 +113,10 @@ class Store(Protocol):
 
     def discard_staging(self, staging: Location) -> None: ...
 
+    def discard_run_scratch(self, interval_slug: str, run_id: str, *, keep: Location | None = None) -> list[str]:
+        """Remove every ``.tmp-<run_id>-*`` staging prefix of the run but ``keep`` (a killed attempt's shards);
+        return the names removed. Called on every new attempt, after sealing and after publishing."""
+
     def finish_staging(self, tmp_dir: Any, interval_slug: str, run_id: str, internal: dict[str, Any], *,
                        test_mode: bool = False) -> StagedRun:
         """Seal what the pipeline wrote (HMAC under the noise key); the run log goes to the private state dir."""
@@ -128,7 +132,9 @@ class Store(Protocol):
     def next_version_location(self, interval_slug: str, run_id: str) -> Location: ...
 
     def publish(self, staged: StagedRun, interval_slug: str, *, restates: str | None = None,
-                extra: dict[str, Any] | None = None) -> PublishedRun: ...
+                extra: dict[str, Any] | None = None, ledger_entry_hash: str | None = None) -> PublishedRun:
+        """Publish as the next version; its ``_PUBLISHED.json`` carries the keyed binding
+        (``dpops.storage.published``) over the run id, ``ledger_entry_hash`` (the run's commit entry) and files."""
 
     def read_internal_log(self, interval_slug: str, run_id: str) -> dict[str, Any] | None: ...
 
@@ -175,6 +181,13 @@ def check_staged_seal(marker: object, where: str, *, release: str, interval_slug
     return dict(files), test_mode
 
 
+def is_run_scratch(name: str, run_id: str) -> bool:
+    """Is ``name`` one of ``run_id``'s staging scratch prefixes (``.tmp-<run_id>-<8 hex>``, ``new_staging``)?
+
+    Exact, so that run ``abc``'s sweep never matches run ``abc-a2``'s scratch."""
+    return re.fullmatch(r"\.tmp-" + re.escape(run_id) + r"-[0-9a-f]{8}", name) is not None
+
+
 def check_run_id(run_id: str) -> str:
     if not isinstance(run_id, str) or not RUN_ID_RE.match(run_id):
         raise StorageError(f"run id {run_id!r} is not safe for a path")
@@ -199,6 +212,7 @@ def version_number(location: Location) -> int:
     return int(m.group(1))
 
 
-__all__ = ["Store", "Sealer", "StagedRun", "PublishedRun", "seal_payload", "check_run_id", "check_release",
+__all__ = ["Store", "Sealer", "StagedRun", "PublishedRun", "seal_payload", "check_run_id", "is_run_scratch",
+           "check_release",
            "now_iso", "version_number", "DATA_FILE", "SUMMARY_FILE", "INTERNAL_FILE", "STAGED_MARKER",
            "PUBLISHED_MARKER", "CURRENT", "SEAL_VERSION", "POINTER_VERSION", "PUBLISHED_FILES"]

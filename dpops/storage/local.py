@@ -38,7 +38,13 @@ use ``<interval>/current/`` and nothing is ever overwritten.
 Atomicity: files are written into a hidden temporary directory in the same
 filesystem, fsynced, and the directory is renamed into place; the ``current``
 pointer is a new symlink renamed over the old one. A crash leaves at most a
-``.tmp-*`` directory, which readers never look at. Any ``OSError`` (disk full,
+``.tmp-*`` directory, which readers never look at; a run's ``.tmp-<run_id>-*`` staging
+directories are removed on its next attempt, after sealing and at publish.
+
+Each version's ``_PUBLISHED.json`` carries a binding (``dpops.storage.published``: keyed MAC,
+signature when a signing key is set) over release, interval, version, run id, the ledger's
+commit-entry hash and the files; ``current()`` only follows the symlink, readers use
+``verified_current`` and dpops' own checks compare every version with the ledger. Any ``OSError`` (disk full,
 read-only filesystem, permissions) becomes a ``StorageError`` naming the path.
 """
 
@@ -71,12 +77,14 @@ from dpops.storage.base import (
     Sealer,
     StagedRun,
     check_staged_seal,
+    is_run_scratch,
     require_sealer,
 )
 from dpops.storage.base import check_run_id as _check_run_id
 from dpops.storage.base import now_iso as _now
 from dpops.storage.base import seal_payload as _seal_payload
 from dpops.storage.location import Location
+from dpops.storage.published import make_binding
 
 STATE_DIR_ENV = "DPOPS_STATE_DIR"
 PRIVATE_DIR_MODE = 0o700
@@ -239,6 +247,58 @@ class PrivateRunLog:
             os.chmod(self.state_dir, PRIVATE_DIR_MODE)
             return _mkdirs(self.state_dir, ("runs", self.release, interval_slug), PRIVATE_DIR_MODE, force=True)
 
+    # ---- scratch leases ---------------------------------------------------------------------------
+    # A run's ``.tmp-<run_id>-*`` scratch is swept on each new attempt, after sealing and at publish, so a
+    # killed attempt's noisy shards do not stay behind (issue 19 item 8). A LIVE attempt of the same run
+    # (a scheduled run and a backfill at once) must not lose its scratch: each attempt holds an exclusive
+    # ``flock`` on ``<state dir>/runs/<release>/<interval>/<scratch name>.lease`` for as long as it runs.
+    # The kernel drops the lock when the process dies, so a killed attempt's scratch is swept at once.
+    # Attempts on other machines do not share the state dir: their scratch is not protected (documented).
+
+    def take_scratch_lease(self, interval_slug: str, name: str) -> None:
+        """Hold the lease of scratch ``name`` until ``drop_scratch_lease`` (or this process ends)."""
+        import fcntl
+
+        path = self._private_log_dir(interval_slug) / f"{name}.lease"
+        with _storage_errors("take the scratch lease in", path.parent):
+            fd = os.open(path, os.O_CREAT | os.O_RDWR | getattr(os, "O_CLOEXEC", 0), PRIVATE_FILE_MODE)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh random name: never contended
+        leases: dict[str, int] = self.__dict__.setdefault("_scratch_leases", {})
+        leases[name] = fd
+
+    def drop_scratch_lease(self, interval_slug: str, name: str) -> None:
+        fd = self.__dict__.get("_scratch_leases", {}).pop(name, None)
+        if fd is None:
+            return
+        try:
+            os.unlink(self.state_dir / "runs" / self.release / interval_slug / f"{name}.lease")
+        except OSError:
+            pass
+        os.close(fd)
+
+    def scratch_is_live(self, interval_slug: str, name: str) -> bool:
+        """True while another attempt (a thread or process on this machine) holds the scratch's lease."""
+        import fcntl
+
+        if name in self.__dict__.get("_scratch_leases", {}):
+            return True
+        path = self.state_dir / "runs" / self.release / interval_slug / f"{name}.lease"
+        try:
+            fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        return False
+
 
 class ReleaseStore(PrivateRunLog):
     """Staged and published outputs of one release under one local output root (the ``Store`` interface)."""
@@ -286,6 +346,23 @@ class ReleaseStore(PrivateRunLog):
 
     def discard_staging(self, staging: Location) -> None:
         _rmtree_quiet(staging.local_path)
+        self.drop_scratch_lease(staging.parent.name, staging.name)
+
+    def discard_run_scratch(self, interval_slug: str, run_id: str, *, keep: Location | None = None) -> list[str]:
+        """Remove the run's other ``.tmp-<run_id>-*`` staging directories (a killed attempt's noisy shards)."""
+        parent = self.staged_interval_dir(interval_slug)
+        _check_run_id(run_id)
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            return []
+        removed = []
+        for name in names:
+            if (is_run_scratch(name, run_id) and (keep is None or keep.local_path != parent / name)
+                    and not self.scratch_is_live(interval_slug, name)):
+                _rmtree_quiet(parent / name)
+                removed.append(name)
+        return removed
 
     def next_version_location(self, interval_slug: str, run_id: str) -> Location:
         return Location.local(self.next_version_dir(interval_slug, run_id))
@@ -298,17 +375,18 @@ class ReleaseStore(PrivateRunLog):
         """An empty, run-specific temporary directory for the pipeline to write into (hidden from readers)."""
         parent = self.staged_interval_dir(interval_slug)
         tmp = parent / f".tmp-{_check_run_id(run_id)}-{secrets.token_hex(4)}"
-        with _storage_errors("create the staging directory", tmp):
-            # Every level of staged/ is 0700, set explicitly: unreleased noisy values are not for readers.
-            _mkdirs(self.root, ("staged", self.release, interval_slug), PRIVATE_DIR_MODE, force=True)
-            os.mkdir(tmp, PRIVATE_DIR_MODE)
-            os.chmod(tmp, PRIVATE_DIR_MODE)
+        # The lease lives in the private state directory: taking it first also checks, before ledger.start
+        # (while the reservation is still refundable), that the state directory can be written.
+        self.take_scratch_lease(interval_slug, tmp.name)
         try:
-            # The private run log's folder too, now: this runs before ledger.start, so a state directory
-            # that cannot be written fails while the reservation is still refundable.
-            self._private_log_dir(interval_slug)
+            self.discard_run_scratch(interval_slug, run_id)  # a killed attempt's leftovers (issue 19 item 8)
+            with _storage_errors("create the staging directory", tmp):
+                # Every level of staged/ is 0700, set explicitly: unreleased noisy values are not for readers.
+                _mkdirs(self.root, ("staged", self.release, interval_slug), PRIVATE_DIR_MODE, force=True)
+                os.mkdir(tmp, PRIVATE_DIR_MODE)
+                os.chmod(tmp, PRIVATE_DIR_MODE)
         except BaseException:
-            _rmtree_quiet(tmp)
+            self.discard_staging(Location.local(tmp))
             raise
         return tmp
 
@@ -354,13 +432,15 @@ class ReleaseStore(PrivateRunLog):
                 })
                 _fsync_dir(tmp_dir)
                 if final.exists():
-                    _rmtree_quiet(tmp_dir)
+                    self.discard_staging(Location.local(tmp_dir))
                     return self.verify_staged(interval_slug, run_id)
                 os.rename(tmp_dir, final)
                 _fsync_dir(final.parent)
         except BaseException:
-            _rmtree_quiet(tmp_dir)
+            self.discard_staging(Location.local(tmp_dir))
             raise
+        self.drop_scratch_lease(interval_slug, tmp_dir.name)
+        self.discard_run_scratch(interval_slug, run_id)
         return StagedRun(run_id, Location.local(final), hashes, test_mode)
 
     def find_staged(self, interval_slug: str, run_id: str) -> StagedRun | None:
@@ -454,7 +534,7 @@ class ReleaseStore(PrivateRunLog):
         raise StorageError(f"{link} points to {target!r}, which is not a published version")
 
     def publish(self, staged: StagedRun, interval_slug: str, *, restates: str | None = None,
-                extra: dict[str, Any] | None = None) -> PublishedRun:
+                extra: dict[str, Any] | None = None, ledger_entry_hash: str | None = None) -> PublishedRun:
         """Publish a verified staged run as the next version of the interval and move ``current`` to it.
 
         Idempotent per run id (a retry after a crash returns the existing version and repairs the pointer).
@@ -466,6 +546,7 @@ class ReleaseStore(PrivateRunLog):
         staged = self.verify_staged(interval_slug, staged.run_id)  # hashes re-checked right before copying
         base = self.published_interval_dir(interval_slug)
         existing = self.versions(interval_slug)
+        self.discard_run_scratch(interval_slug, staged.run_id)  # after publish nothing of the run stays in scratch
         for v in existing:
             if v.run_id == staged.run_id:
                 if v.version == max(e.version for e in existing):
@@ -497,9 +578,12 @@ class ReleaseStore(PrivateRunLog):
                     hashes[name] = sha256_file(tmp / name)
                     if hashes[name] != staged.hashes[name]:
                         raise StorageError(f"copy of {name} to {tmp} does not match the staged file; nothing published")
+                binding = make_binding(self.sealer, release=self.release, interval=interval_slug, version=version,
+                                       run_id=staged.run_id, ledger_entry_hash=ledger_entry_hash, files=hashes)
                 _write_json(tmp / PUBLISHED_MARKER, mode=PUBLIC_FILE_MODE, doc={
-                    "release": self.release, "interval": interval_slug, "run_id": staged.run_id, "version": version,
-                    "files": hashes, "restates": restates, "published_at": published_at, **(extra or {}),
+                    **(extra or {}), "release": self.release, "interval": interval_slug, "run_id": staged.run_id,
+                    "version": version, "files": hashes, "restates": restates, "published_at": published_at,
+                    "binding": binding,
                 })
                 _fsync_dir(tmp)
                 try:

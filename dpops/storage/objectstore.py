@@ -33,8 +33,13 @@ it into place, swap a symlink" becomes:
 
 Who may read what: object stores have no POSIX modes. ``staged/`` holds unreleased noisy values and
 must be readable only by the dpops identity (a bucket policy on the ``staged/`` prefix; deploy/
-documents it); ``published/`` is the product. The private run log (exact counts) never goes to the
-object store: it stays in the local private state directory (``PrivateRunLog``).
+documents it; ``dpops release check-staged-access`` probes it as a reader); ``published/`` is the
+product. Exact counts never go to the object store: the workers report them as Beam metrics to the
+driver (``pipelines.transforms.RunStats``), which writes the private run log to the local private
+state directory (``PrivateRunLog``). Every ``.tmp-<run_id>-*`` prefix of a run (a killed attempt's
+noisy shards) is removed on each new attempt, after sealing and at publish (``discard_run_scratch``).
+Each version's ``_PUBLISHED.json`` carries the keyed (and, with a signing key, signed) binding of
+``dpops.storage.published``; readers check ``current`` with ``verified_current``.
 
 Every ``OSError`` from pyarrow or boto3 becomes a ``StorageError`` naming the URI, never file content.
 """
@@ -66,12 +71,14 @@ from dpops.storage.base import (
     check_release,
     check_run_id,
     check_staged_seal,
+    is_run_scratch,
     now_iso,
     require_sealer,
     seal_payload,
 )
 from dpops.storage.local import PrivateRunLog, private_state_dir
 from dpops.storage.location import Location
+from dpops.storage.published import make_binding
 
 _VERSION_RE = re.compile(r"^v(\d{4,})-([A-Za-z0-9_-]{1,128})$")
 
@@ -99,6 +106,11 @@ def _s3_client() -> Any:
     import boto3
 
     return boto3.client("s3")
+
+
+def s3_client() -> Any:
+    """boto3's S3 client from the standard provider chain (public: ``dpops.storage.access`` probes with it)."""
+    return _s3_client()
 
 
 def _bucket_key(loc: Location) -> tuple[str, str]:
@@ -199,6 +211,8 @@ class ObjectReleaseStore(PrivateRunLog):
     def new_staging(self, interval_slug: str, run_id: str) -> Location:
         """A fresh, run-specific prefix for the pipeline (hidden from readers by its ``.tmp-`` name)."""
         loc = self.staged_interval_location(interval_slug) / f".tmp-{check_run_id(run_id)}-{secrets.token_hex(4)}"
+        self.take_scratch_lease(interval_slug, loc.name)
+        self.discard_run_scratch(interval_slug, run_id)  # a killed attempt's leftovers (issue 19 item 8)
         # Before ledger.start: a state directory that cannot be written fails while the reservation is refundable.
         self._private_log_dir(interval_slug)
         return loc
@@ -208,6 +222,24 @@ class ObjectReleaseStore(PrivateRunLog):
             files.delete_tree(staging)
         except OSError:
             pass
+        self.drop_scratch_lease(staging.parent.name, staging.name)
+
+    def discard_run_scratch(self, interval_slug: str, run_id: str, *, keep: Location | None = None) -> list[str]:
+        """Remove the run's other ``.tmp-<run_id>-*`` prefixes: a killed attempt's noisy shards (and, from a
+        dpops older than issue 19 item 8, its exact counters) never stay in the bucket past the next attempt."""
+        parent = self.staged_interval_location(interval_slug)
+        check_run_id(run_id)
+        try:
+            names = files.list_dir(parent)
+        except OSError:
+            return []
+        removed = []
+        for name in names:
+            if (is_run_scratch(name, run_id) and (keep is None or keep.name != name)
+                    and not self.scratch_is_live(interval_slug, name)):
+                self.discard_staging(parent / name)
+                removed.append(name)
+        return removed
 
     def finish_staging(self, tmp_dir: Location | str, interval_slug: str, run_id: str, internal: dict[str, Any], *,
                        test_mode: bool = False) -> StagedRun:
@@ -251,6 +283,7 @@ class ObjectReleaseStore(PrivateRunLog):
             self.discard_staging(tmp)
             raise
         self.discard_staging(tmp)
+        self.discard_run_scratch(interval_slug, run_id)
         return StagedRun(run_id, final, hashes, test_mode)
 
     def find_staged(self, interval_slug: str, run_id: str) -> StagedRun | None:
@@ -346,7 +379,7 @@ class ObjectReleaseStore(PrivateRunLog):
     next_version_dir = next_version_location
 
     def publish(self, staged: StagedRun, interval_slug: str, *, restates: str | None = None,
-                extra: dict[str, Any] | None = None) -> PublishedRun:
+                extra: dict[str, Any] | None = None, ledger_entry_hash: str | None = None) -> PublishedRun:
         """Publish a verified staged run as the interval's next version, then write the pointer (last).
 
         Idempotent per run id: a retry after a crash returns the existing version and writes the pointer."""
@@ -355,6 +388,7 @@ class ObjectReleaseStore(PrivateRunLog):
                                "never be published; run it again with --randomness keyed or os")
         staged = self.verify_staged(interval_slug, staged.run_id)  # hashes re-checked right before copying
         base = self.published_interval_location(interval_slug)
+        self.discard_run_scratch(interval_slug, staged.run_id)  # after publish nothing of the run stays in scratch
         existing = self.versions(interval_slug)
         cur = self.current(interval_slug)
         for v in existing:
@@ -380,9 +414,11 @@ class ObjectReleaseStore(PrivateRunLog):
                 files.copy(staged.location / name, final / name)
                 if files.sha256(final / name) != staged.hashes[name]:
                     raise StorageError(f"copy of {name} to {final} does not match the staged file; nothing published")
-            marker = {"release": self.release, "interval": interval_slug, "run_id": staged.run_id, "version": version,
-                      "files": dict(staged.hashes), "restates": restates, "published_at": published_at,
-                      **(extra or {})}
+            binding = make_binding(self.sealer, release=self.release, interval=interval_slug, version=version,
+                                   run_id=staged.run_id, ledger_entry_hash=ledger_entry_hash, files=staged.hashes)
+            marker = {**(extra or {}), "release": self.release, "interval": interval_slug, "run_id": staged.run_id,
+                      "version": version, "files": dict(staged.hashes), "restates": restates,
+                      "published_at": published_at, "binding": binding}
             try:  # the version's marker, after all of its files: from here on the prefix is immutable
                 put_conditional(final / PUBLISHED_MARKER, files.json_bytes(marker), if_none_match=True)
             except PreconditionFailed:
@@ -436,4 +472,4 @@ class ObjectReleaseStore(PrivateRunLog):
                                ) from None
 
 
-__all__ = ["ObjectReleaseStore", "PreconditionFailed", "put_conditional", "read_with_tag"]
+__all__ = ["ObjectReleaseStore", "PreconditionFailed", "put_conditional", "read_with_tag", "s3_client"]
