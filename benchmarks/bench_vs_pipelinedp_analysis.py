@@ -17,15 +17,21 @@ process of this script that answers in JSON on stdout.
      Delta' = ceil(Delta/r + m)·r (m = L0 coordinates, sums only). Its std is
      r·sqrt(2p)/(1 - p), p = exp(-eps·r/Delta'), against PipelineDP's continuous sqrt(2)·Delta/eps.
      Predicted ratio = that closed form / PipelineDP's; checked to 1e-6, and the ratio itself is
-     within 1% except where the lattice scale Delta/(eps r) is small (a count at Delta/eps <~ 3: the
-     discrete Laplace is visibly narrower than the continuous one there, e.g. -4.0% at Delta/eps = 1).
+     within 1% except where the lattice scale Delta/(eps r) is small (a count at Delta/eps < ~3: the
+     discrete Laplace is narrower than the continuous one there: -4.0% at Delta/eps = 1, a setting
+     included on purpose; -0.26% at Delta/eps = 4).
    - Gaussian: dpops calibrates in zCDP (the plan must certify under the basic accountant too):
      sigma = Delta2'/sqrt(2(rho - tau)), rho from eps = rho + 2 sqrt(rho ln(1/delta)). PipelineDP uses
-     the analytic Gaussian (Balle & Wang 2018) at (eps, delta). Checked: (a) dpops' std within 1% of the
-     matching continuous zCDP formula; (b) PipelineDP's sigma within 1% of dpops' own analytic-Gaussian
-     calibration ``dpops.calibration.gaussian_sigma_analytic`` (the same mechanism on both sides); the
-     dpops/PipelineDP ratio is then the zCDP-conversion cost, predicted and reported (not a 1% check:
-     it is a different, looser calibration, on purpose).
+     the analytic Gaussian (Balle & Wang 2018) at (eps, delta) per mechanism, the (eps, delta) split by
+     basic composition. Checked: (a) dpops' std within 1% of the matching continuous zCDP formula;
+     (b) PipelineDP's sigma within 1% of dpops' own analytic-Gaussian calibration
+     ``dpops.calibration.gaussian_sigma_analytic`` (the same mechanism on both sides). The
+     dpops/PipelineDP ratio is then predicted (continuous zCDP sigma / analytic sigma) and reported,
+     not held to 1%: the two libraries compose differently. dpops converts the Gaussian metrics'
+     whole (eps, delta) to one rho and splits rho (3 metrics: ~25% LESS noise per vector than
+     splitting (eps, delta) three ways); for one vector alone zCDP costs 26-39% MORE than the
+     analytic Gaussian (``single_vector_zcdp_vs_analytic``), the price of a plan the basic
+     accountant certifies.
 
 2. Share of data dropped by contribution bounding (synthetic power-law data). dpops' numbers come
    from its ONE bounding implementation, ``pipelines.bounding.bound_contributions`` (keyed pair
@@ -77,6 +83,7 @@ NOISE_SETTINGS: list[tuple[int, int, tuple[float, float], float, str]] = [
     (5, 2, (0.0, 100.0), 1.0, "laplace"),
     (10, 3, (-5.0, 20.0), 0.5, "laplace"),
     (3, 1, (0.0, 1000.0), 3.0, "laplace"),
+    (1, 1, (0.0, 100.0), 4.0, "laplace"),  # count at Delta/eps = 1: the discrete Laplace is 4% narrower
     (1, 1, (0.0, 100.0), 1.0, "gaussian"),
     (5, 2, (0.0, 100.0), 1.0, "gaussian"),
     (10, 3, (-5.0, 20.0), 0.5, "gaussian"),
@@ -109,8 +116,9 @@ def dpops_noise(l0: int, linf: int, lohi: tuple[float, float], eps: float, noise
     mean's normalised sum is a plan vector (the mean reuses the released count's noisy vector).
     """
     from dpops import analysis
+    from dpops.calibration import gaussian_sigma_analytic
     from dpops.events import DISCRETE_GAUSSIAN_TAU
-    from dpops.release_plan import plan_release
+    from dpops.release_plan import plan_release, rho_for_epsilon_delta
 
     spec = analysis.load(spec_dict(l0, linf, lohi, eps, noise))
     df = analysis.plan(spec, at_units=MEAN_AT)
@@ -137,9 +145,12 @@ def dpops_noise(l0: int, linf: int, lohi: tuple[float, float], eps: float, noise
                 rho = float(p.target[0][1])
                 row["rho"] = rho
                 row["continuous_std"] = float(p.l2_sensitivity) / math.sqrt(2 * (rho - DISCRETE_GAUSSIAN_TAU))
-                from dpops.calibration import gaussian_sigma_analytic
-                row["dpops_analytic_sigma"] = gaussian_sigma_analytic(row["epsilon"], row["delta"],
-                                                                      float(v.sensitivity.l2))
+                d2 = float(v.sensitivity.l2)
+                row["dpops_analytic_sigma"] = gaussian_sigma_analytic(row["epsilon"], row["delta"], d2)
+                # what zCDP costs one vector alone at its own (eps, delta), against the analytic Gaussian;
+                # the plan instead converts the Gaussian GROUP's (eps, delta) to rho once and splits rho
+                rho_alone = rho_for_epsilon_delta(row["epsilon"], row["delta"])
+                row["single_vector_zcdp_vs_analytic"] = d2 / math.sqrt(2 * rho_alone) / row["dpops_analytic_sigma"]
             rows.append(row)
     mean = df[df.metric == "mean_amount"].iloc[0]
     rows.append({"setting": [l0, linf, list(lohi), eps, noise], "metric": "mean_amount",
@@ -294,7 +305,8 @@ def _rel(a: float, b: float) -> float:
     return abs(a - b) / abs(b) if b else abs(a - b)
 
 
-def compare_noise(dp_rows: list[dict[str, Any]], pdp: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]], list[str]]:
+def compare_noise(dp_rows: list[dict[str, Any]], pdp: list[dict[str, Any]] | None
+                  ) -> tuple[list[dict[str, Any]], list[str]]:
     """Part 1 table rows and failed checks."""
     fails: list[str] = []
     table = []
@@ -339,8 +351,11 @@ def compare_noise(dp_rows: list[dict[str, Any]], pdp: list[dict[str, Any]] | Non
                     fails.append(f"{name}: PipelineDP sigma {pstd} not within 1% of dpops' analytic Gaussian "
                                  f"{r['dpops_analytic_sigma']}")
                 row["predicted_ratio"] = r["continuous_std"] / r["dpops_analytic_sigma"]
+                row["single_vector_zcdp_vs_analytic"] = r["single_vector_zcdp_vs_analytic"]
                 row["within_1pct"] = abs(row["ratio"] - 1) <= TOL
-            row["explained"] = "zCDP calibration (basic-accountant certifiable) vs analytic Gaussian"
+            row["explained"] = ("one rho for all Gaussian metrics, split (dpops) vs (eps, delta) split by basic "
+                                f"composition, analytic Gaussian each (PipelineDP); one vector alone: zCDP/analytic = "
+                                f"{r['single_vector_zcdp_vs_analytic']:.3f}")
         elif pstd is not None:  # the mean: first order, worst case over the true mean
             row["within_1pct"] = abs(row["ratio"] - 1) <= TOL
             row["explained"] = "sqrt(std_nsum^2 + (h std_count)^2)/n from each side's vectors"
@@ -349,6 +364,7 @@ def compare_noise(dp_rows: list[dict[str, Any]], pdp: list[dict[str, Any]] | Non
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the three comparisons, print the tables, write benchmarks/out/bench_vs_pipelinedp_analysis.json."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="1e5,1e6", help="comma-separated row counts of the synthetic data")
     ap.add_argument("--l0-draws", type=int, default=20, help="independent PrivateL0Calculator draws per config")
@@ -417,7 +433,8 @@ def main(argv: list[str] | None = None) -> int:
             b["pipelinedp"] = q
             for key in ("pairs_dropped_l0", "rows_dropped_linf", "units_over_l0"):
                 if _rel(o[key], e[key]) > TOL:
-                    fails.append(f"{d['rows']} rows L0={b['l0']} Linf={b['linf']}: dpops {key} {o[key]} vs exact {e[key]}")
+                    fails.append(f"{d['rows']} rows L0={b['l0']} Linf={b['linf']}: dpops {key} {o[key]} vs "
+                                 f"exact {e[key]}")
                 if q is not None and _rel(q[key], o[key]) > TOL:
                     fails.append(f"{d['rows']} rows L0={b['l0']} Linf={b['linf']}: PipelineDP {key} {q[key]} vs "
                                  f"dpops {o[key]}")
@@ -441,11 +458,12 @@ def main(argv: list[str] | None = None) -> int:
     if not has_l0:
         print("dpops has no private L0 estimate on this branch (dpops estimate not merged): PipelineDP alone.")
     if pdp:
-        for i, d in enumerate(pdp["bounding"]):
+        for d in pdp["bounding"]:
             for cfg in d["private_l0"]:
                 dr = sorted(cfg["draws"])
                 print(f"{d['rows']} rows, calculation eps={cfg['calculation_eps']}, aggregation eps="
-                      f"{cfg['aggregation_eps']} ({cfg['noise']}): PrivateL0Calculator draws median {dr[len(dr) // 2]}, "
+                      f"{cfg['aggregation_eps']} ({cfg['noise']}): PrivateL0Calculator draws median "
+                      f"{dr[len(dr) // 2]}, upper bound {cfg['upper']}, "
                       f"range [{dr[0]}, {dr[-1]}], all {dr}")
 
     result = {"noise": noise_table, "bounding": data, "private_l0": [d["private_l0"] for d in pdp["bounding"]] if pdp
