@@ -231,11 +231,16 @@ def dpops_bounding(u: Any, p: Any, l0: int, linf: int, seed: int) -> dict[str, f
 
 def child_pipelinedp(req: dict[str, Any]) -> dict[str, Any]:
     """Runs inside benchmarks/.venv-pipelinedp (pipeline_dp, pyarrow only). Answers part 1, 2 and 3."""
+    import numpy as np
     import pipeline_dp
     import pyarrow.parquet as pq
     from pipeline_dp import dp_computations as dc
     from pipeline_dp.dataset_histograms import computing_histograms, histogram_error_estimator
-    from pipeline_dp.private_contribution_bounds import PrivateL0Calculator
+    from pipeline_dp.private_contribution_bounds import (
+        L0ScoringFunction,
+        PrivateL0Calculator,
+        generate_possible_contribution_bounds,
+    )
 
     kinds = {"laplace": pipeline_dp.NoiseKind.LAPLACE, "gaussian": pipeline_dp.NoiseKind.GAUSSIAN}
     noise_out = []
@@ -292,7 +297,16 @@ def child_pipelinedp(req: dict[str, Any]) -> dict[str, Any]:
             for _ in range(req["l0_draws"]):
                 calc = PrivateL0Calculator(params, partitions, [hists], backend)
                 draws.append(int(list(calc.calculate())[0]))
-            l0_res.append({**cfg, "draws": draws})
+            # the exact output distribution of the same exponential mechanism (its public scoring function,
+            # weights exp(eps·score / (GS·(1 if monotonic else 2))) as dp_computations.ExponentialMechanism)
+            sf = L0ScoringFunction(params, len(partitions), hists.l0_contributions_histogram)
+            cands = generate_possible_contribution_bounds(min(cfg["upper"], len(partitions)))
+            sc = np.array([sf.score(k) for k in cands])
+            w = np.exp((sc - sc.max()) * cfg["calculation_eps"]
+                       / (sf.global_sensitivity * (1 if sf.is_monotonic else 2)))
+            cdf = np.cumsum(w / w.sum())
+            q = {f"q{int(x * 100):02d}": int(cands[int(np.searchsorted(cdf, x))]) for x in (0.05, 0.5, 0.95)}
+            l0_res.append({**cfg, "draws": draws, "exact_quantiles": q, "mode": int(cands[int(np.argmax(w))])})
         out["bounding"].append({"rows": data["rows"], "histogram_seconds": secs, "results": res,
                                 "private_l0": l0_res})
     return out
@@ -463,7 +477,8 @@ def main(argv: list[str] | None = None) -> int:
                 dr = sorted(cfg["draws"])
                 print(f"{d['rows']} rows, calculation eps={cfg['calculation_eps']}, aggregation eps="
                       f"{cfg['aggregation_eps']} ({cfg['noise']}): PrivateL0Calculator draws median "
-                      f"{dr[len(dr) // 2]}, upper bound {cfg['upper']}, "
+                      f"{dr[len(dr) // 2]}, upper bound {cfg['upper']}, exact distribution {cfg['exact_quantiles']} "
+                      f"mode {cfg['mode']}; "
                       f"range [{dr[0]}, {dr[-1]}], all {dr}")
 
     result = {"noise": noise_table, "bounding": data, "private_l0": [d["private_l0"] for d in pdp["bounding"]] if pdp
