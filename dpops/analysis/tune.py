@@ -63,6 +63,7 @@ class Candidate:
 
     @property
     def label(self) -> str:
+        """A short readable name, unique within a grid (used as the candidate's key in every output)."""
         b = ",".join(f"{c}:[{_num(lo)},{_num(hi)}]" for c, lo, hi in self.bounds)
         s = "" if self.split is None else " split=" + ",".join(f"{k}:{_num(w)}" for k, w in self.split)
         return f"L0={self.l0} Linf={self.linf}" + (f" {b}" if b else "") + s
@@ -90,14 +91,17 @@ class TuneResult:
 
     @property
     def recommended(self) -> Candidate:
+        """The candidate of least loss."""
         return self.grid[self.best]
 
     def frame(self) -> pd.DataFrame:
+        """``rows`` as a pandas DataFrame (needs pandas)."""
         import pandas as pd
 
         return pd.DataFrame(self.rows)
 
     def candidate_frame(self) -> pd.DataFrame:
+        """``candidates`` as a pandas DataFrame."""
         import pandas as pd
 
         return pd.DataFrame(self.candidates)
@@ -141,6 +145,7 @@ def apply_patch(doc: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]
 
 
 def load_patched(spec: ReleaseSpec, patch: Mapping[str, Any]) -> ReleaseSpec:
+    """``spec`` with ``patch`` applied (``apply_patch``), validated by ``dpops.spec.parse_spec``."""
     from dpops.spec import parse_spec
 
     doc = apply_patch(spec.model_dump(mode="json", exclude_none=True), patch)
@@ -233,7 +238,7 @@ def _read_config(spec: ReleaseSpec, plan: ReleasePlan):
     from pipelines.io import ReadConfig, hash_partition_tuples
 
     value_cols, cats, _, _, _ = metric_layout(plan)
-    types = dict(spec.input.columns)
+    types: dict[str, str] = {k: str(v) for k, v in spec.input.columns.items()}
     unit_col = None if spec.privacy_unit.record_level else spec.privacy_unit.column
     pub = None
     if plan.public_partitions is not None:
@@ -284,10 +289,9 @@ def sample_table(spec: ReleaseSpec, sample: str | os.PathLike[str] | pa.Table | 
 
 def _prepare(spec: ReleaseSpec, plan: ReleasePlan, table: pa.Table, seed: int | None) -> dict[str, np.ndarray]:
     """Checked, hashed rows of the whole sample (``prepare_batch`` per record batch, one pair salt)."""
+    from dpops.randomness import os_random, test_random
     from pipelines.bounding import pair_salt
     from pipelines.io import prepare_batch
-
-    from dpops.randomness import os_random, test_random
 
     cfg = _read_config(spec, plan)
     rng = os_random() if seed is None else test_random(int(seed), ("tune",))
@@ -428,15 +432,17 @@ def evaluate_candidate(spec: ReleaseSpec, cand: Candidate, rows: dict[str, np.nd
         elif m.type == "unit_count":
             true, est_b, est_c = truth.units, bounded.units, bounded.units
         else:
+            assert m.bounds is not None and m.column is not None  # sum and mean are bounded metrics
+            col = m.column
             lo, hi = float(m.bounds[0]), float(m.bounds[1])
-            v = rows[f"v:{m.column}"][bounded.keep]
+            v = rows[f"v:{col}"][bounded.keep]
             sum_b = np.bincount(kp, weights=v, minlength=n)
             sum_c = np.bincount(kp, weights=np.clip(v, lo, hi), minlength=n)
             if m.type == "sum":
-                true, est_b, est_c = truth.sums[m.column], sum_b, sum_c
+                true, est_b, est_c = truth.sums[col], sum_b, sum_c
             else:
                 with np.errstate(invalid="ignore", divide="ignore"):
-                    true = truth.sums[m.column] / truth.count
+                    true = truth.sums[col] / truth.count
                     est_b = np.where(bounded.count > 0, sum_b / np.maximum(bounded.count, 1), (lo + hi) / 2)
                     est_c = np.where(bounded.count > 0, sum_c / np.maximum(bounded.count, 1), (lo + hi) / 2)
         if m.type == "mean":
@@ -450,7 +456,8 @@ def evaluate_candidate(spec: ReleaseSpec, cand: Candidate, rows: dict[str, np.nd
         rmse = np.sqrt(std_p ** 2 + bias ** 2)
         denom = np.maximum(np.abs(true), 1e-12)
         rel = rmse / denom
-        target_errs[m.key] = {"abs": half_p + np.abs(bias), "rel": (half_p + np.abs(bias)) / denom, "units": truth.units}
+        err = half_p + np.abs(bias)
+        target_errs[m.key] = {"abs": err, "rel": err / denom, "units": truth.units}
         for b in _bucket_order(truth.bucket):
             sel = truth.bucket == b
             out.append({

@@ -77,6 +77,11 @@ class _Replay:
             self.scopes[scope] = ScopeDefinition.from_dict(data["after"])
             self.scope_last[scope] = eid
             return
+        if kind == "private_access":
+            # a non-DP access event (Ledger.record_private_access): recorded, charges nothing, moves no cap
+            if run_id is not None or buckets:
+                raise _Broken(eid, "private_access entry names a run or buckets")
+            return  # the scopes table's last_entry is not moved by it either
         if kind == "reserved":
             self._reserve(eid, ts, sdef, acct, run_id, buckets, data)
             return
