@@ -1,4 +1,4 @@
-"""Benchmark: ``dpops.analysis.tune`` with 20 candidates vs one release over the same rows (issue 20: <= 2x).
+"""Benchmark: ``dpops.analysis.tuning`` with 20 candidates vs one release over the same rows (issue 20: <= 2x).
 
 Data and spec: those of ``bench_pipeline.py`` (synthetic power-law activity, 100k users, 1,000 partitions,
 COUNT + SUM + MEAN of ``amount``, L0 = 5, Linf = 2, private partition selection), cached under
@@ -55,7 +55,7 @@ def child(case: str, n: int) -> dict:
         run_release(req)
         return {"case": case, "rows": n, "seconds": time.time() - t}
     from dpops import analysis
-    from dpops.analysis.tune import grid_from_doc
+    from dpops.analysis.tuning import grid_from_doc
 
     s = analysis.load(spec)
     grid = grid_from_doc(s, GRID)

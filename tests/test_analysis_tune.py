@@ -15,7 +15,7 @@ import yaml
 
 from dpops import dataroots
 from dpops import analysis as tune_api
-from dpops.analysis.tune import Candidate, apply_patch, default_grid, grid_from_doc, load_patched
+from dpops.analysis.tuning import Candidate, apply_patch, default_grid, grid_from_doc, load_patched
 from dpops.cli.main import main
 from dpops.ledger import ScopeDefinition, open_ledger
 from dpops.randomness import NoiseKey

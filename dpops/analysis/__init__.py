@@ -41,7 +41,7 @@ from dpops.analysis.accuracy import (
 from dpops.analysis.horizon import ACCOUNTANTS, Horizon, HorizonRow, horizon
 from dpops.analysis.solver import FitCheck, Solution, solve
 from dpops.analysis.targets import TargetResult, evaluate
-from dpops.analysis.tune import Candidate, TuneResult, tune
+from dpops.analysis.tuning import Candidate, TuneResult, tune
 from dpops.errors import InvalidParameter
 
 if TYPE_CHECKING:

@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 if TYPE_CHECKING:
-    from dpops.analysis.tune import TuneResult
+    from dpops.analysis.tuning import TuneResult
 
 PATCH_SCHEMA = "dpops.tune-patch/1"
 
 
 def patch_document(result: TuneResult, provenance: Mapping[str, Any]) -> dict[str, Any]:
     """``{"patch": <spec patch>, "tuning": <where it came from>}``; apply ``patch`` with
-    ``dpops.analysis.tune.apply_patch`` (lists replace, mappings merge)."""
-    from dpops.analysis.tune import spec_patch
+    ``dpops.analysis.tuning.apply_patch`` (lists replace, mappings merge)."""
+    from dpops.analysis.tuning import spec_patch
 
     best = result.candidates[result.best]
     return {

@@ -1,6 +1,6 @@
 """``dpops tune SPEC --sample PATH``: evaluate candidate settings on a sample; write a spec patch and a page.
 
-Not differentially private (see ``dpops.analysis.tune`` and ``dpops.analysis.sample_access``): the sample
+Not differentially private (see ``dpops.analysis.tuning`` and ``dpops.analysis.sample_access``): the sample
 must be under the operator's public roots, or the operator passes
 ``--i-understand-this-reads-private-data`` with ``--reason``, and the ledger records the access first.
 """
@@ -65,7 +65,7 @@ def cli(spec_path: str, sample: str, grid_path: str | None, l0: str | None, linf
     """Evaluate a grid of L0, Linf, value bounds and epsilon splits on a sample in one pass; recommend one."""
     from dpops.analysis import load
     from dpops.analysis.sample_access import is_private_path, open_sample
-    from dpops.analysis.tune import default_grid, grid_from_doc, tune
+    from dpops.analysis.tuning import default_grid, grid_from_doc, tune
     from dpops.analysis.tune_output import html_page, patch_yaml
     from dpops.release.context import default_actor
 
