@@ -324,8 +324,15 @@ def _bucket_order(labels: np.ndarray) -> list[str]:
 
 @dataclass
 class _Truth:
+    """What every candidate shares: the sample's exact per-partition values and dense codes (computed once)."""
+
     parts: np.ndarray  # sorted partition hashes present in the sample
     pidx: np.ndarray  # partition index of every row
+    ucode: np.ndarray  # dense unit code of every row
+    n_units: int
+    pair: np.ndarray  # dense (unit, partition) pair code of every row
+    pair_part: np.ndarray  # partition index of each pair
+    pair_unit: np.ndarray  # unit code of each pair
     count: np.ndarray
     units: np.ndarray
     sums: dict[str, np.ndarray]  # raw (unclipped) sums per value column
@@ -341,50 +348,45 @@ class _Bounded:
 
 
 def _truth(rows: dict[str, np.ndarray], value_cols: Sequence[str]) -> _Truth:
-    parts, pidx = np.unique(rows["p"], return_inverse=True)
-    n = len(parts)
-    count = np.bincount(pidx, minlength=n).astype(np.float64)
-    pair_p = _pair_parts(rows["u"], pidx)
-    units = np.bincount(pair_p, minlength=n).astype(np.float64)
-    sums = {c: np.bincount(pidx, weights=rows[f"v:{c}"], minlength=n) for c in value_cols}
-    return _Truth(parts, pidx, count, units, sums, _bucket_labels(units))
-
-
-def _pair_parts(u: np.ndarray, pidx: np.ndarray) -> np.ndarray:
-    """Partition index of each distinct (unit, partition) pair."""
     import pandas as pd
 
-    if not len(u):
-        return np.zeros(0, np.int64)
-    ucode, _ = pd.factorize(u, sort=False)
-    pair, first = np.unique(ucode.astype(np.int64) * (int(pidx.max()) + 1) + pidx, return_index=True)
-    return pidx[first]
+    parts, pidx = np.unique(rows["p"], return_inverse=True)
+    n = len(parts)
+    ucode, uniq = pd.factorize(rows["u"], sort=False)
+    pair, _ = pd.factorize(ucode.astype(np.int64) * (n + 1) + pidx, sort=False)
+    m = int(pair.max()) + 1
+    first = np.empty(m, np.int64)
+    first[pair[::-1]] = np.arange(len(pair) - 1, -1, -1)
+    pair_part, pair_unit = pidx[first], ucode[first]
+    count = np.bincount(pidx, minlength=n).astype(np.float64)
+    units = np.bincount(pair_part, minlength=n).astype(np.float64)
+    sums = {c: np.bincount(pidx, weights=rows[f"v:{c}"], minlength=n) for c in value_cols}
+    return _Truth(parts, pidx, ucode, len(uniq), pair, pair_part, pair_unit, count, units, sums, _bucket_labels(units))
 
 
 def _bound(rows: dict[str, np.ndarray], truth: _Truth, l0: int, linf: int) -> _Bounded:
-    """The release's own bounding (``bound_contributions``) and what each step dropped."""
+    """The release's own bounding (``bound_contributions``) and what each step dropped (O(rows) bincounts
+    over the codes ``_truth`` computed once)."""
     from pipelines.bounding import bound_contributions
 
     keep, _, stats = bound_contributions(rows["u"], rows["p"], rows["prio"], l0, linf, rows["pp"])
     n_rows = len(rows["u"])
     n = len(truth.parts)
-    kp = truth.pidx[keep]
-    count = np.bincount(kp, minlength=n).astype(np.float64)
-    units = np.bincount(_pair_parts(rows["u"][keep], kp), minlength=n).astype(np.float64)
+    count = np.bincount(truth.pidx[keep], minlength=n).astype(np.float64)
+    kept_pair = np.bincount(truth.pair[keep], minlength=len(truth.pair_part)) > 0
+    units = np.bincount(truth.pair_part[kept_pair], minlength=n).astype(np.float64)
     # units that lost rows at each step: L0 drops whole (unit, partition) pairs, Linf rows of kept pairs
-    import pandas as pd
-
-    ucode, uniq = pd.factorize(rows["u"], sort=False)
-    pair = ucode.astype(np.int64) * (n + 1) + truth.pidx
-    in_kept_pair = np.isin(pair, np.unique(pair[keep]))
     kept_row = np.zeros(n_rows, bool)
     kept_row[keep] = True
-    n_units = max(1, len(uniq))
+    lost_linf = kept_pair[truth.pair] & ~kept_row
+    n_units = max(1, truth.n_units)
     drops = {
         "rows_dropped_l0": stats["rows_dropped_l0"] / max(1, n_rows),
         "rows_dropped_linf": stats["rows_dropped_linf"] / max(1, n_rows),
-        "units_dropped_l0": len(np.unique(ucode[~in_kept_pair])) / n_units,
-        "units_dropped_linf": len(np.unique(ucode[in_kept_pair & ~kept_row])) / n_units,
+        "units_dropped_l0": int(np.count_nonzero(np.bincount(truth.pair_unit[~kept_pair],
+                                                             minlength=truth.n_units))) / n_units,
+        "units_dropped_linf": int(np.count_nonzero(np.bincount(truth.ucode[lost_linf],
+                                                               minlength=truth.n_units))) / n_units,
     }
     return _Bounded(keep, count, units, drops)
 
