@@ -33,6 +33,7 @@ GRID = {"l0": [2, 3, 5, 8, 10], "linf": [1, 2], "bounds": {"amount": [[0, 50], [
 
 
 def child(case: str, n: int) -> dict:
+    """One measured case in this process: the release or the tuning of the same rows."""
     import bench_pipeline as bp
 
     work = bp.OUT / "tune" / f"n{n}"
@@ -66,6 +67,7 @@ def child(case: str, n: int) -> dict:
 
 
 def run_child(case: str, n: int) -> dict:
+    """Run ``child`` in a subprocess; its JSON line plus peak RSS."""
     proc = subprocess.Popen([sys.executable, __file__, "--child", case, "--n", str(n)], stdout=subprocess.PIPE,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     out, _ = proc.communicate()
@@ -79,6 +81,7 @@ def run_child(case: str, n: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Benchmark each size; write benchmarks/out/bench_tune.json."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="1e6")
     ap.add_argument("--child", default=None)

@@ -65,8 +65,8 @@ def cli(spec_path: str, sample: str, grid_path: str | None, l0: str | None, linf
     """Evaluate a grid of L0, Linf, value bounds and epsilon splits on a sample in one pass; recommend one."""
     from dpops.analysis import load
     from dpops.analysis.sample_access import is_private_path, open_sample
-    from dpops.analysis.tuning import default_grid, grid_from_doc, tune
     from dpops.analysis.tune_output import html_page, patch_yaml
+    from dpops.analysis.tuning import default_grid, grid_from_doc, tune
     from dpops.release.context import default_actor
 
     spec = load(spec_path)
