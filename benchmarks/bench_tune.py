@@ -70,13 +70,14 @@ def run_child(case: str, n: int) -> dict:
     """Run ``child`` in a subprocess; its JSON line plus peak RSS."""
     proc = subprocess.Popen([sys.executable, __file__, "--child", case, "--n", str(n)], stdout=subprocess.PIPE,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
-    out, _ = proc.communicate()
-    _, status, usage = os.wait4(proc.pid, 0) if proc.returncode is None else (0, 0, None)
-    if proc.returncode != 0:
-        raise SystemExit(f"{case} at n={n} failed (exit {proc.returncode})")
+    assert proc.stdout is not None
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise SystemExit(f"{case} at n={n} failed (exit {code})")
     doc = json.loads(out.decode().strip().splitlines()[-1])
-    if usage is not None:
-        doc["max_rss_mb"] = usage.ru_maxrss / 1024
+    doc["max_rss_mb"] = usage.ru_maxrss / 1024
     return doc
 
 
@@ -98,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         rel = run_child("release", n)
         tun = run_child("tune", n)
         ratio = tun["seconds"] / rel["seconds"]
-        print(f"n={n:,}: release {rel['seconds']:.1f}s, tune ({tun['candidates']} candidates, "
-              f"{tun['boundings']} boundings) {tun['seconds']:.1f}s, ratio {ratio:.2f} (target <= 2)", flush=True)
+        print(f"n={n:,}: release {rel['seconds']:.1f}s ({rel['max_rss_mb']:.0f} MB), tune ({tun['candidates']} "
+              f"candidates, {tun['boundings']} boundings) {tun['seconds']:.1f}s ({tun['max_rss_mb']:.0f} MB), "
+              f"ratio {ratio:.2f} (target <= 2)", flush=True)
         results.append({"rows": n, "release": rel, "tune": tun, "ratio": ratio})
     bp.OUT.mkdir(parents=True, exist_ok=True)
     (bp.OUT / "bench_tune.json").write_text(json.dumps(results, indent=2))
