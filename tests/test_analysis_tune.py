@@ -217,3 +217,38 @@ def test_html_page_offline(tmp_path):
     page = html_page(res, {"source": "public"})
     assert page.count("data:image/png;base64,") == 3  # error vs L0, vs the bound of amount, partitions kept
     assert "http://" not in page and "https://" not in page and "<script" not in page
+
+
+# --------------------------------------------------------------------------- properties
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@st.composite
+def small_samples(draw):
+    n = draw(st.integers(1, 40))
+    users = draw(st.lists(st.integers(0, 7), min_size=n, max_size=n))
+    parts = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    vals = draw(st.lists(st.floats(-20, 200, allow_nan=False), min_size=n, max_size=n))
+    return pd.DataFrame({"user_id": [f"u{u}" for u in users], "region": [f"r{p}" for p in parts], "amount": vals})
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(df=small_samples(), l0s=st.lists(st.integers(1, 4), min_size=1, max_size=2, unique=True),
+       linfs=st.lists(st.integers(1, 3), min_size=1, max_size=2, unique=True))
+def test_one_pass_property_on_small_samples(tmp_path_factory, df, l0s, linfs):
+    """For any small sample: the grid evaluated in one pass equals each candidate evaluated alone, and each
+    candidate's drop shares add up to the rows ``bound_contributions`` removed."""
+    spec = spec_at(tmp_path_factory.mktemp("p"))
+    grid = grid_from_doc(tune_api.load(spec), {"l0": l0s, "linf": linfs, "bounds": {"amount": [[0, 10]]}})
+    together = tune_api.tune(spec, df, grid=grid, seed=5)
+    assert together.boundings == len(l0s) * len(linfs)
+    for cand in grid:
+        alone = tune_api.tune(spec, df, grid=[cand], seed=5)
+        assert [r for r in together.rows if r["candidate"] == cand.label] == alone.rows
+        c = next(x for x in together.candidates if x["candidate"] == cand.label)
+        count_rows = [r for r in alone.rows if r["metric"] == "count"]
+        dropped = -sum(r["bias_bounding"] * r["partitions"] for r in count_rows)  # true minus bounded rows
+        assert dropped == pytest.approx((c["rows_dropped_l0"] + c["rows_dropped_linf"]) * len(df))
+        assert 0 <= c["units_dropped_l0"] <= 1 and 0 <= c["units_dropped_linf"] <= 1
