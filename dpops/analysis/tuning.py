@@ -3,16 +3,17 @@
 ``tune(spec, sample)`` evaluates a grid of candidates -- contribution bounds (L0, Linf), value bounds
 per column and the epsilon split -- on a sample and recommends the one minimising a declared loss.
 
-One pass. The sample is read and checked once (``pipelines.io.prepare_batch``: the release's own
-type checks, hashing and drop rules), and bounded once per distinct (L0, Linf) by the release's own
-``pipelines.bounding.bound_contributions`` -- the one implementation of contribution bounding; there
-is no second one here. The largest (L0, Linf) is bounded from all rows, every smaller one from the rows
-it kept, which gives the same rows (``_bound``) on fewer. Everything else a candidate changes (value
-bounds, epsilon split) is derived from those bounded rows without re-reading or re-bounding: clipping
-is ``numpy.clip`` on the bounded values (what ``aggregate_bucket`` does before its fixed-point sum; the fixed-point snap moves a sum by
-at most rows x 2^-31 of the bound, ignored), the noise of each candidate is the prediction of
-``dpops.analysis.accuracy.predict`` on the candidate's own ``plan_release`` (the mechanisms the
-pipeline would draw), and keep probabilities are the plan's ``PartitionSelection.keep_probability``.
+One pass. The sample is read and checked once (``pipelines.io.prepare_batch``: the release's own type
+checks, hashing and drop rules), and bounded once per distinct (L0, Linf) by the release's own
+``pipelines.bounding.bound_contributions`` -- the one implementation of contribution bounding; there is
+no second one here. The largest (L0, Linf) is bounded from all rows, every smaller one from the rows it
+kept, which gives the same rows (``_bound``) on fewer. Everything else a candidate changes (value
+bounds, epsilon split) is derived from those bounded rows without re-reading or re-bounding: clipping is
+``numpy.clip`` on the bounded values (what ``aggregate_bucket`` does before its fixed-point sum; the
+fixed-point snap moves a sum by at most rows x 2^-31 of the bound, ignored), the noise of each candidate
+is the prediction of ``dpops.analysis.accuracy.predict`` on the candidate's own ``plan_release`` (the
+mechanisms the pipeline would draw), and keep probabilities are the plan's
+``PartitionSelection.keep_probability``.
 
 What is reported, per candidate, metric and partition-size bucket (partitions bucketed by their
 true number of units in the sample): expected RMSE = sqrt(noise variance + squared bias), the bias
