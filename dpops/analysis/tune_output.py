@@ -78,15 +78,17 @@ def _plots(result: TuneResult) -> list[tuple[str, str]]:
     out.append(("Error against L0", _png(fig)))
     plt.close(fig)
     # error against the value bound, per bounded column
+    from dpops.analysis.tuning import bounded_columns
+
+    spec_bounds = bounded_columns(result.spec)
     cols = sorted({c for g in result.grid for c, _, _ in g.bounds})
     for col in cols:
         fig, ax = plt.subplots(figsize=(5.5, 3.2))
         pts2 = []
         for c, g in zip(cs, result.grid, strict=True):
             if g.l0 == best.l0 and g.linf == best.linf and g.split == best.split:
-                hi = dict((k, h) for k, _, h in g.bounds).get(col)
-                if hi is not None:
-                    pts2.append((hi, c["mean_relative_rmse"]))
+                hi = dict((k, h) for k, _, h in g.bounds).get(col, spec_bounds[col][1])
+                pts2.append((hi, c["mean_relative_rmse"]))
         pts2.sort()
         ax.plot([p[0] for p in pts2], [p[1] for p in pts2], marker="o")
         ax.set_xlabel(f"upper bound of {col}")
