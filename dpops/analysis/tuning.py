@@ -353,7 +353,7 @@ class _Bounded:
 def _truth(rows: dict[str, np.ndarray], value_cols: Sequence[str]) -> _Truth:
     import pandas as pd
 
-    parts, pidx = np.unique(rows["p"], return_inverse=True)
+    pidx, parts = pd.factorize(rows["p"], sort=True)  # codes into the sorted hashes, as np.unique, by hashing
     n = len(parts)
     ucode, uniq = pd.factorize(rows["u"], sort=False)
     pair, _ = pd.factorize(ucode.astype(np.int64) * (n + 1) + pidx, sort=False)
