@@ -41,6 +41,7 @@ from dpops.analysis.accuracy import (
 from dpops.analysis.horizon import ACCOUNTANTS, Horizon, HorizonRow
 from dpops.analysis.solver import FitCheck, Solution, solve
 from dpops.analysis.targets import TargetResult, evaluate
+from dpops.analysis.tuning import Candidate, TuneResult, tune
 from dpops.errors import InvalidParameter
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
 __all__ = [
     "load", "plan", "predictions", "keep_curve", "check_targets", "solve", "Solution", "horizon_of",
     "Horizon", "HorizonRow", "explain", "Prediction", "TargetResult", "ACCOUNTANTS", "FitCheck",
-    "DEFAULT_CONFIDENCE", "DEFAULT_UNITS", "DEFAULT_GAP",
+    "DEFAULT_CONFIDENCE", "DEFAULT_UNITS", "DEFAULT_GAP", "tune", "Candidate", "TuneResult",
 ]
 
 

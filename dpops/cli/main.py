@@ -37,6 +37,7 @@ SUBCOMMANDS = [
     ("audit", "audit"),
     ("key", "key"),
     ("gaps", "gaps"),
+    ("tune", "tune"),
 ]
 
 

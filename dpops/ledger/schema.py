@@ -170,7 +170,7 @@ def _v2(db: Backend) -> None:
 #   An owner may insert another writer (``dpops ledger import`` copies entries verbatim, with their writer).
 # - Entries written before this version have no writer (NULL, no ``writer`` in the body): their hashes are
 #   unchanged, so old chains, exports and checkpoints keep verifying.
-APP_ENTRY_KINDS = ("reserved", "started", "committed", "spent_unpublished", "released")
+APP_ENTRY_KINDS = ("reserved", "started", "committed", "spent_unpublished", "released", "private_access")
 OWNER_ONLY_KINDS = ("scope_created", "cap_changed", "scope_time_pinned")
 
 _V3_POSTGRES = [

@@ -379,6 +379,27 @@ class Ledger:
                        (canonical_json(new.to_dict()), eid, name))
         return new
 
+    def record_private_access(self, scope: str, *, actor: str, fingerprint: str, reason: str,
+                              purpose: str) -> int:
+        """Record that ``actor`` read private data of ``scope`` outside any DP mechanism (entry ``private_access``).
+
+        Nothing is charged and no cap moves: a non-DP look at the data (``dpops tune`` on a private root)
+        cannot be expressed as an epsilon, so the ledger keeps the fact instead -- who, when (the entry's
+        timestamp), which input (``fingerprint``: the keyed input fingerprint, never a plain hash of the
+        content), why, and for what (``purpose``). Replay (``verify``) accepts the entry on an existing scope
+        and leaves every budget as it was. Returns the entry id."""
+        _check_actor(actor)
+        _check_reason(reason)
+        if not isinstance(fingerprint, str) or not fingerprint:
+            raise InvalidParameter("a private access names its keyed input fingerprint")
+        if not isinstance(purpose, str) or not purpose.strip():
+            raise InvalidParameter("a private access names its purpose (e.g. 'tune')")
+        with self._write() as db:
+            self._scope_row(db, scope, lock=True)  # an unknown scope is refused (SpecError naming it)
+            eid, _, _ = self._append(db, "private_access", scope, None, [], actor,
+                                     {"fingerprint": fingerprint, "reason": reason, "purpose": purpose})
+        return eid
+
     # --- runs: rows -----------------------------------------------------------------------------
     def _run_row(self, db: Backend, run_id: str, lock: bool = False) -> tuple | None:
         return db.one(f"SELECT {_RUN_COLS} FROM runs WHERE run_id = ?", (run_id,))

@@ -86,6 +86,11 @@ class _Replay:
         if kind == "scope_time_pinned":
             self._pin(eid, scope, sdef, data)
             return
+        if kind == "private_access":
+            # a non-DP access event (Ledger.record_private_access): recorded, charges nothing, moves no cap
+            if run_id is not None or buckets:
+                raise _Broken(eid, "private_access entry names a run or buckets")
+            return  # the scopes table's last_entry is not moved by it either
         if kind == "reserved":
             self._reserve(eid, ts, sdef, acct, run_id, buckets, data)
             return

@@ -1,0 +1,106 @@
+"""Which files ``dpops tune`` may read, and what reading private data on purpose leaves behind.
+
+Tuning is not differentially private: its output (drops, biases, the recommended bounds) is an exact
+function of the rows it reads. So by default it reads only the operator's public roots
+(``$DPOPS_PUBLIC_ROOTS``, checked by ``dpops.dataroots.check_public_path``: public, synthetic or
+previously released data, kept apart from the data roots). A path that resolves under a data root
+(``$DPOPS_DATA_ROOTS``, or the spec's directory when unset: where private inputs live) is refused
+unless the caller passes ``allow_private=True`` (CLI: ``--i-understand-this-reads-private-data``) with
+a reason; then, before a single row is read, the ledger records a ``private_access`` entry on the
+spec's scope (who, when, the keyed input fingerprint, why), and the spec patch says so. The fact is
+durable and reviewable even though no epsilon can describe it.
+
+Anything else -- a path outside both kinds of root, or the key file -- is refused. The refusals
+are ``SpecError`` (exit 3) naming the path and the setting to change, never the file's content.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from dpops import dataroots
+from dpops.errors import InvalidParameter, SpecError
+from dpops.storage.location import Location, LocationError
+
+if TYPE_CHECKING:
+    from dpops.inputs import HmacKey
+    from dpops.ledger import Ledger
+    from dpops.spec import ReleaseSpec
+
+PRIVATE_FLAG = "--i-understand-this-reads-private-data"
+FIELD = "--sample"
+
+
+@dataclass(frozen=True)
+class SampleAccess:
+    """The outcome of the check: where the sample resolves, whether it is private data, and for private
+    data the ledger entry recording the access."""
+
+    location: str
+    private: bool
+    when: str  # UTC ISO time of the check (for private data: just before the ledger entry)
+    fingerprint: str | None = None
+    entry_id: int | None = None
+    scope: str | None = None
+
+    def provenance(self) -> dict[str, object]:
+        """What a spec patch carries about the data its values came from."""
+        if not self.private:
+            return {"source": "public", "sample": self.location, "checked_at": self.when}
+        return {"source": "private", "scope": self.scope, "fingerprint": self.fingerprint,
+                "ledger_entry": self.entry_id, "read_at": self.when,
+                "statement": f"bounds chosen by looking at the private data on {self.when[:10]}"}
+
+
+def _resolve(path: str | os.PathLike[str]) -> Location:
+    try:
+        return Location.parse(os.path.expanduser(os.fspath(path)), base=Location.local(os.getcwd())).realpath()
+    except LocationError as exc:
+        raise SpecError(f"{FIELD} ({os.fspath(path)}): {exc}") from None
+
+
+def is_private_path(spec: ReleaseSpec, path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` resolves under a data root of ``spec`` (``dpops.dataroots.data_root_locations``)."""
+    resolved = _resolve(path)
+    return any(resolved.is_under(r) for r in dataroots.data_root_locations(spec.base_dir))
+
+
+def open_sample(spec: ReleaseSpec, path: str | os.PathLike[str], *, allow_private: bool = False,
+                ledger: Ledger | None = None, actor: str | None = None, reason: str | None = None,
+                fingerprint_key: HmacKey | None = None,
+                key_path: str | os.PathLike[str] | None = None) -> SampleAccess:
+    """Check ``path`` for tuning; for private data (allowed explicitly) record the access first."""
+    when = datetime.now(UTC).replace(microsecond=0).isoformat()
+    if not is_private_path(spec, path):
+        check_public = getattr(dataroots, "check_public_path", None)
+        if check_public is None:  # a dpops without the public-roots allow-list: nothing is known to be public
+            raise SpecError(f"{FIELD} ({os.fspath(path)}): this dpops has no public-roots allow-list "
+                            "(dpops.dataroots.check_public_path), so no sample is known to be public data")
+        pub = check_public(path, FIELD, source=spec.source, spec_dir=spec.base_dir, key_path=key_path)
+        return SampleAccess(str(getattr(pub, "location", pub)), False, when)
+    if not allow_private:
+        raise SpecError(
+            f"{FIELD} ({os.fspath(path)}) resolves under a data root, where private inputs live. Tuning is not "
+            f"differentially private: its output is an exact function of the rows it reads. Tune on public or "
+            f"synthetic data under $DPOPS_PUBLIC_ROOTS, or, if you must look at the private data, pass {PRIVATE_FLAG} "
+            "with --reason: the ledger will record the access for the spec's scope and the spec patch will say so")
+    # Same checks as a release's input (under a data root, away from the noise key), then the entry, then the read.
+    resolved = dataroots.check_data_path(path, FIELD, source=spec.source, spec_dir=spec.base_dir, key_path=key_path)
+    if ledger is None or fingerprint_key is None or not actor:
+        raise InvalidParameter(f"reading private data for tuning needs a ledger, a fingerprint key (--key-file) "
+                               f"and an actor, so that the access is recorded ({PRIVATE_FLAG})")
+    if not reason or not reason.strip():
+        raise InvalidParameter(f"{PRIVATE_FLAG} needs --reason: why the private data must be looked at "
+                               "(kept in the ledger forever)")
+    from dpops.inputs import input_fingerprint
+
+    fp = "hmac-sha256:" + input_fingerprint([resolved], fingerprint_key)
+    eid = ledger.record_private_access(spec.budget.scope, actor=actor, fingerprint=fp, reason=reason,
+                                       purpose=f"tune {spec.name}")
+    return SampleAccess(resolved, True, when, fp, eid, spec.budget.scope)
+
+
+__all__ = ["PRIVATE_FLAG", "SampleAccess", "open_sample", "is_private_path"]

@@ -1,0 +1,150 @@
+"""What ``dpops tune`` writes: the recommendation as a spec patch (YAML) and an HTML page with plots.
+
+The page is self-contained: matplotlib (Agg backend) PNGs embedded as ``data:`` URIs, no script and
+no CDN, so it opens offline and loads nothing from anywhere. Every value in it is escaped. Plots:
+error against L0 and against the value bound (the recommended candidate's other settings held), and
+the expected number of partitions kept per candidate.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+if TYPE_CHECKING:
+    from dpops.analysis.tuning import TuneResult
+
+PATCH_SCHEMA = "dpops.tune-patch/1"
+
+
+def patch_document(result: TuneResult, provenance: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"patch": <spec patch>, "tuning": <where it came from>}``; apply ``patch`` with
+    ``dpops.analysis.tuning.apply_patch`` (lists replace, mappings merge)."""
+    from dpops.analysis.tuning import spec_patch
+
+    best = result.candidates[result.best]
+    return {
+        "schema": PATCH_SCHEMA,
+        "spec": result.spec.name,
+        "patch": spec_patch(result.spec, result.recommended),
+        "tuning": {"candidate": result.recommended.label, "loss": result.loss, "loss_value": _finite(best["loss"]),
+                   "candidates": len(result.grid), "sample_rows": result.sample_rows,
+                   "not_evaluated": list(result.not_evaluated), "data": dict(provenance)},
+    }
+
+
+def _finite(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def patch_yaml(result: TuneResult, provenance: Mapping[str, Any]) -> str:
+    """``patch_document`` as YAML, headed by comments that say it is not DP and, for private data, when."""
+    doc = patch_document(result, provenance)
+    head = "# dpops tune recommendation (not differentially private: computed from the sample's exact rows)\n"
+    if provenance.get("source") == "private":
+        head += f"# {provenance.get('statement')} (ledger entry {provenance.get('ledger_entry')})\n"
+    return head + yaml.safe_dump(doc, sort_keys=False)
+
+
+def _png(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _plots(result: TuneResult) -> list[tuple[str, str]]:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display, no GUI toolkit
+    import matplotlib.pyplot as plt
+
+    best = result.recommended
+    out: list[tuple[str, str]] = []
+    cs = result.candidates
+    # error against L0 (Linf, bounds, split as recommended)
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    pts = sorted((c["l0"], c["mean_relative_rmse"]) for c, g in zip(cs, result.grid, strict=True)
+                 if g.linf == best.linf and g.bounds == best.bounds and g.split == best.split)
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
+    ax.set_xlabel("L0 (max partitions per unit)")
+    ax.set_ylabel("mean relative RMSE")
+    ax.set_title(f"error vs L0 (Linf={best.linf})")
+    out.append(("Error against L0", _png(fig)))
+    plt.close(fig)
+    # error against the value bound, per bounded column
+    from dpops.analysis.tuning import bounded_columns
+
+    spec_bounds = bounded_columns(result.spec)
+    cols = sorted({c for g in result.grid for c, _, _ in g.bounds})
+    for col in cols:
+        fig, ax = plt.subplots(figsize=(5.5, 3.2))
+        pts2 = []
+        for c, g in zip(cs, result.grid, strict=True):
+            if g.l0 == best.l0 and g.linf == best.linf and g.split == best.split:
+                hi = dict((k, h) for k, _, h in g.bounds).get(col, spec_bounds[col][1])
+                pts2.append((hi, c["mean_relative_rmse"]))
+        pts2.sort()
+        ax.plot([p[0] for p in pts2], [p[1] for p in pts2], marker="o")
+        ax.set_xlabel(f"upper bound of {col}")
+        ax.set_ylabel("mean relative RMSE")
+        ax.set_title(f"error vs value bound ({col})")
+        out.append((f"Error against the bound of {col}", _png(fig)))
+        plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6.5, 3.2))
+    ax.bar(range(len(cs)), [c["expected_partitions_kept"] for c in cs],
+           color=["C1" if i == result.best else "C0" for i in range(len(cs))])
+    ax.set_xlabel("candidate (#; recommended in orange)")
+    ax.set_ylabel("expected partitions kept")
+    ax.set_title(f"partitions kept (of {cs[0]['partitions'] if cs else 0} in the sample)")
+    out.append(("Partitions kept", _png(fig)))
+    plt.close(fig)
+    return out
+
+
+def _table(rows: list[dict[str, Any]], cols: list[str]) -> str:
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return html.escape(f"{v:.4g}")
+        return html.escape("" if v is None else str(v))
+
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{cell(r.get(c))}</td>" for c in cols) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def html_page(result: TuneResult, provenance: Mapping[str, Any]) -> str:
+    """The page as one string (no external resource)."""
+    warn = ("Computed from the sample's exact rows: NOT differentially private. "
+            + (str(provenance.get("statement", "")) + "." if provenance.get("source") == "private"
+               else "The sample was read from the operator's public roots."))
+    plots = "".join(f"<h2>{html.escape(t)}</h2><img alt=\"{html.escape(t)}\" src=\"{src}\">"
+                    for t, src in _plots(result))
+    ccols = ["candidate", "loss", "mean_relative_rmse", "max_relative_rmse", "target_ratio", "rows_dropped_l0",
+             "rows_dropped_linf", "units_dropped_l0", "units_dropped_linf", "expected_partitions_kept"]
+    best_rows = [r for r in result.rows if r["candidate"] == result.recommended.label]
+    rcols = ["metric", "bucket", "partitions", "noise_std", "bias_bounding", "bias_clipping", "rmse", "relative_rmse",
+             "expected_partitions_kept"]
+    ne = ", ".join(result.not_evaluated) or "none"
+    return (
+        "<!doctype html><html><head><meta charset=\"utf-8\">"
+        "<meta http-equiv=\"Content-Security-Policy\" "
+        "content=\"default-src 'none'; img-src data:; style-src 'unsafe-inline'\">"
+        f"<title>dpops tune: {html.escape(result.spec.name)}</title>"
+        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:90%}"
+        "td,th{border:1px solid #ccc;padding:2px 6px}.warn{background:#fee;padding:.5em}</style></head><body>"
+        f"<h1>Tuning {html.escape(result.spec.name)}</h1><p class=\"warn\">{html.escape(warn)}</p>"
+        f"<p>Recommended: <b>{html.escape(result.recommended.label)}</b> (loss {html.escape(result.loss)}); "
+        f"{len(result.grid)} candidates, {result.sample_rows} rows, {result.boundings} bounding passes. "
+        f"Not evaluated: {html.escape(ne)}.</p>{plots}"
+        f"<h2>Candidates</h2>{_table(result.candidates, ccols)}"
+        f"<h2>Recommended candidate by metric and partition size (true units)</h2>{_table(best_rows, rcols)}"
+        "</body></html>")
+
+
+__all__ = ["PATCH_SCHEMA", "patch_document", "patch_yaml", "html_page"]

@@ -1,0 +1,589 @@
+"""Tuning on a sample: many candidate settings, one read of the data, the pipeline's own bounding.
+
+``tune(spec, sample)`` evaluates a grid of candidates -- contribution bounds (L0, Linf), value bounds
+per column and the epsilon split -- on a sample and recommends the one minimising a declared loss.
+
+One pass. The sample is read and checked once (``pipelines.io.prepare_batch``: the release's own type
+checks, hashing and drop rules), and bounded once per distinct (L0, Linf) by the release's own
+``pipelines.bounding.bound_contributions`` -- the one implementation of contribution bounding; there is
+no second one here. The largest (L0, Linf) is bounded from all rows, every smaller one from the rows it
+kept, which gives the same rows (``_bound``) on fewer. Everything else a candidate changes (value
+bounds, epsilon split) is derived from those bounded rows without re-reading or re-bounding: clipping is
+``numpy.clip`` on the bounded values (what ``aggregate_bucket`` does before its fixed-point sum; the
+fixed-point snap moves a sum by at most rows x 2^-31 of the bound, ignored), the noise of each candidate
+is the prediction of ``dpops.analysis.accuracy.predict`` on the candidate's own ``plan_release`` (the
+mechanisms the pipeline would draw), and keep probabilities are the plan's
+``PartitionSelection.keep_probability``.
+
+What is reported, per candidate, metric and partition-size bucket (partitions bucketed by their
+true number of units in the sample): expected RMSE = sqrt(noise variance + squared bias), the bias
+from bounding (bounded unclipped minus true) and from clipping (clipped minus bounded), the relative
+RMSE, and, per candidate: the share of rows and of units dropped by the L0 and by the Linf step and
+the expected number of partitions kept. Metrics evaluated: count, unit_count, sum, mean. Variance,
+quantiles and top_k are not evaluated (listed in ``TuneResult.not_evaluated``): tuning says nothing
+about them rather than something wrong.
+
+Privacy. Nothing here is differentially private: the output is a function of the sample's exact
+values. That is why the sample must be public or synthetic data (``dpops.analysis.sample_access``
+enforces the operator's allow-list for paths and records a ledger event when private data is read
+on purpose), and why the recommendation says where it came from.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dpops.errors import InputDataError, InvalidParameter
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
+
+    from dpops.release_plan import ReleasePlan
+    from dpops.spec import ReleaseSpec
+
+EVALUATED_TYPES = ("count", "unit_count", "sum", "mean")
+BUCKET_EDGES = (1, 10, 100, 1000, 10_000, 100_000)
+_REF_UNITS = 1000  # the partition size at which a mean's noise is predicted, then scaled by 1/n (first order)
+LOSSES = ("targets", "mean_relative_rmse", "max_relative_rmse")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One setting to try: contribution bounds, value bounds per column and the epsilon split weights."""
+
+    l0: int
+    linf: int
+    bounds: tuple[tuple[str, float, float], ...] = ()  # (column, lo, hi); columns not named keep the spec's
+    split: tuple[tuple[str, float], ...] | None = None  # None keeps the spec's budget.split
+
+    @property
+    def label(self) -> str:
+        """A short readable name, unique within a grid (used as the candidate's key in every output)."""
+        b = ",".join(f"{c}:[{_num(lo)},{_num(hi)}]" for c, lo, hi in self.bounds)
+        s = "" if self.split is None else " split=" + ",".join(f"{k}:{_num(w)}" for k, w in self.split)
+        return f"L0={self.l0} Linf={self.linf}" + (f" {b}" if b else "") + s
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+@dataclass
+class TuneResult:
+    """What ``tune`` found. ``rows``: one dict per (candidate, metric, bucket); ``candidates``: one dict
+    per candidate (drops, partitions kept, loss); ``best``: index of the recommended candidate."""
+
+    spec: ReleaseSpec
+    grid: list[Candidate]
+    rows: list[dict[str, Any]]
+    candidates: list[dict[str, Any]]
+    best: int
+    loss: str
+    not_evaluated: list[str]
+    sample_rows: int
+    boundings: int  # bounding passes: one per distinct (L0, Linf), plus the largest bounds if not in the grid
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def recommended(self) -> Candidate:
+        """The candidate of least loss."""
+        return self.grid[self.best]
+
+    def frame(self) -> pd.DataFrame:
+        """``rows`` as a pandas DataFrame (needs pandas)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows)
+
+    def candidate_frame(self) -> pd.DataFrame:
+        """``candidates`` as a pandas DataFrame."""
+        import pandas as pd
+
+        return pd.DataFrame(self.candidates)
+
+
+# --------------------------------------------------------------------------- the grid
+
+
+def candidate_spec(spec: ReleaseSpec, cand: Candidate) -> ReleaseSpec:
+    """The spec with the candidate applied (validated by the ordinary spec parser)."""
+    return load_patched(spec, spec_patch(spec, cand))
+
+
+def spec_patch(spec: ReleaseSpec, cand: Candidate) -> dict[str, Any]:
+    """The candidate as a patch of the spec document: ``contribution``, ``budget.split`` and the whole
+    ``metrics`` list with the new bounds (lists are replaced, not merged)."""
+    patch: dict[str, Any] = {"contribution": {"max_partitions_per_unit": int(cand.l0),
+                                              "max_rows_per_unit_per_partition": int(cand.linf)}}
+    if cand.split is not None:
+        patch["budget"] = {"split": {k: float(w) for k, w in cand.split}}
+    if cand.bounds:
+        bmap = {c: [float(lo), float(hi)] for c, lo, hi in cand.bounds}
+        metrics = []
+        for m in spec.model_dump(mode="json", exclude_none=True)["metrics"]:
+            if "bounds" in m and m.get("column") in bmap:
+                m = {**m, "bounds": bmap[m["column"]]}
+            metrics.append(m)
+        patch["metrics"] = metrics
+    return patch
+
+
+def apply_patch(doc: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``patch`` into a spec document: mappings merge, everything else (lists too) replaces."""
+    out = dict(doc)
+    for k, v in patch.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = apply_patch(dict(out[k]), v)
+        else:
+            out[k] = v
+    return out
+
+
+def load_patched(spec: ReleaseSpec, patch: Mapping[str, Any]) -> ReleaseSpec:
+    """``spec`` with ``patch`` applied (``apply_patch``), validated by ``dpops.spec.parse_spec``."""
+    from dpops.spec import parse_spec
+
+    doc = apply_patch(spec.model_dump(mode="json", exclude_none=True), patch)
+    return parse_spec(doc, source=f"{spec.source} (patched by dpops tune)", base_dir=spec.base_dir)
+
+
+def bounded_columns(spec: ReleaseSpec) -> dict[str, tuple[float, float]]:
+    """Each value column of a bounded metric, with the spec's bounds (the first metric's, per column)."""
+    out: dict[str, tuple[float, float]] = {}
+    for m in spec.metrics:
+        b = getattr(m, "bounds", None)
+        col = getattr(m, "column", None)
+        if b is not None and col is not None and col not in out:
+            out[col] = (float(b[0]), float(b[1]))
+    return out
+
+
+def default_grid(spec: ReleaseSpec) -> list[Candidate]:
+    """A grid around the spec's values: L0 and Linf at half, equal and double (at least 1), and each
+    bounded column's upper bound at half, equal and double (lower bound kept), with the spec's split.
+    At most 27 candidates; duplicates removed."""
+    l0, linf = spec.contribution.max_partitions_per_unit, spec.contribution.max_rows_per_unit_per_partition
+    l0s = sorted({max(1, l0 // 2), l0, 2 * l0})
+    linfs = sorted({max(1, linf // 2), linf, 2 * linf})
+    cols = bounded_columns(spec)
+    scales = (0.5, 1.0, 2.0) if cols else (1.0,)
+    out: list[Candidate] = []
+    for a in l0s:
+        for b in linfs:
+            for s in scales:
+                bounds = tuple((c, lo, lo + (hi - lo) * s) for c, (lo, hi) in cols.items())
+                out.append(Candidate(a, b, bounds if s != 1.0 else ()))
+    return list(dict.fromkeys(out))
+
+
+def grid_from_doc(spec: ReleaseSpec, doc: Mapping[str, Any], source: str = "--grid") -> list[Candidate]:
+    """A grid from a document: ``{l0: [..], linf: [..], bounds: {column: [[lo, hi], ..]}, split: [{..}, ..]}``.
+
+    The cartesian product of the lists; an absent key keeps the spec's value. Errors name the key."""
+    allowed = {"l0", "linf", "bounds", "split"}
+    extra = set(doc) - allowed
+    if extra:
+        raise InvalidParameter(f"{source}: unknown grid key(s) {sorted(extra)}; allowed: {sorted(allowed)}")
+
+    def ints(key: str, default: int) -> list[int]:
+        vals = doc.get(key, [default])
+        if not isinstance(vals, list) or not vals or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                             and v >= 1 for v in vals):
+            raise InvalidParameter(f"{source}: {key} must be a non-empty list of integers >= 1, got {vals!r}")
+        return list(dict.fromkeys(vals))
+
+    l0s = ints("l0", spec.contribution.max_partitions_per_unit)
+    linfs = ints("linf", spec.contribution.max_rows_per_unit_per_partition)
+    cols = bounded_columns(spec)
+    raw_bounds = doc.get("bounds", {})
+    if not isinstance(raw_bounds, Mapping):
+        raise InvalidParameter(f"{source}: bounds must map a column to a list of [lo, hi] pairs")
+    per_col: list[list[tuple[str, float, float]]] = []
+    for col, pairs in raw_bounds.items():
+        if col not in cols:
+            raise InvalidParameter(f"{source}: bounds.{col}: no bounded metric of the spec uses column {col!r} "
+                                   f"(bounded columns: {sorted(cols)})")
+        if not isinstance(pairs, list) or not pairs:
+            raise InvalidParameter(f"{source}: bounds.{col} must be a non-empty list of [lo, hi] pairs")
+        opts = []
+        for pr in pairs:
+            if (not isinstance(pr, list) or len(pr) != 2 or not all(isinstance(x, (int, float)) and
+                                                                   not isinstance(x, bool) for x in pr)
+                    or not math.isfinite(pr[0]) or not math.isfinite(pr[1]) or not pr[0] < pr[1]):
+                raise InvalidParameter(f"{source}: bounds.{col}: {pr!r} is not a pair [lo, hi] of finite numbers "
+                                       "with lo < hi")
+            opts.append((str(col), float(pr[0]), float(pr[1])))
+        per_col.append(opts)
+    combos: list[tuple[tuple[str, float, float], ...]] = [()]
+    for opts in per_col:
+        combos = [c + (o,) for c in combos for o in opts]
+    raw_splits = doc.get("split")
+    splits: list[tuple[tuple[str, float], ...] | None] = [None]
+    if raw_splits is not None:
+        if not isinstance(raw_splits, list) or not raw_splits or not all(isinstance(s, Mapping) for s in raw_splits):
+            raise InvalidParameter(f"{source}: split must be a non-empty list of {{metric key: weight}} mappings")
+        splits = [tuple((str(k), float(v)) for k, v in s.items()) for s in raw_splits]
+    return list(dict.fromkeys(Candidate(a, b, bd, sp) for a in l0s for b in linfs for bd in combos for sp in splits))
+
+
+# --------------------------------------------------------------------------- reading the sample
+
+
+def _read_config(spec: ReleaseSpec, plan: ReleasePlan):
+    from pipelines.bounding import metric_layout
+    from pipelines.io import ReadConfig, hash_partition_tuples
+
+    value_cols, cats, _, _, _ = metric_layout(plan)
+    types: dict[str, str] = {k: str(v) for k, v in spec.input.columns.items()}
+    unit_col = None if spec.privacy_unit.record_level else spec.privacy_unit.column
+    pub = None
+    if plan.public_partitions is not None:
+        pub = np.sort(hash_partition_tuples(list(plan.public_partitions), tuple(plan.partition_columns), types))
+    return ReadConfig(format=spec.input.format, types=types, unit_column=unit_col,
+                      partition_columns=tuple(plan.partition_columns), value_columns=value_cols,
+                      category_columns={}, public_hashes=pub)
+
+
+def sample_table(spec: ReleaseSpec, sample: str | os.PathLike[str] | pa.Table | pd.DataFrame,
+                 columns: Sequence[str]) -> pa.Table:
+    """The sample as an Arrow table of ``columns``: a parquet/CSV path (by suffix, else the spec's format),
+    an Arrow table or a pandas DataFrame."""
+    import pyarrow as pa
+
+    if isinstance(sample, pa.Table):
+        table = sample
+    elif isinstance(sample, (str, os.PathLike)):
+        path = os.fspath(sample)
+        fmt = "csv" if path.endswith(".csv") else "parquet" if path.endswith(".parquet") else spec.input.format
+        try:
+            if fmt == "csv":
+                import pyarrow.csv as pacsv
+
+                table = pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(
+                    column_types={c: pa.string() for c in columns}, include_columns=list(columns)))
+            else:
+                import pyarrow.parquet as pq
+
+                table = pq.read_table(path, columns=list(columns))
+        except (OSError, pa.ArrowInvalid, KeyError) as exc:
+            raise InputDataError(f"tune --sample {path}: cannot read it as {fmt} with columns {list(columns)} "
+                                 f"({type(exc).__name__}); give a {fmt} file with the spec's input columns") from None
+    else:
+        try:
+            import pandas as pd
+        except ImportError:  # pragma: no cover
+            raise InvalidParameter("a sample is a path, a pyarrow.Table or a pandas.DataFrame") from None
+        if not isinstance(sample, pd.DataFrame):
+            raise InvalidParameter(f"a sample is a path, a pyarrow.Table or a pandas.DataFrame, "
+                                   f"got {type(sample).__name__}")
+        table = pa.Table.from_pandas(sample, preserve_index=False)
+    missing = [c for c in columns if c not in table.column_names]
+    if missing:
+        raise InputDataError(f"tune: the sample has no column(s) {missing} that the spec's metrics need")
+    return table.select(list(columns))
+
+
+def _prepare(spec: ReleaseSpec, plan: ReleasePlan, table: pa.Table, seed: int | None) -> dict[str, np.ndarray]:
+    """Checked, hashed rows of the whole sample (``prepare_batch`` per record batch, one pair salt)."""
+    from dpops.randomness import os_random, test_random
+    from pipelines.bounding import pair_salt
+    from pipelines.io import prepare_batch
+
+    cfg = _read_config(spec, plan)
+    rng = os_random() if seed is None else test_random(int(seed), ("tune",))
+    salt = pair_salt(rng)
+    parts: list[dict[str, np.ndarray]] = []
+    offset = 0
+    for i, batch in enumerate(table.to_batches(max_chunksize=cfg.batch_rows)):
+        rows, _, _ = prepare_batch(batch, 0, offset, cfg, rng.child("bounding", 0, -1, i), pair_salt=salt)
+        parts.append(rows)
+        offset += batch.num_rows
+    if not parts:
+        raise InputDataError("tune: the sample has no rows")
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def _bucket_labels(units: np.ndarray) -> np.ndarray:
+    idx = np.searchsorted(np.asarray(BUCKET_EDGES), units, side="right") - 1
+    labels = [f"[{BUCKET_EDGES[i]},{BUCKET_EDGES[i + 1]})" for i in range(len(BUCKET_EDGES) - 1)]
+    labels.append(f">={BUCKET_EDGES[-1]}")
+    return np.asarray(labels, dtype=object)[np.clip(idx, 0, len(labels) - 1)]
+
+
+def _bucket_order(labels: np.ndarray) -> list[str]:
+    present = set(labels.tolist())
+    return [str(b) for b in _bucket_labels(np.asarray(BUCKET_EDGES)).tolist() if b in present]
+
+
+@dataclass
+class _Truth:
+    """What every candidate shares: the sample's exact per-partition values and dense codes (computed once)."""
+
+    parts: np.ndarray  # sorted partition hashes present in the sample
+    pidx: np.ndarray  # partition index of every row
+    ucode: np.ndarray  # dense unit code of every row
+    n_units: int
+    pair: np.ndarray  # dense (unit, partition) pair code of every row
+    pair_part: np.ndarray  # partition index of each pair
+    pair_unit: np.ndarray  # unit code of each pair
+    count: np.ndarray
+    units: np.ndarray
+    sums: dict[str, np.ndarray]  # raw (unclipped) sums per value column
+    bucket: np.ndarray
+
+
+@dataclass
+class _Bounded:
+    keep: np.ndarray  # kept row indices
+    count: np.ndarray
+    units: np.ndarray
+    drops: dict[str, float]
+
+
+def _truth(rows: dict[str, np.ndarray], value_cols: Sequence[str]) -> _Truth:
+    import pandas as pd
+
+    pidx, parts = pd.factorize(rows["p"], sort=True)  # codes into the sorted hashes, as np.unique, by hashing
+    n = len(parts)
+    ucode, uniq = pd.factorize(rows["u"], sort=False)
+    pair, _ = pd.factorize(ucode.astype(np.int64) * (n + 1) + pidx, sort=False)
+    m = int(pair.max()) + 1
+    first = np.empty(m, np.int64)
+    first[pair[::-1]] = np.arange(len(pair) - 1, -1, -1)
+    pair_part, pair_unit = pidx[first], ucode[first]
+    count = np.bincount(pidx, minlength=n).astype(np.float64)
+    units = np.bincount(pair_part, minlength=n).astype(np.float64)
+    sums = {c: np.bincount(pidx, weights=rows[f"v:{c}"], minlength=n) for c in value_cols}
+    return _Truth(parts, pidx, ucode, len(uniq), pair, pair_part, pair_unit, count, units, sums, _bucket_labels(units))
+
+
+def _bound(rows: dict[str, np.ndarray], truth: _Truth, l0: int, linf: int,
+           within: np.ndarray | None = None) -> _Bounded:
+    """The release's own bounding (``bound_contributions``) and what each step dropped (O(rows) bincounts
+    over the codes ``_truth`` computed once).
+
+    ``within``: the rows kept under larger bounds (L0' >= l0, Linf' >= linf) from the same priorities. Bounding
+    those gives exactly the rows bounding everything would: each unit keeps the l0 smallest pair priorities
+    of its L0' smallest, which are its l0 smallest, and each pair the linf smallest row priorities of its
+    Linf' smallest (the orders are total and a subset keeps their relative order; ``pipelines.bounding``
+    module doc). The property test compares this with bounding every candidate from all rows."""
+    from pipelines.bounding import bound_contributions
+
+    if within is None:
+        keep, _, _ = bound_contributions(rows["u"], rows["p"], rows["prio"], l0, linf, rows["pp"])
+    else:
+        sub, _, _ = bound_contributions(rows["u"][within], rows["p"][within], rows["prio"][within], l0, linf,
+                                        rows["pp"][within])
+        keep = within[sub]
+    n_rows = len(rows["u"])
+    n = len(truth.parts)
+    count = np.bincount(truth.pidx[keep], minlength=n).astype(np.float64)
+    kept_pair = np.bincount(truth.pair[keep], minlength=len(truth.pair_part)) > 0
+    units = np.bincount(truth.pair_part[kept_pair], minlength=n).astype(np.float64)
+    # L0 drops whole (unit, partition) pairs, Linf rows of kept pairs (bound_contributions' own counters)
+    kept_row = np.zeros(n_rows, bool)
+    kept_row[keep] = True
+    row_pair_kept = kept_pair[truth.pair]
+    lost_linf = row_pair_kept & ~kept_row
+    n_units = max(1, truth.n_units)
+    drops = {
+        "rows_dropped_l0": float(n_rows - np.count_nonzero(row_pair_kept)) / max(1, n_rows),
+        "rows_dropped_linf": float(np.count_nonzero(lost_linf)) / max(1, n_rows),
+        "units_dropped_l0": int(np.count_nonzero(np.bincount(truth.pair_unit[~kept_pair],
+                                                             minlength=truth.n_units))) / n_units,
+        "units_dropped_linf": int(np.count_nonzero(np.bincount(truth.ucode[lost_linf],
+                                                               minlength=truth.n_units))) / n_units,
+    }
+    return _Bounded(keep, count, units, drops)
+
+
+def _noise(plan: ReleasePlan, confidence: float) -> dict[str, tuple[float, float]]:
+    """(std, (1-alpha) half-width) per evaluated metric key, from the plan's predictions.
+
+    count, unit_count, sum: of the released vector. mean: at _REF_UNITS rows (scaled by _REF_UNITS / n
+    per bucket: the first-order error of a mean is (E_nsum - d E_count) / n, ``accuracy.mean_error``)."""
+    from dpops.analysis.accuracy import predict
+
+    out: dict[str, tuple[float, float]] = {}
+    for p in predict(plan, confidence=confidence, at_units=_REF_UNITS):
+        if p.type in EVALUATED_TYPES and p.std is not None and p.abs_error is not None:
+            out[p.metric] = (float(p.std), float(p.abs_error))
+    return out
+
+
+def _keep_prob(plan: ReleasePlan, units: np.ndarray) -> np.ndarray:
+    ps = plan.partition_selection
+    if ps is None:
+        return np.ones(len(units))
+    return np.asarray(ps.keep_probability(units.astype(np.int64)), dtype=np.float64)
+
+
+def evaluate_candidate(spec: ReleaseSpec, cand: Candidate, rows: dict[str, np.ndarray], truth: _Truth,
+                       bounded: _Bounded, confidence: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Rows of one candidate from the sample's shared truth and its (L0, Linf) bounding."""
+    from dpops.release_plan import plan_release
+
+    cspec = candidate_spec(spec, cand)
+    plan = plan_release(cspec)
+    noise = _noise(plan, confidence)
+    keep_p = _keep_prob(plan, bounded.units)
+    kp = truth.pidx[bounded.keep]
+    n = len(truth.parts)
+    out: list[dict[str, Any]] = []
+    target_errs: dict[str, dict[str, np.ndarray]] = {}
+    for m in plan.metrics:
+        if m.type not in EVALUATED_TYPES or m.key not in noise:
+            continue
+        std, half = noise[m.key]
+        if m.type == "count":
+            true, est_b, est_c = truth.count, bounded.count, bounded.count
+        elif m.type == "unit_count":
+            true, est_b, est_c = truth.units, bounded.units, bounded.units
+        else:
+            assert m.bounds is not None and m.column is not None  # sum and mean are bounded metrics
+            col = m.column
+            lo, hi = float(m.bounds[0]), float(m.bounds[1])
+            v = rows[f"v:{col}"][bounded.keep]
+            sum_b = np.bincount(kp, weights=v, minlength=n)
+            sum_c = np.bincount(kp, weights=np.clip(v, lo, hi), minlength=n)
+            if m.type == "sum":
+                true, est_b, est_c = truth.sums[col], sum_b, sum_c
+            else:
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    true = truth.sums[col] / truth.count
+                    est_b = np.where(bounded.count > 0, sum_b / np.maximum(bounded.count, 1), (lo + hi) / 2)
+                    est_c = np.where(bounded.count > 0, sum_c / np.maximum(bounded.count, 1), (lo + hi) / 2)
+        if m.type == "mean":
+            scale = _REF_UNITS / np.maximum(bounded.count, 1.0)
+            std_p, half_p = std * scale, half * scale
+        else:
+            std_p, half_p = np.full(n, std), np.full(n, half)
+        bias_bound = est_b - true
+        bias_clip = est_c - est_b
+        bias = est_c - true
+        rmse = np.sqrt(std_p ** 2 + bias ** 2)
+        denom = np.maximum(np.abs(true), 1e-12)
+        rel = rmse / denom
+        err = half_p + np.abs(bias)
+        target_errs[m.key] = {"abs": err, "rel": err / denom, "units": truth.units}
+        for b in _bucket_order(truth.bucket):
+            sel = truth.bucket == b
+            out.append({
+                "candidate": cand.label, "l0": cand.l0, "linf": cand.linf, "metric": m.key, "type": m.type,
+                "bounds": None if m.bounds is None else [float(m.bounds[0]), float(m.bounds[1])],
+                "bucket": b, "partitions": int(np.count_nonzero(sel)),
+                "noise_std": float(np.mean(std_p[sel])), "bias_bounding": float(np.mean(bias_bound[sel])),
+                "bias_clipping": float(np.mean(bias_clip[sel])), "rmse": float(np.sqrt(np.mean(rmse[sel] ** 2))),
+                "relative_rmse": float(np.mean(rel[sel])),
+                "expected_partitions_kept": float(np.sum(keep_p[sel])),
+            })
+    summary = {"candidate": cand.label, "l0": cand.l0, "linf": cand.linf,
+               "bounds": {c: [lo, hi] for c, lo, hi in cand.bounds} or None,
+               "split": dict(cand.split) if cand.split is not None else None,
+               **bounded.drops, "partitions": n, "expected_partitions_kept": float(np.sum(keep_p)),
+               "mean_relative_rmse": float(np.mean([r["relative_rmse"] for r in out])) if out else math.inf,
+               "max_relative_rmse": float(np.max([r["relative_rmse"] for r in out])) if out else math.inf}
+    summary["target_ratio"] = _target_ratio(spec, plan, target_errs)
+    return out, summary
+
+
+def _target_ratio(spec: ReleaseSpec, plan: ReleasePlan, errs: Mapping[str, Mapping[str, np.ndarray]]) -> float | None:
+    """Worst (achieved / allowed) over the spec's targets: <= 1 means every target is met on the sample.
+
+    An error target on metric m at n units is judged on the sample's partitions in the size bucket of n
+    (all partitions if that bucket is empty): achieved = mean of (noise half-width + |bias|), absolute or
+    relative to the partition's true value. A keep target compares P(not kept at n) with the allowed
+    1 - min_probability. Targets on metrics tune does not evaluate are skipped (None if none is left)."""
+    if spec.accuracy is None:
+        return None
+    worst: float | None = None
+    for t in spec.accuracy.targets:
+        ratio: float | None = None
+        if t.kind == "error" and t.metric in errs:
+            e = errs[t.metric]
+            lab = _bucket_labels(np.asarray([t.at_units]))[0]
+            sel = _bucket_labels(e["units"]) == lab
+            if not sel.any():
+                sel = np.ones(len(e["units"]), bool)
+            if t.max_error is not None:
+                ratio = float(np.mean(e["abs"][sel])) / float(t.max_error)
+            if t.max_relative_error is not None:
+                r2 = float(np.mean(e["rel"][sel])) / float(t.max_relative_error)
+                ratio = r2 if ratio is None else max(ratio, r2)
+        elif t.kind == "keep":
+            p = float(_keep_prob(plan, np.asarray([t.at_units]))[0])
+            ratio = (1.0 - p) / (1.0 - float(t.min_probability))
+        if ratio is not None:
+            worst = ratio if worst is None else max(worst, ratio)
+    return worst
+
+
+def tune(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any],
+         sample: str | os.PathLike[str] | pa.Table | pd.DataFrame, *, grid: Sequence[Candidate] | None = None,
+         loss: str | None = None, confidence: float | None = None, seed: int | None = None) -> TuneResult:
+    """Evaluate ``grid`` (default ``default_grid``) on ``sample`` in one pass; recommend the least loss.
+
+    ``loss``: ``targets`` (worst achieved/allowed ratio over the spec's accuracy targets; the default
+    when the spec has targets tune can judge), ``mean_relative_rmse`` (the default otherwise) or
+    ``max_relative_rmse``. ``seed`` makes the bounding's random choices reproducible (tests).
+
+    This function does not check where a *path* comes from: ``dpops.analysis.sample_access.open_sample``
+    does (the CLI calls it first). A notebook caller passing a table vouches that it is public data.
+    """
+    from dpops.analysis import load
+    from dpops.release_plan import plan_release
+    from pipelines.bounding import metric_layout
+
+    s = load(spec)
+    grid = list(default_grid(s) if grid is None else grid)
+    if not grid:
+        raise InvalidParameter("tune: the grid is empty")
+    conf = float(confidence if confidence is not None else (s.accuracy.confidence if s.accuracy else 0.95))
+    plan0 = plan_release(s)
+    value_cols = metric_layout(plan0)[0]
+    cols = list(dict.fromkeys(_read_config(s, plan0).needed))
+    table = sample_table(s, sample, cols)
+    rows = _prepare(s, plan0, table, seed)  # the ONE read
+    if not len(rows["u"]):
+        raise InputDataError("tune: no row of the sample survives the release's input checks (types, nulls, "
+                             "public partitions)")
+    truth = _truth(rows, value_cols)
+    bounded: dict[tuple[int, int], _Bounded] = {}
+    all_rows: list[dict[str, Any]] = []
+    summaries: list[dict[str, Any]] = []
+    # The largest bounds first, from all rows; every other (L0, Linf) from the rows those kept (``_bound``).
+    top = (max(c.l0 for c in grid), max(c.linf for c in grid))
+    bounded[top] = _bound(rows, truth, *top)
+    for cand in grid:
+        key = (cand.l0, cand.linf)
+        if key not in bounded:
+            bounded[key] = _bound(rows, truth, *key, within=bounded[top].keep)
+        r, summ = evaluate_candidate(s, cand, rows, truth, bounded[key], conf)
+        all_rows.extend(r)
+        summaries.append(summ)
+    if loss is None:
+        loss = "targets" if any(x["target_ratio"] is not None for x in summaries) else "mean_relative_rmse"
+    if loss not in LOSSES:
+        raise InvalidParameter(f"tune: loss must be one of {LOSSES}, got {loss!r}")
+    key_name = "target_ratio" if loss == "targets" else loss
+    losses = [x[key_name] if x[key_name] is not None else math.inf for x in summaries]
+    for x, lv in zip(summaries, losses, strict=True):
+        x["loss"] = lv
+    best = int(np.argmin(np.asarray(losses)))
+    not_eval = [m.key for m in plan0.metrics if m.type not in EVALUATED_TYPES]
+    return TuneResult(s, grid, all_rows, summaries, best, loss, not_eval, int(len(rows["u"])), len(bounded))
+
+
+__all__ = ["Candidate", "TuneResult", "tune", "default_grid", "grid_from_doc", "spec_patch", "apply_patch",
+           "load_patched", "candidate_spec", "bounded_columns", "evaluate_candidate", "sample_table",
+           "EVALUATED_TYPES", "LOSSES"]

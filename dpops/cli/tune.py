@@ -1,0 +1,120 @@
+"""``dpops tune SPEC --sample PATH``: evaluate candidate settings on a sample; write a spec patch and a page.
+
+Not differentially private (see ``dpops.analysis.tuning`` and ``dpops.analysis.sample_access``): the sample
+must be under the operator's public roots, or the operator passes
+``--i-understand-this-reads-private-data`` with ``--reason``, and the ledger records the access first.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from dpops.analysis.sample_access import PRIVATE_FLAG
+from dpops.cli.common import echo_ok, json_option, ledger_option, open_cli_ledger, print_table
+from dpops.errors import InvalidParameter
+
+
+def _load_grid(path: str) -> dict[str, Any]:
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        doc = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        kind = "JSON" if path.endswith(".json") else "YAML"
+        raise InvalidParameter(f"--grid {path}: not valid {kind} ({exc})") from None
+    if not isinstance(doc, dict):
+        raise InvalidParameter(f"--grid {path}: expected a mapping with l0, linf, bounds and/or split")
+    return doc
+
+
+def _ints(raw: str | None, what: str) -> list[int] | None:
+    if raw is None:
+        return None
+    try:
+        return [int(x) for x in raw.split(",") if x.strip()]
+    except ValueError:
+        raise InvalidParameter(f"{what}: a comma-separated list of integers, got {raw!r}") from None
+
+
+@click.command()
+@click.argument("spec_path", metavar="SPEC", type=click.Path(exists=True, dir_okay=False))
+@click.option("--sample", "sample", required=True, help="parquet or CSV sample (under $DPOPS_PUBLIC_ROOTS)")
+@click.option("--grid", "grid_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="YAML/JSON grid: {l0: [..], linf: [..], bounds: {column: [[lo, hi], ..]}, split: [{..}, ..]}")
+@click.option("--l0", "l0", default=None, help="comma-separated L0 values (instead of the default grid's)")
+@click.option("--linf", "linf", default=None, help="comma-separated Linf values")
+@click.option("--loss", "loss", type=click.Choice(["targets", "mean_relative_rmse", "max_relative_rmse"]),
+              default=None, help="what the recommendation minimises (default: targets if the spec has any)")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="tune-out", show_default=True,
+              help="directory for patch.yaml, tune.html and results.json")
+@click.option(PRIVATE_FLAG, "allow_private", is_flag=True,
+              help="allow a sample under a private data root; the ledger records the access (needs --reason)")
+@click.option("--reason", default=None, help="with the private flag: why the private data must be read")
+@click.option("--key-file", "key_file", envvar="DPOPS_NOISE_KEY_FILE", default=None,
+              help="with the private flag: key for the input fingerprint recorded in the ledger")
+@click.option("--actor", default=None, help="who the ledger records (default dpops:<OS user>)")
+@ledger_option
+@json_option
+def cli(spec_path: str, sample: str, grid_path: str | None, l0: str | None, linf: str | None, loss: str | None,
+        out_dir: str, allow_private: bool, reason: str | None, key_file: str | None, actor: str | None,
+        as_json: bool) -> None:
+    """Evaluate a grid of L0, Linf, value bounds and epsilon splits on a sample in one pass; recommend one."""
+    from dpops.analysis import load
+    from dpops.analysis.sample_access import is_private_path, open_sample
+    from dpops.analysis.tune_output import html_page, patch_yaml
+    from dpops.analysis.tuning import default_grid, grid_from_doc, tune
+    from dpops.release.context import default_actor
+
+    spec = load(spec_path)
+    if grid_path is not None:
+        grid = grid_from_doc(spec, _load_grid(grid_path), source=f"--grid {grid_path}")
+    elif l0 is not None or linf is not None:
+        doc: dict[str, Any] = {}
+        if l0 is not None:
+            doc["l0"] = _ints(l0, "--l0")
+        if linf is not None:
+            doc["linf"] = _ints(linf, "--linf")
+        grid = grid_from_doc(spec, doc, source="--l0/--linf")
+    else:
+        grid = default_grid(spec)
+    if allow_private and is_private_path(spec, sample):
+        from dpops.keyref import resolve_key
+
+        if not key_file:
+            raise InvalidParameter(f"{PRIVATE_FLAG} needs --key-file (or $DPOPS_NOISE_KEY_FILE): the ledger records "
+                                   "the sample's keyed fingerprint")
+        with open_cli_ledger() as led:
+            access = open_sample(spec, sample, allow_private=True, ledger=led, actor=actor or default_actor(),
+                                 reason=reason, fingerprint_key=resolve_key(key_file), key_path=key_file)
+    else:
+        access = open_sample(spec, sample, allow_private=False, key_path=key_file)
+    result = tune(spec, access.location, grid=grid, loss=loss)
+    prov = access.provenance()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "patch.yaml").write_text(patch_yaml(result, prov), encoding="utf-8")
+    (out / "tune.html").write_text(html_page(result, prov), encoding="utf-8")
+    results = {"recommended": result.recommended.label, "loss": result.loss, "candidates": result.candidates,
+               "rows": result.rows, "not_evaluated": result.not_evaluated, "sample_rows": result.sample_rows,
+               "boundings": result.boundings, "data": prov}
+    from dpops.cli.common import dumps
+
+    (out / "results.json").write_text(dumps(results), encoding="utf-8")
+    files = {"patch": str(out / "patch.yaml"), "html": str(out / "tune.html"), "results": str(out / "results.json")}
+    if as_json:
+        echo_ok({**results, "files": files})
+        return
+    if access.private:
+        click.echo(f"WARNING: {prov['statement']}; recorded in the ledger as entry {access.entry_id}", err=True)
+    cols = ["candidate", "loss", "rows dropped L0", "rows dropped Linf", "partitions kept"]
+    print_table("dpops tune: candidates (not differentially private)", cols,
+                [[c["candidate"], f"{c['loss']:.4g}", f"{c['rows_dropped_l0']:.1%}", f"{c['rows_dropped_linf']:.1%}",
+                  f"{c['expected_partitions_kept']:.1f}"] for c in result.candidates], keep=["candidate"])
+    click.echo(f"recommended: {result.recommended.label}")
+    if result.not_evaluated:
+        click.echo(f"not evaluated by tune: {', '.join(result.not_evaluated)}")
+    click.echo(f"wrote {files['patch']}, {files['html']}, {files['results']}")

@@ -1,0 +1,254 @@
+"""dpops tune (issue 20 section 3): one pass over the sample, the privacy gate, the ledger event, the page."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from dpops import dataroots
+from dpops import analysis as tune_api
+from dpops.analysis.tuning import Candidate, apply_patch, default_grid, grid_from_doc, load_patched
+from dpops.cli.main import main
+from dpops.ledger import ScopeDefinition, open_ledger
+from dpops.randomness import NoiseKey
+
+SPEC = {
+    "name": "tune_test",
+    "input": {"path": "data/x.parquet", "format": "parquet",
+              "columns": {"user_id": "string", "region": "string", "amount": "float"}},
+    "privacy_unit": {"column": "user_id", "description": "a user", "adjacency": "add_remove"},
+    "budget": {"scope": "shop", "epsilon": 1.0, "delta": 1e-6},
+    "contribution": {"max_partitions_per_unit": 2, "max_rows_per_unit_per_partition": 2},
+    "partitions": {"columns": ["region"], "private": {"strategy": "truncated_geometric"}},
+    "metrics": [{"type": "count"}, {"type": "unit_count"}, {"type": "sum", "column": "amount", "bounds": [0, 50]},
+                {"type": "mean", "column": "amount", "bounds": [0, 50]},
+                {"type": "quantiles", "column": "amount", "bounds": [0, 100], "quantiles": [0.5]}],
+}
+
+
+def sample(n: int = 4000, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({"user_id": [f"u{i}" for i in rng.integers(0, 600, n)],
+                         "region": [f"r{int(i) % 40}" for i in rng.zipf(1.6, n)],
+                         "amount": rng.lognormal(3.0, 1.0, n)})
+
+
+def spec_at(root: Path, doc: dict | None = None) -> Path:
+    p = root / "spec.yaml"
+    p.write_text(yaml.safe_dump(doc or SPEC))
+    return p
+
+
+def test_grid_in_one_pass_equals_each_candidate_alone(tmp_path):
+    """The one-pass property: evaluating the grid together gives, row for row, what each candidate gives
+    evaluated alone (its own read and bounding), and bounds once per distinct (L0, Linf) only."""
+    spec = spec_at(tmp_path)
+    df = sample()
+    grid = grid_from_doc(tune_api.load(spec), {"l0": [1, 3], "linf": [1, 2], "bounds": {"amount": [[0, 20], [0, 80]]}})
+    together = tune_api.tune(spec, df, grid=grid, seed=7)
+    assert together.boundings == 4 and len(grid) == 8
+    for cand in grid:
+        alone = tune_api.tune(spec, df, grid=[cand], seed=7)
+        assert alone.boundings == 1
+        mine = [r for r in together.rows if r["candidate"] == cand.label]
+        assert mine == alone.rows
+        summ = next(c for c in together.candidates if c["candidate"] == cand.label)
+        assert {k: v for k, v in summ.items() if k != "loss"} == \
+            {k: v for k, v in alone.candidates[0].items() if k != "loss"}
+
+
+def test_hand_computed_bias_drops_and_noise(tmp_path):
+    """Three users, one public partition: the bounding biases and drop shares are the exact numbers, and
+    the noise std is the plan's own prediction."""
+    doc = {**SPEC, "partitions": {"columns": ["region"], "public": ["a"]},
+           "metrics": [{"type": "count"}, {"type": "sum", "column": "amount", "bounds": [0, 10]}]}
+    spec = spec_at(tmp_path, doc)
+    df = pd.DataFrame({"user_id": ["x", "x", "x", "y", "z", "z"], "region": ["a"] * 6,
+                       "amount": [5.0, 5.0, 5.0, 30.0, 1.0, 2.0]})
+    res = tune_api.tune(spec, df, grid=[Candidate(1, 2, (("amount", 0.0, 10.0),))], seed=1)
+    c = res.candidates[0]
+    assert c["rows_dropped_linf"] == pytest.approx(1 / 6) and c["rows_dropped_l0"] == 0
+    assert c["units_dropped_linf"] == pytest.approx(1 / 3) and c["units_dropped_l0"] == 0
+    rows = {r["metric"]: r for r in res.rows}
+    assert rows["count"]["bias_bounding"] == -1 and rows["count"]["bias_clipping"] == 0
+    assert rows["sum_amount"]["bias_bounding"] == -5.0
+    assert rows["sum_amount"]["bias_clipping"] == -20.0  # 30 clipped to 10
+    plan_std = tune_api.plan(load_patched(tune_api.load(spec), {"contribution": {
+        "max_partitions_per_unit": 1, "max_rows_per_unit_per_partition": 2}}))
+    std = float(plan_std.loc[plan_std.metric == "sum_amount", "std"].iloc[0])
+    assert rows["sum_amount"]["noise_std"] == pytest.approx(std)
+    assert rows["sum_amount"]["rmse"] == pytest.approx(math.sqrt(std ** 2 + 25.0 ** 2))
+
+
+def test_recommendation_meets_targets_when_a_candidate_can(tmp_path):
+    doc = {**SPEC, "accuracy": {"confidence": 0.95, "targets": [
+        {"kind": "error", "metric": "count", "max_relative_error": 1.0, "at_units": 100}]}}
+    spec = spec_at(tmp_path, doc)
+    res = tune_api.tune(spec, sample(8000), seed=3)
+    ratios = [c["target_ratio"] for c in res.candidates]
+    assert res.loss == "targets"
+    assert min(ratios) <= 1.0 < max(ratios)  # the grid holds both kinds: the choice matters
+    assert res.candidates[res.best]["target_ratio"] == min(ratios)
+    # the patch applies and gives a valid spec with the recommended bounds
+    from dpops.analysis.tune_output import patch_document
+
+    patched = load_patched(tune_api.load(spec), patch_document(res, {"source": "public"})["patch"])
+    assert patched.contribution.max_partitions_per_unit == res.recommended.l0
+
+
+def test_default_grid_and_bad_grid(tmp_path):
+    s = tune_api.load(spec_at(tmp_path))
+    g = default_grid(s)
+    assert len(g) == 27 and Candidate(2, 2) in g
+    with pytest.raises(Exception, match="bounds.nope"):
+        grid_from_doc(s, {"bounds": {"nope": [[0, 1]]}})
+    with pytest.raises(Exception, match="l0 must be"):
+        grid_from_doc(s, {"l0": [0]})
+    assert apply_patch({"a": {"b": 1, "c": 2}, "l": [1]}, {"a": {"b": 3}, "l": [2]}) == {"a": {"b": 3, "c": 2}, "l": [2]}
+
+
+# --------------------------------------------------------------------------- the CLI and the privacy gate
+
+
+def _env(tmp_path, monkeypatch):
+    root = tmp_path / "data"
+    root.mkdir()
+    spec = spec_at(root)
+    pq.write_table(pa.Table.from_pandas(sample(), preserve_index=False), root / "private.parquet")
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    with open_ledger(url) as led:
+        led.create_scope(ScopeDefinition(name="shop", unit="a user", unit_column="user_id", epsilon=5.0, delta=1e-6,
+                                         rho=None, accountant="basic/1", adjacency="add_remove"), actor="test")
+    key = tmp_path / "keys" / "noise.key"
+    key.parent.mkdir()
+    NoiseKey.generate(key)
+    for v in ("DPOPS_DATA_ROOTS", "DPOPS_PUBLIC_ROOTS", "DPOPS_NOISE_KEY_FILE", "DPOPS_LEDGER_URL"):
+        monkeypatch.delenv(v, raising=False)
+    return root, spec, url, key
+
+
+def _history(url):
+    with open_ledger(url) as led:
+        return [e for e in led.history("shop")]
+
+
+def test_private_root_refused_without_the_flag(tmp_path, monkeypatch, capsys):
+    root, spec, url, key = _env(tmp_path, monkeypatch)
+    before = len(_history(url))
+    code = main(["--ledger", url, "tune", str(spec), "--sample", str(root / "private.parquet"),
+                 "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 3
+    assert "--i-understand-this-reads-private-data" in err and "data root" in err
+    assert len(_history(url)) == before  # nothing recorded, nothing written
+    assert not (tmp_path / "o").exists()
+
+
+def test_private_read_with_the_flag_is_recorded_in_the_ledger(tmp_path, monkeypatch, capsys):
+    root, spec, url, key = _env(tmp_path, monkeypatch)
+    out = tmp_path / "o"
+    code = main(["--ledger", url, "tune", str(spec), "--sample", str(root / "private.parquet"), "--out", str(out),
+                 "--i-understand-this-reads-private-data", "--reason", "first bounds for a new release",
+                 "--key-file", str(key), "--actor", "alice", "--l0", "1,2", "--linf", "1,2", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0, doc
+    events = [e for e in _history(url) if e.kind == "private_access"]
+    assert len(events) == 1
+    ev = events[0]
+    assert ev.actor == "alice" and ev.scope == "shop"
+    assert ev.data["reason"] == "first bounds for a new release"
+    assert ev.data["fingerprint"].startswith("hmac-sha256:") and len(ev.data["fingerprint"]) > 40
+    with open_ledger(url) as led:
+        assert led.verify().ok  # replay accepts the entry and no budget moved
+        assert led.status("shop").total == 0
+    patch = (out / "patch.yaml").read_text()
+    assert "bounds chosen by looking at the private data on" in patch
+    assert yaml.safe_load(patch)["tuning"]["data"]["ledger_entry"] == ev.id
+    assert doc["data"]["source"] == "private" and len(doc["candidates"]) == 4
+
+
+def test_private_flag_needs_a_reason(tmp_path, monkeypatch, capsys):
+    root, spec, url, key = _env(tmp_path, monkeypatch)
+    code = main(["--ledger", url, "tune", str(spec), "--sample", str(root / "private.parquet"),
+                 "--i-understand-this-reads-private-data", "--key-file", str(key), "--out", str(tmp_path / "o")])
+    assert code == 3 and "--reason" in capsys.readouterr().err
+    assert not [e for e in _history(url) if e.kind == "private_access"]
+
+
+@pytest.mark.skipif(not hasattr(dataroots, "check_public_path"), reason="needs DPOPS_PUBLIC_ROOTS (dataroots)")
+def test_public_sample_html_page(tmp_path, monkeypatch, capsys):
+    root, spec, url, key = _env(tmp_path, monkeypatch)
+    pub = tmp_path / "public"
+    pub.mkdir()
+    pq.write_table(pa.Table.from_pandas(sample(), preserve_index=False), pub / "s.parquet")
+    monkeypatch.setenv("DPOPS_PUBLIC_ROOTS", str(pub))
+    out = tmp_path / "o"
+    code = main(["tune", str(spec), "--sample", str(pub / "s.parquet"), "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    page = (out / "tune.html").read_text()
+    assert page.count("data:image/png;base64,") >= 3
+    assert "http://" not in page and "https://" not in page and "<script" not in page
+    assert "NOT differentially private" in page
+
+
+def test_outside_every_root_refused(tmp_path, monkeypatch, capsys):
+    root, spec, url, key = _env(tmp_path, monkeypatch)
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    pq.write_table(pa.Table.from_pandas(sample(100), preserve_index=False), other / "s.parquet")
+    code = main(["tune", str(spec), "--sample", str(other / "s.parquet"), "--out", str(tmp_path / "o")])
+    assert code == 3
+    assert not (tmp_path / "o").exists()
+
+
+def test_html_page_offline(tmp_path):
+    """The page itself (any sample source): embedded PNGs, no external resource."""
+    from dpops.analysis.tune_output import html_page
+
+    res = tune_api.tune(spec_at(tmp_path), sample(), seed=2)
+    page = html_page(res, {"source": "public"})
+    assert page.count("data:image/png;base64,") == 3  # error vs L0, vs the bound of amount, partitions kept
+    assert "http://" not in page and "https://" not in page and "<script" not in page
+
+
+# --------------------------------------------------------------------------- properties
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@st.composite
+def small_samples(draw):
+    n = draw(st.integers(1, 40))
+    users = draw(st.lists(st.integers(0, 7), min_size=n, max_size=n))
+    parts = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+    vals = draw(st.lists(st.floats(-20, 200, allow_nan=False), min_size=n, max_size=n))
+    return pd.DataFrame({"user_id": [f"u{u}" for u in users], "region": [f"r{p}" for p in parts], "amount": vals})
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(df=small_samples(), l0s=st.lists(st.integers(1, 4), min_size=1, max_size=2, unique=True),
+       linfs=st.lists(st.integers(1, 3), min_size=1, max_size=2, unique=True))
+def test_one_pass_property_on_small_samples(tmp_path_factory, df, l0s, linfs):
+    """For any small sample: the grid evaluated in one pass equals each candidate evaluated alone, and each
+    candidate's drop shares add up to the rows ``bound_contributions`` removed."""
+    spec = spec_at(tmp_path_factory.mktemp("p"))
+    grid = grid_from_doc(tune_api.load(spec), {"l0": l0s, "linf": linfs, "bounds": {"amount": [[0, 10]]}})
+    together = tune_api.tune(spec, df, grid=grid, seed=5)
+    assert together.boundings == len(l0s) * len(linfs)
+    for cand in grid:
+        alone = tune_api.tune(spec, df, grid=[cand], seed=5)
+        assert [r for r in together.rows if r["candidate"] == cand.label] == alone.rows
+        c = next(x for x in together.candidates if x["candidate"] == cand.label)
+        count_rows = [r for r in alone.rows if r["metric"] == "count"]
+        dropped = -sum(r["bias_bounding"] * r["partitions"] for r in count_rows)  # true minus bounded rows
+        assert dropped == pytest.approx((c["rows_dropped_l0"] + c["rows_dropped_linf"]) * len(df))
+        assert 0 <= c["units_dropped_l0"] <= 1 and 0 <= c["units_dropped_linf"] <= 1
