@@ -343,7 +343,7 @@ body{font:14px/1.4 system-ui,sans-serif;margin:16px;color:#1b1f24;background:#ff
 h1{font-size:20px;margin:0 0 8px}h2{font-size:16px;margin:20px 0 6px}
 table{border-collapse:collapse;margin:4px 0 12px}th,td{border:1px solid #d0d7de;padding:4px 8px;text-align:left}
 td.n{text-align:right;font-variant-numeric:tabular-nums}th{background:#f6f8fa}
-code{font-family:ui-monospace,monospace;font-size:12px}.bad{color:#b42318;font-weight:600}.ok{color:#067647}
+code{font-family:ui-monospace,monospace;font-size:12px;white-space:nowrap}.bad{color:#b42318;font-weight:600}.ok{color:#067647}
 .muted{color:#57606a}svg{border:1px solid #d0d7de;background:#fff}
 """
 
@@ -366,16 +366,16 @@ def spend_svg(points: list[SpendPoint], cap: float, unit: str, width: int = 560,
     parts.append(f'<line x1="{left}" y1="{y(cap):.1f}" x2="{left + w}" y2="{y(cap):.1f}" stroke="#b42318" '
                  f'stroke-dasharray="4 3"/><text x="{left + w - 4}" y="{y(cap) - 4:.1f}" text-anchor="end" '
                  f'font-size="11" fill="#b42318">cap {_e(format_budget(cap))}</text>')
+    # Charge i happens at x(i) and its total holds until the next charge: a step line.
     path = [f"M{x(0):.1f},{y(0):.1f}"]
     for i, p in enumerate(points):
-        path.append(f"H{x(i + 1):.1f}V{y(p.total):.1f}" if i == 0 else f"H{x(i):.1f}V{y(p.total):.1f}")
+        path.append(f"H{x(i):.1f}V{y(p.total):.1f}")
     if points:
         path.append(f"H{x(n):.1f}")
     parts.append(f'<path d="{"".join(path)}" fill="none" stroke="#0969da" stroke-width="2"/>')
     for i, p in enumerate(points):
-        parts.append(f'<circle cx="{x(i + 1) if i == 0 else x(i):.1f}" cy="{y(p.total):.1f}" r="2.5" fill="#0969da">'
-                     f'<title>{_e(p.at[:19])} run {_e(p.run_id[:12])}: total {_e(format_budget(p.total, cap))}'
-                     f'</title></circle>')
+        parts.append(f'<circle cx="{x(i):.1f}" cy="{y(p.total):.1f}" r="3" fill="#0969da"><title>'
+                     f'{_e(p.at[:19])} run {_e(p.run_id[:12])}: total {_e(format_budget(p.total, cap))}</title></circle>')
     parts.append(f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + h}" stroke="#57606a"/>'
                  f'<line x1="{left}" y1="{top + h}" x2="{left + w}" y2="{top + h}" stroke="#57606a"/>')
     for v in (0.0, ymax / 2, ymax):
@@ -441,7 +441,7 @@ def render_page(page: BudgetPage, manifest_href: str = "manifests/") -> str:
 
 def render_run(view: RunView, manifest_href: str = "../../manifests/") -> str:
     """A DAG run's Privacy budget tab."""
-    b = [f"<h1>Privacy budget of this run</h1>"]
+    b = ["<h1>Privacy budget of this run</h1>"]
     if view.run_id is None:
         b.append(f"<p>{_e(view.note)}</p>")
         return _doc("Privacy budget of this run", "".join(b))
