@@ -55,11 +55,14 @@ class ScopeRow:
     remaining: float
 
     def shown(self, value: float) -> str:
+        """``value`` as a person reads it against this scope's cap."""
         return format_budget(value, self.cap)
 
 
 @dataclass(frozen=True)
 class SpendPoint:
+    """One point of the spend-over-time chart."""
+
     at: str  # when the run was charged (ledger created_at, UTC)
     run_id: str
     total: float  # the scope total after this charge (fullest bucket), in the cap's unit
@@ -67,6 +70,8 @@ class SpendPoint:
 
 @dataclass(frozen=True)
 class OpenInterval:
+    """An interval left unpublished, with the reason ``dpops gaps`` (or its refusal manifest) gives."""
+
     release: str
     interval_start: str
     interval_end: str
@@ -77,6 +82,8 @@ class OpenInterval:
 
 @dataclass(frozen=True)
 class ManifestRow:
+    """A manifest one may download (by run id)."""
+
     run_id: str
     file: str  # base name only
     release: str
@@ -88,6 +95,8 @@ class ManifestRow:
 
 @dataclass
 class BudgetPage:
+    """The Privacy budget page's model."""
+
     scopes: list[ScopeRow] = field(default_factory=list)
     spend: dict[str, list[SpendPoint]] = field(default_factory=dict)
     open_intervals: list[OpenInterval] = field(default_factory=list)
@@ -97,6 +106,8 @@ class BudgetPage:
 
 @dataclass(frozen=True)
 class CheckRow:
+    """One verification check of a run's manifest, as the run tab shows it."""
+
     name: str
     result: str  # ok | FAILED | skipped
     detail: str
@@ -104,6 +115,8 @@ class CheckRow:
 
 @dataclass
 class RunView:
+    """A DAG run's Privacy budget tab: its ledger run, manifest and that manifest's verification."""
+
     dag_id: str
     release: str | None
     interval_start: str | None
@@ -133,7 +146,8 @@ def _spend(ledger: Ledger, scope: str) -> list[SpendPoint]:
     fullest bucket's, as ``Ledger.status`` reports it."""
     sdef = ledger.scope(scope)
     acct = accountant_for(sdef)
-    charged = sorted((r for r in ledger.runs(scope=scope) if r.state in CHARGED), key=lambda r: (r.created_at, r.run_id))
+    charged = sorted((r for r in ledger.runs(scope=scope) if r.state in CHARGED),
+                     key=lambda r: (r.created_at, r.run_id))
     by_bucket: dict[str, list[Any]] = {}
     out = []
     for r in charged:
@@ -144,7 +158,8 @@ def _spend(ledger: Ledger, scope: str) -> list[SpendPoint]:
     return out
 
 
-def manifest_rows(manifests_dir: str | os.PathLike[str] | None) -> tuple[list[ManifestRow], list[dict[str, Any]], list[str]]:
+def manifest_rows(manifests_dir: str | os.PathLike[str] | None
+                  ) -> tuple[list[ManifestRow], list[dict[str, Any]], list[str]]:
     """Manifest files directly in ``manifests_dir`` or one level below (``<release>/``), newest first.
 
     Returns (rows, the manifests read, problems). A file that is not a readable manifest is named, not shown."""
@@ -321,7 +336,8 @@ def run_view(ledger: Ledger, manifests_dir: str | os.PathLike[str] | None, dag_i
         if c.skipped:
             view.checks.append(CheckRow(c.name, "skipped", c.skipped))
         else:
-            view.checks.append(CheckRow(c.name, "ok" if c.ok else "FAILED", "; ".join(c.problems)[:500] or c.note or ""))
+            detail = "; ".join(c.problems)[:500] or c.note or ""
+            view.checks.append(CheckRow(c.name, "ok" if c.ok else "FAILED", detail))
     if m["outcome"]["state"] == "published":
         view.checks.append(CheckRow("published files", "skipped",
                                     f"the api-server reads no published file and holds no noise key: run "
@@ -375,7 +391,8 @@ def spend_svg(points: list[SpendPoint], cap: float, unit: str, width: int = 560,
     parts.append(f'<path d="{"".join(path)}" fill="none" stroke="#0969da" stroke-width="2"/>')
     for i, p in enumerate(points):
         parts.append(f'<circle cx="{x(i):.1f}" cy="{y(p.total):.1f}" r="3" fill="#0969da"><title>'
-                     f'{_e(p.at[:19])} run {_e(p.run_id[:12])}: total {_e(format_budget(p.total, cap))}</title></circle>')
+                     f'{_e(p.at[:19])} run {_e(p.run_id[:12])}: total {_e(format_budget(p.total, cap))}'
+                     '</title></circle>')
     parts.append(f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + h}" stroke="#57606a"/>'
                  f'<line x1="{left}" y1="{top + h}" x2="{left + w}" y2="{top + h}" stroke="#57606a"/>')
     for v in (0.0, ymax / 2, ymax):
@@ -405,8 +422,9 @@ def render_page(page: BudgetPage, manifest_href: str = "manifests/") -> str:
              '<th>remaining</th></tr>')
     for s in page.scopes:
         b.append(f'<tr data-scope="{_e(s.name)}"><td>{_e(s.name)}</td><td>{_e(s.accountant)}</td><td>{_e(s.unit)}</td>'
-                 + "".join(f'<td class="n" data-field="{f}">{_e(s.shown(getattr(s, f)) if f != "cap" else format_budget(s.cap))}</td>'
-                           for f in ("cap", "committed", "spent_unpublished", "started", "reserved", "total", "remaining"))
+                 + f'<td class="n" data-field="cap">{_e(format_budget(s.cap))}</td>'
+                 + "".join(f'<td class="n" data-field="{f}">{_e(s.shown(getattr(s, f)))}</td>'
+                           for f in ("committed", "spent_unpublished", "started", "reserved", "total", "remaining"))
                  + "</tr>")
     b.append("</table>")
     if not page.scopes:
@@ -429,7 +447,8 @@ def render_page(page: BudgetPage, manifest_href: str = "manifests/") -> str:
                  '<th>manifest</th></tr>')
         for r in page.manifests:
             b.append(f"<tr><td>{_e(r.release)}</td><td><code>{_e(r.interval_start[:10])} → {_e(r.interval_end[:10])}"
-                     f"</code></td><td>{_e(r.outcome)}</td><td>{_e(r.scope)}</td><td><a href=\"{_e(manifest_href + r.run_id)}\" "
+                     f"</code></td><td>{_e(r.outcome)}</td><td>{_e(r.scope)}</td>"
+                     f"<td><a href=\"{_e(manifest_href + r.run_id)}\" "
                      f"download>{_e(r.file)}</a></td></tr>")
         b.append("</table>")
     else:
@@ -449,7 +468,8 @@ def render_run(view: RunView, manifest_href: str = "../../manifests/") -> str:
     rows = [("release", view.release), ("interval", f"{view.interval_start} → {view.interval_end}"),
             ("run", view.run_id), ("state", view.state), ("scope", view.scope),
             ("ε of this run", format_budget(view.epsilon, cap) if view.epsilon is not None else "—"),
-            ("scope total after it", format_budget(view.scope_total_after, cap) if view.scope_total_after is not None else "—"),
+            ("scope total after it",
+             format_budget(view.scope_total_after, cap) if view.scope_total_after is not None else "—"),
             ("cap", format_budget(cap) if cap is not None else "—"),
             ("mechanisms", ", ".join(view.mechanisms) or "—")]
     b.append('<table id="run">' + "".join(f'<tr><th>{_e(k)}</th><td data-field="{_e(k)}">{_e(v)}</td></tr>'

@@ -19,13 +19,13 @@ import os
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import Depends, FastAPI, HTTPException, Path as PathParam
-from fastapi.responses import FileResponse, HTMLResponse
-
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import get_user, requires_access_dag
 from airflow.plugins_manager import AirflowPlugin
+from fastapi import Depends, FastAPI, HTTPException
+from fastapi import Path as PathParam
+from fastapi.responses import FileResponse, HTMLResponse
 
 from dpops.errors import DpopsError, InvalidParameter
 
@@ -53,7 +53,8 @@ def _open_ledger():  # noqa: ANN202 - dpops.ledger.Ledger
 
     url = os.environ.get("DPOPS_LEDGER_URL")
     if not url:
-        raise HTTPException(503, "the api-server has no DPOPS_LEDGER_URL: see deploy/README.md 'Privacy budget in the UI'")
+        raise HTTPException(503, "the api-server has no DPOPS_LEDGER_URL: see deploy/README.md "
+                                 "'The privacy budget in the Airflow UI'")
     try:
         return open_ledger(url)
     except DpopsError as exc:  # the message may name the host: only the class is shown
@@ -62,7 +63,9 @@ def _open_ledger():  # noqa: ANN202 - dpops.ledger.Ledger
 
 @app.get("/", response_class=HTMLResponse, dependencies=[Depends(requires_access_dag("GET"))])
 def budget_page() -> HTMLResponse:
-    from dpops.budget_view import budget_page as build, render_page
+    """The nav page: every scope, spend over time, refusals and gaps, manifests."""
+    from dpops.budget_view import budget_page as build
+    from dpops.budget_view import render_page
 
     with _open_ledger() as ledger:
         page = build(ledger, _manifests_dir(), _specs())
@@ -71,6 +74,7 @@ def budget_page() -> HTMLResponse:
 
 @app.get("/manifests/{run_id}", dependencies=[Depends(requires_access_dag("GET"))])
 def manifest(run_id: Annotated[str, PathParam(pattern=RUN_ID_PATTERN)]) -> FileResponse:
+    """One manifest file, by run id (32 hex digits; dpops.budget_view.manifest_file checks it again)."""
     from dpops.budget_view import manifest_file
 
     try:
@@ -85,9 +89,10 @@ def manifest(run_id: Annotated[str, PathParam(pattern=RUN_ID_PATTERN)]) -> FileR
 @app.get("/runs/{dag_id}/{run_id}", response_class=HTMLResponse,
          dependencies=[Depends(requires_access_dag("GET", DagAccessEntity.RUN))])
 def run_tab(dag_id: str, run_id: str, session: SessionDep) -> HTMLResponse:
+    """A DAG run's tab: the ledger run of its data interval, its manifest and that manifest's verification."""
+    from airflow.models.dagrun import DagRun
     from sqlalchemy import select
 
-    from airflow.models.dagrun import DagRun
     from dpops.budget_view import render_run, run_view
 
     dr = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
@@ -102,6 +107,8 @@ def run_tab(dag_id: str, run_id: str, session: SessionDep) -> HTMLResponse:
 
 
 class DpopsBudgetPlugin(AirflowPlugin):
+    """The app under /dpops-budget, a nav entry and a tab on every DAG run."""
+
     name = "dpops_budget"
     fastapi_apps = [{"app": app, "url_prefix": URL_PREFIX, "name": "dpops privacy budget"}]
     external_views = [

@@ -19,16 +19,14 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
 import pytest
 from airflow_support import REPO, VENV_BIN, airflow_env
-from browser_support import Browser, require_chromium
+from browser_support import Browser, Page, require_chromium
 from cli_support import DAYS, make_env
 
 from dpops.ledger.budget import format_budget
@@ -98,14 +96,23 @@ def stack(tmp_path_factory):
                        AIRFLOW__API__BASE_URL=f"http://127.0.0.1:{port}",
                        DPOPS_LEDGER_URL=env.url, DPOPS_MANIFESTS_DIR=str(mdir),
                        PYTHONPATH=str(REPO))
-    for argv in (["db", "migrate"], ["dags", "reserialize"],
-                 ["users", "create", "--username", "admin", "--password", password, "--role", "Admin",
-                  "--firstname", "Ad", "--lastname", "Min", "--email", "admin@example.invalid"]):
+
+    def airflow(*argv: str) -> None:
         p = subprocess.run([AIRFLOW, *argv], env=aenv, capture_output=True, text=True, timeout=240, cwd=root)
         assert p.returncode == 0, f"airflow {argv[0]} failed:\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
+
+    airflow("db", "migrate")
     log = open(root / "api-server.log", "wb")
     proc = subprocess.Popen([AIRFLOW, "api-server", "--port", str(port), "--host", "127.0.0.1"], env=aenv,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=root)
+    try:  # while the api-server boots: the DAG (for a run to show a tab on) and the FAB user
+        airflow("dags", "reserialize")
+        airflow("users", "create", "--username", "admin", "--password", password, "--role", "Admin",
+                "--firstname", "Ad", "--lastname", "Min", "--email", "admin@example.invalid")
+    except BaseException:
+        _stop(proc)
+        log.close()
+        raise
     api = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -138,7 +145,7 @@ def _cli(*argv: str, env: dict[str, str]) -> dict:
     return json.loads(p.stdout)
 
 
-def _login(stack) -> object:
+def _login(stack) -> Page:
     """Log in through FAB's own form, as an operator does; returns the page (cookie set)."""
     page = stack["browser"].open(f"{stack['api']}/auth/login/")
     page.evaluate(f"""(() => {{

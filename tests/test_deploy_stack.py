@@ -19,7 +19,7 @@ every environment value and argument:
 | ``/opt/airflow`` (AIRFLOW_HOME)   | ``BASE/airflow`` (logs volume below it)                 |
 | ``/var/lib/dpops/state``          | ``BASE/state`` (0700, owned by 50000)                   |
 | ``/opt/dpops/specs``              | ``BASE/specs``: deploy/specs/*.yaml with this same mapping applied to their paths |
-| ``/opt/dpops/dags``, ``/opt/dpops/deploy`` | this repository's ``dags``, ``deploy``                |
+| ``/opt/dpops/dags``, ``/opt/dpops/deploy``, ``/opt/dpops/plugins`` | this repository's ``dags``, ``deploy``, ``plugins`` |
 | ``/usr/bin/tini --``              | dropped (the container's init)                          |
 | ``ledger-db:5432/dpops_ledger``   | ``127.0.0.1:5432/<fresh database>``                     |
 | roles ``dpops_app``, ``dpops_ledger_owner`` | fresh role names (roles are server-wide)      |
@@ -105,6 +105,7 @@ class Stack:
             "/var/lib/dpops/state": base / "state",
             "/opt/dpops/specs": base / "specs",
             "/opt/dpops/dags": REPO / "dags",
+            "/opt/dpops/plugins": REPO / "plugins",
             "/opt/dpops/deploy": REPO / "deploy",
         }
         self.logs = base / "proc-logs"
