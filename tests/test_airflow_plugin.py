@@ -36,6 +36,8 @@ AIRFLOW = str(VENV_BIN / "airflow")
 FAB = "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager"
 SCREENSHOT = REPO / "docs" / "img" / "airflow-privacy-budget.png"
 
+pytestmark = pytest.mark.slow  # one api-server for the module: about 90-120 s on a shared 2-core machine
+
 
 def _free_port() -> int:
     with socket.socket() as s:
