@@ -349,6 +349,11 @@ def test_compose_stack_publishes_the_example_as_uid_50000(stack: Stack):
         assert code in (200, 201), ("the dpops_airflow_api login does not work", code, body)
         code, _ = _http("GET", f"{api}/api/v2/dags", token="not-a-token")
         assert code in (401, 403), "the REST API must refuse a request without a valid token"
+        # The image's plugin folder (AIRFLOW__CORE__PLUGINS_FOLDER) is loaded; its page refuses anonymous requests.
+        code, body = _http("GET", f"{api}/api/v2/plugins", token=token)
+        assert code == 200 and "dpops_budget" in {p["name"] for p in body["plugins"]}, (code, body)
+        code, _ = _http("GET", f"{api}/dpops-budget/")
+        assert code in (401, 403), "the Privacy budget page must refuse an anonymous request"
 
         def dag_parsed():
             c, b = _http("GET", f"{api}/api/v2/dags/{DAG_ID}", token=token)
