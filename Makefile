@@ -25,7 +25,7 @@ venv: $(STAMP)
 
 # Lint first so a style or type slip fails in seconds, not after the suite. The rule sets
 # live in pyproject.toml ([tool.ruff], [tool.mypy]); tests get a lighter ruff set there.
-LINT_PATHS := dpops pipelines dags
+LINT_PATHS := dpops pipelines dags plugins
 
 lint: $(STAMP)
 	$(PY) -m ruff check $(LINT_PATHS) tests

@@ -19,7 +19,7 @@ every environment value and argument:
 | ``/opt/airflow`` (AIRFLOW_HOME)   | ``BASE/airflow`` (logs volume below it)                 |
 | ``/var/lib/dpops/state``          | ``BASE/state`` (0700, owned by 50000)                   |
 | ``/opt/dpops/specs``              | ``BASE/specs``: deploy/specs/*.yaml with this same mapping applied to their paths |
-| ``/opt/dpops/dags``, ``/opt/dpops/deploy`` | this repository's ``dags``, ``deploy``                |
+| ``/opt/dpops/dags``, ``/opt/dpops/deploy``, ``/opt/dpops/plugins`` | this repository's ``dags``, ``deploy``, ``plugins`` |
 | ``/usr/bin/tini --``              | dropped (the container's init)                          |
 | ``ledger-db:5432/dpops_ledger``   | ``127.0.0.1:5432/<fresh database>``                     |
 | roles ``dpops_app``, ``dpops_ledger_owner`` | fresh role names (roles are server-wide)      |
@@ -105,6 +105,7 @@ class Stack:
             "/var/lib/dpops/state": base / "state",
             "/opt/dpops/specs": base / "specs",
             "/opt/dpops/dags": REPO / "dags",
+            "/opt/dpops/plugins": REPO / "plugins",
             "/opt/dpops/deploy": REPO / "deploy",
         }
         self.logs = base / "proc-logs"
@@ -348,6 +349,11 @@ def test_compose_stack_publishes_the_example_as_uid_50000(stack: Stack):
         assert code in (200, 201), ("the dpops_airflow_api login does not work", code, body)
         code, _ = _http("GET", f"{api}/api/v2/dags", token="not-a-token")
         assert code in (401, 403), "the REST API must refuse a request without a valid token"
+        # The image's plugin folder (AIRFLOW__CORE__PLUGINS_FOLDER) is loaded; its page refuses anonymous requests.
+        code, body = _http("GET", f"{api}/api/v2/plugins", token=token)
+        assert code == 200 and "dpops_budget" in {p["name"] for p in body["plugins"]}, (code, body)
+        code, _ = _http("GET", f"{api}/dpops-budget/")
+        assert code in (401, 403), "the Privacy budget page must refuse an anonymous request"
 
         def dag_parsed():
             c, b = _http("GET", f"{api}/api/v2/dags/{DAG_ID}", token=token)
