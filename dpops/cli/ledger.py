@@ -269,7 +269,9 @@ def scope_show(ctx, name, as_json) -> None:
              s.adjacency or "not recorded (legacy scope: releases refused)", s.unit_period or "-", _time_text(s),
              s.owner]
             for s in scopes]
-    print_table("budget scopes", cols, rows, keep=("name", "accountant"))
+    print_table("budget scopes", cols, rows,
+                keep=("name", "accountant", "cap", "delta", "bucket", "unit column", "owner"),
+                below=("unit", "adjacency", "time rule"))
 
 
 def _time_text(s: ScopeDefinition) -> str:
@@ -367,10 +369,11 @@ def history(ctx, scope_name, as_json) -> None:
     rows = []
     for e in entries:
         note = e.data.get("reason") or e.data.get("output_uri") or ""
-        rows.append([str(e.id), e.ts[:19], e.kind, e.scope or "", e.run_id or "", ",".join(e.buckets), e.actor,
+        rows.append([str(e.id), e.ts[:19], e.kind, e.scope or "", e.run_id or "", ", ".join(e.buckets), e.actor,
                      str(note), e.hash[:16]])
+    # one line per entry with the short words; the run id, the reason or output URI and the hash under it
     print_table(f"ledger history{' of ' + scope_name if scope_name else ''}", cols, rows,
-                keep=("id", "time (UTC)", "run"))
+                keep=("id", "time (UTC)", "kind", "scope", "actor"), below=("run", "note", "hash"), right=("id",))
 
 
 @cli.command()
@@ -533,7 +536,8 @@ def runs(ctx, scope_name, release, states, as_json) -> None:
     rows = [[r.run_id, r.scope, r.key.release, r.key.interval_start, r.key.interval_end, r.state, fmt(r.epsilon),
              r.restates or "", r.output_uri or ""] for r in recs]
     print_table("runs (ε: each run alone, as its scope's accountant counts it)", cols, rows,
-                keep=("run", "interval start", "interval end"))
+                keep=("interval start", "interval end", "scope", "release", "state", "ε this run"),
+                below=("run", "restates", "output"), right=("ε this run",))
 
 
 @cli.command("reserve")
