@@ -84,6 +84,7 @@ COMMANDS = {
     "ledger runs": lambda e: ["ledger", "runs", "--ledger", e.url],
     "ledger scope show": lambda e: ["ledger", "scope", "show", "--ledger", e.url],
     "gaps": lambda e: ["gaps", str(e.spec), "--from", "2024-01-01", "--to", "2024-01-06", "--all", "--ledger", e.url],
+    "manifest show": lambda e: ["manifest", "show", str(next((e.root / "out" / "manifests").rglob("*.published.json")))],
     "plan": lambda e: ["plan", str(e.spec), "--from", "2024-01-01", "--to", "2024-01-06", "--ledger", e.url],
 }
 
@@ -99,6 +100,9 @@ def test_every_table_command_keeps_ids_dates_and_uris_whole(world, capsys, monke
         expect = tokens[command]
     elif command in ("gaps", "plan"):
         expect = {t for t in gap_tokens if command == "gaps" or re.fullmatch(r"\d{4}-.*Z", t)}
+    elif command == "manifest show":
+        expect = {COMMANDS[command](env)[-1], *(t for t in tokens["ledger runs"] if t.startswith("file://"))}
+        expect = {t for t in expect if t.endswith(".json")}
     else:
         expect = set()
     assert command != "ledger runs" or any(t.startswith("s3://") for t in expect)

@@ -186,7 +186,7 @@ def _words(text: str) -> list[str]:
     return [w for line in text.split("\n") for w in line.split()] or [""]
 
 
-def _cell_lines(text: str, width: int) -> list[str]:
+def wrap_words(text: str, width: int) -> list[str]:
     """``text`` wrapped at ``width`` at whitespace only: a word (an id, a date, a URI) is never split."""
     import textwrap
 
@@ -258,33 +258,33 @@ def _table_lines(title: str, columns: Sequence[str], rows: Sequence[Sequence[str
         return " " * pad + text if columns[i] in right else text + " " * pad
 
     def row_lines(cells: Sequence[str], header: bool = False) -> list[str]:
-        wrapped = {i: (cells[i].split("\n") if columns[i] in keep and not header else _cell_lines(cells[i], widths[i]))
+        wrapped = {i: (cells[i].split("\n") if columns[i] in keep and not header else wrap_words(cells[i], widths[i]))
                    for i in shown}
         height = max(len(v) for v in wrapped.values())
         return [sep.join(fit(i, wrapped[i][n] if n < len(wrapped[i]) else "") for i in shown).rstrip()
                 for n in range(height)]
 
-    out = [*_cell_lines(title, width), *row_lines(columns, header=True), "─┼─".join("─" * widths[i] for i in shown)]
+    out = [*wrap_words(title, width), *row_lines(columns, header=True), "─┼─".join("─" * widths[i] for i in shown)]
     for r in rows:
         out.extend(row_lines(r))
         for i in under:
             if r[i] and r[i] != "-":
                 out.extend(_labelled(columns[i], r[i], width, 4))
     if caption:
-        out.extend(_cell_lines(caption, width))
+        out.extend(wrap_words(caption, width))
     return out
 
 
 def _block_lines(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], width: int,
                  caption: str | None) -> list[str]:
-    out = _cell_lines(title, width)
+    out = wrap_words(title, width)
     for r in rows:
         for c, v in zip(columns, r):
             if v:  # an empty cell (no output yet, restates nothing) is left out, not printed as "c:"
                 out.extend(_labelled(c, v, width, 2))
         out.append("")
     if caption:
-        out.extend(_cell_lines(caption, width))
+        out.extend(wrap_words(caption, width))
     return out
 
 
