@@ -168,6 +168,32 @@ def wants_json(argv: Sequence[str]) -> bool:
     return False
 
 
+# --------------------------------------------------------------------------- help
+
+
+class HelpGroup(click.Group):
+    """A group whose command list shows each command's whole first sentence, wrapped, never cut with "...".
+
+    click abbreviates a command's short help to what fits beside its name on one line; an operator
+    then reads "Compose the privacy events in EVENTS_JSON and print epsilon..." and has to guess."""
+
+    group_class = type  # sub-groups made with @group.group() list their commands the same way
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """Each command's ``short_help``, else the first paragraph of its help, whole."""
+        import inspect
+
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                text = cmd.short_help or inspect.cleandoc(cmd.help or "").split("\n\n")[0]
+                rows.append((name, " ".join(text.replace("\b", "").split())))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
 # --------------------------------------------------------------------------- tables
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import click
 
 from dpops.cli.common import (
+    HelpGroup,
     LEDGER_HELP,
     attach,
     echo_ok,
@@ -115,7 +116,7 @@ def writer_lines(writers: dict) -> list[str]:
     return out
 
 
-@click.group()
+@click.group(cls=HelpGroup)
 @ledger_option
 def cli() -> None:
     """The global privacy-budget ledger: scopes, caps, runs, history and verification."""
@@ -327,7 +328,7 @@ def cap(ctx, name, epsilon, rho, delta, reason, actor, as_json) -> None:
 
 
 @cli.command()
-@click.argument("scope_name", metavar="SCOPE")
+@click.argument("scope_name", metavar="SCOPE", required=False)
 @ledger_option
 @json_option
 @click.pass_context
@@ -335,7 +336,10 @@ def status(ctx, scope_name, as_json) -> None:
     """Budget spent, reserved and remaining on SCOPE (per bucket when bucketed).
 
     The scope total is every charged run composed by the scope's accountant; the plain sum of the
-    runs' own ε is shown beside it (it is larger under RDP/PLD/zCDP composition)."""
+    runs' own ε is shown beside it (it is larger under RDP/PLD/zCDP composition). `dpops ledger
+    scope show` lists the scopes."""
+    if scope_name is None:
+        raise click.UsageError("give a SCOPE: `dpops ledger scope show` lists the scopes of this ledger", ctx)
     with _ledger(ctx) as led:
         st = led.status(scope_name)
         sums = per_run_sums(led, st)
@@ -531,6 +535,11 @@ def runs(ctx, scope_name, release, states, as_json) -> None:
                     "buckets": r.buckets, "restates": r.restates, "output_uri": r.output_uri,
                     "epsilon": r.epsilon if math.isfinite(r.epsilon) else None, "entry_ids": r.entry_ids,
                     "created_at": r.created_at, "updated_at": r.updated_at} for r in recs]})
+        return
+    if not recs:  # an empty table reads like a failure to load; say what was asked and that none match
+        asked = [f"in state {' or '.join(states)}" if states else "",
+                 f"on scope {scope_name}" if scope_name else "", f"of release {release}" if release else ""]
+        click.echo(" ".join(["no runs", *[a for a in asked if a]]))
         return
     cols = ["run", "scope", "release", "interval start", "interval end", "state", "ε this run", "restates", "output"]
     rows = [[r.run_id, r.scope, r.key.release, r.key.interval_start, r.key.interval_end, r.state, fmt(r.epsilon),

@@ -10,7 +10,7 @@ import os
 
 import click
 
-from dpops.cli.common import attach, echo_ok, json_option, ledger_option, ledger_url
+from dpops.cli.common import HelpGroup, attach, echo_ok, json_option, ledger_option, ledger_url
 from dpops.errors import IntegrityError
 from dpops.ledger.budget import format_budget
 
@@ -22,7 +22,7 @@ def _load(run_or_file: str, manifests: str | None) -> tuple[str, dict]:
     return str(path), read_manifest(path)
 
 
-@click.group("manifest")
+@click.group("manifest", cls=HelpGroup)
 def cli() -> None:
     """Run manifests: the reviewer-safe record of each run's privacy claim."""
 
