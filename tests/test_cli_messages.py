@@ -70,3 +70,22 @@ def test_help_never_cuts_a_description(tmp_path, monkeypatch, capsys):
         assert code == 0 and "..." not in out.split("Commands:")[-1], (group, out)
     code, out, _ = env.run(capsys, "--help")
     assert "publication, with the reason" in " ".join(out.split())  # gaps' whole first paragraph
+
+
+def test_beam_import_warnings_are_silenced_and_dpops_warnings_are_not(tmp_path):
+    """`release run` checks the runner first, which imports Beam: its root-logger "apitools not found"
+    warning (printed on every run) is dropped, a dpops warning after it still shows."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import logging\n"
+            "from dpops.release.computation import check_runner\n"
+            "check_runner('FnApiRunner', ())\n"
+            "logging.getLogger('dpops.release').warning('dpops-own-warning')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "apitools" not in done.stderr and "bigquery" not in done.stderr.lower(), done.stderr
+    assert "dpops-own-warning" in done.stderr
