@@ -29,3 +29,21 @@ def test_pure_dp_scope_with_a_retry_attempt(tmp_path):
     _, data = build_report(ledger, "purchases", tmp_path / "r.html")
     assert [w for w in data.warnings if "noise key changed from 68f3c6951f1d6911 to 0123456789abcdef" in w]
     ledger.close()
+
+
+def test_runs_committed_in_the_same_second_keep_the_ledgers_order():
+    """Charge order is the ledger's entry order: a shared timestamp (or run ids that sort the other way)
+    must not swap two runs, or both would show the same "scope total after it"."""
+    from dpops.report.data import RunRow
+    from dpops.report.plots import charge_order, cumulative_series
+
+    def row(run_id: str, entry_id: int) -> RunRow:
+        return RunRow(run_id=run_id, release="r", interval_start="2024-01-01T00:00:00Z",
+                      interval_end="2024-01-02T00:00:00Z", state="committed", epsilon=0.5, restates=None,
+                      created_at="2024-01-02T00:00:05Z", updated_at="", buckets=[],
+                      events=[Laplace(scale=2.0, l1_sensitivity=1.0)], entry_id=entry_id)
+
+    runs = sorted([row("aaaa", 9), row("zzzz", 2)], key=charge_order)
+    assert [r.run_id for r in runs] == ["zzzz", "aaaa"]
+    totals = [eps for _, eps in cumulative_series(runs, "basic/1", 0.0)["all"]]
+    assert totals == [0.5, 1.0]  # two different totals after the two runs
