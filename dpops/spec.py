@@ -917,14 +917,49 @@ def _loc_to_path(loc: tuple[Any, ...]) -> str:
     return "".join(parts)
 
 
+def _spec_keys(model: type[BaseModel] | None = None, seen: set[type[BaseModel]] | None = None) -> set[str]:
+    """Every key a release spec may hold, at any depth (the "did you mean" candidates)."""
+    import typing
+
+    model = model or ReleaseSpec
+    seen = seen if seen is not None else set()
+    seen.add(model)
+    keys: set[str] = set()
+
+    def walk(t: Any) -> None:
+        if isinstance(t, type) and issubclass(t, BaseModel) and t not in seen:
+            keys.update(_spec_keys(t, seen))
+        for arg in typing.get_args(t):
+            walk(arg)
+
+    for name, field in model.model_fields.items():
+        keys.add(field.alias or name)
+        walk(field.annotation)
+    return keys
+
+
+def did_you_mean(word: Any, candidates: Any) -> str:
+    """``; did you mean 'max_partitions_per_unit'?`` for a misspelt word, else empty. Only a hint: a typo in a
+    key or a budget scope must be fixed by the author, never guessed, so the spec is still refused."""
+    import difflib
+
+    close = difflib.get_close_matches(str(word), sorted(map(str, candidates)), n=1, cutoff=0.75)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 def _format_validation_error(exc: ValidationError) -> list[str]:
     lines = []
     for err in exc.errors():
         msg = err.get("msg", "")
         msg = re.sub(r"^(Value error|Assertion failed), ", "", msg)
-        path = _loc_to_path(tuple(err.get("loc", ())))
+        loc = tuple(err.get("loc", ()))
+        path = _loc_to_path(loc)
+        last = path.rsplit(".", 1)[-1]
+        if last and msg.startswith(f"{last}: "):  # the path names the field already: no "bounds: bounds: ..."
+            msg = msg[len(last) + 2:]
         if err.get("type") == "extra_forbidden":
-            msg = "unknown key (check the spelling; see examples/daily_purchases.yaml)"
+            msg = ("unknown key" + (did_you_mean(loc[-1], _spec_keys()) if loc else "")
+                   + " (see examples/daily_purchases.yaml for every key)")
         elif err.get("type") == "missing":
             msg = "required key is missing"
         elif err.get("type") == "union_tag_invalid":
@@ -1004,11 +1039,32 @@ def check_spec_paths(spec: ReleaseSpec, key_path: str | os.PathLike[str] | None 
 
     today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
     formatted = spec.input.path.format(start=today, end=today + timedelta(days=1))
-    check_data_path(spec.resolve_path(formatted), "input.path", source=spec.source, spec_dir=spec.base_dir,
-                    key_path=key_path)
+    problems: list[str] = []  # both files checked, both problems reported at once
+    try:
+        check_data_path(spec.resolve_path(formatted), "input.path", source=spec.source, spec_dir=spec.base_dir,
+                        key_path=key_path)
+    except SpecError as exc:
+        problems.append(str(exc))
     if spec.partitions.public_file is not None:
-        check_public_path(spec.resolve_path(spec.partitions.public_file), "partitions.public_file",
-                          source=spec.source, spec_dir=spec.base_dir, key_path=key_path)
+        try:
+            check_public_path(spec.resolve_path(spec.partitions.public_file), "partitions.public_file",
+                              source=spec.source, spec_dir=spec.base_dir, key_path=key_path)
+        except SpecError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise SpecError("\n".join(problems))
+
+
+def check_spec_scope(spec: ReleaseSpec, scope_names: Any) -> None:
+    """``dpops spec check`` with a reachable ledger: ``budget.scope`` must name one of its scopes.
+
+    A misspelt scope is otherwise found only at the first ``release run`` (refused before any charge,
+    but a scheduled DAG then fails every day until someone reads the log)."""
+    names = sorted(map(str, scope_names))
+    if spec.budget.scope not in names:
+        raise SpecError(f"{spec.source}: budget.scope: no scope {spec.budget.scope!r} in the ledger"
+                        f"{did_you_mean(spec.budget.scope, names)} (scopes: {', '.join(names) or 'none'}; "
+                        "`dpops ledger scope show` lists them, `dpops ledger scope create` makes one)")
 
 
 def _yaml_where(exc: Exception) -> str:

@@ -137,7 +137,7 @@ def test_spec_check(capsys, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(EXAMPLE.read_text().replace("bounds: [0, 100]}", "bounds: [5, 1]}", 1))
     assert main(["spec", "check", str(bad)]) == 3
-    assert "bad.yaml: metrics[2].bounds: bounds: lower bound 5.0 is greater than upper bound 1.0" in capsys.readouterr().err
+    assert "bad.yaml: metrics[2].bounds: lower bound 5.0 is greater than upper bound 1.0" in capsys.readouterr().err
 
 
 def test_abandon_cli(cli_env, capsys):

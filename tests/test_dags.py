@@ -92,6 +92,39 @@ def test_bad_specs_are_import_errors_without_hiding_good_ones(tmp_path, monkeypa
     assert "input: required key is missing" in lines[1]  # one line per spec, every problem on it
 
 
+def test_a_bad_spec_is_not_in_other_dags_task_logs(tmp_path):
+    """A task parses dpops_releases.py again: it must print nothing about another, bad spec (the bad
+    spec is dpops_spec_errors.py's import error, which the previous test checks)."""
+    import os
+    import subprocess
+    import sys
+
+    _spec(tmp_path, "good")
+    (tmp_path / "broken.yaml").write_text("name: Not A Valid Name\n")
+    code = (
+        "import sys, json, logging, runpy, warnings\n"
+        "said = []\n"
+        "class H(logging.Handler):\n"
+        "    def emit(self, r): said.append(r.getMessage())\n"
+        "logging.getLogger().addHandler(H()); logging.getLogger().setLevel(logging.WARNING)\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    g = runpy.run_path(sys.argv[1])\n"
+        "print(json.dumps({'dags': sorted(k for k in g if k.startswith('dpops_')),\n"
+        "                  'said': said + [str(x.message) for x in w]}))\n"
+    )
+    env = dict(os.environ, DPOPS_SPECS_DIR=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-c", code, str(DAGS_FOLDER / "dpops_releases.py")], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = __import__("json").loads(proc.stdout.splitlines()[-1])
+    assert doc["dags"] == ["dpops_good"]
+    assert not [m for m in doc["said"] if "broken" in m or "invalid release spec" in m], doc["said"]
+    # Airflow's structlog prints captured warnings itself (stdout or stderr), past the handler above
+    printed = "\n".join(proc.stdout.splitlines()[:-1]) + proc.stderr
+    assert "broken" not in printed and "invalid release spec" not in printed, printed[-2000:]
+
+
 def test_only_good_specs_have_no_import_error(tmp_path, monkeypatch):
     _spec(tmp_path, "good")
     bag = _bag(tmp_path, monkeypatch)

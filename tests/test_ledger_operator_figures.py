@@ -136,7 +136,7 @@ def test_figures_at_the_cap_show_no_float_crumbs(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     code, out, _ = cli(capsys, "ledger", "--ledger", url, "status", "s")
     assert code == 0 and "e-09" not in out and "4.4999" not in out
-    row = next(line for line in out.splitlines() if "│ *" in line or line.strip().startswith("│ *"))
+    row = next(line for line in out.splitlines() if line.strip("│ ").startswith("* "))
     cells = [c.strip() for c in row.strip("│ ").split("│")]
     assert cells[1] == "4.5" and cells[8] == "0", cells  # committed, remaining
     code, out, _ = cli(capsys, "ledger", "--ledger", url, "status", "s", "--json")

@@ -409,3 +409,21 @@ def test_ledger_url_in_the_report_has_no_credentials():
     assert redact("postgresql://dpops_app:s3cret@db.internal:5432/ledger?sslmode=require&password=pw",
                   public=True) == "postgresql://db.internal:5432/ledger?sslmode=require"
     assert redact("sqlite:////var/lib/dpops/ledger.sqlite", public=True) == "sqlite:////var/lib/dpops/ledger.sqlite"
+
+
+def test_release_details_explain_absent_sensitivities(reviewed_scope, tmp_path):
+    """Issue 21 item 12: a Laplace vector has no L2 sensitivity; the report says why ("n/a (pure ε-DP: ...")
+    instead of printing ``inf``; the same for a Gaussian's L1."""
+    text, _ = build_report(reviewed_scope.ledger, "purchases", tmp_path / "r.html",
+                           manifests_dir=str(reviewed_scope.mdir), key=reviewed_scope.key)
+    p = Tables()
+    p.feed(text)
+    mech = [row for name, rows in p.tables.items() if name.startswith("t") for row in rows
+            if len(row) == 7 and row[0] != "metric"]
+    assert mech, "the fixture's manifests must list mechanisms"
+    assert all("inf" not in cell.split() for row in mech for cell in row), mech
+    for row in mech:
+        if "laplace" in row[2].lower():
+            assert row[6].startswith("n/a (pure ε-DP"), row
+        if "gauss" in row[2].lower():
+            assert row[5].startswith("n/a (Gaussian"), row

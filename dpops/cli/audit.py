@@ -10,7 +10,7 @@ import json
 
 import click
 
-from dpops.cli.common import ledger_option, ledger_url, mark_json_printed
+from dpops.cli.common import HelpGroup, ledger_option, ledger_url, mark_json_printed
 from dpops.errors import IntegrityError, InvalidParameter
 
 
@@ -46,7 +46,7 @@ def _finish(results) -> None:
             + ": the code spends more privacy than it claims; do not publish with it")
 
 
-@click.group(name="audit")
+@click.group(name="audit", cls=HelpGroup)
 def cli() -> None:
     """Audit the privacy of mechanisms and releases empirically (lower bounds on ε; see docs/audit.md)."""
 

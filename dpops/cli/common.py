@@ -188,6 +188,32 @@ def wants_json(argv: Sequence[str]) -> bool:
     return False
 
 
+# --------------------------------------------------------------------------- help
+
+
+class HelpGroup(click.Group):
+    """A group whose command list shows each command's whole first sentence, wrapped, never cut with "...".
+
+    click abbreviates a command's short help to what fits beside its name on one line; an operator
+    then reads "Compose the privacy events in EVENTS_JSON and print epsilon..." and has to guess."""
+
+    group_class = type  # sub-groups made with @group.group() list their commands the same way
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """Each command's ``short_help``, else the first paragraph of its help, whole."""
+        import inspect
+
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                text = cmd.short_help or inspect.cleandoc(cmd.help or "").split("\n\n")[0]
+                rows.append((name, " ".join(text.replace("\b", "").split())))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
 # --------------------------------------------------------------------------- tables
 
 
@@ -202,43 +228,129 @@ def terminal_width() -> int:
     return shutil.get_terminal_size((80, 24)).columns
 
 
+def _words(text: str) -> list[str]:
+    return [w for line in text.split("\n") for w in line.split()] or [""]
+
+
+def wrap_words(text: str, width: int) -> list[str]:
+    """``text`` wrapped at ``width`` at whitespace only: a word (an id, a date, a URI) is never split."""
+    import textwrap
+
+    out: list[str] = []
+    for line in text.split("\n"):
+        out.extend(textwrap.wrap(line, width, break_long_words=False, break_on_hyphens=False) or [""])
+    return out
+
+
+def _labelled(label: str, text: str, width: int, indent: int) -> list[str]:
+    """``label: text`` wrapped under itself at whitespace only; a token longer than the line stays whole."""
+    import textwrap
+
+    head = " " * indent + f"{label}: "
+    pad = " " * (indent + 4)
+    lines: list[str] = []
+    for n, part in enumerate(text.split("\n") or [""]):
+        first = head if n == 0 else pad
+        lines.extend(textwrap.wrap(part, max(width, len(first) + 1), initial_indent=first, subsequent_indent=pad,
+                                   break_long_words=False, break_on_hyphens=False) or [first.rstrip()])
+    return lines
+
+
+def table_lines(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], width: int, *,
+                keep: Sequence[str] = (), below: Sequence[str] = (), caption: str | None = None,
+                right: Sequence[str] = ()) -> list[str]:
+    """The lines ``print_table`` prints at ``width`` columns (see there)."""
+    if below:  # wide enough for every column on the row's line: no line under it
+        inline = _table_lines(title, columns, rows, width, keep=(*keep, *below), below=(), caption=caption,
+                              right=right)
+        if inline is not None:
+            return inline
+    lines = _table_lines(title, columns, rows, width, keep=keep, below=below, caption=caption, right=right)
+    return lines if lines is not None else _block_lines(title, columns, rows, width, caption)
+
+
+def _table_lines(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], width: int, *,
+                 keep: Sequence[str], below: Sequence[str], caption: str | None,
+                 right: Sequence[str]) -> list[str] | None:
+    """The table at ``width``, or None when its narrowest layout does not fit."""
+    from rich.cells import cell_len
+
+    shown = [i for i, c in enumerate(columns) if c not in below]
+    under = [i for i, c in enumerate(columns) if c in below]
+    sep = " │ "
+    lo: dict[int, int] = {}
+    hi: dict[int, int] = {}
+    for i in shown:
+        cells = [r[i] for r in rows]
+        if columns[i] in keep:  # whole cell on one line
+            lo[i] = max([max(map(cell_len, _words(columns[i])))] + [max(map(cell_len, v.split("\n"))) for v in cells])
+        else:  # wraps at whitespace, never inside a word
+            lo[i] = max(cell_len(w) for v in [columns[i], *cells] for w in _words(v))
+        hi[i] = max([lo[i], cell_len(columns[i])] + [cell_len(line) for v in cells for line in v.split("\n")])
+    overhead = cell_len(sep) * (len(shown) - 1)
+    if not shown or sum(lo.values()) + overhead > width:
+        return None
+    widths = dict(lo)
+    spare = width - overhead - sum(widths.values())
+    want = {i: hi[i] - lo[i] for i in shown}
+    while spare > 0 and any(want.values()):  # hand out the spare columns one at a time to the widest wish
+        i = max(want, key=lambda k: want[k])
+        widths[i] += 1
+        want[i] -= 1
+        spare -= 1
+
+    def fit(i: int, text: str) -> str:
+        pad = widths[i] - cell_len(text)
+        return " " * pad + text if columns[i] in right else text + " " * pad
+
+    def row_lines(cells: Sequence[str], header: bool = False) -> list[str]:
+        wrapped = {i: (cells[i].split("\n") if columns[i] in keep and not header else wrap_words(cells[i], widths[i]))
+                   for i in shown}
+        height = max(len(v) for v in wrapped.values())
+        return [sep.join(fit(i, wrapped[i][n] if n < len(wrapped[i]) else "") for i in shown).rstrip()
+                for n in range(height)]
+
+    out = [*wrap_words(title, width), *row_lines(columns, header=True), "─┼─".join("─" * widths[i] for i in shown)]
+    for r in rows:
+        out.extend(row_lines(r))
+        for i in under:
+            if r[i] and r[i] != "-":
+                out.extend(_labelled(columns[i], r[i], width, 4))
+    if caption:
+        out.extend(wrap_words(caption, width))
+    return out
+
+
+def _block_lines(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], width: int,
+                 caption: str | None) -> list[str]:
+    out = wrap_words(title, width)
+    for r in rows:
+        for c, v in zip(columns, r):
+            if v:  # an empty cell (no output yet, restates nothing) is left out, not printed as "c:"
+                out.extend(_labelled(c, v, width, 2))
+        out.append("")
+    if caption:
+        out.extend(wrap_words(caption, width))
+    return out
+
+
 def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]], *, keep: Sequence[str] = (),
-                caption: str | None = None, right: Sequence[str] = ()) -> None:
-    """A rich table that fits the terminal, never cutting the columns in ``keep`` (ids, dates).
+                below: Sequence[str] = (), caption: str | None = None, right: Sequence[str] = ()) -> None:
+    """A table that fits ``$COLUMNS`` (the terminal) without ever splitting an id, a date or a URI.
 
-    Kept columns are ``no_wrap`` at their full width; the others fold. If the kept columns alone do
-    not fit, each row is printed as ``column: value`` lines instead, so an id is never abbreviated
-    into something that names another run."""
-    from rich.console import Console
-    from rich.table import Table
+    Every column wraps at whitespace only, so a word is never cut; the columns in ``keep`` (ids,
+    dates, short status words) never wrap at all. The columns in ``below`` (long reasons, run ids,
+    output URIs) are printed on their own ``column: value`` line under each row, at the full width.
+    If the table's narrowest layout still does not fit, every row becomes ``column: value`` lines.
+    A token longer than the terminal is printed whole on one line (the terminal may fold it on the
+    screen, but a copy gives the token): an abbreviated or split run id could name another run, and
+    a URI cut in two cannot be pasted into the command that reads it.
 
+    Every cell and the title are escaped: ledger text written before issue 19 item 11 may hold
+    terminal escapes."""
     from dpops.ledger.text import printable
 
-    # Every cell and the title escaped: ledger text written before issue 19 item 11 may hold terminal escapes.
-    rows = [[printable(str(v), keep_newlines=True) for v in r] for r in rows]
-    title = printable(title)
-    caption = printable(caption) if caption else caption
-    width = terminal_width()
-    console = Console(width=width, soft_wrap=False, highlight=False)
-    need = sum(max([len(c)] + [len(r[i]) for r in rows]) + 3 for i, c in enumerate(columns) if c in keep) + \
-        sum(6 for c in columns if c not in keep) + 1
-    if need > width:
-        console.print(title, markup=False, overflow="fold")
-        for r in rows:
-            for c, v in zip(columns, r):
-                # a kept value (an id, a date) is short enough for one line; a long URI or note folds
-                console.print(f"  {c}: {v}", markup=False, overflow="fold")
-            console.print("")
-        if caption:
-            console.print(caption, markup=False, overflow="fold")
-        return
-    table = Table(title=title, caption=caption, caption_justify="left")
-    for c in columns:
-        if c in keep:
-            table.add_column(c, no_wrap=True, min_width=max([len(c)] + [len(r[columns.index(c)]) for r in rows]),
-                             justify="right" if c in right else "left")
-        else:
-            table.add_column(c, overflow="fold", justify="right" if c in right else "left")
-    for r in rows:
-        table.add_row(*r)
-    console.print(table)
+    cells = [[printable(str(v), keep_newlines=True) for v in r] for r in rows]
+    lines = table_lines(printable(title), columns, cells, terminal_width(), keep=keep, below=below,
+                        caption=printable(caption) if caption else None, right=right)
+    click.echo("\n".join(lines))

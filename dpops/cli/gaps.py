@@ -57,7 +57,7 @@ def cli(spec: str, start: str, end: str, manifests: str | None, show_all: bool, 
     print_table(f"{sp.name}: {len(gaps)} of {len(rows)} interval(s) in [{start}, {end}) have no publication",
                 ["interval start", "interval end", "status", "run", "why"],
                 [[r.interval_start, r.interval_end, WORDS[r.status], r.run_id or "-", r.detail] for r in shown],
-                keep=("interval start", "interval end", "run"))
+                keep=("interval start", "interval end", "status"), below=("run", "why"))
     click.echo(", ".join(f"{WORDS[k]}: {v}" for k, v in counts.items() if v) or "no intervals in range")
     if check and gaps:
         raise IntegrityError(f"{sp.name}: {len(gaps)} of {len(rows)} interval(s) have no publication")

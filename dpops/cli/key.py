@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from dpops.cli.common import echo_ok
+from dpops.cli.common import HelpGroup, echo_ok
 from dpops.randomness import NoiseKey, convert_legacy_key_file
 
 
-@click.group("key")
+@click.group("key", cls=HelpGroup)
 def cli() -> None:
     """Manage the secret noise key behind keyed (reproducible) noise."""
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import click
 
 from dpops.cli.common import (
+    HelpGroup,
     LEDGER_HELP,
     attach,
     echo_ok,
@@ -116,7 +117,7 @@ def writer_lines(writers: dict) -> list[str]:
     return out
 
 
-@click.group()
+@click.group(cls=HelpGroup)
 @ledger_option
 def cli() -> None:
     """The global privacy-budget ledger: scopes, caps, runs, history and verification."""
@@ -270,7 +271,9 @@ def scope_show(ctx, name, as_json) -> None:
              s.adjacency or "not recorded (legacy scope: releases refused)", s.unit_period or "-", _time_text(s),
              s.owner]
             for s in scopes]
-    print_table("budget scopes", cols, rows, keep=("name", "accountant"))
+    print_table("budget scopes", cols, rows,
+                keep=("name", "accountant", "cap", "delta", "bucket", "unit column", "owner"),
+                below=("unit", "adjacency", "time rule"))
 
 
 def _time_text(s: ScopeDefinition) -> str:
@@ -326,7 +329,7 @@ def cap(ctx, name, epsilon, rho, delta, reason, actor, as_json) -> None:
 
 
 @cli.command()
-@click.argument("scope_name", metavar="SCOPE")
+@click.argument("scope_name", metavar="SCOPE", required=False)
 @ledger_option
 @json_option
 @click.pass_context
@@ -334,7 +337,10 @@ def status(ctx, scope_name, as_json) -> None:
     """Budget spent, reserved and remaining on SCOPE (per bucket when bucketed).
 
     The scope total is every charged run composed by the scope's accountant; the plain sum of the
-    runs' own ε is shown beside it (it is larger under RDP/PLD/zCDP composition)."""
+    runs' own ε is shown beside it (it is larger under RDP/PLD/zCDP composition). `dpops ledger
+    scope show` lists the scopes."""
+    if scope_name is None:
+        raise click.UsageError("give a SCOPE: `dpops ledger scope show` lists the scopes of this ledger", ctx)
     with _ledger(ctx) as led:
         st = led.status(scope_name)
         sums = per_run_sums(led, st)
@@ -368,10 +374,11 @@ def history(ctx, scope_name, as_json) -> None:
     rows = []
     for e in entries:
         note = e.data.get("reason") or e.data.get("output_uri") or ""
-        rows.append([str(e.id), e.ts[:19], e.kind, e.scope or "", e.run_id or "", ",".join(e.buckets), e.actor,
+        rows.append([str(e.id), e.ts[:19], e.kind, e.scope or "", e.run_id or "", ", ".join(e.buckets), e.actor,
                      str(note), e.hash[:16]])
+    # one line per entry with the short words; the run id, the reason or output URI and the hash under it
     print_table(f"ledger history{' of ' + scope_name if scope_name else ''}", cols, rows,
-                keep=("id", "time (UTC)", "run"))
+                keep=("id", "time (UTC)", "kind", "scope", "actor"), below=("run", "note", "hash"), right=("id",))
 
 
 @cli.command()
@@ -530,11 +537,17 @@ def runs(ctx, scope_name, release, states, as_json) -> None:
                     "epsilon": r.epsilon if math.isfinite(r.epsilon) else None, "entry_ids": r.entry_ids,
                     "created_at": r.created_at, "updated_at": r.updated_at} for r in recs]})
         return
+    if not recs:  # an empty table reads like a failure to load; say what was asked and that none match
+        asked = [f"in state {' or '.join(states)}" if states else "",
+                 f"on scope {scope_name}" if scope_name else "", f"of release {release}" if release else ""]
+        click.echo(" ".join(["no runs", *[a for a in asked if a]]))
+        return
     cols = ["run", "scope", "release", "interval start", "interval end", "state", "ε this run", "restates", "output"]
     rows = [[r.run_id, r.scope, r.key.release, r.key.interval_start, r.key.interval_end, r.state, fmt(r.epsilon),
              r.restates or "", r.output_uri or ""] for r in recs]
     print_table("runs (ε: each run alone, as its scope's accountant counts it)", cols, rows,
-                keep=("run", "interval start", "interval end"))
+                keep=("interval start", "interval end", "scope", "release", "state", "ε this run"),
+                below=("run", "restates", "output"), right=("ε this run",))
 
 
 @cli.command("reserve")

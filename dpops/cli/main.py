@@ -16,6 +16,7 @@ import click
 
 from dpops import __version__
 from dpops.cli.common import (
+    HelpGroup,
     dumps,
     error_object,
     json_printed,
@@ -41,7 +42,7 @@ SUBCOMMANDS = [
 ]
 
 
-class LazyGroup(click.Group):
+class LazyGroup(HelpGroup):
     def main(self, args: list[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: object) -> object:
         """Standalone calls (the console script, ``click.testing.CliRunner``) go through ``main()`` so

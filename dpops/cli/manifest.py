@@ -12,7 +12,16 @@ from typing import Any
 
 import click
 
-from dpops.cli.common import attach, echo_ok, json_option, key_file_option, ledger_option, ledger_url, load_key
+from dpops.cli.common import (
+    HelpGroup,
+    attach,
+    echo_ok,
+    json_option,
+    key_file_option,
+    ledger_option,
+    ledger_url,
+    load_key,
+)
 from dpops.errors import IntegrityError
 from dpops.ledger.budget import format_budget
 
@@ -38,7 +47,7 @@ def _spec_option(fn: Callable[..., Any]) -> Callable[..., Any]:
                              "<release>) when neither --manifests nor $DPOPS_MANIFESTS_DIR is given")(fn)
 
 
-@click.group("manifest")
+@click.group("manifest", cls=HelpGroup)
 def cli() -> None:
     """Run manifests: the reviewer-safe record of each run's privacy claim."""
 
@@ -77,48 +86,56 @@ def show_cmd(run_or_file: str, manifests: str | None, spec: str | None, as_json:
     if as_json:
         click.echo(json.dumps(m, indent=2, sort_keys=True))
         return
-    from rich.console import Console
-    from rich.table import Table
+    import re
 
-    console = Console(width=max(100, min(160, os.get_terminal_size(0).columns if os.isatty(0) else 120)))
+    from dpops.cli.common import print_table, terminal_width, wrap_words
+    from dpops.ledger.text import printable
+
+    width = terminal_width()
+
+    def say(text: str) -> None:
+        # $COLUMNS wide, wrapped at spaces only: a run id, a date or a path longer than the line stays whole
+        # (escaped like every table cell: a manifest is read from storage another party may write)
+        for line in wrap_words(printable(re.sub(r"\[/?(bold|red)\]", "", text)), width):
+            click.echo(line)
+
     k, p, u, c = m["run_key"], m["privacy"], m["privacy_unit"], m["contribution_bounds"]
-    console.print(f"[bold]{k['release']}[/bold]  [{k['interval_start']}, {k['interval_end']})  run {m['run_id']}")
-    console.print(f"file: {path}")
-    console.print(f"outcome: [bold]{m['outcome']['state']}[/bold] (ledger: {m['outcome']['ledger_state']})"
+    say(f"[bold]{k['release']}[/bold]  [{k['interval_start']}, {k['interval_end']})  run {m['run_id']}")
+    say(f"file: {path}")
+    say(f"outcome: [bold]{m['outcome']['state']}[/bold] (ledger: {m['outcome']['ledger_state']})"
                   + (f" - {m['outcome']['reason']}" if m["outcome"]["reason"] else ""))
     if m["restates"]:
-        console.print(f"restates run {m['restates']['run_id']}")
-    console.print(f"protects: {u['description']} (unit column {u['column']}, adjacency {u['adjacency']}"
+        say(f"restates run {m['restates']['run_id']}")
+    say(f"protects: {u['description']} (unit column {u['column']}, adjacency {u['adjacency']}"
                   f"{', record-level' if u['record_level'] else ''})")
-    console.print(f"contribution: at most {c['max_partitions_per_unit']} partitions per unit, "
+    say(f"contribution: at most {c['max_partitions_per_unit']} partitions per unit, "
                   f"{c['max_rows_per_unit_per_partition']} rows per unit per partition; value bounds {m['value_bounds']}")
     eps = p["run"]["epsilon"]
-    console.print(f"privacy: this run eps={_fmt(eps)} at delta={p['run']['delta']:g} with {m['accountant']['ref']} "
+    say(f"privacy: this run eps={_fmt(eps)} at delta={p['run']['delta']:g} with {m['accountant']['ref']} "
                   f"(requested eps={p['requested']['epsilon']:g}, delta={p['requested']['delta']:g}; "
                   f"charged: {p['run']['charged']})")
     if p["scope"]:
         s = p["scope"]
         for b in s["buckets"]:
-            console.print(f"scope {s['name']} [{b['bucket']}]: cap {s['cap']['unit']}={s['cap']['value']:g}, "
+            say(f"scope {s['name']} [{b['bucket']}]: cap {s['cap']['unit']}={s['cap']['value']:g}, "
                           f"total {_cap(b['total'], s)}, committed {_cap(b['committed'], s)}, reserved "
                           f"{_cap(b['reserved'], s)}, remaining {_cap(b['remaining'], s)}")
     r = m["randomness"]
-    console.print(f"randomness: {r['mode']} (key id {r['key_id']}){'  [red]TEST MODE[/red]' if r['test_mode'] else ''}")
-    table = Table(title="mechanisms")
-    for col in ("metric", "vector", "mechanism", "scale", "std", "L1 charged", "L2 charged"):
-        table.add_column(col)
+    say(f"randomness: {r['mode']} (key id {r['key_id']}){'  [red]TEST MODE[/red]' if r['test_mode'] else ''}")
+    rows = []
     for metric in m["release_plan"].get("metrics", []):
         for v in metric.get("vectors") or []:
-            table.add_row(metric["key"], v["name"], v["mechanism"], _fmt(v["scale"]), _fmt(v["std"]),
-                          _fmt(v.get("l1_sensitivity_charged")), _fmt(v.get("l2_sensitivity_charged")))
+            rows.append([metric["key"], v["name"], v["mechanism"], _fmt(v["scale"]), _fmt(v["std"]),
+                         _fmt(v.get("l1_sensitivity_charged")), _fmt(v.get("l2_sensitivity_charged"))])
         if not metric.get("vectors"):
-            table.add_row(metric["key"], "-", metric.get("mechanism", "?"),
-                          f"eps/run {_fmt(metric.get('epsilon_per_run'))}", "-", "-", "-")
-    console.print(table)
+            rows.append([metric["key"], "-", metric.get("mechanism", "?"),
+                         f"eps/run {_fmt(metric.get('epsilon_per_run'))}", "-", "-", "-"])
+    print_table("mechanisms", ["metric", "vector", "mechanism", "scale", "std", "L1 charged", "L2 charged"], rows,
+                keep=("metric", "vector", "mechanism"))
     if m["validation"]:
         checks = ", ".join(f"{c['name']}:{'ok' if c['passed'] else 'FAILED'}" for c in m["validation"]["checks"])
-        console.print(f"checks: {checks or 'none'}; proceeded: {m['validation']['proceeded']}")
-    console.print(f"code: dpops {m['code']['dpops']} ({m['code']['git_commit'] or 'no git commit'})")
+        say(f"checks: {checks or 'none'}; proceeded: {m['validation']['proceeded']}")
+    say(f"code: dpops {m['code']['dpops']} ({m['code']['git_commit'] or 'no git commit'})")
 
 
 def _cap(x, scope: dict) -> str:

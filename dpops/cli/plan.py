@@ -40,6 +40,12 @@ def load_plan(fp, name: str) -> list[tuple[str, str, list]]:
 FREE = {"published": "skip: published", "in_progress": "already charged (reserved), not counted again"}
 
 
+def _action_words(action: str) -> tuple[str, str]:
+    """An action as its short word for the table ("run", "REFUSED", "skip") and the reason printed under the row."""
+    word, sep, why = action.partition(": ")
+    return (word, why) if sep else (action, "")
+
+
 def _action(st) -> tuple[str, bool]:
     """What a backfill would do with this interval, and whether it costs a new charge."""
     if st.status in FREE:
@@ -127,9 +133,9 @@ def cli(target, plan_file, start, end, manifests, as_json, check, at_units, valu
         print_table(f"plan on scope {scope}: cap {unit}={fmt(result.cap)}",
                     ["interval start", "interval end", "buckets", f"{unit} this run", "fits",
                      f"scope total {unit} after (composed)", "remaining after"],
-                    [[it.interval_start, it.interval_end, ",".join(it.buckets), fmt(it.cost),
+                    [[it.interval_start, it.interval_end, ", ".join(it.buckets), fmt(it.cost),
                       "yes" if it.fits else "NO", fmt(it.total_after, result.cap), fmt(it.remaining_after, result.cap)]
-                     for it in result.items], keep=("interval start", "interval end"))
+                     for it in result.items], keep=("interval start", "interval end"), below=("buckets",))
         click.echo(f"{result.admitted} of {len(result.items)} planned runs fit")
     if refused_error is not None:
         raise refused_error
@@ -188,10 +194,12 @@ def _plan_spec(spec_path: str, start: str, end: str, manifests: str | None, as_j
     else:
         print_table(f"backfill plan of {spec.name} on scope {scope}: cap {unit}={fmt(result.cap)}",
                     ["interval start", "interval end", "status", "action", f"{unit} this run",
-                     f"scope total {unit} after (composed)"],
-                    [[r["interval_start"], r["interval_end"], r["status"].replace("_", " "), r["action"],
-                      fmt(r["cost"]), fmt(r["total_after"]) if r["total_after"] is not None else "-"] for r in rows],
-                    keep=("interval start", "interval end"))
+                     f"scope total {unit} after (composed)", "why"],
+                    [[r["interval_start"], r["interval_end"], r["status"].replace("_", " "),
+                      *_action_words(r["action"])[:1], fmt(r["cost"]),
+                      fmt(r["total_after"]) if r["total_after"] is not None else "-", _action_words(r["action"])[1]]
+                     for r in rows],
+                    keep=("interval start", "interval end"), below=("why",))
         click.echo(summary)
     if refused_error is not None:
         raise refused_error

@@ -13,7 +13,16 @@ from typing import Any, Callable
 
 import click
 
-from dpops.cli.common import attach, echo_ok, json_option, key_file_option, ledger_option, ledger_url, load_key
+from dpops.cli.common import (
+    HelpGroup,
+    attach,
+    echo_ok,
+    json_option,
+    key_file_option,
+    ledger_option,
+    ledger_url,
+    load_key,
+)
 from dpops.errors import DEBUG_ENV, DpopsError, public_message
 
 
@@ -78,7 +87,7 @@ def _emit(outcome: Any, as_json: bool) -> None:
         click.echo(outcome.line())
 
 
-@click.group("release")
+@click.group("release", cls=HelpGroup)
 def cli() -> None:
     """Run, restate and inspect releases (one spec, one data interval)."""
 

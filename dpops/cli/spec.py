@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from dpops.cli.common import key_file_option
+from dpops.cli.common import HelpGroup, key_file_option
 
 
 def _plan_summary(spec: Any) -> tuple[dict[str, Any] | None, str | None, Any]:
@@ -51,9 +51,31 @@ def summary(spec: Any) -> dict[str, Any]:
     }
 
 
-@click.group("spec")
+@click.group("spec", cls=HelpGroup)
 def cli() -> None:
     """Release specs: validate them and see what they would spend."""
+
+
+def _check_scope(spec: Any, check: Any, problems: list[str]) -> str | None:
+    """Check ``budget.scope`` against the ledger when one is configured ($DPOPS_LEDGER_URL); a warning
+    (returned) when none is set or it cannot be read: spec check must work offline."""
+    from dpops.cli.common import ledger_url
+    from dpops.errors import LedgerError, SpecError
+    from dpops.ledger import open_ledger
+
+    try:
+        url = ledger_url(required=False)
+        if url is None:
+            return "budget.scope not checked: no ledger configured ($DPOPS_LEDGER_URL)"
+        with open_ledger(url) as led:
+            names = [s.name for s in led.scopes()]
+    except LedgerError as exc:
+        return f"budget.scope not checked: the ledger cannot be read ({exc})"
+    try:
+        check(spec, names)
+    except SpecError as exc:
+        problems.append(str(exc))
+    return None
 
 
 @cli.command("check")
@@ -69,22 +91,28 @@ def check_cmd(file: str, as_json: bool, key_file: str | None, require_targets: b
     The spec's input files must resolve under the data roots ($DPOPS_DATA_ROOTS, default the spec's
     directory), its public file under the public roots ($DPOPS_PUBLIC_ROOTS, never under a data root), and
     both away from the noise key (see dpops.dataroots)."""
-    from dpops.spec import check_spec_paths, load_spec
+    from dpops.errors import SpecError
+    from dpops.spec import check_spec_paths, check_spec_scope, load_spec
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        spec = load_spec(file)
-    check_spec_paths(spec, key_file)
+        spec = load_spec(file)  # every structural problem at once; the checks below need a parsed spec
+    problems: list[str] = []
+    scope_note = _check_scope(spec, check_spec_scope, problems)
+    try:
+        check_spec_paths(spec, key_file)
+    except SpecError as exc:
+        problems.append(str(exc))
+    if problems:  # the files and the scope together: one run of spec check lists all that is wrong
+        raise SpecError("\n".join(problems))
     doc = summary(spec)
     plan, note, plan_obj = _plan_summary(spec)
     doc["plan"] = plan
-    doc["warnings"] = [str(w.message) for w in caught] + ([note] if note else [])
+    doc["warnings"] = [str(w.message) for w in caught] + ([note] if note else []) + ([scope_note] if scope_note else [])
     doc["accuracy"] = _accuracy(spec, plan_obj)
     unmet = [t for t in (doc["accuracy"] or {}).get("targets", []) if not t["met"]]
     err = None
     if require_targets and unmet:
-        from dpops.errors import SpecError
-
         err = SpecError(f"{spec.source}: the declared budget does not meet {len(unmet)} accuracy target(s): "
                         + "; ".join(f"{t['description']} (predicted {t['predicted']:.4g})" for t in unmet)
                         + "; run dpops plan --solve for a split that does")

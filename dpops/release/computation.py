@@ -28,7 +28,6 @@ exception type and place (``DPOPS_DEBUG=1`` shows the text on a trusted terminal
 from __future__ import annotations
 
 import errno
-import importlib
 import os
 import traceback
 from collections.abc import Callable, Sequence
@@ -38,7 +37,7 @@ from typing import TYPE_CHECKING
 from dpops.errors import DEBUG_ENV, DpopsError, InputDataError, InternalError, LedgerError, NeedsOperator, StorageError
 from dpops.inputs import input_fingerprint, public_file_rows
 from dpops.release.context import Progress, RunContext, RunOutcome, _outcome, _stage, log, pick_attempt
-from dpops.release.pipeline_seam import ComputeRequest, ComputeResult, load_run_release
+from dpops.release.pipeline_seam import ComputeRequest, ComputeResult, import_pipeline_module, load_run_release
 from dpops.spec import load_spec
 from dpops.storage import Location, StagedRun, as_location, location_uri
 
@@ -66,7 +65,7 @@ def check_runner(runner: str, runner_options: Sequence[str], run_release: RunRel
     if run_release is not None:
         return runner
     mod_name, func = RUNNER_CHECK.split(":")
-    checked = getattr(importlib.import_module(mod_name), func)(runner, tuple(runner_options))
+    checked = getattr(import_pipeline_module(mod_name), func)(runner, tuple(runner_options))
     return str(checked.runner)
 
 

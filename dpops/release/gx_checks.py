@@ -71,6 +71,9 @@ def _gx():
     import great_expectations as gx
     import great_expectations.expectations as gxe
 
+    from dpops.orchestration import quiet_third_party_loggers
+
+    quiet_third_party_loggers()  # after the import: GX sets some of its loggers' levels when imported
     with _lock:
         if _context is None:
             from great_expectations.data_context.types.base import ProgressBarsConfig

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from dpops.ledger import Ledger
     from dpops.release.context import RunContext
 
-def _noise_key_id(recorded: str) -> str | None:
+def noise_key_id(recorded: str) -> str | None:
     """The noise key id in a run key's key id: ``<id>`` or ``<id>/retry-N`` in keyed mode; None for
     ``os/attempt-N`` (os mode: the ledger does not record which key fingerprinted it) and ``test/...``."""
     head = str(recorded).split("/", 1)[0]
@@ -42,7 +42,7 @@ def check_key_continuity(ctx: RunContext, ledger: Ledger) -> None:
         return  # test: never publishable; os: no key id in the ledger to compare with (the pin still applies)
     current = str(ctx.key_id)
     scope = ctx.spec.budget.scope
-    previous = [(r, k) for r in ledger.runs(scope=scope) if (k := _noise_key_id(r.key.key_id)) is not None]
+    previous = [(r, k) for r in ledger.runs(scope=scope) if (k := noise_key_id(r.key.key_id)) is not None]
     if not previous:
         return
     last, last_id = previous[-1]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 RUN_RELEASE = "pipelines.release_pipeline:run_release"
@@ -58,8 +59,20 @@ class ComputeResult:
 
 def load_run_release() -> Callable[[ComputeRequest], ComputeResult]:
     """Import the pipeline lazily (Beam is heavy and optional for the core package)."""
+    mod_name, func = RUN_RELEASE.split(":")
+    run_release: Callable[[ComputeRequest], ComputeResult] = getattr(import_pipeline_module(mod_name), func)
+    return run_release
+
+
+def import_pipeline_module(name: str) -> ModuleType:
+    """Import a ``pipelines`` module (which imports Beam) with the noisy third-party loggers quieted first.
+
+    Beam logs "apitools not found, and bigquery client libraries are not available" on the root logger
+    (and BigQuery INFO lines) while it is imported, which every ``release run`` printed; the filters go on
+    before the import so exactly those records are dropped, never a dpops warning."""
     import importlib
 
-    mod_name, func = RUN_RELEASE.split(":")
-    run_release: Callable[[ComputeRequest], ComputeResult] = getattr(importlib.import_module(mod_name), func)
-    return run_release
+    from dpops.orchestration import quiet_third_party_loggers
+
+    quiet_third_party_loggers()
+    return importlib.import_module(name)

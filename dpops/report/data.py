@@ -37,6 +37,7 @@ class RunRow:
     flags: list[str] = field(default_factory=list)  # off-schedule / misaligned / overlapping interval
     kind: str = "run"  # run | gap
     replaces_spent: str | None = None  # a fresh attempt: the spent_unpublished run it replaces (charged again)
+    entry_id: int = 0  # the run's first ledger entry (its reservation): the ledger's order of charges
 
 
 @dataclass
@@ -255,9 +256,25 @@ def _schedule_flags(rows: list[RunRow]) -> list[RunRow]:
     return gaps
 
 
-def _release_details(rows: list[RunRow], manifests: dict[str, dict[str, Any]], checks: dict[str, ManifestCheck]
-                     ) -> list[dict[str, Any]]:
+def _totals_after(rows: list[RunRow], scope: Any) -> dict[str, float]:
+    """The scope's composed total right after each charged run, in the ledger's order (entry id).
+
+    A manifest's scope snapshot is read when that run commits: two runs committed at the same moment both
+    saw the other's charge and showed the same total. The ledger's order decides instead. Unbucketed
+    scopes only (a bucketed scope's total is per bucket; the manifest's figure stays)."""
+    if scope.bucket is not None:
+        return {}
+    from dpops.report.plots import charge_order, cumulative_series
+
+    runs = sorted((r for r in rows if r.kind == "run"), key=charge_order)
+    series = cumulative_series(runs, scope.accountant, scope.delta).get("all", [])
+    return {runs[i].run_id: eps for i, eps in series if math.isfinite(eps)}
+
+
+def _release_details(rows: list[RunRow], manifests: dict[str, dict[str, Any]], checks: dict[str, ManifestCheck],
+                     after: dict[str, float] | None = None) -> list[dict[str, Any]]:
     """Per run with a manifest: what a reviewer signs off, taken only from manifests that verified."""
+    after = after or {}
     out = []
     for r in rows:
         if r.kind != "run" or not r.manifest:
@@ -281,7 +298,7 @@ def _release_details(rows: list[RunRow], manifests: dict[str, dict[str, Any]], c
             "status": c.status, "outcome": m["outcome"]["state"], "unit": m["privacy_unit"],
             "contribution": m["contribution_bounds"], "value_bounds": m["value_bounds"], "mechanisms": mechanisms,
             "run_epsilon": m["privacy"]["run"]["epsilon"], "delta": m["privacy"]["run"]["delta"],
-            "scope_total_after": max(totals) if totals else None,
+            "scope_total_after": after.get(r.run_id, max(totals) if totals else None),
             "scope_unit": (scope or {}).get("cap", {}).get("unit"), "accountant": m["accountant"]["ref"],
             # issue 20: the spec's accuracy targets against the plan's prediction (verified with the manifest)
             "accuracy_targets": list((m.get("accuracy") or {}).get("targets") or []),
@@ -354,7 +371,8 @@ def gather(ledger: Any, scope_name: str, manifests_dir: str | os.PathLike[str] |
             events=list(rec.events), manifest=path, reason=reasons.get(rec.run_id), key_id=rec.key.key_id,
             replaces_spent=((rec.details or {}).get("replaces_spent") or {}).get("run_id"),
             test_mode=bool(m and m["randomness"]["test_mode"]),
-            verification=checks[path].status if path else "no manifest"))
+            verification=checks[path].status if path else "no manifest",
+            entry_id=min(rec.entry_ids) if rec.entry_ids else 0))
         seen.add(rec.run_id)
     # Refusals never reach the ledger (nothing is written): their manifests are the record, also of a run
     # key reserved and published later (both rows are shown).
@@ -411,7 +429,7 @@ def gather(ledger: Any, scope_name: str, manifests_dir: str | os.PathLike[str] |
     data = ReportData(scope=scope, status=status, runs=rows, manifests=manifests, comparison=comparison,
                       adjacencies=adjacencies, contribution=contribution, noise=noise, start=start, end=end,
                       checks=checks, provenance={**_provenance(ledger, checks), "data_docs": _data_docs(gx_project)},
-                      releases=_release_details(rows, manifests, checks))
+                      releases=_release_details(rows, manifests, checks, _totals_after(rows, scope)))
     data.warnings = _warnings(data)
     return data
 
@@ -451,13 +469,19 @@ def _warnings(d: ReportData) -> list[str]:
     flagged = [r for r in d.runs if r.kind == "run" and r.flags]
     if flagged:
         out.append(f"{len(flagged)} interval(s) off the release's schedule (see the timeline)")
+    from dpops.release.key_continuity import noise_key_id
+
     last_key: dict[str, str] = {}
-    for r in sorted((r for r in d.runs if r.kind == "run"), key=lambda r: (r.created_at, r.run_id)):
-        if r.key_id and r.release in last_key and last_key[r.release] != r.key_id:
-            out.append(f"release {r.release}: the noise key changed from {last_key[r.release]} to {r.key_id} "
+    from dpops.report.plots import charge_order
+
+    for r in sorted((r for r in d.runs if r.kind == "run"), key=charge_order):
+        # the key's id, not the recorded attempt: "<id>/retry-2" is the same key drawing a fresh attempt
+        kid = noise_key_id(r.key_id) if r.key_id else None
+        if kid and r.release in last_key and last_key[r.release] != kid:
+            out.append(f"release {r.release}: the noise key changed from {last_key[r.release]} to {kid} "
                        f"at run {r.run_id[:12]} ({r.interval_start})")
-        if r.key_id:
-            last_key[r.release] = r.key_id
+        if kid:
+            last_key[r.release] = kid
     return out
 
 

@@ -21,6 +21,12 @@ def _png(fig: Any) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+def charge_order(run: Any) -> tuple[int, str, str]:
+    """The ledger's order of charges: the run's first entry id (two runs committed in the same second keep
+    their order; a timestamp would tie them), then its time and id for rows known only from manifests."""
+    return (int(getattr(run, "entry_id", 0) or 0), str(run.created_at), str(run.run_id))
+
+
 def cumulative_series(runs: list[Any], accountant: str, delta: float, key=lambda r: "all") -> dict[str, list[tuple[int, float]]]:
     """Per group (``key(run)``), the composed epsilon after each charged run, in charge order."""
     acct = get_accountant(accountant)
@@ -44,7 +50,7 @@ def cumulative_plot(data: Any) -> str:
 
     s = data.scope
     # Cumulative budget is a function of the order of charges, not of the intervals' dates.
-    runs = sorted((r for r in data.runs if getattr(r, "kind", "run") == "run"), key=lambda r: (r.created_at, r.run_id))
+    runs = sorted((r for r in data.runs if getattr(r, "kind", "run") == "run"), key=charge_order)
     fig, ax = plt.subplots(figsize=(8, 3.6))
     if s.bucket is None:
         total = cumulative_series(runs, s.accountant, s.delta)
@@ -56,7 +62,16 @@ def cumulative_plot(data: Any) -> str:
             for name, pts in sorted(per_release.items()):
                 xs, ys = zip(*pts)
                 ax.step(xs, ys, where="post", label=f"release {name}", linestyle="--")
-        ax.set_xlabel("run (in the order charged)")
+        # whole runs on the x axis (never 2.5), labelled with their interval's date when few enough to read
+        ax.set_xlabel("run number, in the ledger's order (entry id)")
+        idx = [i for i, r in enumerate(runs) if r.state in CHARGED]
+        if 0 < len(idx) <= 16:
+            ax.set_xticks(idx, [f"{i + 1}: {runs[i].interval_start[:10]}" for i in idx], rotation=45, ha="right",
+                          fontsize=7)
+        else:
+            from matplotlib.ticker import MaxNLocator
+
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     else:
         per_bucket = cumulative_series(runs, s.accountant, s.delta,
                                        key=lambda r: r.buckets[0] if r.buckets else "?")

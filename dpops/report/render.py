@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import html
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .warn{background:#fff4e5;border-left:4px solid #f0a020;padding:.4em .8em;margin:.3em 0}
 .state-refused{color:#b00}.state-spent_unpublished{color:#b60}.state-released{color:#070}
 code{font-size:.9em}.bad{color:#b00;font-weight:bold}.ok{color:#070}.flag{color:#a50}
-tr.gap td{background:#f7f7f7;font-style:italic}#provenance td:first-child{font-weight:bold;width:16em}
+tr.gap td{background:#f7f7f7;font-style:italic}td.iv{white-space:nowrap}#provenance td:first-child{font-weight:bold;width:16em}
 """
 
 
@@ -42,6 +43,19 @@ def _n(x: Any, digits: int = 6) -> str:
     if isinstance(x, float):
         return f"{x:.{digits}g}"
     return _e(x)
+
+
+def _sens(x: Any, mechanism: Any, norm: str) -> str:
+    """A charged sensitivity; an unbounded or absent one says why instead of printing ``inf``: a Laplace (or
+    geometric) vector is calibrated to its L1 sensitivity only, a Gaussian to L2 only."""
+    if isinstance(x, (int, float)) and math.isfinite(x):
+        return _n(x)
+    mech = str(mechanism or "").lower()
+    if norm == "L2" and ("laplace" in mech or "geometric" in mech):
+        return _e("n/a (pure ε-DP: Laplace noise is calibrated to the L1 sensitivity)")
+    if norm == "L1" and "gauss" in mech:
+        return _e("n/a (Gaussian noise is calibrated to the L2 sensitivity)")
+    return _e("n/a (not recorded in the manifest)")
 
 
 def _b(x: Any, cap: float | None = None) -> str:
@@ -137,8 +151,11 @@ def render_html(data: Any, out_path: str | os.PathLike[str]) -> str:
     a("<h2>Accounting compared (the same charged history)</h2><table id='comparison'><tr><th>accountant</th>"
       f"<th>epsilon at delta={s.delta:g}</th></tr>")
     for ref, eps in data.comparison.items():
+        shown = _b(eps, s.cap) if eps is not None else _e(
+            f"n/a (pure ε-DP: {ref} gives no finite ε at δ={s.delta:g}; it needs δ > 0)" if s.delta == 0
+            else f"n/a ({ref} gives no finite ε at δ={s.delta:g} for this history)")
         a(f"<tr data-accountant='{_e(ref)}'><td>{_e(ref)}{' (the scope’s)' if ref == s.accountant else ''}</td>"
-          f"<td class='num'>{_b(eps, s.cap)}</td></tr>")
+          f"<td class='num'>{shown}</td></tr>")
     a("</table><p>Every accountant gives a valid upper bound; tighter ones (PLD, RDP) admit more releases "
       "under the same cap. Only the scope's own accountant decides what the ledger admits.</p>")
 
@@ -147,12 +164,12 @@ def render_html(data: Any, out_path: str | os.PathLike[str]) -> str:
       "<th>run</th><th>restates</th><th>key id</th><th>manifest</th></tr>")
     for r in data.runs:
         if r.kind == "gap":
-            a(f"<tr class='gap' data-kind='gap'><td>[{_e(r.interval_start)}, {_e(r.interval_end)})</td>"
+            a(f"<tr class='gap' data-kind='gap'><td class='iv'>[{_e(r.interval_start)}, {_e(r.interval_end)})</td>"
               f"<td>{_e(r.release)}</td><td data-field='state'>gap</td><td class='num'>—</td>"
               f"<td class='flag'>{_e('; '.join(r.flags))}</td><td></td><td></td><td></td><td></td><td></td></tr>")
             continue
         vclass = "bad" if r.verification == "FAILED" else ("ok" if r.verification.startswith("verified") else "")
-        a(f"<tr data-kind='run' data-run='{_e(r.run_id)}'><td>[{_e(r.interval_start)}, {_e(r.interval_end)})</td>"
+        a(f"<tr data-kind='run' data-run='{_e(r.run_id)}'><td class='iv'>[{_e(r.interval_start)}, {_e(r.interval_end)})</td>"
           f"<td>{_e(r.release)}</td><td class='state-{_e(r.state)}' data-field='state'>{_e(r.state)}"
           f"{' (test mode)' if r.test_mode else ''}</td>"
           f"<td class='num' data-field='epsilon'>{_b(r.epsilon)}</td>"
@@ -169,7 +186,7 @@ def render_html(data: Any, out_path: str | os.PathLike[str]) -> str:
     a(f"<h2>Refused and refunded runs ({len(refused)})</h2><table id='refused'><tr><th>run</th><th>interval</th>"
       "<th>outcome</th><th>why</th></tr>")
     for r in refused:
-        a(f"<tr><td><code>{_e(r.run_id[:16])}</code></td><td>[{_e(r.interval_start)}, {_e(r.interval_end)})</td>"
+        a(f"<tr><td><code>{_e(r.run_id[:16])}</code></td><td class='iv'>[{_e(r.interval_start)}, {_e(r.interval_end)})</td>"
           f"<td>{_e(r.state)}</td><td>{_e(r.reason or 'no reason recorded')}</td></tr>")
     a("</table>")
 
@@ -186,7 +203,7 @@ def render_html(data: Any, out_path: str | os.PathLike[str]) -> str:
     a(f"<h2>Restatements ({len(restated)})</h2><table id='restatements'><tr><th>run</th><th>interval</th>"
       "<th>restates</th><th>outcome</th></tr>")
     for r in restated:
-        a(f"<tr><td><code>{_e(r.run_id[:16])}</code></td><td>[{_e(r.interval_start)}, {_e(r.interval_end)})</td>"
+        a(f"<tr><td><code>{_e(r.run_id[:16])}</code></td><td class='iv'>[{_e(r.interval_start)}, {_e(r.interval_end)})</td>"
           f"<td><code>{_e(r.restates[:16])}</code></td><td>{_e(r.state)}</td></tr>")
     a("</table><p>A restatement is a fresh release over a corrected input, charged again; the original stays "
       "published and recorded.</p>")
@@ -227,7 +244,9 @@ def _provenance_html(data: Any, out_dir: Path | None = None) -> str:
          f"{fl.get('ok', 0)} match, <span class='{'bad' if fl.get('changed') else ''}'>{fl.get('changed', 0)} "
          f"CHANGED</span>, {fl.get('not_checked', 0)} not checked"),
         ("data_docs", "Great Expectations Data Docs",
-         _a(href(pv["data_docs"], out_dir), "Data Docs of the output checkpoints") if pv.get("data_docs") and out_dir
+         (_a(href(pv["data_docs"], out_dir), "Data Docs of the output checkpoints")
+          + f" (not inside this file: on the machine that wrote it, at <code>{_e(pv['data_docs'])}</code>; a copy "
+            "of the report keeps this path, not the pages)") if pv.get("data_docs") and out_dir
          else "none (no GX project given)"),
         ("signatures", "manifest signatures",
          f"{sg.get('valid', 0)} valid, {sg.get('unverified', 0)} unverified (no public key), "
@@ -249,7 +268,7 @@ def _gaps_html(data: Any) -> str:
            "<th>why</th><th>run</th><th>detail</th></tr>"]
     for g in gaps:
         out.append(f"<tr data-status='{_e(g['status'])}'><td>{_e(g['release'])}</td>"
-                   f"<td>[{_e(g['interval_start'])}, {_e(g['interval_end'])})</td>"
+                   f"<td class='iv'>[{_e(g['interval_start'])}, {_e(g['interval_end'])})</td>"
                    f"<td data-field='status'>{_e(g['status'].replace('_', ' '))}</td>"
                    f"<td><code>{_e(g['run_id'] or '')}</code></td><td>{_e(g['detail'])}</td></tr>")
     out.append(f"</table><p>Specs checked: {_e(', '.join(specs))}. Intervals follow each spec's grid (unit period "
@@ -285,7 +304,8 @@ def _releases_html(data: Any) -> str:
         for m in d["mechanisms"]:
             out.append(f"<tr><td>{_e(m['metric'])}</td><td>{_e(m['vector'])}</td><td>{_e(m['mechanism'])}</td>"
                        f"<td class='num'>{_n(m['scale'])}</td><td class='num'>{_n(m['std'])}</td>"
-                       f"<td class='num'>{_n(m['l1'])}</td><td class='num'>{_n(m['l2'])}</td></tr>")
+                       f"<td class='num'>{_sens(m['l1'], m['mechanism'], 'L1')}</td>"
+                       f"<td class='num'>{_sens(m['l2'], m['mechanism'], 'L2')}</td></tr>")
         out.append("</table>")
         targets = d.get("accuracy_targets") or []
         if targets:
