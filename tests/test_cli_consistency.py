@@ -81,6 +81,10 @@ def ledger_args(e, tmp_path) -> dict[tuple[str, ...], list[str]]:
         ("report",): ["--scope", "shop", "--out", str(tmp_path / "r.html")],
         ("manifest", "verify"): [str(e.manifest)],
         ("audit", "scope"): [spec, "--trials", "8"],
+        # tune opens the ledger only to record a read of private data (a sample under a data root)
+        ("tune",): [spec, "--sample", str(e.spec.parent / "data" / "2024-01-01.parquet"),
+                    "--i-understand-this-reads-private-data", "--reason", "test", "--key-file", key,
+                    "--out", str(tmp_path / "tune-out")],
     }
 
 
