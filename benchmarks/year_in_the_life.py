@@ -73,6 +73,8 @@ def _spec(name: str, scope: str, eps: float, period: str | None) -> dict:
 
 @dataclass
 class Year:
+    """The deployment's directory, environment and command log."""
+
     root: Path
     days: int
     log: list[tuple[str, int, float]] = field(default_factory=list)
@@ -80,9 +82,11 @@ class Year:
 
     @property
     def ledger(self) -> str:
+        """The SQLite ledger URL."""
         return f"sqlite:///{self.root / 'ledger.sqlite'}"
 
     def dpops(self, *argv: str, expect: int | tuple[int, ...] = 0, fault: str | None = None) -> str:
+        """``dpops <argv>`` in a forked child; fail unless it exits ``expect``; return its stdout."""
         args = list(argv)
         r = run_cli(args, fault=fault, env=self.env, cwd=self.root, timeout=300)
         self.log.append((" ".join(args[:2]), r.rc, r.seconds))
@@ -94,6 +98,7 @@ class Year:
 
     def run_day(self, spec: str, day: date, *extra: str, expect: int | tuple[int, ...] = 0,
                 fault: str | None = None) -> str:
+        """``dpops release run SPEC --interval DAY --publish`` (the runbook's "Releasing a given day")."""
         return self.dpops("release", "run", spec, "--interval", day.isoformat(), "--publish", "--no-progress",
                           *extra, expect=expect, fault=fault)
 
@@ -120,7 +125,8 @@ def run(days: int = 60, workdir: str | Path | None = None) -> dict:
     y.env["DPOPS_NOISE_KEY_ID"] = key1
     y.dpops("ledger", "init")
     y.dpops("ledger", "scope", "create", "daily", "--unit", "a user's purchases on one day",
-            "--unit-column", "user_id", "--adjacency", "add_remove", "--unit-period", "day", "--bucket", "day", "--time-column", "ts",
+            "--unit-column", "user_id", "--adjacency", "add_remove", "--unit-period", "day",
+            "--bucket", "day", "--time-column", "ts",
             "--epsilon", str(DAILY_CAP), "--delta", "1e-6", "--accountant", "basic")
     y.dpops("ledger", "scope", "create", "users", "--unit", "a user", "--unit-column", "user_id",
             "--adjacency", "add_remove", "--time-column", "ts", "--epsilon", str(USER_CAP), "--delta", "1e-6",
@@ -136,7 +142,8 @@ def run(days: int = 60, workdir: str | Path | None = None) -> dict:
     rotation_at = days // 2
     open_days = {d(days // 2 + 2), d(days - 1)}  # left unreleased on purpose
     summary: dict = {"days": days, "published": 0, "restated": 0, "refunded_then_published": 0,
-                     "spent_then_published": 0, "refused_then_published": 0, "key_rotated_at": d(rotation_at).isoformat()}
+                     "spent_then_published": 0, "refused_then_published": 0,
+                     "key_rotated_at": d(rotation_at).isoformat()}
 
     for i in range(days):
         day = d(i)
@@ -172,7 +179,8 @@ def run(days: int = 60, workdir: str | Path | None = None) -> dict:
     # restatement: corrected input for one day; the plain run refuses, restate publishes a new version
     y.dpops("spec", "synth", "daily.yaml", "--from", restated.isoformat(),
             "--to", (restated + timedelta(days=1)).isoformat(), "--rows", "400", "--users", "120", "--seed", "7")
-    y.run_day("daily.yaml", restated, expect=6)  # "already published ... and the input changed": exit 6 (conflicting state)
+    # "already published ... and the input changed": exit 6 (a conflicting state), nothing charged
+    y.run_day("daily.yaml", restated, expect=6)
     y.dpops("release", "restate", "daily.yaml", "--interval", restated.isoformat(), "--no-progress")
     # the restated day has v1 under the old key and v2 under the new one: `release status` should say ok
     st = run_cli(["release", "status", "daily.yaml", "--interval", restated.isoformat()], env=y.env, cwd=root)
@@ -232,15 +240,18 @@ def findings(summary: dict) -> list[str]:
             for m in re.finditer(r"FAILED", text):
                 before = text[max(0, m.start() - 40):m.start()]
                 if not re.search(r"(?:^|[^0-9])0 (?:</?span[^>]*>)?$", before):
-                    bad.append(f"report {name}: FAILED in its {where}: ...{text[max(0, m.start() - 120):m.end() + 60]}...")
+                    ctx = text[max(0, m.start() - 120):m.end() + 60]
+                    bad.append(f"report {name}: FAILED in its {where}: ...{ctx}...")
                     break
             for m in re.finditer(r"(?i)warning", text):
-                bad.append(f"report {name}: 'warning' in its {where}: ...{text[max(0, m.start() - 120):m.end() + 120]}...")
+                ctx = text[max(0, m.start() - 120):m.end() + 120]
+                bad.append(f"report {name}: 'warning' in its {where}: ...{ctx}...")
                 break
     return bad
 
 
 def main() -> int:
+    """Run the year, print the summary and the findings; exit 1 if there is any."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--days", type=int, default=60)
     ap.add_argument("--workdir")
