@@ -243,10 +243,14 @@ def findings(summary: dict) -> list[str]:
                     ctx = text[max(0, m.start() - 120):m.end() + 60]
                     bad.append(f"report {name}: FAILED in its {where}: ...{ctx}...")
                     break
-            for m in re.finditer(r"(?i)warning", text):
-                ctx = text[max(0, m.start() - 120):m.end() + 120]
-                bad.append(f"report {name}: 'warning' in its {where}: ...{ctx}...")
-                break
+            if where == "output" and re.search(r"(?i)warning", text):
+                bad.append(f"report {name}: a warning in its output: {text.strip()[:300]}")
+        # the declared rotation is the one true warning; anything else is a false one
+        keys = summary.get("key_ids", [])
+        rotation = f"the noise key changed from {keys[0]} to {keys[1]}" if len(keys) == 2 else None
+        for w in re.findall(r"<div class='warn'>(.*?)</div>", html, flags=re.S):
+            if rotation is None or rotation not in w:
+                bad.append(f"report {name}: warning {re.sub('<[^>]+>', '', w)[:300]!r}")
     return bad
 
 

@@ -451,13 +451,16 @@ def _warnings(d: ReportData) -> list[str]:
     flagged = [r for r in d.runs if r.kind == "run" and r.flags]
     if flagged:
         out.append(f"{len(flagged)} interval(s) off the release's schedule (see the timeline)")
+    # A rotation is worth a warning (old runs reproduce only with the old key); a new attempt of one
+    # interval after a refund (key id "<id>/retry-N", runbook "Recover") uses the same key: no warning.
     last_key: dict[str, str] = {}
     for r in sorted((r for r in d.runs if r.kind == "run"), key=lambda r: (r.created_at, r.run_id)):
-        if r.key_id and r.release in last_key and last_key[r.release] != r.key_id:
-            out.append(f"release {r.release}: the noise key changed from {last_key[r.release]} to {r.key_id} "
+        base = r.key_id.split("/")[0] if r.key_id else None
+        if base and r.release in last_key and last_key[r.release] != base:
+            out.append(f"release {r.release}: the noise key changed from {last_key[r.release]} to {base} "
                        f"at run {r.run_id[:12]} ({r.interval_start})")
-        if r.key_id:
-            last_key[r.release] = r.key_id
+        if base:
+            last_key[r.release] = base
     return out
 
 
