@@ -196,7 +196,7 @@ def check_published_pointer(store: Store, slug: str, ledger: Ledger, record: Run
     runs = ledger.runs(release=k.release, interval_start=k.start_utc, interval_end=k.end_utc, states=["committed"])
     newest = ledger.published(k.release, k.start_utc, k.end_utc)
     res = check_published(store, slug, committed=committed_runs(runs), newest=newest.run_id if newest else None,
-                          key=key)
+                          key=key, key_ids={r.run_id: r.key.key_id for r in runs})
     # ``checked`` lists file names (callers show and compare them); the pointer adds only findings. The files
     # of the run's one version are compared with the ledger's commit entry by the callers (check_ledger_files);
     # one run is one version (check_published), so current's bytes are covered by that comparison.

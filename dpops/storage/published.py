@@ -187,14 +187,18 @@ def check_binding(pub: PublishedRun, *, release: str, interval: str, key: object
 
 def check_published(store: Store, interval_slug: str, *, committed: Mapping[str, str] | None,
                     newest: str | None = None, key: object = None,
-                    public_key: str | os.PathLike[str] | Ed25519PublicKey | None = None) -> PointerCheck:
+                    public_key: str | os.PathLike[str] | Ed25519PublicKey | None = None,
+                    key_ids: Mapping[str, str] | None = None) -> PointerCheck:
     """Is every version of the interval one dpops published, and does ``current`` name the right one?
 
     ``committed``: the ledger's committed runs of this release and interval, ``{run_id: commit entry
     hash}``, and ``newest`` the newest of them (``Ledger.published``): every version's run must be in it,
     ``current`` must name ``newest``, and (with ``key``) each committed version's binding must verify and
     bind that entry hash. ``committed=None`` is the reader's check (no ledger): ``current``'s binding must
-    verify under ``key`` or ``public_key`` (one is required) and no newer version may carry a valid one."""
+    verify under ``key`` or ``public_key`` (one is required) and no newer version may carry a valid one.
+    ``key_ids`` (ledger path): ``{run_id: noise key id}`` the ledger recorded for each committed run; a version
+    bound under its run's own recorded key, which is not ``key`` (a rotation since), is "not checked", not a
+    problem: the ledger, not the version's own marker, vouches for that key id."""
     res = PointerCheck()
     rel = store.release
     try:
@@ -227,6 +231,17 @@ def check_published(store: Store, interval_slug: str, *, committed: Mapping[str,
             res.checked.append("published bindings")
             for v in versions:
                 if v.run_id not in committed:
+                    continue
+                bound_key = (_marker(v).get("binding") or {}).get("key_id") if key is not None else None
+                if (key is not None and key_ids is not None and bound_key != getattr(key, "key_id", None)
+                        and bound_key == key_ids.get(v.run_id, "").split("/")[0]):  # "<id>/retry-N": same key
+                    # A key rotation (runbook "Key rotation"): the ledger records that this run used the key
+                    # its binding names, so the version is not forged by a key-id mismatch; the given key just
+                    # cannot check its MAC. Reported as not checked (the keyless ledger checks above still hold),
+                    # as the keyed fingerprints of such a run are; give the old key to check it fully.
+                    res.not_checked.append(f"v{v.version} ({v.location}): bound under the run's own key "
+                                           f"{bound_key!r} (the ledger's record), the given noise key is "
+                                           f"{getattr(key, 'key_id', None)!r}: its MAC cannot be checked with it")
                     continue
                 problems, entry = check_binding(v, release=rel, interval=interval_slug, key=key,
                                                 public_key=public_key)
