@@ -21,6 +21,7 @@ to show it. Errors a retry cannot fix are ``FATAL_ERRORS``; everything else may 
 
 from __future__ import annotations
 
+import errno
 import glob
 import logging
 import os
@@ -205,12 +206,18 @@ def input_timed_out(spec_path: str, interval_start: str, interval_end: str, *, w
     ("input missing (waited N s)"; ``dpops.gaps.record_input_wait``). Best effort: the task fails anyway."""
     from dpops.gaps import record_input_wait
     from dpops.spec import load_spec
+    from dpops.storage import private_state_dir
 
     try:
         record_input_wait(load_spec(spec_path), interval_start, interval_end, waited_seconds=waited_seconds,
                           missing_files=missing_files)
     except Exception as exc:  # noqa: BLE001 - the timeout itself is the task's error
-        log.warning("could not record the input wait for dpops gaps: %s", public_message(exc))
+        # Logged at ERROR with its reason so it shows in the task log: without the record ``dpops gaps`` says
+        # "never run" for an interval a run did wait for. An OSError's reason (errno, strerror) names no data.
+        why = (f"{type(exc).__name__} [{errno.errorcode.get(exc.errno or 0, exc.errno)}] {exc.strerror}"
+               if isinstance(exc, OSError) and exc.strerror else public_message(exc))
+        log.error("could not record the input wait for dpops gaps under %s (dpops gaps will say never_run for "
+                  "%s/%s): %s", private_state_dir(), interval_start, interval_end, why)
 
 
 def requested_interval(spec_path: str, text: str) -> tuple[str, str]:

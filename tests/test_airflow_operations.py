@@ -64,7 +64,10 @@ def ops(tmp_path_factory, postgres_url):
                 DPOPS_TASK_RETRIES="1",
                 DPOPS_STATE_DIR=str(state),
                 DPOPS_MANIFESTS_DIR=str(manifests),
-                DPOPS_INPUT_POKE_SECONDS="5",
+                # Not shorter: under load an Airflow 3.3 scheduler drains a reschedule poke's executor success
+                # ~5 s late and, if the next poke is already queued, fails the sensor as "killed externally"
+                # before its timeout (apache/airflow#71172, fix pending in #71194): no input-wait record.
+                DPOPS_INPUT_POKE_SECONDS="12",
                 DPOPS_INPUT_TIMEOUT_SECONDS="20",
             )
             stack.state_dir, stack.manifests = state, manifests

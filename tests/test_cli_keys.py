@@ -131,3 +131,22 @@ def test_a_catchup_typo_is_refused(monkeypatch):
 
     with pytest.raises(ValueError, match="DPOPS_CATCHUP"):
         dpops_dag_factory.catchup_setting()
+
+
+def test_a_wait_record_that_cannot_be_written_is_an_error_with_its_reason_in_the_log(tmp_path, monkeypatch, caplog):
+    """The sensor's timeout path swallows this failure (the timeout is the task's error); it must still reach the
+    task log at ERROR with the reason, or ``dpops gaps`` says never_run with nothing to explain it."""
+    import logging
+
+    from dpops.orchestration import input_timed_out
+
+    env = make_env(tmp_path, monkeypatch)
+    blocker = tmp_path / "state"
+    blocker.write_text("a file where the state directory belongs")
+    monkeypatch.setenv("DPOPS_STATE_DIR", str(blocker))
+    with caplog.at_level(logging.WARNING, logger="dpops.orchestration"):
+        input_timed_out(str(env.spec), "2024-01-02T00:00:00+00:00", "2024-01-03T00:00:00+00:00",
+                        waited_seconds=20, missing_files=1)
+    (rec,) = [r for r in caplog.records if "could not record the input wait" in r.getMessage()]
+    assert rec.levelno == logging.ERROR
+    assert str(blocker) in rec.getMessage() and "ENOTDIR" in rec.getMessage(), rec.getMessage()
