@@ -103,6 +103,7 @@ class Stack:
             "/data": base / "data",
             "/opt/airflow": base / "airflow",
             "/var/lib/dpops/state": base / "state",
+            "/var/lib/dpops/gx": base / "gx",
             "/opt/dpops/specs": base / "specs",
             "/opt/dpops/dags": REPO / "dags",
             "/opt/dpops/plugins": REPO / "plugins",
@@ -266,8 +267,9 @@ def stack(postgres_url):
     for p in (st.paths["/data"], st.paths["/opt/airflow"], st.paths["/opt/airflow"] / "logs", st.logs):
         p.mkdir(parents=True, exist_ok=True)
         os.chown(p, UID, GID)
-    st.paths["/var/lib/dpops/state"].mkdir(mode=0o700)
-    os.chown(st.paths["/var/lib/dpops/state"], UID, GID)
+    for private in ("/var/lib/dpops/state", "/var/lib/dpops/gx"):  # 0700 volumes of uid 50000, as in the image
+        st.paths[private].mkdir(mode=0o700)
+        os.chown(st.paths[private], UID, GID)
     specs = st.paths["/opt/dpops/specs"]
     specs.mkdir(mode=0o755)
     for spec in sorted((REPO / "deploy" / "specs").glob("*.y*ml")):
