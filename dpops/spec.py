@@ -451,6 +451,10 @@ class ReleaseSpec(_Strict):
     postprocess: PostprocessSpec = PostprocessSpec()
     output: OutputSpec = OutputSpec()
     accuracy: AccuracySpec | None = None
+    # The private bound estimation (``dpops estimate``) this spec's bounds came from: its run id. Part of
+    # the spec hash; the release is refused unless that run is a committed estimation of this release on
+    # the same scope, and its manifest names it (``dependencies``) so verify recomputes both claims.
+    estimated_from: str | None = None
 
     # Set by load_spec: where relative paths start, and the parsed public_file.
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
@@ -463,6 +467,13 @@ class ReleaseSpec(_Strict):
     def _name(cls, v: str) -> str:
         if not NAME_RE.match(v):
             raise ValueError(f"release name {v!r} must match {NAME_RE.pattern} (it is used in paths)")
+        return v
+
+    @field_validator("estimated_from")
+    @classmethod
+    def _estimated_from(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[0-9a-f]{32}", v):
+            raise ValueError(f"estimated_from {v!r} must be the run id (32 hex digits) that dpops estimate printed")
         return v
 
     @field_validator("schedule")
@@ -566,6 +577,8 @@ class ReleaseSpec(_Strict):
         hash is one) may reach them unless the operator decided the list is publishable. The ``accuracy``
         targets are left out: a target changes no mechanism, so editing one is not a new release version."""
         doc = self.model_dump(mode="json", exclude={"accuracy"})
+        if doc.get("estimated_from") is None:  # absent, not null: specs without it keep their hash
+            doc.pop("estimated_from", None)
         if self.partitions.public_file is not None:
             rows = [list(p) for p in (self.public_partitions() or [])]
             if self._public_publishable:

@@ -18,8 +18,9 @@ By role:
 - budget over time: ``horizon_of``, ``Horizon``
 - words for a reviewer: ``explain``
 
-Sections 3 (tuning on a sample) and 4 (private bound estimation) of issue 20 will add ``tune`` and
-``estimate`` beside these, over the same plan-and-predict functions.
+- tuning on a sample (not private): ``tune``, ``Candidate``, ``TuneResult``
+- private bound estimation, charged to the ledger (``dpops estimate``): ``estimate_bounds``,
+  ``EstimateConfig``, ``Estimate``; its L0 building block ``estimate_l0``
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dpops.analysis.estimate import Estimate, EstimateConfig, estimate_l0
 from dpops.analysis.accuracy import (
     DEFAULT_CONFIDENCE,
     DEFAULT_GAP,
@@ -48,12 +50,14 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from dpops.events import PrivacyEvent
+    from dpops.ledger import Ledger
     from dpops.spec import ReleaseSpec
 
 __all__ = [
     "load", "plan", "predictions", "keep_curve", "check_targets", "solve", "Solution", "horizon_of",
     "Horizon", "HorizonRow", "explain", "Prediction", "TargetResult", "ACCOUNTANTS", "FitCheck",
     "DEFAULT_CONFIDENCE", "DEFAULT_UNITS", "DEFAULT_GAP", "tune", "Candidate", "TuneResult",
+    "estimate_bounds", "estimate_l0", "EstimateConfig", "Estimate",
 ]
 
 
@@ -138,3 +142,28 @@ def explain(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], *,
     s = load(spec)
     p = plan_release(s)
     return lines(s, p, predict(p), accountant)
+
+
+def estimate_bounds(spec_path: str | os.PathLike[str], interval: str, *, epsilon: float,
+                    ledger: Ledger | str | None = None, quantile: float = 0.99, contribution: bool = True,
+                    columns: Sequence[str] | None = None, randomness: str = "keyed", key_path: str | None = None,
+                    test_seed: int | None = None, actor: str | None = None) -> Estimate:
+    """``dpops estimate``: estimate L0, Linf and value bounds under DP over one interval of the spec's input,
+    charged to its scope like a release (the same function the CLI calls; ``dpops.analysis.estimate``).
+
+    ``interval``: ``START/END`` or the start of one period; ``ledger``: a ``Ledger``, a URL, or None for
+    ``$DPOPS_LEDGER_URL`` / the default file. ``Estimate.patch()`` is the spec patch (with ``estimated_from``).
+    """
+    from dpops.analysis.estimate import estimate as run_estimate
+    from dpops.ledger import Ledger as LedgerClass
+    from dpops.release.context import open_run_ledger
+    from dpops.release.preparation import requested_interval
+
+    iv = requested_interval(spec_path, interval)
+    config = EstimateConfig(epsilon=epsilon, quantile=quantile, contribution=contribution,
+                            columns=tuple(columns) if columns is not None else None)
+    kw = {"config": config, "randomness": randomness, "key_path": key_path, "test_seed": test_seed, "actor": actor}
+    if isinstance(ledger, LedgerClass):
+        return run_estimate(spec_path, iv.start, iv.end, ledger=ledger, **kw)  # type: ignore[arg-type]
+    with open_run_ledger(ledger) as led:
+        return run_estimate(spec_path, iv.start, iv.end, ledger=led, **kw)  # type: ignore[arg-type]

@@ -39,6 +39,7 @@ SUBCOMMANDS = [
     ("key", "key"),
     ("gaps", "gaps"),
     ("tune", "tune"),
+    ("estimate", "estimate"),
 ]
 
 

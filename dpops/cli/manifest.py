@@ -41,6 +41,15 @@ def _load(run_or_file: str, manifests: str | None, spec: str | None = None) -> t
     return str(path), read_manifest(path)
 
 
+def _folder_of(path: str) -> Any:
+    """The directory holding a manifest (local path or object-store location): where the manifests of the
+    runs it depends on (an estimation) are looked up."""
+    from dpops.storage import is_uri
+    from dpops.storage.location import Location
+
+    return Location.parse(path).parent if is_uri(path) else os.path.dirname(os.path.abspath(path))
+
+
 def _spec_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--spec", "spec", type=click.Path(dir_okay=False), default=None,
                         help="release spec: look RUN_ID up in its manifests directory (<output.root>/manifests/"
@@ -184,7 +193,8 @@ def verify_cmd(run_or_file: str, manifests: str | None, spec: str | None, public
     try:
         result = verify_manifest(m, ledger=ledger, public_key=public_key, source=path,
                                  file_name=os.path.basename(path), file_digest=file_sha256(path),
-                                 require_signature=require_signature, key=key)
+                                 require_signature=require_signature, key=key,
+                                 manifests_dir=_folder_of(path))
     finally:
         if ledger is not None:
             ledger.close()

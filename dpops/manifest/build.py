@@ -194,6 +194,8 @@ def build_manifest(
     created_at: str | None = None,
     code: Mapping[str, Any] | None = None,
     accuracy: Mapping[str, Any] | None = None,
+    estimation: Mapping[str, Any] | None = None,
+    dependencies: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Assemble one manifest (a plain dict; ``write_manifest`` validates it against the schema).
 
@@ -203,7 +205,10 @@ def build_manifest(
     (e.g. a run refused before the scope could be read). ``output``: {"uri", "fingerprints"} with
     HMAC fingerprints only. ``accuracy``: ``dpops.analysis.document.manifest_section`` (the declared
     targets and the plan's prediction for each: public parameters only), recorded only when the spec
-    declares targets, so manifests without it keep verifying.
+    declares targets, so manifests without it keep verifying. ``estimation``: the run is a private bound
+    estimation (``dpops.analysis.estimate.manifest_section``: configuration, mechanisms, result, patch).
+    ``dependencies``: the runs this release's parameters came from (``{"estimations": [{"run_id"}]}``,
+    from the spec's ``estimated_from``). Both only when present, so older manifests keep verifying.
     """
     if outcome not in OUTCOMES:
         raise InvalidParameter(f"manifest outcome must be one of {OUTCOMES}, got {outcome!r}")
@@ -250,4 +255,8 @@ def build_manifest(
     }
     if accuracy is not None:
         doc["accuracy"] = dict(accuracy)
+    if estimation is not None:
+        doc["estimation"] = dict(estimation)
+    if dependencies is not None:
+        doc["dependencies"] = dict(dependencies)
     return doc

@@ -107,6 +107,7 @@ def write_run_manifest(
     timings: Mapping[str, Any] | None = None,
     output_fingerprints: Mapping[str, str] | None = None,
     signing_key: str | os.PathLike[str] | None = None,
+    estimation: Mapping[str, Any] | None = None,
 ) -> str:
     """Build and write the manifest of one run; return its path.
 
@@ -116,7 +117,9 @@ def write_run_manifest(
     ``validation``: which checks ran and passed ({"checks": [{"name", "passed"}], "proceeded"} or a
     report object with the same attributes) -- never statistics. ``output_fingerprints``: file name ->
     ``"hmac-sha256:<hex>"`` keyed fingerprints of the published files. ``signing_key``: Ed25519 private
-    key (PEM) to sign with; default ``$DPOPS_MANIFEST_SIGNING_KEY`` (unset: unsigned).
+    key (PEM) to sign with; default ``$DPOPS_MANIFEST_SIGNING_KEY`` (unset: unsigned). ``estimation``: the
+    run is a private bound estimation (``dpops.analysis.estimate``), recorded in its own sub-object. A spec
+    with ``estimated_from`` gets a ``dependencies`` sub-object naming that estimation run.
     """
     spec = _get(ctx, "spec")
     key = _get(ctx, "run_key", "key")
@@ -166,6 +169,8 @@ def write_run_manifest(
         timings=timings,
         output={"uri": str(output_uri), "fingerprints": dict(output_fingerprints or {})} if output_uri else None,
         accuracy=_accuracy_section(spec, plan),
+        estimation=estimation,
+        dependencies=_dependencies(spec),
     )
     if signing_key is None:
         signing_key = os.environ.get(SIGNING_KEY_ENV) or None
@@ -193,6 +198,12 @@ def _accuracy_section(spec: Any, plan: Any) -> dict[str, Any] | None:
     from dpops.analysis.document import manifest_section
 
     return manifest_section(spec, plan)
+
+
+def _dependencies(spec: Any) -> dict[str, Any] | None:
+    """The estimation run the spec's bounds came from (issue 20 section 4), when it names one."""
+    run_id = getattr(spec, "estimated_from", None)
+    return {"estimations": [{"run_id": str(run_id)}]} if run_id else None
 
 
 def _claim(m: Mapping[str, Any]) -> dict[str, Any]:

@@ -191,10 +191,20 @@ def _check_spec(m: dict[str, Any]) -> list[str]:
     h = spec_document_hash(m["spec"])
     if h != m["spec_hash"]:
         out.append(f"spec_hash: manifest says {m['spec_hash']}, the embedded spec hashes to {h} (the spec was edited)")
-    if m["run_key"]["spec_hash"] != m["spec_hash"]:
-        out.append(f"run_key.spec_hash: {m['run_key']['spec_hash']} differs from spec_hash {m['spec_hash']}")
-    if m["run_key"]["release"] != m["spec"].get("name"):
-        out.append(f"run_key.release: {m['run_key']['release']!r} is not the spec's name {m['spec'].get('name')!r}")
+    want_hash, want_release = m["spec_hash"], m["spec"].get("name")
+    if m.get("estimation") is not None:
+        # An estimation's run key names <release>.estimate and hashes the spec with the estimation's
+        # configuration (dpops.analysis.estimate.run_key_of): an edited configuration shows here.
+        from dpops.analysis.estimate import RELEASE_SUFFIX, estimation_hash
+
+        want_hash = estimation_hash(m["spec_hash"], m["estimation"]["config"])
+        want_release = f"{want_release}{RELEASE_SUFFIX}"
+    if m["run_key"]["spec_hash"] != want_hash:
+        out.append(f"run_key.spec_hash: {m['run_key']['spec_hash']} differs from "
+                   + ("the estimation hash of spec_hash and estimation.config " if m.get("estimation") is not None
+                      else "spec_hash ") + want_hash)
+    if m["run_key"]["release"] != want_release:
+        out.append(f"run_key.release: {m['run_key']['release']!r} is not {want_release!r}")
     parse_embedded_spec(m["spec"])
     for section, value in spec_sections(m["spec"]).items():
         out.extend(diff(m[section], value, section))
@@ -255,6 +265,10 @@ def _check_plan(m: dict[str, Any]) -> list[str]:
         described["spec_hash"] = spec_document_hash(m["spec"])
     out = diff(m["release_plan"], described, "release_plan")
     recomputed_events = [event_to_dict(e) for e in plan.events]
+    if m.get("estimation") is not None:  # an estimation charges its own mechanisms, not the release plan's
+        from dpops.analysis.estimate import recompute_section
+
+        recomputed_events = recompute_section(m)[1]
     recorded = [event_to_dict(event_from_dict(e)) for e in m["events"]]
     out.extend(diff(recorded, recomputed_events, "events"))
     return out
@@ -307,6 +321,71 @@ def _check_accuracy(m: dict[str, Any]) -> list[str]:
     from dpops.analysis.document import recompute_manifest_section
 
     return diff(m["accuracy"], _jsonable(recompute_manifest_section(m["spec"], m["accuracy"])), "accuracy")
+
+
+def _check_estimation(m: dict[str, Any]) -> list[str]:
+    """A bound estimation's mechanisms (shares, utility sensitivities from the manifest's own bounds and
+    unit definition), its spec patch and its events recompute from the embedded spec, the configuration and
+    the recorded result alone (``dpops.analysis.estimate.recompute_section``); the shares compose to at
+    most the requested epsilon."""
+    from dpops.analysis.estimate import recompute_section
+
+    section, _ = recompute_section(m)
+    out = diff(m["estimation"], _jsonable(section), "estimation")
+    total = sum(float(x["epsilon"]) for x in m["estimation"]["mechanisms"])
+    if total > float(m["estimation"]["config"]["epsilon"]) * (1 + REL_TOL):
+        out.append(f"estimation.mechanisms: the shares sum to {total}, above the requested "
+                   f"estimation.config.epsilon {m['estimation']['config']['epsilon']}")
+    return out
+
+
+def _check_dependencies(m: dict[str, Any], ledger: Ledger | None, manifests_dir: Any,
+                        chain_report: VerifyReport | None) -> list[str]:
+    """A release whose bounds came from an estimation (spec ``estimated_from``) names it in ``dependencies``,
+    and the estimation's own manifest verifies (its claim recomputed as any manifest's), estimates the
+    release's spec, and its result is what the release's spec declares (the patch applied). Privacy reason:
+    the release's bounds are only public because the estimation was charged; a reviewer must see that
+    charge, and that the bounds used are the charged ones."""
+    from dpops.manifest.io import find_manifest, read_manifest
+
+    wanted = m["spec"].get("estimated_from")
+    recorded = [d["run_id"] for d in (m.get("dependencies") or {}).get("estimations", [])]
+    if recorded != ([wanted] if wanted else []):
+        return [f"dependencies.estimations: manifest names {recorded}, the embedded spec's estimated_from is "
+                f"{wanted!r}"]
+    if not wanted:
+        return []
+    if manifests_dir is None:
+        return [f"dependencies: the manifest of estimation {wanted} cannot be looked up (no manifests directory "
+                "given): verify with --manifests DIR"]
+    try:
+        dep = read_manifest(find_manifest(wanted, manifests_dir))
+    except DpopsError as exc:
+        return [f"dependencies.estimations[0]: estimation {wanted}: {exc}"]
+    out = []
+    if dep.get("estimation") is None:
+        return [f"dependencies.estimations[0]: run {wanted}'s manifest is not an estimation's"]
+    res = verify_manifest(dep, ledger=ledger, source=f"estimation {wanted}", check_files=False,
+                          chain_report=chain_report, manifests_dir=manifests_dir)
+    out.extend(f"dependencies.estimations[0] (estimation {wanted}): {p}" for p in res.problems)
+    if dep["spec"].get("name") != m["spec"].get("name"):
+        out.append(f"dependencies.estimations[0]: estimation {wanted} estimated release {dep['spec'].get('name')!r}, "
+                   f"not {m['spec'].get('name')!r}")
+    if (dep["privacy"]["scope"] or {}).get("name") != (m["privacy"]["scope"] or {}).get("name"):
+        out.append(f"dependencies.estimations[0]: estimation {wanted} was charged to scope "
+                   f"{(dep['privacy']['scope'] or {}).get('name')!r}, this release to "
+                   f"{(m['privacy']['scope'] or {}).get('name')!r}")
+    result = dep["estimation"]["result"]
+    mine = m["contribution_bounds"]
+    for k in ("max_partitions_per_unit", "max_rows_per_unit_per_partition"):
+        if result.get(k) is not None and int(result[k]) != int(mine[k]):
+            out.append(f"contribution_bounds.{k}: {mine[k]}, but estimation {wanted} estimated {result[k]}")
+    for metric in m["spec"]["metrics"]:
+        col, b = metric.get("column"), metric.get("bounds")
+        est = (result.get("bounds") or {}).get(col) if col else None
+        if est is not None and b is not None and [float(x) for x in b] != [float(x) for x in est]:
+            out.append(f"spec.metrics: {col} bounds {list(b)}, but estimation {wanted} estimated {list(est)}")
+    return out
 
 
 def _check_randomness(m: dict[str, Any]) -> list[str]:
@@ -614,7 +693,7 @@ def _check_published_files(m: dict[str, Any], ledger: Ledger | None, key: Any) -
 def verify_manifest(manifest: dict[str, Any], *, ledger: Ledger | None = None, public_key: str | None = None,
                     source: str = "manifest", file_name: str | None = None, file_digest: str | None = None,
                     require_signature: bool = False, key: Any = None, check_files: bool = True,
-                    chain_report: VerifyReport | None = None) -> VerificationResult:
+                    chain_report: VerifyReport | None = None, manifests_dir: Any = None) -> VerificationResult:
     """Run every check; never raises for a mismatch (see ``VerificationResult.raise_for_problems``).
 
     ``file_name``/``file_digest``: the manifest file's base name and sha256, compared (with a ledger)
@@ -622,7 +701,9 @@ def verify_manifest(manifest: dict[str, Any], *, ledger: Ledger | None = None, p
     signature is a failure, not a note. ``key``: the noise key (``NoiseKey``), to check the published
     files' keyed fingerprints; ``check_files``: compare the published files at ``output.uri`` with the
     manifest (and the ledger's commit entry) -- a check that cannot run says why. ``chain_report``: a
-    ``ledger.verify()`` result to reuse when verifying many manifests against one ledger."""
+    ``ledger.verify()`` result to reuse when verifying many manifests against one ledger. ``manifests_dir``:
+    where to find the manifests of the runs this one depends on (an estimation named by ``estimated_from``);
+    they are verified too."""
     checks: list[Check] = []
     problems = schema_problems(manifest)
     checks.append(Check("schema", not problems, problems))
@@ -640,13 +721,18 @@ def verify_manifest(manifest: dict[str, Any], *, ledger: Ledger | None = None, p
     _run("identity", lambda: _check_identity(m), checks)
     if m.get("accuracy") is not None:
         _run("accuracy", lambda: _check_accuracy(m), checks)
+    if m.get("estimation") is not None:
+        _run("estimation", lambda: _check_estimation(m), checks)
+    if m["spec"].get("estimated_from") or m.get("dependencies") is not None:
+        _run("dependencies", lambda: _check_dependencies(m, ledger, manifests_dir, chain_report), checks)
     if ledger is not None:
         _run("ledger", lambda: _check_ledger(m, ledger, chain_report)
              + (_check_file_digest(m, ledger, file_name, file_digest) if file_name and file_digest else []), checks)
     else:
         checks.append(Check("ledger", True, skipped="no ledger given: the scope total, cap and output location "
                                                     "were not compared with the ledger"))
-    if check_files and m["outcome"]["state"] == "published":  # nothing was published otherwise
+    # nothing was published otherwise; an estimation publishes no files (its result is in the manifest)
+    if check_files and m["outcome"]["state"] == "published" and m.get("estimation") is None:
         checks.extend(_check_published_files(m, ledger, key))
     if public_key is not None:
         from dpops.manifest.sign import verify_signature

@@ -148,7 +148,21 @@ def _check_scope(ctx: RunContext, ledger: Ledger) -> ScopeDefinition:
     problems = unit_definition_mismatches(ctx.spec, scope)
     if problems:
         raise SpecError("\n".join(f"{ctx.spec.source}: {p}" for p in problems) + "\nnothing was reserved")
+    # Bounds learned from the data are only sound through a charged estimation on this scope (issue 20
+    # section 4): a spec naming one must name a committed estimation of this release in this ledger.
+    from dpops.analysis.estimate import check_dependency
+
+    problems = check_dependency(ctx.spec, ledger)
+    if problems:
+        raise SpecError("\n".join(f"{ctx.spec.source}: {p}" for p in problems) + "\nnothing was reserved")
     return scope
+
+
+def check_scope(ctx: RunContext, ledger: Ledger) -> ScopeDefinition:
+    """The spec's budget scope, after checking that it exists and protects the spec's unit definition
+    (and that any ``estimated_from`` names a committed estimation on it); ``SpecError``/``LedgerError``
+    before anything is reserved."""
+    return _check_scope(ctx, ledger)
 
 
 def _refuse_changed(ctx: RunContext, published: RunRecord | None, restates: str | None) -> None:

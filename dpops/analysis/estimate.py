@@ -1,0 +1,734 @@
+"""Private bound estimation (issue 20 section 4): contribution bounds and value bounds chosen under DP.
+
+Semantics.md section 1: "a bound learned from data must itself be a charged DP release". This module
+is that release. ``dpops estimate SPEC --interval I --epsilon E`` reads the interval's input through the
+release's own reading code (``pipelines.io.prepare_batch``: type checks, null/NaN drops, hashing, public
+partitions, the time filter), bounds it with the release's own ``pipelines.bounding.bound_contributions``
+and runs one exponential mechanism per estimated bound. It is reserved, started and committed in the
+ledger like a release, on the spec's budget scope, and gets a manifest of its own that ``manifest
+verify`` recomputes. Its output is a spec patch carrying ``estimated_from: <run id>``; a release made
+from the patched spec names the estimation in its manifest (``dependencies``), and verifying that
+manifest verifies the estimation's too.
+
+The mechanisms
+--------------
+
+Every estimate is a quantile chosen by the exponential mechanism (``dpops.selection.exponential_mechanism``:
+permute-and-flip, exact for integer utilities, the same code the release's quantile and top-k metrics
+use) over a PUBLIC candidate grid, with the utility of candidate c
+
+    u(c) = -| S * r(c) - Q * n |,    S = 2**QUANTILE_Q_BITS,  Q = round(q * S)
+
+where r(c) counts the items "at or below c" (see each estimator), n counts all items and q is the
+target quantile (default 0.99: the bound keeps 99% of the items whole). Lemma (sensitivity): if one
+privacy unit owns at most m of the items, adding, removing or replacing that unit changes u(c) by at
+most S*m, for every c. Proof: write a (b) for the unit's items at or below (above) c. Under add/remove
+r changes by a and n by a + b with a + b <= m, so S*r - Q*n changes by (S - Q)*a - Q*b, whose absolute
+value is at most max(S - Q, Q) * m <= S*m (0 <= Q <= S). Under replace (unit A's items swapped for
+unit B's) the change is (S - Q)(a_B - a_A) - Q(b_B - b_A); each bracket is at most m in absolute value
+and a_B + b_B <= m, a_A + b_A <= m, so the absolute value is at most (S - Q)*m + Q*m = S*m. And
+|u(c) - u'(c)| <= |(S r - Q n) - (S r' - Q n')| (reverse triangle inequality). So each mechanism is
+epsilon_i-DP with utility sensitivity S*m (a public, data-independent preference for the smaller
+bound is subtracted from u, ``quantile_choice``: it changes no sensitivity); the shares sum to at most the requested epsilon (times
+1 - 1e-9, as in ``dpops.release_plan``) and compose sequentially (basic composition of pure-DP
+events; the ledger's accountant composes the recorded events themselves).
+
+- **L0** (``estimate_l0``): the items are the units, one per unit, each with its number of distinct
+  partitions after the release's row checks (before any bounding): m = 1. r(k) = #{units with at most
+  k partitions}. Candidates ``contribution_grid(max_l0)``: 1..8, then four per octave up to ``max_l0``
+  (public; units above it count as above every candidate).
+- **Linf**: the items are the units again, each with the largest number of rows it has in one of the
+  partitions it keeps under the estimated L0 (``bound_contributions`` with that L0 and no row limit):
+  m = 1. r(k) = #{units whose largest partition has at most k rows}. Candidates ``contribution_grid(max_linf)``.
+  One value per unit (its maximum) rather than one per (unit, partition) pair keeps m = 1 instead
+  of L0; the price is a more conservative Linf (it covers a unit's largest partition).
+- **Value bounds**, per bounded column: the items are the rows kept by the release's bounding with
+  the estimated (or the spec's) L0 and Linf, so one unit owns at most m = L0*Linf of them (the
+  contribution-bound lemma of ``pipelines.bounding``). Candidates: the public signed log grid
+  ``value_grid()`` (0 and +-2**(j/4) for 2**-8 .. 2**40). Upper bound: r(c) = #{v <= c} at the
+  quantile q. Lower bound: r(c) = #{v < c} at the quantile 1 - q; it is estimated only when the spec
+  declares a negative lower bound -- a declared lower bound >= 0 is public and kept (no budget spent
+  learning that amounts are not negative). L0 and Linf used here are the outputs of the two earlier
+  mechanisms: choosing a later mechanism's parameters from earlier DP outputs is adaptive composition,
+  which the basic composition bound covers.
+
+Record-level specs (every row its own unit) have L0 = Linf = 1 by definition: only value bounds are
+estimated.
+
+Randomness, retries and the ledger
+----------------------------------
+
+Noise comes from the run's randomness source exactly as a release's: ``keyed`` (the default) is the
+CSPRNG stream of the noise key and the estimation's run key (``keyed_random``), so a retry of the same
+run key over the same input draws the same values, reveals nothing new and is not charged again;
+``test`` is seeded and never feeds a published release. ``os`` randomness cannot be reproduced, so a
+retry could not be free: it is refused for estimation. The run key is the release's (spec hash,
+interval, keyed input fingerprint, key id) under the release name ``<name>__estimate`` and a spec hash
+field that also covers the estimation's configuration (``estimation_hash``): the same request is the
+same run, a different epsilon or quantile a new one. A committed estimation is served from its
+manifest: no charge, the same result.
+
+What is public: the estimates themselves (DP outputs) and the configuration. The manifest records
+them, the mechanisms and their sensitivities; nothing else about the data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dpops.errors import InputDataError, InvalidParameter, LedgerError, SpecError
+
+if TYPE_CHECKING:
+    from dpops.events import PrivacyEvent
+    from dpops.ledger import Ledger, RunKey, RunRecord
+    from dpops.randomness import RandomSource
+    from dpops.release.context import IntervalBound, RunContext
+    from dpops.spec import ReleaseSpec
+
+ESTIMATION_SCHEMA = "dpops.estimation/1"
+RELEASE_SUFFIX = "__estimate"  # an estimation's run key names the release <spec name>__estimate
+MECHANISM = "estimate/quantile_exponential_mechanism"
+DEFAULT_QUANTILE = 0.99
+DEFAULT_MAX_L0 = 256
+DEFAULT_MAX_LINF = 256
+GRID_MIN_EXP = -8  # smallest non-zero magnitude of the value grid: 2**-8
+GRID_MAX_EXP = 40  # largest: 2**40
+GRID_STEPS_PER_OCTAVE = 4
+TAIL_DECAY = 0.5  # nats of public preference per grid step toward the small end (``quantile_choice``)
+SAFETY = 1.0 - 1e-9  # as dpops.release_plan: float rounding never makes the shares exceed the request
+_NO_ROW_LIMIT = 1 << 62
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+@dataclass(frozen=True)
+class EstimateConfig:
+    """What an estimation is asked to do. Public; part of the run key (``estimation_hash``)."""
+
+    epsilon: float
+    quantile: float = DEFAULT_QUANTILE
+    contribution: bool = True  # estimate L0 and Linf (ignored for record-level specs)
+    columns: tuple[str, ...] | None = None  # bounded columns to estimate (None: every bounded column)
+    max_l0: int = DEFAULT_MAX_L0
+    max_linf: int = DEFAULT_MAX_LINF
+
+    def __post_init__(self) -> None:
+        from dpops.param_checks import check_epsilon
+
+        check_epsilon(self.epsilon)
+        q = self.quantile
+        if isinstance(q, bool) or not isinstance(q, (int, float)) or not (0.5 <= q < 1.0):
+            raise InvalidParameter(f"estimate: quantile must be in [0.5, 1), got {q!r} (0.99 keeps 99% of the "
+                                   "units or rows whole)")
+        for name in ("max_l0", "max_linf"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not (1 <= v <= 100_000):
+                raise InvalidParameter(f"estimate: {name} must be an integer in [1, 100000], got {v!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (recorded in the manifest; hashed into the run key)."""
+        d = asdict(self)
+        d["epsilon"] = float(self.epsilon)
+        d["quantile"] = float(self.quantile)
+        d["columns"] = None if self.columns is None else list(self.columns)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> EstimateConfig:
+        """Inverse of ``to_dict``."""
+        cols = d.get("columns")
+        return cls(epsilon=float(d["epsilon"]), quantile=float(d["quantile"]), contribution=bool(d["contribution"]),
+                   columns=None if cols is None else tuple(str(c) for c in cols), max_l0=int(d["max_l0"]),
+                   max_linf=int(d["max_linf"]))
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """One exponential mechanism of an estimation: what it estimates, its share, its utility sensitivity."""
+
+    name: str  # "l0", "linf", "upper:<column>", "lower:<column>"
+    epsilon: float
+    quantile: float
+    candidates: int
+    max_items_per_unit: int  # m of the module docstring's lemma
+    utility_sensitivity: int  # S * m
+
+    def event(self) -> PrivacyEvent:
+        """The pure-DP event this mechanism spends."""
+        from dpops.events import PureDP
+
+        return PureDP(self.epsilon, mechanism=MECHANISM)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (the manifest's ``estimation.mechanisms``)."""
+        return asdict(self)
+
+
+def bounded_columns(spec: ReleaseSpec) -> dict[str, tuple[float, float]]:
+    """Each value column of a bounded metric with the spec's declared bounds (the first metric's)."""
+    out: dict[str, tuple[float, float]] = {}
+    for m in spec.metrics:
+        b = getattr(m, "bounds", None)
+        col = getattr(m, "column", None)
+        if b is not None and col is not None and col not in out:
+            out[str(col)] = (float(b[0]), float(b[1]))
+    return out
+
+
+def _names(spec: ReleaseSpec, config: EstimateConfig) -> list[str]:
+    """The mechanisms' names in the order they run (later ones use earlier outputs)."""
+    cols = bounded_columns(spec)
+    if config.columns is not None:
+        unknown = sorted(set(config.columns) - set(cols))
+        if unknown:
+            raise InvalidParameter(f"estimate: column(s) {unknown} are not bounded columns of {spec.source} "
+                                   f"(bounded: {sorted(cols)})")
+        chosen = [c for c in cols if c in config.columns]
+    else:
+        chosen = list(cols)
+    names: list[str] = []
+    if config.contribution and not spec.privacy_unit.record_level:
+        names += ["l0", "linf"]
+    for c in chosen:
+        if cols[c][0] < 0:
+            names.append(f"lower:{c}")
+        names.append(f"upper:{c}")
+    if not names:
+        raise InvalidParameter(f"estimate: nothing to estimate for {spec.source}: no bounded metric and "
+                               "no contribution bounds (record-level spec, or --no-contribution)")
+    return names
+
+
+def mechanisms(spec: ReleaseSpec, config: EstimateConfig, l0: int | None = None,
+               linf: int | None = None) -> list[Mechanism]:
+    """Every mechanism of the estimation, with its share (equal shares) and utility sensitivity.
+
+    ``l0``/``linf``: the contribution bounds the value mechanisms bound with (the estimated ones, or the
+    spec's when not estimated); they set m = L0 * Linf for the value mechanisms. The events (what the
+    ledger charges) do not depend on them, only the recorded sensitivities do."""
+    from dpops.selection import QUANTILE_Q_BITS
+
+    names = _names(spec, config)
+    share = float(config.epsilon) * SAFETY / len(names)
+    rl = bool(spec.privacy_unit.record_level)
+    L0 = 1 if rl else int(l0 if l0 is not None else spec.contribution.max_partitions_per_unit)
+    LI = 1 if rl else int(linf if linf is not None else spec.contribution.max_rows_per_unit_per_partition)
+    grid = value_grid()
+    out = []
+    for n in names:
+        if n == "l0":
+            cands, m, q = contribution_grid(config.max_l0).size, 1, config.quantile
+        elif n == "linf":
+            cands, m, q = contribution_grid(config.max_linf).size, 1, config.quantile
+        else:
+            cands, m = int(grid.size), L0 * LI
+            q = config.quantile if n.startswith("upper:") else 1.0 - config.quantile
+        out.append(Mechanism(n, share, float(q), int(cands), int(m), int(m) << QUANTILE_Q_BITS))
+    return out
+
+
+def events(spec: ReleaseSpec, config: EstimateConfig) -> list[PrivacyEvent]:
+    """What the estimation charges: one pure-DP event per mechanism (a function of spec and config only)."""
+    return [m.event() for m in mechanisms(spec, config)]
+
+
+def contribution_grid(max_bound: int) -> np.ndarray:
+    """The public candidates of L0 or Linf: 1..8, then four per octave (rounded) up to ``max_bound`` (included).
+
+    A log-scale grid keeps the number of candidates above the data's largest contribution small (the
+    utility is flat there, so each such candidate takes probability mass away from the quantile)."""
+    c = set(range(1, min(8, max_bound) + 1))
+    j = 13
+    while True:
+        v = int(round(2 ** (j / 4)))
+        if v > max_bound:
+            break
+        c.add(v)
+        j += 1
+    c.add(int(max_bound))
+    return np.asarray(sorted(c), dtype=np.int64)
+
+
+def value_grid() -> np.ndarray:
+    """The public candidate grid of value bounds: 0 and +-2**(j/4), 2**-8 <= |c| <= 2**40, ascending."""
+    k = np.arange(GRID_MIN_EXP * GRID_STEPS_PER_OCTAVE, GRID_MAX_EXP * GRID_STEPS_PER_OCTAVE + 1)
+    pos = np.exp2(k / GRID_STEPS_PER_OCTAVE)
+    return np.concatenate([-pos[::-1], [0.0], pos])
+
+
+def estimation_hash(spec_hash: str, config: EstimateConfig | Mapping[str, Any]) -> str:
+    """The run key's spec-hash field of an estimation: the spec's hash and the configuration together."""
+    from dpops.events import canonical_json
+
+    cfg = config.to_dict() if isinstance(config, EstimateConfig) else dict(config)
+    body = {"schema": ESTIMATION_SCHEMA, "spec_hash": spec_hash, "config": cfg}
+    return hashlib.sha256(canonical_json(body).encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------- the mechanism core
+
+
+def quantile_choice(at_or_below: np.ndarray, n: int, q: float, epsilon: float, items_per_unit: int,
+                    rng: RandomSource, *, prefer: str = "low", anchor: int = 0) -> int:
+    """Index of the candidate the exponential mechanism picks, for utility -|S r(c) - Q n| - pen(c).
+
+    ``at_or_below[j]``: r(c_j), the items counted at or below candidate j; ``n``: all items;
+    ``items_per_unit``: m, the most items one unit owns. Sensitivity S*m (the lemma of the module
+    docstring); the selection is the release's own ``exponential_mechanism`` (exact on these integer
+    utilities).
+
+    pen(c_j) is PUBLIC: ``TAIL_DECAY`` nats per grid step beyond the ``anchor`` index (the spec's
+    declared bound) away from the ``prefer`` end (``low``: steps above the anchor, for upper bounds and
+    L0/Linf; ``high``: steps below it, for lower bounds), i.e. ceil(TAIL_DECAY * 2 S m / epsilon)
+    utility units per step, and none on the other side of the anchor. Why: every candidate beyond the data's
+    extreme has the same quantile utility, and a grid reaching 2**40 has hundreds of them, which would
+    take most of the probability mass when (1-q) n is small. Privacy: pen does not depend on the data,
+    so u - pen has the same sensitivity as u (|(u - pen)(c) - (u' - pen)(c)| = |u(c) - u'(c)|) and the
+    mechanism stays epsilon-DP (it is the exponential mechanism with a geometric base measure)."""
+    from dpops.selection import QUANTILE_Q_BITS, exponential_mechanism
+
+    scale = 1 << QUANTILE_Q_BITS
+    qq = round(float(q) * scale)
+    r = np.asarray(at_or_below, dtype=np.int64)
+    sens = int(items_per_unit) * scale
+    util = -np.abs(r * np.int64(scale) - np.int64(qq) * np.int64(n))
+    step = math.ceil(TAIL_DECAY * 2 * sens / float(epsilon))
+    j = np.arange(r.size, dtype=np.int64)
+    beyond = np.maximum(0, j - int(anchor)) if prefer == "low" else np.maximum(0, int(anchor) - j)
+    util = util - np.int64(step) * beyond
+    return int(exponential_mechanism(util, epsilon, float(sens), rng))
+
+
+def _at_or_below_int(values: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """r(k) = #{values <= k} for each candidate k of ``grid``."""
+    return np.searchsorted(np.sort(np.asarray(values, dtype=np.int64)), grid, side="right").astype(np.int64)
+
+
+def _per_unit_partitions(u: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """Distinct partitions of each unit (one value per unit present)."""
+    import pandas as pd
+
+    if not len(u):
+        return np.zeros(0, np.int64)
+    pairs = pd.DataFrame({"u": u, "p": p}).drop_duplicates()
+    return pairs.groupby("u", sort=False).size().to_numpy(np.int64)
+
+
+def _per_unit_max_rows(u: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """Each unit's largest number of rows in one partition (one value per unit present)."""
+    import pandas as pd
+
+    if not len(u):
+        return np.zeros(0, np.int64)
+    per_pair = pd.DataFrame({"u": u, "p": p}).groupby(["u", "p"], sort=False).size()
+    return per_pair.groupby(level=0, sort=False).max().to_numpy(np.int64)
+
+
+def estimate_l0(per_unit_partitions: Sequence[int] | np.ndarray, epsilon: float, rng: RandomSource | None = None, *,
+                seed: int | None = None, quantile: float = DEFAULT_QUANTILE, max_l0: int = DEFAULT_MAX_L0,
+                declared: int = 1) -> int:
+    """epsilon-DP L0: the exponential mechanism over ``contribution_grid(max_l0)`` at the ``quantile`` of the
+    units' partition counts.
+
+    ``per_unit_partitions``: one entry per unit, its number of distinct partitions (each unit is one
+    item: sensitivity S, module docstring). ``rng``: the randomness source (default: ``test_random(seed)``
+    with ``seed``, else the OS CSPRNG). The building block of ``dpops estimate``; exposed for notebooks
+    and the PipelineDP benchmark."""
+    from dpops.randomness import os_random, test_random
+
+    if rng is None:
+        rng = test_random(int(seed), ("estimate_l0",)) if seed is not None else os_random()
+    counts = np.asarray(per_unit_partitions, dtype=np.int64)
+    if counts.ndim != 1 or (counts.size and counts.min() < 1):
+        raise InvalidParameter("estimate_l0: per_unit_partitions must be a 1-D array of counts >= 1, one per unit")
+    grid = contribution_grid(max_l0)
+    idx = quantile_choice(_at_or_below_int(counts, grid), int(counts.size), quantile, epsilon, 1, rng,
+                          anchor=_anchor(grid, declared))
+    return int(grid[idx])
+
+
+def _anchor(grid: np.ndarray, declared: float) -> int:
+    """Index of the largest grid point at or below the declared (public) value (0 if none)."""
+    return max(0, int(np.searchsorted(grid, declared, side="right")) - 1)
+
+
+@dataclass
+class Estimate:
+    """The estimated bounds and how they were obtained (``config``, ``mechanisms``)."""
+
+    spec: ReleaseSpec
+    config: EstimateConfig
+    l0: int | None  # None: not estimated
+    linf: int | None
+    bounds: dict[str, tuple[float, float]]  # column -> (lo, hi), only the estimated columns
+    mechanisms: list[Mechanism]
+    run_id: str | None = None
+    state: str = "computed"  # computed | committed (new run) | already_committed (served, nothing charged)
+    epsilon_charged: float = 0.0
+    manifest: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def result(self) -> dict[str, Any]:
+        """The estimated bounds as JSON (the manifest's ``estimation.result``)."""
+        return {"max_partitions_per_unit": self.l0, "max_rows_per_unit_per_partition": self.linf,
+                "bounds": {c: [float(lo), float(hi)] for c, (lo, hi) in sorted(self.bounds.items())}}
+
+    def patch(self) -> dict[str, Any]:
+        """The spec patch (``dpops.analysis.tuning.apply_patch`` form): the new bounds and ``estimated_from``."""
+        return spec_patch(self.spec, self.result(), self.run_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form of the whole result (the CLI's ``--json``)."""
+        return {"run_id": self.run_id, "state": self.state, "epsilon_charged": self.epsilon_charged,
+                "epsilon": float(self.config.epsilon), "config": self.config.to_dict(), "result": self.result(),
+                "mechanisms": [m.to_dict() for m in self.mechanisms], "patch": self.patch(),
+                "manifest": self.manifest}
+
+
+def spec_patch(spec: ReleaseSpec, result: Mapping[str, Any], run_id: str | None) -> dict[str, Any]:
+    """A spec patch from an estimation result: ``contribution``, the whole ``metrics`` list (lists are
+    replaced, not merged) with the estimated bounds, and ``estimated_from``."""
+    patch: dict[str, Any] = {}
+    contrib: dict[str, int] = {}
+    if result.get("max_partitions_per_unit") is not None:
+        contrib["max_partitions_per_unit"] = int(result["max_partitions_per_unit"])
+    if result.get("max_rows_per_unit_per_partition") is not None:
+        contrib["max_rows_per_unit_per_partition"] = int(result["max_rows_per_unit_per_partition"])
+    if contrib:
+        patch["contribution"] = contrib
+    bmap = dict(result.get("bounds") or {})
+    if bmap:
+        metrics = []
+        for m in spec.model_dump(mode="json", exclude_none=True)["metrics"]:
+            if "bounds" in m and m.get("column") in bmap:
+                m = {**m, "bounds": [float(x) for x in bmap[m["column"]]]}
+            metrics.append(m)
+        patch["metrics"] = metrics
+    if run_id is not None:
+        patch["estimated_from"] = run_id
+    return patch
+
+
+def estimate_rows(spec: ReleaseSpec, rows: Mapping[str, np.ndarray], config: EstimateConfig,
+                  rng: RandomSource) -> Estimate:
+    """The estimation's mechanisms over checked, hashed rows (``pipelines.io.prepare_batch``'s output:
+    "u", "p", "prio", "pp", "v:<col>"). Every random choice comes from ``rng``; ``estimate`` passes the
+    run's source, the auditor a seeded one."""
+    from pipelines.bounding import bound_contributions
+
+    plan = mechanisms(spec, config)
+    rl = bool(spec.privacy_unit.record_level)
+    l0 = linf = None
+    L0 = 1 if rl else int(spec.contribution.max_partitions_per_unit)
+    LI = 1 if rl else int(spec.contribution.max_rows_per_unit_per_partition)
+    u, p = np.asarray(rows["u"]), np.asarray(rows["p"])
+    by_name = {m.name: m for m in plan}
+    if "l0" in by_name:
+        m = by_name["l0"]
+        l0 = estimate_l0(_per_unit_partitions(u, p), m.epsilon, rng.child("estimate", "l0"),
+                         quantile=m.quantile, max_l0=config.max_l0, declared=L0)
+        L0 = l0
+    if "linf" in by_name:
+        m = by_name["linf"]
+        kept, _, _ = bound_contributions(u, p, rows["prio"], L0, _NO_ROW_LIMIT, rows["pp"])
+        per_unit = _per_unit_max_rows(u[kept], p[kept])
+        grid_linf = contribution_grid(config.max_linf)
+        idx = quantile_choice(_at_or_below_int(per_unit, grid_linf), int(per_unit.size), m.quantile, m.epsilon,
+                              m.max_items_per_unit, rng.child("estimate", "linf"), anchor=_anchor(grid_linf, LI))
+        linf = LI = int(grid_linf[idx])
+    plan = mechanisms(spec, config, L0, LI)  # the value mechanisms' sensitivity uses the bounds just chosen
+    by_name = {m.name: m for m in plan}
+    grid = value_grid()
+    bounds: dict[str, tuple[float, float]] = {}
+    if any(n.startswith(("upper:", "lower:")) for n in by_name):
+        kept, _, _ = bound_contributions(u, p, rows["prio"], L0, LI, rows["pp"])
+        declared = bounded_columns(spec)
+        for col in dict.fromkeys(n.split(":", 1)[1] for n in by_name if ":" in n):
+            v = np.sort(np.asarray(rows[f"v:{col}"], dtype=np.float64)[kept])
+            n_rows = int(v.size)
+            lo = declared[col][0]
+            if f"lower:{col}" in by_name:
+                m = by_name[f"lower:{col}"]
+                below = np.searchsorted(v, grid, side="left")  # r(c) = #{v < c}
+                lo = float(grid[quantile_choice(below, n_rows, m.quantile, m.epsilon, m.max_items_per_unit,
+                                                rng.child("estimate", "lower", col), prefer="high",
+                                                anchor=_anchor(grid, declared[col][0]))])
+            m = by_name[f"upper:{col}"]
+            at_or_below = np.searchsorted(v, grid, side="right")  # r(c) = #{v <= c}
+            hi = float(grid[quantile_choice(at_or_below, n_rows, m.quantile, m.epsilon, m.max_items_per_unit,
+                                            rng.child("estimate", "upper", col),
+                                            anchor=_anchor(grid, declared[col][1]))])
+            bounds[col] = _proper(lo, hi, grid)
+    return Estimate(spec, config, l0, linf, bounds, plan)
+
+
+def _proper(lo: float, hi: float, grid: np.ndarray) -> tuple[float, float]:
+    """(lo, hi) with lo < hi (post-processing of the two DP outputs): hi moves up to the next grid point."""
+    if lo < hi:
+        return lo, hi
+    above = grid[grid > lo]
+    return lo, float(above[0]) if above.size else lo + 1.0
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def read_rows(ctx: RunContext, rng: RandomSource) -> dict[str, np.ndarray]:
+    """The interval's rows, checked and hashed by the release's own ``prepare_batch`` (one pair salt)."""
+    from pipelines.bounding import metric_layout, pair_salt
+    from pipelines.io import ReadConfig, hash_partition_tuples, iter_record_batches, prepare_batch, work_items
+
+    spec, plan = ctx.spec, ctx.plan
+    types = {k: str(v) for k, v in spec.input.columns.items()}
+    pub = None
+    if plan.public_partitions is not None:
+        pub = np.sort(hash_partition_tuples([tuple(x) for x in plan.public_partitions],
+                                            tuple(plan.partition_columns), types))
+    window = None
+    if spec.input.time_column is not None:
+        epoch = datetime(1970, 1, 1, tzinfo=UTC)
+
+        def ns(t: datetime) -> int:
+            d = t - epoch
+            return (d.days * 86_400 + d.seconds) * 1_000_000_000 + d.microseconds * 1_000
+
+        window = (ns(ctx.interval.start), ns(ctx.interval.end))
+    cfg = ReadConfig(format=spec.input.format, types=types,
+                     unit_column=None if spec.privacy_unit.record_level else spec.privacy_unit.column,
+                     partition_columns=tuple(plan.partition_columns), value_columns=metric_layout(plan)[0],
+                     category_columns={}, public_hashes=pub, time_column=spec.input.time_column,
+                     time_window_ns=window)
+    salt = pair_salt(rng)
+    parts: list[dict[str, np.ndarray]] = []
+    for item in work_items(list(ctx.input_paths), spec.input.format):
+        for j, (batch, offset) in enumerate(iter_record_batches(item, cfg)):
+            rows, _, _ = prepare_batch(batch, item[0], offset, cfg, rng.child("read", item[0], item[2] or 0, j),
+                                       pair_salt=salt)
+            parts.append(rows)
+    if not parts:
+        raise InputDataError(f"{spec.name} {ctx.interval}: the input has no rows to estimate from")
+    return {k: np.concatenate([x[k] for x in parts]) for k in parts[0]}
+
+
+# --------------------------------------------------------------------------- the charged run
+
+
+@dataclass
+class _EstimationRun:
+    """What ``dpops.manifest.run_hook.write_run_manifest`` reads from a run, for an estimation."""
+
+    ctx: RunContext
+    key: RunKey
+
+    @property
+    def spec(self) -> ReleaseSpec:
+        return self.ctx.spec
+
+    @property
+    def run_key(self) -> RunKey:
+        return self.key
+
+    @property
+    def plan(self) -> Any:
+        return self.ctx.plan
+
+    @property
+    def randomness(self) -> str:
+        return self.ctx.randomness
+
+
+def run_key_of(ctx: RunContext, config: EstimateConfig) -> RunKey:
+    """The estimation's run key (module docstring): the release's, under ``<name>__estimate`` and the
+    estimation hash."""
+    from dpops.ledger import RunKey
+
+    name = ctx.spec.name
+    if name.endswith(RELEASE_SUFFIX) or len(name) + len(RELEASE_SUFFIX) > 64:
+        raise SpecError(f"{ctx.spec.source}: release name {name!r}: an estimation runs as {name + RELEASE_SUFFIX!r} "
+                        f"in the ledger, which must be at most 64 characters and not end twice in {RELEASE_SUFFIX!r}; "
+                        "shorten the name; nothing was reserved")
+    return RunKey(release=name + RELEASE_SUFFIX, spec_hash=estimation_hash(ctx.spec.spec_hash, config),
+                  interval_start=ctx.interval.start_iso, interval_end=ctx.interval.end_iso,
+                  input_fingerprint=ctx.input_fingerprint, key_id=ctx.key_id)
+
+
+def _random_source(ctx: RunContext, key: RunKey) -> RandomSource:
+    """The run's source: keyed by the noise key and the run key's label, or seeded in test mode."""
+    from dpops.randomness import NoiseKey, keyed_random, test_random
+
+    label = {"kind": "estimation", **{k: str(v) for k, v in key.to_dict().items() if k != "key_id"}}
+    if ctx.randomness == "test":
+        assert ctx.test_seed is not None  # prepare refuses test mode without a seed
+        return test_random(int(ctx.test_seed), label)
+    nk = ctx.fingerprint_key  # keyed mode: prepare loads the noise key and keys fingerprints with it
+    if not isinstance(nk, NoiseKey):
+        raise InvalidParameter("estimate: keyed randomness needs the noise key (--key-file)")
+    return keyed_random(nk, label)
+
+
+def _manifests_dir(spec: ReleaseSpec) -> Path:
+    from dpops.release.manifests import spec_manifests_dir
+
+    d = spec_manifests_dir(spec)
+    if not isinstance(d, Path):
+        raise InvalidParameter(f"estimate: manifests under an object store ({d}) are not supported yet; set "
+                               "DPOPS_MANIFESTS_DIR to a local directory")
+    return d
+
+
+def _served(spec: ReleaseSpec, config: EstimateConfig, rec: RunRecord) -> Estimate:
+    """A committed estimation: its result read back from its manifest (nothing recomputed or charged)."""
+    from dpops.manifest.io import find_manifest, read_manifest
+
+    path = find_manifest(rec.run_id, _manifests_dir(spec))
+    m = read_manifest(path)
+    est = m.get("estimation") or {}
+    res = est.get("result") or {}
+    return Estimate(spec, config, res.get("max_partitions_per_unit"), res.get("max_rows_per_unit_per_partition"),
+                    {c: (float(b[0]), float(b[1])) for c, b in (res.get("bounds") or {}).items()},
+                    [Mechanism(**x) for x in est.get("mechanisms", [])], run_id=rec.run_id,
+                    state="already_committed", manifest=str(path))
+
+
+def manifest_section(est: Estimate) -> dict[str, Any]:
+    """The manifest's ``estimation`` object: configuration, mechanisms, result and patch (all public)."""
+    return {"schema": ESTIMATION_SCHEMA, "config": est.config.to_dict(),
+            "mechanisms": [m.to_dict() for m in est.mechanisms], "result": est.result(), "patch": est.patch()}
+
+
+def estimate(spec_path: str | os.PathLike[str], interval_start: IntervalBound, interval_end: IntervalBound = None, *,
+             config: EstimateConfig, ledger: Ledger, randomness: str = "keyed", key_path: str | None = None,
+             test_seed: int | None = None, actor: str | None = None) -> Estimate:
+    """``dpops estimate``: prepare (as a release), reserve, start, estimate, write the manifest, commit.
+
+    The same request again (same spec, interval, input, key and configuration) is the same run key: a
+    committed one is served from its manifest, a started one is recomputed with the same keyed noise;
+    neither is charged again. Over the cap the ledger refuses (``BudgetExceeded``) and nothing changes.
+    A failure before ``start`` refunds the reservation."""
+    from dpops.errors import public_message
+    from dpops.ledger.budget import format_budget
+    from dpops.release.key_continuity import check_key_continuity
+    from dpops.release.preparation import prepare
+    from dpops.release.reservation import check_scope
+
+    if randomness == "os":
+        raise InvalidParameter("estimate: os randomness cannot be reproduced, so a retry would be charged again; "
+                               "use keyed randomness (the default), whose retries are free")
+    ctx = prepare(spec_path, interval_start, interval_end, randomness=randomness, key_path=key_path,
+                  test_seed=test_seed, actor=actor)
+    spec = ctx.spec
+    evs = events(spec, config)  # refuses a request with nothing to estimate before anything is written
+    key = run_key_of(ctx, config)
+    check_scope(ctx, ledger)  # the release's own checks: the scope exists and protects this unit definition
+    check_key_continuity(ctx, ledger)
+    rec = ledger.run(key.run_id)
+    if rec is not None and rec.state == "committed":
+        return _served(spec, config, rec)
+    if rec is not None and rec.state in ("released", "spent_unpublished"):
+        raise LedgerError(f"estimation run {key.run_id} is {rec.state}; change the request (e.g. --epsilon) for a "
+                          "new run")
+    charged = 0.0
+    if rec is None:
+        rec = ledger.reserve(key, spec.budget.scope, evs, actor=ctx.actor,
+                             details={"randomness": ctx.randomness, "spec": spec.source, "kind": "estimation"})
+        charged = float(rec.epsilon or 0.0)
+    if rec.state == "reserved":
+        try:  # everything that can fail without drawing anything happens before start, and is refunded
+            rng = _random_source(ctx, key)
+            folder = _manifests_dir(spec)
+        except BaseException as exc:
+            ledger.release(key.run_id, reason=f"failed before any mechanism ran: {public_message(exc)}"[:500],
+                           actor=ctx.actor)
+            raise
+        ledger.start(key.run_id, actor=ctx.actor)  # from here on the charge stays
+    else:  # started earlier and interrupted: keyed/test noise recomputes the same result, nothing charged again
+        rng = _random_source(ctx, key)
+        folder = _manifests_dir(spec)
+    rows = read_rows(ctx, rng.child("estimate", "read"))  # a failure now leaves the run started (charged)
+    est = estimate_rows(spec, rows, config, rng)
+    est.run_id = key.run_id
+    from dpops.manifest.run_hook import write_run_manifest
+
+    result_uri = (folder / f"estimate-{key.run_id}.json").resolve().as_uri()
+    path = write_run_manifest(_EstimationRun(ctx, key), ledger, {"state": "published", "output_uri": result_uri},
+                              manifests_dir=folder, estimation=manifest_section(est))
+    _write_result(folder / f"estimate-{key.run_id}.json", est)
+    from dpops.manifest.io import file_sha256
+
+    # the commit entry records the manifest's sha256 (as a release's does): an edit after the commit shows
+    ledger.commit(key.run_id, output_uri=result_uri, actor=ctx.actor,
+                  details={"kind": "estimation", "manifest": {"file": Path(path).name, "sha256": file_sha256(path)}})
+    est.state = "committed"
+    est.epsilon_charged = charged
+    est.manifest = path
+    est.details = {"scope": spec.budget.scope, "charged": format_budget(charged)}
+    return est
+
+
+def _write_result(path: Path, est: Estimate) -> None:
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"run_id": est.run_id, "result": est.result(), "patch": est.patch()}, indent=2,
+                              sort_keys=True) + "\n",
+                   encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- verification
+
+
+def recompute_section(manifest: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(the ``estimation`` section's mechanisms and patch, the events) recomputed from the manifest's embedded
+    spec, configuration and result alone: what ``manifest verify`` compares with the recorded ones."""
+    from dpops.events import event_to_dict
+    from dpops.manifest.verify import parse_embedded_spec
+
+    est = manifest["estimation"]
+    spec = parse_embedded_spec(manifest["spec"])
+    config = EstimateConfig.from_dict(est["config"])
+    res = est["result"]
+    mech = mechanisms(spec, config, res.get("max_partitions_per_unit"), res.get("max_rows_per_unit_per_partition"))
+    section = {"schema": ESTIMATION_SCHEMA, "config": config.to_dict(), "mechanisms": [m.to_dict() for m in mech],
+               "result": dict(res), "patch": spec_patch(spec, res, manifest["run_id"])}
+    return section, [event_to_dict(e) for e in events(spec, config)]
+
+
+def check_dependency(spec: ReleaseSpec, ledger: Ledger) -> list[str]:
+    """Why ``spec.estimated_from`` is not a usable estimation in ``ledger`` (empty: it is).
+
+    A release whose bounds came from an estimation must name a committed estimation of the same release
+    on the same scope: a bound learned from the data without a charged estimation is a leak
+    (semantics.md section 1), and an estimation charged to another scope was charged to other people."""
+    run_id = getattr(spec, "estimated_from", None)
+    if run_id is None:
+        return []
+    rec = ledger.run(run_id)
+    if rec is None:
+        return [f"estimated_from: run {run_id} is not in this ledger: run dpops estimate with this ledger first"]
+    out = []
+    if rec.key.release != spec.name + RELEASE_SUFFIX:
+        out.append(f"estimated_from: run {run_id} is a run of {rec.key.release!r}, not an estimation of "
+                   f"{spec.name!r}")
+    if rec.scope != spec.budget.scope:
+        out.append(f"estimated_from: estimation {run_id} was charged to scope {rec.scope!r}, the release uses "
+                   f"{spec.budget.scope!r}")
+    if rec.state != "committed":
+        out.append(f"estimated_from: estimation {run_id} is {rec.state}, not committed")
+    return out
+
+
+__all__ = ["EstimateConfig", "Estimate", "Mechanism", "estimate", "estimate_l0", "estimate_rows", "events",
+           "mechanisms", "value_grid", "estimation_hash", "quantile_choice", "spec_patch", "check_dependency",
+           "recompute_section", "manifest_section", "bounded_columns", "RELEASE_SUFFIX", "ESTIMATION_SCHEMA"]

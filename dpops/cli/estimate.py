@@ -1,0 +1,90 @@
+"""``dpops estimate SPEC --interval I --epsilon E``: private bound estimation, charged like a release.
+
+Estimates L0, Linf and each bounded column's value bounds under differential privacy
+(``dpops.analysis.estimate``), charges the spec's budget scope in the ledger (reserved, started, committed),
+writes the estimation's manifest and a spec patch carrying ``estimated_from: <run id>``. The same request
+again serves the committed result and charges nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+import yaml
+
+from dpops.cli.common import dumps, echo_ok, json_option, key_file_option, ledger_option, open_cli_ledger
+from dpops.errors import InvalidParameter
+
+
+@click.command()
+@click.argument("spec_path", metavar="SPEC", type=click.Path(exists=True, dir_okay=False))
+@click.option("--interval", required=True,
+              help="data interval START/END (ISO-8601 UTC) or the start of one period, as for dpops release run")
+@click.option("--epsilon", "epsilon", type=float, required=True,
+              help="the estimation's own epsilon, charged to the spec's budget scope (split equally over its mechanisms)")
+@click.option("--quantile", type=float, default=0.99, show_default=True,
+              help="share of units (L0, Linf) and of bounded rows (value bounds) the estimated bounds keep whole")
+@click.option("--contribution/--no-contribution", default=True, show_default=True,
+              help="also estimate L0 and Linf (max_partitions_per_unit, max_rows_per_unit_per_partition)")
+@click.option("--column", "columns", multiple=True,
+              help="bounded column to estimate, repeatable (default: every bounded column of the spec)")
+@click.option("--max-l0", type=int, default=256, show_default=True, help="largest L0 candidate (public)")
+@click.option("--max-linf", type=int, default=256, show_default=True, help="largest Linf candidate (public)")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="estimate-out", show_default=True,
+              help="directory for patch.yaml and result.json")
+@click.option("--spec-out", "spec_out", type=click.Path(dir_okay=False), default=None,
+              help="also write the whole patched spec here (relative paths in it start at SPEC's directory: "
+                   "write it next to SPEC)")
+@click.option("--randomness", type=click.Choice(["keyed", "test"]), default="keyed", show_default=True,
+              help="keyed: the noise key's CSPRNG stream (retries free); test: seeded, never for publication")
+@click.option("--test-seed", "test_seed", type=int, default=None, help="the seed of --randomness test")
+@key_file_option("keys the estimation's randomness and the input's fingerprint")
+@click.option("--actor", default=None, help="who the ledger records (default dpops:<OS user>)")
+@ledger_option
+@json_option
+def cli(spec_path: str, interval: str, epsilon: float, quantile: float, contribution: bool, columns: tuple[str, ...],
+        max_l0: int, max_linf: int, out_dir: str, spec_out: str | None, randomness: str, test_seed: int | None,
+        key_file: str | None, actor: str | None, as_json: bool) -> None:
+    """Estimate contribution and value bounds under DP; charge the scope; write a spec patch."""
+    from dpops.analysis.estimate import EstimateConfig, estimate
+    from dpops.analysis.tuning import apply_patch
+    from dpops.release.preparation import requested_interval
+    from dpops.spec import load_spec
+
+    if randomness == "test" and test_seed is None:
+        raise InvalidParameter("--randomness test needs --test-seed N")
+    config = EstimateConfig(epsilon=epsilon, quantile=quantile, contribution=contribution,
+                            columns=tuple(columns) or None, max_l0=max_l0, max_linf=max_linf)
+    iv = requested_interval(spec_path, interval)
+    with open_cli_ledger() as led:
+        est = estimate(spec_path, iv.start, iv.end, config=config, ledger=led, randomness=randomness,
+                       key_path=key_file, test_seed=test_seed if randomness == "test" else None, actor=actor)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    patch = est.patch()
+    head = (f"# dpops estimate: private bound estimation run {est.run_id} (epsilon {epsilon:g} charged to scope "
+            f"{est.spec.budget.scope}).\n# Deep-merge into the spec (mappings merge, lists replace); the release then "
+            "names this estimation in its manifest.\n")
+    (out / "patch.yaml").write_text(head + yaml.safe_dump(patch, sort_keys=False), encoding="utf-8")
+    (out / "result.json").write_text(dumps(est.to_dict()) + "\n", encoding="utf-8")
+    files = {"patch": str(out / "patch.yaml"), "result": str(out / "result.json")}
+    if spec_out is not None:
+        spec = load_spec(spec_path)
+        doc = apply_patch(spec.model_dump(mode="json", exclude_none=True), patch)
+        Path(spec_out).write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+        load_spec(spec_out)  # the patched spec must validate as written
+        files["spec"] = spec_out
+    if as_json:
+        echo_ok({**est.to_dict(), "files": files})
+        return
+    charged = ("nothing charged: served the committed estimation" if est.state == "already_committed"
+               else f"charged epsilon={est.epsilon_charged:g} to scope {est.spec.budget.scope}")
+    click.echo(f"estimation run {est.run_id}: {charged}")
+    r = est.result()
+    if r["max_partitions_per_unit"] is not None:
+        click.echo(f"  max_partitions_per_unit (L0): {r['max_partitions_per_unit']}")
+        click.echo(f"  max_rows_per_unit_per_partition (Linf): {r['max_rows_per_unit_per_partition']}")
+    for col, (lo, hi) in r["bounds"].items():
+        click.echo(f"  bounds of {col}: [{lo:g}, {hi:g}]")
+    click.echo(f"wrote {', '.join(files.values())}; manifest {est.manifest}")
