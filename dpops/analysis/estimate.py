@@ -562,7 +562,7 @@ def run_key_of(ctx: RunContext, config: EstimateConfig) -> RunKey:
                   input_fingerprint=ctx.input_fingerprint, key_id=ctx.key_id)
 
 
-def _random_source(ctx: RunContext, key: RunKey) -> RandomSource:
+def random_source(ctx: RunContext, key: RunKey) -> RandomSource:
     """The run's source: keyed by the noise key and the run key's label, or seeded in test mode."""
     from dpops.randomness import NoiseKey, keyed_random, test_random
 
@@ -639,12 +639,17 @@ def estimate(spec_path: str | os.PathLike[str], interval_start: IntervalBound, i
                           "new run")
     charged = 0.0
     if rec is None:
+        # Another estimation of this interval (another configuration, spec or input) is committed already: the
+        # ledger keeps one current publication per (release, interval), so the new one restates it (linked,
+        # charged afresh); the earlier one stays committed and usable by the releases that name it.
+        published = ledger.published(key.release, ctx.interval.start_iso, ctx.interval.end_iso)
         rec = ledger.reserve(key, spec.budget.scope, evs, actor=ctx.actor,
+                             restates=published.run_id if published is not None else None,
                              details={"randomness": ctx.randomness, "spec": spec.source, "kind": "estimation"})
         charged = float(rec.epsilon or 0.0)
     if rec.state == "reserved":
         try:  # everything that can fail without drawing anything happens before start, and is refunded
-            rng = _random_source(ctx, key)
+            rng = random_source(ctx, key)
             folder = _manifests_dir(spec)
         except BaseException as exc:
             ledger.release(key.run_id, reason=f"failed before any mechanism ran: {public_message(exc)}"[:500],
@@ -652,7 +657,7 @@ def estimate(spec_path: str | os.PathLike[str], interval_start: IntervalBound, i
             raise
         ledger.start(key.run_id, actor=ctx.actor)  # from here on the charge stays
     else:  # started earlier and interrupted: keyed/test noise recomputes the same result, nothing charged again
-        rng = _random_source(ctx, key)
+        rng = random_source(ctx, key)
         folder = _manifests_dir(spec)
     rows = read_rows(ctx, rng.child("estimate", "read"))  # a failure now leaves the run started (charged)
     est = estimate_rows(spec, rows, config, rng)
