@@ -31,7 +31,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dpops.analysis.estimate import Estimate, EstimateConfig, estimate_l0
 from dpops.analysis.accuracy import (
     DEFAULT_CONFIDENCE,
     DEFAULT_GAP,
@@ -40,6 +39,7 @@ from dpops.analysis.accuracy import (
     keep_curve,
     predict,
 )
+from dpops.analysis.estimate import Estimate, EstimateConfig, estimate_l0
 from dpops.analysis.horizon import ACCOUNTANTS, Horizon, HorizonRow
 from dpops.analysis.solver import FitCheck, Solution, solve
 from dpops.analysis.targets import TargetResult, evaluate
@@ -162,8 +162,9 @@ def estimate_bounds(spec_path: str | os.PathLike[str], interval: str, *, epsilon
     iv = requested_interval(spec_path, interval)
     config = EstimateConfig(epsilon=epsilon, quantile=quantile, contribution=contribution,
                             columns=tuple(columns) if columns is not None else None)
-    kw = {"config": config, "randomness": randomness, "key_path": key_path, "test_seed": test_seed, "actor": actor}
     if isinstance(ledger, LedgerClass):
-        return run_estimate(spec_path, iv.start, iv.end, ledger=ledger, **kw)  # type: ignore[arg-type]
+        return run_estimate(spec_path, iv.start, iv.end, config=config, ledger=ledger, randomness=randomness,
+                            key_path=key_path, test_seed=test_seed, actor=actor)
     with open_run_ledger(ledger) as led:
-        return run_estimate(spec_path, iv.start, iv.end, ledger=led, **kw)  # type: ignore[arg-type]
+        return run_estimate(spec_path, iv.start, iv.end, config=config, ledger=led, randomness=randomness,
+                            key_path=key_path, test_seed=test_seed, actor=actor)

@@ -28,10 +28,11 @@ value is at most max(S - Q, Q) * m <= S*m (0 <= Q <= S). Under replace (unit A's
 unit B's) the change is (S - Q)(a_B - a_A) - Q(b_B - b_A); each bracket is at most m in absolute value
 and a_B + b_B <= m, a_A + b_A <= m, so the absolute value is at most (S - Q)*m + Q*m = S*m. And
 |u(c) - u'(c)| <= |(S r - Q n) - (S r' - Q n')| (reverse triangle inequality). So each mechanism is
-epsilon_i-DP with utility sensitivity S*m (a public, data-independent preference for the smaller
-bound is subtracted from u, ``quantile_choice``: it changes no sensitivity); the shares sum to at most the requested epsilon (times
-1 - 1e-9, as in ``dpops.release_plan``) and compose sequentially (basic composition of pure-DP
-events; the ledger's accountant composes the recorded events themselves).
+epsilon_i-DP with utility sensitivity S*m. A public, data-independent preference for bounds near the
+spec's declared ones is subtracted from u (``quantile_choice``); it changes no sensitivity. The shares
+sum to at most the requested epsilon (times 1 - 1e-9, as in ``dpops.release_plan``) and compose
+sequentially (basic composition of pure-DP events; the ledger's accountant composes the recorded
+events themselves).
 
 - **L0** (``estimate_l0``): the items are the units, one per unit, each with its number of distinct
   partitions after the release's row checks (before any bounding): m = 1. r(k) = #{units with at most

@@ -22,7 +22,8 @@ from dpops.errors import InvalidParameter
 @click.option("--interval", required=True,
               help="data interval START/END (ISO-8601 UTC) or the start of one period, as for dpops release run")
 @click.option("--epsilon", "epsilon", type=float, required=True,
-              help="the estimation's own epsilon, charged to the spec's budget scope (split equally over its mechanisms)")
+              help="the estimation's own epsilon, charged to the spec's budget scope (split equally over its "
+                   "mechanisms)")
 @click.option("--quantile", type=float, default=0.99, show_default=True,
               help="share of units (L0, Linf) and of bounded rows (value bounds) the estimated bounds keep whole")
 @click.option("--contribution/--no-contribution", default=True, show_default=True,

@@ -362,7 +362,7 @@ def _check_dependencies(m: dict[str, Any], ledger: Ledger | None, manifests_dir:
         dep = read_manifest(find_manifest(wanted, manifests_dir))
     except DpopsError as exc:
         return [f"dependencies.estimations[0]: estimation {wanted}: {exc}"]
-    out = []
+    out: list[str] = []
     if dep.get("estimation") is None:
         return [f"dependencies.estimations[0]: run {wanted}'s manifest is not an estimation's"]
     res = verify_manifest(dep, ledger=ledger, source=f"estimation {wanted}", check_files=False,
