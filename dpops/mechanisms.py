@@ -246,6 +246,14 @@ def _lattice_sensitivity(sens: float, integer_valued: bool, m: int, norm: str) -
     return r, Fraction(math.ceil(lat))
 
 
+def charged_sensitivity(sens: float, integer_valued: bool, max_coords: int, norm: str) -> float:
+    """The sensitivity a mechanism charges for ``sens`` (the rounding to its grid included): r times the
+    integer ceil(sens/r + m) (L1) or ceil(sens/r + sqrt(m)) (L2); ``sens`` itself for integer queries. The
+    one formula, for ``manifest verify`` to recompute a plan's ``*_sensitivity_charged``."""
+    r, lat = _lattice_sensitivity(float(sens), bool(integer_valued), int(max_coords), norm)
+    return float(r * lat)
+
+
 def _check_common(sens: float, name: str, integer_valued: Any, max_coords: int) -> tuple[float, bool, int]:
     sens = check_positive(sens, name)
     if not isinstance(integer_valued, bool):

@@ -79,17 +79,21 @@ def recompute_sensitivities(m: dict[str, Any]) -> list[str]:
                                f"({m['privacy_unit']['adjacency']}, L0={b.max_partitions}, "
                                f"Linf={b.max_rows_per_partition}"
                                f"{', values ' + str(lohi) if lohi else ''}) give {val!r}")
-            # The charged sensitivity includes the rounding charge r*m (L1) or r*sqrt(m) (L2), never less than raw.
+            # The charged sensitivity includes the rounding charge: r*ceil(raw/r + m) (L1) or r*ceil(raw/r +
+            # sqrt(m)) (L2), never less than raw + r*m; recomputed with the mechanisms' own formula (an
+            # estimated bound such as 2**(j/4) makes raw/r a non-integer, where raw + r*m would be short).
+            from dpops.mechanisms import charged_sensitivity
+
             r, mc = float(v["resolution"]), int(s.max_coords)
             integer = v["mechanism"].startswith("integer_")
             for norm, raw, extra in (("l1", s.l1, r * mc), ("l2", s.l2, r * math.sqrt(mc))):
                 charged = v.get(f"{norm}_sensitivity_charged")
                 if charged is None:
                     continue
-                expect = raw if integer else raw + extra
+                expect = raw if integer else charged_sensitivity(raw, False, mc, norm)
                 if _ne(charged, expect):
                     out.append(f"{vw}.{norm}_sensitivity_charged: manifest says {charged!r}, expected {expect!r} "
-                               f"(raw {raw!r}{'' if integer else f' + rounding {extra!r}'})")
+                               f"(raw {raw!r}{'' if integer else f' + rounding {extra!r}, up to the grid {r!r}'})")
             ev = event_to_dict(event_from_dict(v["event"]))
             scale_field = "scale" if "scale" in ev else "sigma"
             if _ne(ev.get(scale_field), v["scale"]):
