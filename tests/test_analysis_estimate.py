@@ -325,3 +325,43 @@ def test_python_api_estimate_bounds_is_the_cli_path(env):
     assert lo == 0.0 and hi > lo  # a declared lower bound >= 0 is public and kept
     again = analysis.estimate_bounds(spec, "2024-01-01", epsilon=0.6, ledger=url, key_path=str(key))
     assert again.state == "already_committed" and again.result() == est.result()
+
+
+def test_readme_procedure_on_the_shipped_example(tmp_path, capsys, monkeypatch):
+    """README "Command line": `dpops estimate examples/daily_purchases.yaml --interval D --epsilon 0.5
+    --key-file KEY --spec-out ...` on synthetic input (day-bucketed scope with the example's time rule); the
+    patched spec checks, and the estimation's manifest verifies against the ledger."""
+    import shutil
+
+    from dpops.release.reservation import time_rule_of
+    from dpops.spec import load_spec
+
+    for var in ("DPOPS_DATA_ROOTS", "DPOPS_MANIFESTS_DIR", "DPOPS_LEDGER_URL", "DPOPS_NOISE_KEY_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    example = Path(__file__).resolve().parent.parent / "examples" / "daily_purchases.yaml"
+    spec_path = tmp_path / example.name
+    shutil.copy(example, spec_path)
+    assert main(["spec", "synth", str(spec_path), "--from", "2024-01-01", "--to", "2024-01-02", "--rows", "20000",
+                 "--users", "3000", "--partitions", "4", "--json"]) == 0
+    capsys.readouterr()
+    spec = load_spec(spec_path)
+    u = spec.privacy_unit
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    with open_ledger(url) as led:
+        led.create_scope(ScopeDefinition(
+            name=spec.budget.scope, unit=u.description, unit_column=u.column, epsilon=5.0, delta=1e-5, rho=None,
+            accountant="rdp", adjacency=u.adjacency, record_level=False, unit_period=u.period, bucket=u.period,
+            time_rule=time_rule_of(spec)), actor="test")
+    key = tmp_path / "noise.key"
+    NoiseKey.generate(key)
+    out_spec = tmp_path / "daily_purchases.estimated.yaml"
+    assert main(["estimate", str(spec_path), "--interval", "2024-01-01", "--epsilon", "0.5", "--key-file", str(key),
+                 "--spec-out", str(out_spec), "--ledger", url, "--out", str(tmp_path / "est"), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert set(res["result"]["bounds"]) == {"amount"} and res["result"]["max_partitions_per_unit"] >= 1
+    patched = load_spec(out_spec)
+    assert patched.estimated_from == res["run_id"]
+    assert patched.metric("sum_amount").bounds == tuple(res["result"]["bounds"]["amount"])
+    assert main(["spec", "check", str(out_spec)]) == 0
+    capsys.readouterr()
+    assert main(["manifest", "verify", res["run_id"], "--spec", str(spec_path), "--ledger", url]) == 0

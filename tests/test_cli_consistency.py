@@ -85,6 +85,8 @@ def ledger_args(e, tmp_path) -> dict[tuple[str, ...], list[str]]:
         ("tune",): [spec, "--sample", str(e.spec.parent / "data" / "2024-01-01.parquet"),
                     "--i-understand-this-reads-private-data", "--reason", "test", "--key-file", key,
                     "--out", str(tmp_path / "tune-out")],
+        ("estimate",): [spec, "--interval", "2024-01-02", "--epsilon", "0.1", "--key-file", key,
+                        "--out", str(tmp_path / "estimate-out")],
     }
 
 
