@@ -201,6 +201,14 @@ def test_release_names_the_estimation_and_verify_recomputes_both(env, monkeypatc
         bad["contribution_bounds"]["max_partitions_per_unit"] += 1
         assert any("estimated" in p for p in verify_manifest(bad, ledger=led, check_files=False,
                                                              manifests_dir=mdir).problems)
+    # the report verifies every manifest of the scope: the estimation's and the release naming it
+    assert main(["report", "--scope", "shop", "--manifests", str(mdir), "--ledger", url, "--key-file", str(key),
+                 "--out", str(root / "report.html")]) == 0
+    import re
+
+    text = re.sub(r"\s+", " ", re.sub("<[^>]+>", " ", (root / "report.html").read_text()))
+    assert "manifest verification 2 verified" in text and "0 FAILED of 2" in text, text[:2000]
+    assert "Release purchases_est__estimate" in text  # the estimation is a charged run of the scope
     # a spec naming an estimation this ledger never committed is refused before anything is reserved
     doc["estimated_from"] = "0" * 32
     (root / "data" / "2024-01-02.parquet").write_bytes((root / "data" / "2024-01-01.parquet").read_bytes())

@@ -587,6 +587,16 @@ def _manifests_dir(spec: ReleaseSpec) -> Path:
     return d
 
 
+def _result_path(spec: ReleaseSpec, run_id: str) -> Path:
+    """Where the committed result is written: ``<output.root>/estimates/<release>/<run id>.json`` (not in the
+    manifests directory, whose every ``*.json`` is a manifest to the report)."""
+    root = spec.output_root
+    if not root.is_local:
+        raise InvalidParameter(f"estimate: an object-store output root ({root.uri}) is not supported yet for "
+                               "estimations; use a local output.root")
+    return Path(root.local_path) / "estimates" / spec.name / f"{run_id}.json"
+
+
 def _served(spec: ReleaseSpec, config: EstimateConfig, rec: RunRecord) -> Estimate:
     """A committed estimation: its result read back from its manifest (nothing recomputed or charged)."""
     from dpops.manifest.io import find_manifest, read_manifest
@@ -652,6 +662,7 @@ def estimate(spec_path: str | os.PathLike[str], interval_start: IntervalBound, i
         try:  # everything that can fail without drawing anything happens before start, and is refunded
             rng = random_source(ctx, key)
             folder = _manifests_dir(spec)
+            _result_path(spec, key.run_id)
         except BaseException as exc:
             ledger.release(key.run_id, reason=f"failed before any mechanism ran: {public_message(exc)}"[:500],
                            actor=ctx.actor)
@@ -665,10 +676,11 @@ def estimate(spec_path: str | os.PathLike[str], interval_start: IntervalBound, i
     est.run_id = key.run_id
     from dpops.manifest.run_hook import write_run_manifest
 
-    result_uri = (folder / f"estimate-{key.run_id}.json").resolve().as_uri()
+    result_path = _result_path(spec, key.run_id)
+    result_uri = result_path.resolve().as_uri()
     path = write_run_manifest(_EstimationRun(ctx, key), ledger, {"state": "published", "output_uri": result_uri},
                               manifests_dir=folder, estimation=manifest_section(est))
-    _write_result(folder / f"estimate-{key.run_id}.json", est)
+    _write_result(result_path, est)
     from dpops.manifest.io import file_sha256
 
     # the commit entry records the manifest's sha256 (as a release's does): an edit after the commit shows

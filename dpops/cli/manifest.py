@@ -47,7 +47,10 @@ def _folder_of(path: str) -> Any:
     from dpops.storage import is_uri
     from dpops.storage.location import Location
 
-    return Location.parse(path).parent if is_uri(path) else os.path.dirname(os.path.abspath(path))
+    if is_uri(path):
+        loc = Location.parse(path)
+        return str(loc.local_path.parent) if loc.is_local else loc.parent
+    return os.path.dirname(os.path.abspath(path))
 
 
 def _spec_option(fn: Callable[..., Any]) -> Callable[..., Any]:

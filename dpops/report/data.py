@@ -124,6 +124,16 @@ def _manifest_files(directory: str | os.PathLike[str]) -> list[str]:
     return [str(p) for p in sorted(d.rglob("*.json"))]
 
 
+def _folder_of(path: str) -> str | Any:
+    """The directory of a manifest (where the manifests of the runs it depends on are looked up)."""
+    from dpops.storage.location import Location, is_uri
+
+    if is_uri(path):
+        loc = Location.parse(path)
+        return str(loc.local_path.parent) if loc.is_local else loc.parent
+    return os.path.dirname(os.path.abspath(path))
+
+
 def _verify_all(manifests: dict[str, dict[str, Any]], ledger: Any, key: Any, public_key: str | None
                 ) -> dict[str, ManifestCheck]:
     from dpops.manifest.io import file_sha256
@@ -136,7 +146,8 @@ def _verify_all(manifests: dict[str, dict[str, Any]], ledger: Any, key: Any, pub
         chain = None
     for path, m in manifests.items():
         r = verify_manifest(m, ledger=ledger, key=key, public_key=public_key, source=path,
-                            file_name=os.path.basename(path), file_digest=file_sha256(path), chain_report=chain)
+                            file_name=os.path.basename(path), file_digest=file_sha256(path), chain_report=chain,
+                            manifests_dir=_folder_of(path))
         by = {c.name: c for c in r.checks}
         not_checked = [f"{c.name}: {c.skipped}" for c in r.checks if c.skipped]
         not_checked += [f"{c.name}: {c.note}" for c in r.checks if c.note]
