@@ -32,7 +32,7 @@ random subset; the kept rows of a pair are a uniform random subset of min(Linf, 
 two row priorities within a pair (probability ~r^2/2^65 for r rows) is broken by input order: it
 may make the choice depend on arrival order, never the bound.
 
-Exact sums (issue 11 item 4). The noise is charged for Δ + r·m (``dpops.mechanisms``): the
+Exact sums (issue 11 item 4). The noise is charged for Δ + r·m (``dpops.noise.mechanisms``): the
 sensitivity Δ of the *exact* sum, plus the rounding to the noise grid r. A float64 running sum
 is not that function: its rounding error depends on the order of the rows and on the other
 rows' magnitudes, so one unit can move it by more than Δ (2^22 rows of 1.0, a 0.5, the
@@ -43,7 +43,7 @@ another order publish different numbers. So every sum accumulator is built in in
 - each row's term t(x) (x for "sum", x - mid for "nsum", (x - mid)^2 - h^2/2 for "nsq", x
   already clamped) is snapped ONCE, per row, to the grid g of ``sum_unit`` as the integer
   k = rint(t/g), then clipped to [ceil(a/g), floor(b/g)], where [a, b] are the term bounds
-  ``dpops.sensitivity`` derives Δ from (``sum_term_bounds``: the same float expressions). So
+  ``dpops.noise.sensitivity`` derives Δ from (``sum_term_bounds``: the same float expressions). So
   k·g lies in [a, b] for every row, whatever float error the term carries: the integer sum
   sum(k)·g is a sum of per-row terms in [a, b], a function whose sensitivity is exactly the Δ
   already charged. No extra charge is needed for the per-row snap; the noise step then rounds
@@ -84,7 +84,7 @@ _INT64_ROWS = 1 << (62 - SUM_UNIT_BITS)  # fewer rows than this: |sum| < 2**62 i
 def sum_term_bounds(kind: str, lo: float, hi: float) -> tuple[float, float]:
     """[a, b] of the per-row term of accumulator ``kind`` over values clamped to [lo, hi].
 
-    The same float expressions as ``dpops.sensitivity`` (sum_, normalized_sum, variance), so the
+    The same float expressions as ``dpops.noise.sensitivity`` (sum_, normalized_sum, variance), so the
     clip of the fixed-point term to [a, b] is exactly the range the charged Δ was derived from.
     """
     if kind == "sum":

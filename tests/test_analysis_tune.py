@@ -18,7 +18,7 @@ from dpops import analysis as tune_api
 from dpops.analysis.tuning import Candidate, apply_patch, default_grid, grid_from_doc, load_patched
 from dpops.cli.main import main
 from dpops.ledger import ScopeDefinition, open_ledger
-from dpops.randomness import NoiseKey
+from dpops.noise.randomness import NoiseKey
 
 SPEC = {
     "name": "tune_test",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dpops.randomness import test_random
+from dpops.noise.randomness import test_random
 from pipelines.bounding import (
     AggregationSpec,
     aggregate_bucket,

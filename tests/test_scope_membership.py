@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 from dpops import spec as spec_models
 from dpops.cli.main import main
 from dpops.ledger import ScopeDefinition, TimeRule, open_ledger
-from dpops.randomness import NoiseKey
+from dpops.noise.randomness import NoiseKey
 from dpops.release import unit_definition_mismatches
 from dpops.spec import load_spec
 

@@ -292,7 +292,7 @@ def sample_table(spec: ReleaseSpec, sample: str | os.PathLike[str] | pa.Table | 
 
 def _prepare(spec: ReleaseSpec, plan: ReleasePlan, table: pa.Table, seed: int | None) -> dict[str, np.ndarray]:
     """Checked, hashed rows of the whole sample (``prepare_batch`` per record batch, one pair salt)."""
-    from dpops.randomness import os_random, test_random
+    from dpops.noise.randomness import os_random, test_random
     from pipelines.bounding import pair_salt
     from pipelines.io import prepare_batch
 

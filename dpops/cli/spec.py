@@ -208,8 +208,8 @@ def _prediction_text(p: dict[str, Any]) -> str:
 def synth_cmd(file: str, start: str, end: str, rows: int, users: int, partitions: int, seed: int,
               as_json: bool) -> None:
     """Write SYNTHETIC input (never real data) for FILE's intervals in [--from, --to), where the spec's
-    input.path says, with its declared columns, public partitions and metric bounds (dpops.synthetic)."""
-    from dpops.synthetic import generate_for_spec
+    input.path says, with its declared columns, public partitions and metric bounds (dpops.testing.synthetic)."""
+    from dpops.testing.synthetic import generate_for_spec
 
     paths = generate_for_spec(file, start, end, n_rows=rows, n_users=users, n_partitions=partitions, seed=seed)
     if as_json:

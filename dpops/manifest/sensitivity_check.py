@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from dpops import sensitivity as S
 from dpops.events import event_from_dict, event_to_dict
+from dpops.noise import sensitivity as S
 
 _TOL = 1e-9
 

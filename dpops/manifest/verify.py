@@ -8,7 +8,7 @@ Steps, each a named check; any mismatch names the manifest field:
    partition strategy) are exactly what the spec says;
 3. plan: ``plan_release`` re-run on the embedded spec gives every mechanism, parameter and
    sensitivity recorded in ``release_plan`` and exactly the recorded ``events``;
-4. sensitivity: every sensitivity in the plan is recomputed with ``dpops.sensitivity`` from
+4. sensitivity: every sensitivity in the plan is recomputed with ``dpops.noise.sensitivity`` from
    the manifest's own bounds and adjacency;
 5. accounting: the run's ε, recomputed with the *recorded* accountant version, equals the claim;
 6. randomness: a test-mode run never claims to be published;

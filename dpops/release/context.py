@@ -50,7 +50,7 @@ MAX_OS_ATTEMPTS = 100
 
 class NoiseKeyLike(HmacKey, Protocol):
     """The noise key as the steps use it: ``key_id``, ``hmac`` (keyed fingerprints) and ``seal_mac``
-    (the staging seal). ``dpops.randomness.NoiseKey``, or a stand-in in tests and embeddings."""
+    (the staging seal). ``dpops.noise.randomness.NoiseKey``, or a stand-in in tests and embeddings."""
 
     def seal_mac(self, data: bytes) -> str:
         """The staging seal: a keyed MAC of the staged files' payload."""

@@ -35,7 +35,7 @@ from dpops.spec import ReleaseSpec, interval_problems, load_spec
 from dpops.storage import Sealer, open_store
 
 if TYPE_CHECKING:
-    from dpops.randomness import NoiseKey
+    from dpops.noise.randomness import NoiseKey
     from dpops.release_plan import ReleasePlan
 
 def requested_interval(spec_path: str | os.PathLike[str], text: str) -> Interval:
@@ -82,7 +82,7 @@ def _load_key(key_path: str | None) -> NoiseKey:
     ``key_path`` is a key reference (``dpops.keyref``): a file path, file:PATH, or a secret-manager
     reference that the pipeline's workers resolve themselves."""
     from dpops.keyref import FileKeyProvider, resolve_key, scheme_of
-    from dpops.randomness import load_key  # lazy: owned by the mechanisms module
+    from dpops.noise.randomness import load_key  # lazy: owned by the mechanisms module
 
     if not key_path:
         raise InvalidParameter("no noise key file given: pass --key-file PATH or set DPOPS_NOISE_KEY_FILE "
@@ -107,7 +107,7 @@ def _sealer(randomness: str, noise_key: NoiseKeyLike | None) -> Sealer | None:
     """The key that seals this run's staged output (dpops.storage): the noise key in keyed and os mode
     (both always load it), the public test seal key in test mode (never publishable anyway)."""
     if randomness == "test":
-        from dpops.randomness import test_seal_key
+        from dpops.noise.randomness import test_seal_key
 
         return test_seal_key()
     return noise_key

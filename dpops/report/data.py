@@ -311,7 +311,7 @@ def ci95_halfwidth(vector: dict[str, Any]) -> tuple[float, str]:
     fam_integer = vector["mechanism"].split("_", 1)
     family = fam_integer[1] if len(fam_integer) == 2 else vector["mechanism"]
     try:  # prefer the mechanisms module's own exact computation
-        from dpops.mechanisms import NoiseParams
+        from dpops.noise.mechanisms import NoiseParams
 
         params = NoiseParams(family=family, integer_valued=fam_integer[0] == "integer",
                              resolution=float(vector["resolution"]), scale=float(vector["scale"]),

@@ -35,12 +35,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from dpops.calibration import discrete_gaussian_sigma, gaussian_sigma_zcdp
 from dpops.errors import InvalidParameter
 from dpops.events import ApproxDP, PrivacyEvent, PureDP
-from dpops.param_checks import check_bounds, check_delta, check_epsilon, check_positive, check_positive_int
-from dpops.randomness import RandomSource
-from dpops.samplers import (
+from dpops.noise.calibration import discrete_gaussian_sigma, gaussian_sigma_zcdp
+from dpops.noise.randomness import RandomSource
+from dpops.noise.samplers import (
     DiscreteGaussianParam,
     DiscreteLaplaceParam,
     _bernoulli_exp_int,
@@ -52,6 +51,7 @@ from dpops.samplers import (
     discrete_laplace,
     discrete_laplace_param,
 )
+from dpops.param_checks import check_bounds, check_delta, check_epsilon, check_positive, check_positive_int
 
 QUANTILE_Q_BITS = 16  # q is rounded to a multiple of 2**-16 so utilities are integers
 DEFAULT_QUANTILE_CANDIDATES = 1025

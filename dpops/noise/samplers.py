@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dpops.errors import InvalidParameter
-from dpops.randomness import RandomSource
+from dpops.noise.randomness import RandomSource
 
 # Fast path limits: numerators < 2**62 and denominators <= 2**55 keep den*K < 2**63 for
 # every K < 2**8 in Algorithm 1 (P(K >= 256) < 1/255!, and the slow path covers it anyway).
