@@ -30,7 +30,15 @@ from dpops.inputs import (
     public_file_rows,
     resolve_input_paths,
 )
-from dpops.release.context import RANDOMNESS, IntervalBound, NoiseKeyLike, Progress, RunContext, _stage, default_actor
+from dpops.release.context import (
+    RANDOMNESS,
+    IntervalBound,
+    NoiseKeyLike,
+    Progress,
+    RunContext,
+    default_actor,
+    report_stage,
+)
 from dpops.spec import ReleaseSpec, interval_problems, load_spec
 from dpops.storage import Sealer, open_store
 
@@ -156,7 +164,7 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
     if misaligned:
         raise SpecError("\n".join(f"{spec.source}: {m}" for m in misaligned) + "\nnothing was reserved")
     paths = resolve_input_paths(spec, interval.start, interval.end, key_path=key_path)
-    _stage(progress, "fingerprint")
+    report_stage(progress, "fingerprint")
     check_input(spec, paths)
     fingerprint = input_fingerprint(paths, fp_key, public_file_rows(spec))
     plan = (planner or _default_planner)(spec)
