@@ -273,8 +273,9 @@ def scope_position(ledger: Ledger, scope: str, buckets: Sequence[str] | None = N
 
 def make_outcome(ctx: RunContext, ledger: Ledger, state: str, *, record: RunRecord | None = None, charged: float = 0.0,
              message: str = "", output_uri: str | None = None) -> RunOutcome:
-    """The run's one outcome line: note the ledger record on ``ctx``, read the scope's position after it and
-    log the line (at DEBUG while ``QUIET_RUNS`` is set, i.e. inside ``execute_release``). Every step ends a run through this function."""
+    """The run's one outcome line: note the ledger record on ``ctx``, read the scope's position after it
+    and log the line (at DEBUG while ``QUIET_RUNS`` is set, i.e. inside ``execute_release``). Every step
+    ends a run through this function."""
     ctx.note_ledger(record, charged)
     pos = scope_position(ledger, ctx.spec.budget.scope, getattr(record, "buckets", None))  # incl. scope_remaining
     out = RunOutcome(
