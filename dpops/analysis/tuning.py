@@ -4,13 +4,16 @@
 per column and the epsilon split -- on a sample and recommends the one minimising a declared loss.
 
 One pass. The sample is read and checked once (``pipelines.io.prepare_batch``: the release's own type
-checks, hashing and drop rules), and bounded once per distinct (L0, Linf) by the release's own
-``pipelines.bounding.bound_contributions`` -- the one implementation of contribution bounding; there is
-no second one here. The largest (L0, Linf) is bounded from all rows, every smaller one from the rows it
-kept, which gives the same rows (``_bound``) on fewer. Everything else a candidate changes (value
-bounds, epsilon split) is derived from those bounded rows without re-reading or re-bounding: clipping is
-``numpy.clip`` on the bounded values (what ``aggregate_bucket`` does before its fixed-point sum; the
-fixed-point snap moves a sum by at most rows x 2^-31 of the bound, ignored), the noise of each candidate
+checks, hashing and drop rules), and the bounding's two orders are ranked once by the release's own
+``pipelines.bounding.contribution_ranks`` -- the rank of each row among its (unit, partition) pair's rows
+and of each pair among its unit's pairs, under the run's keyed priorities. ``bound_contributions`` is
+that same ranking filtered at one (L0, Linf), so there is one implementation of the bounding rule and no
+second one here. Every candidate's (L0, Linf) is then the vectorised filter ``pair_rank < L0 & row_rank
+< Linf`` (the same rows bound_contributions keeps: a property test compares them for random bounds).
+Everything else a candidate changes (value bounds, epsilon split) is derived from those bounded rows
+without re-reading or re-bounding: clipping is ``numpy.clip`` on the bounded values (what
+``aggregate_bucket`` does before its fixed-point sum; the fixed-point snap moves a sum by at most rows x
+2^-31 of the bound, ignored), the noise of each candidate
 is the prediction of ``dpops.analysis.accuracy.predict`` on the candidate's own ``plan_release`` (the
 mechanisms the pipeline would draw), and keep probabilities are the plan's
 ``PartitionSelection.keep_probability``.
@@ -47,6 +50,7 @@ if TYPE_CHECKING:
 
     from dpops.release_plan import ReleasePlan
     from dpops.spec import ReleaseSpec
+    from pipelines.bounding import ContributionRanks
 
 EVALUATED_TYPES = ("count", "unit_count", "sum", "mean")
 BUCKET_EDGES = (1, 10, 100, 1000, 10_000, 100_000)
@@ -88,7 +92,7 @@ class TuneResult:
     loss: str
     not_evaluated: list[str]
     sample_rows: int
-    boundings: int  # bounding passes: one per distinct (L0, Linf), plus the largest bounds if not in the grid
+    boundings: int  # ranking passes over the rows (always 1: every (L0, Linf) filters the same ranks)
     provenance: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -331,11 +335,8 @@ class _Truth:
 
     parts: np.ndarray  # sorted partition hashes present in the sample
     pidx: np.ndarray  # partition index of every row
-    ucode: np.ndarray  # dense unit code of every row
-    n_units: int
-    pair: np.ndarray  # dense (unit, partition) pair code of every row
+    ranks: ContributionRanks  # the bounding's orders, once (unit and pair codes too)
     pair_part: np.ndarray  # partition index of each pair
-    pair_unit: np.ndarray  # unit code of each pair
     count: np.ndarray
     units: np.ndarray
     sums: dict[str, np.ndarray]  # raw (unclipped) sums per value column
@@ -345,66 +346,68 @@ class _Truth:
 @dataclass
 class _Bounded:
     keep: np.ndarray  # kept row indices
+    kp: np.ndarray  # partition index of each kept row
     count: np.ndarray
     units: np.ndarray
     drops: dict[str, float]
+    sums: dict[tuple[str, float, float] | tuple[str], np.ndarray] = field(default_factory=dict)
+
+    def bounded_sum(self, rows: Mapping[str, np.ndarray], col: str, n: int) -> np.ndarray:
+        """Per partition: the sum of the kept rows' unclipped values of ``col`` (cached per column)."""
+        key: tuple[str] = (col,)
+        if key not in self.sums:
+            self.sums[key] = np.bincount(self.kp, weights=rows[f"v:{col}"][self.keep], minlength=n)
+        return self.sums[key]
+
+    def clipped_sum(self, rows: Mapping[str, np.ndarray], col: str, lo: float, hi: float, n: int) -> np.ndarray:
+        """Per partition: the sum of the kept rows' values of ``col`` clipped to [lo, hi] (cached)."""
+        key = (col, lo, hi)
+        if key not in self.sums:
+            self.sums[key] = np.bincount(self.kp, weights=np.clip(rows[f"v:{col}"][self.keep], lo, hi),
+                                         minlength=n)
+        return self.sums[key]
 
 
-def _truth(rows: dict[str, np.ndarray], value_cols: Sequence[str]) -> _Truth:
+def _truth(rows: dict[str, np.ndarray], ranks: ContributionRanks, value_cols: Sequence[str]) -> _Truth:
     import pandas as pd
 
     pidx, parts = pd.factorize(rows["p"], sort=True)  # codes into the sorted hashes, as np.unique, by hashing
     n = len(parts)
-    ucode, uniq = pd.factorize(rows["u"], sort=False)
-    pair, _ = pd.factorize(ucode.astype(np.int64) * (n + 1) + pidx, sort=False)
-    m = int(pair.max()) + 1
-    first = np.empty(m, np.int64)
-    first[pair[::-1]] = np.arange(len(pair) - 1, -1, -1)
-    pair_part, pair_unit = pidx[first], ucode[first]
+    pair_part = pidx[ranks.first]
     count = np.bincount(pidx, minlength=n).astype(np.float64)
     units = np.bincount(pair_part, minlength=n).astype(np.float64)
     sums = {c: np.bincount(pidx, weights=rows[f"v:{c}"], minlength=n) for c in value_cols}
-    return _Truth(parts, pidx, ucode, len(uniq), pair, pair_part, pair_unit, count, units, sums, _bucket_labels(units))
+    return _Truth(parts, pidx, ranks, pair_part, count, units, sums, _bucket_labels(units))
 
 
-def _bound(rows: dict[str, np.ndarray], truth: _Truth, l0: int, linf: int,
-           within: np.ndarray | None = None) -> _Bounded:
-    """The release's own bounding (``bound_contributions``) and what each step dropped (O(rows) bincounts
-    over the codes ``_truth`` computed once).
+def _bound(truth: _Truth, l0: int, linf: int) -> _Bounded:
+    """The rows bounding at (l0, linf) keeps, and what each step dropped: a vectorised filter of the ranks
+    ``pipelines.bounding.contribution_ranks`` computed once (the release's own orders; ``bound_contributions``
+    is the same filter, and a property test compares the two for random bounds), then O(rows) bincounts.
 
-    ``within``: the rows kept under larger bounds (L0' >= l0, Linf' >= linf) from the same priorities. Bounding
-    those gives exactly the rows bounding everything would: each unit keeps the l0 smallest pair priorities
-    of its L0' smallest, which are its l0 smallest, and each pair the linf smallest row priorities of its
-    Linf' smallest (the orders are total and a subset keeps their relative order; ``pipelines.bounding``
-    module doc). The property test compares this with bounding every candidate from all rows."""
-    from pipelines.bounding import bound_contributions
-
-    if within is None:
-        keep, _, _ = bound_contributions(rows["u"], rows["p"], rows["prio"], l0, linf, rows["pp"])
-    else:
-        sub, _, _ = bound_contributions(rows["u"][within], rows["p"][within], rows["prio"][within], l0, linf,
-                                        rows["pp"][within])
-        keep = within[sub]
-    n_rows = len(rows["u"])
+    L0 drops whole (unit, partition) pairs, Linf rows of kept pairs (``bound_contributions``' own counters).
+    A pair kept by L0 keeps at least its first row (linf >= 1), so the kept pairs are the L0 survivors."""
+    r = truth.ranks
+    n_rows = len(r.pair)
     n = len(truth.parts)
-    count = np.bincount(truth.pidx[keep], minlength=n).astype(np.float64)
-    kept_pair = np.bincount(truth.pair[keep], minlength=len(truth.pair_part)) > 0
+    kept_pair = r.pair_mask(l0)
+    row_pair_kept = kept_pair[r.pair]
+    kept_row = row_pair_kept & r.row_mask(linf)
+    keep = np.flatnonzero(kept_row)
+    kp = truth.pidx[keep]
+    count = np.bincount(kp, minlength=n).astype(np.float64)
     units = np.bincount(truth.pair_part[kept_pair], minlength=n).astype(np.float64)
-    # L0 drops whole (unit, partition) pairs, Linf rows of kept pairs (bound_contributions' own counters)
-    kept_row = np.zeros(n_rows, bool)
-    kept_row[keep] = True
-    row_pair_kept = kept_pair[truth.pair]
     lost_linf = row_pair_kept & ~kept_row
-    n_units = max(1, truth.n_units)
+    n_units = max(1, r.n_units)
     drops = {
         "rows_dropped_l0": float(n_rows - np.count_nonzero(row_pair_kept)) / max(1, n_rows),
         "rows_dropped_linf": float(np.count_nonzero(lost_linf)) / max(1, n_rows),
-        "units_dropped_l0": int(np.count_nonzero(np.bincount(truth.pair_unit[~kept_pair],
-                                                             minlength=truth.n_units))) / n_units,
-        "units_dropped_linf": int(np.count_nonzero(np.bincount(truth.ucode[lost_linf],
-                                                               minlength=truth.n_units))) / n_units,
+        "units_dropped_l0": int(np.count_nonzero(np.bincount(r.pair_unit[~kept_pair],
+                                                             minlength=r.n_units))) / n_units,
+        "units_dropped_linf": int(np.count_nonzero(np.bincount(r.ucode[lost_linf],
+                                                               minlength=r.n_units))) / n_units,
     }
-    return _Bounded(keep, count, units, drops)
+    return _Bounded(keep, kp, count, units, drops)
 
 
 def _noise(plan: ReleasePlan, confidence: float) -> dict[str, tuple[float, float]]:
@@ -437,7 +440,6 @@ def evaluate_candidate(spec: ReleaseSpec, cand: Candidate, rows: dict[str, np.nd
     plan = plan_release(cspec)
     noise = _noise(plan, confidence)
     keep_p = _keep_prob(plan, bounded.units)
-    kp = truth.pidx[bounded.keep]
     n = len(truth.parts)
     out: list[dict[str, Any]] = []
     target_errs: dict[str, dict[str, np.ndarray]] = {}
@@ -453,9 +455,8 @@ def evaluate_candidate(spec: ReleaseSpec, cand: Candidate, rows: dict[str, np.nd
             assert m.bounds is not None and m.column is not None  # sum and mean are bounded metrics
             col = m.column
             lo, hi = float(m.bounds[0]), float(m.bounds[1])
-            v = rows[f"v:{col}"][bounded.keep]
-            sum_b = np.bincount(kp, weights=v, minlength=n)
-            sum_c = np.bincount(kp, weights=np.clip(v, lo, hi), minlength=n)
+            sum_b = bounded.bounded_sum(rows, col, n)
+            sum_c = bounded.clipped_sum(rows, col, lo, hi, n)
             if m.type == "sum":
                 true, est_b, est_c = truth.sums[col], sum_b, sum_c
             else:
@@ -542,7 +543,7 @@ def tune(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any],
     """
     from dpops.analysis import load
     from dpops.release_plan import plan_release
-    from pipelines.bounding import metric_layout
+    from pipelines.bounding import contribution_ranks, metric_layout
 
     s = load(spec)
     grid = list(default_grid(s) if grid is None else grid)
@@ -554,23 +555,33 @@ def tune(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any],
     cols = list(dict.fromkeys(_read_config(s, plan0).needed))
     table = sample_table(s, sample, cols)
     rows = _prepare(s, plan0, table, seed)  # the ONE read
-    if not len(rows["u"]):
+    del table
+    n_rows = int(len(rows["u"]))
+    if not n_rows:
         raise InputDataError("tune: no row of the sample survives the release's input checks (types, nulls, "
                              "public partitions)")
-    truth = _truth(rows, value_cols)
-    bounded: dict[tuple[int, int], _Bounded] = {}
+    # The bounding's orders, ranked once (exact above the grid's smallest L0 and Linf); every candidate is
+    # then a vectorised filter of them (``_bound``). Candidates are evaluated grouped by (L0, Linf) so that
+    # only one bounded row set is held at a time; their outputs keep the grid's order.
+    ranks = contribution_ranks(rows["u"], rows["p"], rows["prio"], rows["pp"],
+                               l0_floor=min(c.l0 for c in grid), linf_floor=min(c.linf for c in grid))
+    truth = _truth(rows, ranks, value_cols)
+    rows = {k: v for k, v in rows.items() if k.startswith("v:")}  # what is left: the values
+    per_cand: list[tuple[list[dict[str, Any]], dict[str, Any]] | None] = [None] * len(grid)
+    by_key: dict[tuple[int, int], list[int]] = {}
+    for i, cand in enumerate(grid):
+        by_key.setdefault((cand.l0, cand.linf), []).append(i)
+    for (l0, linf), idxs in by_key.items():
+        bounded = _bound(truth, l0, linf)
+        for i in idxs:
+            per_cand[i] = evaluate_candidate(s, grid[i], rows, truth, bounded, conf)
+        del bounded
     all_rows: list[dict[str, Any]] = []
     summaries: list[dict[str, Any]] = []
-    # The largest bounds first, from all rows; every other (L0, Linf) from the rows those kept (``_bound``).
-    top = (max(c.l0 for c in grid), max(c.linf for c in grid))
-    bounded[top] = _bound(rows, truth, *top)
-    for cand in grid:
-        key = (cand.l0, cand.linf)
-        if key not in bounded:
-            bounded[key] = _bound(rows, truth, *key, within=bounded[top].keep)
-        r, summ = evaluate_candidate(s, cand, rows, truth, bounded[key], conf)
-        all_rows.extend(r)
-        summaries.append(summ)
+    for item in per_cand:
+        assert item is not None
+        all_rows.extend(item[0])
+        summaries.append(item[1])
     if loss is None:
         loss = "targets" if any(x["target_ratio"] is not None for x in summaries) else "mean_relative_rmse"
     if loss not in LOSSES:
@@ -581,7 +592,7 @@ def tune(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any],
         x["loss"] = lv
     best = int(np.argmin(np.asarray(losses)))
     not_eval = [m.key for m in plan0.metrics if m.type not in EVALUATED_TYPES]
-    return TuneResult(s, grid, all_rows, summaries, best, loss, not_eval, int(len(rows["u"])), len(bounded))
+    return TuneResult(s, grid, all_rows, summaries, best, loss, not_eval, n_rows, 1)
 
 
 __all__ = ["Candidate", "TuneResult", "tune", "default_grid", "grid_from_doc", "spec_patch", "apply_patch",
