@@ -10,7 +10,8 @@ benchmarks/out/data/.
   one ranking of the bounding's orders (``pipelines.bounding.contribution_ranks``), then per distinct
   (L0, Linf) a vectorised filter of the ranks, and each candidate's plan and predictions.
 
-Each case runs in its own subprocess (wall time of the call, after imports; peak RSS from ``os.wait4``).
+Each case runs in its own subprocess (wall time of the call, after imports -- the release's pipeline
+module and tune's reader and bounding modules alike; peak RSS from ``os.wait4``).
 ``--repeat N`` interleaves N (release, tune) pairs, so that load from other processes on a shared
 machine hits both cases alike; the ratio reported is median(tune) / median(release), with each pair's
 own ratio alongside.
@@ -59,6 +60,8 @@ def child(case: str, n: int) -> dict:
         t = time.time()
         run_release(req)
         return {"case": case, "rows": n, "seconds": time.time() - t}
+    import pipelines.bounding  # noqa: F401 - imported before timing, as the release case imports run_release
+    import pipelines.io  # noqa: F401
     from dpops import analysis
     from dpops.analysis.tuning import grid_from_doc
 

@@ -100,8 +100,13 @@ def test_recommendation_meets_targets_when_a_candidate_can(tmp_path):
     # the patch applies and gives a valid spec with the recommended bounds
     from dpops.analysis.tune_output import patch_document
 
-    patched = load_patched(tune_api.load(spec), patch_document(res, {"source": "public"})["patch"])
+    prov = {"source": "public", "sample": "public/s.parquet", "checked_at": "2024-01-01T00:00:00+00:00"}
+    patched = load_patched(tune_api.load(spec), patch_document(res, prov)["patch"])
     assert patched.contribution.max_partitions_per_unit == res.recommended.l0
+    assert patched.tuning is not None and patched.tuning.candidate == res.recommended.label
+    assert patched.tuning.statement == "bounds chosen by dpops tune on a public sample on 2024-01-01"
+    assert patched.spec_hash == load_patched(tune_api.load(spec), {k: v for k, v in patch_document(res, prov)[
+        "patch"].items() if k != "tuning"}).spec_hash  # provenance is outside the spec hash
 
 
 def test_default_grid_and_bad_grid(tmp_path):

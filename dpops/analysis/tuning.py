@@ -294,24 +294,46 @@ def sample_table(spec: ReleaseSpec, sample: str | os.PathLike[str] | pa.Table | 
     return table.select(list(columns))
 
 
-def _prepare(spec: ReleaseSpec, plan: ReleasePlan, table: pa.Table, seed: int | None) -> dict[str, np.ndarray]:
-    """Checked, hashed rows of the whole sample (``prepare_batch`` per record batch, one pair salt)."""
+def _prepare(spec: ReleaseSpec, plan: ReleasePlan, sample: str | os.PathLike[str] | pa.Table | pd.DataFrame,
+             seed: int | None) -> dict[str, np.ndarray]:
+    """Checked, hashed rows of the whole sample (``prepare_batch`` per record batch, one pair salt).
+
+    A path is read by the release's own reader (``pipelines.io.work_items`` and ``iter_record_batches``:
+    the same row groups, batches and CSV dialect as a release), streamed batch by batch so that only the
+    prepared numeric rows are held, never the sample's Arrow table; a table or DataFrame is cut into
+    batches of the same size."""
+    import dataclasses
+
     from dpops.randomness import os_random, test_random
     from pipelines.bounding import pair_salt
-    from pipelines.io import prepare_batch
+    from pipelines.io import iter_record_batches, prepare_batch, work_items
 
     cfg = _read_config(spec, plan)
     rng = os_random() if seed is None else test_random(int(seed), ("tune",))
     salt = pair_salt(rng)
     parts: list[dict[str, np.ndarray]] = []
-    offset = 0
-    for i, batch in enumerate(table.to_batches(max_chunksize=cfg.batch_rows)):
-        rows, _, _ = prepare_batch(batch, 0, offset, cfg, rng.child("bounding", 0, -1, i), pair_salt=salt)
-        parts.append(rows)
-        offset += batch.num_rows
+    if isinstance(sample, (str, os.PathLike)):
+        path = os.fspath(sample)
+        fmt = "csv" if path.endswith(".csv") else "parquet" if path.endswith(".parquet") else spec.input.format
+        cfg = dataclasses.replace(cfg, format=fmt)
+        for item in work_items([path], fmt):
+            for seq, (batch, offset) in enumerate(iter_record_batches(item, cfg)):
+                child = rng.child("bounding", item[0], -1 if item[2] is None else item[2], seq)
+                rows, _, _ = prepare_batch(batch, item[0], offset, cfg, child, pair_salt=salt)
+                parts.append(rows)
+    else:
+        table = sample_table(spec, sample, list(dict.fromkeys(cfg.needed)))
+        offset = 0
+        for i, batch in enumerate(table.to_batches(max_chunksize=cfg.batch_rows)):
+            rows, _, _ = prepare_batch(batch, 0, offset, cfg, rng.child("bounding", 0, -1, i), pair_salt=salt)
+            parts.append(rows)
+            offset += batch.num_rows
     if not parts:
         raise InputDataError("tune: the sample has no rows")
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    out: dict[str, np.ndarray] = {}
+    for k in list(parts[0]):
+        out[k] = np.concatenate([p.pop(k) for p in parts])  # one column at a time: the batches go as it grows
+    return out
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -552,10 +574,7 @@ def tune(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any],
     conf = float(confidence if confidence is not None else (s.accuracy.confidence if s.accuracy else 0.95))
     plan0 = plan_release(s)
     value_cols = metric_layout(plan0)[0]
-    cols = list(dict.fromkeys(_read_config(s, plan0).needed))
-    table = sample_table(s, sample, cols)
-    rows = _prepare(s, plan0, table, seed)  # the ONE read
-    del table
+    rows = _prepare(s, plan0, sample, seed)  # the ONE read
     n_rows = int(len(rows["u"]))
     if not n_rows:
         raise InputDataError("tune: no row of the sample survives the release's input checks (types, nulls, "
