@@ -248,11 +248,14 @@ class ContributionRanks:
     is this filter at one (l0, linf), so the rule has one owner.
 
     Also the dense codes the ranks were computed over, for callers that aggregate per unit, pair or
-    partition without factorizing again: ``ucode`` (unit code per row), ``pair`` (pair code per row),
-    ``first`` (a representative row of each pair), ``pair_unit`` (unit code per pair)."""
+    partition without factorizing again: ``ucode`` (unit code per row), ``pcode`` (partition code per row,
+    in order of first appearance), ``pair`` (pair code per row), ``first`` (a representative row of each
+    pair), ``pair_unit`` (unit code per pair)."""
 
     ucode: np.ndarray
     n_units: int
+    pcode: np.ndarray
+    n_parts: int
     pair: np.ndarray
     first: np.ndarray
     pair_unit: np.ndarray
@@ -304,7 +307,7 @@ def contribution_ranks(u: np.ndarray, p: np.ndarray, prio: np.ndarray, pp: np.nd
     n = len(u)
     if n == 0:
         z = np.zeros(0, np.int64)
-        return ContributionRanks(z, 0, z, z, z, np.zeros(0, np.int32), z, l0_floor, linf_floor)
+        return ContributionRanks(z, 0, z, 0, z, z, z, np.zeros(0, np.int32), z, l0_floor, linf_floor)
     # Dense codes by hashing (O(n)).
     ucode, uniq_u = pd.factorize(u, sort=False)
     pcode, uniq_p = pd.factorize(p, sort=False)
@@ -329,7 +332,8 @@ def contribution_ranks(u: np.ndarray, p: np.ndarray, prio: np.ndarray, pp: np.nd
     if bigu.any():
         pidx = np.flatnonzero(bigu)
         pair_rank[pidx] = _ranks_within(pair_unit[pidx], pp[first[pidx]], p[first[pidx]], len(pidx))
-    return ContributionRanks(ucode, len(uniq_u), pair, first, pair_unit, row_rank, pair_rank, l0_floor, linf_floor)
+    return ContributionRanks(ucode, len(uniq_u), pcode, len(uniq_p), pair, first, pair_unit, row_rank, pair_rank,
+                             l0_floor, linf_floor)
 
 
 def bound_contributions(u: np.ndarray, p: np.ndarray, prio: np.ndarray, l0: int, linf: int,

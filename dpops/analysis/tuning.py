@@ -355,7 +355,7 @@ def _bucket_order(labels: np.ndarray) -> list[str]:
 class _Truth:
     """What every candidate shares: the sample's exact per-partition values and dense codes (computed once)."""
 
-    parts: np.ndarray  # sorted partition hashes present in the sample
+    n_parts: int  # partitions present in the sample
     pidx: np.ndarray  # partition index of every row
     ranks: ContributionRanks  # the bounding's orders, once (unit and pair codes too)
     pair_part: np.ndarray  # partition index of each pair
@@ -391,15 +391,13 @@ class _Bounded:
 
 
 def _truth(rows: dict[str, np.ndarray], ranks: ContributionRanks, value_cols: Sequence[str]) -> _Truth:
-    import pandas as pd
-
-    pidx, parts = pd.factorize(rows["p"], sort=True)  # codes into the sorted hashes, as np.unique, by hashing
-    n = len(parts)
+    pidx = ranks.pcode  # partition codes (first-appearance order) from the ranking: no second factorize
+    n = ranks.n_parts
     pair_part = pidx[ranks.first]
     count = np.bincount(pidx, minlength=n).astype(np.float64)
     units = np.bincount(pair_part, minlength=n).astype(np.float64)
     sums = {c: np.bincount(pidx, weights=rows[f"v:{c}"], minlength=n) for c in value_cols}
-    return _Truth(parts, pidx, ranks, pair_part, count, units, sums, _bucket_labels(units))
+    return _Truth(n, pidx, ranks, pair_part, count, units, sums, _bucket_labels(units))
 
 
 def _bound(truth: _Truth, l0: int, linf: int) -> _Bounded:
@@ -411,7 +409,7 @@ def _bound(truth: _Truth, l0: int, linf: int) -> _Bounded:
     A pair kept by L0 keeps at least its first row (linf >= 1), so the kept pairs are the L0 survivors."""
     r = truth.ranks
     n_rows = len(r.pair)
-    n = len(truth.parts)
+    n = truth.n_parts
     kept_pair = r.pair_mask(l0)
     row_pair_kept = kept_pair[r.pair]
     kept_row = row_pair_kept & r.row_mask(linf)
@@ -462,7 +460,7 @@ def evaluate_candidate(spec: ReleaseSpec, cand: Candidate, rows: dict[str, np.nd
     plan = plan_release(cspec)
     noise = _noise(plan, confidence)
     keep_p = _keep_prob(plan, bounded.units)
-    n = len(truth.parts)
+    n = truth.n_parts
     out: list[dict[str, Any]] = []
     target_errs: dict[str, dict[str, np.ndarray]] = {}
     for m in plan.metrics:
