@@ -448,19 +448,26 @@ def quantile_candidates(lo: float, hi: float, n_bins: int) -> np.ndarray:
     return lo + (hi - lo) * np.arange(n_bins + 1, dtype=np.float64) / n_bins
 
 
-def _histogram(pidx: np.ndarray, n_parts: int, x: np.ndarray, lo: float, hi: float, n_bins: int) -> np.ndarray:
-    """Counts per (partition, j) of values whose smallest candidate >= value is c_j.
+def quantile_bins(x: np.ndarray, lo: float, hi: float, n_bins: int) -> np.ndarray:
+    """Per value (already clamped to [lo, hi]): the index j of the smallest candidate c_j >= the value.
 
-    Then rank(c_j) = #values <= c_j is the running sum over j: what the quantile utility needs.
-    """
+    The quantile histogram's bin of each row (``_histogram``), so rank(c_j) = #values <= c_j is the running
+    sum of the counts over j; ``dpops.analysis.tuning`` bins a sample's bounded rows with it too."""
     if hi > lo:
         j = np.ceil((x - lo) / (hi - lo) * n_bins).astype(np.int64)
         j = np.clip(j, 0, n_bins)
         # guard float rounding: the bin's candidate must be >= the value
         cand = quantile_candidates(lo, hi, n_bins)
-        j = np.where(cand[j] < x, np.minimum(j + 1, n_bins), j)
-    else:
-        j = np.zeros(len(x), np.int64)
+        return np.where(cand[j] < x, np.minimum(j + 1, n_bins), j)
+    return np.zeros(len(x), np.int64)
+
+
+def _histogram(pidx: np.ndarray, n_parts: int, x: np.ndarray, lo: float, hi: float, n_bins: int) -> np.ndarray:
+    """Counts per (partition, j) of values whose smallest candidate >= value is c_j (``quantile_bins``).
+
+    Then rank(c_j) = #values <= c_j is the running sum over j: what the quantile utility needs.
+    """
+    j = quantile_bins(x, lo, hi, n_bins)
     width = n_bins + 1
     return np.bincount(pidx * width + j, minlength=n_parts * width).reshape(n_parts, width).astype(np.int64)
 

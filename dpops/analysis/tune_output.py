@@ -159,8 +159,9 @@ def html_page(result: TuneResult, provenance: Mapping[str, Any]) -> str:
     ccols = ["candidate", "loss", "mean_relative_rmse", "max_relative_rmse", "target_ratio", "rows_dropped_l0",
              "rows_dropped_linf", "units_dropped_l0", "units_dropped_linf", "expected_partitions_kept"]
     best_rows = [r for r in result.rows if r["candidate"] == result.recommended.label]
-    rcols = ["metric", "bucket", "partitions", "noise_std", "bias_bounding", "bias_clipping", "rmse", "relative_rmse",
-             "expected_partitions_kept"]
+    rcols = ["metric", "quantity", "bucket", "partitions", "noise_std", "noise_value_error", "rank_error_fraction",
+             "bias_bounding", "bias_clipping", "rmse", "relative_rmse", "top_pick_probability",
+             "top_changed_by_bounding", "expected_partitions_kept"]
     ne = ", ".join(result.not_evaluated) or "none"
     return (
         "<!doctype html><html><head><meta charset=\"utf-8\">"

@@ -22,9 +22,13 @@ What is reported, per candidate, metric and partition-size bucket (partitions bu
 true number of units in the sample): expected RMSE = sqrt(noise variance + squared bias), the bias
 from bounding (bounded unclipped minus true) and from clipping (clipped minus bounded), the relative
 RMSE, and, per candidate: the share of rows and of units dropped by the L0 and by the Linf step and
-the expected number of partitions kept. Metrics evaluated: count, unit_count, sum, mean. Variance,
-quantiles and top_k are not evaluated (listed in ``TuneResult.not_evaluated``): tuning says nothing
-about them rather than something wrong.
+the expected number of partitions kept. count, unit_count, sum and mean use the plan's noise (a mean's
+at 1,000 rows, scaled by 1/n); variance uses ``accuracy.variance_error`` at each partition's bounded
+rows and clipped moments; quantiles the noiseless grid pick on the bounded, clipped rows (bias) and the
+plan's expected rank error (noise, in rows, as a fraction of the partition, and in value units on the
+sample's histogram); top_k whether bounding changed the leader and the plan's probability of returning
+the true leader first at its bounded lead (no RMSE: the output is a category). ``TuneResult.not_evaluated``
+lists any metric type tune cannot judge (none of today's types).
 
 Privacy. Nothing here is differentially private: the output is a function of the sample's exact
 values. That is why the sample must be public or synthetic data (``dpops.analysis.sample_access``
@@ -36,7 +40,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -48,11 +52,11 @@ if TYPE_CHECKING:
     import pandas as pd
     import pyarrow as pa
 
-    from dpops.release_plan import ReleasePlan
+    from dpops.release_plan import MetricPlan, ReleasePlan
     from dpops.spec import ReleaseSpec
     from pipelines.bounding import ContributionRanks
 
-EVALUATED_TYPES = ("count", "unit_count", "sum", "mean")
+EVALUATED_TYPES = ("count", "unit_count", "sum", "mean", "variance", "quantiles", "top_k")
 BUCKET_EDGES = (1, 10, 100, 1000, 10_000, 100_000)
 _REF_UNITS = 1000  # the partition size at which a mean's noise is predicted, then scaled by 1/n (first order)
 LOSSES = ("targets", "mean_relative_rmse", "max_relative_rmse")
@@ -252,7 +256,7 @@ def _read_config(spec: ReleaseSpec, plan: ReleasePlan):
         pub = np.sort(hash_partition_tuples(list(plan.public_partitions), tuple(plan.partition_columns), types))
     return ReadConfig(format=spec.input.format, types=types, unit_column=unit_col,
                       partition_columns=tuple(plan.partition_columns), value_columns=value_cols,
-                      category_columns={}, public_hashes=pub)
+                      category_columns=cats, public_hashes=pub)
 
 
 def sample_table(spec: ReleaseSpec, sample: str | os.PathLike[str] | pa.Table | pd.DataFrame,
@@ -363,6 +367,13 @@ class _Truth:
     units: np.ndarray
     sums: dict[str, np.ndarray]  # raw (unclipped) sums per value column
     bucket: np.ndarray
+    cache: dict[tuple[Any, ...], np.ndarray] = field(default_factory=dict)
+
+    def cached(self, key: tuple[Any, ...], make: Callable[[], np.ndarray]) -> np.ndarray:
+        """``make()`` once per key for the whole grid (exact per-partition values of the sample)."""
+        if key not in self.cache:
+            self.cache[key] = make()
+        return self.cache[key]
 
 
 @dataclass
@@ -373,6 +384,13 @@ class _Bounded:
     units: np.ndarray
     drops: dict[str, float]
     sums: dict[tuple[str, float, float] | tuple[str], np.ndarray] = field(default_factory=dict)
+    cache: dict[tuple[Any, ...], np.ndarray] = field(default_factory=dict)
+
+    def cached(self, key: tuple[Any, ...], make: Callable[[], np.ndarray]) -> np.ndarray:
+        """``make()`` once per key for this (L0, Linf): shared by the candidates of the same bounds."""
+        if key not in self.cache:
+            self.cache[key] = make()
+        return self.cache[key]
 
     def bounded_sum(self, rows: Mapping[str, np.ndarray], col: str, n: int) -> np.ndarray:
         """Per partition: the sum of the kept rows' unclipped values of ``col`` (cached per column)."""
@@ -464,6 +482,14 @@ def evaluate_candidate(spec: ReleaseSpec, cand: Candidate, rows: dict[str, np.nd
     out: list[dict[str, Any]] = []
     target_errs: dict[str, dict[str, np.ndarray]] = {}
     for m in plan.metrics:
+        if m.type in _OTHER_TYPES:
+            extra, errs = _OTHER_TYPES[m.type](plan, m, rows, truth, bounded, confidence)
+            for r in extra:
+                out.append({"candidate": cand.label, "l0": cand.l0, "linf": cand.linf, **r,
+                            "expected_partitions_kept": float(np.sum(keep_p[truth.bucket == r["bucket"]]))})
+            if errs is not None:
+                target_errs[m.key] = errs
+            continue
         if m.type not in EVALUATED_TYPES or m.key not in noise:
             continue
         std, half = noise[m.key]
@@ -508,14 +534,161 @@ def evaluate_candidate(spec: ReleaseSpec, cand: Candidate, rows: dict[str, np.nd
                 "relative_rmse": float(np.mean(rel[sel])),
                 "expected_partitions_kept": float(np.sum(keep_p[sel])),
             })
+    rels = [r["relative_rmse"] for r in out if r.get("relative_rmse") is not None]  # top_k has none
     summary = {"candidate": cand.label, "l0": cand.l0, "linf": cand.linf,
                "bounds": {c: [lo, hi] for c, lo, hi in cand.bounds} or None,
                "split": dict(cand.split) if cand.split is not None else None,
                **bounded.drops, "partitions": n, "expected_partitions_kept": float(np.sum(keep_p)),
-               "mean_relative_rmse": float(np.mean([r["relative_rmse"] for r in out])) if out else math.inf,
-               "max_relative_rmse": float(np.max([r["relative_rmse"] for r in out])) if out else math.inf}
+               "mean_relative_rmse": float(np.mean(rels)) if rels else math.inf,
+               "max_relative_rmse": float(np.max(rels)) if rels else math.inf}
     summary["target_ratio"] = _target_ratio(spec, plan, target_errs)
     return out, summary
+
+
+def _buckets(truth: _Truth, m: MetricPlan, quantity: str, cols: Mapping[str, np.ndarray | None],
+             rms: Sequence[str] = ("rmse",)) -> list[dict[str, Any]]:
+    """Per size bucket: the mean of each per-partition array in ``cols`` (root mean square for ``rms``)."""
+    out = []
+    for b in _bucket_order(truth.bucket):
+        sel = truth.bucket == b
+        row: dict[str, Any] = {"metric": m.key, "type": m.type, "quantity": quantity,
+                               "bounds": None if m.bounds is None else [float(m.bounds[0]), float(m.bounds[1])],
+                               "bucket": b, "partitions": int(np.count_nonzero(sel))}
+        for k, arr in cols.items():
+            if arr is None:
+                row[k] = None
+            elif k in rms:
+                row[k] = float(np.sqrt(np.mean(arr[sel] ** 2)))
+            else:
+                row[k] = float(np.mean(arr[sel]))
+        out.append(row)
+    return out
+
+
+def _variance_rows(plan: ReleasePlan, m: MetricPlan, rows: Mapping[str, np.ndarray], truth: _Truth,
+                   bounded: _Bounded, confidence: float) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
+    """Variance: bias from bounding and clipping on the sample's exact per-partition moments; the noise of
+    each partition from ``accuracy.variance_error`` at its bounded row count and clipped centred moments
+    (the release's three noisy vectors, first order in 1/n). The released value is clamped to [0, h^2]."""
+    from dpops.analysis.accuracy import variance_error
+
+    assert m.bounds is not None and m.column is not None
+    col, lo, hi = m.column, float(m.bounds[0]), float(m.bounds[1])
+    n, mid, h = truth.n_parts, (lo + hi) / 2.0, (hi - lo) / 2.0
+    v = rows[f"v:{col}"]
+    t2 = truth.cached(("sq", col), lambda: np.bincount(truth.pidx, weights=v * v, minlength=n))
+    b1 = bounded.bounded_sum(rows, col, n)
+    b2 = bounded.cached(("sq", col), lambda: np.bincount(bounded.kp, weights=v[bounded.keep] ** 2, minlength=n))
+    c1 = bounded.clipped_sum(rows, col, lo, hi, n)
+    c2 = bounded.cached(("sqc", col, lo, hi), lambda: np.bincount(
+        bounded.kp, weights=np.clip(v[bounded.keep], lo, hi) ** 2, minlength=n))
+    tc, bc = np.maximum(truth.count, 1.0), np.maximum(bounded.count, 1.0)
+    true = np.maximum(t2 / tc - (truth.sums[col] / tc) ** 2, 0.0)
+    var_b = np.maximum(b2 / bc - (b1 / bc) ** 2, 0.0)
+    var_c = np.clip(c2 / bc - (c1 / bc) ** 2, 0.0, h * h)
+    m1 = c1 / bc - mid
+    m2 = c2 / bc - 2 * mid * c1 / bc + mid * mid
+    std = np.empty(n)
+    half = np.empty(n)
+    for i in range(n):  # one partition at a time: the owner of the formula is accuracy.variance_error
+        std[i], half[i], _, _ = variance_error(plan, m, int(bc[i]), float(m1[i]), float(m2[i]), confidence)
+    bias = var_c - true
+    rmse = np.sqrt(std ** 2 + bias ** 2)
+    denom = np.maximum(np.abs(true), 1e-12)
+    err = half + np.abs(bias)
+    rows_out = _buckets(truth, m, "variance", {"noise_std": std, "bias_bounding": var_b - true,
+                                               "bias_clipping": var_c - var_b, "rmse": rmse,
+                                               "relative_rmse": rmse / denom})
+    return rows_out, {"abs": err, "rel": err / denom, "units": truth.units}
+
+
+def _quantile_rows(plan: ReleasePlan, m: MetricPlan, rows: Mapping[str, np.ndarray], truth: _Truth,
+                   bounded: _Bounded, confidence: float) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
+    """Quantiles: per partition and quantile, the noiseless pick of the release's histogram utility on the
+    bounded, clipped rows (``pipelines.bounding.quantile_bins``: the grid candidate of least |rank - q n|)
+    against the true quantile of the raw rows (inverted CDF), split into the bias from bounding (the bounded
+    rows' raw quantile minus the true one) and from clipping and the grid (the pick minus that). The
+    noise is the plan's expected rank error E (``accuracy.quantile_rank_error``, rows): reported as is, as a
+    fraction of the partition's bounded rows (what a rank_error target judges), and in value units as half
+    the span of grid candidates within E ranks of the pick on the sample's own histogram."""
+    from dpops.analysis.accuracy import quantile_rank_error
+    from pipelines.bounding import quantile_bins, quantile_candidates
+
+    assert m.bounds is not None and m.column is not None and m.n_bins is not None
+    col, lo, hi, nb = m.column, float(m.bounds[0]), float(m.bounds[1]), int(m.n_bins)
+    n = truth.n_parts
+    v = rows[f"v:{col}"]
+    cand = quantile_candidates(lo, hi, nb)
+    order = truth.cached(("order", col), lambda: np.lexsort((v, truth.pidx)))
+    korder = bounded.cached(("order", col), lambda: order[np.isin(order, bounded.keep, assume_unique=True)])
+    j = bounded.cached(("bins", col, lo, hi, nb), lambda: quantile_bins(np.clip(v[bounded.keep], lo, hi), lo, hi, nb))
+    hist = np.bincount(bounded.kp * (nb + 1) + j, minlength=n * (nb + 1)).reshape(n, nb + 1)
+    ranks = np.cumsum(hist, axis=1)
+    total = ranks[:, -1].astype(np.float64)
+    e_rank = quantile_rank_error(m)
+    tcount, bcount = truth.count.astype(np.int64), bounded.count.astype(np.int64)
+    tstart = np.r_[0, np.cumsum(tcount)[:-1]]
+    bstart = np.r_[0, np.cumsum(bcount)[:-1]]
+    out: list[dict[str, Any]] = []
+    worst_rank = np.zeros(n)
+    for q, suffix in zip(m.quantiles, m.quantile_suffixes, strict=True):
+        pick = np.argmin(np.abs(ranks - q * total[:, None]), axis=1)
+        est_c = cand[pick]
+        kt = np.clip(np.ceil(q * tcount).astype(np.int64) - 1, 0, np.maximum(tcount - 1, 0))
+        true = v[order[tstart + kt]]
+        kb = np.clip(np.ceil(q * bcount).astype(np.int64) - 1, 0, np.maximum(bcount - 1, 0))
+        has = bcount > 0
+        bnd = np.where(has, v[korder[np.minimum(bstart + kb, max(len(korder) - 1, 0))]] if len(korder) else est_c,
+                       est_c)  # every row dropped by bounding: all the error is bounding's
+        r0 = ranks[np.arange(n), pick][:, None]
+        lo_j = np.sum(ranks < r0 - e_rank, axis=1)
+        hi_j = np.minimum(np.sum(ranks < r0 + e_rank, axis=1), nb)
+        noise_v = (cand[hi_j] - cand[lo_j]) / 2.0
+        bias = est_c - true
+        rmse = np.sqrt(noise_v ** 2 + bias ** 2)
+        denom = np.maximum(np.abs(true), 1e-12)
+        frac = e_rank / np.maximum(bcount, 1)
+        worst_rank = np.maximum(worst_rank, frac)
+        out.extend(_buckets(truth, m, suffix, {
+            "noise_std": None, "noise_value_error": noise_v, "expected_rank_error": np.full(n, e_rank),
+            "rank_error_fraction": frac, "bias_bounding": bnd - true, "bias_clipping": est_c - bnd, "rmse": rmse,
+            "relative_rmse": rmse / denom}))
+    return out, {"rank": worst_rank, "units": truth.units}
+
+
+def _top_k_rows(plan: ReleasePlan, m: MetricPlan, rows: Mapping[str, np.ndarray], truth: _Truth,
+                bounded: _Bounded, confidence: float) -> tuple[list[dict[str, Any]], None]:
+    """top_k: whether bounding changed a partition's top category (true counts on all rows against counts on
+    the bounded rows, values outside the declared domain not counted, as in the release), and the plan's
+    probability of returning the true top category first at the lead it has in the bounded counts
+    (``accuracy.top_pick``; 0 where bounding made another category lead: a lower bound). No RMSE: the output
+    is a category, not a number, so top_k rows take no part in the RMSE losses."""
+    from dpops.analysis.accuracy import top_pick
+
+    assert m.column is not None and m.domain is not None
+    col, k, n = m.column, len(m.domain), truth.n_parts
+    codes = rows[f"c:{col}"].astype(np.int64)
+
+    def counts(pidx: np.ndarray, c: np.ndarray) -> np.ndarray:
+        ok = c >= 0
+        return np.bincount(pidx[ok] * k + c[ok], minlength=n * k).reshape(n, k)
+
+    tc = truth.cached(("cat", col), lambda: counts(truth.pidx, codes))
+    bc = bounded.cached(("cat", col), lambda: counts(bounded.kp, codes[bounded.keep]))
+    top = np.argmax(tc, axis=1)
+    lead = bc[np.arange(n), top]
+    others = bc.copy()
+    others[np.arange(n), top] = -1
+    gap = lead - (others.max(axis=1) if k > 1 else np.zeros(n, np.int64))
+    cache: dict[int, float] = {}
+    prob = np.array([cache.setdefault(int(g), top_pick(m, int(g))) if g >= 0 else 0.0 for g in gap])
+    changed = (np.argmax(bc, axis=1) != top).astype(np.float64)
+    return _buckets(truth, m, "rank1", {"top_pick_probability": prob, "top_changed_by_bounding": changed,
+                                        "noise_std": None, "rmse": None, "relative_rmse": None}), None
+
+
+_OTHER_TYPES: dict[str, Callable[..., tuple[list[dict[str, Any]], dict[str, np.ndarray] | None]]] = {
+    "variance": _variance_rows, "quantiles": _quantile_rows, "top_k": _top_k_rows}
 
 
 def _target_ratio(spec: ReleaseSpec, plan: ReleasePlan, errs: Mapping[str, Mapping[str, np.ndarray]]) -> float | None:
@@ -523,8 +696,9 @@ def _target_ratio(spec: ReleaseSpec, plan: ReleasePlan, errs: Mapping[str, Mappi
 
     An error target on metric m at n units is judged on the sample's partitions in the size bucket of n
     (all partitions if that bucket is empty): achieved = mean of (noise half-width + |bias|), absolute or
-    relative to the partition's true value. A keep target compares P(not kept at n) with the allowed
-    1 - min_probability. Targets on metrics tune does not evaluate are skipped (None if none is left)."""
+    relative to the partition's true value. A rank_error target compares the expected rank error as a
+    fraction of the bucket's bounded rows with max_rank_error. A keep target compares P(not kept at n) with
+    the allowed 1 - min_probability. top_pick targets are not judged here (None if no target is left)."""
     if spec.accuracy is None:
         return None
     worst: float | None = None
@@ -541,6 +715,13 @@ def _target_ratio(spec: ReleaseSpec, plan: ReleasePlan, errs: Mapping[str, Mappi
             if t.max_relative_error is not None:
                 r2 = float(np.mean(e["rel"][sel])) / float(t.max_relative_error)
                 ratio = r2 if ratio is None else max(ratio, r2)
+        elif t.kind == "rank_error" and t.metric in errs and "rank" in errs[t.metric]:
+            e = errs[t.metric]
+            lab = _bucket_labels(np.asarray([t.at_units]))[0]
+            sel = _bucket_labels(e["units"]) == lab
+            if not sel.any():
+                sel = np.ones(len(e["units"]), bool)
+            ratio = float(np.mean(e["rank"][sel])) / float(t.max_rank_error)
         elif t.kind == "keep":
             p = float(_keep_prob(plan, np.asarray([t.at_units]))[0])
             ratio = (1.0 - p) / (1.0 - float(t.min_probability))
@@ -583,7 +764,7 @@ def tune(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any],
     ranks = contribution_ranks(rows["u"], rows["p"], rows["prio"], rows["pp"],
                                l0_floor=min(c.l0 for c in grid), linf_floor=min(c.linf for c in grid))
     truth = _truth(rows, ranks, value_cols)
-    rows = {k: v for k, v in rows.items() if k.startswith("v:")}  # what is left: the values
+    rows = {k: v for k, v in rows.items() if k.startswith(("v:", "c:"))}  # what is left: values, categories
     per_cand: list[tuple[list[dict[str, Any]], dict[str, Any]] | None] = [None] * len(grid)
     by_key: dict[tuple[int, int], list[int]] = {}
     for i, cand in enumerate(grid):
