@@ -259,30 +259,14 @@ def _read_config(spec: ReleaseSpec, plan: ReleasePlan):
                       category_columns=cats, public_hashes=pub)
 
 
-def sample_table(spec: ReleaseSpec, sample: str | os.PathLike[str] | pa.Table | pd.DataFrame,
-                 columns: Sequence[str]) -> pa.Table:
-    """The sample as an Arrow table of ``columns``: a parquet/CSV path (by suffix, else the spec's format),
-    an Arrow table or a pandas DataFrame."""
+def sample_table(spec: ReleaseSpec, sample: pa.Table | pd.DataFrame, columns: Sequence[str]) -> pa.Table:
+    """An in-memory sample (an Arrow table or a pandas DataFrame) as an Arrow table of ``columns``.
+
+    A path is not read here: ``_prepare`` reads it with the release's own reader."""
     import pyarrow as pa
 
     if isinstance(sample, pa.Table):
         table = sample
-    elif isinstance(sample, (str, os.PathLike)):
-        path = os.fspath(sample)
-        fmt = "csv" if path.endswith(".csv") else "parquet" if path.endswith(".parquet") else spec.input.format
-        try:
-            if fmt == "csv":
-                import pyarrow.csv as pacsv
-
-                table = pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(
-                    column_types={c: pa.string() for c in columns}, include_columns=list(columns)))
-            else:
-                import pyarrow.parquet as pq
-
-                table = pq.read_table(path, columns=list(columns))
-        except (OSError, pa.ArrowInvalid, KeyError) as exc:
-            raise InputDataError(f"tune --sample {path}: cannot read it as {fmt} with columns {list(columns)} "
-                                 f"({type(exc).__name__}); give a {fmt} file with the spec's input columns") from None
     else:
         try:
             import pandas as pd
