@@ -19,13 +19,16 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpops import __version__
 from dpops.accounting import get_accountant
 from dpops.errors import InvalidParameter
 from dpops.events import PrivacyEvent, canonical_json, event_from_dict, event_to_dict
 from dpops.manifest.schema import SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    from dpops.spec import TuningSpec
 
 EventLike = PrivacyEvent | Mapping[str, Any]  # an event, or its stable JSON form (as the ledger returns it)
 
@@ -194,6 +197,7 @@ def build_manifest(
     created_at: str | None = None,
     code: Mapping[str, Any] | None = None,
     accuracy: Mapping[str, Any] | None = None,
+    provenance: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Assemble one manifest (a plain dict; ``write_manifest`` validates it against the schema).
 
@@ -203,7 +207,8 @@ def build_manifest(
     (e.g. a run refused before the scope could be read). ``output``: {"uri", "fingerprints"} with
     HMAC fingerprints only. ``accuracy``: ``dpops.analysis.document.manifest_section`` (the declared
     targets and the plan's prediction for each: public parameters only), recorded only when the spec
-    declares targets, so manifests without it keep verifying.
+    declares targets, so manifests without it keep verifying. ``provenance``: ``{"tuning":
+    tuning_provenance(spec.tuning)}`` when the spec says its parameters came from ``dpops tune``.
     """
     if outcome not in OUTCOMES:
         raise InvalidParameter(f"manifest outcome must be one of {OUTCOMES}, got {outcome!r}")
@@ -250,4 +255,23 @@ def build_manifest(
     }
     if accuracy is not None:
         doc["accuracy"] = dict(accuracy)
+    if provenance is not None:
+        doc["provenance"] = dict(provenance)
     return doc
+
+
+TUNING_PROVENANCE_SCHEMA = "dpops.tuning-provenance/1"
+
+
+def tuning_provenance(tuning: TuningSpec) -> dict[str, Any]:
+    """The manifest's ``provenance.tuning`` from the spec's ``tuning`` block (``dpops.spec.TuningSpec``).
+
+    Privacy reason: tuning is not DP, so a release whose bounds came from looking at private data must say
+    so to every reviewer (issue 20 section 3). Only what the spec block holds goes in -- where the choice came
+    from and the ledger entry that recorded a private read -- never a statistic of the sample."""
+    data = tuning.data.model_dump(mode="json")
+    if data["source"] == "private":
+        data["statement"] = tuning.statement
+    return {"schema": TUNING_PROVENANCE_SCHEMA, "statement": tuning.statement, "candidate": tuning.candidate,
+            "loss": tuning.loss, "candidates": int(tuning.candidates), "not_evaluated": list(tuning.not_evaluated),
+            "data": data}

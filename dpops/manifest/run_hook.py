@@ -166,6 +166,7 @@ def write_run_manifest(
         timings=timings,
         output={"uri": str(output_uri), "fingerprints": dict(output_fingerprints or {})} if output_uri else None,
         accuracy=_accuracy_section(spec, plan),
+        provenance=_provenance_section(spec),
     )
     if signing_key is None:
         signing_key = os.environ.get(SIGNING_KEY_ENV) or None
@@ -193,6 +194,15 @@ def _accuracy_section(spec: Any, plan: Any) -> dict[str, Any] | None:
     from dpops.analysis.document import manifest_section
 
     return manifest_section(spec, plan)
+
+
+def _provenance_section(spec: Any) -> dict[str, Any] | None:
+    """Where the spec's parameters came from (issue 20 section 3), when its ``tuning`` block says."""
+    if getattr(spec, "tuning", None) is None:
+        return None
+    from dpops.manifest.build import tuning_provenance
+
+    return {"tuning": tuning_provenance(spec.tuning)}
 
 
 def _claim(m: Mapping[str, Any]) -> dict[str, Any]:

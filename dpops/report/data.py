@@ -302,6 +302,9 @@ def _release_details(rows: list[RunRow], manifests: dict[str, dict[str, Any]], c
             "scope_unit": (scope or {}).get("cap", {}).get("unit"), "accountant": m["accountant"]["ref"],
             # issue 20: the spec's accuracy targets against the plan's prediction (verified with the manifest)
             "accuracy_targets": list((m.get("accuracy") or {}).get("targets") or []),
+            # issue 20 section 3: where the bounds came from, when dpops tune chose them (verified with the manifest,
+            # and against the ledger's private_access entry)
+            "tuning": (m.get("provenance") or {}).get("tuning"),
         })
     return out
 
