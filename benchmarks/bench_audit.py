@@ -18,8 +18,8 @@ from unittest import mock
 
 @contextmanager
 def laplace_half_scale():
-    from dpops import mechanisms
-    from dpops.samplers import discrete_laplace_param
+    from dpops.noise import mechanisms
+    from dpops.noise.samplers import discrete_laplace_param
 
     real = mechanisms.laplace_mechanism
 
@@ -33,7 +33,7 @@ def laplace_half_scale():
 
 @contextmanager
 def replace_with_add_remove_sensitivity():
-    from dpops import sensitivity
+    from dpops.noise import sensitivity
 
     real = sensitivity.count
     with mock.patch.object(sensitivity, "count", lambda b: real(dataclasses.replace(b, adjacency="add_remove"))):

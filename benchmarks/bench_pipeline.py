@@ -25,7 +25,7 @@ Budget split (``--split``):
   partition selection) -- the split of the earlier runs.
 
 Data: synthetic power-law activity, 100k users, 1,000 partitions, lognormal values in [0, 100]
-(``dpops.synthetic.generate_events``), cached under benchmarks/out/data/.
+(``dpops.testing.synthetic.generate_events``), cached under benchmarks/out/data/.
 
 Each case runs in its own subprocess; its peak RSS comes from ``os.wait4`` on that child.
 Median absolute error: noisy counts vs the exact *bounded* counts of the dpops run (the
@@ -94,7 +94,7 @@ def ensure_data(n: int) -> Path:
     path = d / "2024-01-01.parquet"
     if not path.exists():
         sys.path.insert(0, str(ROOT))
-        from dpops.synthetic import generate_events
+        from dpops.testing.synthetic import generate_events
 
         t = time.time()
         generate_events(str(d / "{start:%Y-%m-%d}.parquet"), n, N_USERS, N_PARTITIONS, seed=n % 1000)

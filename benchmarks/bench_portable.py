@@ -10,7 +10,7 @@ shard files on a driver-local path (the pipeline before issue 10's URI staging f
 
 Query and data as bench_pipeline.py: COUNT + SUM + MEAN of ``amount`` per ``region``, L0 = 5,
 Linf = 2, private partition selection, epsilon 1, delta 1e-6; synthetic power-law data, 100k users,
-1,000 partitions (``dpops.synthetic.generate_events``, cached under benchmarks/out/data/). Test
+1,000 partitions (``dpops.testing.synthetic.generate_events``, cached under benchmarks/out/data/). Test
 randomness with a fixed seed, so the outputs of all cases must be identical (checked).
 
 Reported per case: wall time of ``run_release`` (driver side: pipeline submission, the job on the

@@ -1,6 +1,6 @@
 """Micro-benchmark of the input reader alone: ``iter_record_batches`` + ``prepare_batch`` over one file.
 
-The rows are ``benchmarks/bench_scale.py``'s (``dpops.synthetic.generate_events``: 100k power-law users,
+The rows are ``benchmarks/bench_scale.py``'s (``dpops.testing.synthetic.generate_events``: 100k power-law users,
 1,000 regions, written as CSV by pyarrow's ``CSVWriter``, i.e. every string quoted), read with the scale
 benchmark's spec (``user_id`` string unit, ``region`` string partition, ``amount`` float metric).
 Nothing else runs (no Beam, no bounding), so a change in the reader shows up undiluted.
@@ -63,7 +63,7 @@ def ensure_data(n: int, fmt: str) -> Path:
     if path.exists():
         return path
     sys.path.insert(0, str(ROOT))
-    from dpops.synthetic import generate_events
+    from dpops.testing.synthetic import generate_events
 
     pq_path = d / "2024-01-01.parquet"
     if not pq_path.exists():

@@ -13,9 +13,9 @@ import time
 
 import numpy as np
 
-from dpops.mechanisms import add_noise, gaussian_mechanism, laplace_mechanism
-from dpops.randomness import NoiseKey, keyed_random, os_random
-from dpops.samplers import bernoulli_exp, discrete_gaussian, discrete_laplace
+from dpops.noise.mechanisms import add_noise, gaussian_mechanism, laplace_mechanism
+from dpops.noise.randomness import NoiseKey, keyed_random, os_random
+from dpops.noise.samplers import bernoulli_exp, discrete_gaussian, discrete_laplace
 
 KEY = NoiseKey(b"benchmark-only-key-not-secret-00")
 

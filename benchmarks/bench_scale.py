@@ -5,7 +5,7 @@ truncated geometric), 100k users (power-law activity), L0 = 5, Linf = 2, values 
 epsilon = 1, delta = 1e-6, Laplace noise, keyed randomness, in-process FnApiRunner, GX checks off
 (they do not scale with the input), published (``--publish``: manifest, ledger commit, ``current``).
 
-Input: ``dpops.synthetic.generate_events`` (Parquet, cached under benchmarks/out/scale/), and for
+Input: ``dpops.testing.synthetic.generate_events`` (Parquet, cached under benchmarks/out/scale/), and for
 ``--format csv`` the same rows as one CSV file (the issue's baseline was CSV).
 
 Each size runs ``python -m dpops.cli.main release run ...`` as a child process. Reported: wall
@@ -60,7 +60,7 @@ def ensure_data(n: int, fmt: str) -> Path:
     if path.exists():
         return path
     sys.path.insert(0, str(ROOT))
-    from dpops.synthetic import generate_events
+    from dpops.testing.synthetic import generate_events
 
     t = time.time()
     pq_dir = data_dir(n, "parquet")

@@ -19,7 +19,7 @@ import numpy as np
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dpops.mechanisms import laplace_mechanism
+    from dpops.noise.mechanisms import laplace_mechanism
     from pipelines.bounding import exact_group_sum, fixed_point_terms, sum_unit
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

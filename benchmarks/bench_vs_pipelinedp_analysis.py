@@ -25,7 +25,7 @@ process of this script that answers in JSON on stdout.
      the analytic Gaussian (Balle & Wang 2018) at (eps, delta) per mechanism, the (eps, delta) split by
      basic composition. Checked: (a) dpops' std within 1% of the matching continuous zCDP formula;
      (b) PipelineDP's sigma within 1% of dpops' own analytic-Gaussian calibration
-     ``dpops.calibration.gaussian_sigma_analytic`` (the same mechanism on both sides). The
+     ``dpops.noise.calibration.gaussian_sigma_analytic`` (the same mechanism on both sides). The
      dpops/PipelineDP ratio is then predicted (continuous zCDP sigma / analytic sigma) and reported,
      not held to 1%: the two libraries compose differently. dpops converts the Gaussian metrics'
      whole (eps, delta) to one rho and splits rho (3 metrics: ~25% LESS noise per vector than
@@ -121,8 +121,8 @@ def dpops_noise(l0: int, linf: int, lohi: tuple[float, float], eps: float, noise
     mean's normalised sum is a plan vector (the mean reuses the released count's noisy vector).
     """
     from dpops import analysis
-    from dpops.calibration import gaussian_sigma_analytic
     from dpops.events import DISCRETE_GAUSSIAN_TAU
+    from dpops.noise.calibration import gaussian_sigma_analytic
     from dpops.release_plan import plan_release, rho_for_epsilon_delta
 
     spec = analysis.load(spec_dict(l0, linf, lohi, eps, noise))
@@ -172,7 +172,7 @@ def load_data(n: int) -> tuple[Any, Any]:
     import numpy as np
     import pyarrow.parquet as pq
 
-    from dpops.synthetic import generate_events
+    from dpops.testing.synthetic import generate_events
 
     path = OUT / "data" / f"vs_pdp_{n}.parquet"
     if not path.exists():

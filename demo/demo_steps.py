@@ -47,8 +47,8 @@ def intervals(days: int) -> list[tuple[datetime, datetime]]:
 
 
 def setup(paths: DemoPaths, *, days: int, rows_per_day: int, console: Any) -> None:
-    from dpops.randomness import NoiseKey
-    from dpops.synthetic import generate_events
+    from dpops.noise.randomness import NoiseKey
+    from dpops.testing.synthetic import generate_events
 
     paths.specs_dir.mkdir(parents=True, exist_ok=True)
     if not paths.spec_path.exists():

@@ -3,7 +3,7 @@
     python demo/run_demo.py            (what ``make demo`` runs)
 
 0. shows the plan of the release (predicted accuracy, its accuracy targets, the horizon),
-1. generates 14 days of synthetic purchase events (``dpops.synthetic``; never real data),
+1. generates 14 days of synthetic purchase events (``dpops.testing.synthetic``; never real data),
 2. creates a noise key and a SQLite ledger scope whose cap fits 10 daily releases,
 3. runs the release DAG through Airflow (SQLite metadata DB, ``dag.test()`` per interval)
    for the first week, as the daily schedule would,

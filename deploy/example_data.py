@@ -6,7 +6,7 @@ volume) so that a fresh stack has input for ``dpops_example_daily``:
     python /opt/dpops/deploy/example_data.py [--days 7] [--root /data/input/example_daily]
 
 It writes one Parquet file per UTC day for the ``days`` days ending yesterday (the latest
-interval the scheduler runs), with ``dpops.synthetic.generate_events`` (the shipped
+interval the scheduler runs), with ``dpops.testing.synthetic.generate_events`` (the shipped
 generator: power-law users, regions p0..pN, an event-time column). Days whose file exists
 are left alone: the noise of a published interval is keyed on its input fingerprint, so
 rewriting an already released day would turn a free re-run into a charged restatement.
@@ -21,7 +21,7 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dpops.synthetic import generate_events
+    from dpops.testing.synthetic import generate_events
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", default="/data/input/example_daily", help="directory of the day files")

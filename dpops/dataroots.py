@@ -152,13 +152,12 @@ def key_paths(key_path: str | os.PathLike[str] | None = None) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def check_data_path(path: str | os.PathLike[str] | Location, field: str, *, source: str,
-                    spec_dir: str | os.PathLike[str] | None, key_path: str | os.PathLike[str] | None = None) -> str:
-    """Refuse ``path`` unless it resolves under a data root and away from the key; return the resolved path
-    (a local path, or the URI of an object-store location).
-
-    ``field`` is the spec field that named the file (``input.path``), ``source`` the spec's file name.
-    """
+def resolve_away_from_key(path: str | os.PathLike[str] | Location, field: str, *, source: str,
+                          key_path: str | os.PathLike[str] | None, instead: str) -> Location:
+    """Resolve ``path`` (symlinks followed) and refuse it when it is the noise key file or lies in the key's
+    directory: a spec that could name the key as an input, a public file or a sample would let its bytes reach
+    a release or a manifest. ``instead`` says what the field should point at. One owner of this rule for
+    every kind of file a spec names."""
     try:
         loc = path if isinstance(path, Location) else Location.parse(os.path.expanduser(os.fspath(path)),
                                                                      base=Location.local(os.getcwd()))
@@ -170,8 +169,20 @@ def check_data_path(path: str | os.PathLike[str] | Location, field: str, *, sour
             if resolved.path == key or os.path.dirname(resolved.path) == os.path.dirname(key):
                 raise SpecError(
                     f"{source}: {field} ({path}) resolves to the noise key file or to a file in the key's directory; "
-                    "it is refused: point it at a data file under the data roots"
+                    f"it is refused: point it at {instead}"
                 )
+    return resolved
+
+
+def check_data_path(path: str | os.PathLike[str] | Location, field: str, *, source: str,
+                    spec_dir: str | os.PathLike[str] | None, key_path: str | os.PathLike[str] | None = None) -> str:
+    """Refuse ``path`` unless it resolves under a data root and away from the key; return the resolved path
+    (a local path, or the URI of an object-store location).
+
+    ``field`` is the spec field that named the file (``input.path``), ``source`` the spec's file name.
+    """
+    resolved = resolve_away_from_key(path, field, source=source, key_path=key_path,
+                                     instead="a data file under the data roots")
     roots = data_root_locations(spec_dir)
     if not any(resolved.is_under(r) for r in roots):
         shown = ",".join(str(r) for r in roots)
@@ -242,19 +253,8 @@ def check_public_path(path: str | os.PathLike[str] | Location, field: str, *, so
                       key_path: str | os.PathLike[str] | None = None) -> PublicFile:
     """Refuse ``path`` unless it resolves under a public root, outside every data root and away from the key;
     return where it resolves and whether it is publishable (module docstring, "Public files")."""
-    try:
-        loc = path if isinstance(path, Location) else Location.parse(os.path.expanduser(os.fspath(path)),
-                                                                     base=Location.local(os.getcwd()))
-    except LocationError as exc:
-        raise SpecError(f"{source}: {field} ({path}): {exc}") from None
-    resolved = loc.realpath()
-    if resolved.is_local:
-        for key in key_paths(key_path):
-            if resolved.path == key or os.path.dirname(resolved.path) == os.path.dirname(key):
-                raise SpecError(
-                    f"{source}: {field} ({path}) resolves to the noise key file or to a file in the key's directory; "
-                    f"it is refused: point it at a public file under ${PUBLIC_ROOTS_ENV}"
-                )
+    resolved = resolve_away_from_key(path, field, source=source, key_path=key_path,
+                                     instead=f"a public file under ${PUBLIC_ROOTS_ENV}")
     roots = public_root_locations(spec_dir)
     if not roots:
         raise SpecError(

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from dpops.errors import InvalidParameter
-from dpops.randomness import MAX_KEY_FILE_BYTES, NoiseKey, parse_key_file
+from dpops.noise.randomness import MAX_KEY_FILE_BYTES, NoiseKey, parse_key_file
 
 KEY_ID_ENV = "DPOPS_NOISE_KEY_ID"
 KEY_DIR_ENV = "DPOPS_KEY_DIR"
@@ -69,7 +69,7 @@ class FileKeyProvider:
 class GcpSecretKeyProvider:
     """``gcp-secret://projects/P/secrets/S/versions/V`` through Google Secret Manager (lazy import).
 
-    The payload must be the text of a ``dpops-noise-key v1`` file (``dpops.randomness.parse_key_file``,
+    The payload must be the text of a ``dpops-noise-key v1`` file (``dpops.noise.randomness.parse_key_file``,
     the same rule as a key file: store the file ``dpops key generate`` wrote, e.g. ``gcloud secrets
     versions add S --data-file=noise_key``); any other secret is refused, never decoded as a key.
     There is no Secret Manager on the test machines: ``tests/test_keyref_gcp.py`` runs this provider
@@ -138,7 +138,7 @@ def resolve_key(ref: str) -> NoiseKey:
 def resolve_key_for_run(ref: str, key_id: str) -> NoiseKey:
     """The run's key on a worker: resolved once per process and refused unless its id is ``key_id``."""
     if scheme_of(ref) == "file":
-        from dpops.randomness import key_for_run
+        from dpops.noise.randomness import key_for_run
 
         return key_for_run(FileKeyProvider().path(ref), key_id)  # shares the process cache with load_key
     cached = _LOADED.get((ref, key_id))

@@ -41,7 +41,7 @@ from dpops.errors import (
 )
 from dpops.release.context import pick_attempt
 from dpops.release.refusals import budget_refusal_reason, record_refusal
-from dpops.release.reservation import _refuse_changed
+from dpops.release.reservation import refuse_changed_input
 
 log = logging.getLogger("dpops.orchestration")
 
@@ -268,7 +268,7 @@ def reserve_step(step: Step, *, restate: bool = False) -> release.RunOutcome:
             published = ledger.published(ctx.spec.name, ctx.interval.start_iso, ctx.interval.end_iso)
             try:
                 # The one owner of the "never restate silently" rule (attempt 1 = the run key the ledger saw).
-                _refuse_changed(ctx, published, None)
+                refuse_changed_input(ctx, published, None)
             except LedgerError as exc:
                 reason = (f"{public_message(exc)}. In Airflow: trigger this interval with the param "
                           "restate=true")
@@ -328,7 +328,7 @@ def record_step(step: Step, *, charged: float) -> release.RunOutcome:
             remaining: float | None = float(ledger.status(ctx.spec.budget.scope).remaining)
         except Exception:  # noqa: BLE001 - the summary must not fail on a status read
             remaining = None
-        # Built here rather than by dpops.release.context._outcome, which would log a second copy of the summary line.
+        # Built here rather than by dpops.release.context.make_outcome, which would log the summary line twice.
         out = release.RunOutcome(release=ctx.spec.name, interval=str(ctx.interval), state=state, run_id=ctx.run_id,
                               output_uri=getattr(rec, "output_uri", None), epsilon_charged=charged,
                               run_epsilon=getattr(rec, "epsilon", None), scope=ctx.spec.budget.scope,

@@ -52,14 +52,14 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from dpops import sensitivity
 from dpops.errors import InvalidParameter, SpecError
 from dpops.events import ApproxDP, PrivacyEvent, PureDP, SelfComposed, canonical_json, event_to_dict
+from dpops.noise import sensitivity
 
 if TYPE_CHECKING:  # imported lazily at run time (numpy); see plan_release
-    from dpops.mechanisms import NoiseParams
-    from dpops.selection import PartitionSelection
-    from dpops.sensitivity import Sensitivity
+    from dpops.noise.mechanisms import NoiseParams
+    from dpops.noise.selection import PartitionSelection
+    from dpops.noise.sensitivity import Sensitivity
 
 SAFETY = 1.0 - 1e-9
 # public candidate grid for quantiles: lo + j (hi - lo) / 256, j = 0..256 (dense per-partition histograms)
@@ -232,7 +232,7 @@ def rho_for_epsilon_delta(epsilon: float, delta: float) -> float:
 
 def plan_release(spec) -> ReleasePlan:  # spec: dpops.spec.ReleaseSpec (typing it needs its metric union narrowed)
     """Derive the whole release plan from a validated ``dpops.spec.ReleaseSpec``."""
-    from dpops import mechanisms, selection  # noqa: PLC0415 - keeps `import dpops.release_plan` light
+    from dpops.noise import mechanisms, selection  # noqa: PLC0415 - keeps `import dpops.release_plan` light
     eps, delta, noise = float(spec.budget.epsilon), float(spec.budget.delta), spec.budget.noise
     unit = spec.privacy_unit
     c = spec.contribution
@@ -371,7 +371,7 @@ def _vector_layout(mtype: str, key: str, b, lohi):
     if mtype == "mean":
         s = sensitivity.mean(b, lo, hi)
         return [("normalized_sum", f"nsum:{key}", s["normalized_sum"], False), ("count", "count", s["count"], True)]
-    # variance: the centred squares (x - mid)^2 - h^2/2, h = (hi - lo)/2 (see dpops.sensitivity.variance)
+    # variance: the centred squares (x - mid)^2 - h^2/2, h = (hi - lo)/2 (see dpops.noise.sensitivity.variance)
     s = sensitivity.variance(b, lo, hi)
     return [
         ("normalized_sum", f"nsum:{key}", s["normalized_sum"], False),

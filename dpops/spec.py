@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -435,6 +436,82 @@ class AccuracySpec(_Strict):
     targets: list[AccuracyTarget] = Field(min_length=1)
 
 
+# --------------------------------------------------------------------------- tuning provenance
+#
+# ``tuning:`` says where the spec's bounds came from when ``dpops tune`` chose them (written by ``dpops spec
+# apply-patch`` from the tune patch; see docs/accuracy.md). Tuning is not differentially private, so a choice
+# made by looking at private data must be public (issue 20 section 3): every release of the spec carries the
+# block into its manifest (``provenance.tuning``) and the report, and ``manifest verify --ledger`` checks the
+# ledger's ``private_access`` entry it names. The block is provenance, not a parameter: it changes no mechanism
+# and is left out of ``spec_hash`` like ``accuracy``. Statistics of the sample (its row count, the loss value)
+# are not accepted here: they are exact functions of the data and a manifest never carries input statistics.
+
+
+def private_tuning_statement(read_at: str) -> str:
+    """The sentence every later release says when its bounds came from a look at private data."""
+    return f"bounds chosen by looking at the private data on {read_at[:10]}"
+
+
+def _utc_iso(v: str) -> str:
+    try:
+        t = datetime.fromisoformat(v.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{v!r} is not an ISO-8601 timestamp") from None
+    if t.tzinfo is None or t.utcoffset() != timezone.utc.utcoffset(None):
+        raise ValueError(f"{v!r} must be in UTC (end in Z or +00:00)")
+    return v
+
+
+UtcTimestamp = Annotated[str, AfterValidator(_utc_iso)]
+
+
+class PublicTuningData(_Strict):
+    """Tuned on a sample under the operator's public roots (``$DPOPS_PUBLIC_ROOTS``)."""
+
+    source: Literal["public"]
+    sample: str
+    checked_at: UtcTimestamp
+
+
+class PrivateTuningData(_Strict):
+    """Tuned by looking at private data on purpose: the ledger's ``private_access`` entry that recorded it."""
+
+    source: Literal["private"]
+    scope: str
+    fingerprint: str = Field(pattern=r"^hmac-sha256:[0-9a-f]{64}$")
+    ledger_entry: Integer = Field(ge=1)
+    read_at: UtcTimestamp
+    statement: str | None = None
+
+    @model_validator(mode="after")
+    def _statement(self) -> "PrivateTuningData":
+        want = private_tuning_statement(self.read_at)
+        if self.statement is not None and self.statement != want:
+            raise ValueError(f"statement must be {want!r} (it is derived from read_at; leave it out or copy it)")
+        return self
+
+
+TuningData = Annotated[Union[PublicTuningData, PrivateTuningData], Field(discriminator="source")]
+
+
+class TuningSpec(_Strict):
+    """``tuning: {candidate, loss, candidates, not_evaluated, data: {source: public|private, ...}}``."""
+
+    candidate: str
+    loss: str
+    candidates: Integer = Field(ge=1)
+    not_evaluated: list[str] = Field(default_factory=list)
+    data: TuningData
+
+    @property
+    def statement(self) -> str:
+        """What the manifest and the report say about where the bounds came from."""
+        d = self.data
+        if isinstance(d, PrivateTuningData):
+            return private_tuning_statement(d.read_at)
+        return f"bounds chosen by dpops tune on a public sample on {d.checked_at[:10]}"
+
+
 # --------------------------------------------------------------------------- the spec
 
 
@@ -451,6 +528,7 @@ class ReleaseSpec(_Strict):
     postprocess: PostprocessSpec = PostprocessSpec()
     output: OutputSpec = OutputSpec()
     accuracy: AccuracySpec | None = None
+    tuning: TuningSpec | None = None
     # The private bound estimation (``dpops estimate``) this spec's bounds came from: its run id. Part of
     # the spec hash; the release is refused unless that run is a committed estimation of this release on
     # the same scope, and its manifest names it (``dependencies``) so verify recomputes both claims.
@@ -575,8 +653,10 @@ class ReleaseSpec(_Strict):
         run's keyed input fingerprint instead (``dpops.inputs.input_fingerprint``): the manifest goes to
         reviewers outside the trusted boundary, and neither the rows nor a plain hash over them (the spec
         hash is one) may reach them unless the operator decided the list is publishable. The ``accuracy``
-        targets are left out: a target changes no mechanism, so editing one is not a new release version."""
-        doc = self.model_dump(mode="json", exclude={"accuracy"})
+        targets and the ``tuning`` provenance are left out: neither changes a mechanism, so editing one is not a
+        new release version (the manifest carries the provenance in ``provenance.tuning``). ``estimated_from``
+        is kept when set: the release's bounds are those of that charged estimation."""
+        doc = self.model_dump(mode="json", exclude={"accuracy", "tuning"})
         if doc.get("estimated_from") is None:  # absent, not null: specs without it keep their hash
             doc.pop("estimated_from", None)
         if self.partitions.public_file is not None:
@@ -718,6 +798,10 @@ def _consistency_problems(spec: ReleaseSpec) -> list[tuple[str, str]]:
         keys.setdefault(key, i)
 
     out.extend(_accuracy_problems(spec, keys))
+    if spec.tuning is not None and isinstance(spec.tuning.data, PrivateTuningData) and \
+            spec.tuning.data.scope != b.scope:
+        out.append(("tuning.data.scope", f"the private read was recorded on scope {spec.tuning.data.scope!r}, but this "
+                                         f"spec charges scope {b.scope!r}: tune the spec of this scope again"))
     if b.split is not None:
         allowed = list(keys) + ([] if spec.partitions.is_public else [PARTITION_SELECTION_KEY])
         for k in b.split:
@@ -922,6 +1006,8 @@ def _loc_to_path(loc: tuple[Any, ...]) -> str:
             pass  # the discriminated union's tag: noise in a path
         elif isinstance(prev, int) and item in TARGET_KINDS and i >= 2 and loc[i - 2] == "targets":
             pass  # the same for accuracy targets
+        elif prev == "data" and item in ("public", "private") and i >= 2 and loc[i - 2] == "tuning":
+            pass  # and for the tuning provenance's data source
         elif str(item).startswith(("function-", "tagged-union")):
             pass  # pydantic's validator wrappers, not keys of the YAML
         else:
@@ -1015,6 +1101,12 @@ def parse_spec(data: Any, source: str = "<spec>", base_dir: str | Path | None = 
 def load_spec(path: str | os.PathLike[str]) -> ReleaseSpec:
     """Read, parse and validate a release spec file. Any problem is a ``SpecError`` naming the file and field."""
     p = Path(path)
+    return parse_spec(read_spec_document(p), source=p.name, base_dir=p.resolve().parent)
+
+
+def read_spec_document(path: str | os.PathLike[str]) -> Any:
+    """The spec file's YAML document, not yet validated (size-limited, UTF-8, duplicate keys refused)."""
+    p = Path(path)
     label = p.name
     try:
         size = p.stat().st_size
@@ -1037,7 +1129,7 @@ def load_spec(path: str | os.PathLike[str]) -> ReleaseSpec:
         data = yaml.load(text, Loader=_SpecLoader)  # noqa: S506 - _SpecLoader is a SafeLoader
     except yaml.YAMLError as exc:
         raise SpecError(f"{label}: invalid YAML{_yaml_where(exc)}") from None
-    return parse_spec(data, source=label, base_dir=p.resolve().parent)
+    return data
 
 
 def check_spec_paths(spec: ReleaseSpec, key_path: str | os.PathLike[str] | None = None) -> None:

@@ -54,8 +54,8 @@ def select_and_noise(
     rng,
 ) -> dict[str, list | np.ndarray]:
     """Columns (partition columns first, then metrics) of one shard's released partitions."""
-    from dpops.mechanisms import add_noise, add_noise_fixed
-    from dpops.selection import exponential_mechanism, top_k
+    from dpops.noise.mechanisms import add_noise, add_noise_fixed
+    from dpops.noise.selection import exponential_mechanism, top_k
 
     parts, acc = _align(parts, acc, public_hashes, plan)
     if plan.partition_selection is not None and len(parts):

@@ -32,7 +32,7 @@ random subset; the kept rows of a pair are a uniform random subset of min(Linf, 
 two row priorities within a pair (probability ~r^2/2^65 for r rows) is broken by input order: it
 may make the choice depend on arrival order, never the bound.
 
-Exact sums (issue 11 item 4). The noise is charged for Δ + r·m (``dpops.mechanisms``): the
+Exact sums (issue 11 item 4). The noise is charged for Δ + r·m (``dpops.noise.mechanisms``): the
 sensitivity Δ of the *exact* sum, plus the rounding to the noise grid r. A float64 running sum
 is not that function: its rounding error depends on the order of the rows and on the other
 rows' magnitudes, so one unit can move it by more than Δ (2^22 rows of 1.0, a 0.5, the
@@ -43,7 +43,7 @@ another order publish different numbers. So every sum accumulator is built in in
 - each row's term t(x) (x for "sum", x - mid for "nsum", (x - mid)^2 - h^2/2 for "nsq", x
   already clamped) is snapped ONCE, per row, to the grid g of ``sum_unit`` as the integer
   k = rint(t/g), then clipped to [ceil(a/g), floor(b/g)], where [a, b] are the term bounds
-  ``dpops.sensitivity`` derives Δ from (``sum_term_bounds``: the same float expressions). So
+  ``dpops.noise.sensitivity`` derives Δ from (``sum_term_bounds``: the same float expressions). So
   k·g lies in [a, b] for every row, whatever float error the term carries: the integer sum
   sum(k)·g is a sum of per-row terms in [a, b], a function whose sensitivity is exactly the Δ
   already charged. No extra charge is needed for the per-row snap; the noise step then rounds
@@ -84,7 +84,7 @@ _INT64_ROWS = 1 << (62 - SUM_UNIT_BITS)  # fewer rows than this: |sum| < 2**62 i
 def sum_term_bounds(kind: str, lo: float, hi: float) -> tuple[float, float]:
     """[a, b] of the per-row term of accumulator ``kind`` over values clamped to [lo, hi].
 
-    The same float expressions as ``dpops.sensitivity`` (sum_, normalized_sum, variance), so the
+    The same float expressions as ``dpops.noise.sensitivity`` (sum_, normalized_sum, variance), so the
     clip of the fixed-point term to [a, b] is exactly the range the charged Δ was derived from.
     """
     if kind == "sum":
@@ -235,6 +235,107 @@ def _order_by_group_then(group: np.ndarray, key: np.ndarray, tie: np.ndarray | N
     return np.lexsort(keys)
 
 
+@dataclass(frozen=True)
+class ContributionRanks:
+    """Where each row and each (unit, partition) pair stands in the bounding's two orders.
+
+    ``row_rank[i]``: the rank of row i among the rows of its pair by row priority ``prio`` (0 = smallest);
+    ``pair_rank[j]``: the rank of pair j among its unit's pairs by (pair priority, partition hash). Ranks
+    are exact in every group larger than the floor they were computed with (``linf_floor`` rows per pair,
+    ``l0_floor`` pairs per unit) and 0 in groups at or below it, which such bounds keep whole anyway; so
+    for every l0 >= l0_floor and linf >= linf_floor, ``keep_mask(l0, linf)`` is exactly the rows bounding
+    with (l0, linf) keeps. The orders are the bounding rule itself (module doc); ``bound_contributions``
+    is this filter at one (l0, linf), so the rule has one owner.
+
+    Also the dense codes the ranks were computed over, for callers that aggregate per unit, pair or
+    partition without factorizing again: ``ucode`` (unit code per row), ``pcode`` (partition code per row,
+    in order of first appearance), ``pair`` (pair code per row), ``first`` (a representative row of each
+    pair), ``pair_unit`` (unit code per pair)."""
+
+    ucode: np.ndarray
+    n_units: int
+    pcode: np.ndarray
+    n_parts: int
+    pair: np.ndarray
+    first: np.ndarray
+    pair_unit: np.ndarray
+    row_rank: np.ndarray
+    pair_rank: np.ndarray
+    l0_floor: int
+    linf_floor: int
+
+    def pair_mask(self, l0: int) -> np.ndarray:
+        """Per pair: kept by the L0 step at ``l0`` (>= ``l0_floor``)."""
+        if l0 < self.l0_floor:
+            raise ValueError(f"ranks computed for L0 >= {self.l0_floor} cannot filter at L0 = {l0}")
+        return self.pair_rank < l0
+
+    def row_mask(self, linf: int) -> np.ndarray:
+        """Per row: kept by the Linf step at ``linf`` (>= ``linf_floor``) within its pair."""
+        if linf < self.linf_floor:
+            raise ValueError(f"ranks computed for Linf >= {self.linf_floor} cannot filter at Linf = {linf}")
+        return self.row_rank < linf
+
+    def keep_mask(self, l0: int, linf: int) -> np.ndarray:
+        """Per row: kept by bounding at (l0, linf): its pair survives L0 and the row survives Linf."""
+        return self.pair_mask(l0)[self.pair] & self.row_mask(linf)
+
+
+def _ranks_within(group: np.ndarray, key: np.ndarray, tie: np.ndarray | None, n: int) -> np.ndarray:
+    """Rank of each of ``group``'s elements by (key[, tie]) within its group; ``n`` = len(group)."""
+    order = _order_by_group_then(group, key, tie)
+    grp = group[order]
+    start = np.r_[True, grp[1:] != grp[:-1]]
+    pos = np.arange(n) - np.flatnonzero(start)[np.cumsum(start) - 1]
+    ranks = np.empty(n, np.int64)
+    ranks[order] = pos
+    return ranks
+
+
+def contribution_ranks(u: np.ndarray, p: np.ndarray, prio: np.ndarray, pp: np.ndarray | None = None, *,
+                       l0_floor: int = 1, linf_floor: int = 1) -> ContributionRanks:
+    """The ranks of ``ContributionRanks`` for rows (u, p, prio, pp), exact in groups above the floors.
+
+    ``pp`` (``pair_priority``, one value per row, equal for all rows of a pair) orders the pairs of a
+    unit, ties by partition hash; ``prio`` (one uniform uint64 per row, drawn when the row was read)
+    orders the rows of a pair. Both are total orders that depend on the unit's own rows only. Only the
+    rows of pairs with more than ``linf_floor`` rows and the pairs of units with more than ``l0_floor``
+    pairs are sorted, so the common case (few rows per pair, few pairs per unit) costs no sort at all.
+    Without ``pp``: the unsalted ``pair_priority(u, p, (0, 0))`` (see ``bound_contributions``)."""
+    if pp is None:
+        pp = pair_priority(u, p, (0, 0))
+    n = len(u)
+    if n == 0:
+        z = np.zeros(0, np.int64)
+        return ContributionRanks(z, 0, z, 0, z, z, z, np.zeros(0, np.int32), z, l0_floor, linf_floor)
+    # Dense codes by hashing (O(n)).
+    ucode, uniq_u = pd.factorize(u, sort=False)
+    pcode, uniq_p = pd.factorize(p, sort=False)
+    pair, _ = pd.factorize(ucode.astype(np.int64) * len(uniq_p) + pcode, sort=False)
+    m = int(pair.max()) + 1
+    first = np.empty(m, np.int64)
+    first[pair[::-1]] = np.arange(n - 1, -1, -1)  # a representative row of each pair (its first)
+    rows_per_pair = np.bincount(pair, minlength=m)
+
+    # Linf order: rows of each pair with more than linf_floor rows, by row priority.
+    row_rank = np.zeros(n, np.int32)  # a pair's rows are far fewer than 2^31
+    big = rows_per_pair[pair] > linf_floor
+    if big.any():
+        idx = np.flatnonzero(big)
+        row_rank[idx] = _ranks_within(pair[idx], prio[idx], None, len(idx))
+
+    # L0 order: pairs of each unit with more than l0_floor pairs, by (pair priority, partition hash).
+    pair_unit = ucode[first]
+    pair_rank = np.zeros(m, np.int64)
+    pairs_per_unit = np.bincount(pair_unit, minlength=len(uniq_u))
+    bigu = pairs_per_unit[pair_unit] > l0_floor
+    if bigu.any():
+        pidx = np.flatnonzero(bigu)
+        pair_rank[pidx] = _ranks_within(pair_unit[pidx], pp[first[pidx]], p[first[pidx]], len(pidx))
+    return ContributionRanks(ucode, len(uniq_u), pcode, len(uniq_p), pair, first, pair_unit, row_rank, pair_rank,
+                             l0_floor, linf_floor)
+
+
 def bound_contributions(u: np.ndarray, p: np.ndarray, prio: np.ndarray, l0: int, linf: int,
                         pp: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
     """Rows kept under L0 / Linf. Returns (kept row indices, partition of each kept (unit, partition)
@@ -244,58 +345,25 @@ def bound_contributions(u: np.ndarray, p: np.ndarray, prio: np.ndarray, l0: int,
     unit: the ``l0`` smallest (ties by partition hash) are kept. ``prio`` (one uniform uint64 per row,
     drawn when the row was read) orders the rows of a pair: the ``linf`` smallest are kept. Both are
     total orders that depend on the unit's own rows only, so the result is the same function of the
-    rows whatever subset it was applied to first: bound(bound(A) + bound(B)) == bound(A + B).
+    rows whatever subset it was applied to first: bound(bound(A) + bound(B)) == bound(A + B). The
+    orders are ``contribution_ranks`` (the one place they are computed); this is its filter at (l0, linf).
 
     Without ``pp`` the pair priority is the unsalted ``pair_priority(u, p, (0, 0))``: still a valid
     bound (a function of the unit's own rows), but the same choice on every run; for direct callers
     such as property tests only. The pipeline always passes the run's salted priorities.
     """
-    if pp is None:
-        pp = pair_priority(u, p, (0, 0))
     n = len(u)
     if n == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.uint64), {"rows_dropped_linf": 0, "rows_dropped_l0": 0}
-    # Dense codes by hashing (O(n)); only the rows of pairs over Linf and the pairs of units over L0
-    # are sorted, so the common case (few rows per pair, few pairs per unit) costs no sort at all.
-    ucode, uniq_u = pd.factorize(u, sort=False)
-    pcode, uniq_p = pd.factorize(p, sort=False)
-    pair, _ = pd.factorize(ucode.astype(np.int64) * len(uniq_p) + pcode, sort=False)
-    m = int(pair.max()) + 1
-    first = np.empty(m, np.int64)
-    first[pair[::-1]] = np.arange(n - 1, -1, -1)  # a representative row of each pair (its first)
-    rows_per_pair = np.bincount(pair, minlength=m)
-
-    # Linf: within each pair with more than linf rows keep the linf smallest row priorities.
-    row_ok = np.ones(n, bool)
-    big = rows_per_pair[pair] > linf
-    if big.any():
-        idx = np.flatnonzero(big)
-        order = idx[_order_by_group_then(pair[idx], prio[idx])]
-        grp = pair[order]
-        start = np.r_[True, grp[1:] != grp[:-1]]
-        pos = np.arange(len(order)) - np.flatnonzero(start)[np.cumsum(start) - 1]
-        row_ok[order[pos >= linf]] = False
-
-    # L0: within each unit with more than l0 pairs keep the l0 smallest (pair priority, partition hash).
-    pair_unit = ucode[first]
-    pair_ok = np.ones(m, bool)
-    pairs_per_unit = np.bincount(pair_unit, minlength=len(uniq_u))
-    bigu = pairs_per_unit[pair_unit] > l0
-    if bigu.any():
-        pidx = np.flatnonzero(bigu)
-        order = pidx[_order_by_group_then(pair_unit[pidx], pp[first[pidx]], p[first[pidx]])]
-        grp = pair_unit[order]
-        start = np.r_[True, grp[1:] != grp[:-1]]
-        pos = np.arange(len(order)) - np.flatnonzero(start)[np.cumsum(start) - 1]
-        pair_ok[order[pos >= l0]] = False
-
-    row_pair_ok = pair_ok[pair]
-    keep = row_pair_ok & row_ok
+    r = contribution_ranks(u, p, prio, pp, l0_floor=l0, linf_floor=linf)
+    pair_ok = r.pair_mask(l0)
+    row_pair_ok = pair_ok[r.pair]
+    keep = row_pair_ok & r.row_mask(linf)
     stats = {
         "rows_dropped_l0": int(n - np.count_nonzero(row_pair_ok)),
-        "rows_dropped_linf": int(np.count_nonzero(row_pair_ok & ~row_ok)),
+        "rows_dropped_linf": int(np.count_nonzero(row_pair_ok) - np.count_nonzero(keep)),
     }
-    return np.flatnonzero(keep), p[first[pair_ok]], stats
+    return np.flatnonzero(keep), p[r.first[pair_ok]], stats
 
 
 def bound_rows(rows: dict[str, np.ndarray], l0: int, linf: int) -> tuple[dict[str, np.ndarray], dict]:
@@ -380,19 +448,26 @@ def quantile_candidates(lo: float, hi: float, n_bins: int) -> np.ndarray:
     return lo + (hi - lo) * np.arange(n_bins + 1, dtype=np.float64) / n_bins
 
 
-def _histogram(pidx: np.ndarray, n_parts: int, x: np.ndarray, lo: float, hi: float, n_bins: int) -> np.ndarray:
-    """Counts per (partition, j) of values whose smallest candidate >= value is c_j.
+def quantile_bins(x: np.ndarray, lo: float, hi: float, n_bins: int) -> np.ndarray:
+    """Per value (already clamped to [lo, hi]): the index j of the smallest candidate c_j >= the value.
 
-    Then rank(c_j) = #values <= c_j is the running sum over j: what the quantile utility needs.
-    """
+    The quantile histogram's bin of each row (``_histogram``), so rank(c_j) = #values <= c_j is the running
+    sum of the counts over j; ``dpops.analysis.tuning`` bins a sample's bounded rows with it too."""
     if hi > lo:
         j = np.ceil((x - lo) / (hi - lo) * n_bins).astype(np.int64)
         j = np.clip(j, 0, n_bins)
         # guard float rounding: the bin's candidate must be >= the value
         cand = quantile_candidates(lo, hi, n_bins)
-        j = np.where(cand[j] < x, np.minimum(j + 1, n_bins), j)
-    else:
-        j = np.zeros(len(x), np.int64)
+        return np.where(cand[j] < x, np.minimum(j + 1, n_bins), j)
+    return np.zeros(len(x), np.int64)
+
+
+def _histogram(pidx: np.ndarray, n_parts: int, x: np.ndarray, lo: float, hi: float, n_bins: int) -> np.ndarray:
+    """Counts per (partition, j) of values whose smallest candidate >= value is c_j (``quantile_bins``).
+
+    Then rank(c_j) = #values <= c_j is the running sum over j: what the quantile utility needs.
+    """
+    j = quantile_bins(x, lo, hi, n_bins)
     width = n_bins + 1
     return np.bincount(pidx * width + j, minlength=n_parts * width).reshape(n_parts, width).astype(np.int64)
 

@@ -99,7 +99,7 @@ class RandomnessConfig:
     os_pair_salt: tuple[int, int] | None = None
 
     def source(self):
-        from dpops import randomness
+        from dpops.noise import randomness
 
         label = dict(self.label)
         if self.mode == "keyed":
@@ -175,7 +175,7 @@ def build_context(spec, plan, request: ComputeRequest, parts_dir: str, n_buckets
     label = tuple(sorted((str(k), str(v)) for k, v in request.noise_label.items()))
     os_salt = None
     if request.randomness == "os":
-        from dpops.randomness import os_random
+        from dpops.noise.randomness import os_random
         from pipelines.bounding import pair_salt
 
         os_salt = pair_salt(os_random())

@@ -153,8 +153,8 @@ def make_workspace(
     n_partitions: int = 4,
 ) -> Workspace:
     """A spec folder with one release, ``days`` of synthetic data, a noise key and a ledger scope."""
-    from dpops.randomness import NoiseKey
-    from dpops.synthetic import generate_events
+    from dpops.noise.randomness import NoiseKey
+    from dpops.testing.synthetic import generate_events
 
     root.mkdir(parents=True, exist_ok=True)
     specs = root / "specs"

@@ -17,7 +17,7 @@ from dpops.release import computation
 from dpops.release import preparation
 from dpops.cli.main import main
 from dpops.ledger import ScopeDefinition, open_ledger
-from dpops.randomness import NoiseKey
+from dpops.noise.randomness import NoiseKey
 
 DAYS = ("2024-01-01", "2024-01-02", "2024-01-03", "2024-01-04")
 

@@ -7,7 +7,7 @@ makes one killed run cost ~1 s instead of ~8 s for a fresh interpreter. These te
 never run a pipeline in the parent; forking after other test files ran Beam in-process
 was checked to work, and ``run_cli``'s timeout turns a stuck child into a failure.
 
-Fault points (``dpops.faults.fault_point``) are installed in the child by wrapping
+Fault points (``dpops.testing.faults.fault_point``) are installed in the child by wrapping
 functions of ``dpops.release``, ``dpops.storage``, ``dpops.ledger`` and the pipeline
 (``install_fault_points``), plus the ledger's own in-transaction test hook, so no
 module owned by someone else needs a change. ``FAULT_POINTS`` lists them in run order.
@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from dpops.faults import fault_point
+from dpops.testing.faults import fault_point
 
 INTERVAL = "2024-01-01/2024-01-02"
 SLUG = "20240101T000000Z_20240102T000000Z"
@@ -349,7 +349,7 @@ def check_invariants(env: ReleaseEnv, *, settled: bool = True, recovered: bool =
     assert abs(status.total - charged) < 1e-9, f"scope total {status.total} != charged runs {charged}"
     assert charged <= max_charge + 1e-9, f"charged {charged}: more than {max_charge} for one interval"
 
-    from dpops.randomness import NoiseKey
+    from dpops.noise.randomness import NoiseKey
 
     store = ReleaseStore(env.out, RELEASE, sealer=NoiseKey.from_file(env.key_file))
     versions = store.versions(SLUG)

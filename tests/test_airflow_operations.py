@@ -189,7 +189,7 @@ def test_2_rest_fills_a_hole_and_restates_with_the_interval_in_conf(ops):
     assert run["state"] == "success", ops.tis(dag_id, run_id)
     assert _published(ops, 2) is not None
     # restatement of D1: its logical date is taken by the backfill run above -> 409 with a logical date ...
-    from dpops.synthetic import generate_events
+    from dpops.testing.synthetic import generate_events
 
     generate_events(str(ops.ws.specs_dir / "data" / "{start:%Y-%m-%d}.parquet"), n_rows=900, n_users=200,
                     n_partitions=4, days=1, seed=99, start=DAY[1])

@@ -27,7 +27,7 @@ import pytest
 from scipy import stats
 
 from dpops.analysis.accuracy import mean_error, predict, variance_error
-from dpops.randomness import test_random
+from dpops.noise.randomness import test_random
 from dpops.release_plan import plan_release
 from dpops.spec import parse_spec
 from pipelines.aggregate import select_and_noise

@@ -13,7 +13,7 @@ from dpops.cli.main import main
 from dpops.errors import SpecError
 from dpops.ledger import open_ledger
 from dpops.ledger.model import RunKey
-from dpops.mechanisms import laplace_mechanism
+from dpops.noise.mechanisms import laplace_mechanism
 from dpops.release_plan import plan_release
 from dpops.spec import load_spec, parse_spec
 

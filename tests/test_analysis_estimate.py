@@ -21,7 +21,7 @@ from dpops.analysis import estimate as E
 from dpops.cli.main import main
 from dpops.errors import BudgetExceeded, SpecError
 from dpops.ledger import ScopeDefinition, open_ledger
-from dpops.randomness import NoiseKey, test_random
+from dpops.noise.randomness import NoiseKey, test_random
 
 REGIONS = [f"r{i}" for i in range(12)]
 DAY = ("2024-01-01", "2024-01-02")
@@ -226,8 +226,14 @@ def test_cli_estimate_json_retry_and_manifest_verify(env, capsys):
     assert main(argv) == 0
     first = json.loads(capsys.readouterr().out)
     assert first["state"] == "committed" and first["patch"]["estimated_from"] == first["run_id"]
-    assert yaml.safe_load((root / "est" / "patch.yaml").read_text()) == first["patch"]
+    doc = yaml.safe_load((root / "est" / "patch.yaml").read_text())
+    assert doc["schema"] == E.PATCH_SCHEMA and doc["patch"] == first["patch"] and doc["run_id"] == first["run_id"]
     assert yaml.safe_load((root / "spec.est.yaml").read_text())["estimated_from"] == first["run_id"]
+    # the one way to apply a patch: dpops spec apply-patch writes the same spec as --spec-out
+    assert main(["spec", "apply-patch", str(spec), str(root / "est" / "patch.yaml"), "--json"]) == 0
+    written = json.loads(capsys.readouterr().out)["written"]
+    assert written.endswith("spec.estimated.yaml")
+    assert yaml.safe_load(Path(written).read_text()) == yaml.safe_load((root / "spec.est.yaml").read_text())
     assert main(argv) == 0
     again = json.loads(capsys.readouterr().out)
     assert again["state"] == "already_committed" and again["epsilon_charged"] == 0 and again["result"] == first["result"]

@@ -18,7 +18,7 @@ from dpops import analysis as tune_api
 from dpops.analysis.tuning import Candidate, apply_patch, default_grid, grid_from_doc, load_patched
 from dpops.cli.main import main
 from dpops.ledger import ScopeDefinition, open_ledger
-from dpops.randomness import NoiseKey
+from dpops.noise.randomness import NoiseKey
 
 SPEC = {
     "name": "tune_test",
@@ -49,12 +49,12 @@ def spec_at(root: Path, doc: dict | None = None) -> Path:
 
 def test_grid_in_one_pass_equals_each_candidate_alone(tmp_path):
     """The one-pass property: evaluating the grid together gives, row for row, what each candidate gives
-    evaluated alone (its own read and bounding), and bounds once per distinct (L0, Linf) only."""
+    evaluated alone (its own read and ranking, at its own floors), and ranks the rows once for the whole grid."""
     spec = spec_at(tmp_path)
     df = sample()
     grid = grid_from_doc(tune_api.load(spec), {"l0": [1, 3], "linf": [1, 2], "bounds": {"amount": [[0, 20], [0, 80]]}})
     together = tune_api.tune(spec, df, grid=grid, seed=7)
-    assert together.boundings == 4 and len(grid) == 8
+    assert together.boundings == 1 and len(grid) == 8  # one ranking pass, whatever the grid
     for cand in grid:
         alone = tune_api.tune(spec, df, grid=[cand], seed=7)
         assert alone.boundings == 1
@@ -100,8 +100,13 @@ def test_recommendation_meets_targets_when_a_candidate_can(tmp_path):
     # the patch applies and gives a valid spec with the recommended bounds
     from dpops.analysis.tune_output import patch_document
 
-    patched = load_patched(tune_api.load(spec), patch_document(res, {"source": "public"})["patch"])
+    prov = {"source": "public", "sample": "public/s.parquet", "checked_at": "2024-01-01T00:00:00+00:00"}
+    patched = load_patched(tune_api.load(spec), patch_document(res, prov)["patch"])
     assert patched.contribution.max_partitions_per_unit == res.recommended.l0
+    assert patched.tuning is not None and patched.tuning.candidate == res.recommended.label
+    assert patched.tuning.statement == "bounds chosen by dpops tune on a public sample on 2024-01-01"
+    assert patched.spec_hash == load_patched(tune_api.load(spec), {k: v for k, v in patch_document(res, prov)[
+        "patch"].items() if k != "tuning"}).spec_hash  # provenance is outside the spec hash
 
 
 def test_default_grid_and_bad_grid(tmp_path):
@@ -243,7 +248,7 @@ def test_one_pass_property_on_small_samples(tmp_path_factory, df, l0s, linfs):
     spec = spec_at(tmp_path_factory.mktemp("p"))
     grid = grid_from_doc(tune_api.load(spec), {"l0": l0s, "linf": linfs, "bounds": {"amount": [[0, 10]]}})
     together = tune_api.tune(spec, df, grid=grid, seed=5)
-    assert together.boundings == len(l0s) * len(linfs)
+    assert together.boundings == 1
     for cand in grid:
         alone = tune_api.tune(spec, df, grid=[cand], seed=5)
         assert [r for r in together.rows if r["candidate"] == cand.label] == alone.rows
@@ -252,3 +257,77 @@ def test_one_pass_property_on_small_samples(tmp_path_factory, df, l0s, linfs):
         dropped = -sum(r["bias_bounding"] * r["partitions"] for r in count_rows)  # true minus bounded rows
         assert dropped == pytest.approx((c["rows_dropped_l0"] + c["rows_dropped_linf"]) * len(df))
         assert 0 <= c["units_dropped_l0"] <= 1 and 0 <= c["units_dropped_linf"] <= 1
+
+
+def test_variance_quantiles_and_top_k_by_hand(tmp_path):
+    """Three users in one public partition, nothing dropped by bounding: the variance and quantile biases are
+    the clipping's exact effect, the quantile is the release's grid pick, top_k keeps its leader, and the
+    noise is each owner's prediction (variance_error, quantile_rank_error, top_pick)."""
+    from dpops.analysis.accuracy import quantile_rank_error, top_pick, variance_error
+    from dpops.release_plan import plan_release
+    from pipelines.bounding import quantile_candidates
+
+    doc = {**SPEC, "input": {**SPEC["input"], "columns": {**SPEC["input"]["columns"], "color": "string"}},
+           "partitions": {"columns": ["region"], "public": ["a"]},
+           "metrics": [{"type": "variance", "column": "amount", "bounds": [0, 10]},
+                       {"type": "quantiles", "column": "amount", "bounds": [0, 10], "quantiles": [0.5]},
+                       {"type": "top_k", "column": "color", "k": 1, "domain": ["red", "blue"]}]}
+    spec = spec_at(tmp_path, doc)
+    df = pd.DataFrame({"user_id": ["x", "x", "x", "y", "z", "z"], "region": ["a"] * 6,
+                       "amount": [1.0, 2.0, 3.0, 30.0, 4.0, 5.0],
+                       "color": ["red", "red", "blue", "blue", "blue", "blue"]})
+    res = tune_api.tune(spec, df, grid=[Candidate(1, 3)], seed=1)
+    assert res.not_evaluated == []
+    rows = {r["type"]: r for r in res.rows}
+    raw, clipped = np.array([1, 2, 3, 30, 4, 5.0]), np.array([1, 2, 3, 10, 4, 5.0])
+    var = rows["variance"]
+    assert var["bias_bounding"] == pytest.approx(0.0, abs=1e-9)
+    assert var["bias_clipping"] == pytest.approx(clipped.var() - raw.var())
+    plan = plan_release(load_patched(tune_api.load(spec), {"contribution": {
+        "max_partitions_per_unit": 1, "max_rows_per_unit_per_partition": 3}}))
+    mv, mq, mt = plan.metrics
+    std, _, _, _ = variance_error(plan, mv, 6, float(clipped.mean() - 5.0), float(((clipped - 5.0) ** 2).mean()), 0.95)
+    assert var["noise_std"] == pytest.approx(std)
+    q = rows["quantiles"]
+    cand = quantile_candidates(0.0, 10.0, mq.n_bins)
+    pick = float(cand[np.searchsorted(cand, 3.0)])  # the smallest grid point with 3 of the 6 rows at or below
+    assert q["quantity"] == "q50" and q["bias_bounding"] == 0.0
+    assert q["bias_clipping"] == pytest.approx(pick - 3.0)  # true median (inverted CDF) is 3
+    assert q["expected_rank_error"] == pytest.approx(quantile_rank_error(mq))
+    assert q["rank_error_fraction"] == pytest.approx(quantile_rank_error(mq) / 6)
+    t = rows["top_k"]
+    assert t["top_changed_by_bounding"] == 0.0 and t["rmse"] is None
+    assert t["top_pick_probability"] == pytest.approx(top_pick(mt, 2))  # blue 4, red 2
+    # Linf = 1 keeps one row per user: blue 3 to red 0 (x kept its blue row) or 2 to 1 (a red one), under
+    # the plan at Linf = 1
+    res1 = tune_api.tune(spec, df, grid=[Candidate(1, 1)], seed=1)
+    t1 = next(r for r in res1.rows if r["type"] == "top_k")
+    mt1 = plan_release(load_patched(tune_api.load(spec), {"contribution": {
+        "max_partitions_per_unit": 1, "max_rows_per_unit_per_partition": 1}})).metrics[2]
+    assert t1["top_pick_probability"] in (pytest.approx(top_pick(mt1, 1)), pytest.approx(top_pick(mt1, 3)))
+
+
+def test_a_rank_error_target_is_judged_on_the_sample(tmp_path):
+    """A quantile's rank_error target: achieved = the plan's expected rank error over the bucket's bounded rows
+    (mean over its partitions), divided by the allowed fraction; it is the candidate's loss. (Linf scales the
+    rank error's sensitivity and the bounded rows alike, so here the two candidates tie.)"""
+    from dpops.analysis.accuracy import quantile_rank_error
+    from dpops.release_plan import plan_release
+
+    doc = {**SPEC, "partitions": {"columns": ["region"], "public": ["a"]},
+           "metrics": [{"type": "quantiles", "column": "amount", "bounds": [0, 100], "quantiles": [0.5]}],
+           "accuracy": {"targets": [{"kind": "rank_error", "metric": "quantiles_amount", "max_rank_error": 0.05,
+                                     "at_units": 50}]}}
+    spec = spec_at(tmp_path, doc)
+    rng = np.random.default_rng(4)
+    df = pd.DataFrame({"user_id": [f"u{i % 60}" for i in range(1200)], "region": ["a"] * 1200,
+                       "amount": rng.uniform(0, 100, 1200)})  # 60 users, 20 rows each
+    grid = [Candidate(1, 1), Candidate(1, 20)]
+    res = tune_api.tune(spec, df, grid=grid, seed=2)
+    assert res.loss == "targets"
+    for cand, summ in zip(grid, res.candidates, strict=True):
+        m = plan_release(load_patched(tune_api.load(spec), {"contribution": {
+            "max_partitions_per_unit": cand.l0, "max_rows_per_unit_per_partition": cand.linf}})).metrics[0]
+        want = quantile_rank_error(m) / (60 * cand.linf) / 0.05
+        assert summ["target_ratio"] == pytest.approx(want)
+        assert summ["loss"] == summ["target_ratio"]

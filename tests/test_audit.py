@@ -82,10 +82,10 @@ def test_harness_counts_are_exact_before_noise(monkeypatch):
     from dpops.audit.harness import Harness
     from dpops.audit.scenarios import ScenarioBuilder
     from dpops.audit.suite import mechanism_spec
-    from dpops.randomness import test_random
+    from dpops.noise.randomness import test_random
     from dpops.release_plan import plan_release
 
-    monkeypatch.setattr("dpops.mechanisms.add_noise", lambda values, params, rng: np.asarray(values))
+    monkeypatch.setattr("dpops.noise.mechanisms.add_noise", lambda values, params, rng: np.asarray(values))
     spec = mechanism_spec("count", l0=2, linf=3)
     h = Harness(spec, plan_release(spec))
     at, over = ScenarioBuilder(h).metric("count")
@@ -107,8 +107,8 @@ def test_cli_mechanisms_json(capsys):
 
 
 def test_cli_fails_with_exit_7_on_a_bug(monkeypatch, capsys):
-    from dpops import mechanisms
-    from dpops.samplers import discrete_laplace_param
+    from dpops.noise import mechanisms
+    from dpops.noise.samplers import discrete_laplace_param
     import dataclasses
 
     real = mechanisms.laplace_mechanism
@@ -149,10 +149,10 @@ def test_audit_through_the_beam_pipeline_passes_and_catches_a_halved_scale(monke
     """run_release (FnApiRunner) on D and D': one pipeline run gives 1500 trials (groups of partitions)."""
     import dataclasses
 
-    from dpops import mechanisms
+    from dpops.noise import mechanisms
     from dpops.audit.pipeline_path import audit_metric_via_pipeline
     from dpops.audit.suite import mechanism_spec
-    from dpops.samplers import discrete_laplace_param
+    from dpops.noise.samplers import discrete_laplace_param
 
     spec = mechanism_spec("count")
     ok = audit_metric_via_pipeline(spec, "count", trials=1500, seed=5)

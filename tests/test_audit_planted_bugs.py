@@ -45,7 +45,7 @@ def test_correct_replace_count_passes():
 
 # ---------------------------------------------------------------- planted bugs fail
 def test_replace_release_noised_with_add_remove_sensitivity_fails(monkeypatch):
-    from dpops import sensitivity
+    from dpops.noise import sensitivity
 
     real = sensitivity.count
 
@@ -111,8 +111,8 @@ def test_nan_passing_the_clamp_fails(monkeypatch):
 
 
 def test_laplace_scale_off_by_two_fails(monkeypatch):
-    from dpops import mechanisms
-    from dpops.samplers import discrete_laplace_param
+    from dpops.noise import mechanisms
+    from dpops.noise.samplers import discrete_laplace_param
 
     real = mechanisms.laplace_mechanism
 
@@ -126,7 +126,7 @@ def test_laplace_scale_off_by_two_fails(monkeypatch):
 
 
 def test_partition_selection_threshold_without_delta_fails(monkeypatch):
-    from dpops import selection
+    from dpops.noise import selection
 
     assert _audit("partition_selection", strategy="laplace_threshold").passed
     # BUG: threshold T = 1 (keep iff n + noise >= 1) ignores delta: a lone unit's partition shows up
@@ -136,7 +136,7 @@ def test_partition_selection_threshold_without_delta_fails(monkeypatch):
 
 
 def test_truncated_geometric_with_inflated_delta_fails(monkeypatch):
-    from dpops import selection
+    from dpops.noise import selection
 
     real = selection._truncated_geometric_table
     monkeypatch.setattr(selection, "_truncated_geometric_table", lambda eps, delta: real(eps, min(0.5, delta * 1e4)))
@@ -161,7 +161,7 @@ def test_key_reused_on_changed_input_fails(monkeypatch):
 def test_top_k_and_quantiles_pass_and_an_overspending_top_k_fails(monkeypatch):
     assert _audit("top_k", trials=2000).passed
     assert _audit("quantiles", trials=200).passed
-    from dpops import selection
+    from dpops.noise import selection
 
     real = selection.top_k
     # BUG: top_k runs with 4x the epsilon it is charged (e.g. the eps/k split applied twice the wrong way)

@@ -7,7 +7,7 @@ import math
 import pytest
 from dp_accounting.pld import privacy_loss_distribution as pld
 
-from dpops.calibration import (
+from dpops.noise.calibration import (
     discrete_gaussian_delta,
     discrete_gaussian_sigma,
     discrete_gaussian_sigma_zcdp,

@@ -155,6 +155,7 @@ def json_error_cases(e, tmp_path) -> dict[tuple[str, ...], tuple[list[str], int]
     cases[("ledger", "keygen")] = ([str(e.key), str(tmp_path / "pub.pem")], 3)  # never overwrites a file
     cases[("spec", "check")] = ([str(tmp_path / "nope.yaml")], 3)
     cases[("spec", "synth")] = ([str(tmp_path / "nope.yaml"), "--from", "2024-01-01", "--to", "2024-01-02"], 3)
+    cases[("spec", "apply-patch")] = ([str(e.spec), str(e.spec)], 3)  # a spec is not a tune patch
     cases[("account",)] = ([str(tmp_path / "nope.json"), "--delta", "1e-6"], 3)
     cases[("key", "generate")] = ([str(e.key)], 3)  # refuses to overwrite
     cases[("key", "id")] = ([str(tmp_path / "nope.key")], None)

@@ -1,7 +1,7 @@
 """The shipped examples run as they are with the shipped synthetic generator (issue 12).
 
 Every ``examples/*.yaml`` is copied unchanged, given synthetic input by ``dpops spec synth``
-(``dpops.synthetic.generate_for_spec``), checked by ``dpops spec check`` and released in test mode
+(``dpops.testing.synthetic.generate_for_spec``), checked by ``dpops spec check`` and released in test mode
 through the real pipeline (seeded noise, never publishable) against a scope with its unit definition.
 """
 

@@ -12,7 +12,7 @@ from dpops.release import computation
 from dpops.release import preparation
 from dpops.cli.main import main
 from dpops.ledger import ScopeDefinition, open_ledger
-from dpops.randomness import NoiseKey
+from dpops.noise.randomness import NoiseKey
 
 from test_runs import FakePipeline, planner, write_input  # the same stand-ins as the run tests
 

@@ -27,7 +27,7 @@ import yaml
 
 from cluster_support import portable_cluster, pythonpath_env, s3_env, start_moto
 from dpops.ledger import ScopeDefinition, open_ledger
-from dpops.randomness import NoiseKey
+from dpops.noise.randomness import NoiseKey
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 

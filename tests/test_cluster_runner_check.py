@@ -21,7 +21,7 @@ import pytest
 from cluster_support import BlackHole, dead_port, pythonpath_env
 from dpops.errors import RunnerError
 from dpops.ledger import ScopeDefinition, open_ledger
-from dpops.randomness import NoiseKey
+from dpops.noise.randomness import NoiseKey
 from test_pipeline_helpers import write_input, write_spec
 
 pytestmark = pytest.mark.timeout(300)

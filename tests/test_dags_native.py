@@ -117,7 +117,7 @@ def test_a_key_reference_variable_outside_the_key_dir_is_refused(tmp_path, monke
     file (another valid key, the Airflow DB URL). Only a key file under the operator's $DPOPS_KEY_DIR is
     accepted; the run is refused in check_input, nothing is reserved or charged, and it is not retried."""
     from dpops.ledger import open_ledger
-    from dpops.randomness import NoiseKey
+    from dpops.noise.randomness import NoiseKey
 
     ws = make_workspace(tmp_path / "ws", release="af_keydir", scope="af_keydir_scope", days=1)
     elsewhere = tmp_path / "elsewhere"

@@ -109,9 +109,9 @@ def test_one_interval_publishes_commits_and_a_rerun_is_free(tmp_path, monkeypatc
 
 
 def _fail_once_after_manifest(monkeypatch):
-    """The one fault-hook mechanism (dpops.faults): ``manifest.after`` fires inside publish, after the noise
+    """The one fault-hook mechanism (dpops.testing.faults): ``manifest.after`` fires inside publish, after the noise
     was drawn and staged and the manifest written, before the ledger commit; ``raise`` = a crash a retry heals."""
-    from dpops import faults
+    from dpops.testing import faults
     from dpops.release import manifests
     from fault_support import _after
 
@@ -202,7 +202,7 @@ def test_budget_refusal_is_a_refusal_not_a_crash(tmp_path, monkeypatch, capfd, c
 
 
 def test_changed_input_needs_explicit_restate_param(tmp_path, monkeypatch):
-    from dpops.synthetic import generate_events
+    from dpops.testing.synthetic import generate_events
 
     ws = make_workspace(tmp_path, release="af_restate", scope="af_restate_scope", days=1)
     dag = _dag(ws, monkeypatch, retries=0)

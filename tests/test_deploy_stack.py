@@ -293,7 +293,7 @@ def stack(postgres_url):
 
 
 def test_compose_stack_publishes_the_example_as_uid_50000(stack: Stack):
-    from dpops.randomness import NoiseKey
+    from dpops.noise.randomness import NoiseKey
 
     compose = load_compose()
     t0 = time.monotonic()

@@ -57,7 +57,7 @@ def fault_matrix(request):
 
 @pytest.fixture(scope="module")
 def key_file(tmp_path_factory):
-    from dpops.randomness import NoiseKey
+    from dpops.noise.randomness import NoiseKey
 
     path = tmp_path_factory.mktemp("key") / "noise.key"
     NoiseKey.generate(path)
@@ -122,7 +122,7 @@ def test_sigkill_then_retry(tmp_path, ledger_url, key_file, reference, point, wh
 
 
 def test_fault_point_hook(monkeypatch, tmp_path):
-    from dpops import faults
+    from dpops.testing import faults
 
     assert faults.parse_fault("beam.noise@3=raise") == ("beam.noise", 3, "raise")
     assert faults.parse_fault("ledger.reserve:locked") == ("ledger.reserve:locked", 1, "kill")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dpops.randomness import NoiseKey
+from dpops.noise.randomness import NoiseKey
 from dpops.sandbox import landlock_abi, planned_confinement, run_confined
 
 pytestmark = pytest.mark.skipif(not landlock_abi(), reason="this kernel has no Landlock; team suites are refused there")

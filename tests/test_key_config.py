@@ -12,7 +12,7 @@ import pytest
 from dpops.cli.main import main as dpops_main
 from dpops.errors import InvalidParameter
 from dpops.keyref import key_ref_under_key_dir
-from dpops.randomness import NoiseKey
+from dpops.noise.randomness import NoiseKey
 
 
 @pytest.fixture

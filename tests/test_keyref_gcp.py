@@ -18,7 +18,7 @@ import pytest
 
 from dpops import keyref
 from dpops.errors import InvalidParameter
-from dpops.randomness import NoiseKey
+from dpops.noise.randomness import NoiseKey
 
 NAME = "projects/p1/secrets/dpops-noise/versions/3"
 

@@ -143,7 +143,7 @@ def clean_env(monkeypatch):
 
 
 def _key(tmp_path: Path) -> tuple[Path, str]:
-    from dpops.randomness import NoiseKey
+    from dpops.noise.randomness import NoiseKey
 
     d = tmp_path / "secrets"
     d.mkdir(exist_ok=True)

@@ -409,7 +409,7 @@ def test_edited_published_file_is_caught_everywhere(cli_env, real_plan, capsys):
 
 
 def test_wrong_key_is_reported_not_checked(cli_env, real_plan, capsys, tmp_path):
-    from dpops.randomness import NoiseKey
+    from dpops.noise.randomness import NoiseKey
 
     _, _, url, _, _ = cli_env
     out, manifest, data = _publish_and_find(cli_env, capsys)

@@ -10,10 +10,10 @@ import pytest
 from scipy import stats
 
 from dpops.accounting import get_accountant, known_accountants
-from dpops.calibration import discrete_gaussian_delta, zcdp_epsilon
+from dpops.noise.calibration import discrete_gaussian_delta, zcdp_epsilon
 from dpops.errors import InvalidParameter
 from dpops.events import event_from_dict, event_to_dict
-from dpops.mechanisms import (
+from dpops.noise.mechanisms import (
     RESOLUTION_BITS,
     NoiseParams,
     add_noise,
@@ -21,8 +21,8 @@ from dpops.mechanisms import (
     gaussian_mechanism_zcdp,
     laplace_mechanism,
 )
-from dpops.randomness import test_random
-from dpops.samplers import discrete_gaussian, discrete_laplace
+from dpops.noise.randomness import test_random
+from dpops.noise.samplers import discrete_gaussian, discrete_laplace
 
 Z_ALPHA = stats.norm.isf(1e-4 / 2)  # every statistical check: false-failure rate 1e-4
 EPSILONS = [0.01, 0.5, 1.0, 3.0]

@@ -135,7 +135,7 @@ def test_quantiles_and_top_k(tmp_path):
 
 
 def test_keyed_noise_is_reproducible_and_input_bound(tmp_path):
-    from dpops.randomness import NoiseKey
+    from dpops.noise.randomness import NoiseKey
 
     key_path = tmp_path / "noise.key"
     key = NoiseKey.generate(key_path)
@@ -174,7 +174,7 @@ def test_confidence_intervals_cover(tmp_path):
     mechanisms' intervals are conservative, so it is lower still). It fails if the std or the
     half-width is understated by ~10%.
     """
-    from dpops.randomness import test_random
+    from dpops.noise.randomness import test_random
     from pipelines.aggregate import select_and_noise
     from pipelines.bounding import sum_unit
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dpops.randomness import test_random
+from dpops.noise.randomness import test_random
 from pipelines.bounding import (
     AggregationSpec,
     aggregate_bucket,
@@ -128,3 +128,67 @@ def test_hashes_are_stable_across_processes():
     plain = hash_column(pa.array(["x", "y", "x"]), "string")
     dic = hash_column(pa.array(["x", "y", "x"]).dictionary_encode(), "string")
     assert plain.tolist() == dic.tolist()
+
+
+# --------------------------------------------------------------------------- ranks once, filter per (L0, Linf)
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from pipelines.bounding import contribution_ranks  # noqa: E402
+
+
+def _oracle_keep(u, p, prio, pp, l0, linf) -> set[int]:
+    """The bounding rule written out naively: per unit the l0 pairs of smallest (pair priority, partition
+    hash), per kept pair the linf rows of smallest row priority (ties: input order)."""
+    pairs: dict[tuple[int, int], list[int]] = {}
+    for i in range(len(u)):
+        pairs.setdefault((int(u[i]), int(p[i])), []).append(i)
+    by_unit: dict[int, list[tuple[int, int]]] = {}
+    for (uu, pp_) in pairs:
+        by_unit.setdefault(uu, []).append((uu, pp_))
+    keep: set[int] = set()
+    for keys in by_unit.values():
+        keys.sort(key=lambda k: (int(pp[pairs[k][0]]), k[1]))
+        for k in keys[:l0]:
+            rows = sorted(pairs[k], key=lambda i: (int(prio[i]), i))
+            keep.update(rows[:linf])
+    return keep
+
+
+@st.composite
+def _bounding_input(draw):
+    n = draw(st.integers(0, 60))
+    u = np.array(draw(st.lists(st.integers(0, 5), min_size=n, max_size=n)), dtype=np.uint64)
+    p = np.array(draw(st.lists(st.integers(0, 6), min_size=n, max_size=n)), dtype=np.uint64) + np.uint64(2**63)
+    # an adversary's priorities: few distinct values, so ties within a pair are common
+    prio = np.array(draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)), dtype=np.uint64) << np.uint64(62)
+    salt = draw(st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)))
+    return u, p, prio, pair_priority(u, p, salt)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=_bounding_input(), l0_floor=st.integers(1, 4), linf_floor=st.integers(1, 4),
+       bounds=st.lists(st.tuples(st.integers(0, 4), st.integers(0, 4)), min_size=1, max_size=6))
+def test_ranks_filtered_at_any_bounds_keep_exactly_what_bound_contributions_keeps(data, l0_floor, linf_floor,
+                                                                                   bounds):
+    """One ranking (``contribution_ranks`` at the grid's smallest bounds) filtered at any (L0, Linf) at or
+    above those floors keeps exactly the rows ``bound_contributions(L0, Linf)`` keeps, and both are the
+    rule written out naively; what tune's one pass relies on (issue 20). Below the floor, it refuses."""
+    u, p, prio, pp = data
+    ranks = contribution_ranks(u, p, prio, pp, l0_floor=l0_floor, linf_floor=linf_floor)
+    for dl0, dlinf in bounds:
+        l0, linf = l0_floor + dl0, linf_floor + dlinf
+        kept, kept_parts, stats = bound_contributions(u, p, prio, l0, linf, pp)
+        mask = ranks.keep_mask(l0, linf)
+        assert np.flatnonzero(mask).tolist() == kept.tolist()
+        assert set(kept.tolist()) == _oracle_keep(u, p, prio, pp, l0, linf)
+        pair_ok = ranks.pair_mask(l0)
+        assert sorted(p[ranks.first[pair_ok]].tolist()) == sorted(kept_parts.tolist())
+        assert stats["rows_dropped_l0"] == len(u) - int(np.count_nonzero(pair_ok[ranks.pair]))
+    if l0_floor > 1:
+        with pytest.raises(ValueError, match="cannot filter"):
+            ranks.pair_mask(l0_floor - 1)
+    if linf_floor > 1:
+        with pytest.raises(ValueError, match="cannot filter"):
+            ranks.row_mask(linf_floor - 1)

@@ -56,7 +56,7 @@ def job_service(tmp_path):
 
 
 def test_portable_runner_matches_in_process(tmp_path, job_service):
-    from dpops.randomness import NoiseKey
+    from dpops.noise.randomness import NoiseKey
 
     key_path = tmp_path / "noise.key"
     NoiseKey.generate(key_path)

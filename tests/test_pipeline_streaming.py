@@ -22,7 +22,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from test_pipeline_helpers import request, run, write_spec
 
 from dpops.errors import InvalidParameter, StorageError
-from dpops.randomness import test_random
+from dpops.noise.randomness import test_random
 from pipelines import release_pipeline, transforms
 from pipelines.bounding import (
     AggregationSpec,
@@ -390,7 +390,7 @@ def test_s3_endpoint_is_forwarded_from_the_standard_variable():
 
 
 def _key_file(dir_: Path, name: str = "noise.key") -> Path:
-    from dpops.randomness import NoiseKey
+    from dpops.noise.randomness import NoiseKey
 
     dir_.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = dir_ / name
@@ -422,7 +422,7 @@ def test_a_worker_resolves_the_key_reference_itself_and_checks_its_id(tmp_path):
     assert ok.stdout.strip().endswith(str(ctx.randomness.pair_salt(here)))  # same salt on every worker
     # a worker that sees another key at the reference refuses to draw anything
     key.unlink()
-    from dpops.randomness import NoiseKey
+    from dpops.noise.randomness import NoiseKey
 
     NoiseKey.generate(key)
     bad = subprocess.run([sys.executable, "-c", code, str(tmp_path / "ctx.pkl")], capture_output=True, text=True, check=False,
@@ -433,7 +433,7 @@ def test_a_worker_resolves_the_key_reference_itself_and_checks_its_id(tmp_path):
 
 def test_key_references_and_providers(tmp_path):
     from dpops import keyref
-    from dpops.randomness import NoiseKey
+    from dpops.noise.randomness import NoiseKey
 
     key = _key_file(tmp_path / "k")
     want = NoiseKey.from_file(key).key_id

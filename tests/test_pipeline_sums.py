@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import dpops.mechanisms as mech
+import dpops.noise.mechanisms as mech
 import pipelines.bounding as bounding
-from dpops.randomness import test_random
+from dpops.noise.randomness import test_random
 from dpops.release_plan import plan_release
 from dpops.spec import load_spec, parse_spec
 from pipelines.aggregate import select_and_noise
@@ -90,7 +90,7 @@ def test_float_sum_attack_stays_within_the_charge(monkeypatch):
 
 @pytest.mark.parametrize("kind", ["sum", "nsum", "nsq"])
 def test_fixed_point_terms_stay_inside_the_charged_term_bounds(kind):
-    # Every per-row term k·g lies in [a, b], the range dpops.sensitivity derives Δ from, for bounds
+    # Every per-row term k·g lies in [a, b], the range dpops.noise.sensitivity derives Δ from, for bounds
     # that are not multiples of g and values at, near and beyond the bounds.
     gen = np.random.default_rng(5)
     for lo, hi in [(-1.0, 1.0), (0.1, 0.7), (-3.3, 1e-3), (0.0, 1e12), (-7e-5, -1e-5), (2.5, 2.5)]:

@@ -11,7 +11,7 @@ import yaml
 
 from dpops.cli.main import main as dpops_main
 from dpops.ledger import ScopeDefinition, open_ledger
-from dpops.randomness import NoiseKey
+from dpops.noise.randomness import NoiseKey
 
 PATIENTS = "patient_id,diagnosis,zip\np-0001,HIV,02139\np-0002,diabetes,94110\n"
 

@@ -14,7 +14,7 @@ from scipy import stats
 from dpops.cli.key import cli as key_cli
 from dpops.cli.main import main as dpops_main
 from dpops.errors import InvalidParameter
-from dpops.randomness import KEY_FILE_HEADER, NoiseKey, format_key_file, keyed_random, os_random, test_random
+from dpops.noise.randomness import KEY_FILE_HEADER, NoiseKey, format_key_file, keyed_random, os_random, test_random
 
 KEY = NoiseKey(bytes(range(32)))
 OTHER_KEY = NoiseKey(bytes(range(1, 33)))
@@ -321,7 +321,7 @@ def test_refusals_never_contain_key_bytes(tmp_path):
 
 
 def test_worker_refuses_a_key_that_is_not_the_runs(tmp_path, monkeypatch):
-    from dpops import randomness
+    from dpops.noise import randomness
 
     monkeypatch.setattr(randomness, "_LOADED", {})
     a = NoiseKey.generate(tmp_path / "a.key")
@@ -334,7 +334,7 @@ def test_worker_refuses_a_key_that_is_not_the_runs(tmp_path, monkeypatch):
 def test_pipeline_refuses_a_key_file_that_is_not_the_runs(tmp_path, monkeypatch):
     import dataclasses
 
-    from dpops import randomness
+    from dpops.noise import randomness
     from test_pipeline_helpers import request, write_input, write_spec
 
     monkeypatch.setattr(randomness, "_LOADED", {})
@@ -354,7 +354,7 @@ def test_pipeline_refuses_a_key_file_that_is_not_the_runs(tmp_path, monkeypatch)
 
 def test_key_is_loaded_once_per_run(tmp_path, monkeypatch, capsys):
     """A whole release (prepare, fingerprint, seal, pipeline driver and every DoFn) reads the key file once."""
-    from dpops import randomness
+    from dpops.noise import randomness
     from test_storage import _release_env
 
     monkeypatch.setenv("DPOPS_STATE_DIR", str(tmp_path / "state"))

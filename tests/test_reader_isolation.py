@@ -383,7 +383,7 @@ def test_the_property_can_fail():
 
 @pytest.fixture(scope="module")
 def key_file(tmp_path_factory):
-    from dpops.randomness import NoiseKey
+    from dpops.noise.randomness import NoiseKey
 
     path = tmp_path_factory.mktemp("key") / "noise.key"
     NoiseKey.generate(path)

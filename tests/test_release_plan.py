@@ -1,5 +1,5 @@
 """The release plan: what the ledger charges must certify the spec's budget, and use the
-sensitivities of dpops.sensitivity."""
+sensitivities of dpops.noise.sensitivity."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from dpops import sensitivity
+from dpops.noise import sensitivity
 from dpops.accounting import get_accountant, known_accountants
 from dpops.release_plan import plan_release
 from dpops.spec import parse_spec

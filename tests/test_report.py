@@ -244,7 +244,7 @@ def reviewed_scope(tmp_path_factory):
 
     from dpops.ledger import RunKey
     from dpops.manifest import write_run_manifest
-    from dpops.randomness import NoiseKey
+    from dpops.noise.randomness import NoiseKey
     from dpops.release_plan import plan_release
     from dpops.spec import load_spec
     from dpops.storage import sha256_file

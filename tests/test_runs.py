@@ -381,7 +381,7 @@ def test_end_to_end_keyed_retry_reproduces_noise_with_one_charge(tmp_path):
     recomputed under the same key and input to the very same numbers, and charged once."""
     import numpy as np
 
-    from dpops.randomness import NoiseKey
+    from dpops.noise.randomness import NoiseKey
 
     doc = {
         "name": "e2e",

@@ -15,8 +15,8 @@ import pytest
 from scipy import stats
 
 from dpops.errors import InvalidParameter
-from dpops.randomness import os_random, test_random
-from dpops.samplers import (
+from dpops.noise.randomness import os_random, test_random
+from dpops.noise.samplers import (
     bernoulli_exp,
     bernoulli_float,
     discrete_gaussian,

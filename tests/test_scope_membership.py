@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 from dpops import spec as spec_models
 from dpops.cli.main import main
 from dpops.ledger import ScopeDefinition, TimeRule, open_ledger
-from dpops.randomness import NoiseKey
+from dpops.noise.randomness import NoiseKey
 from dpops.release import unit_definition_mismatches
 from dpops.spec import load_spec
 
@@ -133,6 +133,16 @@ CLAIMS: dict[str, Claim] = {
     "output": Claim(reason="a section: classified field by field (output.*)"),
     "accuracy": Claim(reason=f"declared accuracy targets: predictions over public parameters, outside spec_hash; "
                              f"they change no mechanism and {NOT_READ}"),
+    "tuning": Claim(reason=f"provenance of the bounds (which dpops tune run chose them, and the ledger entry of a "
+                           f"private read), outside spec_hash; it changes no mechanism and {NOT_READ}",
+                    admitted=(Mutation("a public tuning block", _set("tuning", {
+                        "candidate": "L0=1 Linf=5", "loss": "mean_relative_rmse", "candidates": 4,
+                        "data": {"source": "public", "sample": "/public/s.parquet",
+                                 "checked_at": "2024-01-01T00:00:00+00:00"}})),
+                              Mutation("a private tuning block on the scope", _set("tuning", {
+                                  "candidate": "L0=1 Linf=5", "loss": "targets", "candidates": 4,
+                                  "data": {"source": "private", "scope": "orders", "fingerprint": "hmac-sha256:" + "0" * 64,
+                                           "ledger_entry": 7, "read_at": "2024-01-01T00:00:00.5+00:00"}})))),
     # ---- InputSpec
     "input.path": Claim(
         reason="which files are read: the scope's population question, not a bucket question. Per definition the "

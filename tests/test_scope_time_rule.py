@@ -23,7 +23,7 @@ from dpops.cli.main import main
 from dpops.events import canonical_json
 from dpops.ledger import open_ledger
 from dpops.ledger.schema import GENESIS_HASH, entry_hash
-from dpops.randomness import NoiseKey
+from dpops.noise.randomness import NoiseKey
 
 DAY1, DAY2 = "2024-01-01/2024-01-02", "2024-01-02/2024-01-03"
 

@@ -14,8 +14,8 @@ from scipy import stats
 
 from dpops.errors import InvalidParameter
 from dpops.events import ApproxDP, PureDP
-from dpops.randomness import test_random
-from dpops.selection import (
+from dpops.noise.randomness import test_random
+from dpops.noise.selection import (
     STRATEGIES,
     PartitionSelection,
     dp_quantile,
@@ -68,7 +68,7 @@ def test_pf_formula_matches_enumeration():
 
 @pytest.mark.parametrize("sequential_max", [8, 256], ids=["vectorised", "sequential"])
 def test_both_pf_paths_have_the_exact_distribution(sequential_max, monkeypatch):
-    import dpops.selection as sel
+    import dpops.noise.selection as sel
 
     monkeypatch.setattr(sel, "_SEQUENTIAL_MAX", sequential_max)
     u = np.arange(40) // 4  # 40 candidates, ties included

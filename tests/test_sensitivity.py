@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpops import sensitivity as sens
+from dpops.noise import sensitivity as sens
 from dpops.errors import InvalidParameter
-from dpops.sensitivity import ContributionBounds
+from dpops.noise.sensitivity import ContributionBounds
 
 # ---- the queries, written independently of the module: rows are (unit, partition, value) ----
 

@@ -17,7 +17,7 @@ from dpops import release  # noqa: E402
 from dpops.release import execute  # noqa: E402
 from dpops.errors import InputDataError  # noqa: E402
 from dpops.ledger import ScopeDefinition, open_ledger  # noqa: E402
-from dpops.randomness import test_random  # noqa: E402
+from dpops.noise.randomness import test_random  # noqa: E402
 from test_pipeline_helpers import request, run, write_input, write_spec  # noqa: E402
 from test_runs import IV, FakeKey, FakePipeline, planner  # noqa: E402
 from test_runs import write_input as write_day  # noqa: E402

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 from dpops.release.pipeline_seam import ComputeRequest
 from dpops.errors import DpopsError
-from dpops.randomness import test_random
-from dpops.selection import dp_quantile, exponential_mechanism
+from dpops.noise.randomness import test_random
+from dpops.noise.selection import dp_quantile, exponential_mechanism
 from dpops.spec import load_spec
 
 REGIONS = ["north", "south", "east"]

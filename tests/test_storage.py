@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dpops.errors import IntegrityError, StorageError
-from dpops.randomness import NoiseKey
+from dpops.noise.randomness import NoiseKey
 from dpops.storage import ReleaseStore
 
 IV = "20240101T000000Z_20240102T000000Z"

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from dpops.errors import IntegrityError, StorageError
-from dpops.randomness import NoiseKey
+from dpops.noise.randomness import NoiseKey
 from dpops.storage import Location, Store, files, open_store
 from dpops.storage.objectstore import ObjectReleaseStore
 import s3_support

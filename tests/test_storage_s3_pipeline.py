@@ -15,7 +15,7 @@ import yaml
 
 from dpops.cli.main import main
 from dpops.ledger import ScopeDefinition, open_ledger
-from dpops.randomness import NoiseKey
+from dpops.noise.randomness import NoiseKey
 from dpops.storage import Location, files
 
 import s3_support

@@ -17,7 +17,7 @@ from dpops.release import computation
 from dpops.cli.main import main
 from dpops.release.pipeline_seam import ComputeResult
 from dpops.ledger import ScopeDefinition, open_ledger
-from dpops.randomness import NoiseKey
+from dpops.noise.randomness import NoiseKey
 from dpops.storage import Location, files
 from dpops.storage.objectstore import ObjectReleaseStore
 import s3_support

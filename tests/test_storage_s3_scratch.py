@@ -21,7 +21,7 @@ import yaml
 import s3_support
 from dpops.cli.main import main
 from dpops.ledger import ScopeDefinition, open_ledger
-from dpops.randomness import NoiseKey
+from dpops.noise.randomness import NoiseKey
 from dpops.storage import Location, files
 
 moto_server = s3_support.moto_server  # pytest fixtures

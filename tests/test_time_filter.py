@@ -181,11 +181,11 @@ def test_check_input_wants_a_timestamp_time_column(tmp_path):
 
 
 def test_example_spec_with_synthetic_data_on_a_day_bucketed_scope(tmp_path):
-    """examples/daily_purchases.yaml (time_column ts) over dpops.synthetic data, charged per day bucket."""
+    """examples/daily_purchases.yaml (time_column ts) over dpops.testing.synthetic data, charged per day bucket."""
     import shutil
     from pathlib import Path
 
-    from dpops.synthetic import generate_events
+    from dpops.testing.synthetic import generate_events
 
     example = Path(__file__).resolve().parent.parent / "examples" / "daily_purchases.yaml"
     spec = tmp_path / "daily_purchases.yaml"
@@ -226,7 +226,7 @@ def test_one_start_names_one_period_of_the_spec(tmp_path, ledger, capsys):
     with neither period nor schedule, is refused naming the interval to give instead."""
     from dpops.cli.main import main
     from dpops.errors import InvalidParameter
-    from dpops.randomness import NoiseKey
+    from dpops.noise.randomness import NoiseKey
     from dpops.spec import one_period_interval
 
     _three_day_file(tmp_path)

@@ -42,10 +42,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dpops.errors import InvalidParameter
-from dpops.samplers import DiscreteGaussianParam, DiscreteLaplaceParam
+from dpops.noise.samplers import DiscreteGaussianParam, DiscreteLaplaceParam
 
 if TYPE_CHECKING:
-    from dpops.mechanisms import NoiseParams
+    from dpops.noise.mechanisms import NoiseParams
     from dpops.release_plan import MetricPlan, ReleasePlan
 
 DEFAULT_CONFIDENCE = 0.95
@@ -320,7 +320,7 @@ def quantile_rank_error(m: MetricPlan) -> float:
 
 def top_pick(m: MetricPlan, gap: int) -> float:
     """P(the first pick of ``m`` is the true top category | it leads all others by ``gap``)."""
-    from dpops.selection import top_pick_probability
+    from dpops.noise.selection import top_pick_probability
 
     return top_pick_probability(int(gap), len(m.domain), m.k, float(m.per_run_epsilon or 0.0),
                                 float(m.utility_sensitivity or 1.0), m.monotonic)

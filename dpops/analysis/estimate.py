@@ -91,11 +91,12 @@ from dpops.errors import InputDataError, InvalidParameter, LedgerError, SpecErro
 if TYPE_CHECKING:
     from dpops.events import PrivacyEvent
     from dpops.ledger import Ledger, RunKey, RunRecord
-    from dpops.randomness import RandomSource
+    from dpops.noise.randomness import RandomSource
     from dpops.release.context import IntervalBound, RunContext
     from dpops.spec import ReleaseSpec
 
 ESTIMATION_SCHEMA = "dpops.estimation/1"
+PATCH_SCHEMA = "dpops.estimate-patch/1"  # patch.yaml, applied by ``dpops spec apply-patch``
 RELEASE_SUFFIX = "__estimate"  # an estimation's run key names the release <spec name>__estimate
 MECHANISM = "estimate/quantile_exponential_mechanism"
 DEFAULT_QUANTILE = 0.99
@@ -217,7 +218,7 @@ def mechanisms(spec: ReleaseSpec, config: EstimateConfig, l0: int | None = None,
     ``l0``/``linf``: the contribution bounds the value mechanisms bound with (the estimated ones, or the
     spec's when not estimated); they set m = L0 * Linf for the value mechanisms. The events (what the
     ledger charges) do not depend on them, only the recorded sensitivities do."""
-    from dpops.selection import QUANTILE_Q_BITS
+    from dpops.noise.selection import QUANTILE_Q_BITS
 
     names = _names(spec, config)
     share = float(config.epsilon) * SAFETY / len(names)
@@ -296,7 +297,7 @@ def quantile_choice(at_or_below: np.ndarray, n: int, q: float, epsilon: float, i
     take most of the probability mass when (1-q) n is small. Privacy: pen does not depend on the data,
     so u - pen has the same sensitivity as u (|(u - pen)(c) - (u' - pen)(c)| = |u(c) - u'(c)|) and the
     mechanism stays epsilon-DP (it is the exponential mechanism with a geometric base measure)."""
-    from dpops.selection import QUANTILE_Q_BITS, exponential_mechanism
+    from dpops.noise.selection import QUANTILE_Q_BITS, exponential_mechanism
 
     scale = 1 << QUANTILE_Q_BITS
     qq = round(float(q) * scale)
@@ -345,7 +346,7 @@ def estimate_l0(per_unit_partitions: Sequence[int] | np.ndarray, epsilon: float,
     item: sensitivity S, module docstring). ``rng``: the randomness source (default: ``test_random(seed)``
     with ``seed``, else the OS CSPRNG). The building block of ``dpops estimate``; exposed for notebooks
     and the PipelineDP benchmark."""
-    from dpops.randomness import os_random, test_random
+    from dpops.noise.randomness import os_random, test_random
 
     if rng is None:
         rng = test_random(int(seed), ("estimate_l0",)) if seed is not None else os_random()
@@ -394,6 +395,12 @@ class Estimate:
                 "epsilon": float(self.config.epsilon), "config": self.config.to_dict(), "result": self.result(),
                 "mechanisms": [m.to_dict() for m in self.mechanisms], "patch": self.patch(),
                 "manifest": self.manifest}
+
+
+def patch_document(est: Estimate) -> dict[str, Any]:
+    """``patch.yaml``: ``{"schema", "spec", "run_id", "patch"}``, applied by ``dpops spec apply-patch`` (mappings
+    merge, lists replace; ``dpops.analysis.tune_output.apply_patch_document``)."""
+    return {"schema": PATCH_SCHEMA, "spec": est.spec.name, "run_id": est.run_id, "patch": est.patch()}
 
 
 def spec_patch(spec: ReleaseSpec, result: Mapping[str, Any], run_id: str | None) -> dict[str, Any]:
@@ -565,7 +572,7 @@ def run_key_of(ctx: RunContext, config: EstimateConfig) -> RunKey:
 
 def random_source(ctx: RunContext, key: RunKey) -> RandomSource:
     """The run's source: keyed by the noise key and the run key's label, or seeded in test mode."""
-    from dpops.randomness import NoiseKey, keyed_random, test_random
+    from dpops.noise.randomness import NoiseKey, keyed_random, test_random
 
     label = {"kind": "estimation", **{k: str(v) for k, v in key.to_dict().items() if k != "key_id"}}
     if ctx.randomness == "test":
@@ -747,6 +754,7 @@ def check_dependency(spec: ReleaseSpec, ledger: Ledger) -> list[str]:
     return out
 
 
-__all__ = ["EstimateConfig", "Estimate", "Mechanism", "estimate", "estimate_l0", "estimate_rows", "events",
-           "mechanisms", "value_grid", "estimation_hash", "quantile_choice", "spec_patch", "check_dependency",
-           "recompute_section", "manifest_section", "bounded_columns", "RELEASE_SUFFIX", "ESTIMATION_SCHEMA"]
+__all__ = ["EstimateConfig", "Estimate", "Mechanism", "estimate", "patch_document", "PATCH_SCHEMA", "estimate_l0",
+           "estimate_rows", "events", "mechanisms", "value_grid", "contribution_grid", "estimation_hash",
+           "quantile_choice", "spec_patch", "check_dependency", "recompute_section", "manifest_section",
+           "bounded_columns", "random_source", "read_rows", "run_key_of", "RELEASE_SUFFIX", "ESTIMATION_SCHEMA"]

@@ -41,18 +41,21 @@ class SampleAccess:
 
     location: str
     private: bool
-    when: str  # UTC ISO time of the check (for private data: just before the ledger entry)
+    when: str  # UTC ISO time of the check (for private data: the ledger entry's own time)
     fingerprint: str | None = None
     entry_id: int | None = None
     scope: str | None = None
 
     def provenance(self) -> dict[str, object]:
-        """What a spec patch carries about the data its values came from."""
+        """What a spec patch carries about the data its values came from: the ``data`` of the spec's
+        ``tuning`` block (``dpops.spec.PublicTuningData`` / ``PrivateTuningData``)."""
+        from dpops.spec import private_tuning_statement
+
         if not self.private:
             return {"source": "public", "sample": self.location, "checked_at": self.when}
         return {"source": "private", "scope": self.scope, "fingerprint": self.fingerprint,
                 "ledger_entry": self.entry_id, "read_at": self.when,
-                "statement": f"bounds chosen by looking at the private data on {self.when[:10]}"}
+                "statement": private_tuning_statement(self.when)}
 
 
 def _resolve(path: str | os.PathLike[str]) -> Location:
@@ -100,7 +103,9 @@ def open_sample(spec: ReleaseSpec, path: str | os.PathLike[str], *, allow_privat
     fp = "hmac-sha256:" + input_fingerprint([resolved], fingerprint_key)
     eid = ledger.record_private_access(spec.budget.scope, actor=actor, fingerprint=fp, reason=reason,
                                        purpose=f"tune {spec.name}")
-    return SampleAccess(resolved, True, when, fp, eid, spec.budget.scope)
+    # the entry's own time is the read's date of record (manifest verify --ledger compares the two)
+    ts = next(e.ts for e in reversed(ledger.history(spec.budget.scope)) if int(e.id) == int(eid))
+    return SampleAccess(resolved, True, ts, fp, eid, spec.budget.scope)
 
 
 __all__ = ["PRIVATE_FLAG", "SampleAccess", "open_sample", "is_private_path"]

@@ -24,15 +24,20 @@ PATCH_SCHEMA = "dpops.tune-patch/1"
 
 
 def patch_document(result: TuneResult, provenance: Mapping[str, Any]) -> dict[str, Any]:
-    """``{"patch": <spec patch>, "tuning": <where it came from>}``; apply ``patch`` with
-    ``dpops.analysis.tuning.apply_patch`` (lists replace, mappings merge)."""
+    """``{"patch": <spec patch>, "tuning": <what tune found>}``; apply it with ``apply_patch_document``
+    (``dpops spec apply-patch``): lists replace, mappings merge, and ``patch.tuning`` -- the spec's
+    ``tuning`` block, where the bounds came from -- replaces any earlier one whole. The top-level
+    ``tuning`` adds what only the operator should see (loss value, sample rows): never copied into a spec."""
     from dpops.analysis.tuning import spec_patch
 
     best = result.candidates[result.best]
+    patch = spec_patch(result.spec, result.recommended)
+    patch["tuning"] = {"candidate": result.recommended.label, "loss": result.loss, "candidates": len(result.grid),
+                       "not_evaluated": list(result.not_evaluated), "data": dict(provenance)}
     return {
         "schema": PATCH_SCHEMA,
         "spec": result.spec.name,
-        "patch": spec_patch(result.spec, result.recommended),
+        "patch": patch,
         "tuning": {"candidate": result.recommended.label, "loss": result.loss, "loss_value": _finite(best["loss"]),
                    "candidates": len(result.grid), "sample_rows": result.sample_rows,
                    "not_evaluated": list(result.not_evaluated), "data": dict(provenance)},
@@ -50,6 +55,40 @@ def patch_yaml(result: TuneResult, provenance: Mapping[str, Any]) -> str:
     if provenance.get("source") == "private":
         head += f"# {provenance.get('statement')} (ledger entry {provenance.get('ledger_entry')})\n"
     return head + yaml.safe_dump(doc, sort_keys=False)
+
+
+def apply_patch_document(spec_doc: Mapping[str, Any], patch_doc: Any, *, source: str = "patch") -> dict[str, Any]:
+    """``spec_doc`` (a spec as written, e.g. its YAML) with a ``patch_document`` (or the ``dpops estimate``
+    patch document, ``dpops.analysis.estimate.patch_document``) applied.
+
+    Refuses (``SpecError``, naming ``source``) a document that is not a tune patch or was made for another
+    release. ``tuning`` is replaced whole, not merged: a block from a public sample must not keep the
+    ledger entry of an earlier private read, nor the reverse. The result is not validated here
+    (``dpops.spec.parse_spec`` does that)."""
+    from dpops.analysis.estimate import PATCH_SCHEMA as ESTIMATE_PATCH_SCHEMA
+    from dpops.analysis.tuning import apply_patch
+    from dpops.errors import SpecError
+
+    schema = patch_doc.get("schema") if isinstance(patch_doc, Mapping) else None
+    if schema not in (PATCH_SCHEMA, ESTIMATE_PATCH_SCHEMA):
+        raise SpecError(f"{source}: not a dpops tune patch (schema {PATCH_SCHEMA!r}) or estimate patch (schema "
+                        f"{ESTIMATE_PATCH_SCHEMA!r}); use the patch.yaml that dpops tune or dpops estimate wrote")
+    assert isinstance(patch_doc, Mapping)
+    if patch_doc.get("spec") != spec_doc.get("name"):
+        raise SpecError(f"{source}: the patch was made for release {patch_doc.get('spec')!r}, this spec is "
+                        f"{spec_doc.get('name')!r}")
+    patch = patch_doc.get("patch")
+    if not isinstance(patch, Mapping):
+        raise SpecError(f"{source}: 'patch' must be a mapping of spec sections")
+    if schema == ESTIMATE_PATCH_SCHEMA:
+        # A private estimation's bounds and ``estimated_from``; a ``tuning`` block for the parameters the
+        # estimation did not set stays (it is provenance, and the estimation names itself).
+        return apply_patch(dict(spec_doc), patch)
+    rest = {k: v for k, v in patch.items() if k != "tuning"}
+    out = apply_patch({k: v for k, v in spec_doc.items() if k != "tuning"}, rest)
+    if "tuning" in patch:
+        out["tuning"] = patch["tuning"]
+    return out
 
 
 def _png(fig: Any) -> str:
@@ -128,8 +167,9 @@ def html_page(result: TuneResult, provenance: Mapping[str, Any]) -> str:
     ccols = ["candidate", "loss", "mean_relative_rmse", "max_relative_rmse", "target_ratio", "rows_dropped_l0",
              "rows_dropped_linf", "units_dropped_l0", "units_dropped_linf", "expected_partitions_kept"]
     best_rows = [r for r in result.rows if r["candidate"] == result.recommended.label]
-    rcols = ["metric", "bucket", "partitions", "noise_std", "bias_bounding", "bias_clipping", "rmse", "relative_rmse",
-             "expected_partitions_kept"]
+    rcols = ["metric", "quantity", "bucket", "partitions", "noise_std", "noise_value_error", "rank_error_fraction",
+             "bias_bounding", "bias_clipping", "rmse", "relative_rmse", "top_pick_probability",
+             "top_changed_by_bounding", "expected_partitions_kept"]
     ne = ", ".join(result.not_evaluated) or "none"
     return (
         "<!doctype html><html><head><meta charset=\"utf-8\">"
@@ -147,4 +187,4 @@ def html_page(result: TuneResult, provenance: Mapping[str, Any]) -> str:
         "</body></html>")
 
 
-__all__ = ["PATCH_SCHEMA", "patch_document", "patch_yaml", "html_page"]
+__all__ = ["PATCH_SCHEMA", "patch_document", "patch_yaml", "apply_patch_document", "html_page"]

@@ -4,13 +4,16 @@
 per column and the epsilon split -- on a sample and recommends the one minimising a declared loss.
 
 One pass. The sample is read and checked once (``pipelines.io.prepare_batch``: the release's own type
-checks, hashing and drop rules), and bounded once per distinct (L0, Linf) by the release's own
-``pipelines.bounding.bound_contributions`` -- the one implementation of contribution bounding; there is
-no second one here. The largest (L0, Linf) is bounded from all rows, every smaller one from the rows it
-kept, which gives the same rows (``_bound``) on fewer. Everything else a candidate changes (value
-bounds, epsilon split) is derived from those bounded rows without re-reading or re-bounding: clipping is
-``numpy.clip`` on the bounded values (what ``aggregate_bucket`` does before its fixed-point sum; the
-fixed-point snap moves a sum by at most rows x 2^-31 of the bound, ignored), the noise of each candidate
+checks, hashing and drop rules), and the bounding's two orders are ranked once by the release's own
+``pipelines.bounding.contribution_ranks`` -- the rank of each row among its (unit, partition) pair's rows
+and of each pair among its unit's pairs, under the run's keyed priorities. ``bound_contributions`` is
+that same ranking filtered at one (L0, Linf), so there is one implementation of the bounding rule and no
+second one here. Every candidate's (L0, Linf) is then the vectorised filter ``pair_rank < L0 & row_rank
+< Linf`` (the same rows bound_contributions keeps: a property test compares them for random bounds).
+Everything else a candidate changes (value bounds, epsilon split) is derived from those bounded rows
+without re-reading or re-bounding: clipping is ``numpy.clip`` on the bounded values (what
+``aggregate_bucket`` does before its fixed-point sum; the fixed-point snap moves a sum by at most rows x
+2^-31 of the bound, ignored), the noise of each candidate
 is the prediction of ``dpops.analysis.accuracy.predict`` on the candidate's own ``plan_release`` (the
 mechanisms the pipeline would draw), and keep probabilities are the plan's
 ``PartitionSelection.keep_probability``.
@@ -19,9 +22,13 @@ What is reported, per candidate, metric and partition-size bucket (partitions bu
 true number of units in the sample): expected RMSE = sqrt(noise variance + squared bias), the bias
 from bounding (bounded unclipped minus true) and from clipping (clipped minus bounded), the relative
 RMSE, and, per candidate: the share of rows and of units dropped by the L0 and by the Linf step and
-the expected number of partitions kept. Metrics evaluated: count, unit_count, sum, mean. Variance,
-quantiles and top_k are not evaluated (listed in ``TuneResult.not_evaluated``): tuning says nothing
-about them rather than something wrong.
+the expected number of partitions kept. count, unit_count, sum and mean use the plan's noise (a mean's
+at 1,000 rows, scaled by 1/n); variance uses ``accuracy.variance_error`` at each partition's bounded
+rows and clipped moments; quantiles the noiseless grid pick on the bounded, clipped rows (bias) and the
+plan's expected rank error (noise, in rows, as a fraction of the partition, and in value units on the
+sample's histogram); top_k whether bounding changed the leader and the plan's probability of returning
+the true leader first at its bounded lead (no RMSE: the output is a category). ``TuneResult.not_evaluated``
+lists any metric type tune cannot judge (none of today's types).
 
 Privacy. Nothing here is differentially private: the output is a function of the sample's exact
 values. That is why the sample must be public or synthetic data (``dpops.analysis.sample_access``
@@ -33,7 +40,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -45,10 +52,11 @@ if TYPE_CHECKING:
     import pandas as pd
     import pyarrow as pa
 
-    from dpops.release_plan import ReleasePlan
+    from dpops.release_plan import MetricPlan, ReleasePlan
     from dpops.spec import ReleaseSpec
+    from pipelines.bounding import ContributionRanks
 
-EVALUATED_TYPES = ("count", "unit_count", "sum", "mean")
+EVALUATED_TYPES = ("count", "unit_count", "sum", "mean", "variance", "quantiles", "top_k")
 BUCKET_EDGES = (1, 10, 100, 1000, 10_000, 100_000)
 _REF_UNITS = 1000  # the partition size at which a mean's noise is predicted, then scaled by 1/n (first order)
 LOSSES = ("targets", "mean_relative_rmse", "max_relative_rmse")
@@ -88,7 +96,7 @@ class TuneResult:
     loss: str
     not_evaluated: list[str]
     sample_rows: int
-    boundings: int  # bounding passes: one per distinct (L0, Linf), plus the largest bounds if not in the grid
+    boundings: int  # ranking passes over the rows (always 1: every (L0, Linf) filters the same ranks)
     provenance: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -248,33 +256,17 @@ def _read_config(spec: ReleaseSpec, plan: ReleasePlan):
         pub = np.sort(hash_partition_tuples(list(plan.public_partitions), tuple(plan.partition_columns), types))
     return ReadConfig(format=spec.input.format, types=types, unit_column=unit_col,
                       partition_columns=tuple(plan.partition_columns), value_columns=value_cols,
-                      category_columns={}, public_hashes=pub)
+                      category_columns=cats, public_hashes=pub)
 
 
-def sample_table(spec: ReleaseSpec, sample: str | os.PathLike[str] | pa.Table | pd.DataFrame,
-                 columns: Sequence[str]) -> pa.Table:
-    """The sample as an Arrow table of ``columns``: a parquet/CSV path (by suffix, else the spec's format),
-    an Arrow table or a pandas DataFrame."""
+def sample_table(spec: ReleaseSpec, sample: pa.Table | pd.DataFrame, columns: Sequence[str]) -> pa.Table:
+    """An in-memory sample (an Arrow table or a pandas DataFrame) as an Arrow table of ``columns``.
+
+    A path is not read here: ``_prepare`` reads it with the release's own reader."""
     import pyarrow as pa
 
     if isinstance(sample, pa.Table):
         table = sample
-    elif isinstance(sample, (str, os.PathLike)):
-        path = os.fspath(sample)
-        fmt = "csv" if path.endswith(".csv") else "parquet" if path.endswith(".parquet") else spec.input.format
-        try:
-            if fmt == "csv":
-                import pyarrow.csv as pacsv
-
-                table = pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(
-                    column_types={c: pa.string() for c in columns}, include_columns=list(columns)))
-            else:
-                import pyarrow.parquet as pq
-
-                table = pq.read_table(path, columns=list(columns))
-        except (OSError, pa.ArrowInvalid, KeyError) as exc:
-            raise InputDataError(f"tune --sample {path}: cannot read it as {fmt} with columns {list(columns)} "
-                                 f"({type(exc).__name__}); give a {fmt} file with the spec's input columns") from None
     else:
         try:
             import pandas as pd
@@ -290,24 +282,46 @@ def sample_table(spec: ReleaseSpec, sample: str | os.PathLike[str] | pa.Table | 
     return table.select(list(columns))
 
 
-def _prepare(spec: ReleaseSpec, plan: ReleasePlan, table: pa.Table, seed: int | None) -> dict[str, np.ndarray]:
-    """Checked, hashed rows of the whole sample (``prepare_batch`` per record batch, one pair salt)."""
-    from dpops.randomness import os_random, test_random
+def _prepare(spec: ReleaseSpec, plan: ReleasePlan, sample: str | os.PathLike[str] | pa.Table | pd.DataFrame,
+             seed: int | None) -> dict[str, np.ndarray]:
+    """Checked, hashed rows of the whole sample (``prepare_batch`` per record batch, one pair salt).
+
+    A path is read by the release's own reader (``pipelines.io.work_items`` and ``iter_record_batches``:
+    the same row groups, batches and CSV dialect as a release), streamed batch by batch so that only the
+    prepared numeric rows are held, never the sample's Arrow table; a table or DataFrame is cut into
+    batches of the same size."""
+    import dataclasses
+
+    from dpops.noise.randomness import os_random, test_random
     from pipelines.bounding import pair_salt
-    from pipelines.io import prepare_batch
+    from pipelines.io import iter_record_batches, prepare_batch, work_items
 
     cfg = _read_config(spec, plan)
     rng = os_random() if seed is None else test_random(int(seed), ("tune",))
     salt = pair_salt(rng)
     parts: list[dict[str, np.ndarray]] = []
-    offset = 0
-    for i, batch in enumerate(table.to_batches(max_chunksize=cfg.batch_rows)):
-        rows, _, _ = prepare_batch(batch, 0, offset, cfg, rng.child("bounding", 0, -1, i), pair_salt=salt)
-        parts.append(rows)
-        offset += batch.num_rows
+    if isinstance(sample, (str, os.PathLike)):
+        path = os.fspath(sample)
+        fmt = "csv" if path.endswith(".csv") else "parquet" if path.endswith(".parquet") else spec.input.format
+        cfg = dataclasses.replace(cfg, format=fmt)
+        for item in work_items([path], fmt):
+            for seq, (batch, offset) in enumerate(iter_record_batches(item, cfg)):
+                child = rng.child("bounding", item[0], -1 if item[2] is None else item[2], seq)
+                rows, _, _ = prepare_batch(batch, item[0], offset, cfg, child, pair_salt=salt)
+                parts.append(rows)
+    else:
+        table = sample_table(spec, sample, list(dict.fromkeys(cfg.needed)))
+        offset = 0
+        for i, batch in enumerate(table.to_batches(max_chunksize=cfg.batch_rows)):
+            rows, _, _ = prepare_batch(batch, 0, offset, cfg, rng.child("bounding", 0, -1, i), pair_salt=salt)
+            parts.append(rows)
+            offset += batch.num_rows
     if not parts:
         raise InputDataError("tune: the sample has no rows")
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    out: dict[str, np.ndarray] = {}
+    for k in list(parts[0]):
+        out[k] = np.concatenate([p.pop(k) for p in parts])  # one column at a time: the batches go as it grows
+    return out
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -329,82 +343,93 @@ def _bucket_order(labels: np.ndarray) -> list[str]:
 class _Truth:
     """What every candidate shares: the sample's exact per-partition values and dense codes (computed once)."""
 
-    parts: np.ndarray  # sorted partition hashes present in the sample
+    n_parts: int  # partitions present in the sample
     pidx: np.ndarray  # partition index of every row
-    ucode: np.ndarray  # dense unit code of every row
-    n_units: int
-    pair: np.ndarray  # dense (unit, partition) pair code of every row
+    ranks: ContributionRanks  # the bounding's orders, once (unit and pair codes too)
     pair_part: np.ndarray  # partition index of each pair
-    pair_unit: np.ndarray  # unit code of each pair
     count: np.ndarray
     units: np.ndarray
     sums: dict[str, np.ndarray]  # raw (unclipped) sums per value column
     bucket: np.ndarray
+    cache: dict[tuple[Any, ...], np.ndarray] = field(default_factory=dict)
+
+    def cached(self, key: tuple[Any, ...], make: Callable[[], np.ndarray]) -> np.ndarray:
+        """``make()`` once per key for the whole grid (exact per-partition values of the sample)."""
+        if key not in self.cache:
+            self.cache[key] = make()
+        return self.cache[key]
 
 
 @dataclass
 class _Bounded:
     keep: np.ndarray  # kept row indices
+    kp: np.ndarray  # partition index of each kept row
     count: np.ndarray
     units: np.ndarray
     drops: dict[str, float]
+    sums: dict[tuple[str, float, float] | tuple[str], np.ndarray] = field(default_factory=dict)
+    cache: dict[tuple[Any, ...], np.ndarray] = field(default_factory=dict)
+
+    def cached(self, key: tuple[Any, ...], make: Callable[[], np.ndarray]) -> np.ndarray:
+        """``make()`` once per key for this (L0, Linf): shared by the candidates of the same bounds."""
+        if key not in self.cache:
+            self.cache[key] = make()
+        return self.cache[key]
+
+    def bounded_sum(self, rows: Mapping[str, np.ndarray], col: str, n: int) -> np.ndarray:
+        """Per partition: the sum of the kept rows' unclipped values of ``col`` (cached per column)."""
+        key: tuple[str] = (col,)
+        if key not in self.sums:
+            self.sums[key] = np.bincount(self.kp, weights=rows[f"v:{col}"][self.keep], minlength=n)
+        return self.sums[key]
+
+    def clipped_sum(self, rows: Mapping[str, np.ndarray], col: str, lo: float, hi: float, n: int) -> np.ndarray:
+        """Per partition: the sum of the kept rows' values of ``col`` clipped to [lo, hi] (cached)."""
+        key = (col, lo, hi)
+        if key not in self.sums:
+            self.sums[key] = np.bincount(self.kp, weights=np.clip(rows[f"v:{col}"][self.keep], lo, hi),
+                                         minlength=n)
+        return self.sums[key]
 
 
-def _truth(rows: dict[str, np.ndarray], value_cols: Sequence[str]) -> _Truth:
-    import pandas as pd
-
-    pidx, parts = pd.factorize(rows["p"], sort=True)  # codes into the sorted hashes, as np.unique, by hashing
-    n = len(parts)
-    ucode, uniq = pd.factorize(rows["u"], sort=False)
-    pair, _ = pd.factorize(ucode.astype(np.int64) * (n + 1) + pidx, sort=False)
-    m = int(pair.max()) + 1
-    first = np.empty(m, np.int64)
-    first[pair[::-1]] = np.arange(len(pair) - 1, -1, -1)
-    pair_part, pair_unit = pidx[first], ucode[first]
+def _truth(rows: dict[str, np.ndarray], ranks: ContributionRanks, value_cols: Sequence[str]) -> _Truth:
+    pidx = ranks.pcode  # partition codes (first-appearance order) from the ranking: no second factorize
+    n = ranks.n_parts
+    pair_part = pidx[ranks.first]
     count = np.bincount(pidx, minlength=n).astype(np.float64)
     units = np.bincount(pair_part, minlength=n).astype(np.float64)
     sums = {c: np.bincount(pidx, weights=rows[f"v:{c}"], minlength=n) for c in value_cols}
-    return _Truth(parts, pidx, ucode, len(uniq), pair, pair_part, pair_unit, count, units, sums, _bucket_labels(units))
+    return _Truth(n, pidx, ranks, pair_part, count, units, sums, _bucket_labels(units))
 
 
-def _bound(rows: dict[str, np.ndarray], truth: _Truth, l0: int, linf: int,
-           within: np.ndarray | None = None) -> _Bounded:
-    """The release's own bounding (``bound_contributions``) and what each step dropped (O(rows) bincounts
-    over the codes ``_truth`` computed once).
+def _bound(truth: _Truth, l0: int, linf: int) -> _Bounded:
+    """The rows bounding at (l0, linf) keeps, and what each step dropped: a vectorised filter of the ranks
+    ``pipelines.bounding.contribution_ranks`` computed once (the release's own orders; ``bound_contributions``
+    is the same filter, and a property test compares the two for random bounds), then O(rows) bincounts.
 
-    ``within``: the rows kept under larger bounds (L0' >= l0, Linf' >= linf) from the same priorities. Bounding
-    those gives exactly the rows bounding everything would: each unit keeps the l0 smallest pair priorities
-    of its L0' smallest, which are its l0 smallest, and each pair the linf smallest row priorities of its
-    Linf' smallest (the orders are total and a subset keeps their relative order; ``pipelines.bounding``
-    module doc). The property test compares this with bounding every candidate from all rows."""
-    from pipelines.bounding import bound_contributions
-
-    if within is None:
-        keep, _, _ = bound_contributions(rows["u"], rows["p"], rows["prio"], l0, linf, rows["pp"])
-    else:
-        sub, _, _ = bound_contributions(rows["u"][within], rows["p"][within], rows["prio"][within], l0, linf,
-                                        rows["pp"][within])
-        keep = within[sub]
-    n_rows = len(rows["u"])
-    n = len(truth.parts)
-    count = np.bincount(truth.pidx[keep], minlength=n).astype(np.float64)
-    kept_pair = np.bincount(truth.pair[keep], minlength=len(truth.pair_part)) > 0
+    L0 drops whole (unit, partition) pairs, Linf rows of kept pairs (``bound_contributions``' own counters).
+    A pair kept by L0 keeps at least its first row (linf >= 1), so the kept pairs are the L0 survivors."""
+    r = truth.ranks
+    n_rows = len(r.pair)
+    n = truth.n_parts
+    kept_pair = r.pair_mask(l0)
+    row_pair_kept = kept_pair[r.pair]
+    kept_row = row_pair_kept & r.row_mask(linf)
+    keep = np.flatnonzero(kept_row)
+    kp = truth.pidx[keep]
+    count = np.bincount(kp, minlength=n).astype(np.float64)
     units = np.bincount(truth.pair_part[kept_pair], minlength=n).astype(np.float64)
-    # L0 drops whole (unit, partition) pairs, Linf rows of kept pairs (bound_contributions' own counters)
-    kept_row = np.zeros(n_rows, bool)
-    kept_row[keep] = True
-    row_pair_kept = kept_pair[truth.pair]
     lost_linf = row_pair_kept & ~kept_row
-    n_units = max(1, truth.n_units)
+    n_units = max(1, r.n_units)
     drops = {
         "rows_dropped_l0": float(n_rows - np.count_nonzero(row_pair_kept)) / max(1, n_rows),
         "rows_dropped_linf": float(np.count_nonzero(lost_linf)) / max(1, n_rows),
-        "units_dropped_l0": int(np.count_nonzero(np.bincount(truth.pair_unit[~kept_pair],
-                                                             minlength=truth.n_units))) / n_units,
-        "units_dropped_linf": int(np.count_nonzero(np.bincount(truth.ucode[lost_linf],
-                                                               minlength=truth.n_units))) / n_units,
+        "units_dropped_l0": int(np.count_nonzero(np.bincount(r.pair_unit[~kept_pair],
+                                                             minlength=r.n_units))) / n_units,
+        "units_dropped_linf": int(np.count_nonzero(np.bincount(r.ucode[lost_linf],
+                                                               minlength=r.n_units))) / n_units,
     }
-    return _Bounded(keep, count, units, drops)
+    return _Bounded(keep, kp, count, units, drops)
 
 
 def _noise(plan: ReleasePlan, confidence: float) -> dict[str, tuple[float, float]]:
@@ -437,11 +462,18 @@ def evaluate_candidate(spec: ReleaseSpec, cand: Candidate, rows: dict[str, np.nd
     plan = plan_release(cspec)
     noise = _noise(plan, confidence)
     keep_p = _keep_prob(plan, bounded.units)
-    kp = truth.pidx[bounded.keep]
-    n = len(truth.parts)
+    n = truth.n_parts
     out: list[dict[str, Any]] = []
     target_errs: dict[str, dict[str, np.ndarray]] = {}
     for m in plan.metrics:
+        if m.type in _OTHER_TYPES:
+            extra, errs = _OTHER_TYPES[m.type](plan, m, rows, truth, bounded, confidence)
+            for r in extra:
+                out.append({"candidate": cand.label, "l0": cand.l0, "linf": cand.linf, **r,
+                            "expected_partitions_kept": float(np.sum(keep_p[truth.bucket == r["bucket"]]))})
+            if errs is not None:
+                target_errs[m.key] = errs
+            continue
         if m.type not in EVALUATED_TYPES or m.key not in noise:
             continue
         std, half = noise[m.key]
@@ -453,9 +485,8 @@ def evaluate_candidate(spec: ReleaseSpec, cand: Candidate, rows: dict[str, np.nd
             assert m.bounds is not None and m.column is not None  # sum and mean are bounded metrics
             col = m.column
             lo, hi = float(m.bounds[0]), float(m.bounds[1])
-            v = rows[f"v:{col}"][bounded.keep]
-            sum_b = np.bincount(kp, weights=v, minlength=n)
-            sum_c = np.bincount(kp, weights=np.clip(v, lo, hi), minlength=n)
+            sum_b = bounded.bounded_sum(rows, col, n)
+            sum_c = bounded.clipped_sum(rows, col, lo, hi, n)
             if m.type == "sum":
                 true, est_b, est_c = truth.sums[col], sum_b, sum_c
             else:
@@ -487,14 +518,161 @@ def evaluate_candidate(spec: ReleaseSpec, cand: Candidate, rows: dict[str, np.nd
                 "relative_rmse": float(np.mean(rel[sel])),
                 "expected_partitions_kept": float(np.sum(keep_p[sel])),
             })
+    rels = [r["relative_rmse"] for r in out if r.get("relative_rmse") is not None]  # top_k has none
     summary = {"candidate": cand.label, "l0": cand.l0, "linf": cand.linf,
                "bounds": {c: [lo, hi] for c, lo, hi in cand.bounds} or None,
                "split": dict(cand.split) if cand.split is not None else None,
                **bounded.drops, "partitions": n, "expected_partitions_kept": float(np.sum(keep_p)),
-               "mean_relative_rmse": float(np.mean([r["relative_rmse"] for r in out])) if out else math.inf,
-               "max_relative_rmse": float(np.max([r["relative_rmse"] for r in out])) if out else math.inf}
+               "mean_relative_rmse": float(np.mean(rels)) if rels else math.inf,
+               "max_relative_rmse": float(np.max(rels)) if rels else math.inf}
     summary["target_ratio"] = _target_ratio(spec, plan, target_errs)
     return out, summary
+
+
+def _buckets(truth: _Truth, m: MetricPlan, quantity: str, cols: Mapping[str, np.ndarray | None],
+             rms: Sequence[str] = ("rmse",)) -> list[dict[str, Any]]:
+    """Per size bucket: the mean of each per-partition array in ``cols`` (root mean square for ``rms``)."""
+    out = []
+    for b in _bucket_order(truth.bucket):
+        sel = truth.bucket == b
+        row: dict[str, Any] = {"metric": m.key, "type": m.type, "quantity": quantity,
+                               "bounds": None if m.bounds is None else [float(m.bounds[0]), float(m.bounds[1])],
+                               "bucket": b, "partitions": int(np.count_nonzero(sel))}
+        for k, arr in cols.items():
+            if arr is None:
+                row[k] = None
+            elif k in rms:
+                row[k] = float(np.sqrt(np.mean(arr[sel] ** 2)))
+            else:
+                row[k] = float(np.mean(arr[sel]))
+        out.append(row)
+    return out
+
+
+def _variance_rows(plan: ReleasePlan, m: MetricPlan, rows: Mapping[str, np.ndarray], truth: _Truth,
+                   bounded: _Bounded, confidence: float) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
+    """Variance: bias from bounding and clipping on the sample's exact per-partition moments; the noise of
+    each partition from ``accuracy.variance_error`` at its bounded row count and clipped centred moments
+    (the release's three noisy vectors, first order in 1/n). The released value is clamped to [0, h^2]."""
+    from dpops.analysis.accuracy import variance_error
+
+    assert m.bounds is not None and m.column is not None
+    col, lo, hi = m.column, float(m.bounds[0]), float(m.bounds[1])
+    n, mid, h = truth.n_parts, (lo + hi) / 2.0, (hi - lo) / 2.0
+    v = rows[f"v:{col}"]
+    t2 = truth.cached(("sq", col), lambda: np.bincount(truth.pidx, weights=v * v, minlength=n))
+    b1 = bounded.bounded_sum(rows, col, n)
+    b2 = bounded.cached(("sq", col), lambda: np.bincount(bounded.kp, weights=v[bounded.keep] ** 2, minlength=n))
+    c1 = bounded.clipped_sum(rows, col, lo, hi, n)
+    c2 = bounded.cached(("sqc", col, lo, hi), lambda: np.bincount(
+        bounded.kp, weights=np.clip(v[bounded.keep], lo, hi) ** 2, minlength=n))
+    tc, bc = np.maximum(truth.count, 1.0), np.maximum(bounded.count, 1.0)
+    true = np.maximum(t2 / tc - (truth.sums[col] / tc) ** 2, 0.0)
+    var_b = np.maximum(b2 / bc - (b1 / bc) ** 2, 0.0)
+    var_c = np.clip(c2 / bc - (c1 / bc) ** 2, 0.0, h * h)
+    m1 = c1 / bc - mid
+    m2 = c2 / bc - 2 * mid * c1 / bc + mid * mid
+    std = np.empty(n)
+    half = np.empty(n)
+    for i in range(n):  # one partition at a time: the owner of the formula is accuracy.variance_error
+        std[i], half[i], _, _ = variance_error(plan, m, int(bc[i]), float(m1[i]), float(m2[i]), confidence)
+    bias = var_c - true
+    rmse = np.sqrt(std ** 2 + bias ** 2)
+    denom = np.maximum(np.abs(true), 1e-12)
+    err = half + np.abs(bias)
+    rows_out = _buckets(truth, m, "variance", {"noise_std": std, "bias_bounding": var_b - true,
+                                               "bias_clipping": var_c - var_b, "rmse": rmse,
+                                               "relative_rmse": rmse / denom})
+    return rows_out, {"abs": err, "rel": err / denom, "units": truth.units}
+
+
+def _quantile_rows(plan: ReleasePlan, m: MetricPlan, rows: Mapping[str, np.ndarray], truth: _Truth,
+                   bounded: _Bounded, confidence: float) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
+    """Quantiles: per partition and quantile, the noiseless pick of the release's histogram utility on the
+    bounded, clipped rows (``pipelines.bounding.quantile_bins``: the grid candidate of least |rank - q n|)
+    against the true quantile of the raw rows (inverted CDF), split into the bias from bounding (the bounded
+    rows' raw quantile minus the true one) and from clipping and the grid (the pick minus that). The
+    noise is the plan's expected rank error E (``accuracy.quantile_rank_error``, rows): reported as is, as a
+    fraction of the partition's bounded rows (what a rank_error target judges), and in value units as half
+    the span of grid candidates within E ranks of the pick on the sample's own histogram."""
+    from dpops.analysis.accuracy import quantile_rank_error
+    from pipelines.bounding import quantile_bins, quantile_candidates
+
+    assert m.bounds is not None and m.column is not None and m.n_bins is not None
+    col, lo, hi, nb = m.column, float(m.bounds[0]), float(m.bounds[1]), int(m.n_bins)
+    n = truth.n_parts
+    v = rows[f"v:{col}"]
+    cand = quantile_candidates(lo, hi, nb)
+    order = truth.cached(("order", col), lambda: np.lexsort((v, truth.pidx)))
+    korder = bounded.cached(("order", col), lambda: order[np.isin(order, bounded.keep, assume_unique=True)])
+    j = bounded.cached(("bins", col, lo, hi, nb), lambda: quantile_bins(np.clip(v[bounded.keep], lo, hi), lo, hi, nb))
+    hist = np.bincount(bounded.kp * (nb + 1) + j, minlength=n * (nb + 1)).reshape(n, nb + 1)
+    ranks = np.cumsum(hist, axis=1)
+    total = ranks[:, -1].astype(np.float64)
+    e_rank = quantile_rank_error(m)
+    tcount, bcount = truth.count.astype(np.int64), bounded.count.astype(np.int64)
+    tstart = np.r_[0, np.cumsum(tcount)[:-1]]
+    bstart = np.r_[0, np.cumsum(bcount)[:-1]]
+    out: list[dict[str, Any]] = []
+    worst_rank = np.zeros(n)
+    for q, suffix in zip(m.quantiles, m.quantile_suffixes, strict=True):
+        pick = np.argmin(np.abs(ranks - q * total[:, None]), axis=1)
+        est_c = cand[pick]
+        kt = np.clip(np.ceil(q * tcount).astype(np.int64) - 1, 0, np.maximum(tcount - 1, 0))
+        true = v[order[tstart + kt]]
+        kb = np.clip(np.ceil(q * bcount).astype(np.int64) - 1, 0, np.maximum(bcount - 1, 0))
+        has = bcount > 0
+        bnd = np.where(has, v[korder[np.minimum(bstart + kb, max(len(korder) - 1, 0))]] if len(korder) else est_c,
+                       est_c)  # every row dropped by bounding: all the error is bounding's
+        r0 = ranks[np.arange(n), pick][:, None]
+        lo_j = np.sum(ranks < r0 - e_rank, axis=1)
+        hi_j = np.minimum(np.sum(ranks < r0 + e_rank, axis=1), nb)
+        noise_v = (cand[hi_j] - cand[lo_j]) / 2.0
+        bias = est_c - true
+        rmse = np.sqrt(noise_v ** 2 + bias ** 2)
+        denom = np.maximum(np.abs(true), 1e-12)
+        frac = e_rank / np.maximum(bcount, 1)
+        worst_rank = np.maximum(worst_rank, frac)
+        out.extend(_buckets(truth, m, suffix, {
+            "noise_std": None, "noise_value_error": noise_v, "expected_rank_error": np.full(n, e_rank),
+            "rank_error_fraction": frac, "bias_bounding": bnd - true, "bias_clipping": est_c - bnd, "rmse": rmse,
+            "relative_rmse": rmse / denom}))
+    return out, {"rank": worst_rank, "units": truth.units}
+
+
+def _top_k_rows(plan: ReleasePlan, m: MetricPlan, rows: Mapping[str, np.ndarray], truth: _Truth,
+                bounded: _Bounded, confidence: float) -> tuple[list[dict[str, Any]], None]:
+    """top_k: whether bounding changed a partition's top category (true counts on all rows against counts on
+    the bounded rows, values outside the declared domain not counted, as in the release), and the plan's
+    probability of returning the true top category first at the lead it has in the bounded counts
+    (``accuracy.top_pick``; 0 where bounding made another category lead: a lower bound). No RMSE: the output
+    is a category, not a number, so top_k rows take no part in the RMSE losses."""
+    from dpops.analysis.accuracy import top_pick
+
+    assert m.column is not None and m.domain is not None
+    col, k, n = m.column, len(m.domain), truth.n_parts
+    codes = rows[f"c:{col}"].astype(np.int64)
+
+    def counts(pidx: np.ndarray, c: np.ndarray) -> np.ndarray:
+        ok = c >= 0
+        return np.bincount(pidx[ok] * k + c[ok], minlength=n * k).reshape(n, k)
+
+    tc = truth.cached(("cat", col), lambda: counts(truth.pidx, codes))
+    bc = bounded.cached(("cat", col), lambda: counts(bounded.kp, codes[bounded.keep]))
+    top = np.argmax(tc, axis=1)
+    lead = bc[np.arange(n), top]
+    others = bc.copy()
+    others[np.arange(n), top] = -1
+    gap = lead - (others.max(axis=1) if k > 1 else np.zeros(n, np.int64))
+    cache: dict[int, float] = {}
+    prob = np.array([cache.setdefault(int(g), top_pick(m, int(g))) if g >= 0 else 0.0 for g in gap])
+    changed = (np.argmax(bc, axis=1) != top).astype(np.float64)
+    return _buckets(truth, m, "rank1", {"top_pick_probability": prob, "top_changed_by_bounding": changed,
+                                        "noise_std": None, "rmse": None, "relative_rmse": None}), None
+
+
+_OTHER_TYPES: dict[str, Callable[..., tuple[list[dict[str, Any]], dict[str, np.ndarray] | None]]] = {
+    "variance": _variance_rows, "quantiles": _quantile_rows, "top_k": _top_k_rows}
 
 
 def _target_ratio(spec: ReleaseSpec, plan: ReleasePlan, errs: Mapping[str, Mapping[str, np.ndarray]]) -> float | None:
@@ -502,8 +680,9 @@ def _target_ratio(spec: ReleaseSpec, plan: ReleasePlan, errs: Mapping[str, Mappi
 
     An error target on metric m at n units is judged on the sample's partitions in the size bucket of n
     (all partitions if that bucket is empty): achieved = mean of (noise half-width + |bias|), absolute or
-    relative to the partition's true value. A keep target compares P(not kept at n) with the allowed
-    1 - min_probability. Targets on metrics tune does not evaluate are skipped (None if none is left)."""
+    relative to the partition's true value. A rank_error target compares the expected rank error as a
+    fraction of the bucket's bounded rows with max_rank_error. A keep target compares P(not kept at n) with
+    the allowed 1 - min_probability. top_pick targets are not judged here (None if no target is left)."""
     if spec.accuracy is None:
         return None
     worst: float | None = None
@@ -520,6 +699,13 @@ def _target_ratio(spec: ReleaseSpec, plan: ReleasePlan, errs: Mapping[str, Mappi
             if t.max_relative_error is not None:
                 r2 = float(np.mean(e["rel"][sel])) / float(t.max_relative_error)
                 ratio = r2 if ratio is None else max(ratio, r2)
+        elif t.kind == "rank_error" and t.metric in errs and "rank" in errs[t.metric]:
+            e = errs[t.metric]
+            lab = _bucket_labels(np.asarray([t.at_units]))[0]
+            sel = _bucket_labels(e["units"]) == lab
+            if not sel.any():
+                sel = np.ones(len(e["units"]), bool)
+            ratio = float(np.mean(e["rank"][sel])) / float(t.max_rank_error)
         elif t.kind == "keep":
             p = float(_keep_prob(plan, np.asarray([t.at_units]))[0])
             ratio = (1.0 - p) / (1.0 - float(t.min_probability))
@@ -542,7 +728,7 @@ def tune(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any],
     """
     from dpops.analysis import load
     from dpops.release_plan import plan_release
-    from pipelines.bounding import metric_layout
+    from pipelines.bounding import contribution_ranks, metric_layout
 
     s = load(spec)
     grid = list(default_grid(s) if grid is None else grid)
@@ -551,26 +737,33 @@ def tune(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any],
     conf = float(confidence if confidence is not None else (s.accuracy.confidence if s.accuracy else 0.95))
     plan0 = plan_release(s)
     value_cols = metric_layout(plan0)[0]
-    cols = list(dict.fromkeys(_read_config(s, plan0).needed))
-    table = sample_table(s, sample, cols)
-    rows = _prepare(s, plan0, table, seed)  # the ONE read
-    if not len(rows["u"]):
+    rows = _prepare(s, plan0, sample, seed)  # the ONE read
+    n_rows = int(len(rows["u"]))
+    if not n_rows:
         raise InputDataError("tune: no row of the sample survives the release's input checks (types, nulls, "
                              "public partitions)")
-    truth = _truth(rows, value_cols)
-    bounded: dict[tuple[int, int], _Bounded] = {}
+    # The bounding's orders, ranked once (exact above the grid's smallest L0 and Linf); every candidate is
+    # then a vectorised filter of them (``_bound``). Candidates are evaluated grouped by (L0, Linf) so that
+    # only one bounded row set is held at a time; their outputs keep the grid's order.
+    ranks = contribution_ranks(rows["u"], rows["p"], rows["prio"], rows["pp"],
+                               l0_floor=min(c.l0 for c in grid), linf_floor=min(c.linf for c in grid))
+    truth = _truth(rows, ranks, value_cols)
+    rows = {k: v for k, v in rows.items() if k.startswith(("v:", "c:"))}  # what is left: values, categories
+    per_cand: list[tuple[list[dict[str, Any]], dict[str, Any]] | None] = [None] * len(grid)
+    by_key: dict[tuple[int, int], list[int]] = {}
+    for i, cand in enumerate(grid):
+        by_key.setdefault((cand.l0, cand.linf), []).append(i)
+    for (l0, linf), idxs in by_key.items():
+        bounded = _bound(truth, l0, linf)
+        for i in idxs:
+            per_cand[i] = evaluate_candidate(s, grid[i], rows, truth, bounded, conf)
+        del bounded
     all_rows: list[dict[str, Any]] = []
     summaries: list[dict[str, Any]] = []
-    # The largest bounds first, from all rows; every other (L0, Linf) from the rows those kept (``_bound``).
-    top = (max(c.l0 for c in grid), max(c.linf for c in grid))
-    bounded[top] = _bound(rows, truth, *top)
-    for cand in grid:
-        key = (cand.l0, cand.linf)
-        if key not in bounded:
-            bounded[key] = _bound(rows, truth, *key, within=bounded[top].keep)
-        r, summ = evaluate_candidate(s, cand, rows, truth, bounded[key], conf)
-        all_rows.extend(r)
-        summaries.append(summ)
+    for item in per_cand:
+        assert item is not None
+        all_rows.extend(item[0])
+        summaries.append(item[1])
     if loss is None:
         loss = "targets" if any(x["target_ratio"] is not None for x in summaries) else "mean_relative_rmse"
     if loss not in LOSSES:
@@ -581,7 +774,7 @@ def tune(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any],
         x["loss"] = lv
     best = int(np.argmin(np.asarray(losses)))
     not_eval = [m.key for m in plan0.metrics if m.type not in EVALUATED_TYPES]
-    return TuneResult(s, grid, all_rows, summaries, best, loss, not_eval, int(len(rows["u"])), len(bounded))
+    return TuneResult(s, grid, all_rows, summaries, best, loss, not_eval, n_rows, 1)
 
 
 __all__ = ["Candidate", "TuneResult", "tune", "default_grid", "grid_from_doc", "spec_patch", "apply_patch",

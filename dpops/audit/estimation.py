@@ -19,7 +19,7 @@ import numpy as np
 
 from dpops.audit.runner import AuditResult
 from dpops.audit.stats import held_out_bound
-from dpops.randomness import test_random
+from dpops.noise.randomness import test_random
 
 if TYPE_CHECKING:
     from dpops.analysis.estimate import Estimate, EstimateConfig

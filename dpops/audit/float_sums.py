@@ -1,7 +1,7 @@
 """Audit of the float-sum attack (issue 11 item 4): one unit must never move a sum's lattice
 value by more than the charged sensitivity, whatever the other rows and their order.
 
-The noise of a real-valued metric is calibrated for Δ + r·m (``dpops.mechanisms``), which
+The noise of a real-valued metric is calibrated for Δ + r·m (``dpops.noise.mechanisms``), which
 assumes the per-partition sums are exact. A float64 running sum is not: with 2^22 rows of a
 large term, one "carry" row, the target unit's row, then 2^22 rows of a term worth exactly half
 a unit in the last place of the running sum, the tiny rows vanish (ties to even) in the
@@ -17,7 +17,7 @@ realised lattice difference d of each sum vector:
   published(D') − published(D) = r·d exactly;
 - a mean's normalised sum and a variance's centred squares (published only after
   post-processing): from the exact accumulators, rounded to the lattice by
-  ``dpops.mechanisms.lattice_of_fixed``, the function ``select_and_noise`` applies.
+  ``dpops.noise.mechanisms.lattice_of_fixed``, the function ``select_and_noise`` applies.
 
 For discrete Laplace noise of lattice scale t, outputs of two inputs whose lattice values differ
 by d have a privacy-loss ratio of exactly e^(d/t) at every output, so ε_pair = d/t is a lower
@@ -108,10 +108,10 @@ def attack_rows(case: str, world: int, adjacency: str = "add_remove", n: int = A
 def audit_float_sums(cases: list[str] | None = None, *, adjacency: str = "add_remove", seed: int = 0,
                      rows: int = ATTACK_ROWS) -> list[AuditResult]:
     """One result per sum vector of each case (see the module docstring)."""
-    from dpops.mechanisms import lattice_of_fixed
-    from dpops.randomness import test_random
+    from dpops.noise.mechanisms import lattice_of_fixed
+    from dpops.noise.randomness import test_random
+    from dpops.noise.samplers import DiscreteLaplaceParam
     from dpops.release_plan import plan_release
-    from dpops.samplers import DiscreteLaplaceParam
     from pipelines.bounding import SUM_KINDS, sum_unit
 
     out = []

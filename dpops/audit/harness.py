@@ -29,7 +29,7 @@ import numpy as np
 from dpops.errors import DpopsError, SpecError
 
 if TYPE_CHECKING:
-    from dpops.randomness import RandomSource
+    from dpops.noise.randomness import RandomSource
     from dpops.release_plan import ReleasePlan
 
 AUDIT_POSTPROCESS = {"non_negative": False, "integer_counts": True, "clamp_means_to_bounds": False,

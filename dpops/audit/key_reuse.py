@@ -56,7 +56,7 @@ def _fingerprint(h: Harness, rows: Rows, n_parts: int, path: Path) -> str:
 
 def audit_key_reuse(spec=None, *, trials: int = 2000, confidence: float = 0.99, seed: int = 0) -> AuditResult:
     """Two releases (original + restatement) per world; see the module docstring."""
-    from dpops.randomness import NoiseKey, keyed_random
+    from dpops.noise.randomness import NoiseKey, keyed_random
     from dpops.release_plan import plan_release
 
     if spec is None:

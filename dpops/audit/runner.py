@@ -13,7 +13,7 @@ from dpops.audit.harness import Harness, safe_run
 from dpops.audit.scenarios import Scenario, ScenarioBuilder
 from dpops.audit.stats import Bound, held_out_bound
 from dpops.errors import InvalidParameter, SpecError
-from dpops.randomness import test_random
+from dpops.noise.randomness import test_random
 
 if TYPE_CHECKING:
     from dpops.release_plan import ReleasePlan

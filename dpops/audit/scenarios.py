@@ -40,7 +40,7 @@ import numpy as np
 from dpops.audit.harness import Harness, Rows, block
 
 if TYPE_CHECKING:
-    from dpops.selection import PartitionSelection
+    from dpops.noise.selection import PartitionSelection
 
 UNIT_STRIDE = 1_000_000  # unit ids g * UNIT_STRIDE + k: target u = 0, u' = 1, base units from 2
 MAX_BASE_ROWS_PER_PARTITION = 200

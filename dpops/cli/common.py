@@ -73,7 +73,7 @@ def load_key(key_file: str | None) -> Any:
     """The ``NoiseKey`` of ``--key-file`` (or ``$DPOPS_NOISE_KEY_FILE``), or None when neither is given."""
     if not key_file:
         return None
-    from dpops.randomness import NoiseKey
+    from dpops.noise.randomness import NoiseKey
 
     return NoiseKey.from_file(key_file)
 

@@ -35,8 +35,8 @@ from dpops.errors import InvalidParameter
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="estimate-out", show_default=True,
               help="directory for patch.yaml and result.json")
 @click.option("--spec-out", "spec_out", type=click.Path(dir_okay=False), default=None,
-              help="also write the whole patched spec here (relative paths in it start at SPEC's directory: "
-                   "write it next to SPEC)")
+              help="also write the patched spec here, as dpops spec apply-patch would (relative paths in it start "
+                   "at its own directory: write it next to SPEC)")
 @click.option("--randomness", type=click.Choice(["keyed", "test"]), default="keyed", show_default=True,
               help="keyed: the noise key's CSPRNG stream (retries free); test: seeded, never for publication")
 @click.option("--test-seed", "test_seed", type=int, default=None, help="the seed of --randomness test")
@@ -48,10 +48,10 @@ def cli(spec_path: str, interval: str, epsilon: float, quantile: float, contribu
         max_l0: int, max_linf: int, out_dir: str, spec_out: str | None, randomness: str, test_seed: int | None,
         key_file: str | None, actor: str | None, as_json: bool) -> None:
     """Estimate contribution and value bounds under DP; charge the scope; write a spec patch."""
-    from dpops.analysis.estimate import EstimateConfig, estimate
-    from dpops.analysis.tuning import apply_patch
+    from dpops.analysis.estimate import EstimateConfig, estimate, patch_document
+    from dpops.analysis.tune_output import apply_patch_document
     from dpops.release.preparation import requested_interval
-    from dpops.spec import load_spec
+    from dpops.spec import load_spec, parse_spec, read_spec_document
 
     if randomness == "test" and test_seed is None:
         raise InvalidParameter("--randomness test needs --test-seed N")
@@ -63,18 +63,19 @@ def cli(spec_path: str, interval: str, epsilon: float, quantile: float, contribu
                        key_path=key_file, test_seed=test_seed if randomness == "test" else None, actor=actor)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    patch = est.patch()
+    doc = patch_document(est)
     head = (f"# dpops estimate: private bound estimation run {est.run_id} (epsilon {epsilon:g} charged to scope "
-            f"{est.spec.budget.scope}).\n# Deep-merge into the spec (mappings merge, lists replace); the release then "
-            "names this estimation in its manifest.\n")
-    (out / "patch.yaml").write_text(head + yaml.safe_dump(patch, sort_keys=False), encoding="utf-8")
+            f"{est.spec.budget.scope}).\n# Apply with: dpops spec apply-patch SPEC THIS_FILE (mappings merge, lists "
+            "replace); the release then names this estimation in its manifest.\n")
+    (out / "patch.yaml").write_text(head + yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     (out / "result.json").write_text(dumps(est.to_dict()) + "\n", encoding="utf-8")
     files = {"patch": str(out / "patch.yaml"), "result": str(out / "result.json")}
-    if spec_out is not None:
-        spec = load_spec(spec_path)
-        doc = apply_patch(spec.model_dump(mode="json", exclude_none=True), patch)
-        Path(spec_out).write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
-        load_spec(spec_out)  # the patched spec must validate as written
+    if spec_out is not None:  # what `dpops spec apply-patch SPEC patch.yaml --out SPEC_OUT` writes
+        src = read_spec_document(Path(spec_path))
+        patched = apply_patch_document(src, doc, source=str(out / "patch.yaml"))
+        parse_spec(patched, source=str(spec_out), base_dir=Path(spec_out).resolve().parent)  # validates
+        Path(spec_out).write_text(yaml.safe_dump(patched, sort_keys=False), encoding="utf-8")
+        load_spec(spec_out)
         files["spec"] = spec_out
     if as_json:
         echo_ok({**est.to_dict(), "files": files})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from dpops.cli.common import HelpGroup, echo_ok
-from dpops.randomness import NoiseKey, convert_legacy_key_file
+from dpops.noise.randomness import NoiseKey, convert_legacy_key_file
 
 
 @click.group("key", cls=HelpGroup)

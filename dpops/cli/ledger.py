@@ -574,7 +574,7 @@ def reserve_cmd(spec, interval, key_file, randomness, test_seed, do_start, do_co
     scope's accountant, and the run key is idempotent (the same input, spec and key reserve once).
     For operators (hold budget for a run, close a stuck one) and tests."""
     from dpops import release
-    from dpops.cli.release import _interval
+    from dpops.cli.release import parse_interval_option
     from dpops.errors import InvalidParameter, LedgerError
 
     if do_release and (do_start or do_commit):
@@ -584,7 +584,7 @@ def reserve_cmd(spec, interval, key_file, randomness, test_seed, do_start, do_co
         raise InvalidParameter("--commit needs --output-uri: the ledger records where the run was published")
     if do_release and not reason:
         raise InvalidParameter("--release needs --reason (kept in the ledger)")
-    iv = _interval(spec, interval)
+    iv = parse_interval_option(spec, interval)
     who = actor or default_actor()
     ctx = release.prepare(spec, iv.start, iv.end, randomness=randomness, key_path=key_file, test_seed=test_seed,
                        actor=who)
@@ -602,7 +602,7 @@ def reserve_cmd(spec, interval, key_file, randomness, test_seed, do_start, do_co
             if do_commit and rec.state == "started":
                 rec = led.commit(ctx.run_id, output_uri=output_uri, actor=who,
                                  details={"note": "committed by dpops ledger reserve --commit (no Beam job)"})
-            out = release.context._outcome(ctx, led, rec.state, record=rec, charged=charged)
+            out = release.context.make_outcome(ctx, led, rec.state, record=rec, charged=charged)
     if as_json:
         echo_ok(out.as_dict())
     else:

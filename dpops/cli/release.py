@@ -61,7 +61,7 @@ def _common(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def _interval(spec_path: str, text: str) -> Any:
+def parse_interval_option(spec_path: str, text: str) -> Any:
     """``--interval``: START/END as given, or one START expanded to the spec's period starting there."""
     from dpops.release.preparation import requested_interval
 
@@ -119,7 +119,7 @@ def run_cmd(spec: str, interval: str, as_json: bool, runner: str, runner_options
         raise click.UsageError("--reason is only used with --fresh-attempt")
     from dpops import release
     from dpops.cli.progress import stage_progress
-    iv = _interval(spec, interval)
+    iv = parse_interval_option(spec, interval)
     url = ledger_url()
     with stage_progress(show_progress) as progress, release.open_run_ledger(url) as ledger:
         outcome = release.execute_release(spec, iv.start, iv.end, ledger=ledger, randomness=randomness,
@@ -142,7 +142,7 @@ def restate_cmd(spec: str, interval: str, as_json: bool, runner: str, runner_opt
     linked to the run it corrects; the old version is kept)."""
     from dpops import release
     from dpops.cli.progress import stage_progress
-    iv = _interval(spec, interval)
+    iv = parse_interval_option(spec, interval)
     url = ledger_url()
     with stage_progress(show_progress) as progress, release.open_run_ledger(url) as ledger:
         outcome = release.execute_restatement(spec, iv.start, iv.end, ledger=ledger, randomness=randomness,
@@ -162,7 +162,7 @@ def status_cmd(spec: str, interval: str, as_json: bool, key_file: str | None) ->
     Exits 7 naming the file when a published file no longer matches what was published."""
     from dpops import release
     from dpops.errors import IntegrityError
-    iv = _interval(spec, interval)
+    iv = parse_interval_option(spec, interval)
     key = load_key(key_file)
     with release.open_run_ledger(ledger_url()) as ledger:
         st = release.status(spec, iv.start, iv.end, ledger=ledger, key=key)
@@ -300,7 +300,7 @@ def abandon_cmd(spec: str, interval: str, as_json: bool, key_file: str | None,
     """Give up the unpublished run of SPEC over --interval: refund it if no noise was drawn yet, else mark
     it spent_unpublished (the charge stays)."""
     from dpops import release
-    iv = _interval(spec, interval)
+    iv = parse_interval_option(spec, interval)
     ctx = release.prepare(spec, iv.start, iv.end, randomness=randomness, key_path=key_file)
     with release.open_run_ledger(ledger_url()) as ledger:
         outcome = release.abandon(ctx, ledger, reason=reason)

@@ -195,6 +195,57 @@ def _prediction_text(p: dict[str, Any]) -> str:
     return f"{p['distribution']}, std {p['std']:.4g}, +-{p['abs_error']:.4g}{rel} ({p['method']})"
 
 
+@cli.command("apply-patch")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.argument("patch_path", metavar="PATCH", type=click.Path(exists=True, dir_okay=False))
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
+              help="where to write the patched spec (default FILE's stem + .tuned.yaml, or .estimated.yaml for an "
+                   "estimate patch, beside FILE; never overwritten)")
+@click.option("--json", "as_json", is_flag=True, help="print the written file as JSON")
+def apply_patch_cmd(file: str, patch_path: str, out_path: str | None, as_json: bool) -> None:
+    """Apply the patch.yaml of `dpops tune` (the recommended bounds, and the spec's `tuning` block saying where
+    they came from) or of `dpops estimate` (the estimated bounds and `estimated_from`) to FILE. Writes a new,
+    validated spec."""
+    from pathlib import Path
+
+    import yaml
+
+    from dpops.analysis.tune_output import apply_patch_document
+    from dpops.errors import SpecError
+    from dpops.spec import parse_spec, read_spec_document
+
+    src = Path(file)
+    try:
+        patch_doc = yaml.safe_load(Path(patch_path).read_text(encoding="utf-8"))
+    except yaml.YAMLError:
+        raise SpecError(f"{patch_path}: not valid YAML; use the patch.yaml that dpops tune or dpops estimate "
+                        "wrote") from None
+    from dpops.analysis.estimate import PATCH_SCHEMA as ESTIMATE_PATCH_SCHEMA
+
+    estimated = isinstance(patch_doc, dict) and patch_doc.get("schema") == ESTIMATE_PATCH_SCHEMA
+    out = Path(out_path) if out_path else src.with_name(src.stem + (".estimated.yaml" if estimated else ".tuned.yaml"))
+    if out.resolve().parent != src.resolve().parent:
+        raise SpecError(f"--out {out}: write the patched spec beside {src} (its relative paths start there)")
+    if out.exists():
+        raise SpecError(f"--out {out}: already exists; a patched spec is written to a new file, never over one")
+    doc = read_spec_document(src)
+    if not isinstance(doc, dict):
+        raise SpecError(f"{src}: a release spec is a YAML mapping")
+    patched = apply_patch_document(doc, patch_doc, source=patch_path)
+    spec = parse_spec(patched, source=out.name, base_dir=out.resolve().parent)  # refuses an invalid result
+    out.write_text(yaml.safe_dump(patched, sort_keys=False), encoding="utf-8")
+    statement = spec.tuning.statement if spec.tuning is not None else None
+    if as_json:
+        from dpops.cli.common import echo_ok
+
+        echo_ok({"spec": file, "patch": patch_path, "written": str(out), "spec_hash": spec.spec_hash,
+                 "tuning": statement})
+        return
+    click.echo(f"wrote {out} (spec hash {spec.spec_hash})")
+    if statement:
+        click.echo(f"its releases will say: {statement}")
+
+
 @cli.command("synth")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--from", "start", required=True, help="first interval start (ISO-8601, UTC)")
@@ -208,8 +259,8 @@ def _prediction_text(p: dict[str, Any]) -> str:
 def synth_cmd(file: str, start: str, end: str, rows: int, users: int, partitions: int, seed: int,
               as_json: bool) -> None:
     """Write SYNTHETIC input (never real data) for FILE's intervals in [--from, --to), where the spec's
-    input.path says, with its declared columns, public partitions and metric bounds (dpops.synthetic)."""
-    from dpops.synthetic import generate_for_spec
+    input.path says, with its declared columns, public partitions and metric bounds (dpops.testing.synthetic)."""
+    from dpops.testing.synthetic import generate_for_spec
 
     paths = generate_for_spec(file, start, end, n_rows=rows, n_users=users, n_partitions=partitions, seed=seed)
     if as_json:

@@ -17,6 +17,15 @@ from typing import Any
 from dpops.errors import InvalidParameter, SpecError
 from dpops.events import PrivacyEvent, canonical_json
 
+# A run's allowed (from, to) state transitions; staying in the same state is an idempotent retry. The store
+# enforces them on write and ``ledger verify`` on replay, so both read this one table.
+TRANSITIONS = frozenset({
+    ("reserved", "started"),
+    ("started", "committed"),
+    ("started", "spent_unpublished"),
+    ("reserved", "released"),
+})
+
 
 class RunState(StrEnum):
     """A run's state in the ledger (the state diagram is in ``dpops.ledger.store``).

@@ -34,6 +34,7 @@ from dpops.ledger.backend import Backend, connect, hook
 from dpops.ledger.budget import format_budget
 from dpops.ledger.model import (
     OPEN_STATES,
+    TRANSITIONS,
     UNBUCKETED,
     BucketStatus,
     Entry,
@@ -54,14 +55,6 @@ from dpops.ledger.roles import require_owner
 from dpops.ledger.schema import entry_hash, migrate
 from dpops.ledger.text import check_free_text, printable
 from dpops.param_checks import check_delta_for_population, check_epsilon, check_positive
-
-# Allowed (from, to) transitions; staying in the same state is an idempotent retry.
-TRANSITIONS = {
-    ("reserved", "started"),
-    ("started", "committed"),
-    ("started", "spent_unpublished"),
-    ("reserved", "released"),
-}
 
 _RUN_COLS = (
     "run_id, scope, release, interval_start, interval_end, run_key, state, events, buckets, restates, "

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from dpops.errors import DpopsError
 from dpops.events import canonical_json, event_from_dict
 from dpops.ledger import budget
-from dpops.ledger.model import RunKey, ScopeDefinition, VerifyReport, bucket_labels
+from dpops.ledger.model import TRANSITIONS, RunKey, ScopeDefinition, VerifyReport, bucket_labels
 from dpops.ledger.schema import GENESIS_HASH, entry_hash
 
 if TYPE_CHECKING:
@@ -97,8 +97,6 @@ class _Replay:
         run = self.runs.get(run_id) if run_id is not None else None
         if run is None or run_id is None:
             raise _Broken(eid, f"{kind} for run {run_id} that was never reserved")
-        from dpops.ledger.store import TRANSITIONS
-
         if (run["state"], kind) not in TRANSITIONS:
             raise _Broken(eid, f"run {run_id}: transition {run['state']} -> {kind} is not allowed")
         if run["scope"] != scope or run["buckets"] != buckets:

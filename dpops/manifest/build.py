@@ -19,13 +19,16 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpops import __version__
 from dpops.accounting import get_accountant
 from dpops.errors import InvalidParameter
 from dpops.events import PrivacyEvent, canonical_json, event_from_dict, event_to_dict
 from dpops.manifest.schema import SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    from dpops.spec import TuningSpec
 
 EventLike = PrivacyEvent | Mapping[str, Any]  # an event, or its stable JSON form (as the ledger returns it)
 
@@ -196,6 +199,7 @@ def build_manifest(
     accuracy: Mapping[str, Any] | None = None,
     estimation: Mapping[str, Any] | None = None,
     dependencies: Mapping[str, Any] | None = None,
+    provenance: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Assemble one manifest (a plain dict; ``write_manifest`` validates it against the schema).
 
@@ -205,10 +209,12 @@ def build_manifest(
     (e.g. a run refused before the scope could be read). ``output``: {"uri", "fingerprints"} with
     HMAC fingerprints only. ``accuracy``: ``dpops.analysis.document.manifest_section`` (the declared
     targets and the plan's prediction for each: public parameters only), recorded only when the spec
-    declares targets, so manifests without it keep verifying. ``estimation``: the run is a private bound
-    estimation (``dpops.analysis.estimate.manifest_section``: configuration, mechanisms, result, patch).
-    ``dependencies``: the runs this release's parameters came from (``{"estimations": [{"run_id"}]}``,
-    from the spec's ``estimated_from``). Both only when present, so older manifests keep verifying.
+    declares targets, so manifests without it keep verifying. ``provenance``: ``{"tuning":
+    tuning_provenance(spec.tuning)}`` when the spec says its parameters came from ``dpops tune``.
+    ``estimation``: the run is a private bound estimation (``dpops.analysis.estimate.manifest_section``:
+    configuration, mechanisms, result, patch). ``dependencies``: the runs this release's parameters came
+    from (``{"estimations": [{"run_id"}]}``, from the spec's ``estimated_from``). Each only when present,
+    so older manifests keep verifying.
     """
     if outcome not in OUTCOMES:
         raise InvalidParameter(f"manifest outcome must be one of {OUTCOMES}, got {outcome!r}")
@@ -259,4 +265,23 @@ def build_manifest(
         doc["estimation"] = dict(estimation)
     if dependencies is not None:
         doc["dependencies"] = dict(dependencies)
+    if provenance is not None:
+        doc["provenance"] = dict(provenance)
     return doc
+
+
+TUNING_PROVENANCE_SCHEMA = "dpops.tuning-provenance/1"
+
+
+def tuning_provenance(tuning: TuningSpec) -> dict[str, Any]:
+    """The manifest's ``provenance.tuning`` from the spec's ``tuning`` block (``dpops.spec.TuningSpec``).
+
+    Privacy reason: tuning is not DP, so a release whose bounds came from looking at private data must say
+    so to every reviewer (issue 20 section 3). Only what the spec block holds goes in -- where the choice came
+    from and the ledger entry that recorded a private read -- never a statistic of the sample."""
+    data = tuning.data.model_dump(mode="json")
+    if data["source"] == "private":
+        data["statement"] = tuning.statement
+    return {"schema": TUNING_PROVENANCE_SCHEMA, "statement": tuning.statement, "candidate": tuning.candidate,
+            "loss": tuning.loss, "candidates": int(tuning.candidates), "not_evaluated": list(tuning.not_evaluated),
+            "data": data}

@@ -171,6 +171,7 @@ def write_run_manifest(
         accuracy=_accuracy_section(spec, plan),
         estimation=estimation,
         dependencies=_dependencies(spec),
+        provenance=_provenance_section(spec),
     )
     if signing_key is None:
         signing_key = os.environ.get(SIGNING_KEY_ENV) or None
@@ -204,6 +205,15 @@ def _dependencies(spec: Any) -> dict[str, Any] | None:
     """The estimation run the spec's bounds came from (issue 20 section 4), when it names one."""
     run_id = getattr(spec, "estimated_from", None)
     return {"estimations": [{"run_id": str(run_id)}]} if run_id else None
+
+
+def _provenance_section(spec: Any) -> dict[str, Any] | None:
+    """Where the spec's parameters came from (issue 20 section 3), when its ``tuning`` block says."""
+    if getattr(spec, "tuning", None) is None:
+        return None
+    from dpops.manifest.build import tuning_provenance
+
+    return {"tuning": tuning_provenance(spec.tuning)}
 
 
 def _claim(m: Mapping[str, Any]) -> dict[str, Any]:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from dpops import sensitivity as S
 from dpops.events import event_from_dict, event_to_dict
+from dpops.noise import sensitivity as S
 
 _TOL = 1e-9
 
@@ -82,7 +82,7 @@ def recompute_sensitivities(m: dict[str, Any]) -> list[str]:
             # The charged sensitivity includes the rounding charge: r*ceil(raw/r + m) (L1) or r*ceil(raw/r +
             # sqrt(m)) (L2), never less than raw + r*m; recomputed with the mechanisms' own formula (an
             # estimated bound such as 2**(j/4) makes raw/r a non-integer, where raw + r*m would be short).
-            from dpops.mechanisms import charged_sensitivity
+            from dpops.noise.mechanisms import charged_sensitivity
 
             r, mc = float(v["resolution"]), int(s.max_coords)
             integer = v["mechanism"].startswith("integer_")

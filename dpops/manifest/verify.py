@@ -8,13 +8,16 @@ Steps, each a named check; any mismatch names the manifest field:
    partition strategy) are exactly what the spec says;
 3. plan: ``plan_release`` re-run on the embedded spec gives every mechanism, parameter and
    sensitivity recorded in ``release_plan`` and exactly the recorded ``events``;
-4. sensitivity: every sensitivity in the plan is recomputed with ``dpops.sensitivity`` from
+4. sensitivity: every sensitivity in the plan is recomputed with ``dpops.noise.sensitivity`` from
    the manifest's own bounds and adjacency;
 5. accounting: the run's ε, recomputed with the *recorded* accountant version, equals the claim;
 6. randomness: a test-mode run never claims to be published;
 7. ledger (when given): the ledger's hash chain verifies, the run's key, events, restatement
    link, entry ids and hashes match, and the scope position replays from the entries;
-8. signature (when a public key is given).
+8. signature (when a public key is given);
+9. tuning provenance (when the manifest has ``provenance.tuning``): the statement follows from its data and
+   a private read names the scope charged; with a ledger, the ``private_access`` entry it names exists on
+   that scope with the same fingerprint and time, before the run's first entry.
 """
 
 from __future__ import annotations
@@ -388,6 +391,68 @@ def _check_dependencies(m: dict[str, Any], ledger: Ledger | None, manifests_dir:
     return out
 
 
+def _check_tuning(m: dict[str, Any]) -> list[str]:
+    """``provenance.tuning`` says what its own fields imply (issue 20 section 3): the statement is the one its
+    data source and date give, and a private read was recorded on the scope this release charges.
+
+    Privacy reason: the statement is what a reviewer reads; a milder sentence, or a read recorded on another
+    scope, would hide that the bounds came from looking at this scope's private data."""
+    from dpops.spec import TuningSpec
+
+    t = m["provenance"]["tuning"]
+    spec_block = TuningSpec.model_validate({k: t[k] for k in ("candidate", "loss", "candidates", "not_evaluated",
+                                                               "data")})
+    out = []
+    if t["statement"] != spec_block.statement:
+        out.append(f"provenance.tuning.statement: manifest says {t['statement']!r}, its data gives "
+                   f"{spec_block.statement!r}")
+    d = t["data"]
+    if d["source"] == "private":
+        if d["statement"] != spec_block.statement:
+            out.append(f"provenance.tuning.data.statement: manifest says {d['statement']!r}, its read_at gives "
+                       f"{spec_block.statement!r}")
+        charged = m["spec"]["budget"]["scope"]
+        if d["scope"] != charged:
+            out.append(f"provenance.tuning.data.scope: the private read was recorded on scope {d['scope']!r}, this "
+                       f"release charges scope {charged!r}")
+    return out
+
+
+def _check_tuning_ledger(m: dict[str, Any], ledger: Ledger) -> list[str]:
+    """A private read named by ``provenance.tuning`` is a ``private_access`` entry of the ledger on that scope,
+    with the recorded fingerprint and time, written before this run's first entry.
+
+    Privacy reason: the entry is the durable record of a non-DP look at the data; a manifest pointing at no
+    entry, at another one, or at one written after the release, would claim an accountability that does not
+    exist (or hide the real read)."""
+    d = m["provenance"]["tuning"]["data"]
+    if d["source"] != "private":
+        return []
+    where = f"provenance.tuning.data.ledger_entry: entry {d['ledger_entry']}"
+    scope = d["scope"]
+    try:
+        history = ledger.history(scope)
+    except DpopsError as exc:  # an unknown scope: named by the ledger's own refusal
+        return [f"{where}: {exc}"]
+    entry = next((e for e in history if int(e.id) == int(d["ledger_entry"])), None)
+    if entry is None:
+        return [f"{where} is not an entry of scope {scope!r} in the ledger"]
+    out = []
+    if entry.kind != "private_access":
+        out.append(f"{where} is a {entry.kind!r} entry, not a private_access one")
+    if (entry.data or {}).get("fingerprint") != d["fingerprint"]:
+        out.append(f"provenance.tuning.data.fingerprint: manifest says {d['fingerprint']!r}, ledger entry "
+                   f"{entry.id} recorded {(entry.data or {}).get('fingerprint')!r}")
+    if entry.ts != d["read_at"]:
+        out.append(f"provenance.tuning.data.read_at: manifest says {d['read_at']}, ledger entry {entry.id} was "
+                   f"written at {entry.ts}")
+    first = min((int(i) for i in m["ledger"]["entry_ids"]), default=None)
+    if first is not None and int(entry.id) > first:
+        out.append(f"{where} was written after this run's first ledger entry #{first}: the read cannot have chosen "
+                   "this release's bounds")
+    return out
+
+
 def _check_randomness(m: dict[str, Any]) -> list[str]:
     r = m["randomness"]
     out = []
@@ -721,6 +786,9 @@ def verify_manifest(manifest: dict[str, Any], *, ledger: Ledger | None = None, p
     _run("identity", lambda: _check_identity(m), checks)
     if m.get("accuracy") is not None:
         _run("accuracy", lambda: _check_accuracy(m), checks)
+    tuned = (m.get("provenance") or {}).get("tuning") is not None
+    if tuned:
+        _run("tuning provenance", lambda: _check_tuning(m), checks)
     if m.get("estimation") is not None:
         _run("estimation", lambda: _check_estimation(m), checks)
     if m["spec"].get("estimated_from") or m.get("dependencies") is not None:
@@ -728,6 +796,8 @@ def verify_manifest(manifest: dict[str, Any], *, ledger: Ledger | None = None, p
     if ledger is not None:
         _run("ledger", lambda: _check_ledger(m, ledger, chain_report)
              + (_check_file_digest(m, ledger, file_name, file_digest) if file_name and file_digest else []), checks)
+        if tuned:
+            _run("tuning provenance (ledger)", lambda: _check_tuning_ledger(m, ledger), checks)
     else:
         checks.append(Check("ledger", True, skipped="no ledger given: the scope total, cap and output location "
                                                     "were not compared with the ledger"))

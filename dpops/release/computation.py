@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 from dpops.errors import DEBUG_ENV, DpopsError, InputDataError, InternalError, LedgerError, NeedsOperator, StorageError
 from dpops.inputs import input_fingerprint, public_file_rows
-from dpops.release.context import Progress, RunContext, RunOutcome, _outcome, _stage, log, pick_attempt
+from dpops.release.context import Progress, RunContext, RunOutcome, log, make_outcome, pick_attempt, report_stage
 from dpops.release.pipeline_seam import ComputeRequest, ComputeResult, import_pipeline_module, load_run_release
 from dpops.spec import load_spec
 from dpops.storage import Location, StagedRun, as_location, location_uri
@@ -86,7 +86,7 @@ def compute(ctx: RunContext, ledger: Ledger, *, runner: str = "FnApiRunner", run
             run_release: RunRelease | None = None) -> RunOutcome:
     """Produce (or find) the sealed staged output of this run. Needs a reservation (``reserve`` first)."""
     staged = compute_staged(ctx, ledger, runner=runner, runner_options=runner_options, run_release=run_release)
-    return _outcome(ctx, ledger, "staged", record=ledger.run(ctx.run_id),
+    return make_outcome(ctx, ledger, "staged", record=ledger.run(ctx.run_id),
                     output_uri=location_uri(staged.location), message="noisy output staged, not yet published")
 
 
@@ -145,7 +145,7 @@ def compute_staged(ctx: RunContext, ledger: Ledger, *, runner: str = "FnApiRunne
         raise
     try:
         try:
-            _stage(progress, "read, bound and noise")
+            report_stage(progress, "read, bound and noise")
             result = fn(_compute_request(ctx, tmp, runner, runner_options))
         except DpopsError:
             raise
@@ -170,7 +170,7 @@ def compute_staged(ctx: RunContext, ledger: Ledger, *, runner: str = "FnApiRunne
         # would publish a release of other data under this run's key.
         _check_input_unchanged(ctx, "while the pipeline read it; noise was drawn, so the run stays charged and "
                                     "its output is discarded")
-        _stage(progress, "write")
+        report_stage(progress, "write")
         staged = ctx.store.finish_staging(tmp, ctx.interval.slug, ctx.run_id, dict(result.internal or {}),
                                           test_mode=ctx.randomness == "test")
     except BaseException:

@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # the ledger is imported lazily at run time (DAG parsing must
     from dpops.release_plan import ReleasePlan
 
 log = logging.getLogger("dpops.release")
-_QUIET: ContextVar[bool] = ContextVar("dpops_runs_quiet", default=False)
+QUIET_RUNS: ContextVar[bool] = ContextVar("dpops_runs_quiet", default=False)
 
 RANDOMNESS = ("keyed", "os", "test")
 # Stages reported to a ``progress`` callback, in order. Reading, bounding and noise are one Beam job
@@ -50,13 +50,14 @@ MAX_OS_ATTEMPTS = 100
 
 class NoiseKeyLike(HmacKey, Protocol):
     """The noise key as the steps use it: ``key_id``, ``hmac`` (keyed fingerprints) and ``seal_mac``
-    (the staging seal). ``dpops.randomness.NoiseKey``, or a stand-in in tests and embeddings."""
+    (the staging seal). ``dpops.noise.randomness.NoiseKey``, or a stand-in in tests and embeddings."""
 
     def seal_mac(self, data: bytes) -> str:
         """The staging seal: a keyed MAC of the staged files' payload."""
 
 
-def _stage(progress: Progress | None, name: str) -> None:
+def report_stage(progress: Progress | None, name: str) -> None:
+    """Tell the ``progress`` callback (when there is one) that the run entered stage ``name``."""
     if progress is not None:
         progress(name)
 
@@ -270,8 +271,11 @@ def scope_position(ledger: Ledger, scope: str, buckets: Sequence[str] | None = N
             "accountant": st.accountant, "budget_unit": "rho" if st.unit == "rho" else "epsilon"}
 
 
-def _outcome(ctx: RunContext, ledger: Ledger, state: str, *, record: RunRecord | None = None, charged: float = 0.0,
+def make_outcome(ctx: RunContext, ledger: Ledger, state: str, *, record: RunRecord | None = None, charged: float = 0.0,
              message: str = "", output_uri: str | None = None) -> RunOutcome:
+    """The run's one outcome line: note the ledger record on ``ctx``, read the scope's position after it
+    and log the line (at DEBUG while ``QUIET_RUNS`` is set, i.e. inside ``execute_release``). Every step
+    ends a run through this function."""
     ctx.note_ledger(record, charged)
     pos = scope_position(ledger, ctx.spec.budget.scope, getattr(record, "buckets", None))  # incl. scope_remaining
     out = RunOutcome(
@@ -282,11 +286,11 @@ def _outcome(ctx: RunContext, ledger: Ledger, state: str, *, record: RunRecord |
         restates=getattr(record, "restates", None), message=message, **pos,
     )
     # Inside execute_release the steps' lines are DEBUG: the whole run logs ONE line at the end.
-    log.log(logging.DEBUG if _QUIET.get() else logging.INFO, out.line())
+    log.log(logging.DEBUG if QUIET_RUNS.get() else logging.INFO, out.line())
     return out
 
 
-def _log_failure(ctx: RunContext, ledger: Ledger, exc: BaseException) -> RunOutcome:
+def log_failure(ctx: RunContext, ledger: Ledger, exc: BaseException) -> RunOutcome:
     """The one line of a run that ended in an error (the error itself still propagates)."""
     state = "refused" if isinstance(exc, BudgetExceeded) else "failed"
     rec = None

@@ -26,24 +26,24 @@ from dpops.errors import BudgetExceeded, DpopsError, LedgerError, NeedsOperator,
 from dpops.inputs import HmacKey, parse_interval
 from dpops.release.computation import RunRelease, check_runner, compute_staged
 from dpops.release.context import (
-    _QUIET,
+    QUIET_RUNS,
     IntervalBound,
     NoiseKeyLike,
     Progress,
     RunContext,
     RunOutcome,
-    _log_failure,
-    _outcome,
-    _stage,
     log,
+    log_failure,
+    make_outcome,
     pick_attempt,
+    report_stage,
 )
 from dpops.release.manifests import ensure_manifest, spec_manifests_dir
 from dpops.release.preparation import Planner, prepare
 from dpops.release.publication import publish
 from dpops.release.refusals import budget_refusal_reason, record_refusal
 from dpops.release.reservation import reserve
-from dpops.release.served import _make_visible, check_served_files, published_file_check
+from dpops.release.served import check_served_files, make_visible, published_file_check
 from dpops.spec import load_spec
 from dpops.storage import open_store
 
@@ -80,20 +80,20 @@ def _release_before_start(ctx: RunContext, ledger: Ledger, exc: BaseException) -
 
 
 def _run_steps(ctx: RunContext, ledger: Ledger, **kwargs: Unpack[_StepOptions]) -> RunOutcome:
-    token = _QUIET.set(True)
+    token = QUIET_RUNS.set(True)
     try:
         out = _run_steps_quiet(ctx, ledger, **kwargs)
     except BaseException as exc:
-        _QUIET.reset(token)
+        QUIET_RUNS.reset(token)
         if isinstance(exc, BudgetExceeded) and kwargs.get("write_manifest", True):
             record_refusal(ctx, ledger, budget_refusal_reason(ctx, ledger, exc))  # `dpops gaps` says "refused"
-        failed = _log_failure(ctx, ledger, exc)
+        failed = log_failure(ctx, ledger, exc)
         try:
             setattr(exc, "dpops_outcome", failed)  # noqa: B010 - the CLI's --json error object shows it
         except AttributeError:  # pragma: no cover
             pass
         raise
-    _QUIET.reset(token)
+    QUIET_RUNS.reset(token)
     log.info(out.line())
     return out
 
@@ -105,7 +105,7 @@ def _run_steps_quiet(ctx: RunContext, ledger: Ledger, *, publish_output: bool, r
     ctx.write_manifest = write_manifest
     if reserved is None:
         check_runner(runner, runner_options, run_release)  # before reserve: a bad runner costs nothing
-        _stage(progress, "reserve")
+        report_stage(progress, "reserve")
         reserved = reserve(ctx, ledger, restates=restates, fresh_attempt=fresh_attempt)
     if reserved.state == "already_published":
         if write_manifest:
@@ -119,7 +119,7 @@ def _run_steps_quiet(ctx: RunContext, ledger: Ledger, *, publish_output: bool, r
         raise
     if not publish_output:
         rec = ledger.run(ctx.run_id)
-        return _outcome(ctx, ledger, "staged", record=rec, charged=reserved.epsilon_charged,
+        return make_outcome(ctx, ledger, "staged", record=rec, charged=reserved.epsilon_charged,
                         output_uri=staged.directory.resolve().as_uri(),
                         message="computed and staged; publish with --publish (no new charge)")
     out = publish(ctx, ledger, gx_checks=gx_checks, progress=progress)
@@ -165,9 +165,9 @@ def restate(ctx: RunContext, ledger: Ledger) -> RunOutcome:
         raise NeedsOperator(f"{ctx.spec.name} {ctx.interval} has not been published: nothing to restate; "
                             "use dpops release run")
     if published.run_id == ctx.run_id:
-        _make_visible(ctx, published)  # completes a restatement killed between its commit and the file publish
+        make_visible(ctx, published)  # completes a restatement killed between its commit and the file publish
         check_served_files(ctx, published, ledger)
-        return _outcome(ctx, ledger, "already_published", record=published,
+        return make_outcome(ctx, ledger, "already_published", record=published,
                         message="input, spec and key unchanged: the published result stands, nothing charged")
     return reserve(ctx, ledger, restates=published.run_id)
 
@@ -183,12 +183,12 @@ def execute_restatement(spec_path: str | os.PathLike[str], interval_start: Inter
     """``dpops release restate``: prepare, restate (reserve linked to the published run), compute, publish."""
     ctx = prepare(spec_path, interval_start, interval_end, randomness=randomness, key_path=key_path, key=key,
                   planner=planner, actor=actor, progress=progress)
-    token = _QUIET.set(True)
-    _stage(progress, "reserve")
+    token = QUIET_RUNS.set(True)
+    report_stage(progress, "reserve")
     try:
         first = restate(ctx, ledger)
     finally:
-        _QUIET.reset(token)
+        QUIET_RUNS.reset(token)
     if first.state == "already_published":
         log.info(first.line())
         return first
@@ -211,7 +211,7 @@ def abandon(ctx: RunContext, ledger: Ledger, *, reason: str) -> RunOutcome:
         rec = ledger.mark_spent_unpublished(ctx.run_id, reason=f"abandoned by operator: {reason}", actor=ctx.actor)
     elif rec.state == "committed":
         raise LedgerError(f"run {ctx.run_id} is published; a publication is never withdrawn (restate it instead)")
-    return _outcome(ctx, ledger, rec.state, record=rec, message=f"abandoned: {reason}")
+    return make_outcome(ctx, ledger, rec.state, record=rec, message=f"abandoned: {reason}")
 
 
 def status(spec_path: str | os.PathLike[str], interval_start: IntervalBound, interval_end: IntervalBound = None, *,

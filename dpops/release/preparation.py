@@ -30,12 +30,20 @@ from dpops.inputs import (
     public_file_rows,
     resolve_input_paths,
 )
-from dpops.release.context import RANDOMNESS, IntervalBound, NoiseKeyLike, Progress, RunContext, _stage, default_actor
+from dpops.release.context import (
+    RANDOMNESS,
+    IntervalBound,
+    NoiseKeyLike,
+    Progress,
+    RunContext,
+    default_actor,
+    report_stage,
+)
 from dpops.spec import ReleaseSpec, interval_problems, load_spec
 from dpops.storage import Sealer, open_store
 
 if TYPE_CHECKING:
-    from dpops.randomness import NoiseKey
+    from dpops.noise.randomness import NoiseKey
     from dpops.release_plan import ReleasePlan
 
 def requested_interval(spec_path: str | os.PathLike[str], text: str) -> Interval:
@@ -82,7 +90,7 @@ def _load_key(key_path: str | None) -> NoiseKey:
     ``key_path`` is a key reference (``dpops.keyref``): a file path, file:PATH, or a secret-manager
     reference that the pipeline's workers resolve themselves."""
     from dpops.keyref import FileKeyProvider, resolve_key, scheme_of
-    from dpops.randomness import load_key  # lazy: owned by the mechanisms module
+    from dpops.noise.randomness import load_key  # lazy: owned by the mechanisms module
 
     if not key_path:
         raise InvalidParameter("no noise key file given: pass --key-file PATH or set DPOPS_NOISE_KEY_FILE "
@@ -107,7 +115,7 @@ def _sealer(randomness: str, noise_key: NoiseKeyLike | None) -> Sealer | None:
     """The key that seals this run's staged output (dpops.storage): the noise key in keyed and os mode
     (both always load it), the public test seal key in test mode (never publishable anyway)."""
     if randomness == "test":
-        from dpops.randomness import test_seal_key
+        from dpops.noise.randomness import test_seal_key
 
         return test_seal_key()
     return noise_key
@@ -156,7 +164,7 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
     if misaligned:
         raise SpecError("\n".join(f"{spec.source}: {m}" for m in misaligned) + "\nnothing was reserved")
     paths = resolve_input_paths(spec, interval.start, interval.end, key_path=key_path)
-    _stage(progress, "fingerprint")
+    report_stage(progress, "fingerprint")
     check_input(spec, paths)
     fingerprint = input_fingerprint(paths, fp_key, public_file_rows(spec))
     plan = (planner or _default_planner)(spec)

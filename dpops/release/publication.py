@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 
 from dpops.errors import LedgerError, StorageError
 from dpops.release import manifests
-from dpops.release.context import Progress, RunContext, RunOutcome, _outcome, _stage, pick_attempt
+from dpops.release.context import Progress, RunContext, RunOutcome, make_outcome, pick_attempt, report_stage
 from dpops.release.output_checks import check_noisy_output
-from dpops.release.served import _make_visible, check_served_files
+from dpops.release.served import check_served_files, make_visible
 from dpops.storage import PUBLISHED_FILES, Location, StagedRun, as_location, files, location_uri
 from dpops.storage.base import version_number
 
@@ -39,9 +39,9 @@ def publish(ctx: RunContext, ledger: Ledger, *, gx_checks: bool = False,
     if record is None:
         raise LedgerError(f"run {ctx.run_id} is not in the ledger: reserve and compute it first")
     if record.state == "committed":
-        _make_visible(ctx, record)
+        make_visible(ctx, record)
         check_served_files(ctx, record, ledger)
-        return _outcome(ctx, ledger, "already_published", record=record, message="nothing charged")
+        return make_outcome(ctx, ledger, "already_published", record=record, message="nothing charged")
     if record.state != "started":
         raise LedgerError(f"run {ctx.run_id} is {record.state}; only a started (computed) run can be published")
     staged = ctx.store.verify_staged(ctx.interval.slug, ctx.run_id)
@@ -49,7 +49,7 @@ def publish(ctx: RunContext, ledger: Ledger, *, gx_checks: bool = False,
         ledger.mark_spent_unpublished(ctx.run_id, reason="test-mode output is never published", actor=ctx.actor)
         raise StorageError(f"run {ctx.run_id} used test-mode (seeded) noise; it is never published. It is now "
                            "spent_unpublished; run with keyed or os randomness to publish")
-    _stage(progress, "check output")
+    report_stage(progress, "check output")
     ctx.output_checks = check_noisy_output(ctx.spec, staged.data_location)
     project = os.environ.get("DPOPS_GX_PROJECT")
     if project:  # the deployment's GX project: dpops' suite and the team suites, sandboxed (dpops.gx_project)
@@ -71,14 +71,14 @@ def publish(ctx: RunContext, ledger: Ledger, *, gx_checks: bool = False,
         ctx.output_checks = [*ctx.output_checks, "great expectations output suite"]
     # The manifest is written BEFORE anything becomes visible (semantics.md section 5): it
     # fingerprints the staged files, and the published copies are verified byte-identical.
-    _stage(progress, "publish")
+    report_stage(progress, "publish")
     target = ctx.store.next_version_location(ctx.interval.slug, ctx.run_id)
     manifest_path = manifests.write_manifest_before_publish(ctx, ledger, location_uri(target), staged.location,
                                                   ctx.output_checks)
     # Order: ledger commit, then the files become visible. The charge was already final at start;
     # the commit records the decision to publish. A crash in between leaves a committed run whose
     # output is not visible yet, which every retry (and every served re-run) completes through
-    # ``_make_visible``; `dpops ledger recover` never touches committed runs. The opposite order
+    # ``make_visible``; `dpops ledger recover` never touches committed runs. The opposite order
     # would let recovery mark a run whose output is live as spent_unpublished.
     details: dict[str, object] = {"version": version_number(target),
                "files": {n: staged.hashes[n] for n in PUBLISHED_FILES if n in staged.hashes}}
@@ -87,11 +87,11 @@ def publish(ctx: RunContext, ledger: Ledger, *, gx_checks: bool = False,
 
         details["manifest"] = {"file": as_location(manifest_path).name, "sha256": file_sha256(manifest_path)}
     record = ledger.commit(ctx.run_id, output_uri=location_uri(target), actor=ctx.actor, details=details)
-    pub = _make_visible(ctx, record)
+    pub = make_visible(ctx, record)
     if pub.location.realpath() != target.realpath():  # pragma: no cover - publish refuses races first
         raise StorageError(f"run {ctx.run_id} was published to {pub.location}, not {target} as its ledger "
                            "entry and manifest say; investigate before publishing anything else for this interval")
-    return _outcome(ctx, ledger, "published", record=record, output_uri=pub.uri,
+    return make_outcome(ctx, ledger, "published", record=record, output_uri=pub.uri,
                     message=f"version v{pub.version}")
 
 

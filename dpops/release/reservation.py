@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dpops.errors import DpopsError, InvalidParameter, LedgerError, NeedsOperator, SpecError, StorageError
-from dpops.release.context import RunContext, RunOutcome, _outcome, pick_attempt
+from dpops.release.context import RunContext, RunOutcome, make_outcome, pick_attempt
 from dpops.release.key_continuity import check_key_continuity
-from dpops.release.served import _make_visible, check_served_files
+from dpops.release.served import check_served_files, make_visible
 from dpops.spec import ReleaseSpec
 
 if TYPE_CHECKING:
@@ -165,7 +165,10 @@ def check_scope(ctx: RunContext, ledger: Ledger) -> ScopeDefinition:
     return _check_scope(ctx, ledger)
 
 
-def _refuse_changed(ctx: RunContext, published: RunRecord | None, restates: str | None) -> None:
+def refuse_changed_input(ctx: RunContext, published: RunRecord | None, restates: str | None) -> None:
+    """Refuse a run whose run key differs from the interval's published run (a changed input, spec or key)
+    unless it is the restatement of that run: an interval is published once per run key, and a silent second
+    publication would be a second, uncharged look at the same data."""
     if published is None or published.run_id == ctx.run_id or restates == published.run_id:
         return
     old = published.key
@@ -208,11 +211,11 @@ def reserve(ctx: RunContext, ledger: Ledger, *, restates: str | None = None,
             "--fresh-attempt: a retry of a reserved or started keyed run costs nothing; nothing was reserved")
     published = ledger.published(ctx.spec.name, ctx.interval.start_iso, ctx.interval.end_iso)
     if published is not None and published.run_id == ctx.run_id:
-        _make_visible(ctx, published)  # a crash between the ledger commit and the file publish is healed here
+        make_visible(ctx, published)  # a crash between the ledger commit and the file publish is healed here
         check_served_files(ctx, published, ledger)
-        return _outcome(ctx, ledger, "already_published", record=published,
+        return make_outcome(ctx, ledger, "already_published", record=published,
                         message="served from the published result, nothing charged")
-    _refuse_changed(ctx, published, restates)
+    refuse_changed_input(ctx, published, restates)
     if restates is not None and (published is None or published.run_id != restates):
         raise LedgerError(f"run {restates} is not the published run of {ctx.spec.name} {ctx.interval}; "
                           "only the current publication can be restated")
@@ -226,7 +229,7 @@ def reserve(ctx: RunContext, ledger: Ledger, *, restates: str | None = None,
     check_key_continuity(ctx, ledger)  # another key than the scope's only as a declared rotation (issue 19)
     existing = ledger.run(ctx.run_id)
     if existing is not None and existing.state == "committed":
-        return _outcome(ctx, ledger, "already_published", record=existing, message="nothing charged")
+        return make_outcome(ctx, ledger, "already_published", record=existing, message="nothing charged")
     if existing is not None and existing.state in ("released", "spent_unpublished"):
         raise NeedsOperator(spent_message(ctx, existing.state))
     details: dict[str, object] = {"randomness": ctx.randomness, "spec": ctx.spec.source,
@@ -236,4 +239,4 @@ def reserve(ctx: RunContext, ledger: Ledger, *, restates: str | None = None,
     record = ledger.reserve(ctx.run_key, ctx.spec.budget.scope, ctx.events, actor=ctx.actor, restates=restates,
                             details=details)
     charged = float(record.epsilon) if existing is None else 0.0
-    return _outcome(ctx, ledger, record.state if existing else "reserved", record=record, charged=charged)
+    return make_outcome(ctx, ledger, record.state if existing else "reserved", record=record, charged=charged)

@@ -3,7 +3,7 @@
 A re-run of a published interval is answered from the published result and charged nothing. Two
 things must hold before that answer is given:
 
-- the committed run's output is the interval's current version (``_make_visible`` completes a
+- the committed run's output is the interval's current version (``make_visible`` completes a
   publish interrupted between the ledger commit and the file publish: the commit comes first, so
   recovery never marks a run whose output is live as spent_unpublished);
 - the published files are the ones the ledger and the manifest recorded (``check_served_files``):
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from dpops.manifest.files import FileCheck
 
 
-def _make_visible(ctx: RunContext, record: RunRecord) -> PublishedRun:
+def make_visible(ctx: RunContext, record: RunRecord) -> PublishedRun:
     """Make a committed run's output the interval's current version (idempotent; repairs a crash)."""
     slug = ctx.interval.slug
     current = ctx.store.current(slug)

@@ -313,6 +313,9 @@ def _release_details(rows: list[RunRow], manifests: dict[str, dict[str, Any]], c
             "scope_unit": (scope or {}).get("cap", {}).get("unit"), "accountant": m["accountant"]["ref"],
             # issue 20: the spec's accuracy targets against the plan's prediction (verified with the manifest)
             "accuracy_targets": list((m.get("accuracy") or {}).get("targets") or []),
+            # issue 20 section 3: where the bounds came from, when dpops tune chose them (verified with the manifest,
+            # and against the ledger's private_access entry)
+            "tuning": (m.get("provenance") or {}).get("tuning"),
         })
     return out
 
@@ -322,7 +325,7 @@ def ci95_halfwidth(vector: dict[str, Any]) -> tuple[float, str]:
     fam_integer = vector["mechanism"].split("_", 1)
     family = fam_integer[1] if len(fam_integer) == 2 else vector["mechanism"]
     try:  # prefer the mechanisms module's own exact computation
-        from dpops.mechanisms import NoiseParams
+        from dpops.noise.mechanisms import NoiseParams
 
         params = NoiseParams(family=family, integer_valued=fam_integer[0] == "integer",
                              resolution=float(vector["resolution"]), scale=float(vector["scale"]),

@@ -299,7 +299,7 @@ def _releases_html(data: Any) -> str:
                    f"{_b(d['run_epsilon'])}</span> at delta = {_n(d['delta'])}; the scope's total after it "
                    f"<span data-field='scope_total_after'>{_b(d['scope_total_after'], data.scope.cap)}</span> "
                    f"({_e(d['scope_unit'])}); accountant <code data-field='accountant'>{_e(d['accountant'])}</code>"
-                   f"</li></ul><table class='mechanisms'><tr><th>metric</th><th>vector</th><th>mechanism</th>"
+                   f"</li>{_tuning_item(d.get('tuning'))}</ul><table class='mechanisms'><tr><th>metric</th><th>vector</th><th>mechanism</th>"
                    "<th>scale</th><th>std</th><th>L1 sensitivity</th><th>L2 sensitivity</th></tr>")
         for m in d["mechanisms"]:
             out.append(f"<tr><td>{_e(m['metric'])}</td><td>{_e(m['vector'])}</td><td>{_e(m['mechanism'])}</td>"
@@ -319,6 +319,23 @@ def _releases_html(data: Any) -> str:
         out.append("</div>")
     out.append("</div>")
     return "".join(out)
+
+
+def _tuning_item(t: dict[str, Any] | None) -> str:
+    """The release's ``provenance.tuning`` as one list item: the statement first, in words a reviewer reads."""
+    if not t:
+        return ""
+    d = t["data"]
+    if d["source"] == "private":
+        where = (f"recorded in the ledger as entry #{_e(d['ledger_entry'])} on scope <code>{_e(d['scope'])}</code> "
+                 f"at {_e(d['read_at'])}; not differentially private")
+        cls = "bad"
+    else:
+        where = f"public sample <code>{_e(d['sample'])}</code>"
+        cls = "ok"
+    return (f"<li data-field='tuning' data-source='{_e(d['source'])}'><b>Parameters:</b> "
+            f"<span class='{cls}'>{_e(t['statement'])}</span> (dpops tune, {_e(t['candidates'])} candidates, "
+            f"chose {_e(t['candidate'])}; {where})</li>")
 
 
 def _verification_html(data: Any, out_dir: Path) -> str:

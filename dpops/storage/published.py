@@ -53,7 +53,7 @@ PUBLIC_KEY_ENV = "DPOPS_MANIFEST_PUBLIC_KEY"
 
 
 class BindingKey(Protocol):
-    """The noise key as the binding needs it (``dpops.randomness.NoiseKey``)."""
+    """The noise key as the binding needs it (``dpops.noise.randomness.NoiseKey``)."""
 
     key_id: str
 

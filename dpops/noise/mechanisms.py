@@ -1,6 +1,6 @@
 """Calibrated additive-noise mechanisms: what the Beam pipeline calls.
 
-Every mechanism adds *integer* noise sampled exactly (``dpops.samplers``):
+Every mechanism adds *integer* noise sampled exactly (``dpops.noise.samplers``):
 
 - integer-valued queries (counts): true integer + integer noise, resolution r = 1, no rounding;
 - real-valued queries ("secure noise generation", Google 2020; Mironov 2012): each value is
@@ -54,13 +54,6 @@ from typing import Any, cast
 
 import numpy as np
 
-from dpops.calibration import (
-    discrete_gaussian_delta,
-    discrete_gaussian_sigma,
-    gaussian_sigma_analytic,
-    zcdp_epsilon,
-    zcdp_rho_for,
-)
 from dpops.errors import InvalidParameter
 from dpops.events import (
     DISCRETE_GAUSSIAN_MIN_SIGMA_STEPS,
@@ -68,9 +61,15 @@ from dpops.events import (
     DiscreteGaussian,
     DiscreteLaplace,
 )
-from dpops.param_checks import check_delta, check_epsilon, check_positive, check_positive_int
-from dpops.randomness import RandomSource
-from dpops.samplers import (
+from dpops.noise.calibration import (
+    discrete_gaussian_delta,
+    discrete_gaussian_sigma,
+    gaussian_sigma_analytic,
+    zcdp_epsilon,
+    zcdp_rho_for,
+)
+from dpops.noise.randomness import RandomSource
+from dpops.noise.samplers import (
     DiscreteGaussianParam,
     DiscreteLaplaceParam,
     discrete_gaussian,
@@ -79,6 +78,7 @@ from dpops.samplers import (
     discrete_laplace_param,
     float_up,
 )
+from dpops.param_checks import check_delta, check_epsilon, check_positive, check_positive_int
 
 RESOLUTION_BITS = 10
 Target = tuple[tuple[str, float], ...]  # the requested budget, e.g. (("epsilon", 1.0), ("delta", 1e-6))

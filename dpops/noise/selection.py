@@ -35,23 +35,23 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from dpops.calibration import discrete_gaussian_sigma, gaussian_sigma_zcdp
 from dpops.errors import InvalidParameter
 from dpops.events import ApproxDP, PrivacyEvent, PureDP
-from dpops.param_checks import check_bounds, check_delta, check_epsilon, check_positive, check_positive_int
-from dpops.randomness import RandomSource
-from dpops.samplers import (
+from dpops.noise.calibration import discrete_gaussian_sigma, gaussian_sigma_zcdp
+from dpops.noise.randomness import RandomSource
+from dpops.noise.samplers import (
     DiscreteGaussianParam,
     DiscreteLaplaceParam,
-    _bernoulli_exp_int,
-    _compare_exact,
     bernoulli_exp,
+    bernoulli_exp_int,
     bernoulli_float,
+    compare_exact,
     discrete_gaussian,
     discrete_gaussian_param,
     discrete_laplace,
     discrete_laplace_param,
 )
+from dpops.param_checks import check_bounds, check_delta, check_epsilon, check_positive, check_positive_int
 
 QUANTILE_Q_BITS = 16  # q is rounded to a multiple of 2**-16 so utilities are integers
 DEFAULT_QUANTILE_CANDIDATES = 1025
@@ -136,10 +136,10 @@ def _permute_and_flip(u: np.ndarray, exact: bool, rate: Fraction, candidates: np
         rest[j], rest[-1] = rest[-1], rest[j]
         c = rest.pop()
         if exact:
-            ok = _bernoulli_exp_int((int(best) - int(u[c])) * p, 1 << k, rng)  # best is an int here
+            ok = bernoulli_exp_int((int(best) - int(u[c])) * p, 1 << k, rng)  # best is an int here
         else:
             prob = Fraction(float(np.exp(-float(rate) * (best - float(u[c])))))
-            ok = _compare_exact(int(rng.uint64(1)[0]), prob.numerator, prob.denominator, rng)
+            ok = compare_exact(int(rng.uint64(1)[0]), prob.numerator, prob.denominator, rng)
         if ok:
             return c
 

@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dpops.errors import InvalidParameter
-from dpops.randomness import RandomSource
+from dpops.noise.randomness import RandomSource
 
 # Fast path limits: numerators < 2**62 and denominators <= 2**55 keep den*K < 2**63 for
 # every K < 2**8 in Algorithm 1 (P(K >= 256) < 1/255!, and the slow path covers it anyway).
@@ -70,11 +70,11 @@ def bernoulli_ratio(num: npt.ArrayLike, den: npt.ArrayLike, rng: RandomSource) -
     out = u < p - _MARGIN
     band = np.nonzero(~out & (u <= p + _MARGIN))[0]
     for i in band:
-        out[i] = _compare_exact(int(x[i]), int(num_a.flat[i]), int(den_a.flat[i]), rng)
+        out[i] = compare_exact(int(x[i]), int(num_a.flat[i]), int(den_a.flat[i]), rng)
     return out
 
 
-def _compare_exact(x: int, num: int, den: int, rng: RandomSource) -> bool:
+def compare_exact(x: int, num: int, den: int, rng: RandomSource) -> bool:
     """Is 0.x1x2x3... (x the first 64-bit word, later words drawn lazily) < num/den?"""
     while True:
         scaled = num << 64
@@ -105,19 +105,19 @@ def _bernoulli_exp_le1(num: np.ndarray, den: np.ndarray, rng: RandomSource) -> n
         a = u < pk - _MARGIN
         for i in np.nonzero(~a & (u <= pk + _MARGIN))[0]:
             j = pending[i]
-            a[i] = _compare_exact(int(x[i]), int(num[j]), int(den[j]) * k, rng)
+            a[i] = compare_exact(int(x[i]), int(num[j]), int(den[j]) * k, rng)
         out[pending[~a]] = (k & 1) == 1
         pending = pending[a]
         k += 1
     return out
 
 
-def _bernoulli_exp_int(num: int, den: int, rng: RandomSource, k_start: int = 1) -> bool:
+def bernoulli_exp_int(num: int, den: int, rng: RandomSource, k_start: int = 1) -> bool:
     """Scalar, arbitrary-size Python-int version of CKS20 Algorithm 1 (the slow, exact path)."""
     if k_start == 1 and num > den:
         f, num = divmod(num, den)
         for _ in range(f):
-            if not _bernoulli_exp_int(1, 1, rng):
+            if not bernoulli_exp_int(1, 1, rng):
                 return False
     k = k_start
     while rng.randbelow_int(den * k) < num:
@@ -149,7 +149,7 @@ def bernoulli_exp(num: npt.ArrayLike, den: npt.ArrayLike, rng: RandomSource) -> 
     out = np.empty(num_a.size, dtype=bool)
     big = np.nonzero(~small)[0]
     for i in big:  # exact Python-int path, only for parameters beyond the int64 proof
-        out[i] = _bernoulli_exp_int(int(num_a[i]), int(den_a[i]), rng)
+        out[i] = bernoulli_exp_int(int(num_a[i]), int(den_a[i]), rng)
     idx = np.nonzero(small)[0]
     if idx.size:
         nm = num_a[idx].astype(np.int64)
@@ -466,7 +466,7 @@ def discrete_gaussian(sigma: float | Fraction | DiscreteGaussianParam, n: int, r
             acc[fi] = bernoulli_exp(diff * diff, np.int64(den_int), rng)
         for i in np.nonzero(~fast)[0]:
             diff = int(ay[i]) * b - c
-            acc[i] = _bernoulli_exp_int(diff * diff, den_int, rng)
+            acc[i] = bernoulli_exp_int(diff * diff, den_int, rng)
         out[pending[acc]] = y[acc]
         pending = pending[~acc]
     return out

@@ -21,9 +21,9 @@ import numpy as np
 from scipy.special import log_ndtr, ndtr
 
 from dpops.errors import InvalidParameter
+from dpops.noise.samplers import dg_norm as _dg_norm
+from dpops.noise.samplers import dg_tail_unnorm as _dg_tail_unnorm
 from dpops.param_checks import check_delta, check_epsilon, check_positive
-from dpops.samplers import dg_norm as _dg_norm
-from dpops.samplers import dg_tail_unnorm as _dg_tail_unnorm
 
 
 def _sens(x: float, name: str) -> float:
