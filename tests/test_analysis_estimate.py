@@ -208,7 +208,8 @@ def test_release_names_the_estimation_and_verify_recomputes_both(env, monkeypatc
 
     text = re.sub(r"\s+", " ", re.sub("<[^>]+>", " ", (root / "report.html").read_text()))
     assert "manifest verification 2 verified" in text and "0 FAILED of 2" in text, text[:2000]
-    assert "Release purchases_est__estimate" in text  # the estimation is a charged run of the scope
+    assert f"Bounds estimated privately for release purchases_est (dpops estimate, run {est.run_id}" in text
+    assert "Release purchases_est__estimate" not in text  # its spec's declared bounds are not what it ran
     # a spec naming an estimation this ledger never committed is refused before anything is reserved
     doc["estimated_from"] = "0" * 32
     (root / "data" / "2024-01-02.parquet").write_bytes((root / "data" / "2024-01-01.parquet").read_bytes())

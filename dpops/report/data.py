@@ -73,6 +73,8 @@ class ReportData:
     # Per spec given (--spec): every interval of its grid in the window with no publication, and why.
     backfill_gaps: list[dict[str, Any]] = field(default_factory=list)
     gap_specs: list[str] = field(default_factory=list)
+    # Private bound estimations (``dpops estimate``) charged to the scope, from their verified manifests.
+    estimations: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def trusted(self) -> dict[str, dict[str, Any]]:
@@ -423,7 +425,16 @@ def gather(ledger: Any, scope_name: str, manifests_dir: str | os.PathLike[str] |
     seen_c = set()
     noise = []
     seen_plans = set()
+    estimations = []
     for m in trusted.values():
+        if m.get("estimation") is not None:
+            # An estimation's spec describes the release it estimated for, not mechanisms it ran: listed apart.
+            est = m["estimation"]
+            estimations.append({"run_id": m["run_id"], "release": m["spec"]["name"],
+                                "interval": [m["run_key"]["interval_start"], m["run_key"]["interval_end"]],
+                                "epsilon": float(est["config"]["epsilon"]), "quantile": float(est["config"]["quantile"]),
+                                "result": est["result"]})
+            continue
         c = (m["run_key"]["release"], m["contribution_bounds"]["max_partitions_per_unit"],
              m["contribution_bounds"]["max_rows_per_unit_per_partition"], m["privacy_unit"]["adjacency"])
         if c not in seen_c:
@@ -444,6 +455,7 @@ def gather(ledger: Any, scope_name: str, manifests_dir: str | os.PathLike[str] |
                       adjacencies=adjacencies, contribution=contribution, noise=noise, start=start, end=end,
                       checks=checks, provenance={**_provenance(ledger, checks), "data_docs": _data_docs(gx_project)},
                       releases=_release_details(rows, manifests, checks, _totals_after(rows, scope)))
+    data.estimations = estimations
     data.warnings = _warnings(data)
     return data
 

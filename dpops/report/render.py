@@ -125,6 +125,15 @@ def render_html(data: Any, out_path: str | os.PathLike[str]) -> str:
         a(f"<li><b>Release {_e(c['release'])}:</b> each unit contributes to at most {c['max_partitions_per_unit']} "
           f"partitions and {c['max_rows_per_unit_per_partition']} rows per partition ({_e(c['adjacency'])}); "
           f"values clamped to {_e(c['value_bounds'])}.</li>")
+    for est in data.estimations:
+        r = est["result"]
+        got = [f"L0 = {r['max_partitions_per_unit']}, Linf = {r['max_rows_per_unit_per_partition']}"
+               ] if r.get("max_partitions_per_unit") is not None else []
+        got += [f"{col} in [{lo:g}, {hi:g}]" for col, (lo, hi) in sorted((r.get("bounds") or {}).items())]
+        a(f"<li id='estimation-{_e(est['run_id'])}'><b>Bounds estimated privately for release {_e(est['release'])}</b> "
+          f"(dpops estimate, run <code>{_e(est['run_id'])}</code>, interval {_e(est['interval'][0])}): "
+          f"{_e('; '.join(got))}, at epsilon = {est['epsilon']:g} charged to this scope (quantile "
+          f"{est['quantile']:g} of the bounded data). Releases naming this run use these bounds.</li>")
     a("</ul>")
 
     a("<h2>Budget position (ledger status)</h2><table id='status'><tr><th>bucket</th><th>committed</th>"
