@@ -13,7 +13,7 @@ manifest verifies the estimation's too.
 The mechanisms
 --------------
 
-Every estimate is a quantile chosen by the exponential mechanism (``dpops.selection.exponential_mechanism``:
+Every estimate is a quantile chosen by the exponential mechanism (``dpops.noise.selection.exponential_mechanism``:
 permute-and-flip, exact for integer utilities, the same code the release's quantile and top-k metrics
 use) over a PUBLIC candidate grid, with the utility of candidate c
 
