@@ -109,7 +109,11 @@ def discover_specs(folder: Path | None = None) -> list[Path]:
 
 
 def dag_id_for(release: str) -> str:
-    return f"dpops_{release}"
+    """``dpops.orchestration.dag_id_for`` (the one owner of the naming rule; imported late, as every dpops
+    module this file uses, to keep DAG parsing light)."""
+    from dpops.orchestration import dag_id_for as owner
+
+    return owner(release)
 
 
 def release_asset(release: str) -> Asset:
