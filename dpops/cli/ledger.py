@@ -30,13 +30,14 @@ from dpops.cli.common import (
 from dpops.errors import IntegrityError
 from dpops.ledger import ScopeDefinition, TimeRule
 from dpops.ledger.budget import format_budget
+from dpops.ledger import model
 from dpops.ledger.model import RUN_STATES, ScopeStatus
 
 if TYPE_CHECKING:
     from dpops.ledger.checkpoint import Checkpoint
 
 LEDGER_OPTION_HELP = LEDGER_HELP
-CHARGED_STATES = ("committed", "spent_unpublished", "started", "reserved")
+CHARGED_STATES = model.CHARGED_STATES  # the one owner: dpops.ledger.model
 
 
 def default_actor() -> str:
