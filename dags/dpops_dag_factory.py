@@ -109,9 +109,8 @@ def discover_specs(folder: Path | None = None) -> list[Path]:
 
 
 def dag_id_for(release: str) -> str:
-    """``dpops.orchestration.dag_id_for`` (the one owner of the naming rule; imported late, as every dpops
-    module this file uses, to keep DAG parsing light)."""
-    from dpops.orchestration import dag_id_for as owner
+    """``dpops.dag_ids.dag_id_for``, the one owner of the naming rule (a module light enough for parse time)."""
+    from dpops.dag_ids import dag_id_for as owner
 
     return owner(release)
 

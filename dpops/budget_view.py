@@ -29,11 +29,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from dpops.dag_ids import release_of_dag
 from dpops.errors import DpopsError, InvalidParameter, StorageError
 from dpops.ledger import Ledger, RunRecord, ScopeStatus
 from dpops.ledger.budget import format_budget
 from dpops.ledger.roles import session_write_privileges
-from dpops.orchestration import release_of_dag
 
 RUN_ID = re.compile(r"[0-9a-f]{32}")
 _MANIFEST_NAME = re.compile(r"([0-9a-f]{32})\.([a-z_]+)(?:\.corrects-[0-9a-f]{12})?\.json")

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dpops import release
+from dpops.dag_ids import DAG_ID_PREFIX, dag_id_for, release_of_dag  # noqa: F401 - the naming rule's owner
 from dpops.errors import (
     BudgetExceeded,
     IntegrityError,
@@ -49,21 +50,6 @@ log = logging.getLogger("dpops.orchestration")
 LEDGER_URL_ENV = "DPOPS_LEDGER_URL"
 KEY_FILE_ENV = "DPOPS_NOISE_KEY_FILE"
 
-# One DAG per release spec, named ``dpops_<release>``: the one owner of that rule (the DAG factory names its
-# DAGs with it, the Privacy budget plugin maps a DAG run back to its release with it).
-DAG_ID_PREFIX = "dpops_"
-
-
-def dag_id_for(release: str) -> str:
-    """The Airflow DAG id of ``release``'s DAG."""
-    return f"{DAG_ID_PREFIX}{release}"
-
-
-def release_of_dag(dag_id: str) -> str | None:
-    """The release a dpops DAG publishes (``dag_id_for``'s inverse), or None for any other DAG."""
-    if not dag_id.startswith(DAG_ID_PREFIX):
-        return None
-    return dag_id[len(DAG_ID_PREFIX):] or None
 
 # Errors a retry cannot fix: the orchestrator fails the task at once instead of retrying it.
 FATAL_ERRORS: tuple[type[BaseException], ...] = (BudgetExceeded, SpecError, InvalidParameter, IntegrityError,
