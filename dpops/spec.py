@@ -442,6 +442,12 @@ class ReleaseSpec(_Strict):
     name: str
     description: str = ""
     schedule: str | None = None
+    # Orchestration, not privacy: whether the scheduler creates a run for every past schedule interval since the
+    # deployment's start date (Airflow ``catchup``). None (the default): the deployment's ``DPOPS_CATCHUP``
+    # (itself false by default: every run spends budget, so old intervals are released on purpose after
+    # ``dpops plan``). ``true`` suits a release whose start date is the first day it must publish. Left out of
+    # ``spec_hash`` (``canonical_document``): it changes no mechanism and no output.
+    catchup: bool | None = None
     input: InputSpec
     privacy_unit: PrivacyUnitSpec
     budget: BudgetSpec
@@ -564,8 +570,9 @@ class ReleaseSpec(_Strict):
         run's keyed input fingerprint instead (``dpops.inputs.input_fingerprint``): the manifest goes to
         reviewers outside the trusted boundary, and neither the rows nor a plain hash over them (the spec
         hash is one) may reach them unless the operator decided the list is publishable. The ``accuracy``
-        targets are left out: a target changes no mechanism, so editing one is not a new release version."""
-        doc = self.model_dump(mode="json", exclude={"accuracy"})
+        targets are left out: a target changes no mechanism, so editing one is not a new release version; so is
+        ``catchup`` (when the scheduler runs, not what a run computes)."""
+        doc = self.model_dump(mode="json", exclude={"accuracy", "catchup"})
         if self.partitions.public_file is not None:
             rows = [list(p) for p in (self.public_partitions() or [])]
             if self._public_publishable:
