@@ -1,6 +1,7 @@
 #!/bin/sh
 # The compose `ledger-init` service, run as the ledger OWNER role (never as the app role):
-#   1. create or migrate the ledger schema and grant the application role its rights;
+#   1. create or migrate the ledger schema, grant the application role its rights and the reader role
+#      (the api-server's Privacy budget page) SELECT only;
 #   2. create the example release's budget scope. Idempotent against legitimate history: a restart is a
 #      no-op, also after the runbook's `dpops ledger cap example --epsilon 14` (the scope exists as created
 #      and only its cap changed through the ledger: the cap is left alone and the line says so). A scope
@@ -11,7 +12,8 @@
 # Operators create the scopes of their own releases the same way (docs/runbook.md).
 set -eu
 APP_ROLE="${DPOPS_LEDGER_APP_ROLE:-dpops_app}"
-dpops ledger init --app-role "$APP_ROLE"
+READER_ROLE="${DPOPS_LEDGER_READER_ROLE:-dpops_reader}"
+dpops ledger init --app-role "$APP_ROLE" --reader-role "$READER_ROLE"
 dpops ledger scope create example --unit "a synthetic user's events on one day" --unit-column user_id \
     --adjacency add_remove --time-column ts --epsilon 10 --delta 0 --accountant basic --actor ledger-init \
     --description "compose example release (deploy/specs/example_daily.yaml)"

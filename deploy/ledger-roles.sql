@@ -1,13 +1,17 @@
--- Separate owner and application roles for the dpops budget ledger (docs/threat-model.md).
+-- Separate owner, application and reader roles for the dpops budget ledger (docs/threat-model.md).
 --
--- Run once as the PostgreSQL superuser of the ledger database (psql variables, passwords from files):
+-- Run as the PostgreSQL superuser of the ledger database (psql variables, passwords from files):
 --
 --   psql "postgresql://postgres@ledger-db:5432/dpops_ledger" \
 --        -v owner_password_file=secrets/ledger_owner_password \
 --        -v app_password_file=secrets/ledger_app_password \
+--        -v reader_password_file=secrets/ledger_reader_password \
 --        -f deploy/ledger-roles.sql
 --
--- (docker-compose runs it on the ledger database's first start: deploy/ledger-db-init.sh.)
+-- (docker-compose runs it on the ledger database's first start: deploy/ledger-db-init.sh.) A role that
+-- exists already is left as it is (its password too), so running the file again on a ledger database
+-- set up before the reader role existed creates only the reader (docs/runbook.md "Upgrading").
+-- Without -v reader_password_file no reader role is created.
 --
 -- then, as the OWNER (never as the app role, never as a superuser), create the schema and grant the
 -- application role exactly its rights (append entries, update the derived tables; no UPDATE/DELETE/
@@ -15,6 +19,10 @@
 --
 --   dpops ledger --ledger "postgresql://dpops_ledger_owner@ledger-db:5432/dpops_ledger?schema=dpops" \
 --        init --app-role dpops_app --print-sql
+--
+-- and SELECT only to the reader role (the Airflow api-server's Privacy budget page):
+--
+--   ... init --app-role dpops_app --reader-role dpops_reader
 --
 -- DAG tasks and operators' `dpops release` runs connect as dpops_app
 -- (DPOPS_LEDGER_URL=postgresql://dpops_app@ledger-db:5432/dpops_ledger?schema=dpops, password via PGPASSFILE).
@@ -35,6 +43,10 @@
 \else
   \set app_role dpops_app
 \endif
+\if :{?reader_role}
+\else
+  \set reader_role dpops_reader
+\endif
 \if :{?ledger_schema}
 \else
   \set ledger_schema dpops
@@ -48,11 +60,40 @@
 \else
   \set app_password `cat :app_password_file`
 \endif
+\if :{?reader_password_file}
+  \set reader_password `cat :reader_password_file`
+  \set with_reader true
+\else
+  \set with_reader false
+\endif
 
+SELECT NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = :'owner_role') AS new_owner,
+       NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = :'app_role') AS new_app,
+       NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = :'reader_role') AS new_reader \gset
+\if :new_owner
 CREATE ROLE :"owner_role" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS
     PASSWORD :'owner_password';
+\else
+\echo role :owner_role exists: left as it is
+\endif
+\if :new_app
 CREATE ROLE :"app_role" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS NOINHERIT
     PASSWORD :'app_password';
+\else
+\echo role :app_role exists: left as it is
+\endif
+\if :with_reader
+\if :new_reader
+-- The reader: SELECT only (granted by `dpops ledger init --reader-role`); every transaction it opens is
+-- read-only too, so even a grant made by mistake later would not let it write.
+CREATE ROLE :"reader_role" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS NOINHERIT
+    PASSWORD :'reader_password';
+ALTER ROLE :"reader_role" SET default_transaction_read_only = on;
+\else
+\echo role :reader_role exists: left as it is
+\endif
+GRANT CONNECT ON DATABASE :"DBNAME" TO :"reader_role";
+\endif
 
 -- The ledger lives in its own schema, owned by the owner role. Nobody else may create objects in it or
 -- in public (an object planted there could shadow a ledger table on the search path).

@@ -29,34 +29,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from dpops.dag_ids import release_of_dag
 from dpops.errors import DpopsError, InvalidParameter, StorageError
 from dpops.ledger import Ledger, RunRecord, ScopeStatus
-from dpops.ledger.budget import accountant_for, format_budget, measure_events
+from dpops.ledger.budget import format_budget
+from dpops.ledger.roles import session_write_privileges
 
 RUN_ID = re.compile(r"[0-9a-f]{32}")
-CHARGED = ("committed", "spent_unpublished", "started", "reserved")
-DAG_ID_PREFIX = "dpops_"  # dags/dpops_dag_factory.py dag_id_for: one DAG ``dpops_<release>`` per spec
 _MANIFEST_NAME = re.compile(r"([0-9a-f]{32})\.([a-z_]+)(?:\.corrects-[0-9a-f]{12})?\.json")
-
-
-@dataclass(frozen=True)
-class ScopeRow:
-    """One scope's budget, exact (JSON) and as shown (``format_budget`` against the cap)."""
-
-    name: str
-    unit: str  # epsilon | rho
-    accountant: str
-    cap: float
-    committed: float
-    spent_unpublished: float
-    started: float
-    reserved: float
-    total: float
-    remaining: float
-
-    def shown(self, value: float) -> str:
-        """``value`` as a person reads it against this scope's cap."""
-        return format_budget(value, self.cap)
 
 
 @dataclass(frozen=True)
@@ -97,7 +77,7 @@ class ManifestRow:
 class BudgetPage:
     """The Privacy budget page's model."""
 
-    scopes: list[ScopeRow] = field(default_factory=list)
+    scopes: list[ScopeStatus] = field(default_factory=list)  # ``Ledger.status``, the one owner of the figures
     spend: dict[str, list[SpendPoint]] = field(default_factory=dict)
     open_intervals: list[OpenInterval] = field(default_factory=list)
     manifests: list[ManifestRow] = field(default_factory=list)
@@ -134,28 +114,10 @@ class RunView:
     note: str = ""
 
 
-def _scope_row(st: ScopeStatus) -> ScopeRow:
-    return ScopeRow(st.scope, st.unit, st.accountant, st.cap, st.committed, st.spent_unpublished, st.started,
-                    st.reserved, st.total, st.remaining)
-
-
 def _spend(ledger: Ledger, scope: str) -> list[SpendPoint]:
-    """The scope total after each charged run, in charge order; the last point is ``ledger status``'s total.
-
-    Each bucket is composed by the scope's accountant over the runs charged so far; the total is the
-    fullest bucket's, as ``Ledger.status`` reports it."""
-    sdef = ledger.scope(scope)
-    acct = accountant_for(sdef)
-    charged = sorted((r for r in ledger.runs(scope=scope) if r.state in CHARGED),
-                     key=lambda r: (r.created_at, r.run_id))
-    by_bucket: dict[str, list[Any]] = {}
-    out = []
-    for r in charged:
-        for b in r.buckets or ["*"]:
-            by_bucket.setdefault(b, []).extend(r.events)
-        total = max(measure_events(acct, sdef, evs) for evs in by_bucket.values())
-        out.append(SpendPoint(r.created_at, r.run_id, total))
-    return out
+    """The scope total after each charged run, in the ledger's order (``Ledger.totals_after``, its one owner);
+    the last point is ``ledger status``'s total."""
+    return [SpendPoint(r.created_at, r.run_id, total) for r, total in ledger.totals_after(scope)]
 
 
 def manifest_rows(manifests_dir: str | os.PathLike[str] | None
@@ -232,10 +194,16 @@ def budget_page(ledger: Ledger, manifests_dir: str | os.PathLike[str] | None, sp
                 ) -> BudgetPage:
     """The Privacy budget page's model (module docstring): read-only, public facts only."""
     page = BudgetPage()
+    writable = session_write_privileges(ledger.db)
+    if writable:  # the deployed page reads as the reader role (deploy/README.md): say so when it does not
+        page.problems.append(f"this page connects to the ledger as a role that may write it ({', '.join(writable)}): "
+                             "connect the api-server as the read-only role instead (deploy/README.md, "
+                             "'The privacy budget in the Airflow UI')")
     for sdef in sorted(ledger.scopes(), key=lambda s: s.name):
-        page.scopes.append(_scope_row(ledger.status(sdef.name)))
+        page.scopes.append(ledger.status(sdef.name))
         page.spend[sdef.name] = _spend(ledger, sdef.name)
-    page.manifests, docs, page.problems = manifest_rows(manifests_dir)
+    page.manifests, docs, problems = manifest_rows(manifests_dir)
+    page.problems += problems
     page.open_intervals, problems = _open_intervals(ledger, docs, list(specs or []), manifests_dir)
     page.problems += problems
     return page
@@ -257,11 +225,6 @@ def manifest_file(manifests_dir: str | os.PathLike[str] | None, run_id: str) -> 
     if not hits:
         raise StorageError(f"no manifest for run {run_id}")
     return max(hits, key=lambda p: (p.stat().st_mtime_ns, p.name))
-
-
-def release_of_dag(dag_id: str) -> str | None:
-    """The release a dpops DAG publishes (``dpops_<release>``), or None for any other DAG."""
-    return dag_id[len(DAG_ID_PREFIX):] or None if dag_id.startswith(DAG_ID_PREFIX) else None
 
 
 def _current(recs: list[RunRecord]) -> RunRecord | None:
@@ -421,16 +384,17 @@ def render_page(page: BudgetPage, manifest_href: str = "manifests/") -> str:
              '<th>spent, unpublished</th><th>in flight: started</th><th>in flight: reserved</th><th>total</th>'
              '<th>remaining</th></tr>')
     for s in page.scopes:
-        b.append(f'<tr data-scope="{_e(s.name)}"><td>{_e(s.name)}</td><td>{_e(s.accountant)}</td><td>{_e(s.unit)}</td>'
+        b.append(f'<tr data-scope="{_e(s.scope)}"><td>{_e(s.scope)}</td><td>{_e(s.accountant)}</td>'
+                 f'<td>{_e(s.unit)}</td>'
                  + f'<td class="n" data-field="cap">{_e(format_budget(s.cap))}</td>'
-                 + "".join(f'<td class="n" data-field="{f}">{_e(s.shown(getattr(s, f)))}</td>'
+                 + "".join(f'<td class="n" data-field="{f}">{_e(format_budget(getattr(s, f), s.cap))}</td>'
                            for f in ("committed", "spent_unpublished", "started", "reserved", "total", "remaining"))
                  + "</tr>")
     b.append("</table>")
     if not page.scopes:
         b.append("<p>No scope in the ledger yet (<code>dpops ledger scope create</code>).</p>")
     for s in page.scopes:
-        b.append(f"<h2>Spend over time: {_e(s.name)}</h2>{spend_svg(page.spend.get(s.name, []), s.cap, s.unit)}")
+        b.append(f"<h2>Spend over time: {_e(s.scope)}</h2>{spend_svg(page.spend.get(s.scope, []), s.cap, s.unit)}")
     b.append("<h2>Refusals and gaps</h2>")
     if page.open_intervals:
         b.append('<table id="open"><tr><th>release</th><th>interval</th><th>status</th><th>why</th><th>run</th></tr>')

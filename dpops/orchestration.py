@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dpops import release
+from dpops.dag_ids import DAG_ID_PREFIX, dag_id_for, release_of_dag  # noqa: F401 - the naming rule's owner
 from dpops.errors import (
     BudgetExceeded,
     IntegrityError,
@@ -42,74 +43,17 @@ from dpops.errors import (
 from dpops.release.context import pick_attempt
 from dpops.release.refusals import budget_refusal_reason, record_refusal
 from dpops.release.reservation import refuse_changed_input
+from dpops.third_party_logs import quiet_third_party_loggers  # its one owner; re-exported for the DAG factory
 
 log = logging.getLogger("dpops.orchestration")
 
 LEDGER_URL_ENV = "DPOPS_LEDGER_URL"
 KEY_FILE_ENV = "DPOPS_NOISE_KEY_FILE"
 
+
 # Errors a retry cannot fix: the orchestrator fails the task at once instead of retrying it.
 FATAL_ERRORS: tuple[type[BaseException], ...] = (BudgetExceeded, SpecError, InvalidParameter, IntegrityError,
                                                 NeedsOperator)
-
-# Third-party loggers whose INFO/WARNING lines drown a task log (measured: 209 of 223 lines of a
-# check_input/validate_output log were Great Expectations INFO; every task printed Beam's optional
-# GCP-client import warnings). Levels are set per logger so dpops' own warnings still show.
-NOISY_LOGGERS: dict[str, int] = {
-    "great_expectations": logging.WARNING,
-    "great_expectations.core": logging.WARNING,
-    "great_expectations.data_context": logging.WARNING,
-    "great_expectations.expectations": logging.WARNING,
-    "great_expectations.datasource": logging.WARNING,
-    "apache_beam.io.gcp": logging.ERROR,
-    "apache_beam.internal.gcp": logging.ERROR,
-    "apache_beam.runners.interactive": logging.ERROR,
-    "apitools": logging.ERROR,
-    "google.auth": logging.ERROR,
-    "root.apache_beam": logging.ERROR,
-}
-
-
-# Loggers that set their own level when their module is imported (great_expectations'
-# data_context/types/base.py does ``logger.setLevel(logging.INFO)``), overriding a level set
-# earlier: they also get a per-logger filter, which an import does not reset.
-LEVEL_RESETTING_LOGGERS: dict[str, int] = {"great_expectations.data_context.types.base": logging.WARNING}
-
-
-class _MinLevel(logging.Filter):
-    def __init__(self, level: int) -> None:
-        super().__init__()
-        self.level = level
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= self.level
-
-
-class _BeamRootRecords(logging.Filter):
-    """Beam modules that log through the ROOT logger (``logging.warning(...)`` in
-    apache_beam/io/gcp/internal/clients/bigquery/__init__.py: "apitools not found, and bigquery client
-    libraries are not available") below ERROR. A filter on the root logger sees only records logged
-    directly on it, never those of named loggers (dpops logs only through ``dpops.*`` loggers)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        path = record.pathname.replace(os.sep, "/")
-        return not (record.name == "root" and "/apache_beam/" in path and record.levelno < logging.ERROR)
-
-
-def quiet_third_party_loggers() -> None:
-    """Raise the level of the noisy third-party loggers (never dpops'; the root logger keeps its level and
-    only drops Beam's own sub-ERROR records)."""
-    root = logging.getLogger()
-    if not any(isinstance(f, _BeamRootRecords) for f in root.filters):
-        root.addFilter(_BeamRootRecords())
-    for name, level in NOISY_LOGGERS.items():
-        logging.getLogger(name).setLevel(level)
-    for name, level in LEVEL_RESETTING_LOGGERS.items():
-        lg = logging.getLogger(name)
-        lg.setLevel(level)
-        if not any(isinstance(f, _MinLevel) for f in lg.filters):
-            lg.addFilter(_MinLevel(level))
-
 
 # --------------------------------------------------------------------------- settings
 

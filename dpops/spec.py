@@ -519,6 +519,12 @@ class ReleaseSpec(_Strict):
     name: str
     description: str = ""
     schedule: str | None = None
+    # Orchestration, not privacy: whether the scheduler creates a run for every past schedule interval since the
+    # deployment's start date (Airflow ``catchup``). None (the default): the deployment's ``DPOPS_CATCHUP``
+    # (itself false by default: every run spends budget, so old intervals are released on purpose after
+    # ``dpops plan``). ``true`` suits a release whose start date is the first day it must publish. Left out of
+    # ``spec_hash`` (``canonical_document``): it changes no mechanism and no output.
+    catchup: bool | None = None
     input: InputSpec
     privacy_unit: PrivacyUnitSpec
     budget: BudgetSpec
@@ -654,9 +660,10 @@ class ReleaseSpec(_Strict):
         reviewers outside the trusted boundary, and neither the rows nor a plain hash over them (the spec
         hash is one) may reach them unless the operator decided the list is publishable. The ``accuracy``
         targets and the ``tuning`` provenance are left out: neither changes a mechanism, so editing one is not a
-        new release version (the manifest carries the provenance in ``provenance.tuning``). ``estimated_from``
-        is kept when set: the release's bounds are those of that charged estimation."""
-        doc = self.model_dump(mode="json", exclude={"accuracy", "tuning"})
+        new release version (the manifest carries the provenance in ``provenance.tuning``); so is ``catchup``
+        (when the scheduler runs, not what a run computes). ``estimated_from`` is kept when set: the release's
+        bounds are those of that charged estimation."""
+        doc = self.model_dump(mode="json", exclude={"accuracy", "tuning", "catchup"})
         if doc.get("estimated_from") is None:  # absent, not null: specs without it keep their hash
             doc.pop("estimated_from", None)
         if self.partitions.public_file is not None:

@@ -9,8 +9,11 @@ Authentication: a mounted sub-app inherits none of the core API's dependencies
 route, and each route also asks the auth manager for read access to DAGs (the run tab: to that
 DAG's runs). An anonymous request gets 401, a bad token 403, a user without DAG access 403.
 
-What it reads: ``DPOPS_LEDGER_URL`` (read-only use), ``DPOPS_MANIFESTS_DIR`` and the release specs in
-``DPOPS_SPECS_DIR`` (for ``dpops gaps``' reasons). Never the noise key, the private run log or /data/input.
+What it reads: the ledger at ``DPOPS_LEDGER_URL``, which deploy/ points at the read-only reader role
+(``dpops_reader``: SELECT only, PostgreSQL refuses its writes; the page warns when its role may write),
+``DPOPS_MANIFESTS_DIR`` and the published pointers on a read-only mount of the outputs, and the release
+specs in ``DPOPS_SPECS_DIR`` (for ``dpops gaps``' reasons). Never the noise key, the private run log or
+/data/input.
 """
 
 from __future__ import annotations
@@ -53,8 +56,8 @@ def _open_ledger():  # noqa: ANN202 - dpops.ledger.Ledger
 
     url = os.environ.get("DPOPS_LEDGER_URL")
     if not url:
-        raise HTTPException(503, "the api-server has no DPOPS_LEDGER_URL: see deploy/README.md "
-                                 "'The privacy budget in the Airflow UI'")
+        raise HTTPException(503, "the api-server has no DPOPS_LEDGER_URL (the read-only ledger role's URL): see "
+                                 "deploy/README.md 'The privacy budget in the Airflow UI'")
     try:
         return open_ledger(url)
     except DpopsError as exc:  # the message may name the host: only the class is shown

@@ -187,3 +187,27 @@ def test_failure_callback_logs_one_structured_alert_and_calls_the_hook(monkeypat
     # A broken hook never masks the failure being reported.
     monkeypatch.setenv("DPOPS_ALERT_HOOK", "no_such_module_xyz:f")
     dpops_alerts.on_failure(ctx)
+
+
+@pytest.mark.parametrize("deployment", ["false", "true"])
+def test_catchup_per_spec_overrides_the_deployment_default(tmp_path, monkeypatch, deployment):
+    """Issue 21 item 7: a spec's ``catchup`` wins over ``DPOPS_CATCHUP``; a spec that says nothing follows the
+    deployment. The setting is not part of the spec hash (it changes no run)."""
+    from dpops.spec import load_spec
+
+    for name, line in (("rel_default", ""), ("rel_yes", "catchup: true\n"), ("rel_no", "catchup: false\n")):
+        p = _spec(tmp_path, name)
+        p.write_text(line + p.read_text())
+    monkeypatch.setenv("DPOPS_CATCHUP", deployment)
+    bag = _bag(tmp_path, monkeypatch)
+    assert bag.import_errors == {}
+    got = {d: bag.dags[d].catchup for d in ("dpops_rel_default", "dpops_rel_yes", "dpops_rel_no")}
+    assert got == {"dpops_rel_default": deployment == "true", "dpops_rel_yes": True, "dpops_rel_no": False}
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    base = _spec(plain, "rel_yes")
+    assert load_spec(tmp_path / "rel_yes.yaml").spec_hash == load_spec(base).spec_hash
+    bad = _spec(plain, "rel_bad")
+    bad.write_text("catchup: sometimes\n" + bad.read_text())
+    bag = _bag(plain, monkeypatch)
+    assert any("catchup" in str(e) for e in bag.import_errors.values()), bag.import_errors

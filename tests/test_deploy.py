@@ -44,11 +44,12 @@ POSTGRES_UID = 999  # postgres in the postgres:16 (Debian) image
 # tasks run (the scheduler, under LocalExecutor); the dag-processor parses DAGs and needs neither.
 SECRETS_TABLE: dict[str, set[str]] = {
     "airflow-db": {"airflow_db_password"},
-    "ledger-db": {"ledger_db_password", "ledger_owner_password", "ledger_app_password"},
+    "ledger-db": {"ledger_db_password", "ledger_owner_password", "ledger_app_password", "ledger_reader_password"},
     "airflow-init": {"airflow_db_url", "airflow_admin_password", "airflow_task_connections"},
     "ledger-init": {"ledger_owner_pgpass"},
     "example-data": set(),
-    "airflow-apiserver": {"airflow_db_url", "airflow_fernet_key", "airflow_jwt_secret", "airflow_api_secret_key"},
+    "airflow-apiserver": {"airflow_db_url", "airflow_fernet_key", "airflow_jwt_secret", "airflow_api_secret_key",
+                          "ledger_reader_pgpass"},
     "airflow-scheduler": {"airflow_db_url", "airflow_fernet_key", "airflow_jwt_secret", "ledger_pgpass",
                           "dpops_noise_key", "airflow_task_connections"},
     "airflow-dag-processor": {"airflow_db_url", "airflow_fernet_key"},
@@ -56,16 +57,23 @@ SECRETS_TABLE: dict[str, set[str]] = {
 }
 # Secrets that must never reach a service other than the one(s) named.
 CONFINED = {"dpops_noise_key": {"airflow-scheduler"}, "ledger_pgpass": {"airflow-scheduler"},
-            "ledger_owner_pgpass": {"ledger-init"}, "airflow_admin_password": {"airflow-init"},
+            "ledger_owner_pgpass": {"ledger-init"}, "ledger_reader_pgpass": {"airflow-apiserver"},
+            "airflow_admin_password": {"airflow-init"},
             "airflow_task_connections": {"airflow-scheduler", "airflow-init"}}
 # Environment variables holding paths a dpops process reads or writes (comma-separated lists allowed).
 PATH_VARS = ("DPOPS_DATA_ROOTS", "DPOPS_OUTPUT_ROOTS", "DPOPS_STATE_DIR", "DPOPS_GX_PROJECT")
 
 
 def _named_mounts(svc: dict) -> dict[str, tuple[str, bool]]:
-    """mount point -> (volume name, read-only) for named volumes (not bind mounts)."""
+    """mount point -> (volume name, read-only) for named volumes (not bind mounts); a long-syntax volume with a
+    ``subpath`` is named ``volume/subpath``."""
     out = {}
     for v in svc.get("volumes", []) or []:
+        if isinstance(v, dict):
+            if v.get("type", "volume") == "volume":
+                sub = (v.get("volume") or {}).get("subpath")
+                out[v["target"]] = (f"{v['source']}/{sub}" if sub else v["source"], bool(v.get("read_only")))
+            continue
         parts = v.split(":")
         if parts[0].startswith((".", "/")):
             continue
@@ -155,13 +163,14 @@ def problems(compose: dict, dockerfile: Path = DOCKERFILE, readme_text: str | No
     for name, svc in services.items():
         mounts = _named_mounts(svc)
         for point, (vol, _ro) in mounts.items():
+            vol = vol.split("/")[0]
             mounted_volumes.add(vol)
             if vol not in top_volumes:
                 out.append(f"{name}: volume {vol} is not declared under top-level volumes:")
             if svc.get("image") == IMAGE and created.get(point, ("", ""))[0] not in (str(IMAGE_UID), "dpops"):
                 out.append(f"{name}: mount point {point} (volume {vol}) is not created in the Dockerfile owned by "
                            f"{IMAGE_UID}, so the volume would come up root-owned")
-        for bind in [v for v in svc.get("volumes", []) or [] if v.startswith(".")]:
+        for bind in [v for v in svc.get("volumes", []) or [] if isinstance(v, str) and v.startswith(".")]:
             if not (DEPLOY / bind.split(":")[0]).exists():
                 out.append(f"{name}: bind mount source {bind.split(':')[0]} does not exist in deploy/")
         if svc.get("image") != IMAGE:
@@ -172,8 +181,19 @@ def problems(compose: dict, dockerfile: Path = DOCKERFILE, readme_text: str | No
             if logs not in mounts:
                 out.append(f"{name}: {logs} (task logs) is not on a volume")
         if name == "airflow-apiserver":
-            if any(_under(p, "/data") for p in mounts):
-                out.append(f"{name}: mounts /data, which the api-server never reads")
+            # The Privacy budget page reads the manifests and published pointers (outputs), read-only, and the
+            # ledger as the reader role; never the inputs, the public files, the state volume or the key.
+            for point, (vol, ro) in mounts.items():
+                if _under(point, "/data") and not (_under(point, "/data/out") and ro):
+                    out.append(f"{name}: mounts {point} ({vol}{', read-only' if ro else ''}); the api-server may "
+                               "mount only the outputs, /data/out, read-only")
+                if _under(point, "/var/lib/dpops"):
+                    out.append(f"{name}: mounts {point}, the scheduler's private state")
+            manifests = env.get("DPOPS_MANIFESTS_DIR", "")
+            if manifests and not any(_under(manifests, p) for p in mounts):
+                out.append(f"{name}: DPOPS_MANIFESTS_DIR={manifests} is not under a volume this service mounts")
+            if not env.get("DPOPS_LEDGER_URL", "").startswith("postgresql://dpops_reader@"):
+                out.append(f"{name}: DPOPS_LEDGER_URL is not the read-only ledger role dpops_reader")
             continue
         for var in PATH_VARS:
             for path in filter(None, (p.strip() for p in env.get(var, "").split(","))):
@@ -198,9 +218,9 @@ def problems(compose: dict, dockerfile: Path = DOCKERFILE, readme_text: str | No
         out.append("deploy/specs/ has no release spec")
     for name, svc in services.items():
         for v in svc.get("volumes", []) or []:
-            parts = v.split(":")
-            if len(parts) > 1 and _under(parts[1], specs_dir or "/nonexistent"):
-                out.append(f"{name}: mounts over {parts[1]}, hiding the baked specs")
+            target = v["target"] if isinstance(v, dict) else (v.split(":") + [""])[1]
+            if target and _under(target, specs_dir or "/nonexistent"):
+                out.append(f"{name}: mounts over {target}, hiding the baked specs")
         env = (svc.get("environment", {}) or {})
         if svc.get("image") == IMAGE and env.get("DPOPS_SPECS_DIR", specs_dir) != specs_dir:
             out.append(f"{name}: DPOPS_SPECS_DIR differs from the image's {specs_dir}")
@@ -258,6 +278,18 @@ def test_compose_dockerfile_and_readme_agree(compose):
                     c["services"]["airflow-scheduler"]["secrets"].append(
                         {"source": "smtp_password", "uid": "50000", "gid": "50000", "mode": "0o400"})),
          "README recipe does not write deploy/secrets/smtp_password"),
+        # The api-server reads the inputs, or writes the outputs, or uses the application role.
+        (lambda c: c["services"]["airflow-apiserver"]["volumes"].append("dpops-data:/data:ro"),
+         "airflow-apiserver: mounts /data (dpops-data, read-only)"),
+        (lambda c: c["services"]["airflow-apiserver"]["volumes"][1].__setitem__("read_only", False),
+         "airflow-apiserver: mounts /data/out (dpops-data/out)"),
+        (lambda c: c["services"]["airflow-apiserver"]["environment"].__setitem__(
+            "DPOPS_LEDGER_URL", "postgresql://dpops_app@ledger-db:5432/dpops_ledger?schema=dpops"),
+         "not the read-only ledger role"),
+        # The reader's .pgpass reaches the scheduler.
+        (lambda c: c["services"]["airflow-scheduler"]["secrets"].append(
+            {"source": "ledger_reader_pgpass", "uid": "50000", "gid": "50000", "mode": "0o400"}),
+         "airflow-scheduler: mounts ledger_reader_pgpass"),
         # A service running as root.
         (lambda c: c["services"]["airflow-triggerer"].__setitem__("user", "0:0"), "airflow-triggerer: user '0:0'"),
     ],

@@ -22,7 +22,7 @@ every environment value and argument:
 | ``/opt/dpops/dags``, ``/opt/dpops/deploy``, ``/opt/dpops/plugins`` | this repository's ``dags``, ``deploy``, ``plugins`` |
 | ``/usr/bin/tini --``              | dropped (the container's init)                          |
 | ``ledger-db:5432/dpops_ledger``   | ``127.0.0.1:5432/<fresh database>``                     |
-| roles ``dpops_app``, ``dpops_ledger_owner`` | fresh role names (roles are server-wide)      |
+| roles ``dpops_app``, ``dpops_ledger_owner``, ``dpops_reader`` | fresh role names (roles are server-wide) |
 | ``airflow-apiserver:8080``, ``--port 8080`` | ``127.0.0.1:<free port>``                     |
 
 The secret files' contents follow deploy/README.md's recipe with local hosts (the Airflow
@@ -30,13 +30,16 @@ metadata URL points at a fresh database on 127.0.0.1:5432). Added to every envir
 ``PATH`` (this venv first), ``PYTHONPATH`` (this tree, not an installed copy),
 ``HOME``/``USER``/``LOGNAME`` (uid 50000 has no passwd entry on this machine). The ledger
 roles are created by deploy/ledger-roles.sql through psql, as deploy/ledger-db-init.sh
-does on the ledger database's first start. Not emulated: read-only (``:ro``) mounts.
+does on the ledger database's first start. A read-only volume mount (``:ro``, ``read_only: true``) is
+bound read-only in the process's mount namespace, like its secrets.
 
 The test triggers the latest interval of ``dpops_example_daily`` through the REST API with a
 FAB-auth token, unpauses it, waits for the run, and checks that it published: output files
 under the output root owned by 50000, the ledger run committed, the manifest verifies with
 ``dpops manifest verify``, and the runbook's ``dpops report`` works in the scheduler's
-environment (the image's ``[report]`` extra). Every process is stopped by its own PID (its session), the
+environment (the image's ``[report]`` extra). The api-server's Privacy budget page (the plugin, as the
+read-only ledger role, on the read-only outputs) shows the example scope with the figures of
+``dpops ledger status --json`` run in the scheduler's environment, and lists the run's manifest. Every process is stopped by its own PID (its session), the
 databases and roles are dropped.
 """
 
@@ -44,6 +47,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -98,6 +102,7 @@ class Stack:
     def __init__(self, base: Path, port: int, ledger_db: str, airflow_db: str, suffix: str, pg_base: str):
         self.base, self.port, self.ledger_db, self.airflow_db = base, port, ledger_db, airflow_db
         self.app_role, self.owner_role = f"dpops_app_{suffix}", f"dpops_ledger_owner_{suffix}"
+        self.reader_role = f"dpops_reader_{suffix}"
         self.pg_base = pg_base  # postgresql://postgres@127.0.0.1:5432
         self.paths = {
             "/data": base / "data",
@@ -122,7 +127,19 @@ class Stack:
         value = value.replace("airflow-apiserver:8080", f"127.0.0.1:{self.port}")
         value = value.replace("dpops_ledger_owner@", f"{self.owner_role}@")
         value = value.replace("dpops_app@", f"{self.app_role}@")
+        value = value.replace("dpops_reader@", f"{self.reader_role}@")
         return value
+
+    def read_only_mounts(self, svc: Service) -> list[Path]:
+        """The host directories of the service's read-only volume mounts (short ``:ro`` or ``read_only: true``)."""
+        out = []
+        for v in svc.volumes:
+            if isinstance(v, dict):
+                if v.get("read_only"):
+                    out.append(Path(self.map_value(v["target"], svc)))
+            elif not v.startswith((".", "/")) and len(v.split(":")) > 2 and "ro" in v.split(":")[2].split(","):
+                out.append(Path(self.map_value(v.split(":")[1], svc)))
+        return out
 
     def argv(self, svc: Service) -> list[str]:
         argv = list(svc.argv)
@@ -135,14 +152,16 @@ class Stack:
             out.append(self.map_value(a, svc))
         if out[0] in ("airflow", "python", "dpops"):
             out[0] = str(VENV_BIN / out[0])
-        # The service's secrets directory is mounted read-only, as compose mounts secrets.
-        ns = interpreter_namespace(self.base / "python-install", read_only=(self.secrets_dir(svc),))
+        # The service's secrets directory is mounted read-only, as compose mounts secrets; so are its :ro volumes.
+        ns = interpreter_namespace(self.base / "python-install",
+                                   read_only=(self.secrets_dir(svc), *self.read_only_mounts(svc)))
         return [*ns, "setpriv", f"--reuid={UID}", f"--regid={GID}", "--clear-groups", "--", *out]
 
     def env(self, svc: Service) -> dict[str, str]:
         env = {k: self.map_value(v, svc) for k, v in svc.env.items()}
         if svc.name == "ledger-init":
             env["DPOPS_LEDGER_APP_ROLE"] = self.app_role
+            env["DPOPS_LEDGER_READER_ROLE"] = self.reader_role
         env.update({
             "PATH": f"{VENV_BIN}{os.pathsep}/usr/local/bin:/usr/bin:/bin",
             "PYTHONPATH": str(REPO),
@@ -157,7 +176,7 @@ class Stack:
     def secret_values(self, key_file: Path) -> dict[str, bytes]:
         from cryptography.fernet import Fernet
 
-        owner_pw, app_pw = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+        owner_pw, app_pw, reader_pw = (secrets.token_urlsafe(24) for _ in range(3))
         self.admin_password = secrets.token_urlsafe(24)
         return {
             "airflow_db_url": f"{self.pg_base.replace('postgresql://', 'postgresql+psycopg://')}/{self.airflow_db}".encode(),
@@ -167,6 +186,8 @@ class Stack:
             "airflow_admin_password": self.admin_password.encode(),
             "ledger_owner_password": owner_pw.encode(),
             "ledger_app_password": app_pw.encode(),
+            "ledger_reader_password": reader_pw.encode(),
+            "ledger_reader_pgpass": f"127.0.0.1:5432:{self.ledger_db}:{self.reader_role}:{reader_pw}\n".encode(),
             "ledger_pgpass": f"127.0.0.1:5432:{self.ledger_db}:{self.app_role}:{app_pw}\n".encode(),
             "ledger_owner_pgpass": f"127.0.0.1:5432:{self.ledger_db}:{self.owner_role}:{owner_pw}\n".encode(),
             "dpops_noise_key": key_file.read_bytes(),
@@ -243,6 +264,22 @@ def _http(method: str, url: str, body: dict | None = None, token: str | None = N
             return e.code, {"raw": raw.decode(errors="replace")[:500]}
 
 
+def _page(url: str, token: str) -> tuple[int, str]:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+def _scope_cells(page: str, scope: str) -> dict[str, str]:
+    """The Privacy budget page's figures of one scope (``<td data-field=...>`` of its ``<tr data-scope>``)."""
+    row = re.search(rf'<tr data-scope="{re.escape(scope)}">(.*?)</tr>', page, re.S)
+    assert row, f"scope {scope} is not on the page: {page[:3000]}"
+    return dict(re.findall(r'data-field="([a-z_]+)">([^<]*)<', row.group(1)))
+
+
 def _wait(what: str, fn, timeout: float, procs: dict[str, subprocess.Popen], stack: Stack, every: float = 2.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -287,7 +324,7 @@ def stack(postgres_url):
     finally:
         _pg(postgres_url, f'DROP DATABASE IF EXISTS "{ledger_db}" WITH (FORCE)')
         _pg(postgres_url, f'DROP DATABASE IF EXISTS "{airflow_db}" WITH (FORCE)')
-        for role in (st.app_role, st.owner_role):
+        for role in (st.app_role, st.reader_role, st.owner_role):
             _pg(postgres_url, f'DROP ROLE IF EXISTS "{role}"')
         shutil.rmtree(base, ignore_errors=True)
 
@@ -314,9 +351,12 @@ def test_compose_stack_publishes_the_example_as_uid_50000(stack: Stack):
     pw_dir.mkdir()
     (pw_dir / "ledger_owner_password").write_bytes(values["ledger_owner_password"])
     (pw_dir / "ledger_app_password").write_bytes(values["ledger_app_password"])
+    (pw_dir / "ledger_reader_password").write_bytes(values["ledger_reader_password"])
     psql = subprocess.run(
         ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", f"{stack.pg_base}/{stack.ledger_db}",
          "-v", f"owner_role={stack.owner_role}", "-v", f"app_role={stack.app_role}",
+         "-v", f"reader_role={stack.reader_role}",
+         "-v", f"reader_password_file={pw_dir / 'ledger_reader_password'}",
          "-v", f"owner_password_file={pw_dir / 'ledger_owner_password'}",
          "-v", f"app_password_file={pw_dir / 'ledger_app_password'}",
          "-f", str(REPO / "deploy" / "ledger-roles.sql")], check=False, capture_output=True, text=True, timeout=60)
@@ -395,6 +435,10 @@ def test_compose_stack_publishes_the_example_as_uid_50000(stack: Stack):
             tail = "\n".join(f"--- {p}\n{p.read_text(errors='replace')[-2500:]}" for p in logs[-3:])
             raise AssertionError(f"run {run_id} {run['state']}: {states}\n{tail}\n{_tail(stack, ['airflow-scheduler'])}")
 
+        # The Privacy budget page, served by this api-server: the reader role, the read-only outputs.
+        page_code, page = _page(f"{api}/dpops-budget/", token)
+        assert page_code == 200, (page_code, page[:2000], _tail(stack, ["airflow-apiserver"]))
+
     print(f"[deploy stack] timings (s since start): {timings}", flush=True)
 
     # Published under the output root, as the dpops uid.
@@ -443,5 +487,22 @@ def test_compose_stack_publishes_the_example_as_uid_50000(stack: Stack):
     html = (out_root / "report-example.html").read_text()
     assert run_id_dpops[:16] in html, "the report does not list the published run"
     assert "verified (partly)" not in html.split("<h2>Timeline")[1], "the key is available: fully verified"
+    # The page's figures are `dpops ledger status --json`'s, as the scheduler's environment reads the ledger
+    # (the application role), shown through format_budget; the api-server read them as the reader role.
+    from dpops.ledger.budget import format_budget
+
+    status_svc = Service(sched.name, ["dpops", "ledger", "status", "example", "--json"], sched.env, sched.secrets)
+    st_proc = subprocess.run(stack.argv(status_svc), env=stack.env(status_svc), check=False, capture_output=True,
+                             text=True, timeout=120, cwd=stack.base)
+    assert st_proc.returncode == 0, st_proc.stdout[-2000:] + st_proc.stderr[-2000:]
+    status = json.loads(st_proc.stdout)
+    cells = _scope_cells(page, "example")
+    assert cells["cap"] == format_budget(status["cap"])
+    for field in ("committed", "spent_unpublished", "started", "reserved", "total", "remaining"):
+        assert cells[field] == format_budget(status[field], status["cap"]), (field, cells, status)
+    assert status["committed"] == pytest.approx(0.5) and cells["committed"] == "0.5"
+    assert f"manifests/{run_id_dpops}" in page, "the page does not offer the run's manifest (read-only /data/out)"
+    assert "Not shown" not in page, page[page.find("Not shown"):][:1500]
+    assert ledger_url not in page and "dpops_reader" not in page
     # The private run log went to the state volume, not next to the outputs.
     assert any(stack.paths["/var/lib/dpops/state"].rglob("*")), "no private run log in DPOPS_STATE_DIR"

@@ -90,7 +90,12 @@ COMMANDS = {
     "gaps only": lambda e: ["gaps", str(e.spec), "--from", "2024-01-01", "--to", "2024-01-06", "--ledger", e.url],
     "manifest show": lambda e: ["manifest", "show", str(next((e.root / "out" / "manifests").rglob("*.published.json")))],
     "plan": lambda e: ["plan", str(e.spec), "--from", "2024-01-01", "--to", "2024-01-06", "--ledger", e.url],
+    "release status": lambda e: ["release", "status", str(e.spec), "--interval", "2024-01-02", "--ledger", e.url,
+                                 "--key-file", str(e.key)],
 }
+# Commands whose layout fits 80 columns as a table (issue 21 item 15: short status words, reasons under the
+# row, the cost in the title): no fall back to `column: value` blocks from 80 columns on.
+TABLE_AT_80 = ("plan", "release status", "gaps", "gaps only")
 
 
 @pytest.mark.parametrize("columns", WIDTHS)
@@ -106,6 +111,11 @@ def test_every_table_command_keeps_ids_dates_and_uris_whole(world, capsys, monke
         expect = gap_tokens[command]
     elif command == "plan":
         expect = {t for t in gap_tokens["gaps"] if re.fullmatch(r"\d{4}-.*Z", t)}
+    elif command == "release status":
+        code, doc, _ = env.json(capsys, *COMMANDS[command](env), "--json")
+        assert code == 0 and doc["versions"] and doc["output_uri"], doc
+        expect = {doc["output_uri"], doc["published_run"], *(v["published_at"] for v in doc["versions"]),
+                  *(r["run_id"] for r in doc["runs"]), *(r["key_id"] for r in doc["runs"])}
     elif command == "manifest show":
         expect = {COMMANDS[command](env)[-1], *(t for t in tokens["ledger runs"] if t.startswith("file://"))}
         expect = {t for t in expect if t.endswith(".json")}
@@ -113,6 +123,8 @@ def test_every_table_command_keeps_ids_dates_and_uris_whole(world, capsys, monke
         expect = set()
     assert command != "ledger runs" or any(t.startswith("s3://") for t in expect)
     check_whole(out, expect, columns, summary=command == "plan")
+    if command in TABLE_AT_80 and columns >= 80:  # a table (the │ separator), never the per-row blocks
+        assert "│" in out and "\n  interval start: " not in out and "\n  run: " not in out, out
     if command == "plan":  # status and action words are never cut into statu/s, publi/shed
         assert "published" in out and "REFUSED" in out, out
     if command == "ledger history":  # kinds are whole words, never res/erv/ed

@@ -24,11 +24,14 @@ import math
 import os
 import shutil
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from dpops.errors import LedgerError
+
+if TYPE_CHECKING:
+    from dpops.noise.randomness import NoiseKey
 
 LEDGER_ENV = "DPOPS_LEDGER_URL"
 KEY_FILE_ENV = "DPOPS_NOISE_KEY_FILE"
@@ -69,7 +72,7 @@ def key_file_option(purpose: str) -> Callable[[Callable[..., Any]], Callable[...
     return deco
 
 
-def load_key(key_file: str | None) -> Any:
+def load_key(key_file: str | None) -> NoiseKey | None:
     """The ``NoiseKey`` of ``--key-file`` (or ``$DPOPS_NOISE_KEY_FILE``), or None when neither is given."""
     if not key_file:
         return None

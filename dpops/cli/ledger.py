@@ -30,13 +30,14 @@ from dpops.cli.common import (
 from dpops.errors import IntegrityError
 from dpops.ledger import ScopeDefinition, TimeRule
 from dpops.ledger.budget import format_budget
+from dpops.ledger import model
 from dpops.ledger.model import RUN_STATES, ScopeStatus
 
 if TYPE_CHECKING:
     from dpops.ledger.checkpoint import Checkpoint
 
 LEDGER_OPTION_HELP = LEDGER_HELP
-CHARGED_STATES = ("committed", "spent_unpublished", "started", "reserved")
+CHARGED_STATES = model.CHARGED_STATES  # the one owner: dpops.ledger.model
 
 
 def default_actor() -> str:
@@ -127,20 +128,27 @@ def cli() -> None:
 @click.option("--app-role", "app_roles", multiple=True, metavar="ROLE",
               help="PostgreSQL: give existing ROLE the application rights only (append entries, update the derived "
                    "tables; no UPDATE/DELETE/TRUNCATE of entries, no DDL). Run as the owner role. Repeatable.")
-@click.option("--print-sql", is_flag=True, help="With --app-role: print the GRANT statements run.")
+@click.option("--reader-role", "reader_roles", multiple=True, metavar="ROLE",
+              help="PostgreSQL: give existing ROLE SELECT on the ledger tables and nothing else (the Airflow "
+                   "api-server's Privacy budget page). Run as the owner role. Repeatable.")
+@click.option("--print-sql", is_flag=True, help="With --app-role/--reader-role: print the GRANT statements run.")
 @ledger_option
 @json_option
 @click.pass_context
-def init(ctx: click.Context, app_roles, print_sql, as_json) -> None:
+def init(ctx: click.Context, app_roles, reader_roles, print_sql, as_json) -> None:
     """Create the ledger database (or migrate it to the current schema).
 
     The only command, with ``scope create``, that may create a new SQLite file."""
+    from dpops.errors import InvalidParameter
     from dpops.ledger.backend import redact
-    from dpops.ledger.roles import grant_app_role
+    from dpops.ledger.roles import grant_app_role, grant_reader_role, require_owner
 
-    from dpops.ledger.roles import require_owner
-
-    granted = []
+    both = sorted(set(app_roles) & set(reader_roles))
+    if both:
+        raise InvalidParameter(f"role(s) {', '.join(both)} given as both --app-role and --reader-role: the reader "
+                               "must be a separate role (its grant revokes every other right); nothing was changed")
+    granted: list[dict[str, object]] = []
+    readers: list[dict[str, object]] = []
     with _ledger(ctx, create=True) as led:
         # Owner-only even when the schema is up to date (a no-op): an application role is told so, by name.
         require_owner(led.db, "initialise or migrate the ledger and grant roles (`dpops ledger init`)")
@@ -156,8 +164,16 @@ def init(ctx: click.Context, app_roles, print_sql, as_json) -> None:
                 click.echo(";\n".join(statements) + ";")
             click.echo(f"role {role}: may append entries and update the derived tables; cannot UPDATE, DELETE or "
                        "TRUNCATE entries, nor drop or disable triggers")
+        for role in reader_roles:
+            statements = grant_reader_role(led, role)
+            readers.append({"role": role, "statements": statements})
+            if as_json:
+                continue
+            if print_sql:
+                click.echo(";\n".join(statements) + ";")
+            click.echo(f"role {role}: may read the ledger (SELECT) and nothing else")
     if as_json:
-        echo_ok({"ledger": url, "schema_version": version, "app_roles": granted})
+        echo_ok({"ledger": url, "schema_version": version, "app_roles": granted, "reader_roles": readers})
 
 
 @cli.command()

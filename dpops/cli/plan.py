@@ -12,6 +12,8 @@ from dpops.cli.common import (
     ledger_option,
     open_cli_ledger,
     print_table,
+    terminal_width,
+    wrap_words,
 )
 from dpops.cli.ledger import echo_json, fmt
 from dpops.errors import BudgetExceeded, InvalidParameter
@@ -37,7 +39,7 @@ def load_plan(fp, name: str) -> list[tuple[str, str, list]]:
     return out
 
 
-FREE = {"published": "skip: published", "in_progress": "already charged (reserved), not counted again"}
+FREE = {"published": "skip: published", "in_progress": "wait: already charged (reserved), not counted again"}
 
 
 def _action_words(action: str) -> tuple[str, str]:
@@ -130,12 +132,15 @@ def cli(target, plan_file, start, end, manifests, as_json, check, at_units, valu
         echo_json(result.to_dict())
     else:
         unit = "ε" if result.unit == "epsilon" else "ρ"
+        # Short headers so the two whole dates and the figures fit 80 columns; the caption says what they are.
         print_table(f"plan on scope {scope}: cap {unit}={fmt(result.cap)}",
-                    ["interval start", "interval end", "buckets", f"{unit} this run", "fits",
-                     f"scope total {unit} after (composed)", "remaining after"],
+                    ["interval start", "interval end", "buckets", unit, "fits", f"scope {unit} after", "left after"],
                     [[it.interval_start, it.interval_end, ", ".join(it.buckets), fmt(it.cost),
                       "yes" if it.fits else "NO", fmt(it.total_after, result.cap), fmt(it.remaining_after, result.cap)]
-                     for it in result.items], keep=("interval start", "interval end"), below=("buckets",))
+                     for it in result.items], keep=("interval start", "interval end", "fits"), below=("buckets",),
+                    right=(unit, f"scope {unit} after", "left after"),
+                    caption=f"{unit}: the run alone; scope {unit} after: the scope total after it, all runs composed; "
+                            "left after: cap minus that total")
         click.echo(f"{result.admitted} of {len(result.items)} planned runs fit")
     if refused_error is not None:
         raise refused_error
@@ -192,14 +197,20 @@ def _plan_spec(spec_path: str, start: str, end: str, manifests: str | None, as_j
             raise attach(refused_error, doc)
         echo_json(doc)
     else:
-        print_table(f"backfill plan of {spec.name} on scope {scope}: cap {unit}={fmt(result.cap)}",
-                    ["interval start", "interval end", "status", "action", f"{unit} this run",
-                     f"scope total {unit} after (composed)", "why"],
-                    [[r["interval_start"], r["interval_end"], r["status"].replace("_", " "),
-                      *_action_words(r["action"])[:1], fmt(r["cost"]),
-                      fmt(r["total_after"]) if r["total_after"] is not None else "-", _action_words(r["action"])[1]]
+        # Fits 80 columns: the two whole dates, dpops gaps' status words, one action word, the scope total after
+        # the run; the cost of a run is the same for every interval (one spec), so it is in the title, and the
+        # reason is on its own line under the row.
+        from dpops.cli.gaps import WORDS
+
+        cost = f", {unit}={fmt(doc['per_run_cost'])} per run" if doc["per_run_cost"] is not None else ""
+        print_table(f"backfill plan of {spec.name} on scope {scope}: cap {unit}={fmt(result.cap)}{cost}",
+                    ["interval start", "interval end", "status", "action", f"scope {unit} after", "why"],
+                    [[r["interval_start"], r["interval_end"], WORDS.get(r["status"], r["status"]),
+                      _action_words(r["action"])[0],
+                      fmt(r["total_after"], result.cap) if r["total_after"] is not None else "-",
+                      _action_words(r["action"])[1]]
                      for r in rows],
-                    keep=("interval start", "interval end"), below=("why",))
-        click.echo(summary)
+                    keep=("interval start", "interval end", "action"), below=("why",), right=(f"scope {unit} after",))
+        click.echo("\n".join(wrap_words(summary, terminal_width())))  # at words: the refused intervals stay whole
     if refused_error is not None:
         raise refused_error

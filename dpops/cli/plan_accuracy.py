@@ -18,14 +18,13 @@ import click
 
 from dpops.cli.common import attach, echo_ok, ledger_url, print_table
 from dpops.errors import DpopsError, InvalidParameter
+from dpops.ledger.model import CHARGED_STATES as CHARGED  # the one owner of the charged states
 
 if TYPE_CHECKING:
     from dpops.events import PrivacyEvent
     from dpops.ledger.model import ScopeDefinition
     from dpops.ledger.store import Ledger
     from dpops.spec import ReleaseSpec
-
-CHARGED = ("reserved", "started", "committed", "spent_unpublished")
 
 
 @dataclass(frozen=True)

@@ -264,29 +264,45 @@ def _position(ledger: Any, st: dict) -> dict:
 
 
 def _print_status(st: dict) -> None:
+    """``release status`` for people: the scope line wrapped at words, then the versions and the runs as tables that
+    fit 80 columns (whole run ids, times and URIs; restatements and the output URI on their own line)."""
+    from dpops.cli.common import print_table, terminal_width, wrap_words
+    from dpops.ledger.budget import format_budget
+
+    width = terminal_width()
     files = st.get("published_files")
-    rem = "?" if st["scope_remaining"] is None else f"{st['scope_remaining']:.6g}"
+    cap_value = st.get("scope_cap")
     u = "ρ" if st.get("budget_unit") == "rho" else "ε"
-    total = "?" if st.get("scope_total") is None else f"{st['scope_total']:.6g}"
-    cap = "?" if st.get("scope_cap") is None else f"{st['scope_cap']:.6g}"
-    click.echo(f"release={st['release']} interval={st['interval']} scope={st['scope']} remaining={rem}: "
-               f"scope total {u}={total} of cap {cap} ({st.get('accountant') or '?'} accountant, all runs composed)")
-    click.echo(f"  published run: {st['published_run'] or '-'}" + (f" at {st['output_uri']}" if st["output_uri"] else ""))
-    for v in st["versions"]:
-        click.echo(f"  v{v['version']}: run {v['run_id']}" + (f" restates {v['restates']}" if v["restates"] else "")
-                   + f" published {v['published_at']}")
-    for r in st["runs"]:
-        click.echo(f"  run {r['run_id']}: {r['state']}, {u}={r['epsilon']:.6g} this run alone, key {r['key_id']}"
-                   + (f", restates {r['restates']}" if r["restates"] else ""))
+    rem = "?" if st["scope_remaining"] is None else format_budget(st["scope_remaining"], cap_value)
+    total = "?" if st.get("scope_total") is None else format_budget(st["scope_total"], cap_value)
+    cap = "?" if cap_value is None else format_budget(cap_value)
+    lines = wrap_words(f"release={st['release']} interval={st['interval']} scope={st['scope']} remaining={rem}: "
+                       f"scope total {u}={total} of cap {cap} ({st.get('accountant') or '?'} accountant, all runs "
+                       "composed)", width)
+    lines += wrap_words(f"published run: {st['published_run'] or '-'}", width)
+    if st["output_uri"]:
+        lines += wrap_words(f"output: {st['output_uri']}", width)
+    click.echo("\n".join(lines))
+    if st["versions"]:
+        print_table("published versions", ["version", "run", "published at", "restates"],
+                    [[f"v{v['version']}", v["run_id"], v["published_at"], v["restates"] or ""] for v in st["versions"]],
+                    keep=("version", "run", "published at"), below=("restates",))
+    if st["runs"]:
+        print_table(f"ledger runs of this interval ({u}: the run alone)", ["run", "state", u, "key", "restates"],
+                    [[r["run_id"], r["state"].replace("_", " "), format_budget(r["epsilon"], cap_value), r["key_id"],
+                      r["restates"] or ""] for r in st["runs"]],
+                    keep=("run", u, "key"), below=("restates",), right=(u,))
     if files:
         # ok only when every check ran: a part that could not (e.g. no noise key) is named as skipped
         verdict = ("CHANGED" if files["problems"] else "NOT CHECKED" if not files["checked"] else
                    "partly checked" if files["not_checked"] else "ok")
-        click.echo(f"  published files: {verdict}" + (f" ({', '.join(files['checked'])} checked)" if files["checked"] else ""))
+        out = wrap_words(f"published files: {verdict}" + (f" ({', '.join(files['checked'])} checked)"
+                                                          if files["checked"] else ""), width)
         for p in files["problems"]:
-            click.echo(f"    {p}")
+            out += ["  " + x for x in wrap_words(p, width - 2)]
         for p in files["not_checked"]:
-            click.echo(f"    skipped: {p}")
+            out += ["  " + x for x in wrap_words(f"skipped: {p}", width - 2)]
+        click.echo("\n".join(out))
 
 
 @cli.command("abandon")

@@ -295,6 +295,16 @@ class PostgresBackend(Backend):
             pass
         if owner and "owner role" in text:
             return PermissionRefused(f"ledger {redact(self.url)}: {text}; nothing was changed")
+        try:
+            row = self.conn.execute("SELECT has_table_privilege(current_user, to_regclass('entries'), 'INSERT')"
+                                    ).fetchone()
+        except self._psycopg.Error:
+            row = None
+        if row is not None and row[0] is False:  # a reader role (SELECT only, read-only transactions)
+            return PermissionRefused(
+                f"ledger {redact(self.url)}: {text}: connected as {self.session_role_or_unknown()!r}, which may only "
+                "read the ledger (a reader role, such as the Privacy budget page's); releases connect as the "
+                "application role, scope, cap and schema changes as the owner; nothing was changed")
         who = (f"the ledger owner role {owner!r}" if owner
                else "the ledger owner role (the one that ran `dpops ledger init`)")
         return PermissionRefused(
@@ -314,7 +324,7 @@ class PostgresBackend(Backend):
         """Run one statement (``?`` rewritten to ``%s``); conflicts and lost connections become ``LedgerError``."""
         try:
             return self.conn.execute(sql.replace("?", "%s"), tuple(params))
-        except self._psycopg.errors.InsufficientPrivilege as exc:
+        except (self._psycopg.errors.InsufficientPrivilege, self._psycopg.errors.ReadOnlySqlTransaction) as exc:
             raise self._privilege_error(exc) from None
         except self._psycopg.IntegrityError as exc:
             # e.g. the same run key reserved at the same moment on two different scopes
@@ -328,7 +338,7 @@ class PostgresBackend(Backend):
         try:
             with self.conn.cursor() as cur:
                 cur.executemany(sql.replace("?", "%s"), [tuple(r) for r in rows])
-        except self._psycopg.errors.InsufficientPrivilege as exc:
+        except (self._psycopg.errors.InsufficientPrivilege, self._psycopg.errors.ReadOnlySqlTransaction) as exc:
             raise self._privilege_error(exc) from None
         except self._psycopg.IntegrityError as exc:
             raise LedgerError(f"ledger {redact(self.url)}: conflicting concurrent write ({str(exc).strip()}); "

@@ -60,6 +60,9 @@ class BucketSize(StrEnum):
 RUN_STATES = tuple(s.value for s in RunState)
 # Runs whose charge is still moving: composed from the runs table at each reservation.
 OPEN_STATES = (RunState.RESERVED.value, RunState.STARTED.value)
+# Runs whose events count against the cap (every state but released): what a scope total composes.
+CHARGED_STATES = (RunState.COMMITTED.value, RunState.SPENT_UNPUBLISHED.value, RunState.STARTED.value,
+                  RunState.RESERVED.value)
 BUCKET_SIZES = tuple(b.value for b in BucketSize)
 ADJACENCIES = tuple(a.value for a in Adjacency)
 UNBUCKETED = "*"  # the single bucket of a scope that is not bucketed by period

@@ -20,7 +20,14 @@ Owner-only, refused by the database for every other role (and named so by the CL
 ``dpops ledger scope create`` (a new scope), ``ledger cap``, ``ledger import``, ``ledger init``
 (schema changes and grants); every UPDATE/DELETE/TRUNCATE of history was already refused.
 
-It is not the tables' owner and not a member of the owner role, so it can neither
+The **reader** role (``dpops ledger init --reader-role``, issue 21 item 1) is what the Airflow
+api-server's Privacy budget page connects as: SELECT on every ledger table, nothing else. PostgreSQL
+refuses its every INSERT, UPDATE, DELETE and TRUNCATE (no privilege), and ``deploy/ledger-roles.sql``
+also sets ``default_transaction_read_only`` on it. Privacy reason: the web tier is the most exposed
+process of a deployment; whoever takes it over must not be able to write, and so not lower, what was
+charged. What it reads (budget figures, run states, reasons, output URIs) is what a manifest reader sees.
+
+The app role is not the tables' owner and not a member of the owner role, so it can neither
 drop nor disable the triggers nor ALTER the tables. Privacy reason: whoever runs
 releases must not be able to lower what was charged; the budget is only as
 trustworthy as the least-privileged writer that can rewrite it. The owner (and any
@@ -51,10 +58,31 @@ TABLE_GRANTS = (
 )
 
 
+# The reader role: read every ledger table, write none (a web page that shows the budget).
+READER_TABLES = tuple(t for t, _ in TABLE_GRANTS)
+
+
 def table_owner(db: Backend) -> str | None:
     """The role owning the ledger tables in the current schema (None when there are none yet)."""
     row = db.one("SELECT tableowner FROM pg_tables WHERE schemaname = current_schema() AND tablename = 'entries'")
     return str(row[0]) if row else None
+
+
+def session_write_privileges(db: Backend) -> list[str]:
+    """PostgreSQL: ``table: PRIVILEGES`` for every ledger table this session's role may write (INSERT, UPDATE,
+    DELETE, TRUNCATE); empty for the reader role, and on SQLite (no roles: the file's permissions decide).
+
+    The Privacy budget page shows a non-empty answer as a warning: a web tier that can write the ledger is a
+    deployment error (deploy/README.md), not something the page can correct."""
+    if db.dialect != "postgresql":
+        return []
+    out = []
+    for table in READER_TABLES:
+        privs = [p for p in ("INSERT", "UPDATE", "DELETE", "TRUNCATE")
+                 if db.row("SELECT has_table_privilege(current_user, to_regclass(?), ?)", (table, p))[0]]
+        if privs:
+            out.append(f"{table}: {', '.join(privs)}")
+    return out
 
 
 def require_owner(db: Backend, action: str) -> None:
@@ -104,20 +132,33 @@ def app_role_sql(role: str, schema: str) -> list[str]:
     return out
 
 
-def grant_app_role(ledger: Ledger, role: str) -> list[str]:
-    """Grant the application rights to an existing ``role``; run as the owner. Returns the SQL it ran.
+def reader_role_sql(role: str, schema: str) -> list[str]:
+    """The statements that give ``role`` exactly SELECT on the ledger in ``schema`` (everything else revoked)."""
+    check_role_name(role)
+    if not _ROLE_RE.match(schema):
+        raise LedgerError(f"schema must be a lower-case SQL identifier, got {schema!r}")
+    tables = ", ".join(f'"{schema}"."{t}"' for t in READER_TABLES)
+    return [
+        f'REVOKE ALL ON {tables} FROM PUBLIC',
+        f'REVOKE ALL ON {tables} FROM "{role}"',
+        f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"',
+        f'GRANT SELECT ON {tables} TO "{role}"',
+    ]
 
-    Refuses a role that could undo the guards: a superuser, the tables' owner, or a member of the owner role.
-    """
+
+def _checked_role(ledger: Ledger, role: str, option: str) -> str:
+    """The schema ``role`` may be granted on, after the checks both grants share (run as the owner).
+
+    Refuses a role that could undo the guards: a superuser, the tables' owner, or a member of the owner role."""
     db = ledger.db
     if db.dialect != "postgresql":
-        raise LedgerError("--app-role applies to PostgreSQL ledgers only: a SQLite ledger is guarded by its file's "
+        raise LedgerError(f"{option} applies to PostgreSQL ledgers only: a SQLite ledger is guarded by its file's "
                           "permissions (make the file and its directory writable only by the service account)")
     check_role_name(role)
     row = db.one("SELECT rolsuper FROM pg_roles WHERE rolname = ?", (role,))
     if row is None:
         raise LedgerError(f"role {role!r} does not exist: create it first (deploy/ledger-roles.sql), "
-                          "then run `dpops ledger init --app-role` again as the owner")
+                          f"then run `dpops ledger init {option} {role}` again as the owner")
     if row[0]:
         raise LedgerError(f"role {role!r} is a superuser: it could disable every guard; use an ordinary role")
     owner = db.one("SELECT tableowner FROM pg_tables WHERE schemaname = current_schema() AND tablename = 'entries'")
@@ -126,13 +167,31 @@ def grant_app_role(ledger: Ledger, role: str) -> list[str]:
     member = db.one("SELECT pg_has_role(?, ?, 'MEMBER')", (role, owner[0]))
     if role == owner[0] or (member and member[0]):
         raise LedgerError(f"role {role!r} owns the ledger tables (or is a member of their owner {owner[0]!r}): "
-                          "it could drop the triggers; the application role must be a separate role")
+                          f"it could drop the triggers; the {option[2:].replace('-', ' ')} must be a separate role")
     me = db.row("SELECT current_user, pg_has_role(current_user, ?, 'USAGE')", (owner[0],))
     if not me[1]:
         # PostgreSQL only warns when a non-owner GRANTs or REVOKEs; refuse instead of pretending it worked.
         raise LedgerError(f"connected as {me[0]!r}, which does not own the ledger tables (owner {owner[0]!r}): "
-                          "run `dpops ledger init --app-role` as the owner role")
-    schema = db.row("SELECT current_schema()")[0]
+                          f"run `dpops ledger init {option}` as the owner role")
+    return str(db.row("SELECT current_schema()")[0])
+
+
+def grant_reader_role(ledger: Ledger, role: str) -> list[str]:
+    """Grant SELECT-only rights on the ledger to an existing ``role``; run as the owner. Returns the SQL it ran."""
+    statements = reader_role_sql(role, _checked_role(ledger, role, "--reader-role"))
+    with ledger.db.transaction():
+        for sql in statements:
+            ledger.db.execute(sql)
+    return statements
+
+
+def grant_app_role(ledger: Ledger, role: str) -> list[str]:
+    """Grant the application rights to an existing ``role``; run as the owner. Returns the SQL it ran.
+
+    Refuses a role that could undo the guards: a superuser, the tables' owner, or a member of the owner role.
+    """
+    schema = _checked_role(ledger, role, "--app-role")
+    db = ledger.db
     statements = app_role_sql(role, schema)
     with db.transaction():
         for sql in statements:

@@ -33,6 +33,7 @@ from dpops.ledger import budget
 from dpops.ledger.backend import Backend, connect, hook
 from dpops.ledger.budget import format_budget
 from dpops.ledger.model import (
+    CHARGED_STATES,
     OPEN_STATES,
     TRANSITIONS,
     UNBUCKETED,
@@ -701,6 +702,29 @@ class Ledger:
             committed=top.committed, spent_unpublished=top.spent_unpublished, started=top.started,
             reserved=top.reserved, total=top.total, remaining=top.remaining, buckets=rows,
         )
+
+    def totals_after(self, scope: str) -> list[tuple[RunRecord, float]]:
+        """Each charged run of ``scope`` with the scope total right after it, in the ledger's order of charges.
+
+        The order is each run's first entry (its reservation): two runs committed in the same second keep their
+        order, where their manifests' snapshots (read at commit) both saw the other's charge and show the same
+        total. The total is ``status``'s: each bucket's charged runs composed by the scope's accountant, the
+        fullest bucket's figure, in the cap's unit; the last one equals ``status(scope).total`` up to float
+        summation order. Privacy reason: "how much of the promise was used when this was released" must be one
+        figure, the same on the Privacy budget page, in the report and in ``ledger status``."""
+        sdef = self.scope(scope)
+        acct = budget.accountant_for(sdef)
+        runs = sorted(self.runs(scope=scope, states=CHARGED_STATES),
+                      key=lambda r: (min(r.entry_ids) if r.entry_ids else 0, r.created_at, r.run_id))
+        states: dict[str, Any] = {}
+        out: list[tuple[RunRecord, float]] = []
+        top = 0.0
+        for r in runs:
+            for b in r.buckets or [UNBUCKETED]:
+                states[b] = acct.add_events(states.get(b, acct.empty_state()), list(r.events))
+                top = max(top, budget.measure(acct, sdef, states[b]))
+            out.append((r, top))
+        return out
 
     def plan(self, scope: str, runs: Sequence[tuple[str, str, Sequence[PrivacyEvent]]]) -> PlanResult:
         """What these future runs would cost, in order, and which would fit. Writes nothing.

@@ -68,12 +68,13 @@ def _gx():
     """The GX module, an ephemeral context shared by this process, and the expectations module."""
     global _context
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    from dpops.third_party_logs import quiet_third_party_loggers
+
+    quiet_third_party_loggers()  # before the import: GX logs INFO while it is imported (_docs_decorators)
     import great_expectations as gx
     import great_expectations.expectations as gxe
 
-    from dpops.orchestration import quiet_third_party_loggers
-
-    quiet_third_party_loggers()  # after the import: GX sets some of its loggers' levels when imported
+    quiet_third_party_loggers()  # and after: GX sets some of its loggers' levels when imported
     with _lock:
         if _context is None:
             from great_expectations.data_context.types.base import ProgressBarsConfig

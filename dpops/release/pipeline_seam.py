@@ -72,7 +72,7 @@ def import_pipeline_module(name: str) -> ModuleType:
     before the import so exactly those records are dropped, never a dpops warning."""
     import importlib
 
-    from dpops.orchestration import quiet_third_party_loggers
+    from dpops.third_party_logs import quiet_third_party_loggers
 
     quiet_third_party_loggers()
     return importlib.import_module(name)

@@ -11,8 +11,8 @@ from typing import Any
 from dpops.accounting import get_accountant, known_accountants
 from dpops.errors import DpopsError, IntegrityError, StorageError
 from dpops.ledger.backend import redact
+from dpops.ledger.model import CHARGED_STATES as CHARGED  # the one owner of the charged states
 
-CHARGED = ("committed", "spent_unpublished", "started", "reserved")
 COMPARED = ("basic", "zcdp", "rdp", "pld")
 
 
@@ -269,19 +269,16 @@ def _schedule_flags(rows: list[RunRow]) -> list[RunRow]:
     return gaps
 
 
-def _totals_after(rows: list[RunRow], scope: Any) -> dict[str, float]:
-    """The scope's composed total right after each charged run, in the ledger's order (entry id).
+def _totals_after(ledger: Any, scope: Any) -> dict[str, float]:
+    """The scope's total right after each charged run, in the ledger's order (``Ledger.totals_after``, its one
+    owner: the Privacy budget page shows the same figures).
 
     A manifest's scope snapshot is read when that run commits: two runs committed at the same moment both
     saw the other's charge and showed the same total. The ledger's order decides instead. Unbucketed
     scopes only (a bucketed scope's total is per bucket; the manifest's figure stays)."""
     if scope.bucket is not None:
         return {}
-    from dpops.report.plots import charge_order, cumulative_series
-
-    runs = sorted((r for r in rows if r.kind == "run"), key=charge_order)
-    series = cumulative_series(runs, scope.accountant, scope.delta).get("all", [])
-    return {runs[i].run_id: eps for i, eps in series if math.isfinite(eps)}
+    return {r.run_id: total for r, total in ledger.totals_after(scope.name) if math.isfinite(total)}
 
 
 def _release_details(rows: list[RunRow], manifests: dict[str, dict[str, Any]], checks: dict[str, ManifestCheck],
@@ -454,7 +451,7 @@ def gather(ledger: Any, scope_name: str, manifests_dir: str | os.PathLike[str] |
     data = ReportData(scope=scope, status=status, runs=rows, manifests=manifests, comparison=comparison,
                       adjacencies=adjacencies, contribution=contribution, noise=noise, start=start, end=end,
                       checks=checks, provenance={**_provenance(ledger, checks), "data_docs": _data_docs(gx_project)},
-                      releases=_release_details(rows, manifests, checks, _totals_after(rows, scope)))
+                      releases=_release_details(rows, manifests, checks, _totals_after(ledger, scope)))
     data.estimations = estimations
     data.warnings = _warnings(data)
     return data

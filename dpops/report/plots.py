@@ -8,8 +8,7 @@ import math
 from typing import Any
 
 from dpops.accounting import get_accountant
-
-CHARGED = ("committed", "spent_unpublished", "started", "reserved")
+from dpops.ledger.model import CHARGED_STATES as CHARGED  # the one owner of the charged states
 
 
 def _png(fig: Any) -> str:
