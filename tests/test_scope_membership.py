@@ -143,6 +143,13 @@ CLAIMS: dict[str, Claim] = {
                                   "candidate": "L0=1 Linf=5", "loss": "targets", "candidates": 4,
                                   "data": {"source": "private", "scope": "orders", "fingerprint": "hmac-sha256:" + "0" * 64,
                                            "ledger_entry": 7, "read_at": "2024-01-01T00:00:00.5+00:00"}})))),
+    "catchup": Claim(reason=f"whether the scheduler runs the intervals missed since the start date; it decides when "
+                            f"runs happen, not what one computes (outside spec_hash), and {NOT_READ}",
+                     admitted=(Mutation("catch up", _set("catchup", True)), Mutation("no catchup", _set("catchup", False)))),
+    "estimated_from": Claim(reason=f"names the committed estimation run whose private bounds the spec's bounds are "
+                                   f"(refused before reservation unless that run is a committed estimation on the same "
+                                   f"scope); the bounds themselves are classified under contribution.* and metrics[].*, "
+                                   f"and the name {NOT_READ}"),
     # ---- InputSpec
     "input.path": Claim(
         reason="which files are read: the scope's population question, not a bucket question. Per definition the "
