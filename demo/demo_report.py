@@ -36,7 +36,7 @@ def report(paths: DemoPaths, ivs: list, scheduled: list[IntervalResult], backfil
 
     t = Table(title="Every interval: daily schedule, then the backfill")
     for col in ("day", "schedule", "backfill", "epsilon charged by this demo run", "why"):
-        t.add_column(col)
+        t.add_column(col, no_wrap=col == "day", overflow="fold")
     by_day = {r.day: r for r in scheduled}
     for r in backfill:
         first = by_day.get(r.day)
@@ -51,10 +51,10 @@ def report(paths: DemoPaths, ivs: list, scheduled: list[IntervalResult], backfil
         console.print(f"  [dim]{refused[0].reason}[/]")
     _gaps(paths, ivs, console)
     manifests = sorted(paths.manifests_dir.glob("*.json")) if paths.manifests_dir.is_dir() else []
-    console.print(f"\nManifests ({len(manifests)}): {paths.manifests_dir}")
+    console.print(f"\nManifests ({len(manifests)}): {paths.manifests_dir}", soft_wrap=True)
     if manifests:
-        console.print(f"  check one: dpops manifest verify {manifests[0]} --ledger {paths.ledger_url}")
-    console.print(f"Published outputs: {paths.output_root / 'published' / DEMO_RELEASE}")
+        console.print(f"  check one: dpops manifest verify {manifests[0]} --ledger {paths.ledger_url}", soft_wrap=True)
+    console.print(f"Published outputs: {paths.output_root / 'published' / DEMO_RELEASE}", soft_wrap=True)
     _verify_and_report(paths, manifests, console)
 
 
@@ -95,7 +95,7 @@ def _verify_and_report(paths: DemoPaths, manifests: list, console: Any) -> None:
     status = "[green]all verified[/]" if not bad else f"[red]{len(bad)} FAILED: {', '.join(bad)}[/]"
     console.print(f"Manifest verification (claims recomputed from each manifest + ledger): "
                   f"{len(published)} published, {status}")
-    console.print(f"Reviewer report (self-contained HTML): {out}")
+    console.print(f"Reviewer report (self-contained HTML): {out}", soft_wrap=True)
 
 
 def _value(row: dict, m: str) -> str:
@@ -106,13 +106,16 @@ def _value(row: dict, m: str) -> str:
 
 
 def _why(r: IntervalResult) -> str:
+    """A refusal's figures in one short line (the full reason is printed once below the table)."""
     if r.outcome not in ("refused", "failed"):
         return ""
-    m = re.search(r"cap (\w+)=([\d.e+-]+), spent ([\d.e+-]+), reserved ([\d.e+-]+), requested ([\d.e+-]+)", r.reason)
-    if r.outcome == "refused" and m:
-        unit, cap, spent, reserved, asked = m.groups()
-        left = max(0.0, float(cap) - float(spent) - float(reserved))
-        return f"budget: {unit} {left:.3g} left of {cap}, run asked {asked}"
+    figures = {k: re.search(rf"\b{k}[ =]([\d.e+-]+)", r.reason) for k in ("spent", "reserved", "requested")}
+    cap = re.search(r"cap (\w+)=([\d.e+-]+)", r.reason)
+    if r.outcome == "refused" and cap and all(figures.values()):
+        unit, total = cap.groups()
+        spent, reserved, asked = (float(m.group(1)) for m in figures.values() if m)
+        left = max(0.0, float(total) - spent - reserved)
+        return f"budget: {unit} {left:.3g} left of {total}, run asked {asked:g}"
     return r.reason
 
 
@@ -149,4 +152,4 @@ def _published_table(paths: DemoPaths, r: IntervalResult, console: Any) -> None:
         t.add_row(*[str(row[c]) for c in parts],
                   *[_value(row, m) for m in metrics])
     console.print(t)
-    console.print(f"[dim]from {cur.directory} (version v{cur.version}, run {cur.run_id})[/]")
+    console.print(f"[dim]from {cur.directory} (version v{cur.version}, run {cur.run_id})[/]", soft_wrap=True)

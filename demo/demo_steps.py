@@ -54,7 +54,7 @@ def setup(paths: DemoPaths, *, days: int, rows_per_day: int, console: Any) -> No
     if not paths.spec_path.exists():
         paths.spec_path.write_text(SPEC)
     elif paths.spec_path.read_text() != SPEC:
-        console.print(f"[yellow]keeping the existing, edited spec {paths.spec_path}[/]")
+        console.print(f"[yellow]keeping the existing, edited spec {paths.spec_path}[/]", soft_wrap=True)
 
     missing = [s for s, _ in intervals(days) if not (paths.data_dir / f"{s:%Y-%m-%d}.parquet").exists()]
     if missing:
@@ -62,17 +62,17 @@ def setup(paths: DemoPaths, *, days: int, rows_per_day: int, console: Any) -> No
             # Same seed every time: regenerated files are identical, so their fingerprints (and run keys) too.
             generate_events(str(paths.data_dir / "{start:%Y-%m-%d}.parquet"), n_rows=rows_per_day,
                             n_users=max(100, rows_per_day // 4), n_partitions=8, days=days, seed=2024, start=START)
-    console.print(f"data      {days} days of synthetic purchases in {paths.data_dir}")
+    console.print(f"data      {days} days of synthetic purchases in {paths.data_dir}", soft_wrap=True)
 
     if not paths.key_path.exists():
         paths.key_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         NoiseKey.generate(paths.key_path)
-        console.print(f"noise key created at {paths.key_path} (mode 0600; only its path is ever passed on)")
+        console.print(f"noise key created at {paths.key_path} (mode 0600; only its path is ever passed on)", soft_wrap=True)
     else:
-        console.print(f"noise key {paths.key_path} (reused: same key, same noise, no new charge)")
+        console.print(f"noise key {paths.key_path} (reused: same key, same noise, no new charge)", soft_wrap=True)
 
     _create_scope(paths)
-    console.print(f"ledger    {paths.ledger_url}: scope {DEMO_SCOPE!r} with cap epsilon={SCOPE_CAP:g} (10 daily releases)")
+    console.print(f"ledger    {paths.ledger_url}: scope {DEMO_SCOPE!r} with cap epsilon={SCOPE_CAP:g} (10 daily releases)", soft_wrap=True)
 
     if not (paths.airflow_home / "airflow.db").exists():
         with console.status("creating Airflow's SQLite metadata database ..."):
@@ -80,7 +80,7 @@ def setup(paths: DemoPaths, *, days: int, rows_per_day: int, console: Any) -> No
             proc = subprocess.run([airflow, "db", "migrate"], env=dict(os.environ), capture_output=True, text=True)
             if proc.returncode != 0:
                 raise SystemExit(f"airflow db migrate failed:\n{proc.stderr[-2000:]}")
-    console.print(f"airflow   {paths.airflow_home} (SQLite metadata DB), DAGs from {REPO / 'dags'}")
+    console.print(f"airflow   {paths.airflow_home} (SQLite metadata DB), DAGs from {REPO / 'dags'}", soft_wrap=True)
 
 
 def _create_scope(paths: DemoPaths) -> None:

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     backfill = demo_steps.run_intervals(dag, intervals, paths, console=console)
 
     demo_report.report(paths, intervals, scheduled, backfill, console=console)
-    console.print(f"\n[dim]finished in {time.monotonic() - t0:.0f} s; Airflow task logs: {paths.task_log}[/]")
+    console.print(f"\n[dim]finished in {time.monotonic() - t0:.0f} s; Airflow task logs: {paths.task_log}[/]", soft_wrap=True)
     return 0
 
 

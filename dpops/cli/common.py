@@ -245,6 +245,20 @@ def wrap_words(text: str, width: int) -> list[str]:
     return out
 
 
+def echo_wrapped(text: str, *, indent: int = 0, err: bool = False) -> None:
+    """Print prose wrapped to the terminal (``$COLUMNS``) at whitespace only, continuation lines indented
+    two more than the first: the same rule as the tables, so a sentence around a run id, a date or a path
+    reads at 80 columns and the token stays whole for copying."""
+    import textwrap
+
+    width = terminal_width()
+    first, rest = " " * indent, " " * (indent + 2)
+    for part in text.split("\n"):
+        lines = textwrap.wrap(part, max(width, len(rest) + 1), initial_indent=first, subsequent_indent=rest,
+                              break_long_words=False, break_on_hyphens=False)
+        click.echo("\n".join(lines or [""]), err=err)
+
+
 def _labelled(label: str, text: str, width: int, indent: int) -> list[str]:
     """``label: text`` wrapped under itself at whitespace only; a token longer than the line stays whole."""
     import textwrap

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from dpops.cli.common import attach, echo_ok, ledger_url, print_table
+from dpops.cli.common import attach, echo_ok, echo_wrapped, ledger_url, print_table
 from dpops.errors import DpopsError, InvalidParameter
 from dpops.ledger.model import CHARGED_STATES as CHARGED  # the one owner of the charged states
 
@@ -187,7 +187,7 @@ def _failing(doc: dict[str, Any], opts: AccuracyOptions) -> list[str]:
 
 def _print(doc: dict[str, Any]) -> None:
     acc = doc["accuracy"]
-    click.echo(f"accuracy of {doc['release']} from its spec alone (no data read, nothing charged); "
+    echo_wrapped(f"accuracy of {doc['release']} from its spec alone (no data read, nothing charged); "
                f"{acc['confidence']:.0%} intervals, partitions of {acc['at_units']} units")
     rows = []
     for p in acc["predictions"]:
@@ -212,16 +212,16 @@ def _print(doc: dict[str, Any]) -> None:
     if sol is not None:
         split = ", ".join(f"{k}: {v:.4g}" for k, v in sol["split"].items())
         state = "meets every target" if sol["feasible"] else "does NOT meet every target"
-        click.echo(f"solved split ({state}): epsilon {sol['epsilon']:.4g} per interval (basic view), "
+        echo_wrapped(f"solved split ({state}): epsilon {sol['epsilon']:.4g} per interval (basic view), "
                    f"{sol['cost']:.4g} under {sol['accountant']}; split {{{split}}}")
         if sol["limited_by"]:
-            click.echo("  the least-cost split does not fit the remaining budget: scaled down to fit")
+            echo_wrapped("the least-cost split does not fit the remaining budget: scaled down to fit", indent=2)
         for t in sol["targets"]:
             if not t["met"]:
-                click.echo(f"  fails: {t['description']}: predicted {_fmt(t['predicted'])} "
-                           f"(off by {t['shortfall']:.1%})")
+                echo_wrapped(f"fails: {t['description']}: predicted {_fmt(t['predicted'])} "
+                             f"(off by {t['shortfall']:.1%})", indent=2)
     h = doc["horizon"]
-    click.echo(f"horizon on scope {h['scope']}: {doc['ledger']['note']}")
+    echo_wrapped(f"horizon on scope {h['scope']}: {doc['ledger']['note']}")
     unit = "ε" if h["cap_unit"] == "epsilon" else "ρ"
     print_table(f"horizon ({h['schedule'] or 'no schedule'}; cap {unit}={_fmt(h['cap'])}, delta {h['delta']:.3g})",
                 ["accountant", f"{unit} per interval", f"{unit} after {h['intervals']}", "intervals that fit",
@@ -231,7 +231,7 @@ def _print(doc: dict[str, Any]) -> None:
                  for r in h["rows"]], keep=("accountant",))
     click.echo("for a reviewer:")
     for line in acc["explain"]:
-        click.echo(f"  {line}")
+        echo_wrapped(line, indent=2)
 
 
 __all__ = ["AccuracyOptions", "run", "parse_values"]
