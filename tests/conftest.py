@@ -16,6 +16,9 @@ if "DPOPS_STATE_DIR" not in os.environ:
 
 import pytest
 
+# The S3 test server (session scope, started on first use) and a fresh bucket per test, for every module.
+from s3_support import moto_server, s3  # noqa: E402, F401
+
 POSTGRES_URL = os.environ.get("DPOPS_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 
