@@ -35,7 +35,7 @@ lint: $(STAMP)
 # and the Airflow stacks stay in one process). Most slow tests wait on real Airflow/Beam processes,
 # so two processes on two cores take the suite from ~18.5 to ~12 minutes here.
 test: lint
-	$(PY) -m pytest -q -n auto --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n auto --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(PY) demo/run_demo.py $(DEMO_ARGS)
