@@ -330,7 +330,7 @@ class Stack:
                 run = c.get(f"/dags/{dag_id}/dagRuns/{run_id}").json()
                 if run.get("state") in ("success", "failed") and self.clear_number(run_id) >= min_clear:
                     return run
-                time.sleep(2)
+                time.sleep(1)
         raise AssertionError(f"run {run_id} did not finish in {timeout} s: {run}")
 
     def clear_number(self, run_id: str) -> int:
@@ -396,5 +396,5 @@ def start_stack(es, tmp: Path, meta_url: str, ws, *, dags_folder: Path | None = 
         rows = pg_exec(meta_url, "SELECT dag_id FROM dag WHERE is_stale = false", fetch=True)
         if {r[0] for r in rows} >= {ws.dag_id, *more_dags}:
             return stack
-        time.sleep(2)
+        time.sleep(1)
     raise AssertionError("the dag-processor did not register the DAG")

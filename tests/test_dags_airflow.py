@@ -124,7 +124,7 @@ def test_backfill_of_one_past_day_releases_that_day(stack):
                        "AND run_type = 'backfill'", (dag_id,), fetch=True)
         if rows and rows[0][1] in ("success", "failed"):
             break
-        time.sleep(2)
+        time.sleep(1)
     (run_id, state, start), = rows
     assert state == "success" and start.isoformat().startswith("2024-01-03T00:00:00")
     ledger = open_ledger(stack.ws.ledger_url)
@@ -155,7 +155,7 @@ def test_past_day_publishes_emits_asset_event_and_triggers_the_consumer(stack):
         consumer_runs: list = []
         while time.monotonic() < deadline and not consumer_runs:
             consumer_runs = c.get(f"/dags/{CONSUMER}/dagRuns").json()["dag_runs"]
-            time.sleep(2)
+            time.sleep(1)
     assert consumer_runs and consumer_runs[0]["run_type"] == "asset_triggered"
 
     # Task logs: one summary line; no Great Expectations INFO or Beam GCP-client noise (issue 12, logs).
