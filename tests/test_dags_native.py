@@ -339,9 +339,7 @@ def test_killing_compute_cancels_its_running_beam_job(tmp_path):
         with tracking_beam_jobs() as ids:
             result = p.run()
             assert len(ids) == 1 and list(orchestration.running_jobs()) == [result]
-            deadline = time.monotonic() + 30
-            while str(result.state) != "RUNNING" and time.monotonic() < deadline:  # the job is submitted
-                time.sleep(0.2)
+            time.sleep(3)  # the job is running its elements (a cancel during its start-up ends FAILED, not CANCELLED)
             assert str(result.state) == "RUNNING"
             t0 = time.monotonic()
             op.on_kill()
