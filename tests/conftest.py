@@ -47,26 +47,26 @@ def postgres_url() -> str:
 # `make test` runs `pytest -n auto --dist loadfile --no-loadscope-reorder`: each worker takes whole files in
 # collection order. The files that take longest go first, so the last files handed out are short and both
 # workers finish together (xdist's default order, by number of tests, put the 1-test Airflow files last).
-# Wall seconds measured one file at a time on the shared 2-core machine (2026-12-01); only the order matters.
+# Seconds each file took in the full suite (2 workers, shared 2-core machine, 2026-12-01); only the order matters.
 SLOWEST_FIRST = (
-    "test_airflow_operations.py",  # ~550 s: one Airflow stack, ~10 DAG runs
-    "test_backfill.py",  # ~180 s
-    "test_dags_airflow.py",  # ~140 s
-    "test_audit_float_sums.py",  # ~130 s: 2^22-row attacks
-    "test_cluster_runner_check.py",  # ~110 s
-    "test_deploy_stack.py",  # ~80 s
-    "test_faults.py",  # ~75 s
-    "test_corpus.py",  # ~70 s
-    "test_dags_native.py",  # ~65 s
-    "test_cluster_release.py",  # ~55 s
-    "test_cluster_harness.py",  # ~50 s
-    "test_dags_run.py",  # ~50 s
-    "test_gx_project.py",  # ~40 s
-    "test_spec_property.py",  # ~40 s
-    "test_year_in_the_life.py",  # ~40 s
-    "test_leaks_airflow.py",  # ~35 s
-    "test_airflow_plugin.py",  # ~30 s
-    "test_storage_s3_scratch.py",  # ~30 s
+    "test_airflow_operations.py",  # 335 s: one Airflow stack, ~10 DAG runs
+    "test_backfill.py",  # 221 s
+    "test_dags_airflow.py",  # 161 s
+    "test_cluster_release.py",  # 127 s
+    "test_deploy_stack.py",  # 114 s
+    "test_cluster_harness.py",  # 87 s
+    "test_dags_native.py",  # 71 s
+    "test_faults.py",  # 70 s
+    "test_year_in_the_life.py",  # 68 s
+    "test_audit_float_sums.py",  # 65 s: 2^22-row attacks
+    "test_airflow_plugin.py",  # 55 s
+    "test_dags_run.py",  # 43 s
+    "test_cluster_runner_check.py",  # 40 s
+    "test_storage_s3_scratch.py",  # 40 s
+    "test_gx_project.py",  # 34 s
+    "test_corpus.py",  # 33 s
+    "test_pipeline_s3.py",  # 22 s
+    "test_reader_isolation.py",  # 21 s
 )
 
 
