@@ -14,8 +14,10 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 REPO = Path(__file__).resolve().parent.parent
 DAGS_FOLDER = REPO / "dags"
@@ -230,6 +232,20 @@ def pg_exec(url: str, sql: str, params: tuple = (), fetch: bool = False):
         return cur.fetchall() if fetch else None
 
 
+@contextmanager
+def metadata_db(postgres_url: str, prefix: str) -> Iterator[str]:
+    """A fresh PostgreSQL database ``<prefix>_<hex>`` for Airflow's metadata, dropped (FORCE) afterwards; yields
+    its ``postgresql+psycopg://`` URL."""
+    import secrets
+
+    name = f"{prefix}_{secrets.token_hex(4)}"
+    pg_exec(postgres_url, f'CREATE DATABASE "{name}"')
+    try:
+        yield postgres_url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1) + f"/{name}"
+    finally:
+        pg_exec(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 def airflow_cli(env: dict, *args: str, timeout: float = 240, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run([AIRFLOW_BIN, *args], env=env, capture_output=True, text=True, timeout=timeout)
     if check:
@@ -314,7 +330,7 @@ class Stack:
                 run = c.get(f"/dags/{dag_id}/dagRuns/{run_id}").json()
                 if run.get("state") in ("success", "failed") and self.clear_number(run_id) >= min_clear:
                     return run
-                time.sleep(2)
+                time.sleep(1)
         raise AssertionError(f"run {run_id} did not finish in {timeout} s: {run}")
 
     def clear_number(self, run_id: str) -> int:
@@ -332,10 +348,12 @@ class Stack:
         return files[0].read_text()
 
 
-def start_stack(es, tmp: Path, meta_url: str, ws, *, dags_folder: Path | None = None, **extra: str) -> Stack:
+def start_stack(es, tmp: Path, meta_url: str, ws, *, dags_folder: Path | None = None,
+                more_dags: tuple[str, ...] = (), **extra: str) -> Stack:
     """Migrate a metadata DB and start api-server, scheduler and dag-processor (LocalExecutor, PARALLELISM=4)
     for the workspace ``ws``; every process is stopped by its own id when ``es`` (an ExitStack) closes. The
-    REST login is ``dpops`` (admin); ``AIRFLOW_CONN_DPOPS_AIRFLOW_API`` lets tasks set DAG-run notes."""
+    REST login is ``dpops`` (admin); ``AIRFLOW_CONN_DPOPS_AIRFLOW_API`` lets tasks set DAG-run notes. Returns
+    once the dag-processor registered ``ws.dag_id`` and the ``more_dags`` of ``dags_folder``."""
     import json
     import secrets
     import time
@@ -376,7 +394,7 @@ def start_stack(es, tmp: Path, meta_url: str, ws, *, dags_folder: Path | None = 
     while time.monotonic() < deadline:  # the dag-processor's first pass over the folder
         stack.alive()
         rows = pg_exec(meta_url, "SELECT dag_id FROM dag WHERE is_stale = false", fetch=True)
-        if ws.dag_id in {r[0] for r in rows}:
+        if {r[0] for r in rows} >= {ws.dag_id, *more_dags}:
             return stack
-        time.sleep(2)
+        time.sleep(1)
     raise AssertionError("the dag-processor did not register the DAG")

@@ -16,6 +16,9 @@ if "DPOPS_STATE_DIR" not in os.environ:
 
 import pytest
 
+# The S3 test server (session scope, started on first use) and a fresh bucket per test, for every module.
+from s3_support import moto_server, s3  # noqa: E402, F401
+
 POSTGRES_URL = os.environ.get("DPOPS_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 
@@ -39,3 +42,37 @@ def postgres_url() -> str:
             pytest.fail(f"PostgreSQL is required under CI=true but {POSTGRES_URL} is not reachable")
         pytest.skip(f"PostgreSQL not reachable at {POSTGRES_URL}")
     return POSTGRES_URL
+
+
+# `make test` runs `pytest -n auto --dist loadfile --no-loadscope-reorder`: each worker takes whole files in
+# collection order. The files that take longest go first, so the last files handed out are short and both
+# workers finish together (xdist's default order, by number of tests, put the 1-test Airflow files last).
+# Seconds each file took in the full suite (2 workers, shared 2-core machine, 2026-12-01); only the order matters.
+SLOWEST_FIRST = (
+    "test_airflow_operations.py",  # 335 s: one Airflow stack, ~10 DAG runs
+    "test_backfill.py",  # 221 s
+    "test_dags_airflow.py",  # 161 s
+    "test_demo.py",  # 133 s: make demo twice, real DAG runs
+    "test_cluster_release.py",  # 127 s
+    "test_deploy_stack.py",  # 114 s
+    "test_cluster_harness.py",  # 87 s
+    "test_dags_native.py",  # 71 s
+    "test_faults.py",  # 70 s
+    "test_year_in_the_life.py",  # 68 s
+    "test_audit_float_sums.py",  # 65 s: 2^22-row attacks
+    "test_airflow_plugin.py",  # 55 s
+    "test_audit_estimate.py",  # ~30 s: the estimators' audits
+    "test_dags_run.py",  # 43 s
+    "test_cluster_runner_check.py",  # 40 s
+    "test_storage_s3_scratch.py",  # 40 s
+    "test_gx_project.py",  # 34 s
+    "test_corpus.py",  # 33 s
+    "test_pipeline_s3.py",  # 22 s
+    "test_reader_isolation.py",  # 21 s
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put the files of ``SLOWEST_FIRST`` first, in that order; every other file keeps its place after them."""
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

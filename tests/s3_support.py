@@ -15,6 +15,10 @@ Use from a test module::
   (honoured by boto3 and by pyarrow's S3 filesystem), ``AWS_ACCESS_KEY_ID=testing``,
   ``AWS_SECRET_ACCESS_KEY=testing``, ``AWS_DEFAULT_REGION=us-east-1`` (and clears ``AWS_PROFILE``),
   so nothing secret is ever on a command line. Yields an ``S3Env``.
+- ``s3_release(s3, tmp_path, monkeypatch, name, inputs, ...)``: a release whose input and output root are in
+  the bucket (input objects uploaded, ``DPOPS_DATA_ROOTS``/``DPOPS_OUTPUT_ROOTS`` set to them), a SQLite ledger
+  with the scope ``shop`` and a noise key: the setup of every end-to-end S3 release test.
+- Both fixtures are imported by tests/conftest.py, so every test module can ask for them.
 - ``start_moto_server()`` / ``stop_server(proc)``: the same outside pytest fixtures (the cluster test
   starts one for its worker processes too); ``s3_env_vars(endpoint)`` gives the variables to pass to
   subprocesses such as an SDK worker pool.
@@ -33,9 +37,12 @@ import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import pytest
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 REGION = "us-east-1"
 
@@ -136,5 +143,73 @@ def s3(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Env]:
     yield S3Env(moto_server, bucket)
 
 
-__all__ = ["moto_server", "s3", "S3Env", "start_moto_server", "stop_server", "s3_env_vars", "create_bucket",
+INTERVAL = "2024-01-01/2024-01-02"
+
+
+@dataclass(frozen=True)
+class S3Release:
+    """A spec (local file) reading from and publishing into the test bucket, its ledger URL and noise key."""
+
+    spec: Path
+    ledger_url: str
+    key_file: Path
+    bucket: str
+
+    def base(self) -> list[str]:
+        """``--interval ... --ledger ... --key-file ...`` for ``dpops release run SPEC``."""
+        return ["--interval", INTERVAL, "--ledger", self.ledger_url, "--key-file", str(self.key_file)]
+
+    def args(self) -> list[str]:
+        """``SPEC --interval ... --ledger ... --key-file ...``."""
+        return [str(self.spec), *self.base()]
+
+
+def s3_release(s3: S3Env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, inputs: dict[str, "pa.Table"],
+               input_path: str, *, epsilon: float, cap: float, public: list[str], metrics: list[dict],
+               max_partitions: int = 1, max_rows: int = 5) -> S3Release:
+    """Upload ``inputs`` (key under ``data/`` -> table) as Parquet, write the spec ``name`` (input
+    ``<bucket>/data/<input_path>``, output root ``<bucket>/out``, partitions ``region`` with ``public``), set the
+    data and output roots to the bucket's prefixes, create the scope ``shop`` (cap ``cap``) in a SQLite ledger
+    and generate a noise key."""
+    import io
+
+    import pyarrow.parquet as pq
+    import yaml
+
+    from dpops.ledger import ScopeDefinition, open_ledger
+    from dpops.noise.randomness import NoiseKey
+    from dpops.storage import Location, files
+
+    bucket = s3.uri()
+    for key, table in inputs.items():
+        buf = io.BytesIO()
+        pq.write_table(table, buf)
+        files.write_bytes(Location.parse(f"{bucket}/data/{key}"), buf.getvalue())
+    doc = {
+        "name": name,
+        "input": {"path": f"{bucket}/data/{input_path}", "format": "parquet",
+                  "columns": {"user_id": "string", "region": "string", "amount": "float"}},
+        "privacy_unit": {"column": "user_id", "description": "a user's purchases on one day", "adjacency": "add_remove"},
+        "budget": {"scope": "shop", "epsilon": epsilon, "delta": 0},
+        "contribution": {"max_partitions_per_unit": max_partitions, "max_rows_per_unit_per_partition": max_rows},
+        "partitions": {"columns": ["region"], "public": public},
+        "metrics": metrics,
+        "output": {"root": f"{bucket}/out"},
+    }
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    monkeypatch.setenv("DPOPS_OUTPUT_ROOTS", f"{bucket}/out")
+    monkeypatch.setenv("DPOPS_DATA_ROOTS", f"{bucket}/data")
+    monkeypatch.delenv("DPOPS_MANIFESTS_DIR", raising=False)
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    with open_ledger(url) as led:
+        led.create_scope(ScopeDefinition(name="shop", unit="a user's purchases", unit_column="user_id", epsilon=cap,
+                                         delta=1e-6, rho=None, accountant="basic/1", adjacency="add_remove"),
+                         actor="test")
+    key_file = tmp_path / "noise.key"
+    NoiseKey.generate(key_file)
+    return S3Release(spec, url, key_file, bucket)
+
+
+__all__ = ["moto_server", "s3", "S3Env", "S3Release", "s3_release", "start_moto_server", "stop_server", "s3_env_vars", "create_bucket",
            "free_port"]

@@ -21,15 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_support import (
-    airflow_cli,
-    airflow_env,
-    free_port,
-    make_workspace,
-    pg_exec,
-    start_airflow,
-    wait_health,
-)
+from airflow_support import airflow_cli, make_workspace, metadata_db, pg_exec, start_stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(900)]
 
@@ -42,13 +34,8 @@ WAIT_RUNS_S = 420
 @pytest.fixture
 def airflow_pg_db(postgres_url):
     """A fresh PostgreSQL database for Airflow's metadata, dropped afterwards."""
-    name = f"airflow_test_{secrets.token_hex(4)}"
-    pg_exec(postgres_url, f'CREATE DATABASE "{name}"')
-    base = postgres_url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
-    try:
-        yield f"{base}/{name}"
-    finally:
-        pg_exec(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with metadata_db(postgres_url, "airflow_test") as url:
+        yield url
 
 
 @pytest.fixture
@@ -76,7 +63,7 @@ def _wait_runs(meta_url: str, dag_id: str, n: int, procs: list, min_clear: int =
         rows = _dag_runs(meta_url, dag_id)
         if len(rows) == n and all(r[1] in ("success", "failed") and r[4] >= min_clear for r in rows):
             return rows
-        time.sleep(2)
+        time.sleep(1)
     raise AssertionError(f"backfill runs did not finish in {WAIT_RUNS_S} s: {[(r[0], r[1], r[4]) for r in rows]}")
 
 
@@ -113,26 +100,6 @@ def test_backfill_through_scheduler_never_exceeds_cap_and_rerun_is_free(
 
     ws = make_workspace(tmp_path / "ws", ledger_url=ledger_pg_url, release="af_backfill", scope="af_bf_scope",
                         days=DAYS, epsilon_per_run=EPS_PER_RUN, scope_cap=CAP, rows_per_day=1500)
-    port = free_port()
-    home = tmp_path / "airflow"
-    home.mkdir()
-    env = airflow_env(
-        home, airflow_pg_db, ws.specs_dir, **ws.env(),
-        AIRFLOW__CORE__EXECUTOR="LocalExecutor",
-        AIRFLOW__CORE__PARALLELISM="4",
-        AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="False",
-        # Only the backfill runs: no scheduled run of the latest real-world interval.
-        AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE="False",
-        AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://127.0.0.1:{port}/execution/",
-        AIRFLOW__API__PORT=str(port),
-        AIRFLOW__API_AUTH__JWT_SECRET=secrets.token_hex(16),
-        AIRFLOW__API__SECRET_KEY=secrets.token_hex(16),
-        AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="2",
-        AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="30",
-        AIRFLOW__LOGGING__BASE_LOG_FOLDER=str(home / "logs"),
-        DPOPS_TASK_RETRIES="1",
-        DPOPS_RETRY_DELAY_SECONDS="2",
-    )
     t0 = time.monotonic()
     phases: list[tuple[str, float]] = []
 
@@ -140,20 +107,16 @@ def test_backfill_through_scheduler_never_exceeds_cap_and_rerun_is_free(
         phases.append((name, round(time.monotonic() - t0, 1)))
         print(f"[backfill test] {name} at {phases[-1][1]} s", flush=True)
 
-    airflow_cli(env, "db", "migrate")
-    phase("metadata db migrated")
-    airflow_cli(env, "dags", "reserialize")
-    phase("dags reserialized")
     dag_id = ws.dag_id
-
     with ExitStack() as stack:
-        api = start_airflow(env, home, stack, "api-server", "--port", str(port))
-        sched = start_airflow(env, home, stack, "scheduler")
-        proc_ = start_airflow(env, home, stack, "dag-processor")
-        procs = [api, sched, proc_]
-        wait_health(port, procs)
-        phase("api-server healthy")
-        airflow_cli(env, "dags", "unpause", dag_id)
+        # start_stack returns once the dag-processor has serialized the DAG (what `airflow dags reserialize`
+        # did here before); DAGs are created unpaused.
+        af = start_stack(stack, tmp_path, airflow_pg_db, ws,
+                         # Only the backfill runs: no scheduled run of the latest real-world interval.
+                         AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE="False",
+                         DPOPS_TASK_RETRIES="1")
+        env, procs = af.env, af.procs
+        phase("stack up, DAG registered")
         airflow_cli(env, "backfill", "create", "--dag-id", dag_id, "--from-date", "2024-01-01",
              "--to-date", f"2024-01-{DAYS:02d}", "--max-active-runs", "2")
         rows = _wait_runs(airflow_pg_db, dag_id, DAYS, procs)
@@ -207,7 +170,7 @@ def test_backfill_through_scheduler_never_exceeds_cap_and_rerun_is_free(
             except AssertionError:
                 if time.monotonic() > deadline:
                     raise
-                time.sleep(3)
+                time.sleep(1)  # the scheduler marks a backfill complete every 30 s
         phase("reprocessing backfill created")
         rows2 = _wait_runs(airflow_pg_db, dag_id, DAYS, procs, min_clear=1)
         phase("reprocessing backfill finished")

@@ -25,8 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_support import (DAGS_FOLDER, Stack, airflow_cli, airflow_env, free_port, make_workspace, pg_exec,
-                             start_airflow, wait_health)
+from airflow_support import DAGS_FOLDER, airflow_cli, make_workspace, metadata_db, pg_exec, start_stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(900)]
 
@@ -37,9 +36,6 @@ CONSUMER = "af_stack_consumer"
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, postgres_url):
     tmp = tmp_path_factory.mktemp("af_stack")
-    name = f"airflow_dag_{secrets.token_hex(4)}"
-    pg_exec(postgres_url, f'CREATE DATABASE "{name}"')
-    meta_url = postgres_url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1) + f"/{name}"
     ws = make_workspace(tmp / "ws", release="af_stack", scope="af_stack_scope", days=4, scope_cap=1.1)
     # A spec that does not load, with a value that must never be repeated in any error text.
     (ws.specs_dir / "af_bad.yaml").write_text(f"name: af_bad\nnote: [{SENTINEL}, {{\n  x: : {SENTINEL}\n")
@@ -53,56 +49,14 @@ def stack(tmp_path_factory, postgres_url):
         "from airflow.providers.standard.operators.empty import EmptyOperator\n"
         f"with DAG('{CONSUMER}', schedule=[Asset(name='dpops_af_stack', uri='dpops://releases/af_stack')]):\n"
         "    EmptyOperator(task_id='read_release')\n")
-    home = tmp / "airflow"
-    home.mkdir()
-    pw = secrets.token_hex(12)
-    (home / "passwords.json").write_text(json.dumps({"dpops": pw}))
-    port = free_port()
-    env = airflow_env(
-        home, meta_url, ws.specs_dir, **ws.env(),
-        AIRFLOW__CORE__DAGS_FOLDER=str(dags),
-        AIRFLOW__CORE__EXECUTOR="LocalExecutor",
-        AIRFLOW__CORE__PARALLELISM="4",
-        AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="False",
-        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="dpops:admin",
-        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE=str(home / "passwords.json"),
-        AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"http://127.0.0.1:{port}/execution/",
-        AIRFLOW__API__PORT=str(port),
-        AIRFLOW__API_AUTH__JWT_SECRET=secrets.token_hex(16),
-        AIRFLOW__API__SECRET_KEY=secrets.token_hex(16),
-        AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC="2",
-        AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="20",
-        AIRFLOW__LOGGING__BASE_LOG_FOLDER=str(home / "logs"),
-        AIRFLOW__LOGGING__LOGGING_LEVEL="INFO",
-        # The note of a refused run is set through the REST API (tasks have no database access).
-        AIRFLOW_CONN_DPOPS_AIRFLOW_API=f"http://dpops:{pw}@127.0.0.1:{port}",
-        DPOPS_TASK_RETRIES="2",
-        DPOPS_RETRY_DELAY_SECONDS="2",
-        # The scheduler's own run of the latest real interval has no input: it gives up after 20 s.
-        DPOPS_INPUT_POKE_SECONDS="5",
-        DPOPS_INPUT_TIMEOUT_SECONDS="20",
-    )
-    env["_PW"] = pw
-    try:
-        airflow_cli(env, "db", "migrate", timeout=300)
-        with ExitStack() as es:
-            procs = [start_airflow(env, home, es, "api-server", "--port", str(port)),
-                     start_airflow(env, home, es, "scheduler"),
-                     start_airflow(env, home, es, "dag-processor")]
-            wait_health(port, procs)
-            s = Stack(env, port, home, ws, procs, meta_url)
-            deadline = time.monotonic() + 180
-            while time.monotonic() < deadline:  # the dag-processor's first pass over the folder
-                s.alive()
-                rows = pg_exec(meta_url, "SELECT dag_id FROM dag WHERE is_stale = false", fetch=True)
-                if {r[0] for r in rows} >= {ws.dag_id, CONSUMER}:
-                    break
-                time.sleep(2)
-            else:
-                raise AssertionError("the dag-processor did not register the DAGs")
-            yield s
-    finally:
-        pg_exec(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with metadata_db(postgres_url, "airflow_dag") as meta_url, ExitStack() as es:
+        yield start_stack(
+            es, tmp, meta_url, ws, dags_folder=dags, more_dags=(CONSUMER,),
+            DPOPS_TASK_RETRIES="2",
+            # The scheduler's own run of the latest real interval has no input: it gives up after 20 s.
+            DPOPS_INPUT_POKE_SECONDS="5",
+            DPOPS_INPUT_TIMEOUT_SECONDS="20",
+        )
 
 
 def test_bad_spec_is_an_import_error_in_cli_and_rest_while_the_good_dag_runs(stack):
@@ -170,7 +124,7 @@ def test_backfill_of_one_past_day_releases_that_day(stack):
                        "AND run_type = 'backfill'", (dag_id,), fetch=True)
         if rows and rows[0][1] in ("success", "failed"):
             break
-        time.sleep(2)
+        time.sleep(1)
     (run_id, state, start), = rows
     assert state == "success" and start.isoformat().startswith("2024-01-03T00:00:00")
     ledger = open_ledger(stack.ws.ledger_url)
@@ -201,7 +155,7 @@ def test_past_day_publishes_emits_asset_event_and_triggers_the_consumer(stack):
         consumer_runs: list = []
         while time.monotonic() < deadline and not consumer_runs:
             consumer_runs = c.get(f"/dags/{CONSUMER}/dagRuns").json()["dag_runs"]
-            time.sleep(2)
+            time.sleep(1)
     assert consumer_runs and consumer_runs[0]["run_type"] == "asset_triggered"
 
     # Task logs: one summary line; no Great Expectations INFO or Beam GCP-client noise (issue 12, logs).

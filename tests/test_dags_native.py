@@ -324,7 +324,14 @@ def test_killing_compute_cancels_its_running_beam_job(tmp_path):
     js = subprocess.Popen([sys.executable, "-m", "apache_beam.runners.portability.local_job_service_main",
                            "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        time.sleep(4)
+        deadline = time.monotonic() + 60  # the job service answers on its port once it is up
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert js.poll() is None and time.monotonic() < deadline, "the job service did not start"
+                time.sleep(0.2)
         op = ComputeOperator(task_id="compute_release", spec_path=str(tmp_path / "unused.yaml"))
         p = beam.Pipeline(options=PipelineOptions(["--runner=PortableRunner", f"--job_endpoint=127.0.0.1:{port}",
                                                    "--environment_type=LOOPBACK"]))
@@ -332,7 +339,7 @@ def test_killing_compute_cancels_its_running_beam_job(tmp_path):
         with tracking_beam_jobs() as ids:
             result = p.run()
             assert len(ids) == 1 and list(orchestration.running_jobs()) == [result]
-            time.sleep(3)
+            time.sleep(3)  # the job is running its elements (a cancel during its start-up ends FAILED, not CANCELLED)
             assert str(result.state) == "RUNNING"
             t0 = time.monotonic()
             op.on_kill()

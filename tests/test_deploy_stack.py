@@ -426,7 +426,7 @@ def test_compose_stack_publishes_the_example_as_uid_50000(stack: Stack):
             c, b = _http("GET", f"{api}/api/v2/dags/{DAG_ID}/dagRuns/{run_id}", token=token)
             return b if c == 200 and b.get("state") in ("success", "failed") else None
 
-        run = _wait("the DAG run", finished, WAIT_RUN_S, procs, stack, every=3)
+        run = _wait("the DAG run", finished, WAIT_RUN_S, procs, stack, every=1)
         timings["run finished"] = round(time.monotonic() - t0, 1)
         if run["state"] != "success":
             _, tis = _http("GET", f"{api}/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances", token=token)

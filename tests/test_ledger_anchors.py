@@ -25,6 +25,8 @@ from dpops.ledger import RunKey, ScopeBudgetExceeded, ScopeDefinition, open_ledg
 from dpops.ledger.checkpoint import DIR_ENV, KEY_ENV, PUBLIC_KEY_ENV, checkpoint_ledger, load_checkpoints
 from dpops.ledger.schema import GENESIS_HASH
 from dpops.ledger.verify import verify_export
+
+from pg_roles_support import ledger_roles
 from dpops.manifest.sign import generate_signing_key
 
 DAY = "2024-03-{:02d}T00:00:00Z"
@@ -81,15 +83,8 @@ def cli(capsys, *argv):
 
 @pytest.mark.postgres
 def test_app_role_can_run_releases_but_not_rewrite_history(postgres_url, pg_schema, capsys, monkeypatch):
-    tag = uuid.uuid4().hex[:8]
-    owner, app = f"dpops_owner_{tag}", f"dpops_app_{tag}"
-    admin = psycopg.connect(postgres_url, autocommit=True)
-    try:
-        admin.execute(f'CREATE ROLE "{owner}" LOGIN NOSUPERUSER')
-        admin.execute(f'CREATE ROLE "{app}" LOGIN NOSUPERUSER')
-        admin.execute(f'GRANT CREATE ON DATABASE test TO "{owner}"')
-        owner_url = postgres_url.replace("postgres@", f"{owner}@") + f"?schema={pg_schema}"
-        app_url = postgres_url.replace("postgres@", f"{app}@") + f"?schema={pg_schema}"
+    with ledger_roles(postgres_url, "t_anchor", schema=pg_schema, app_inherit=True) as (owner_url, app_url, owner, app,
+                                                                                      _admin, _schema):
         # the owner creates the schema and grants the application role through the CLI
         code, out, err = cli(capsys, "ledger", "--ledger", owner_url, "init", "--app-role", app)
         assert code == 0, err
@@ -138,12 +133,6 @@ def test_app_role_can_run_releases_but_not_rewrite_history(postgres_url, pg_sche
         assert code != 0 and "run `dpops ledger init` once as the ledger's owner role" in err
         assert cli(capsys, "ledger", "--ledger", owner_url, "init")[0] == 0
         assert cli(capsys, "ledger", "--ledger", app_url, "verify")[0] == 0
-    finally:
-        admin.execute(f'DROP SCHEMA IF EXISTS "{pg_schema}" CASCADE')
-        for role in (app, owner):
-            admin.execute(f'DROP OWNED BY "{role}"')
-            admin.execute(f'DROP ROLE "{role}"')
-        admin.close()
 
 
 @pytest.mark.postgres

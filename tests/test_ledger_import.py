@@ -33,6 +33,8 @@ from dpops.ledger.schema import GENESIS_HASH
 from dpops.ledger.verify import ExportReplay
 from dpops.manifest.sign import generate_signing_key
 
+from pg_roles_support import ledger_roles
+
 DAY = "2024-03-{:02d}T00:00:00Z"
 GAUSS = Gaussian(sigma=15.0, l2_sensitivity=1.0)  # rdp at delta 1e-6: two runs 0.405, three 0.501 (cap 0.45)
 TABLES = {"entries": "id", "chain_head": "singleton", "scopes": "name", "buckets": "scope, bucket", "runs": "run_id"}
@@ -424,15 +426,7 @@ def test_checkpoints_of_the_old_ledger_hold_on_the_imported_one(source, target_u
 
 @pytest.mark.postgres
 def test_postgres_app_role_is_refused_and_told_to_use_the_owner(source, postgres_url, capsys):
-    tag = uuid.uuid4().hex[:8]
-    owner, app, schema = f"dpops_owner_{tag}", f"dpops_app_{tag}", f"t_import_roles_{tag}"
-    admin = psycopg.connect(postgres_url, autocommit=True)
-    try:
-        admin.execute(f'CREATE ROLE "{owner}" LOGIN NOSUPERUSER')
-        admin.execute(f'CREATE ROLE "{app}" LOGIN NOSUPERUSER NOINHERIT')
-        admin.execute(f'GRANT CREATE ON DATABASE test TO "{owner}"')
-        owner_url = postgres_url.replace("postgres@", f"{owner}@") + f"?schema={schema}"
-        app_url = postgres_url.replace("postgres@", f"{app}@") + f"?schema={schema}"
+    with ledger_roles(postgres_url, "t_import_roles") as (owner_url, app_url, owner, app, _admin, _schema):
         assert cli(capsys, "ledger", "--ledger", owner_url, "init", "--app-role", app)[0] == 0
         code, out, err = cli(capsys, "ledger", "--ledger", app_url, "import", str(source["path"]), "--json")
         doc = json.loads(out)
@@ -447,12 +441,6 @@ def test_postgres_app_role_is_refused_and_told_to_use_the_owner(source, postgres
             assert led.verify(expect_heads=[source["head"]]).ok
             with pytest.raises(psycopg.Error):
                 led.db.conn.execute("DELETE FROM entries WHERE id = 1")
-    finally:
-        admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        for role in (app, owner):
-            admin.execute(f'DROP OWNED BY "{role}"')
-            admin.execute(f'DROP ROLE "{role}"')
-        admin.close()
 
 
 @pytest.mark.postgres

@@ -16,10 +16,8 @@ import os
 import re
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from dpops.cli.main import main
@@ -30,6 +28,7 @@ from dpops.ledger.budget import format_budget
 from dpops.ledger.store import Ledger
 from dpops.release import computation
 
+from pg_roles_support import ledger_roles
 from test_cli_release import cli_env  # noqa: F401  (fixture: a spec, a SQLite ledger, a fake pipeline)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -56,16 +55,10 @@ def run_init(env):
 
 @pytest.mark.postgres
 def test_ledger_init_is_idempotent_after_a_cap_raise(postgres_url, capsys):
-    tag = uuid.uuid4().hex[:8]
-    owner, app, schema = f"dpops_owner_{tag}", f"dpops_app_{tag}", f"t_init_{tag}"
-    admin = psycopg.connect(postgres_url, autocommit=True)
-    admin.execute(f'CREATE ROLE "{owner}" LOGIN NOSUPERUSER')
-    admin.execute(f'CREATE ROLE "{app}" LOGIN NOSUPERUSER NOINHERIT')
-    admin.execute(f'GRANT CREATE ON DATABASE test TO "{owner}"')
-    owner_url = postgres_url.replace("postgres@", f"{owner}@") + f"?schema={schema}"
-    env = {**os.environ, "DPOPS_LEDGER_URL": owner_url, "DPOPS_LEDGER_APP_ROLE": app,
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    try:
+    with ledger_roles(postgres_url, "t_init") as r:
+        owner_url = r.owner_url
+        env = {**os.environ, "DPOPS_LEDGER_URL": owner_url, "DPOPS_LEDGER_APP_ROLE": r.app,
+               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
         first = run_init(env)
         assert first.returncode == 0, first.stderr
         assert "scope example created: cap epsilon=10" in first.stdout
@@ -90,12 +83,6 @@ def test_ledger_init_is_idempotent_after_a_cap_raise(postgres_url, capsys):
         assert code == 6 and re.search(r"differs in: [a-z_, ]*\bunit\b", err) and "epsilon" not in err.split(";")[0]
         assert "`dpops ledger cap example" in err
         assert "change_cap" not in err and "`dpops ledger scope show example`" in err
-    finally:
-        admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        for role in (app, owner):
-            admin.execute(f'DROP OWNED BY "{role}"')
-            admin.execute(f'DROP ROLE "{role}"')
-        admin.close()
 
 
 def test_scope_create_again_after_a_cap_change_on_sqlite(tmp_path, capsys):

@@ -19,7 +19,6 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import psycopg
@@ -32,6 +31,10 @@ from dpops.ledger import roles as roles_mod
 from dpops.ledger import store as store_mod
 from dpops.errors import PermissionRefused
 from dpops.manifest.sign import generate_signing_key
+
+import pg_roles_support
+
+roles = pg_roles_support.roles  # pytest fixture: fresh owner and app roles, own schema
 
 DAY = "2024-03-{:02d}T00:00:00Z"
 BASE_COMMIT = "42476cc"  # schema v2 (no writer column): the tree the upgrade test runs
@@ -77,27 +80,6 @@ def cli(capsys, *argv):
     code = main(list(argv))
     out = capsys.readouterr()
     return code, out.out, out.err
-
-
-@pytest.fixture
-def roles(postgres_url):
-    """(owner_url, app_url, owner, app, admin): a fresh schema owned by a fresh owner role, a NOINHERIT app role."""
-    tag = uuid.uuid4().hex[:8]
-    owner, app, schema = f"dpops_owner_{tag}", f"dpops_app_{tag}", f"t_owner_only_{tag}"
-    admin = psycopg.connect(postgres_url, autocommit=True)
-    admin.execute(f'CREATE ROLE "{owner}" LOGIN NOSUPERUSER')
-    admin.execute(f'CREATE ROLE "{app}" LOGIN NOSUPERUSER NOINHERIT')
-    admin.execute(f'GRANT CREATE ON DATABASE test TO "{owner}"')
-    owner_url = postgres_url.replace("postgres@", f"{owner}@") + f"?schema={schema}"
-    app_url = postgres_url.replace("postgres@", f"{app}@") + f"?schema={schema}"
-    try:
-        yield owner_url, app_url, owner, app, admin, schema
-    finally:
-        admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        for role in (app, owner):
-            admin.execute(f'DROP OWNED BY "{role}"')
-            admin.execute(f'DROP ROLE "{role}"')
-        admin.close()
 
 
 def setup_ledger(capsys, owner_url, app_url, app):

@@ -24,7 +24,6 @@ from dpops.ledger.backend import redact
 from dpops.manifest import write_manifest
 from dpops.manifest.sign import generate_signing_key
 from manifest_support import make_ledger, run_key, synthetic_events, synthetic_manifest
-from s3_support import moto_server, s3  # noqa: F401  (pytest fixtures)
 
 SENTINEL = "Sentinel7Pw"
 ESC = "\x1b[2K\x1b[1A"  # erase the line, cursor up: how a cap raise was hidden

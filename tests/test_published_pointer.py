@@ -21,7 +21,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import s3_support
 from cli_support import make_env
 from dpops.cli.main import main
 from dpops.manifest.sign import generate_signing_key
@@ -31,8 +30,6 @@ from dpops.storage.published import verified_current
 
 import test_storage_s3_runs
 
-moto_server = s3_support.moto_server  # pytest fixtures
-s3 = s3_support.s3
 s3_run = test_storage_s3_runs.s3_run
 SLUG = "20240101T000000Z_20240102T000000Z"
 FORGED_RUN = "f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0"

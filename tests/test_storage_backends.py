@@ -12,10 +12,7 @@ from dpops.errors import IntegrityError, StorageError
 from dpops.noise.randomness import NoiseKey
 from dpops.storage import Location, Store, files, open_store
 from dpops.storage.objectstore import ObjectReleaseStore
-import s3_support
 
-moto_server = s3_support.moto_server  # pytest fixtures
-s3 = s3_support.s3
 
 IV = "20240101T000000Z_20240102T000000Z"
 KEY = NoiseKey(os.urandom(32))

@@ -12,11 +12,8 @@ from dpops.errors import InputDataError, SpecError
 from dpops.inputs import check_input, input_fingerprint, resolve_input_paths
 from dpops.storage import Location, files
 
-import s3_support
 from test_inputs import make_spec, write_parquet
 
-moto_server = s3_support.moto_server  # pytest fixtures
-s3 = s3_support.s3
 
 
 class Key:

@@ -11,58 +11,28 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
 from dpops.cli.main import main
-from dpops.ledger import ScopeDefinition, open_ledger
-from dpops.noise.randomness import NoiseKey
 from dpops.storage import Location, files
 
-import s3_support
-
-moto_server = s3_support.moto_server  # pytest fixtures
-s3 = s3_support.s3
+from s3_support import s3_release
 
 pytest.importorskip("apache_beam")
 pytest.importorskip("boto3")
 
 
 def test_release_run_with_beam_on_s3_publishes_and_verifies(s3, tmp_path, monkeypatch, capsys):
-    bucket = s3.uri()
     rng = np.random.default_rng(7)
     n = 2000
     table = pa.table({"user_id": [f"u{i}" for i in rng.integers(0, 300, n)],
                       "region": rng.choice(["north", "south", "east"], n).tolist(),
                       "amount": rng.uniform(0, 10, n)})
-    for part in (0, 1):  # two input files, found by an object-store glob
-        buf = io.BytesIO()
-        pq.write_table(table.slice(part * n // 2, n // 2), buf)
-        files.write_bytes(Location.parse(f"{bucket}/data/2024-01-01/part-{part}.parquet"), buf.getvalue())
-    doc = {
-        "name": "s3_e2e",
-        "input": {"path": f"{bucket}/data/{{start:%Y-%m-%d}}/part-*.parquet", "format": "parquet",
-                  "columns": {"user_id": "string", "region": "string", "amount": "float"}},
-        "privacy_unit": {"column": "user_id", "description": "a user's purchases on one day", "adjacency": "add_remove"},
-        "budget": {"scope": "shop", "epsilon": 1.0, "delta": 0},
-        "contribution": {"max_partitions_per_unit": 1, "max_rows_per_unit_per_partition": 5},
-        "partitions": {"columns": ["region"], "public": ["north", "south", "east"]},
-        "metrics": [{"type": "count"}, {"type": "sum", "column": "amount", "bounds": [0, 10]}],
-        "output": {"root": f"{bucket}/out"},
-    }
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump(doc))
-    monkeypatch.setenv("DPOPS_OUTPUT_ROOTS", f"{bucket}/out")
-    monkeypatch.setenv("DPOPS_DATA_ROOTS", f"{bucket}/data")
-    monkeypatch.delenv("DPOPS_MANIFESTS_DIR", raising=False)
-    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
-    led = open_ledger(url)
-    led.create_scope(ScopeDefinition(name="shop", unit="a user's purchases", unit_column="user_id", epsilon=2.0,
-                                     delta=1e-6, rho=None, accountant="basic/1", adjacency="add_remove"), actor="t")
-    led.close()
-    key = tmp_path / "noise.key"
-    NoiseKey.generate(key)
-    base = ["--interval", "2024-01-01/2024-01-02", "--ledger", url, "--key-file", str(key)]
-    assert main(["release", "run", str(spec), *base, "--publish", "--no-gx-checks", "--json"]) == 0
+    parts = {f"2024-01-01/part-{part}.parquet": table.slice(part * n // 2, n // 2) for part in (0, 1)}
+    rel = s3_release(s3, tmp_path, monkeypatch, "s3_e2e", parts,  # two input files, found by an object-store glob
+                     "{start:%Y-%m-%d}/part-*.parquet", epsilon=1.0, cap=2.0, public=["north", "south", "east"],
+                     metrics=[{"type": "count"}, {"type": "sum", "column": "amount", "bounds": [0, 10]}])
+    bucket, url, key = rel.bucket, rel.ledger_url, rel.key_file
+    assert main(["release", "run", *rel.args(), "--publish", "--no-gx-checks", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["state"] == "published" and out["output_uri"].startswith(f"{bucket}/out/published/s3_e2e/")
     published = Location.parse(out["output_uri"])

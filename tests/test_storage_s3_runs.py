@@ -5,27 +5,21 @@ does through Beam FileSystems; ``test_storage_s3_pipeline.py`` runs the real Bea
 
 from __future__ import annotations
 
-import io
 import json
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-import yaml
 
 from dpops.release import computation
 from dpops.cli.main import main
 from dpops.release.pipeline_seam import ComputeResult
-from dpops.ledger import ScopeDefinition, open_ledger
-from dpops.noise.randomness import NoiseKey
+from dpops.ledger import open_ledger
 from dpops.storage import Location, files
 from dpops.storage.objectstore import ObjectReleaseStore
-import s3_support
+from s3_support import s3_release
 
 from test_runs import FakePipeline  # the run tests' stand-in (same noisy table)
 
-moto_server = s3_support.moto_server  # pytest fixtures
-s3 = s3_support.s3
 INTERVAL = "2024-01-01/2024-01-02"
 SLUG = "20240101T000000Z_20240102T000000Z"
 
@@ -58,36 +52,12 @@ class UriPipeline(FakePipeline):
 
 @pytest.fixture
 def s3_run(s3, tmp_path, monkeypatch):
-    bucket = s3.uri()
     table = pa.table({"user_id": ["a", "b", "c", None], "region": ["north", "south", "north", "south"],
                       "amount": [1.0, 2.0, 3.0, 4.0]})
-    buf = io.BytesIO()
-    pq.write_table(table, buf)
-    files.write_bytes(Location.parse(f"{bucket}/data/2024-01-01.parquet"), buf.getvalue())
-    doc = {
-        "name": "purchases_test",
-        "input": {"path": f"{bucket}/data/{{start:%Y-%m-%d}}.parquet", "format": "parquet",
-                  "columns": {"user_id": "string", "region": "string", "amount": "float"}},
-        "privacy_unit": {"column": "user_id", "description": "a user's purchases on one day", "adjacency": "add_remove"},
-        "budget": {"scope": "shop", "epsilon": 0.5, "delta": 0},
-        "contribution": {"max_partitions_per_unit": 1, "max_rows_per_unit_per_partition": 2},
-        "partitions": {"columns": ["region"], "public": ["north", "south"]},
-        "metrics": [{"type": "count"}, {"type": "sum", "column": "amount", "bounds": [0, 10]}],
-        "output": {"root": f"{bucket}/out"},
-    }
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump(doc))
-    monkeypatch.setenv("DPOPS_OUTPUT_ROOTS", f"{bucket}/out")
-    monkeypatch.setenv("DPOPS_DATA_ROOTS", f"{bucket}/data")
-    monkeypatch.delenv("DPOPS_MANIFESTS_DIR", raising=False)
-    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
-    led = open_ledger(url)
-    led.create_scope(ScopeDefinition(name="shop", unit="a user's purchases", unit_column="user_id",
-                                     epsilon=0.7, delta=1e-6, rho=None, accountant="basic/1",
-                                     adjacency="add_remove"), actor="test")
-    led.close()
-    key = tmp_path / "noise.key"
-    NoiseKey.generate(key)
+    rel = s3_release(s3, tmp_path, monkeypatch, "purchases_test", {"2024-01-01.parquet": table},
+                     "{start:%Y-%m-%d}.parquet", epsilon=0.5, cap=0.7, public=["north", "south"],
+                     metrics=[{"type": "count"}, {"type": "sum", "column": "amount", "bounds": [0, 10]}], max_rows=2)
+    bucket, spec, url, key = rel.bucket, rel.spec, rel.ledger_url, rel.key_file
     pipe = UriPipeline()
     monkeypatch.setattr(computation, "_load_run_release", lambda: pipe)
     base = ["--interval", INTERVAL, "--ledger", url, "--key-file", str(key)]

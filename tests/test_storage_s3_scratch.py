@@ -8,63 +8,29 @@ left, and the counters are in the private state directory only (``DPOPS_STATE_DI
 
 from __future__ import annotations
 
-import io
 import json
 import os
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
-import yaml
 
-import s3_support
 from dpops.cli.main import main
-from dpops.ledger import ScopeDefinition, open_ledger
-from dpops.noise.randomness import NoiseKey
-from dpops.storage import Location, files
-
-moto_server = s3_support.moto_server  # pytest fixtures
-s3 = s3_support.s3
+from s3_support import s3_release
 
 pytest.importorskip("apache_beam")
 N = 600
 
 
 def _setup(s3, tmp_path, monkeypatch) -> tuple[list[str], str]:
-    bucket = s3.uri()
     rng = np.random.default_rng(3)
     table = pa.table({"user_id": [f"u{i}" for i in rng.integers(0, 100, N)],
                       "region": rng.choice(["north", "south"], N).tolist(), "amount": rng.uniform(0, 10, N)})
-    buf = io.BytesIO()
-    pq.write_table(table, buf)
-    files.write_bytes(Location.parse(f"{bucket}/data/2024-01-01.parquet"), buf.getvalue())
-    doc = {
-        "name": "scratch_e2e",
-        "input": {"path": f"{bucket}/data/{{start:%Y-%m-%d}}.parquet", "format": "parquet",
-                  "columns": {"user_id": "string", "region": "string", "amount": "float"}},
-        "privacy_unit": {"column": "user_id", "description": "a user's purchases on one day",
-                         "adjacency": "add_remove"},
-        "budget": {"scope": "shop", "epsilon": 1.0, "delta": 0},
-        "contribution": {"max_partitions_per_unit": 1, "max_rows_per_unit_per_partition": 5},
-        "partitions": {"columns": ["region"], "public": ["north", "south"]},
-        "metrics": [{"type": "count"}],
-        "output": {"root": f"{bucket}/out"},
-    }
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump(doc))
-    monkeypatch.setenv("DPOPS_OUTPUT_ROOTS", f"{bucket}/out")
-    monkeypatch.setenv("DPOPS_DATA_ROOTS", f"{bucket}/data")
+    rel = s3_release(s3, tmp_path, monkeypatch, "scratch_e2e", {"2024-01-01.parquet": table},
+                     "{start:%Y-%m-%d}.parquet", epsilon=1.0, cap=2.0, public=["north", "south"],
+                     metrics=[{"type": "count"}])
     monkeypatch.setenv("DPOPS_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.delenv("DPOPS_MANIFESTS_DIR", raising=False)
-    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
-    with open_ledger(url) as led:
-        led.create_scope(ScopeDefinition(name="shop", unit="a user's purchases", unit_column="user_id", epsilon=2.0,
-                                         delta=1e-6, rho=None, accountant="basic/1", adjacency="add_remove"),
-                         actor="t")
-    key = tmp_path / "noise.key"
-    NoiseKey.generate(key)
-    return [str(spec), "--interval", "2024-01-01/2024-01-02", "--ledger", url, "--key-file", str(key)], bucket
+    return rel.args(), rel.bucket
 
 
 def _objects(s3) -> dict[str, bytes]:
