@@ -46,6 +46,15 @@ def key(day):
     return RunKey("daily_counts", "spechash", DAY.format(day), DAY.format(day + 1), "fp", "key1")
 
 
+def _drop_role(postgres_url: str, role: str) -> None:
+    import psycopg
+
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        if admin.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone():
+            admin.execute(f'DROP OWNED BY "{role}"')
+            admin.execute(f'DROP ROLE "{role}"')
+
+
 def run_init(env):
     return subprocess.run(["sh", str(INIT)], env=env, capture_output=True, text=True, timeout=120)
 
@@ -54,10 +63,15 @@ def run_init(env):
 
 
 @pytest.mark.postgres
-def test_ledger_init_is_idempotent_after_a_cap_raise(postgres_url, capsys):
+def test_ledger_init_is_idempotent_after_a_cap_raise(postgres_url, capsys, request):
     with ledger_roles(postgres_url, "t_init") as r:
         owner_url = r.owner_url
+        # ledger-init.sh also grants the api-server's reader role (deploy/ledger-roles.sql creates it)
+        reader = f"{r.app}_reader"
+        r.admin.execute(f'CREATE ROLE "{reader}" LOGIN NOSUPERUSER NOINHERIT')
+        request.addfinalizer(lambda: _drop_role(postgres_url, reader))
         env = {**os.environ, "DPOPS_LEDGER_URL": owner_url, "DPOPS_LEDGER_APP_ROLE": r.app,
+               "DPOPS_LEDGER_READER_ROLE": reader,
                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
         first = run_init(env)
         assert first.returncode == 0, first.stderr
