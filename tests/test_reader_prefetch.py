@@ -1,0 +1,127 @@
+"""The CSV reader parses block k+1 in a background thread while the caller works on block k (speed only).
+
+What must hold for that to be invisible: the batches are the same, in the same order, as a read whose
+blocks are so small that every line is its own block; an error in the middle of the file (a read that
+fails) reaches the caller as the reader's usual ``InputDataError`` after exactly the batches before it;
+and a caller that stops early leaves no thread behind and the file closed, never read again.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+import pipelines.io as pio
+from dpops.errors import InputDataError
+from pipelines.io import ReadConfig, iter_record_batches
+
+TYPES = {"user_id": "string", "region": "string", "amount": "float"}
+CFG = ReadConfig(format="csv", types=TYPES, unit_column="user_id", partition_columns=("region",),
+                 value_columns=("amount",), batch_rows=7)
+LINES = [b"u%d,r%d,%d,x" % (i, i % 5, i) for i in range(400)]
+LINES[17] = b'u17,"north,1,x'  # an open quote: skipped, costs only itself
+LINES[250] = b"u250,too,many,fields,here"  # a wrong field count: skipped
+
+
+def _write(tmp_path: Path) -> Path:
+    path = tmp_path / "in.csv"
+    path.write_bytes(b"user_id,region,amount,note\n" + b"\n".join(LINES) + b"\n")
+    return path
+
+
+def _prefetch_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "dpops-csv-prefetch" and t.is_alive()]
+
+
+def _set_limits(monkeypatch: pytest.MonkeyPatch, read_bytes: int) -> None:
+    monkeypatch.setattr(pio, "CSV_READ_BYTES", read_bytes)
+    monkeypatch.setattr(pio, "MAX_LINE_BYTES", max(read_bytes, 64))
+
+
+def _read_all(path: Path) -> tuple[pa.Table, dict[str, int], list[int]]:
+    counters: dict[str, int] = {}
+    batches, offsets = [], []
+    for batch, offset in iter_record_batches((0, str(path), None, 0), CFG, counters):
+        batches.append(batch)
+        offsets.append(offset)
+    return pa.Table.from_batches(batches), counters, offsets
+
+
+@pytest.mark.parametrize("read_bytes", [16, 64, 1000])
+def test_many_small_blocks_give_the_same_rows_in_the_same_order(tmp_path, monkeypatch, read_bytes):
+    path = _write(tmp_path)
+    whole, whole_counts, whole_offsets = _read_all(path)  # one block: the default 16 MiB reads
+    _set_limits(monkeypatch, read_bytes)
+    small, small_counts, small_offsets = _read_all(path)
+    assert whole.num_rows == 398
+    assert whole_counts == small_counts == {pio.MALFORMED_LINES: 2}
+    assert small.equals(whole)
+    assert small_offsets[-1] + 7 >= 398 and whole_offsets == list(range(0, 398, 7))
+    assert not _prefetch_threads()
+
+
+class _FailingStream:
+    """A file object that fails after ``fail_after`` reads and records any use after close."""
+
+    def __init__(self, data: bytes, chunk_reads_before_failure: int):
+        self._data, self._pos = data, 0
+        self.reads = 0
+        self.fail_after = chunk_reads_before_failure
+        self.closed = False
+        self.used_after_close = False
+
+    def read(self, n: int = -1) -> bytes:
+        if self.closed:
+            self.used_after_close = True
+            raise ValueError("read of a closed file")
+        self.reads += 1
+        if self.reads > self.fail_after:
+            raise OSError("connection reset while reading u123,secret-value")
+        n = len(self._data) - self._pos if n < 0 else n
+        out = self._data[self._pos:self._pos + n]
+        self._pos += len(out)
+        return out
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _patch_stream(monkeypatch: pytest.MonkeyPatch, stream: Any) -> None:
+    monkeypatch.setattr(pio, "open_input", lambda path: stream)
+
+
+def test_a_read_error_mid_file_reaches_the_caller_after_the_earlier_batches(tmp_path, monkeypatch):
+    data = _write(tmp_path).read_bytes()
+    _set_limits(monkeypatch, 256)
+    stream = _FailingStream(data, chunk_reads_before_failure=5)
+    _patch_stream(monkeypatch, stream)
+    got = []
+    with pytest.raises(InputDataError) as err:
+        for batch, _offset in iter_record_batches((0, "in.csv", None, 0), CFG, {}):
+            got.append(batch)
+    assert "OSError" in str(err.value) and "secret" not in str(err.value)
+    # the rows before the failing read arrived, in file order, and nothing after it
+    ids = pa.Table.from_batches(got).column("user_id").to_pylist()
+    assert 0 < len(ids) < 398
+    assert ids == [b"u%d" % i for i in range(400) if i not in (17, 250)][:len(ids)]
+    assert stream.closed and not stream.used_after_close
+    assert not _prefetch_threads()
+
+
+def test_a_caller_that_stops_early_leaves_no_thread_and_the_file_closed(tmp_path, monkeypatch):
+    data = _write(tmp_path).read_bytes()
+    _set_limits(monkeypatch, 64)
+    stream = _FailingStream(data, chunk_reads_before_failure=10**6)
+    _patch_stream(monkeypatch, stream)
+    gen = iter_record_batches((0, "in.csv", None, 0), CFG, {})
+    first, _ = next(gen)
+    assert first.num_rows >= 1
+    gen.close()
+    assert stream.closed and not stream.used_after_close
+    reads = stream.reads
+    assert reads < len(data) // 64  # it stopped reading, well before the end of the file
+    assert not _prefetch_threads()
