@@ -102,9 +102,17 @@ class Step:
     actor: str = "orchestrator"
 
     def prepare(self) -> release.RunContext:
+        """``release.prepare``; a spec with ``bounds: estimate`` gets the ledger, for its estimation (the
+        first task runs it, every later task is served the committed one, nothing charged again)."""
+        from dpops.spec import load_spec
+
         s = self.settings
-        return release.prepare(self.spec_path, self.interval_start, self.interval_end, randomness=s.randomness,
-                               key_path=s.key_path, actor=self.actor)
+        if not load_spec(self.spec_path).estimated_metric_keys:
+            return release.prepare(self.spec_path, self.interval_start, self.interval_end, randomness=s.randomness,
+                                   key_path=s.key_path, actor=self.actor)
+        with self.ledger() as ledger:
+            return release.prepare(self.spec_path, self.interval_start, self.interval_end, randomness=s.randomness,
+                                   key_path=s.key_path, actor=self.actor, ledger=ledger)
 
     def ledger(self) -> Any:
         return release.open_run_ledger(self.settings.ledger_url)
