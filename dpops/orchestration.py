@@ -101,18 +101,19 @@ class Step:
     settings: Settings
     actor: str = "orchestrator"
 
-    def prepare(self) -> release.RunContext:
-        """``release.prepare``; a spec with ``bounds: estimate`` gets the ledger, for its estimation (the
-        first task runs it, every later task is served the committed one, nothing charged again)."""
+    def prepare(self, ledger: Any = None) -> release.RunContext:
+        """``release.prepare``; a spec with ``bounds: estimate`` gets the ledger (``ledger``, or one opened
+        here) for its estimation: the first task runs it, every later task is served the committed one,
+        nothing charged again."""
         from dpops.spec import load_spec
 
         s = self.settings
-        if not load_spec(self.spec_path).estimated_metric_keys:
-            return release.prepare(self.spec_path, self.interval_start, self.interval_end, randomness=s.randomness,
-                                   key_path=s.key_path, actor=self.actor)
-        with self.ledger() as ledger:
+        if ledger is not None or not load_spec(self.spec_path).estimated_metric_keys:
             return release.prepare(self.spec_path, self.interval_start, self.interval_end, randomness=s.randomness,
                                    key_path=s.key_path, actor=self.actor, ledger=ledger)
+        with self.ledger() as led:
+            return release.prepare(self.spec_path, self.interval_start, self.interval_end, randomness=s.randomness,
+                                   key_path=s.key_path, actor=self.actor, ledger=led)
 
     def ledger(self) -> Any:
         return release.open_run_ledger(self.settings.ledger_url)
@@ -120,7 +121,7 @@ class Step:
     def current(self, ledger: Any) -> release.RunContext:
         """``prepare``, then the attempt the ledger knows (``pick_attempt``, the one owner of that choice):
         every task works on the run id ``reserve_step`` reserved, also after a refund or a fresh attempt."""
-        ctx = self.prepare()
+        ctx = self.prepare(ledger)
         pick_attempt(ctx, ledger)
         return ctx
 

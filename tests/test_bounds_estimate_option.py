@@ -151,3 +151,26 @@ def test_a_retry_after_the_estimation_committed_reuses_it(tmp_path, monkeypatch,
     total2, runs2 = _status(e)
     assert math.isclose(total2, TOTAL, rel_tol=1e-6)
     assert sorted(r for r, _, _ in runs2) == ["purchases_test", "purchases_test__estimate"]
+
+
+def test_the_airflow_tasks_estimate_once_and_release_on_the_estimated_bounds(tmp_path, monkeypatch):
+    """The DAG's tasks (dpops.orchestration steps, each re-running prepare): reserve runs the estimation,
+    compute/validate/publish/record are served it (no second estimation, no second charge), and the
+    published manifest names it."""
+    from dpops import orchestration
+
+    e = _option_env(tmp_path, monkeypatch)
+    step = orchestration.Step(str(e.spec), "2024-01-02T00:00:00+00:00", "2024-01-03T00:00:00+00:00",
+                              orchestration.Settings(ledger_url=e.url, key_path=str(e.key)), "test")
+    assert orchestration.reserve_step(step).state == "reserved"
+    after_reserve = _status(e)
+    assert math.isclose(after_reserve[0], TOTAL, rel_tol=1e-6)  # both charges are in from here on
+    run_id = orchestration.compute_step(step)["run_id"]
+    assert orchestration.validate_step(step)["run_id"] == run_id
+    assert orchestration.publish_step(step).state == "published"
+    assert orchestration.record_step(step, charged=TOTAL * 2 / 3).state == "published"
+    total, runs = _status(e)
+    assert math.isclose(total, TOTAL, rel_tol=1e-6) and len(runs) == 2, runs
+    est_req = e.pipe.requests[-1]
+    assert est_req.estimated_from is not None and [c for c, _, _ in est_req.estimated_bounds] == ["amount"]
+    assert orchestration.reserve_step(step).state == "already_published" and _status(e)[0] == total
