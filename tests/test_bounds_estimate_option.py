@@ -116,6 +116,14 @@ def test_release_run_charges_the_declared_total_once_and_both_manifests_verify(t
         path = next(p for p in mdir.glob("*.json") if json.loads(p.read_text())["run_id"] == m["run_id"])
         code, out, err = e.run(capsys, "manifest", "verify", str(path), "--manifests", str(mdir), "--ledger", e.url)
         assert code == 0, out + err
+    # the reviewer report verifies both manifests and says where the bounds came from
+    code, out, err = e.run(capsys, "report", "--scope", "shop", "--manifests", str(mdir), "--ledger", e.url,
+                           "--key-file", str(e.key), "--out", str(tmp_path / "report.html"))
+    assert code == 0, out + err
+    import re
+
+    text = re.sub(r"\s+", " ", re.sub("<[^>]+>", " ", (tmp_path / "report.html").read_text()))
+    assert "0 FAILED of 2" in text and f"dpops estimate, run {est['run_id']}" in text
     # the same run again: the estimation and the release are served, nothing is charged
     code, again, err = e.json(capsys, "release", "run", str(e.spec), *e.base(), "--ledger", e.url, "--publish",
                               "--no-gx-checks", "--json")
@@ -171,6 +179,28 @@ def test_the_airflow_tasks_estimate_once_and_release_on_the_estimated_bounds(tmp
     assert orchestration.record_step(step, charged=TOTAL * 2 / 3).state == "published"
     total, runs = _status(e)
     assert math.isclose(total, TOTAL, rel_tol=1e-6) and len(runs) == 2, runs
-    est_req = e.pipe.requests[-1]
-    assert est_req.estimated_from is not None and [c for c, _, _ in est_req.estimated_bounds] == ["amount"]
+    req = e.pipe.requests[-1]
+    assert req.estimated_from is not None and [c for c, _, _ in req.estimated_bounds] == ["amount"]
+    # the pipeline's own guards: the spec it re-loads (with the request's bounds) has the prepared hashes
+    assert req.spec_of().spec_hash == req.noise_label["spec_hash"]
+    assert plan_release(req.spec_of()).plan_hash == req.expected_plan_hash
     assert orchestration.reserve_step(step).state == "already_published" and _status(e)[0] == total
+
+
+def test_the_beam_pipeline_releases_on_the_estimated_bounds(tmp_path, monkeypatch, capsys):
+    """One real Beam run (FnApiRunner): the pipeline re-loads the spec file (bounds: estimate), applies the
+    request's estimated bounds, passes its spec-hash and plan-hash guards and publishes."""
+    from dpops.release import computation
+
+    real = computation._load_run_release
+    e = _option_env(tmp_path, monkeypatch)
+    monkeypatch.setattr(computation, "_load_run_release", real)
+    code, out, err = e.json(capsys, "release", "run", str(e.spec), *e.base(), "--ledger", e.url, "--publish",
+                            "--no-gx-checks", "--json")
+    assert code == 0, err
+    assert out["state"] == "published" and math.isclose(_status(e)[0], TOTAL, rel_tol=1e-6)
+    assert e.pipe.calls == 0  # the stand-in was not used
+    import pyarrow.parquet as pq
+
+    data = next((tmp_path / "out").rglob("data.parquet"))
+    assert pq.read_table(data).num_rows == 2 and "sum_amount" in pq.read_table(data).column_names
