@@ -204,3 +204,33 @@ def test_the_beam_pipeline_releases_on_the_estimated_bounds(tmp_path, monkeypatc
 
     data = next((tmp_path / "out").rglob("data.parquet"))
     assert pq.read_table(data).num_rows == 2 and "sum_amount" in pq.read_table(data).column_names
+
+
+def test_os_randomness_and_spec_out_are_refused_before_anything_is_charged(tmp_path, monkeypatch, capsys):
+    e = _option_env(tmp_path, monkeypatch)
+    code, out, err = e.run(capsys, "release", "run", str(e.spec), *e.base(), "--ledger", e.url, "--publish",
+                           "--no-gx-checks", "--randomness", "os")
+    assert code != 0 and "keyed randomness" in err and _status(e) == (0.0, [])
+    code, out, err = e.run(capsys, "estimate", str(e.spec), *e.base(), "--epsilon", "0.2", "--ledger", e.url,
+                           "--spec-out", str(tmp_path / "x.yaml"))
+    assert code != 0 and "--spec-out is refused" in err and _status(e) == (0.0, [])
+
+
+def test_two_estimated_metrics_of_one_column_share_one_estimation(tmp_path, monkeypatch):
+    """The estimation's epsilon is the sum of the metrics' shares; both metrics get the column's bounds."""
+    from dpops.analysis.estimate import option_config
+    from dpops.spec import load_spec
+
+    e = _option_env(tmp_path, monkeypatch)
+    _write(e, budget={"scope": "shop", "epsilon": 1.0, "delta": 0,
+                      "split": {"count": 1, "sum_amount": 1, "mean_amount": 1, "sum_amount.bounds": 1,
+                                "mean_amount.bounds": 1}},
+           metrics=[{"type": "count"},
+                    {"type": "sum", "column": "amount", "bounds": "estimate", "fallback_bounds": [0, 10]},
+                    {"type": "mean", "column": "amount", "bounds": "estimate", "fallback_bounds": [0, 10]}])
+    spec = load_spec(e.spec)
+    assert math.isclose(spec.estimation_epsilon(), 0.4) and option_config(spec).columns == ("amount",)
+    done = spec.with_estimated_bounds("a" * 32, {"amount": (0.0, 4.0)})
+    assert [m.bounds for m in done.metrics[1:]] == [(0.0, 4.0), (0.0, 4.0)]
+    assert math.isclose(done.budget.epsilon, 0.6) and done.estimated_from == "a" * 32
+    assert not done.estimated_metric_keys and load_spec(e.spec).spec_hash == spec.spec_hash
