@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 import yaml
 from cli_support import make_env
 
@@ -170,6 +171,12 @@ def test_the_airflow_tasks_estimate_once_and_release_on_the_estimated_bounds(tmp
     e = _option_env(tmp_path, monkeypatch)
     step = orchestration.Step(str(e.spec), "2024-01-02T00:00:00+00:00", "2024-01-03T00:00:00+00:00",
                               orchestration.Settings(ledger_url=e.url, key_path=str(e.key)), "test")
+    # before reserve no task (nor a failure line) may start the estimation: nothing is charged
+    from dpops.errors import LedgerError
+
+    with pytest.raises(LedgerError, match="has not been committed"):
+        orchestration.compute_step(step)
+    assert orchestration.failure_outcome(step, RuntimeError("x")) is None and _status(e) == (0.0, [])
     assert orchestration.reserve_step(step).state == "reserved"
     after_reserve = _status(e)
     assert math.isclose(after_reserve[0], TOTAL, rel_tol=1e-6)  # both charges are in from here on

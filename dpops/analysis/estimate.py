@@ -643,7 +643,7 @@ def option_events(spec: ReleaseSpec) -> list[PrivacyEvent]:
 def estimate(spec_path: str | os.PathLike[str], interval_start: IntervalBound, interval_end: IntervalBound = None, *,
              config: EstimateConfig, ledger: Ledger, randomness: str = "keyed", key_path: str | None = None,
              test_seed: int | None = None, actor: str | None = None,
-             then_charges: Sequence[PrivacyEvent] = ()) -> Estimate:
+             then_charges: Sequence[PrivacyEvent] = (), serve_only: bool = False) -> Estimate:
     """``dpops estimate``: prepare (as a release), reserve, start, estimate, write the manifest, commit.
 
     The same request again (same spec, interval, input, key and configuration) is the same run key: a
@@ -654,7 +654,8 @@ def estimate(spec_path: str | os.PathLike[str], interval_start: IntervalBound, i
     ``then_charges``: the events of the release that runs right after (``bounds: estimate``): a new
     estimation is reserved only if the estimation and that release fit the scope together
     (``ledger.plan``), so an interval whose declared total is over the cap is refused with the ledger
-    unchanged instead of charging the estimation and refusing the release."""
+    unchanged instead of charging the estimation and refusing the release. ``serve_only``: return the
+    committed estimation or raise LedgerError; never reserve (callers that must not charge)."""
     from dpops.errors import public_message
     from dpops.ledger.budget import format_budget
     from dpops.release.key_continuity import check_key_continuity
@@ -674,6 +675,10 @@ def estimate(spec_path: str | os.PathLike[str], interval_start: IntervalBound, i
     rec = ledger.run(key.run_id)
     if rec is not None and rec.state == "committed":
         return _served(spec, config, rec)
+    if serve_only:
+        raise LedgerError(f"{spec.name} {ctx.interval}: its bounds: estimate estimation has not been committed "
+                          f"(run {key.run_id} is {rec.state if rec is not None else 'not in the ledger'}); run the "
+                          "release (dpops release run, or the DAG's reserve task) first; nothing was charged")
     if rec is not None and rec.state in ("released", "spent_unpublished"):
         raise LedgerError(f"estimation run {key.run_id} is {rec.state}; change the request (e.g. --epsilon) for a "
                           "new run")

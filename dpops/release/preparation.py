@@ -132,7 +132,7 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
             randomness: str = "keyed", key_path: str | None = None, test_seed: int | None = None,
             key: NoiseKeyLike | None = None, planner: Planner | None = None,
             actor: str | None = None, progress: Progress | None = None, ledger: Ledger | None = None,
-            for_estimation: bool = False) -> RunContext:
+            for_estimation: bool = False, estimation: str = "run") -> RunContext:
     """Load and check everything a run needs, without touching the ledger.
 
     ``key`` (an object with ``key_id`` and ``hmac(bytes)``) overrides ``key_path`` (tests, embedding);
@@ -143,11 +143,15 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
     ``dpops.analysis.estimate.estimate``, the function ``dpops estimate`` runs, and the context's spec is
     ``spec.with_estimated_bounds``: the declared bounds replaced by the charged estimate, ``estimated_from``
     set, the release's epsilon the declared total minus the estimation's share. Without a ledger such a
-    spec is refused (its bounds are not known yet). ``for_estimation``: the estimation's own prepare (the
-    spec as written, at its fallback bounds).
+    spec is refused (its bounds are not known yet). ``estimation="serve"``: only a committed estimation is
+    used, none is started (steps that must never charge: abandon, the DAG's tasks after reserve, failure
+    lines); no committed one is a LedgerError. ``for_estimation``: the estimation's own prepare (the spec
+    as written, at its fallback bounds).
     """
     if randomness not in RANDOMNESS:
         raise InvalidParameter(f"randomness must be one of {RANDOMNESS}, got {randomness!r}")
+    if estimation not in ("run", "serve"):
+        raise InvalidParameter(f"estimation must be 'run' or 'serve', got {estimation!r}")
     _refuse_key_in_env()
     noise_key: NoiseKeyLike | None = None
     fp_key: HmacKey
@@ -171,7 +175,7 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
     if spec.estimated_metric_keys and not for_estimation:
         spec, estimated = _estimated_spec(spec, spec_path, interval_start, interval_end, ledger=ledger,
                                           randomness=randomness, key_path=key_path, test_seed=test_seed,
-                                          planner=planner, actor=actor)
+                                          planner=planner, actor=actor, serve_only=estimation == "serve")
     interval = parse_interval(interval_start, interval_end)
     # Before anything is read or reserved: a period-scoped release covers exactly one period and a
     # scheduled one exactly one schedule interval (issue 11 item 2; see dpops.spec.interval_problems).
@@ -204,8 +208,8 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
 
 def _estimated_spec(spec: ReleaseSpec, spec_path: str | os.PathLike[str], interval_start: IntervalBound,
                     interval_end: IntervalBound, *, ledger: Ledger | None, randomness: str, key_path: str | None,
-                    test_seed: int | None, planner: Planner | None,
-                    actor: str | None) -> tuple[ReleaseSpec, dict[str, tuple[float, float]]]:
+                    test_seed: int | None, planner: Planner | None, actor: str | None,
+                    serve_only: bool = False) -> tuple[ReleaseSpec, dict[str, tuple[float, float]]]:
     """``bounds: estimate``: run or serve the interval's estimation, return the spec with its result.
 
     The estimation is ``dpops estimate``'s own charged, keyed run (run key ``<name>__estimate``, epsilon
@@ -223,7 +227,7 @@ def _estimated_spec(spec: ReleaseSpec, spec_path: str | os.PathLike[str], interv
     release_events = list((planner or _default_planner)(spec).events)
     est = estimate(spec_path, interval_start, interval_end, config=option_config(spec), ledger=ledger,
                    randomness=randomness, key_path=key_path, test_seed=test_seed, actor=actor,
-                   then_charges=release_events)
+                   then_charges=release_events, serve_only=serve_only)
     assert est.run_id is not None  # estimate returns a committed (or served) run
     bounds = {c: est.bounds[c] for c in spec.estimated_columns}
     return spec.with_estimated_bounds(est.run_id, bounds), bounds
