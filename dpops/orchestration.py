@@ -101,10 +101,20 @@ class Step:
     settings: Settings
     actor: str = "orchestrator"
 
-    def prepare(self) -> release.RunContext:
+    def prepare(self, ledger: Any = None, *, run_estimation: bool = False) -> release.RunContext:
+        """``release.prepare``; a spec with ``bounds: estimate`` gets the ledger (``ledger``, or one opened
+        here) for its estimation. Only the reserve task runs it (``run_estimation``); every other task,
+        and a failure line, is served the committed one and never charges (none committed: LedgerError)."""
+        from dpops.spec import load_spec
+
         s = self.settings
-        return release.prepare(self.spec_path, self.interval_start, self.interval_end, randomness=s.randomness,
-                               key_path=s.key_path, actor=self.actor)
+        mode = "run" if run_estimation else "serve"
+        if ledger is not None or not load_spec(self.spec_path).estimated_metric_keys:
+            return release.prepare(self.spec_path, self.interval_start, self.interval_end, randomness=s.randomness,
+                                   key_path=s.key_path, actor=self.actor, ledger=ledger, estimation=mode)
+        with self.ledger() as led:
+            return release.prepare(self.spec_path, self.interval_start, self.interval_end, randomness=s.randomness,
+                                   key_path=s.key_path, actor=self.actor, ledger=led, estimation=mode)
 
     def ledger(self) -> Any:
         return release.open_run_ledger(self.settings.ledger_url)
@@ -112,7 +122,7 @@ class Step:
     def current(self, ledger: Any) -> release.RunContext:
         """``prepare``, then the attempt the ledger knows (``pick_attempt``, the one owner of that choice):
         every task works on the run id ``reserve_step`` reserved, also after a refund or a fresh attempt."""
-        ctx = self.prepare()
+        ctx = self.prepare(ledger)
         pick_attempt(ctx, ledger)
         return ctx
 
@@ -205,7 +215,7 @@ def _refused(ctx: release.RunContext, ledger: Any, reason: str) -> release.RunOu
 def reserve_step(step: Step, *, restate: bool = False) -> release.RunOutcome:
     """Reserve the plan's events, serve an interval this run already published (state
     ``already_published``, no charge), or return a ``refused`` outcome saying why."""
-    ctx = step.prepare()
+    ctx = step.prepare(run_estimation=True)
     with step.ledger() as ledger:
         if not restate:
             pick_attempt(ctx, ledger)  # the run key the ledger knows (a refunded attempt is skipped)

@@ -231,8 +231,14 @@ def rho_for_epsilon_delta(epsilon: float, delta: float) -> float:
 
 
 def plan_release(spec) -> ReleasePlan:  # spec: dpops.spec.ReleaseSpec (typing it needs its metric union narrowed)
-    """Derive the whole release plan from a validated ``dpops.spec.ReleaseSpec``."""
+    """Derive the whole release plan from a validated ``dpops.spec.ReleaseSpec``.
+
+    A spec with ``bounds: estimate`` is planned as its ``release_part()``: the release's own epsilon (the
+    declared total minus the estimation's share) at the fallback bounds, until the run substitutes the
+    estimated ones (``dpops.spec.ReleaseSpec.with_estimated_bounds``). The events do not depend on the
+    value bounds, so what is reserved is known before the estimation runs."""
     from dpops.noise import mechanisms, selection  # noqa: PLC0415 - keeps `import dpops.release_plan` light
+    spec = spec.release_part()
     eps, delta, noise = float(spec.budget.epsilon), float(spec.budget.delta), spec.budget.noise
     unit = spec.privacy_unit
     c = spec.contribution

@@ -48,8 +48,10 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    SerializerFunctionWrapHandler,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -232,13 +234,60 @@ class _MetricBase(_Strict):
         return f"{self.type}_{column}" if column else self.type  # type: ignore[attr-defined]
 
 
+ESTIMATE_BOUNDS = "estimate"  # ``bounds: estimate``: the value bounds are estimated under DP at run time
+BOUNDS_SHARE_SUFFIX = ".bounds"  # ``budget.split["<metric key>.bounds"]``: that estimation's share
+
+
 class _Bounded(_MetricBase):
+    """A metric with value bounds: declared (``bounds: [lo, hi]``) or estimated (``bounds: estimate``).
+
+    ``bounds: estimate`` (issue 20 section 4) needs ``fallback_bounds: [lo, hi]``: PUBLIC bounds that the
+    plan (``spec check``, ``plan``) predicts accuracy at before any estimation, and that the estimator
+    anchors its public preference on (``dpops.analysis.estimate.quantile_choice``; a fallback lower bound
+    >= 0 is kept, not estimated). In memory ``bounds`` holds the fallback until ``with_estimated_bounds``
+    substitutes the estimate; the option is ``fallback_bounds is not None`` and the dumped form (hashed,
+    embedded in manifests) says ``bounds: estimate`` again, so a dump parses back to the same spec."""
+
     column: str
     bounds: tuple[Number, Number]
+    fallback_bounds: tuple[Number, Number] | None = None
 
-    @field_validator("bounds")
+    @model_validator(mode="before")
     @classmethod
-    def _bounds(cls, v: tuple[float, float]) -> tuple[float, float]:
+    def _estimate_option(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        b, fb = data.get("bounds"), data.get("fallback_bounds")
+        if isinstance(b, str):
+            if b != ESTIMATE_BOUNDS:
+                raise ValueError(f"bounds must be [lower, upper] or {ESTIMATE_BOUNDS!r}, got {b!r}")
+            if fb is None:
+                raise ValueError("bounds: estimate needs fallback_bounds: [lower, upper], the public bounds the plan "
+                                 "predicts accuracy at before the estimation runs (and the estimator's anchor)")
+            return {**data, "bounds": fb}
+        if fb is not None:
+            raise ValueError("fallback_bounds is only for bounds: estimate; with declared bounds remove it")
+        return data
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        d: dict[str, Any] = handler(self)
+        if self.fallback_bounds is not None:
+            d["bounds"] = ESTIMATE_BOUNDS
+        else:  # absent, not null: a spec with declared bounds keeps its hash and its manifests their form
+            d.pop("fallback_bounds", None)
+        return d
+
+    @property
+    def estimates_bounds(self) -> bool:
+        """``bounds: estimate``: the value bounds are learned under DP at run time (charged)."""
+        return self.fallback_bounds is not None
+
+    @field_validator("bounds", "fallback_bounds")
+    @classmethod
+    def _bounds(cls, v: tuple[float, float] | None) -> tuple[float, float] | None:
+        if v is None:
+            return v
         lo, hi = check_bounds(v[0], v[1], "bounds")
         # Sensitivities, noise scales and rho are computed in doubles from the bounds: beyond 2**53 a
         # plan overflows or loses the unit step, and would fail after the budget is spent (issue 11 item 5).
@@ -595,6 +644,66 @@ class ReleaseSpec(_Strict):
         keys = self.metric_keys + ([] if self.partitions.is_public else [PARTITION_SELECTION_KEY])
         return {k: float(given.get(k, 1.0)) for k in keys}
 
+    @property
+    def estimated_metric_keys(self) -> list[str]:
+        """Keys of the metrics declaring ``bounds: estimate`` (issue 20 section 4)."""
+        return [m.key for m in self.metrics if isinstance(m, _Bounded) and m.estimates_bounds]
+
+    @property
+    def estimated_columns(self) -> list[str]:
+        """The value columns whose bounds are estimated at run time (each once, in metric order)."""
+        return list(dict.fromkeys(m.column for m in self.metrics if isinstance(m, _Bounded) and m.estimates_bounds))
+
+    def estimation_epsilon(self) -> float:
+        """The estimation's epsilon: ``budget.epsilon`` times the ``<key>.bounds`` weights over all weights.
+
+        The interval's total charge is the declared ``budget.epsilon``: the release itself gets the rest
+        (``release_part``). 0.0 for a spec without ``bounds: estimate``."""
+        keys = self.estimated_metric_keys
+        if not keys:
+            return 0.0
+        split = self.budget.split or {}
+        shares = sum(float(split.get(k + BOUNDS_SHARE_SUFFIX, 0.0)) for k in keys)  # 0 on a release_part()
+        total = sum(self.split_weights().values()) + shares
+        return float(self.budget.epsilon) * shares / total
+
+    def release_part(self) -> "ReleaseSpec":
+        """The release without its estimation: ``budget.epsilon`` minus ``estimation_epsilon()`` and the
+        ``.bounds`` shares removed from the split (the metrics keep their relative weights). The spec
+        itself when nothing is estimated. Bounds stay the fallback until ``with_estimated_bounds``."""
+        if not self.estimated_metric_keys or self.estimation_epsilon() == 0.0:  # idempotent
+            return self
+        split = {k: v for k, v in (self.budget.split or {}).items() if not k.endswith(BOUNDS_SHARE_SUFFIX)}
+        budget = BudgetSpec.model_validate({**self.budget.model_dump(),
+                                            "epsilon": float(self.budget.epsilon) - self.estimation_epsilon(),
+                                            "split": split or None})
+        new = self.model_copy(update={"budget": budget})
+        new.__dict__.pop("spec_hash", None)  # cached from the whole budget
+        return new
+
+    def with_estimated_bounds(self, run_id: str, bounds: dict[str, tuple[float, float]]) -> "ReleaseSpec":
+        """The spec a release of ``bounds: estimate`` runs with: ``release_part()`` with each estimated
+        column's bounds set to the estimation's result and ``estimated_from: run_id``: the same spec a
+        ``dpops estimate`` patch gives, so the manifest, ``dependencies`` and verification are unchanged."""
+        missing = [c for c in self.estimated_columns if c not in bounds]
+        if missing:
+            raise SpecError(f"{self.source}: estimation {run_id} has no bounds for column(s) {missing}")
+        part = self.release_part()
+        doc = part.model_dump(mode="json", exclude_none=True)
+        for m in doc["metrics"]:
+            if m.get("bounds") == ESTIMATE_BOUNDS:
+                m["bounds"] = [float(x) for x in bounds[m["column"]]]
+                m.pop("fallback_bounds", None)
+        doc["estimated_from"] = run_id
+        try:
+            new = ReleaseSpec.model_validate(doc)
+        except ValidationError as exc:
+            raise SpecError(f"{self.source}: with the estimated bounds: " + "; ".join(_format_validation_error(exc))) \
+                from None
+        new._base_dir, new._source = self._base_dir, self._source
+        new._public_from_file, new._public_publishable = self._public_from_file, self._public_publishable
+        return new
+
     def with_budget(self, epsilon: float, split: dict[str, float] | None) -> "ReleaseSpec":
         """This spec with another ``budget.epsilon`` and ``budget.split`` (e.g. a split ``dpops plan --solve``
         found); everything else, including where relative paths start, is kept. The keys of ``split`` must
@@ -604,6 +713,9 @@ class ReleaseSpec(_Strict):
             bad = sorted(set(split) - allowed)
             if bad:
                 raise SpecError(f"{self.source}: budget.split keys {bad} are not metric keys; known: {sorted(allowed)}")
+            # the bounds: estimate shares are kept (a solved split weighs the metrics, not the estimation)
+            split = {**split, **{k: v for k, v in (self.budget.split or {}).items() if k.endswith(BOUNDS_SHARE_SUFFIX)
+                                 and k not in split}}
         try:
             budget = BudgetSpec.model_validate({**self.budget.model_dump(), "epsilon": epsilon, "split": split})
         except ValidationError as exc:
@@ -809,13 +921,50 @@ def _consistency_problems(spec: ReleaseSpec) -> list[tuple[str, str]]:
             spec.tuning.data.scope != b.scope:
         out.append(("tuning.data.scope", f"the private read was recorded on scope {spec.tuning.data.scope!r}, but this "
                                          f"spec charges scope {b.scope!r}: tune the spec of this scope again"))
+    out.extend(_estimate_option_problems(spec))
     if b.split is not None:
         allowed = list(keys) + ([] if spec.partitions.is_public else [PARTITION_SELECTION_KEY])
+        estimating = {m.key + BOUNDS_SHARE_SUFFIX for m in spec.metrics if isinstance(m, _Bounded) and m.estimates_bounds}
         for k in b.split:
             if k == PARTITION_SELECTION_KEY and spec.partitions.is_public:
                 out.append((f"budget.split.{k}", "partitions are public: there is no partition selection to weigh"))
-            elif k not in allowed:
+            elif k.endswith(BOUNDS_SHARE_SUFFIX) and k not in estimating:
+                base = k[: -len(BOUNDS_SHARE_SUFFIX)]
+                why = (f"metric {base!r} declares its bounds" if base in keys
+                       else f"{base!r} is not a metric key (known keys: {list(keys)})")
+                out.append((f"budget.split.{k}", f"a {BOUNDS_SHARE_SUFFIX!r} share is only for a metric with bounds: "
+                                                 f"estimate, and {why}; remove the share or set that metric's "
+                                                 "bounds: estimate"))
+            elif k not in allowed and k not in estimating:
                 out.append((f"budget.split.{k}", f"{k!r} is not a metric key; known keys: {allowed}"))
+    return out
+
+
+def _estimate_option_problems(spec: ReleaseSpec) -> list[tuple[str, str]]:
+    """``bounds: estimate`` needs its own share in ``budget.split`` (``<metric key>.bounds``), keyed
+    randomness-free spec fields that do not contradict it, and one source of bounds per column.
+
+    Privacy reason: the estimation is a charged DP release of its own; its epsilon must be declared
+    (public) in the spec, never taken implicitly from the release's. A column whose bounds are both
+    declared and estimated would make the manifest's claim ambiguous (which bounds were used)."""
+    out: list[tuple[str, str]] = []
+    split = spec.budget.split or {}
+    by_column: dict[str, set[bool]] = {}
+    for i, m in enumerate(spec.metrics):
+        if not isinstance(m, _Bounded):
+            continue
+        by_column.setdefault(m.column, set()).add(m.estimates_bounds)
+        if m.estimates_bounds and (m.key + BOUNDS_SHARE_SUFFIX) not in split:
+            out.append((f"metrics[{i}].bounds", f"bounds: estimate needs its own budget share: add budget.split."
+                                                f"{m.key}{BOUNDS_SHARE_SUFFIX}: W (a weight, as the metrics' weights; "
+                                                "the estimation gets epsilon * W / sum of all weights)"))
+    for col, kinds in by_column.items():
+        if len(kinds) > 1:
+            out.append(("metrics", f"column {col!r} has metrics with declared bounds and with bounds: estimate; "
+                                   "give every metric of one column the same kind of bounds"))
+    if spec.estimated_from is not None and any(True in k for k in by_column.values()):
+        out.append(("estimated_from", "a spec with bounds: estimate runs its own estimation at run time; remove "
+                                      "estimated_from (it names an estimation whose bounds are already declared)"))
     return out
 
 

@@ -43,7 +43,6 @@ import numpy as np
 from dpops.release.pipeline_seam import ComputeRequest, ComputeResult
 from dpops.errors import DpopsError, InputDataError, InvalidParameter, StorageError
 from dpops.release_plan import plan_release
-from dpops.spec import load_spec
 from pipelines import fs
 from pipelines.aggregate import select_and_noise  # noqa: F401 - re-exported (tests, auditor)
 from pipelines.bounding import (
@@ -281,7 +280,7 @@ def run_release(request: ComputeRequest) -> ComputeResult:
     import pyarrow.parquet as pq
 
     t0 = time.time()
-    spec = load_spec(request.spec_path)
+    spec = request.spec_of()  # the file, with the estimated bounds of a bounds: estimate spec
     _check_request(request, spec)
     plan = plan_release(spec)
     if request.expected_plan_hash is not None and request.expected_plan_hash != plan.plan_hash:
@@ -429,7 +428,7 @@ def bounded_truth(request: ComputeRequest, n_buckets: int | None = None) -> tupl
     published. Returns (partition keys, accumulators aligned with them); sum accumulators are exact
     integer counts of their grid step ``pipelines.bounding.sum_unit(kind, lo, hi)``.
     """
-    spec = load_spec(request.spec_path)
+    spec = request.spec_of()  # the file, with the estimated bounds of a bounds: estimate spec
     plan = plan_release(spec)
     ctx = build_context(spec, plan, request, "", n_buckets=n_buckets)
     source = ctx.randomness.source()

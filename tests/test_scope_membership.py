@@ -229,7 +229,13 @@ CLAIMS: dict[str, Claim] = {
     "metrics[].name": Claim(reason=f"the output column's name; it {NOT_READ}"),
     "metrics[].column": Claim(reason="which value column is read: a null or non-finite value drops its row, which "
                                      "only removes contributions; it decides no unit or period"),
-    "metrics[].bounds": Claim(reason="clamping bounds: part of the sensitivity, so of the charge"),
+    "metrics[].bounds": Claim(reason="clamping bounds: part of the sensitivity, so of the charge; bounds: estimate "
+                                     "makes the run first charge a DP estimation of them on the spec's own scope "
+                                     "(its share budget.split['<key>.bounds']), then release with its result"),
+    "metrics[].fallback_bounds": Claim(reason="public bounds of bounds: estimate that the plan predicts accuracy at "
+                                              "and the estimator anchors on (a data-independent preference, no "
+                                              "sensitivity change); the release itself uses the charged estimate, "
+                                              f"and the value {NOT_READ}"),
     "metrics[].quantiles": Claim(reason="which quantiles: part of the mechanism, charged"),
     "metrics[].k": Claim(reason="top-k size: part of the mechanism, charged"),
     "metrics[].domain": Claim(reason="a public category domain: values outside it are not counted; it never adds a "

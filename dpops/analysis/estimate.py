@@ -86,7 +86,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dpops.errors import InputDataError, InvalidParameter, LedgerError, SpecError
+from dpops.errors import BudgetExceeded, InputDataError, InvalidParameter, LedgerError, SpecError
 
 if TYPE_CHECKING:
     from dpops.events import PrivacyEvent
@@ -419,7 +419,8 @@ def spec_patch(spec: ReleaseSpec, result: Mapping[str, Any], run_id: str | None)
         metrics = []
         for m in spec.model_dump(mode="json", exclude_none=True)["metrics"]:
             if "bounds" in m and m.get("column") in bmap:
-                m = {**m, "bounds": [float(x) for x in bmap[m["column"]]]}
+                m = {k: v for k, v in m.items() if k != "fallback_bounds"}  # bounds: estimate becomes declared
+                m["bounds"] = [float(x) for x in bmap[m["column"]]]
             metrics.append(m)
         patch["metrics"] = metrics
     if run_id is not None:
@@ -624,15 +625,37 @@ def manifest_section(est: Estimate) -> dict[str, Any]:
             "mechanisms": [m.to_dict() for m in est.mechanisms], "result": est.result(), "patch": est.patch()}
 
 
+def option_config(spec: ReleaseSpec) -> EstimateConfig:
+    """The estimation a spec's ``bounds: estimate`` metrics ask for (issue 20 section 4): value bounds of
+    the estimated columns only (the contribution bounds stay declared), epsilon the declared share
+    (``ReleaseSpec.estimation_epsilon``), the default quantile and grids. A function of the spec alone,
+    so a retry asks for the same run key."""
+    return EstimateConfig(epsilon=spec.estimation_epsilon(), contribution=False,
+                          columns=tuple(spec.estimated_columns))
+
+
+def option_events(spec: ReleaseSpec) -> list[PrivacyEvent]:
+    """What the ``bounds: estimate`` estimation charges per interval (empty when nothing is estimated):
+    added to the release's own events wherever the interval's whole cost is predicted (the horizon)."""
+    return events(spec, option_config(spec)) if spec.estimated_metric_keys else []
+
+
 def estimate(spec_path: str | os.PathLike[str], interval_start: IntervalBound, interval_end: IntervalBound = None, *,
              config: EstimateConfig, ledger: Ledger, randomness: str = "keyed", key_path: str | None = None,
-             test_seed: int | None = None, actor: str | None = None) -> Estimate:
+             test_seed: int | None = None, actor: str | None = None,
+             then_charges: Sequence[PrivacyEvent] = (), serve_only: bool = False) -> Estimate:
     """``dpops estimate``: prepare (as a release), reserve, start, estimate, write the manifest, commit.
 
     The same request again (same spec, interval, input, key and configuration) is the same run key: a
     committed one is served from its manifest, a started one is recomputed with the same keyed noise;
     neither is charged again. Over the cap the ledger refuses (``BudgetExceeded``) and nothing changes.
-    A failure before ``start`` refunds the reservation."""
+    A failure before ``start`` refunds the reservation.
+
+    ``then_charges``: the events of the release that runs right after (``bounds: estimate``): a new
+    estimation is reserved only if the estimation and that release fit the scope together
+    (``ledger.plan``), so an interval whose declared total is over the cap is refused with the ledger
+    unchanged instead of charging the estimation and refusing the release. ``serve_only``: return the
+    committed estimation or raise LedgerError; never reserve (callers that must not charge)."""
     from dpops.errors import public_message
     from dpops.ledger.budget import format_budget
     from dpops.release.key_continuity import check_key_continuity
@@ -643,7 +666,7 @@ def estimate(spec_path: str | os.PathLike[str], interval_start: IntervalBound, i
         raise InvalidParameter("estimate: os randomness cannot be reproduced, so a retry would be charged again; "
                                "use keyed randomness (the default), whose retries are free")
     ctx = prepare(spec_path, interval_start, interval_end, randomness=randomness, key_path=key_path,
-                  test_seed=test_seed, actor=actor)
+                  test_seed=test_seed, actor=actor, for_estimation=True)
     spec = ctx.spec
     evs = events(spec, config)  # refuses a request with nothing to estimate before anything is written
     key = run_key_of(ctx, config)
@@ -652,10 +675,23 @@ def estimate(spec_path: str | os.PathLike[str], interval_start: IntervalBound, i
     rec = ledger.run(key.run_id)
     if rec is not None and rec.state == "committed":
         return _served(spec, config, rec)
+    if serve_only:
+        raise LedgerError(f"{spec.name} {ctx.interval}: its bounds: estimate estimation has not been committed "
+                          f"(run {key.run_id} is {rec.state if rec is not None else 'not in the ledger'}); run the "
+                          "release (dpops release run, or the DAG's reserve task) first; nothing was charged")
     if rec is not None and rec.state in ("released", "spent_unpublished"):
         raise LedgerError(f"estimation run {key.run_id} is {rec.state}; change the request (e.g. --epsilon) for a "
                           "new run")
     charged = 0.0
+    if rec is None and then_charges:
+        fit = ledger.plan(spec.budget.scope, [(ctx.interval.start_iso, ctx.interval.end_iso,
+                                               list(evs) + list(then_charges))])
+        if not fit.fits_all:
+            left = ledger.status(spec.budget.scope).remaining
+            raise BudgetExceeded(
+                f"{spec.name} {ctx.interval}: the estimation (bounds: estimate, epsilon {config.epsilon:g}) and the "
+                f"release together cost {fit.items[0].cost:g} {fit.unit}, more than scope {spec.budget.scope!r} has "
+                f"left ({left:g} of cap {fit.cap:g}); nothing was reserved")
     if rec is None:
         # Another estimation of this interval (another configuration, spec or input) is committed already: the
         # ledger keeps one current publication per (release, interval), so the new one restates it (linked,
@@ -754,7 +790,8 @@ def check_dependency(spec: ReleaseSpec, ledger: Ledger) -> list[str]:
     return out
 
 
-__all__ = ["EstimateConfig", "Estimate", "Mechanism", "estimate", "patch_document", "PATCH_SCHEMA", "estimate_l0",
+__all__ = ["EstimateConfig", "Estimate", "Mechanism", "estimate", "option_config", "option_events",
+           "patch_document", "PATCH_SCHEMA", "estimate_l0",
            "estimate_rows", "events", "mechanisms", "value_grid", "contribution_grid", "estimation_hash",
            "quantile_choice", "spec_patch", "check_dependency", "recompute_section", "manifest_section",
            "bounded_columns", "random_source", "read_rows", "run_key_of", "RELEASE_SUFFIX", "ESTIMATION_SCHEMA"]

@@ -125,7 +125,9 @@ def horizon(spec: ReleaseSpec, plan: ReleasePlan, *, cap: float | None, cap_unit
         raise InvalidParameter(f"the number of intervals must be an integer >= 1, got {intervals!r}")
     d = float(spec.budget.delta if delta is None else delta)
     t0 = (start or datetime.now(UTC)).astimezone(UTC)
-    per_run = list(plan.events)
+    from dpops.analysis.estimate import option_events
+
+    per_run = list(plan.events) + option_events(spec)  # bounds: estimate: each interval's estimation too
     rows: list[HorizonRow] = []
     from dpops.accounting import get_accountant
 

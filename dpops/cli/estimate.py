@@ -55,6 +55,10 @@ def cli(spec_path: str, interval: str, epsilon: float, quantile: float, contribu
 
     if randomness == "test" and test_seed is None:
         raise InvalidParameter("--randomness test needs --test-seed N")
+    if spec_out is not None and load_spec(spec_path).estimated_metric_keys:
+        raise InvalidParameter(f"{spec_path}: its metrics say bounds: estimate, so each release estimates them at run "
+                               "time (dpops release run); a patched spec would need that option and its "
+                               "budget.split share removed by hand: --spec-out is refused, nothing was charged")
     config = EstimateConfig(epsilon=epsilon, quantile=quantile, contribution=contribution,
                             columns=tuple(columns) or None, max_l0=max_l0, max_linf=max_linf)
     iv = requested_interval(spec_path, interval)

@@ -602,9 +602,9 @@ def reserve_cmd(spec, interval, key_file, randomness, test_seed, do_start, do_co
         raise InvalidParameter("--release needs --reason (kept in the ledger)")
     iv = parse_interval_option(spec, interval)
     who = actor or default_actor()
-    ctx = release.prepare(spec, iv.start, iv.end, randomness=randomness, key_path=key_file, test_seed=test_seed,
-                       actor=who)
     with open_cli_ledger() as led:
+        ctx = release.prepare(spec, iv.start, iv.end, randomness=randomness, key_path=key_file, test_seed=test_seed,
+                              actor=who, ledger=led)
         out = release.reserve(ctx, led)
         charged = out.epsilon_charged
         if out.state != "already_published":

@@ -154,6 +154,11 @@ def _compute(spec: ReleaseSpec, plan: Any, opts: AccuracyOptions, confidence: fl
         "accuracy": accuracy_document(spec, plan, confidence=confidence, at_units=at_units, at_values=at_values,
                                       gap=gap, accountant=acct),
         "solution": None,
+        # bounds: estimate: not known before the run; the accuracy above is predicted at the fallback bounds
+        "estimated_bounds": [{"metric": m.key, "column": m.column, "note": "estimated at run time",
+                              "fallback_bounds": list(m.fallback_bounds),
+                              "estimation_epsilon": spec.estimation_epsilon()}
+                             for m in spec.metrics if getattr(m, "estimates_bounds", False)],
     }
     if opts.solve:
         if led is not None and sdef is not None:
@@ -189,6 +194,11 @@ def _print(doc: dict[str, Any]) -> None:
     acc = doc["accuracy"]
     echo_wrapped(f"accuracy of {doc['release']} from its spec alone (no data read, nothing charged); "
                f"{acc['confidence']:.0%} intervals, partitions of {acc['at_units']} units")
+    for e in doc.get("estimated_bounds") or []:
+        lo, hi = e["fallback_bounds"]
+        echo_wrapped(f"{e['metric']}: bounds estimated at run time (DP estimation charged epsilon "
+                     f"{e['estimation_epsilon']:.4g} of each interval's budget); predicted at the fallback bounds "
+                     f"[{lo:g}, {hi:g}]", indent=2)
     rows = []
     for p in acc["predictions"]:
         if p["type"] == "quantiles":

@@ -317,7 +317,8 @@ def abandon_cmd(spec: str, interval: str, as_json: bool, key_file: str | None,
     it spent_unpublished (the charge stays)."""
     from dpops import release
     iv = parse_interval_option(spec, interval)
-    ctx = release.prepare(spec, iv.start, iv.end, randomness=randomness, key_path=key_file)
     with release.open_run_ledger(ledger_url()) as ledger:
+        ctx = release.prepare(spec, iv.start, iv.end, randomness=randomness, key_path=key_file, ledger=ledger,
+                              estimation="serve")  # abandoning never charges an estimation
         outcome = release.abandon(ctx, ledger, reason=reason)
     _emit(outcome, as_json)

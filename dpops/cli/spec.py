@@ -24,8 +24,28 @@ def _plan_summary(spec: Any) -> tuple[dict[str, Any] | None, str | None, Any]:
     return plan.describe(), None, plan
 
 
+ESTIMATED_AT_RUN_TIME = "estimated at run time"
+
+
+def _metric_summary(spec: Any, m: Any) -> dict[str, Any]:
+    """One metric of the summary. ``bounds: estimate``: the bounds are not known before the run (``bounds``
+    null, ``bounds_estimated`` says so, with the estimation's share and the fallback the plan predicts at)."""
+    out: dict[str, Any] = {"key": m.key, "type": m.type, "column": getattr(m, "column", None),
+                           "bounds": list(getattr(m, "bounds", ()) or ()) or None}
+    if getattr(m, "estimates_bounds", False):
+        out["bounds"] = None
+        out["bounds_estimated"] = {"note": ESTIMATED_AT_RUN_TIME, "fallback_bounds": list(m.fallback_bounds),
+                                   "estimation_epsilon": spec.estimation_epsilon(),
+                                   "share_key": f"{m.key}.bounds"}
+    return out
+
+
 def summary(spec: Any) -> dict[str, Any]:
-    weights = spec.split_weights()
+    """What ``spec check`` prints. ``epsilon_split`` includes each ``<key>.bounds`` share (the weights of the
+    split over all weights: the interval's total is ``budget.epsilon``)."""
+    weights = dict(spec.split_weights())
+    for k in spec.estimated_metric_keys:
+        weights[f"{k}.bounds"] = float((spec.budget.split or {})[f"{k}.bounds"])
     total = sum(weights.values())
     b = spec.budget
     return {
@@ -45,8 +65,7 @@ def summary(spec: Any) -> dict[str, Any]:
         },
         # The basic-composition view of the split; the plan below is authoritative.
         "epsilon_split": {k: b.epsilon * w / total for k, w in weights.items()},
-        "metrics": [{"key": m.key, "type": m.type, "column": getattr(m, "column", None),
-                     "bounds": list(getattr(m, "bounds", ()) or ()) or None} for m in spec.metrics],
+        "metrics": [_metric_summary(spec, m) for m in spec.metrics],
         "output_root": str(spec.output_root),
     }
 
@@ -138,6 +157,12 @@ def check_cmd(file: str, as_json: bool, key_file: str | None, require_targets: b
         extra = f" of {m['column']}" if m["column"] else ""
         extra += f" in [{m['bounds'][0]}, {m['bounds'][1]}]" if m["bounds"] else ""
         click.echo(f"  - {m['key']}: {m['type']}{extra}, epsilon share {doc['epsilon_split'][m['key']]:.4g}")
+        est = m.get("bounds_estimated")
+        if est is not None:
+            lo, hi = est["fallback_bounds"]
+            click.echo(f"      bounds {ESTIMATED_AT_RUN_TIME} (DP estimation, epsilon share "
+                       f"{doc['epsilon_split'][est['share_key']]:.4g} of the estimation's "
+                       f"{est['estimation_epsilon']:.4g}); the plan below is at the fallback bounds [{lo}, {hi}]")
     if "partition_selection" in doc["epsilon_split"]:
         click.echo(f"  - partition selection: epsilon share {doc['epsilon_split']['partition_selection']:.4g}")
     if plan is not None:

@@ -99,7 +99,9 @@ def spec_sections(spec_document: Mapping[str, Any]) -> dict[str, Any]:
     for m in spec_document["metrics"]:
         if m.get("bounds") is not None:
             key = m.get("name") or f"{m['type']}_{m['column']}"
-            value_bounds[key] = [float(m["bounds"][0]), float(m["bounds"][1])]
+            # bounds: estimate (an estimation's own manifest): the fallback, the bounds its recorded plan is at
+            b = m["fallback_bounds"] if m["bounds"] == "estimate" else m["bounds"]
+            value_bounds[key] = [float(b[0]), float(b[1])]
     return {
         "privacy_unit": {
             "column": unit["column"],

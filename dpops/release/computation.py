@@ -79,6 +79,9 @@ def _compute_request(ctx: RunContext, staging_dir: Location, runner: str,
         key_id=ctx.key_id if ctx.randomness == "keyed" else None,
         staging_dir=str(staging_dir), runner=runner, runner_options=tuple(runner_options),
         expected_plan_hash=getattr(ctx.plan, "plan_hash", None),
+        estimated_from=ctx.spec.estimated_from if ctx.estimated_bounds is not None else None,
+        estimated_bounds=tuple((c, float(lo), float(hi))
+                               for c, (lo, hi) in sorted((ctx.estimated_bounds or {}).items())),
     )
 
 

@@ -99,6 +99,9 @@ class RunContext:
     charged_here: float = field(default=0.0, repr=False, compare=False)
     output_checks: list[str] = field(default_factory=list, repr=False, compare=False)
     write_manifest: bool = field(default=True, repr=False, compare=False)
+    # bounds: estimate: the estimated bounds per column substituted into ``spec`` (the pipeline, which
+    # re-loads the spec file, substitutes the same ones: ``ComputeRequest.estimated_bounds``)
+    estimated_bounds: dict[str, tuple[float, float]] | None = None
 
     def note_ledger(self, record: RunRecord | None, charged: float = 0.0) -> None:
         """Remember what the ledger just confirmed about this run (``record``) and any charge it made now."""

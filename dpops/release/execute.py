@@ -143,7 +143,7 @@ def execute_release(spec_path: str | os.PathLike[str], interval_start: IntervalB
     (the operator's reason): replace the interval's spent_unpublished run by a fresh attempt, with fresh
     noise and a new charge, linked to the spent run (``dpops.release.context.pick_attempt``)."""
     ctx = prepare(spec_path, interval_start, interval_end, randomness=randomness, key_path=key_path,
-                  test_seed=test_seed, key=key, planner=planner, actor=actor, progress=progress)
+                  test_seed=test_seed, key=key, planner=planner, actor=actor, progress=progress, ledger=ledger)
     return _run_steps(ctx, ledger, publish_output=publish_output, runner=runner, runner_options=runner_options,
                       run_release=run_release, gx_checks=gx_checks, restates=None, progress=progress,
                       fresh_attempt=fresh_attempt)
@@ -182,7 +182,7 @@ def execute_restatement(spec_path: str | os.PathLike[str], interval_start: Inter
                         progress: Progress | None = None) -> RunOutcome:
     """``dpops release restate``: prepare, restate (reserve linked to the published run), compute, publish."""
     ctx = prepare(spec_path, interval_start, interval_end, randomness=randomness, key_path=key_path, key=key,
-                  planner=planner, actor=actor, progress=progress)
+                  planner=planner, actor=actor, progress=progress, ledger=ledger)
     token = QUIET_RUNS.set(True)
     report_stage(progress, "reserve")
     try:

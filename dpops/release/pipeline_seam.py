@@ -11,7 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dpops.spec import ReleaseSpec
 
 RUN_RELEASE = "pipelines.release_pipeline:run_release"
 RANDOMNESS_MODES = ("keyed", "os", "test")
@@ -41,6 +44,21 @@ class ComputeRequest:
     # Optional guard: sha256 of the plan the ledger reserved (ReleasePlan.plan_hash). When given, the
     # pipeline refuses to draw noise if the plan it derives from the spec differs (spec edited in between).
     expected_plan_hash: str | None = None
+    # bounds: estimate: the charged estimation's run id and its bounds per column; the pipeline applies
+    # them to the spec it re-loads (``ReleaseSpec.with_estimated_bounds``, see ``spec_of``)
+    estimated_from: str | None = None
+    estimated_bounds: tuple[tuple[str, float, float], ...] = ()
+
+    def spec_of(self) -> ReleaseSpec:
+        """The spec this request computes: the file re-loaded, with the estimated bounds substituted when
+        the spec says ``bounds: estimate`` (the same substitution ``prepare`` made, so the spec hash in the
+        noise label and the plan hash match)."""
+        from dpops.spec import load_spec
+
+        spec = load_spec(self.spec_path)
+        if self.estimated_from is not None:
+            spec = spec.with_estimated_bounds(self.estimated_from, {c: (lo, hi) for c, lo, hi in self.estimated_bounds})
+        return spec
 
     @property
     def key_path(self) -> str | None:

@@ -43,6 +43,7 @@ from dpops.spec import ReleaseSpec, interval_problems, load_spec
 from dpops.storage import Sealer, open_store
 
 if TYPE_CHECKING:
+    from dpops.ledger import Ledger
     from dpops.noise.randomness import NoiseKey
     from dpops.release_plan import ReleasePlan
 
@@ -130,14 +131,27 @@ def _default_planner(spec: ReleaseSpec) -> ReleasePlan:
 def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, interval_end: IntervalBound = None, *,
             randomness: str = "keyed", key_path: str | None = None, test_seed: int | None = None,
             key: NoiseKeyLike | None = None, planner: Planner | None = None,
-            actor: str | None = None, progress: Progress | None = None) -> RunContext:
+            actor: str | None = None, progress: Progress | None = None, ledger: Ledger | None = None,
+            for_estimation: bool = False, estimation: str = "run") -> RunContext:
     """Load and check everything a run needs, without touching the ledger.
 
     ``key`` (an object with ``key_id`` and ``hmac(bytes)``) overrides ``key_path`` (tests, embedding);
     ``planner`` overrides ``dpops.release_plan.plan_release``.
+
+    A spec with ``bounds: estimate`` is the one exception to "writes nothing": given the ``ledger``,
+    ``prepare`` first runs (or, once committed, serves) the interval's bound estimation through
+    ``dpops.analysis.estimate.estimate``, the function ``dpops estimate`` runs, and the context's spec is
+    ``spec.with_estimated_bounds``: the declared bounds replaced by the charged estimate, ``estimated_from``
+    set, the release's epsilon the declared total minus the estimation's share. Without a ledger such a
+    spec is refused (its bounds are not known yet). ``estimation="serve"``: only a committed estimation is
+    used, none is started (steps that must never charge: abandon, the DAG's tasks after reserve, failure
+    lines); no committed one is a LedgerError. ``for_estimation``: the estimation's own prepare (the spec
+    as written, at its fallback bounds).
     """
     if randomness not in RANDOMNESS:
         raise InvalidParameter(f"randomness must be one of {RANDOMNESS}, got {randomness!r}")
+    if estimation not in ("run", "serve"):
+        raise InvalidParameter(f"estimation must be 'run' or 'serve', got {estimation!r}")
     _refuse_key_in_env()
     noise_key: NoiseKeyLike | None = None
     fp_key: HmacKey
@@ -157,6 +171,11 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
 
         check_pinned_key_id(key_id, key_path)  # the operator's $DPOPS_NOISE_KEY_ID, before anything is reserved
     spec = load_spec(spec_path)
+    estimated: dict[str, tuple[float, float]] | None = None
+    if spec.estimated_metric_keys and not for_estimation:
+        spec, estimated = _estimated_spec(spec, spec_path, interval_start, interval_end, ledger=ledger,
+                                          randomness=randomness, key_path=key_path, test_seed=test_seed,
+                                          planner=planner, actor=actor, serve_only=estimation == "serve")
     interval = parse_interval(interval_start, interval_end)
     # Before anything is read or reserved: a period-scoped release covers exactly one period and a
     # scheduled one exactly one schedule interval (issue 11 item 2; see dpops.spec.interval_problems).
@@ -183,5 +202,32 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
         input_fingerprint=fingerprint, randomness=randomness, key_id=key_id, plan=plan,
         store=open_store(spec.output_root, spec.name, sealer=_sealer(randomness, noise_key)),
         key_path=_key_ref(key_path),
-        test_seed=test_seed, actor=actor or default_actor(), fingerprint_key=fp_key,
+        test_seed=test_seed, actor=actor or default_actor(), fingerprint_key=fp_key, estimated_bounds=estimated,
     )
+
+
+def _estimated_spec(spec: ReleaseSpec, spec_path: str | os.PathLike[str], interval_start: IntervalBound,
+                    interval_end: IntervalBound, *, ledger: Ledger | None, randomness: str, key_path: str | None,
+                    test_seed: int | None, planner: Planner | None, actor: str | None,
+                    serve_only: bool = False) -> tuple[ReleaseSpec, dict[str, tuple[float, float]]]:
+    """``bounds: estimate``: run or serve the interval's estimation, return the spec with its result.
+
+    The estimation is ``dpops estimate``'s own charged, keyed run (run key ``<name>__estimate``, epsilon
+    the declared share): a retry serves the committed one and charges nothing. The release's events
+    (planned at the fallback bounds: they do not depend on value bounds) go along so that nothing is
+    reserved unless both fit the scope."""
+    from dpops.analysis.estimate import estimate, option_config
+
+    if ledger is None:
+        raise InvalidParameter(f"{spec.source}: metric(s) {spec.estimated_metric_keys} have bounds: estimate, so "
+                               "the run first estimates them in the ledger; this step was called without a ledger")
+    if randomness == "os":
+        raise InvalidParameter(f"{spec.source}: bounds: estimate needs keyed randomness (its estimation must be "
+                               "free to retry); os randomness cannot reproduce it; nothing was reserved")
+    release_events = list((planner or _default_planner)(spec).events)
+    est = estimate(spec_path, interval_start, interval_end, config=option_config(spec), ledger=ledger,
+                   randomness=randomness, key_path=key_path, test_seed=test_seed, actor=actor,
+                   then_charges=release_events, serve_only=serve_only)
+    assert est.run_id is not None  # estimate returns a committed (or served) run
+    bounds = {c: est.bounds[c] for c in spec.estimated_columns}
+    return spec.with_estimated_bounds(est.run_id, bounds), bounds

@@ -1,0 +1,243 @@
+"""``bounds: estimate`` (issue 20 section 4): a metric whose value bounds are estimated under DP at run time.
+
+Through the real CLI (``release run``, ``ledger status``, ``manifest verify``, ``spec check``) with the
+cli_support stand-in for the Beam job (the FakePipeline); the plan, the estimation (``dpops estimate``'s
+own function: the release's reader and bounding, the exponential mechanism), the ledger and the manifests
+are the real ones.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+from cli_support import make_env
+
+from dpops.ledger import open_ledger
+from dpops.release_plan import plan_release
+
+TOTAL = 0.6  # declared budget.epsilon of one interval
+SPLIT = {"count": 1.0, "sum_amount": 1.0, "sum_amount.bounds": 1.0}  # the estimation gets TOTAL / 3
+
+
+def _option_env(tmp_path, monkeypatch, cap=1.5):
+    e = make_env(tmp_path, monkeypatch, cap=cap, planner_fn=plan_release)  # the real plan, the stand-in Beam job
+    doc = yaml.safe_load(e.spec.read_text())
+    doc["budget"] = {**doc["budget"], "epsilon": TOTAL, "split": dict(SPLIT)}
+    doc["metrics"] = [{"type": "count"},
+                      {"type": "sum", "column": "amount", "bounds": "estimate", "fallback_bounds": [0, 10]}]
+    e.spec.write_text(yaml.safe_dump(doc))
+    return e
+
+
+def _status(e):
+    with open_ledger(e.url) as led:
+        return float(led.status("shop").total), [(r.key.release, r.state, r.epsilon) for r in led.runs(scope="shop")]
+
+
+def _write(e, **changes):
+    doc = yaml.safe_load(e.spec.read_text())
+    doc.update(changes)
+    e.spec.write_text(yaml.safe_dump(doc))
+
+
+def test_spec_check_refuses_an_option_without_its_share_and_a_share_without_the_option(tmp_path, monkeypatch, capsys):
+    e = _option_env(tmp_path, monkeypatch)
+    code, out, err = e.run(capsys, "spec", "check", str(e.spec))
+    assert code == 0, err
+    doc = yaml.safe_load(e.spec.read_text())
+    no_share = {**doc, "budget": {**doc["budget"], "split": {"count": 1, "sum_amount": 1}}}
+    e.spec.write_text(yaml.safe_dump(no_share))
+    code, out, err = e.run(capsys, "spec", "check", str(e.spec))
+    assert code != 0 and "metrics[1].bounds" in err and "budget.split.sum_amount.bounds" in err
+    declared = {**doc, "metrics": [{"type": "count"}, {"type": "sum", "column": "amount", "bounds": [0, 10]}]}
+    e.spec.write_text(yaml.safe_dump(declared))
+    code, out, err = e.run(capsys, "spec", "check", str(e.spec))
+    assert code != 0 and "budget.split.sum_amount.bounds" in err and "only for a metric with bounds: estimate" in err
+    no_fallback = {**doc, "metrics": [{"type": "count"}, {"type": "sum", "column": "amount", "bounds": "estimate"}]}
+    e.spec.write_text(yaml.safe_dump(no_fallback))
+    code, out, err = e.run(capsys, "spec", "check", str(e.spec))
+    assert code != 0 and "fallback_bounds" in err
+    typo = {**doc, "metrics": [{"type": "count"},
+                               {"type": "sum", "column": "amount", "bounds": "estimated", "fallback_bounds": [0, 1]}]}
+    e.spec.write_text(yaml.safe_dump(typo))
+    code, out, err = e.run(capsys, "spec", "check", str(e.spec))
+    assert code != 0 and "'estimated'" in err
+
+
+def test_plan_says_estimated_at_run_time_and_plans_the_release_share(tmp_path, monkeypatch, capsys):
+    e = _option_env(tmp_path, monkeypatch)
+    code, out, err = e.json(capsys, "spec", "check", str(e.spec), "--json")
+    assert code == 0, err
+    m = out["metrics"][1]
+    assert m["bounds"] is None and m["bounds_estimated"]["note"] == "estimated at run time"
+    assert m["bounds_estimated"]["fallback_bounds"] == [0.0, 10.0]
+    assert math.isclose(m["bounds_estimated"]["estimation_epsilon"], TOTAL / 3)
+    assert math.isclose(sum(out["epsilon_split"].values()), TOTAL)  # the shares add up to the declared total
+    code, text, err = e.run(capsys, "spec", "check", str(e.spec))
+    assert code == 0 and "estimated at run time" in text and "fallback bounds [0.0, 10.0]" in text
+    code, text, err = e.run(capsys, "plan", str(e.spec))
+    assert code == 0, err
+    assert "estimated at run time" in text
+    from dpops.spec import load_spec
+
+    spec = load_spec(e.spec)
+    assert math.isclose(spec.release_part().budget.epsilon, TOTAL * 2 / 3)
+    # the plan is the release's own share at the fallback bounds (what is reserved after the estimation)
+    assert plan_release(spec).events == plan_release(spec.release_part()).events
+
+
+def test_release_run_charges_the_declared_total_once_and_both_manifests_verify(tmp_path, monkeypatch, capsys):
+    e = _option_env(tmp_path, monkeypatch)
+    code, out, err = e.json(capsys, "release", "run", str(e.spec), *e.base(), "--ledger", e.url, "--publish",
+                            "--no-gx-checks", "--json")
+    assert code == 0, err
+    total, runs = _status(e)
+    assert math.isclose(total, TOTAL, rel_tol=1e-6), runs  # estimation share + release share = declared total
+    by_release = {r: (st, eps) for r, st, eps in runs}
+    assert set(by_release) == {"purchases_test", "purchases_test__estimate"}
+    assert by_release["purchases_test__estimate"][0] == "committed"
+    assert math.isclose(by_release["purchases_test__estimate"][1], TOTAL / 3, rel_tol=1e-6)
+    assert math.isclose(by_release["purchases_test"][1], TOTAL * 2 / 3, rel_tol=1e-6)
+    mdir = tmp_path / "out" / "manifests" / "purchases_test"
+    manifests = [json.loads(p.read_text()) for p in mdir.glob("*.json")]
+    est = [m for m in manifests if m.get("estimation") is not None]
+    rel = [m for m in manifests if m.get("estimation") is None]
+    assert len(est) == 1 and len(rel) == 1, [p.name for p in mdir.glob("*.json")]
+    est, rel = est[0], rel[0]
+    assert rel["dependencies"] == {"estimations": [{"run_id": est["run_id"]}]}
+    assert rel["spec"]["estimated_from"] == est["run_id"]
+    bounds = est["estimation"]["result"]["bounds"]["amount"]
+    assert rel["spec"]["metrics"][1]["bounds"] == bounds and "fallback_bounds" not in rel["spec"]["metrics"][1]
+    assert est["estimation"]["config"]["contribution"] is False  # contribution bounds stay declared
+    assert math.isclose(rel["spec"]["budget"]["epsilon"], TOTAL * 2 / 3, rel_tol=1e-9)
+    for m in (rel, est):
+        path = next(p for p in mdir.glob("*.json") if json.loads(p.read_text())["run_id"] == m["run_id"])
+        code, out, err = e.run(capsys, "manifest", "verify", str(path), "--manifests", str(mdir), "--ledger", e.url)
+        assert code == 0, out + err
+    # the reviewer report verifies both manifests and says where the bounds came from
+    code, out, err = e.run(capsys, "report", "--scope", "shop", "--manifests", str(mdir), "--ledger", e.url,
+                           "--key-file", str(e.key), "--out", str(tmp_path / "report.html"))
+    assert code == 0, out + err
+    import re
+
+    text = re.sub(r"\s+", " ", re.sub("<[^>]+>", " ", (tmp_path / "report.html").read_text()))
+    assert "0 FAILED of 2" in text and f"dpops estimate, run {est['run_id']}" in text
+    # the same run again: the estimation and the release are served, nothing is charged
+    code, again, err = e.json(capsys, "release", "run", str(e.spec), *e.base(), "--ledger", e.url, "--publish",
+                              "--no-gx-checks", "--json")
+    assert code == 0, err
+    assert again["state"] == "already_published" and _status(e) == (total, runs)
+
+
+def test_over_the_cap_is_refused_before_the_estimation_with_the_ledger_unchanged(tmp_path, monkeypatch, capsys):
+    # the estimation alone (0.2) fits a 0.5 cap, the interval's total (0.6) does not: nothing may be charged
+    e = _option_env(tmp_path, monkeypatch, cap=0.5)
+    before = _status(e)
+    code, out, err = e.run(capsys, "release", "run", str(e.spec), *e.base(), "--ledger", e.url, "--publish",
+                           "--no-gx-checks")
+    assert code == 5, out + err
+    assert "nothing was reserved" in err
+    assert _status(e) == before == (0.0, [])
+
+
+def test_a_retry_after_the_estimation_committed_reuses_it(tmp_path, monkeypatch, capsys):
+    """The release fails after the estimation committed (the Beam job dies): the retry is served the
+    committed estimation (no second estimation run, no second charge) and the release's charge stays one."""
+    e = _option_env(tmp_path, monkeypatch)
+    e.pipe.fail_after_start = True
+    code, out, err = e.run(capsys, "release", "run", str(e.spec), *e.base(), "--ledger", e.url, "--publish",
+                           "--no-gx-checks")
+    assert code != 0
+    total, runs = _status(e)
+    assert math.isclose(total, TOTAL, rel_tol=1e-6)
+    e.pipe.fail_after_start = False
+    code, out, err = e.run(capsys, "release", "run", str(e.spec), *e.base(), "--ledger", e.url, "--publish",
+                           "--no-gx-checks")
+    assert code == 0, out + err
+    total2, runs2 = _status(e)
+    assert math.isclose(total2, TOTAL, rel_tol=1e-6)
+    assert sorted(r for r, _, _ in runs2) == ["purchases_test", "purchases_test__estimate"]
+
+
+def test_the_airflow_tasks_estimate_once_and_release_on_the_estimated_bounds(tmp_path, monkeypatch):
+    """The DAG's tasks (dpops.orchestration steps, each re-running prepare): reserve runs the estimation,
+    compute/validate/publish/record are served it (no second estimation, no second charge), and the
+    published manifest names it."""
+    from dpops import orchestration
+
+    e = _option_env(tmp_path, monkeypatch)
+    step = orchestration.Step(str(e.spec), "2024-01-02T00:00:00+00:00", "2024-01-03T00:00:00+00:00",
+                              orchestration.Settings(ledger_url=e.url, key_path=str(e.key)), "test")
+    # before reserve no task (nor a failure line) may start the estimation: nothing is charged
+    from dpops.errors import LedgerError
+
+    with pytest.raises(LedgerError, match="has not been committed"):
+        orchestration.compute_step(step)
+    assert orchestration.failure_outcome(step, RuntimeError("x")) is None and _status(e) == (0.0, [])
+    assert orchestration.reserve_step(step).state == "reserved"
+    after_reserve = _status(e)
+    assert math.isclose(after_reserve[0], TOTAL, rel_tol=1e-6)  # both charges are in from here on
+    run_id = orchestration.compute_step(step)["run_id"]
+    assert orchestration.validate_step(step)["run_id"] == run_id
+    assert orchestration.publish_step(step).state == "published"
+    assert orchestration.record_step(step, charged=TOTAL * 2 / 3).state == "published"
+    total, runs = _status(e)
+    assert math.isclose(total, TOTAL, rel_tol=1e-6) and len(runs) == 2, runs
+    req = e.pipe.requests[-1]
+    assert req.estimated_from is not None and [c for c, _, _ in req.estimated_bounds] == ["amount"]
+    # the pipeline's own guards: the spec it re-loads (with the request's bounds) has the prepared hashes
+    assert req.spec_of().spec_hash == req.noise_label["spec_hash"]
+    assert plan_release(req.spec_of()).plan_hash == req.expected_plan_hash
+    assert orchestration.reserve_step(step).state == "already_published" and _status(e)[0] == total
+
+
+def test_the_beam_pipeline_releases_on_the_estimated_bounds(tmp_path, monkeypatch, capsys):
+    """One real Beam run (FnApiRunner): the pipeline re-loads the spec file (bounds: estimate), applies the
+    request's estimated bounds, passes its spec-hash and plan-hash guards and publishes."""
+    from dpops.release import computation
+
+    real = computation._load_run_release
+    e = _option_env(tmp_path, monkeypatch)
+    monkeypatch.setattr(computation, "_load_run_release", real)
+    code, out, err = e.json(capsys, "release", "run", str(e.spec), *e.base(), "--ledger", e.url, "--publish",
+                            "--no-gx-checks", "--json")
+    assert code == 0, err
+    assert out["state"] == "published" and math.isclose(_status(e)[0], TOTAL, rel_tol=1e-6)
+    assert e.pipe.calls == 0  # the stand-in was not used
+    import pyarrow.parquet as pq
+
+    data = next((tmp_path / "out").rglob("data.parquet"))
+    assert pq.read_table(data).num_rows == 2 and "sum_amount" in pq.read_table(data).column_names
+
+
+def test_os_randomness_and_spec_out_are_refused_before_anything_is_charged(tmp_path, monkeypatch, capsys):
+    e = _option_env(tmp_path, monkeypatch)
+    code, out, err = e.run(capsys, "release", "run", str(e.spec), *e.base(), "--ledger", e.url, "--publish",
+                           "--no-gx-checks", "--randomness", "os")
+    assert code != 0 and "keyed randomness" in err and _status(e) == (0.0, [])
+    code, out, err = e.run(capsys, "estimate", str(e.spec), *e.base(), "--epsilon", "0.2", "--ledger", e.url,
+                           "--spec-out", str(tmp_path / "x.yaml"))
+    assert code != 0 and "--spec-out is refused" in err and _status(e) == (0.0, [])
+
+
+def test_two_estimated_metrics_of_one_column_share_one_estimation(tmp_path, monkeypatch):
+    """The estimation's epsilon is the sum of the metrics' shares; both metrics get the column's bounds."""
+    from dpops.analysis.estimate import option_config
+    from dpops.spec import load_spec
+
+    e = _option_env(tmp_path, monkeypatch)
+    _write(e, budget={"scope": "shop", "epsilon": 1.0, "delta": 0,
+                      "split": {"count": 1, "sum_amount": 1, "mean_amount": 1, "sum_amount.bounds": 1,
+                                "mean_amount.bounds": 1}},
+           metrics=[{"type": "count"},
+                    {"type": "sum", "column": "amount", "bounds": "estimate", "fallback_bounds": [0, 10]},
+                    {"type": "mean", "column": "amount", "bounds": "estimate", "fallback_bounds": [0, 10]}])
+    spec = load_spec(e.spec)
+    assert math.isclose(spec.estimation_epsilon(), 0.4) and option_config(spec).columns == ("amount",)
+    done = spec.with_estimated_bounds("a" * 32, {"amount": (0.0, 4.0)})
+    assert [m.bounds for m in done.metrics[1:]] == [(0.0, 4.0), (0.0, 4.0)]
+    assert math.isclose(done.budget.epsilon, 0.6) and done.estimated_from == "a" * 32
+    assert not done.estimated_metric_keys and load_spec(e.spec).spec_hash == spec.spec_hash
