@@ -681,6 +681,19 @@ class ReleaseSpec(_Strict):
         new.__dict__.pop("spec_hash", None)  # cached from the whole budget
         return new
 
+    def declared_value_bounds(self) -> dict[str, tuple[float, float]]:
+        """Each value column of a bounded metric with its declared bounds (the first metric's per column).
+
+        The one owner for tuning, estimation and their patches: a column whose bounds are ``estimate``
+        has no declared bounds yet and is left out."""
+        out: dict[str, tuple[float, float]] = {}
+        for m in self.metrics:
+            b = getattr(m, "bounds", None)
+            col = getattr(m, "column", None)
+            if b is not None and col is not None and str(col) not in out:
+                out[str(col)] = (float(b[0]), float(b[1]))
+        return out
+
     def with_estimated_bounds(self, run_id: str, bounds: dict[str, tuple[float, float]]) -> "ReleaseSpec":
         """The spec a release of ``bounds: estimate`` runs with: ``release_part()`` with each estimated
         column's bounds set to the estimation's result and ``estimated_from: run_id``: the same spec a

@@ -176,20 +176,9 @@ class Mechanism:
         return asdict(self)
 
 
-def bounded_columns(spec: ReleaseSpec) -> dict[str, tuple[float, float]]:
-    """Each value column of a bounded metric with the spec's declared bounds (the first metric's)."""
-    out: dict[str, tuple[float, float]] = {}
-    for m in spec.metrics:
-        b = getattr(m, "bounds", None)
-        col = getattr(m, "column", None)
-        if b is not None and col is not None and col not in out:
-            out[str(col)] = (float(b[0]), float(b[1]))
-    return out
-
-
 def _names(spec: ReleaseSpec, config: EstimateConfig) -> list[str]:
     """The mechanisms' names in the order they run (later ones use earlier outputs)."""
-    cols = bounded_columns(spec)
+    cols = spec.declared_value_bounds()
     if config.columns is not None:
         unknown = sorted(set(config.columns) - set(cols))
         if unknown:
@@ -461,7 +450,7 @@ def estimate_rows(spec: ReleaseSpec, rows: Mapping[str, np.ndarray], config: Est
     bounds: dict[str, tuple[float, float]] = {}
     if any(n.startswith(("upper:", "lower:")) for n in by_name):
         kept, _, _ = bound_contributions(u, p, rows["prio"], L0, LI, rows["pp"])
-        declared = bounded_columns(spec)
+        declared = spec.declared_value_bounds()
         for col in dict.fromkeys(n.split(":", 1)[1] for n in by_name if ":" in n):
             v = np.sort(np.asarray(rows[f"v:{col}"], dtype=np.float64)[kept])
             n_rows = int(v.size)
@@ -794,4 +783,4 @@ __all__ = ["EstimateConfig", "Estimate", "Mechanism", "estimate", "option_config
            "patch_document", "PATCH_SCHEMA", "estimate_l0",
            "estimate_rows", "events", "mechanisms", "value_grid", "contribution_grid", "estimation_hash",
            "quantile_choice", "spec_patch", "check_dependency", "recompute_section", "manifest_section",
-           "bounded_columns", "random_source", "read_rows", "run_key_of", "RELEASE_SUFFIX", "ESTIMATION_SCHEMA"]
+           "random_source", "read_rows", "run_key_of", "RELEASE_SUFFIX", "ESTIMATION_SCHEMA"]

@@ -117,9 +117,7 @@ def _plots(result: TuneResult) -> list[tuple[str, str]]:
     out.append(("Error against L0", _png(fig)))
     plt.close(fig)
     # error against the value bound, per bounded column
-    from dpops.analysis.tuning import bounded_columns
-
-    spec_bounds = bounded_columns(result.spec)
+    spec_bounds = result.spec.declared_value_bounds()
     cols = sorted({c for g in result.grid for c, _, _ in g.bounds})
     for col in cols:
         fig, ax = plt.subplots(figsize=(5.5, 3.2))

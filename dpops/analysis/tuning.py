@@ -162,17 +162,6 @@ def load_patched(spec: ReleaseSpec, patch: Mapping[str, Any]) -> ReleaseSpec:
     return parse_spec(doc, source=f"{spec.source} (patched by dpops tune)", base_dir=spec.base_dir)
 
 
-def bounded_columns(spec: ReleaseSpec) -> dict[str, tuple[float, float]]:
-    """Each value column of a bounded metric, with the spec's bounds (the first metric's, per column)."""
-    out: dict[str, tuple[float, float]] = {}
-    for m in spec.metrics:
-        b = getattr(m, "bounds", None)
-        col = getattr(m, "column", None)
-        if b is not None and col is not None and col not in out:
-            out[col] = (float(b[0]), float(b[1]))
-    return out
-
-
 def default_grid(spec: ReleaseSpec) -> list[Candidate]:
     """A grid around the spec's values: L0 and Linf at half, equal and double (at least 1), and each
     bounded column's upper bound at half, equal and double (lower bound kept), with the spec's split.
@@ -180,7 +169,7 @@ def default_grid(spec: ReleaseSpec) -> list[Candidate]:
     l0, linf = spec.contribution.max_partitions_per_unit, spec.contribution.max_rows_per_unit_per_partition
     l0s = sorted({max(1, l0 // 2), l0, 2 * l0})
     linfs = sorted({max(1, linf // 2), linf, 2 * linf})
-    cols = bounded_columns(spec)
+    cols = spec.declared_value_bounds()
     scales = (0.5, 1.0, 2.0) if cols else (1.0,)
     out: list[Candidate] = []
     for a in l0s:
@@ -209,7 +198,7 @@ def grid_from_doc(spec: ReleaseSpec, doc: Mapping[str, Any], source: str = "--gr
 
     l0s = ints("l0", spec.contribution.max_partitions_per_unit)
     linfs = ints("linf", spec.contribution.max_rows_per_unit_per_partition)
-    cols = bounded_columns(spec)
+    cols = spec.declared_value_bounds()
     raw_bounds = doc.get("bounds", {})
     if not isinstance(raw_bounds, Mapping):
         raise InvalidParameter(f"{source}: bounds must map a column to a list of [lo, hi] pairs")
@@ -778,5 +767,5 @@ def tune(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any],
 
 
 __all__ = ["Candidate", "TuneResult", "tune", "default_grid", "grid_from_doc", "spec_patch", "apply_patch",
-           "load_patched", "candidate_spec", "bounded_columns", "evaluate_candidate", "sample_table",
+           "load_patched", "candidate_spec", "evaluate_candidate", "sample_table",
            "EVALUATED_TYPES", "LOSSES"]
