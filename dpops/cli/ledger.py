@@ -155,23 +155,19 @@ def init(ctx: click.Context, app_roles, reader_roles, print_sql, as_json) -> Non
         url, version = redact(led.url), led.schema_version
         if not as_json:
             click.echo(f"ledger ready at {url} (schema version {version})")
-        for role in app_roles:
-            statements = grant_app_role(led, role)
-            granted.append({"role": role, "statements": statements})
-            if as_json:
-                continue
-            if print_sql:
-                click.echo(";\n".join(statements) + ";")
-            click.echo(f"role {role}: may append entries and update the derived tables; cannot UPDATE, DELETE or "
-                       "TRUNCATE entries, nor drop or disable triggers")
-        for role in reader_roles:
-            statements = grant_reader_role(led, role)
-            readers.append({"role": role, "statements": statements})
-            if as_json:
-                continue
-            if print_sql:
-                click.echo(";\n".join(statements) + ";")
-            click.echo(f"role {role}: may read the ledger (SELECT) and nothing else")
+        grants = ((app_roles, grant_app_role, granted,
+                   "may append entries and update the derived tables; cannot UPDATE, DELETE or TRUNCATE "
+                   "entries, nor drop or disable triggers"),
+                  (reader_roles, grant_reader_role, readers, "may read the ledger (SELECT) and nothing else"))
+        for roles, grant, record, rights in grants:
+            for role in roles:
+                statements = grant(led, role)
+                record.append({"role": role, "statements": statements})
+                if as_json:
+                    continue
+                if print_sql:
+                    click.echo(";\n".join(statements) + ";")
+                click.echo(f"role {role}: {rights}")
     if as_json:
         echo_ok({"ledger": url, "schema_version": version, "app_roles": granted, "reader_roles": readers})
 
