@@ -95,7 +95,7 @@ COMMANDS = {
 }
 # Commands whose layout fits 80 columns as a table (issue 21 item 15: short status words, reasons under the
 # row, the cost in the title): no fall back to `column: value` blocks from 80 columns on.
-TABLE_AT_80 = ("plan", "release status", "gaps", "gaps only")
+TABLE_AT_80 = ("plan", "release status", "gaps", "gaps only", "ledger runs")
 
 
 @pytest.mark.parametrize("columns", WIDTHS)

@@ -275,14 +275,18 @@ def _labelled(label: str, text: str, width: int, indent: int) -> list[str]:
 
 def table_lines(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]], width: int, *,
                 keep: Sequence[str] = (), below: Sequence[str] = (), caption: str | None = None,
-                right: Sequence[str] = ()) -> list[str]:
+                right: Sequence[str] = (), below_if_needed: Sequence[str] = ()) -> list[str]:
     """The lines ``print_table`` prints at ``width`` columns (see there)."""
     if below:  # wide enough for every column on the row's line: no line under it
-        inline = _table_lines(title, columns, rows, width, keep=(*keep, *below), below=(), caption=caption,
-                              right=right)
+        inline = _table_lines(title, columns, rows, width, keep=(*keep, *below, *below_if_needed), below=(),
+                              caption=caption, right=right)
         if inline is not None:
             return inline
-    lines = _table_lines(title, columns, rows, width, keep=keep, below=below, caption=caption, right=right)
+    lines = _table_lines(title, columns, rows, width, keep=(*keep, *below_if_needed), below=below,
+                         caption=caption, right=right)
+    if lines is None and below_if_needed:  # still too wide: those columns go under the row as well
+        lines = _table_lines(title, columns, rows, width, keep=keep, below=(*below, *below_if_needed),
+                             caption=caption, right=right)
     return lines if lines is not None else _block_lines(title, columns, rows, width, caption)
 
 
@@ -352,12 +356,15 @@ def _block_lines(title: str, columns: Sequence[str], rows: Sequence[Sequence[str
 
 
 def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]], *, keep: Sequence[str] = (),
-                below: Sequence[str] = (), caption: str | None = None, right: Sequence[str] = ()) -> None:
+                below: Sequence[str] = (), caption: str | None = None, right: Sequence[str] = (),
+                below_if_needed: Sequence[str] = ()) -> None:
     """A table that fits ``$COLUMNS`` (the terminal) without ever splitting an id, a date or a URI.
 
     Every column wraps at whitespace only, so a word is never cut; the columns in ``keep`` (ids,
     dates, short status words) never wrap at all. The columns in ``below`` (long reasons, run ids,
-    output URIs) are printed on their own ``column: value`` line under each row, at the full width.
+    output URIs) are printed on their own ``column: value`` line under each row, at the full width;
+    the columns in ``below_if_needed`` (say a long release name) stay on the row, whole, unless the
+    table does not fit otherwise, and then go under the row too.
     If the table's narrowest layout still does not fit, every row becomes ``column: value`` lines.
     A token longer than the terminal is printed whole on one line (the terminal may fold it on the
     screen, but a copy gives the token): an abbreviated or split run id could name another run, and
@@ -369,5 +376,6 @@ def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]
 
     cells = [[printable(str(v), keep_newlines=True) for v in r] for r in rows]
     lines = table_lines(printable(title), columns, cells, terminal_width(), keep=keep, below=below,
-                        caption=printable(caption) if caption else None, right=right)
+                        caption=printable(caption) if caption else None, right=right,
+                        below_if_needed=below_if_needed)
     click.echo("\n".join(lines))

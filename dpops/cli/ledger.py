@@ -554,12 +554,15 @@ def runs(ctx, scope_name, release, states, as_json) -> None:
                  f"on scope {scope_name}" if scope_name else "", f"of release {release}" if release else ""]
         click.echo(" ".join(["no runs", *[a for a in asked if a]]))
         return
-    cols = ["run", "scope", "release", "interval start", "interval end", "state", "ε this run", "restates", "output"]
-    rows = [[r.run_id, r.scope, r.key.release, r.key.interval_start, r.key.interval_end, r.state, fmt(r.epsilon),
-             r.restates or "", r.output_uri or ""] for r in recs]
+    # Fits 80 columns: the interval's two instants stack in one cell (never shortened), the run id, what
+    # it restates and its output URI go on their own lines under the row, whole for copying; so does a
+    # release name too long for the row.
+    cols = ["scope", "release", "interval", "state", "ε", "run", "restates", "output"]
+    rows = [[r.scope, r.key.release, f"{r.key.interval_start}\n{r.key.interval_end}", r.state, fmt(r.epsilon),
+             r.run_id, r.restates or "", r.output_uri or ""] for r in recs]
     print_table("runs (ε: each run alone, as its scope's accountant counts it)", cols, rows,
-                keep=("interval start", "interval end", "scope", "release", "state", "ε this run"),
-                below=("run", "restates", "output"), right=("ε this run",))
+                keep=("interval", "scope", "state", "ε"), below=("run", "restates", "output"),
+                below_if_needed=("release",), right=("ε",))
 
 
 @cli.command("reserve")
