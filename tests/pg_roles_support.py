@@ -9,6 +9,7 @@ function-scoped pytest fixture (import it into the test module).
 
 from __future__ import annotations
 
+import time
 import uuid
 from contextlib import contextmanager
 from typing import Iterator, NamedTuple
@@ -28,6 +29,21 @@ class LedgerRoles(NamedTuple):
     schema: str
 
 
+def catalog_execute(admin: psycopg.Connection, sql: str) -> None:
+    """Run a statement that rewrites a shared catalog row (a database's ACL: GRANT ... ON DATABASE, DROP
+    OWNED BY a role holding such a grant), retrying PostgreSQL's "tuple concurrently updated": the test
+    processes run side by side (``make test``: three) and all grant and revoke on the one database
+    ``test``, whose pg_database row each such statement rewrites in place."""
+    for attempt in range(20):
+        try:
+            admin.execute(sql)
+            return
+        except psycopg.errors.InternalError as exc:
+            if "tuple concurrently updated" not in str(exc) or attempt == 19:
+                raise
+            time.sleep(0.05 * (attempt + 1))
+
+
 @contextmanager
 def ledger_roles(postgres_url: str, prefix: str, *, schema: str | None = None,
                  app_inherit: bool = False) -> Iterator[LedgerRoles]:
@@ -39,7 +55,7 @@ def ledger_roles(postgres_url: str, prefix: str, *, schema: str | None = None,
     try:
         admin.execute(f'CREATE ROLE "{owner}" LOGIN NOSUPERUSER')
         admin.execute(f'CREATE ROLE "{app}" LOGIN NOSUPERUSER{"" if app_inherit else " NOINHERIT"}')
-        admin.execute(f'GRANT CREATE ON DATABASE test TO "{owner}"')
+        catalog_execute(admin, f'GRANT CREATE ON DATABASE test TO "{owner}"')
         yield LedgerRoles(postgres_url.replace("postgres@", f"{owner}@") + f"?schema={schema}",
                           postgres_url.replace("postgres@", f"{app}@") + f"?schema={schema}",
                           owner, app, admin, schema)
@@ -47,8 +63,8 @@ def ledger_roles(postgres_url: str, prefix: str, *, schema: str | None = None,
         admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         for role in (app, owner):
             if admin.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone():
-                admin.execute(f'DROP OWNED BY "{role}"')
-                admin.execute(f'DROP ROLE "{role}"')
+                catalog_execute(admin, f'DROP OWNED BY "{role}"')
+                catalog_execute(admin, f'DROP ROLE "{role}"')
         admin.close()
 
 

@@ -28,7 +28,7 @@ from dpops.ledger.budget import format_budget
 from dpops.ledger.store import Ledger
 from dpops.release import computation
 
-from pg_roles_support import ledger_roles
+from pg_roles_support import catalog_execute, ledger_roles
 from test_cli_release import cli_env  # noqa: F401  (fixture: a spec, a SQLite ledger, a fake pipeline)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,8 +51,8 @@ def _drop_role(postgres_url: str, role: str) -> None:
 
     with psycopg.connect(postgres_url, autocommit=True) as admin:
         if admin.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone():
-            admin.execute(f'DROP OWNED BY "{role}"')
-            admin.execute(f'DROP ROLE "{role}"')
+            catalog_execute(admin, f'DROP OWNED BY "{role}"')
+            catalog_execute(admin, f'DROP ROLE "{role}"')
 
 
 def run_init(env):
