@@ -15,7 +15,6 @@ import base64
 import json
 import os
 import secrets
-import signal
 import socket
 import subprocess
 import time
@@ -24,7 +23,7 @@ import urllib.parse
 import urllib.request
 
 import pytest
-from airflow_support import REPO, VENV_BIN, airflow_env
+from airflow_support import REPO, VENV_BIN, airflow_env, stop_process
 from browser_support import Browser, Page, require_chromium
 from cli_support import DAYS, make_env
 
@@ -54,19 +53,6 @@ def _http(method: str, url: str, body: dict | None = None, token: str | None = N
             return resp.status, resp.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)  # its own session: the PID is the group id
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-    except ProcessLookupError:
-        pass
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +97,7 @@ def stack(tmp_path_factory):
         airflow("users", "create", "--username", "admin", "--password", password, "--role", "Admin",
                 "--firstname", "Ad", "--lastname", "Min", "--email", "admin@example.invalid")
     except BaseException:
-        _stop(proc)
+        stop_process(proc)
         log.close()
         raise
     api = f"http://127.0.0.1:{port}"
@@ -136,7 +122,7 @@ def stack(tmp_path_factory):
         finally:
             browser.close()
     finally:
-        _stop(proc)
+        stop_process(proc)
         log.close()
 
 

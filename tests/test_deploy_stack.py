@@ -50,7 +50,6 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -63,6 +62,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from airflow_support import stop_process  # its group is stopped by its own PID
 from deploy_support import (
     AIRFLOW_SERVICES,
     ONE_SHOT_SERVICES,
@@ -220,21 +220,8 @@ def _start(stack: Stack, svc: Service, es: ExitStack) -> subprocess.Popen:
     # A new session: the process's PID is its group id; it and its children are stopped by that id.
     proc = subprocess.Popen(stack.argv(svc), env=stack.env(svc), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True, cwd=stack.base)
-    es.callback(_stop, proc)
+    es.callback(stop_process, proc)
     return proc
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-    except ProcessLookupError:
-        pass
 
 
 def _tail(stack: Stack, names: list[str], n: int = 2500) -> str:
