@@ -37,9 +37,9 @@ lint: $(STAMP)
 # the cores those waits leave idle: on this 2-core machine, under load from other jobs, 3 processes ran
 # the suite in 14.5 min where 2 took 16.9. --no-loadscope-reorder keeps the collection order, in which
 # tests/conftest.py puts the slowest files first (SLOWEST_FIRST), so the last files handed out are short
-# and the processes finish together.
+# and the processes finish together. --durations lists the 25 slowest steps, so a slow run says where it went.
 test: lint
-	$(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(PY) demo/run_demo.py $(DEMO_ARGS)
