@@ -16,6 +16,9 @@ if "DPOPS_STATE_DIR" not in os.environ:
 
 import pytest
 
+# Keeps the suite running when a library closes pytest's own capture file (tests/capture_guard.py says how).
+pytest_plugins = ["capture_guard", "pytester"]  # pytester: tests/test_capture_guard.py runs pytest
+
 # The S3 test server (session scope, started on first use) and a fresh bucket per test, for every module.
 from s3_support import moto_server, s3  # noqa: E402, F401
 
@@ -77,31 +80,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
-
-def _closed_capture_file(config: pytest.Config) -> str | None:
-    """Which of pytest's own global capture files (fd 1 / fd 2) is closed, if any.
-
-    A test that leaves a library writing to, wrapping or closing the stream pytest put on ``sys.stdout`` can
-    close pytest's capture file; every later test of that process then errors in pytest's setup with
-    "I/O operation on closed file", which names the victims, never the cause (seen once in CI, with in-process
-    Airflow logging). Reads pytest's capture manager, whose internals may change: anything unexpected is None.
-    """
-    capman = config.pluginmanager.getplugin("capturemanager")
-    multi = getattr(capman, "_global_capturing", None)
-    for name in ("out", "err"):
-        tmpfile = getattr(getattr(multi, name, None), "tmpfile", None)
-        if getattr(tmpfile, "closed", False):
-            return name
-    return None
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
-    """Name the test during which pytest's capture file was closed (on the process's real stderr)."""
-    already = _closed_capture_file(item.config)
-    yield
-    closed = _closed_capture_file(item.config)
-    if closed and not already:
-        os.write(2, f"\ndpops tests: pytest's capture of std{closed} was closed during {item.nodeid}; "
-                    "every later test of this process will error in setup\n".encode())
 
