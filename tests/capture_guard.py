@@ -47,25 +47,29 @@ def restart_global_capture(item: pytest.Item, closed: str, phase: str) -> None:
     item.warn(pytest.PytestWarning(message))
 
 
+def _guard(item: pytest.Item, phase: str) -> None:
+    if closed := closed_capture_file(item.config):
+        restart_global_capture(item, closed, phase)
+
+
+# tryfirst hookwrappers run outside pytest's own capture wrapper, so the file is replaced before pytest
+# resumes it (CI saw it close between a test's setup and its call).
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item):
-    """Outside pytest's own capture wrapper: a closed capture is replaced before pytest resumes it."""
-    if closed := closed_capture_file(item.config):
-        restart_global_capture(item, closed, "setup")
+    """Check pytest's capture before setup."""
+    _guard(item, "setup")
     yield
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_call(item: pytest.Item):
-    """The same before the test body (CI saw the file close between a test's setup and its call)."""
-    if closed := closed_capture_file(item.config):
-        restart_global_capture(item, closed, "call")
+    """Check pytest's capture before the test body."""
+    _guard(item, "call")
     yield
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_teardown(item: pytest.Item):
-    """The same before teardown."""
-    if closed := closed_capture_file(item.config):
-        restart_global_capture(item, closed, "teardown")
+    """Check pytest's capture before teardown."""
+    _guard(item, "teardown")
     yield

@@ -19,6 +19,7 @@ import os
 import sys
 import traceback
 from datetime import datetime, timezone
+from pathlib import Path
 
 class _Keep(logging.Handler):
     """Every record, DEBUG and up, as caplog would hold it."""
@@ -63,7 +64,7 @@ def main(result_path: str, sent_str: str, sent_num: str) -> int:
         import pipelines.io as pio  # the read transform looks prepare_batch up on pipelines.io at run time
 
         real = pio.prepare_batch
-        hexkey = open(os.environ["DPOPS_NOISE_KEY_FILE"]).read().split()[-1]
+        hexkey = Path(os.environ["DPOPS_NOISE_KEY_FILE"]).read_text().split()[-1]  # as the parent plants it
 
         def leaky_prepare(batch, *a, **k):  # a future bug whose text quotes the data
             raise ValueError(f"Could not convert {sent_str} {sent_num} {hexkey}")

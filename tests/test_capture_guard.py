@@ -30,23 +30,22 @@ def test_after_with_capsys(capsys):
 '''
 
 
-def _run(pytester, *plugins: str):
+def _run(pytester, monkeypatch, *plugins: str):
     pytester.makepyfile(test_closer=CLOSER)
-    env_path = os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])
-    pytester._monkeypatch.setenv("PYTHONPATH", env_path)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
     args = [a for p in plugins for a in ("-p", p)]
     return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly", *args)
 
 
-def test_without_the_guard_every_later_test_errors(pytester):
-    res = _run(pytester)
+def test_without_the_guard_every_later_test_errors(pytester, monkeypatch):
+    res = _run(pytester, monkeypatch)
     got = res.parseoutcomes()  # what CI saw: the two tests after it error in pytest's setup and teardown
     assert got.get("passed") == 1 and got.get("errors", 0) >= 4, got
     assert "I/O operation on closed file" in res.stdout.str()
 
 
-def test_with_the_guard_only_the_test_during_which_it_closed_fails(pytester):
-    res = _run(pytester, "capture_guard")
+def test_with_the_guard_only_the_test_during_which_it_closed_fails(pytester, monkeypatch):
+    res = _run(pytester, monkeypatch, "capture_guard")
     res.assert_outcomes(passed=3, failed=1)
     res.stdout.fnmatch_lines(["*test_closer.py::test_drops_the_wrapper*ValueError*"])
     out = res.stdout.str() + res.stderr.str()
