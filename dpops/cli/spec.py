@@ -271,6 +271,23 @@ def apply_patch_cmd(file: str, patch_path: str, out_path: str | None, as_json: b
         click.echo(f"its releases will say: {statement}")
 
 
+@cli.command("reference")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
+              help="write the page here (docs/spec.md in the repository) instead of printing it")
+def reference_cmd(out_path: str | None) -> None:
+    """Print the spec reference page (every key, type, default, constraint and what it changes), generated
+    from the spec models: the repository's docs/spec.md is this output."""
+    from dpops.spec_reference import render
+
+    text = render() + "\n"
+    if out_path is None:
+        click.echo(text, nl=False)
+        return
+    with open(out_path, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    click.echo(f"wrote {out_path}")
+
+
 @cli.command("synth")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--from", "start", required=True, help="first interval start (ISO-8601, UTC)")
