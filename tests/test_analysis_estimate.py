@@ -380,3 +380,22 @@ def test_readme_procedure_on_the_shipped_example(tmp_path, capsys, monkeypatch):
     assert main(["spec", "check", str(out_spec)]) == 0
     capsys.readouterr()
     assert main(["manifest", "verify", res["run_id"], "--spec", str(spec_path), "--ledger", url]) == 0
+
+
+def test_dpops_estimate_on_an_interval_without_rows_commits_dp_bounds(env):
+    """Issue 25 item 3: ``dpops estimate`` (L0, Linf and value bounds) over a zero-row input commits a DP
+    result (all counts zero; the selection still outputs grid points) instead of raising after the charge,
+    and its manifest verifies."""
+    root, spec, url, key = env
+    schema = pa.schema([("user_id", pa.string()), ("region", pa.string()), ("amount", pa.float64())])
+    pq.write_table(pa.table({"user_id": [], "region": [], "amount": []}, schema=schema),
+                   root / "data" / "2024-01-01.parquet")
+    est = _run(spec, url, key)
+    assert est.state == "committed"
+    assert est.l0 in set(E.contribution_grid(E.DEFAULT_MAX_L0).tolist())
+    assert est.linf in set(E.contribution_grid(E.DEFAULT_MAX_LINF).tolist())
+    lo, hi = est.bounds["amount"]
+    assert lo == 0 and hi > lo
+    with open_ledger(url) as led:
+        assert [r.state for r in led.runs(scope="shop")] == ["committed"]
+    assert main(["manifest", "verify", str(est.manifest), "--ledger", url]) == 0

@@ -241,3 +241,41 @@ def test_two_estimated_metrics_of_one_column_share_one_estimation(tmp_path, monk
     assert [m.bounds for m in done.metrics[1:]] == [(0.0, 4.0), (0.0, 4.0)]
     assert math.isclose(done.budget.epsilon, 0.6) and done.estimated_from == "a" * 32
     assert not done.estimated_metric_keys and load_spec(e.spec).spec_hash == spec.spec_hash
+
+
+@pytest.mark.parametrize("form", ["csv_header_only", "parquet_zero_rows"])
+def test_an_empty_interval_estimates_and_publishes_like_its_one_unit_neighbour(tmp_path, monkeypatch, capsys, form):
+    """Issue 25 item 3: n = 0 is data. An interval whose input has no data rows (a header-only CSV, a
+    zero-row Parquet file) runs the estimation (a DP output on all-zero counts) and publishes, exactly
+    like its neighbour with one unit; before the fix the empty one raised "no rows to estimate from"
+    after ``ledger.start`` and stayed started, charged, never publishable. The real Beam job (FnApiRunner)
+    computes both releases."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dpops.release import computation
+
+    real = computation._load_run_release
+    e = _option_env(tmp_path, monkeypatch, cap=5.0)
+    monkeypatch.setattr(computation, "_load_run_release", real)
+    data = tmp_path / "data"
+    doc = yaml.safe_load(e.spec.read_text())
+    if form == "csv_header_only":
+        doc["input"] = {**doc["input"], "path": "data/{start:%Y-%m-%d}.csv", "format": "csv"}
+        (data / "2024-01-01.csv").write_text("user_id,region,amount\n")  # no data row
+        (data / "2024-01-02.csv").write_text("user_id,region,amount\nalice,north,3.5\n")  # one unit
+    else:
+        schema = pa.schema([("user_id", pa.string()), ("region", pa.string()), ("amount", pa.float64())])
+        pq.write_table(pa.table({"user_id": [], "region": [], "amount": []}, schema=schema), data / "2024-01-01.parquet")
+        pq.write_table(pa.table({"user_id": ["alice"], "region": ["north"], "amount": [3.5]}, schema=schema),
+                       data / "2024-01-02.parquet")
+    e.spec.write_text(yaml.safe_dump(doc))
+    for day in ("2024-01-01", "2024-01-02"):  # the empty interval, then its one-unit neighbour
+        code, out, err = e.json(capsys, "release", "run", str(e.spec), *e.base(day), "--ledger", e.url, "--publish",
+                                "--no-gx-checks", "--json")
+        assert code == 0, err
+        assert out["state"] == "published", out
+    total, runs = _status(e)
+    assert sorted((r, st) for r, st, _ in runs) == [("purchases_test", "committed")] * 2 + [
+        ("purchases_test__estimate", "committed")] * 2
+    assert math.isclose(total, 2 * TOTAL, rel_tol=1e-6)

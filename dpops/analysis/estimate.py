@@ -86,7 +86,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dpops.errors import BudgetExceeded, InputDataError, InvalidParameter, LedgerError, SpecError
+from dpops.errors import BudgetExceeded, InvalidParameter, LedgerError, SpecError
 
 if TYPE_CHECKING:
     from dpops.events import PrivacyEvent
@@ -482,7 +482,8 @@ def _proper(lo: float, hi: float, grid: np.ndarray) -> tuple[float, float]:
 
 
 def read_rows(ctx: RunContext, rng: RandomSource) -> dict[str, np.ndarray]:
-    """The interval's rows, checked and hashed by the release's own ``prepare_batch`` (one pair salt)."""
+    """The interval's rows, checked and hashed by the release's own ``prepare_batch`` (one pair salt). An
+    interval without data rows gives empty columns, never an error (it runs after the charge)."""
     from pipelines.bounding import metric_layout, pair_salt
     from pipelines.io import ReadConfig, hash_partition_tuples, iter_record_batches, prepare_batch, work_items
 
@@ -514,7 +515,17 @@ def read_rows(ctx: RunContext, rng: RandomSource) -> dict[str, np.ndarray]:
                                        pair_salt=salt)
             parts.append(rows)
     if not parts:
-        raise InputDataError(f"{spec.name} {ctx.interval}: the input has no rows to estimate from")
+        # n = 0 is data (issue 25 item 3): this runs after ledger.start, so refusing an interval without rows
+        # would be a data-dependent abort that leaves it charged and never published. An empty batch of the
+        # declared types goes through the same prepare_batch, so the mechanisms get the same (empty) columns
+        # and still output DP bounds (every count is zero; the public tail preference picks the candidate).
+        import pyarrow as pa
+
+        from pipelines.io import ARROW_TYPES
+
+        empty = pa.RecordBatch.from_pydict({c: pa.array([], type=ARROW_TYPES[cfg.types[c]]) for c in cfg.needed})
+        rows, _, _ = prepare_batch(empty, 0, 0, cfg, rng.child("read", "empty"), pair_salt=salt)
+        parts.append(rows)
     return {k: np.concatenate([x[k] for x in parts]) for k in parts[0]}
 
 
