@@ -399,3 +399,40 @@ def test_dpops_estimate_on_an_interval_without_rows_commits_dp_bounds(env):
     with open_ledger(url) as led:
         assert [r.state for r in led.runs(scope="shop")] == ["committed"]
     assert main(["manifest", "verify", str(est.manifest), "--ledger", url]) == 0
+
+
+def test_a_test_mode_estimation_never_feeds_a_keyed_release_nor_exposes_a_fingerprint(env, capsys, monkeypatch):
+    """Issue 25 item 4: ``dpops estimate --randomness test --test-seed 7 --spec-out`` then ``release run`` of the
+    patched spec with the noise key: the release is refused before anything is reserved (the rule verify
+    applies, ``check_dependency``), the test-mode estimation is spent_unpublished in the ledger (charged,
+    never published, as a test-mode release), and nothing under output.root carries its fingerprint: no
+    manifest in the reviewer-facing directory, no result file."""
+    from dpops.release import computation
+
+    root, spec, url, key = env
+    out_root = root / "out"
+    argv = ["estimate", str(spec), "--interval", "2024-01-01", "--epsilon", "0.8", "--randomness", "test",
+            "--test-seed", "7", "--ledger", url, "--out", str(root / "est"), "--spec-out", str(root / "spec.est.yaml"),
+            "--json"]
+    assert main(argv) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert first["state"] == "test_only" and first["manifest"] is None
+    with open_ledger(url) as led:
+        rec = led.run(first["run_id"])
+        assert rec.state == "spent_unpublished" and math.isclose(rec.epsilon, 0.8, rel_tol=1e-6)
+        fingerprint = rec.key.input_fingerprint
+    written = [p for p in out_root.rglob("*") if p.is_file()] if out_root.exists() else []
+    assert [p for p in written if fingerprint in p.read_text(errors="replace")] == []
+    assert [p for p in written if p.suffix == ".json"] == []  # no manifest, no result file under output.root
+    # the same seeded request again recomputes the same result and charges nothing
+    assert main(argv) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["result"] == first["result"] and again["epsilon_charged"] == 0
+    assert _entries(url)[1] == pytest.approx(0.8)
+    monkeypatch.setattr(computation, "_load_run_release", lambda: TwelveRegions())
+    before = _entries(url)
+    code = main(["release", "run", str(root / "spec.est.yaml"), "--interval", "2024-01-01", "--key-file", str(key),
+                 "--ledger", url, "--publish", "--no-gx-checks"])
+    err = capsys.readouterr().err
+    assert code == 3 and "test-mode" in err and "nothing was reserved" in err, err
+    assert _entries(url) == before

@@ -279,3 +279,20 @@ def test_an_empty_interval_estimates_and_publishes_like_its_one_unit_neighbour(t
     assert sorted((r, st) for r, st, _ in runs) == [("purchases_test", "committed")] * 2 + [
         ("purchases_test__estimate", "committed")] * 2
     assert math.isclose(total, 2 * TOTAL, rel_tol=1e-6)
+
+
+def test_a_test_mode_run_estimates_in_test_mode_and_is_never_published(tmp_path, monkeypatch, capsys):
+    """Issue 25 item 4, the bounds: estimate side: a test-mode run's estimation is seeded too, so it is
+    spent_unpublished (never committed), the release may use it (test mode to test mode) and is itself never
+    published; no manifest is written under output.root."""
+    from dpops.errors import StorageError
+    from dpops.release import execute_release
+
+    e = _option_env(tmp_path, monkeypatch)
+    with open_ledger(e.url) as led, pytest.raises(StorageError, match="test-mode"):
+        execute_release(e.spec, "2024-01-01", "2024-01-02", ledger=led, randomness="test", test_seed=3)
+    total, runs = _status(e)
+    assert sorted((r, st) for r, st, _ in runs) == [("purchases_test", "spent_unpublished"),
+                                                     ("purchases_test__estimate", "spent_unpublished")]
+    reviewer_facing = [tmp_path / "out" / "manifests", tmp_path / "out" / "estimates", tmp_path / "out" / "published"]
+    assert [p for d in reviewer_facing if d.exists() for p in d.rglob("*") if p.is_file()] == []

@@ -62,7 +62,9 @@ Randomness, retries and the ledger
 Noise comes from the run's randomness source exactly as a release's: ``keyed`` (the default) is the
 CSPRNG stream of the noise key and the estimation's run key (``keyed_random``), so a retry of the same
 run key over the same input draws the same values, reveals nothing new and is not charged again;
-``test`` is seeded and never feeds a published release. ``os`` randomness cannot be reproduced, so a
+``test`` is seeded and never feeds a published release: the run ends spent_unpublished, writes no manifest
+and no result under output.root (its fingerprint is keyed with the public test key), and ``check_dependency``
+refuses it to a keyed or os release (``_test_only``). ``os`` randomness cannot be reproduced, so a
 retry could not be free: it is refused for estimation. The run key is the release's (spec hash,
 interval, keyed input fingerprint, key id) under the release name ``<name>__estimate`` and a spec hash
 field that also covers the estimation's configuration (``estimation_hash``): the same request is the
@@ -364,7 +366,9 @@ class Estimate:
     bounds: dict[str, tuple[float, float]]  # column -> (lo, hi), only the estimated columns
     mechanisms: list[Mechanism]
     run_id: str | None = None
-    state: str = "computed"  # computed | committed (new run) | already_committed (served, nothing charged)
+    # computed | committed (new run) | already_committed (served, nothing charged) | test_only (seeded: charged,
+    # spent_unpublished, never published, no manifest)
+    state: str = "computed"
     epsilon_charged: float = 0.0
     manifest: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
@@ -675,11 +679,14 @@ def estimate(spec_path: str | os.PathLike[str], interval_start: IntervalBound, i
     rec = ledger.run(key.run_id)
     if rec is not None and rec.state == "committed":
         return _served(spec, config, rec)
-    if serve_only:
+    # a test-mode run is never committed: once charged (spent_unpublished) its seeded result is recomputed, free
+    test_mode = ctx.randomness == "test"
+    test_again = test_mode and rec is not None and rec.state == "spent_unpublished"
+    if serve_only and not test_again:
         raise LedgerError(f"{spec.name} {ctx.interval}: its bounds: estimate estimation has not been committed "
                           f"(run {key.run_id} is {rec.state if rec is not None else 'not in the ledger'}); run the "
                           "release (dpops release run, or the DAG's reserve task) first; nothing was charged")
-    if rec is not None and rec.state in ("released", "spent_unpublished"):
+    if rec is not None and rec.state in ("released", "spent_unpublished") and not test_again:
         raise LedgerError(f"estimation run {key.run_id} is {rec.state}; change the request (e.g. --epsilon) for a "
                           "new run")
     charged = 0.0
@@ -711,12 +718,14 @@ def estimate(spec_path: str | os.PathLike[str], interval_start: IntervalBound, i
                            actor=ctx.actor)
             raise
         ledger.start(key.run_id, actor=ctx.actor)  # from here on the charge stays
-    else:  # started earlier and interrupted: keyed/test noise recomputes the same result, nothing charged again
+    else:  # started earlier and interrupted (or a test-mode run again): the same noise, the same result, no charge
         rng = random_source(ctx, key)
         folder = _manifests_dir(spec)
     rows = read_rows(ctx, rng.child("estimate", "read"))  # a failure now leaves the run started (charged)
     est = estimate_rows(spec, rows, config, rng)
     est.run_id = key.run_id
+    if test_mode:
+        return _test_only(ctx, ledger, key, est, charged)
     from dpops.manifest.run_hook import write_run_manifest
 
     result_path = _result_path(spec, key.run_id)
@@ -733,6 +742,29 @@ def estimate(spec_path: str | os.PathLike[str], interval_start: IntervalBound, i
     est.epsilon_charged = charged
     est.manifest = path
     est.details = {"scope": spec.budget.scope, "charged": format_budget(charged)}
+    return est
+
+
+def _test_only(ctx: RunContext, ledger: Ledger, key: RunKey, est: Estimate, charged: float) -> Estimate:
+    """A test-mode (seeded) estimation: charged, never published (issue 25 item 4).
+
+    Privacy reasons, as for a test-mode release (``dpops.release.publication``): seeded noise is not secret,
+    so its output is never a DP release; the run is marked spent_unpublished (the charge stays, nothing is
+    committed), and ``check_dependency`` refuses it to any keyed or os release before reservation. No
+    manifest and no result file is written under output.root: the run key's input fingerprint is keyed with
+    the PUBLIC test key, so a reviewer holding it could recompute it for "alice in" and "alice out" and
+    confirm membership. The caller gets the result (the operator's own output directory)."""
+    from dpops.ledger.budget import format_budget
+
+    rec = ledger.run(key.run_id)
+    if rec is not None and rec.state == "started":
+        ledger.mark_spent_unpublished(key.run_id, actor=ctx.actor,
+                                      reason="test-mode (seeded) estimation: never published, never feeds a release "
+                                             "with keyed or os randomness")
+    est.state = "test_only"
+    est.epsilon_charged = charged
+    est.manifest = None
+    est.details = {"scope": ctx.spec.budget.scope, "charged": format_budget(charged), "randomness": "test"}
     return est
 
 
@@ -766,12 +798,21 @@ def recompute_section(manifest: Mapping[str, Any]) -> tuple[dict[str, Any], list
     return section, [event_to_dict(e) for e in events(spec, config)]
 
 
-def check_dependency(spec: ReleaseSpec, ledger: Ledger) -> list[str]:
-    """Why ``spec.estimated_from`` is not a usable estimation in ``ledger`` (empty: it is).
+def is_test_key_id(key_id: str) -> bool:
+    """A run key's key id that names test-mode (seeded, public) randomness (``dpops.release.preparation``)."""
+    return str(key_id).startswith("test/")
+
+
+def check_dependency(spec: ReleaseSpec, ledger: Ledger, randomness: str = "keyed") -> list[str]:
+    """Why ``spec.estimated_from`` is not a usable estimation in ``ledger`` for a release with ``randomness``
+    (empty: it is). The one rule ``release run``/``restate``/the DAG's reserve (``check_scope``, before
+    reservation) and ``manifest verify`` (``dependencies``) apply.
 
     A release whose bounds came from an estimation must name a committed estimation of the same release
     on the same scope: a bound learned from the data without a charged estimation is a leak
-    (semantics.md section 1), and an estimation charged to another scope was charged to other people."""
+    (semantics.md section 1), and an estimation charged to another scope was charged to other people. A
+    test-mode (seeded) estimation is not a DP release (its noise is public): it feeds only a test-mode
+    release, itself never published (issue 25 item 4)."""
     run_id = getattr(spec, "estimated_from", None)
     if run_id is None:
         return []
@@ -779,13 +820,19 @@ def check_dependency(spec: ReleaseSpec, ledger: Ledger) -> list[str]:
     if rec is None:
         return [f"estimated_from: run {run_id} is not in this ledger: run dpops estimate with this ledger first"]
     out = []
+    test_run = is_test_key_id(rec.key.key_id)
+    if test_run and randomness != "test":
+        out.append(f"estimated_from: estimation {run_id} used test-mode (seeded) randomness, so it is not a DP "
+                   f"release and never feeds a release with {randomness} randomness: estimate again with keyed "
+                   "randomness (dpops estimate without --randomness test)")
+        return out
     if rec.key.release != spec.name + RELEASE_SUFFIX:
         out.append(f"estimated_from: run {run_id} is a run of {rec.key.release!r}, not an estimation of "
                    f"{spec.name!r}")
     if rec.scope != spec.budget.scope:
         out.append(f"estimated_from: estimation {run_id} was charged to scope {rec.scope!r}, the release uses "
                    f"{spec.budget.scope!r}")
-    if rec.state != "committed":
+    if rec.state != "committed" and not (test_run and rec.state == "spent_unpublished"):
         out.append(f"estimated_from: estimation {run_id} is {rec.state}, not committed")
     return out
 
@@ -793,5 +840,6 @@ def check_dependency(spec: ReleaseSpec, ledger: Ledger) -> list[str]:
 __all__ = ["EstimateConfig", "Estimate", "Mechanism", "estimate", "option_config", "option_events",
            "patch_document", "PATCH_SCHEMA", "estimate_l0",
            "estimate_rows", "events", "mechanisms", "value_grid", "contribution_grid", "estimation_hash",
-           "quantile_choice", "spec_patch", "check_dependency", "recompute_section", "manifest_section",
+           "quantile_choice", "spec_patch", "check_dependency", "is_test_key_id", "recompute_section",
+           "manifest_section",
            "random_source", "read_rows", "run_key_of", "RELEASE_SUFFIX", "ESTIMATION_SCHEMA"]

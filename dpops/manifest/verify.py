@@ -358,16 +358,23 @@ def _check_dependencies(m: dict[str, Any], ledger: Ledger | None, manifests_dir:
                 f"{wanted!r}"]
     if not wanted:
         return []
+    out: list[str] = []
+    if ledger is not None:  # the rule release run applies before reservation (issue 25 item 4): one owner
+        from dpops.analysis.estimate import check_dependency
+
+        out.extend(check_dependency(parse_embedded_spec(m["spec"]), ledger, str(m["randomness"]["mode"])))
     if manifests_dir is None:
-        return [f"dependencies: the manifest of estimation {wanted} cannot be looked up (no manifests directory "
-                "given): verify with --manifests DIR"]
+        return [*out, f"dependencies: the manifest of estimation {wanted} cannot be looked up (no manifests "
+                      "directory given): verify with --manifests DIR"]
     try:
         dep = read_manifest(find_manifest(wanted, manifests_dir))
     except DpopsError as exc:
-        return [f"dependencies.estimations[0]: estimation {wanted}: {exc}"]
-    out: list[str] = []
+        return [*out, f"dependencies.estimations[0]: estimation {wanted}: {exc}"]
     if dep.get("estimation") is None:
-        return [f"dependencies.estimations[0]: run {wanted}'s manifest is not an estimation's"]
+        return [*out, f"dependencies.estimations[0]: run {wanted}'s manifest is not an estimation's"]
+    if dep["randomness"].get("test_mode") and not m["randomness"].get("test_mode"):
+        out.append(f"dependencies.estimations[0]: estimation {wanted} used test-mode (seeded) randomness, so it "
+                   "never feeds a release with keyed or os randomness")
     res = verify_manifest(dep, ledger=ledger, source=f"estimation {wanted}", check_files=False,
                           chain_report=chain_report, manifests_dir=manifests_dir)
     out.extend(f"dependencies.estimations[0] (estimation {wanted}): {p}" for p in res.problems)

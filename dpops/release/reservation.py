@@ -152,7 +152,7 @@ def _check_scope(ctx: RunContext, ledger: Ledger) -> ScopeDefinition:
     # section 4): a spec naming one must name a committed estimation of this release in this ledger.
     from dpops.analysis.estimate import check_dependency
 
-    problems = check_dependency(ctx.spec, ledger)
+    problems = check_dependency(ctx.spec, ledger, ctx.randomness)
     if problems:
         raise SpecError("\n".join(f"{ctx.spec.source}: {p}" for p in problems) + "\nnothing was reserved")
     return scope
