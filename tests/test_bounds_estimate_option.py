@@ -296,3 +296,28 @@ def test_a_test_mode_run_estimates_in_test_mode_and_is_never_published(tmp_path,
                                                      ("purchases_test__estimate", "spent_unpublished")]
     reviewer_facing = [tmp_path / "out" / "manifests", tmp_path / "out" / "estimates", tmp_path / "out" / "published"]
     assert [p for d in reviewer_facing if d.exists() for p in d.rglob("*") if p.is_file()] == []
+
+
+def test_an_edited_estimation_manifest_is_never_served(tmp_path, monkeypatch, capsys):
+    """Issue 25 item 7c: the committed estimation is served from its manifest only if the file's sha256 is the
+    one the ledger's commit entry recorded. The release fails after the estimation committed; editing the
+    estimation's bounds to [0, 1e6] then used to set the bounds of the retry's release. Now the retry and a
+    restatement refuse (exit 7) and nothing more is charged."""
+    e = _option_env(tmp_path, monkeypatch, cap=5.0)
+    e.pipe.fail_after_start = True
+    code, out, err = e.run(capsys, "release", "run", str(e.spec), *e.base("2024-01-01"), "--ledger", e.url,
+                           "--publish", "--no-gx-checks")
+    assert code != 0
+    e.pipe.fail_after_start = False
+    mdir = tmp_path / "out" / "manifests" / "purchases_test"
+    path = next(p for p in mdir.glob("*.json") if json.loads(p.read_text()).get("estimation") is not None)
+    doc = json.loads(path.read_text())
+    doc["estimation"]["result"]["bounds"]["amount"] = [0.0, 1e6]
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    before = _status(e)
+    for verb in ("run", "restate"):
+        code, out, err = e.run(capsys, "release", verb, str(e.spec), *e.base("2024-01-01"), "--ledger", e.url,
+                               *(["--publish"] if verb == "run" else []), "--no-gx-checks")
+        assert code == 7 and "refusing to serve committed estimation" in err and "sha256" in err, out + err
+    assert _status(e) == before
+    assert all(r.estimated_bounds != [("amount", 0.0, 1e6)] for r in e.pipe.requests)

@@ -610,10 +610,27 @@ def _result_path(spec: ReleaseSpec, run_id: str) -> Path:
 
 
 def _served(spec: ReleaseSpec, config: EstimateConfig, rec: RunRecord) -> Estimate:
-    """A committed estimation: its result read back from its manifest (nothing recomputed or charged)."""
-    from dpops.manifest.io import find_manifest, read_manifest
+    """A committed estimation: its result read back from its manifest (nothing recomputed or charged).
 
-    path = find_manifest(rec.run_id, _manifests_dir(spec))
+    The manifest read is the file the ledger's commit entry names, and its sha256 must be the one that
+    entry recorded (issue 25 item 7c): the served bounds become a release's sensitivity, so a manifest
+    edited after the commit (e.g. [0, 32] made [0, 1e6]) would set a release's bounds that no DP
+    mechanism chose. A mismatch is an IntegrityError (exit 7) before anything is reserved."""
+    from dpops.errors import IntegrityError
+    from dpops.manifest.io import file_sha256, read_manifest
+    from dpops.manifest.verify import committed_manifest_problems
+
+    folder = _manifests_dir(spec)
+    recorded = ((rec.details or {}).get("commit") or {}).get("manifest")
+    name = recorded.get("file") if isinstance(recorded, dict) else None
+    path = folder / str(name) if isinstance(name, str) and name and Path(name).name == name else None
+    problems = (committed_manifest_problems(rec, path.name, file_sha256(path), required=True)
+                if path is not None and path.is_file() else
+                [f"the manifest file the ledger's commit entry names ({name!r}) is not in {folder}"])
+    if problems or path is None:
+        raise IntegrityError(f"{spec.name}: refusing to serve committed estimation {rec.run_id}: " + "; ".join(problems)
+                             + ". Restore the manifest from a backup and investigate who changed it; nothing was "
+                             "reserved or charged")
     m = read_manifest(path)
     est = m.get("estimation") or {}
     res = est.get("result") or {}
