@@ -321,3 +321,42 @@ def test_an_edited_estimation_manifest_is_never_served(tmp_path, monkeypatch, ca
         assert code == 7 and "refusing to serve committed estimation" in err and "sha256" in err, out + err
     assert _status(e) == before
     assert all(r.estimated_bounds != [("amount", 0.0, 1e6)] for r in e.pipe.requests)
+
+
+def test_a_rerun_of_a_published_interval_whose_input_changed_is_refused_before_the_estimation(
+        tmp_path, monkeypatch, capsys):
+    """Issue 25 item 7d: after the interval published, its input changes and a plain ``release run`` used to
+    charge a new estimation (0.6 -> 0.8), then refuse the release and say "charged ε=0". The changed input is
+    now refused before any estimation is reserved (ledger unchanged); the explicit restatement still works
+    and charges the estimation and the release once; and a failure line counts an estimation this
+    invocation charged."""
+    from test_runs import write_input
+
+    e = _option_env(tmp_path, monkeypatch, cap=5.0)
+    base = [*e.base("2024-01-01"), "--ledger", e.url, "--no-gx-checks"]
+    code, out, err = e.run(capsys, "release", "run", str(e.spec), *base, "--publish")
+    assert code == 0, err
+    before = _status(e)
+    assert math.isclose(before[0], TOTAL, rel_tol=1e-6)
+    write_input(tmp_path, "2024-01-01", amounts=(1.0, 2.0, 3.0, 9.0))  # late data: the input changed
+    code, out, err = e.run(capsys, "release", "run", str(e.spec), *base, "--publish")
+    assert code == 6 and "already published" in err and "release restate" in err, out + err
+    assert "input changed" in err
+    assert _status(e) == before  # nothing reserved: no new estimation
+    code, out, err = e.json(capsys, "release", "restate", str(e.spec), *base, "--json")
+    assert code == 0, err
+    assert out["state"] == "published" and out["restates"]
+    total, runs = _status(e)
+    assert math.isclose(total, 2 * TOTAL, rel_tol=1e-6) and len(runs) == 4, runs
+
+
+def test_a_failure_line_counts_the_estimation_this_invocation_charged(tmp_path, monkeypatch, capsys):
+    """Issue 25 item 7d, the message: when the estimation was charged and the release then failed, the
+    failure line does not claim ε=0 for this invocation."""
+    e = _option_env(tmp_path, monkeypatch, cap=5.0)
+    e.pipe.fail_after_start = True
+    code, out, err = e.json(capsys, "release", "run", str(e.spec), *e.base("2024-01-01"), "--ledger", e.url,
+                            "--publish", "--no-gx-checks", "--json")
+    assert code != 0
+    assert math.isclose(out["epsilon_charged"] + out["estimation_charged"], TOTAL, rel_tol=1e-6), out
+    assert "estimation" in out["budget"], out["budget"]

@@ -664,7 +664,8 @@ def option_events(spec: ReleaseSpec) -> list[PrivacyEvent]:
 def estimate(spec_path: str | os.PathLike[str], interval_start: IntervalBound, interval_end: IntervalBound = None, *,
              config: EstimateConfig, ledger: Ledger, randomness: str = "keyed", key_path: str | None = None,
              test_seed: int | None = None, actor: str | None = None,
-             then_charges: Sequence[PrivacyEvent] = (), serve_only: bool = False) -> Estimate:
+             then_charges: Sequence[PrivacyEvent] = (), serve_only: bool = False,
+             for_release: bool = False) -> Estimate:
     """``dpops estimate``: prepare (as a release), reserve, start, estimate, write the manifest, commit.
 
     The same request again (same spec, interval, input, key and configuration) is the same run key: a
@@ -676,7 +677,9 @@ def estimate(spec_path: str | os.PathLike[str], interval_start: IntervalBound, i
     estimation is reserved only if the estimation and that release fit the scope together
     (``ledger.plan``), so an interval whose declared total is over the cap is refused with the ledger
     unchanged instead of charging the estimation and refusing the release. ``serve_only``: return the
-    committed estimation or raise LedgerError; never reserve (callers that must not charge)."""
+    committed estimation or raise LedgerError; never reserve (callers that must not charge). ``for_release``:
+    the estimation of a plain release run (not a restatement): a new one is refused, before anything is
+    reserved, when the release's interval is already published (``refuse_new_estimation_of_published``)."""
     from dpops.errors import public_message
     from dpops.ledger.budget import format_budget
     from dpops.release.key_continuity import check_key_continuity
@@ -707,6 +710,11 @@ def estimate(spec_path: str | os.PathLike[str], interval_start: IntervalBound, i
         raise LedgerError(f"estimation run {key.run_id} is {rec.state}; change the request (e.g. --epsilon) for a "
                           "new run")
     charged = 0.0
+    if rec is None and for_release:
+        from dpops.release.reservation import refuse_new_estimation_of_published
+
+        refuse_new_estimation_of_published(ctx, ledger.published(spec.name, ctx.interval.start_iso,
+                                                                 ctx.interval.end_iso))
     if rec is None and then_charges:
         fit = ledger.plan(spec.budget.scope, [(ctx.interval.start_iso, ctx.interval.end_iso,
                                                list(evs) + list(then_charges))])
