@@ -360,3 +360,24 @@ def test_a_failure_line_counts_the_estimation_this_invocation_charged(tmp_path, 
     assert code != 0
     assert math.isclose(out["epsilon_charged"] + out["estimation_charged"], TOTAL, rel_tol=1e-6), out
     assert "estimation" in out["budget"], out["budget"]
+
+
+def test_plan_solve_counts_the_estimation_and_its_written_spec_runs_within_the_cap(tmp_path, monkeypatch, capsys):
+    """Issue 25 item 7e through the CLI: ``plan --solve`` against the ledger's cap (1.2) on a bounds: estimate
+    spec reported cost 0.831 while the spec it told one to write charged 1.418 and was refused. Its cost is
+    now the interval's whole charge, and the written spec's run is admitted and charges that cost."""
+    e = _option_env(tmp_path, monkeypatch, cap=1.2)
+    doc = yaml.safe_load(e.spec.read_text())
+    doc["accuracy"] = {"confidence": 0.95, "targets": [{"kind": "error", "metric": "count", "max_error": 5.0}]}
+    e.spec.write_text(yaml.safe_dump(doc))
+    code, out, err = e.json(capsys, "plan", str(e.spec), "--solve", "--ledger", e.url, "--accountants", "basic",
+                            "--json")
+    assert code == 0, err
+    sol = out["solution"]
+    assert sol["cost"] <= 1.2 and math.isclose(sol["cost"], sol["epsilon"], rel_tol=1e-8), sol
+    doc["budget"].update(sol["spec_patch"]["budget"])
+    e.spec.write_text(yaml.safe_dump(doc))
+    code, out, err = e.run(capsys, "release", "run", str(e.spec), *e.base("2024-01-01"), "--ledger", e.url,
+                           "--publish", "--no-gx-checks")
+    assert code == 0, out + err
+    assert math.isclose(_status(e)[0], sol["cost"], rel_tol=1e-6)
