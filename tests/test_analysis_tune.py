@@ -402,3 +402,39 @@ def test_the_python_api_refuses_a_private_path_and_a_foreign_private_file(tmp_pa
         access = open_sample(tune_api.load(spec), root / "data" / "x.parquet", allow_private=True, ledger=led,
                              actor="a", reason="r", fingerprint_key=load_key(key))
     assert access.private and tune_api.tune(spec, access, grid=[Candidate(1, 1)], seed=1).sample_rows > 0
+
+
+def test_a_public_tune_cannot_replace_the_record_of_a_private_one(tmp_path, monkeypatch, capsys):
+    """Issue 25 item 7b: tune on the private input (recorded), apply the patch; then a one-candidate "public" tune
+    over exactly those privately chosen values, and ``spec apply-patch``, used to replace ``source: private`` so
+    that manifests said "chosen on a public sample". apply-patch now refuses that patch and writes nothing; a
+    second private tune may still replace the record."""
+    root, spec, url, key = _env(tmp_path, monkeypatch)
+    pub = tmp_path / "public"
+    pub.mkdir()
+    pq.write_table(pa.Table.from_pandas(sample(seed=2), preserve_index=False), pub / "s.parquet")
+    monkeypatch.setenv("DPOPS_PUBLIC_ROOTS", str(pub))
+    private = ["--i-understand-this-reads-private-data", "--reason", "r", "--key-file", str(key)]
+    assert main(["--ledger", url, "tune", str(spec), "--sample", str(root / "data" / "x.parquet"), "--out",
+                 str(tmp_path / "t1"), *private, "--l0", "1,2", "--linf", "1,2"]) == 0
+    tuned = root / "spec.tuned.yaml"
+    assert main(["spec", "apply-patch", str(spec), str(tmp_path / "t1" / "patch.yaml"), "--out", str(tuned)]) == 0
+    capsys.readouterr()
+    doc = yaml.safe_load(tuned.read_text())
+    assert doc["tuning"]["data"]["source"] == "private"
+    c = doc["contribution"]
+    assert main(["tune", str(tuned), "--sample", str(pub / "s.parquet"), "--out", str(tmp_path / "t2"),
+                 "--l0", str(c["max_partitions_per_unit"]), "--linf", str(c["max_rows_per_unit_per_partition"])]) == 0
+    capsys.readouterr()
+    public_patch = yaml.safe_load((tmp_path / "t2" / "patch.yaml").read_text())
+    assert public_patch["patch"]["tuning"]["data"]["source"] == "public" and public_patch["tuning"]["candidates"] == 1
+    laundered = root / "spec.laundered.yaml"
+    code = main(["spec", "apply-patch", str(tuned), str(tmp_path / "t2" / "patch.yaml"), "--out", str(laundered)])
+    err = capsys.readouterr().err
+    assert code == 3 and "chosen by looking at private data" in err, err
+    assert not laundered.exists()
+    # a new private tune of the tuned spec is a new recorded read: it may replace the record
+    assert main(["--ledger", url, "tune", str(tuned), "--sample", str(root / "data" / "x.parquet"), "--out",
+                 str(tmp_path / "t3"), *private, "--l0", "1", "--linf", "1"]) == 0
+    assert main(["spec", "apply-patch", str(tuned), str(tmp_path / "t3" / "patch.yaml"), "--out",
+                 str(root / "spec.again.yaml")]) == 0
