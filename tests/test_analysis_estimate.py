@@ -436,3 +436,38 @@ def test_a_test_mode_estimation_never_feeds_a_keyed_release_nor_exposes_a_finger
     err = capsys.readouterr().err
     assert code == 3 and "test-mode" in err and "nothing was reserved" in err, err
     assert _entries(url) == before
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=60)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2), st.floats(-1e12, 1e12)), max_size=6),
+       st.integers(0, 2**32))
+def test_the_estimator_outputs_grid_bounds_on_any_small_input_including_none(items, seed):
+    """Issue 25 item 3 as a property: the estimation runs after the charge, so on ANY input -- no row at all,
+    one unit, a few units with extreme values -- every mechanism (L0, Linf, lower and upper value bound)
+    outputs a grid point and lo < hi; nothing raises. Deterministic (derandomized, fixed seeds)."""
+    from dpops.spec import parse_spec
+    from pipelines.bounding import pair_priority
+
+    spec = parse_spec({"name": "prop", "input": {"path": "x.parquet", "format": "parquet",
+                                                 "columns": {"user_id": "string", "region": "string",
+                                                             "amount": "float"}},
+                       "privacy_unit": {"column": "user_id", "description": "u", "adjacency": "add_remove"},
+                       "budget": {"scope": "s", "epsilon": 1.0},
+                       "contribution": {"max_partitions_per_unit": 2, "max_rows_per_unit_per_partition": 2},
+                       "partitions": {"columns": ["region"], "public": ["a", "b", "c"]},
+                       "metrics": [{"type": "sum", "column": "amount", "bounds": [-10, 10]}]}, source="prop")
+    u = np.asarray([i for i, _, _ in items], dtype=np.uint64) * np.uint64(2654435761) + np.uint64(1)
+    p = np.asarray([j for _, j, _ in items], dtype=np.uint64) + np.uint64(7)
+    g = np.random.default_rng(seed)
+    rows = {"u": u, "p": p, "prio": g.integers(0, 2**63, len(items)).astype(np.uint64),
+            "pp": pair_priority(u, p, (1, 2)), "v:amount": np.asarray([v for _, _, v in items], dtype=np.float64)}
+    est = E.estimate_rows(spec, rows, E.EstimateConfig(epsilon=0.5), test_random(seed, ("prop",)))
+    assert est.l0 in set(E.contribution_grid(E.DEFAULT_MAX_L0).tolist())
+    assert est.linf in set(E.contribution_grid(E.DEFAULT_MAX_LINF).tolist())
+    lo, hi = est.bounds["amount"]
+    grid = set(E.value_grid().tolist())
+    assert lo in grid and lo < hi
