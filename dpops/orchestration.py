@@ -101,7 +101,7 @@ class Step:
     settings: Settings
     actor: str = "orchestrator"
 
-    def prepare(self, ledger: Any = None, *, run_estimation: bool = False) -> release.RunContext:
+    def prepare(self, ledger: Any = None, *, run_estimation: bool = False, restate: bool = False) -> release.RunContext:
         """``release.prepare``; a spec with ``bounds: estimate`` gets the ledger (``ledger``, or one opened
         here) for its estimation. Only the reserve task runs it (``run_estimation``); every other task,
         and a failure line, is served the committed one and never charges (none committed: LedgerError)."""
@@ -111,10 +111,12 @@ class Step:
         mode = "run" if run_estimation else "serve"
         if ledger is not None or not load_spec(self.spec_path).estimated_metric_keys:
             return release.prepare(self.spec_path, self.interval_start, self.interval_end, randomness=s.randomness,
-                                   key_path=s.key_path, actor=self.actor, ledger=ledger, estimation=mode)
+                                   key_path=s.key_path, actor=self.actor, ledger=ledger, estimation=mode,
+                                   restate=restate)
         with self.ledger() as led:
             return release.prepare(self.spec_path, self.interval_start, self.interval_end, randomness=s.randomness,
-                                   key_path=s.key_path, actor=self.actor, ledger=led, estimation=mode)
+                                   key_path=s.key_path, actor=self.actor, ledger=led, estimation=mode,
+                                   restate=restate)
 
     def ledger(self) -> Any:
         return release.open_run_ledger(self.settings.ledger_url)
@@ -215,7 +217,7 @@ def _refused(ctx: release.RunContext, ledger: Any, reason: str) -> release.RunOu
 def reserve_step(step: Step, *, restate: bool = False) -> release.RunOutcome:
     """Reserve the plan's events, serve an interval this run already published (state
     ``already_published``, no charge), or return a ``refused`` outcome saying why."""
-    ctx = step.prepare(run_estimation=True)
+    ctx = step.prepare(run_estimation=True, restate=restate)
     with step.ledger() as ledger:
         if not restate:
             pick_attempt(ctx, ledger)  # the run key the ledger knows (a refunded attempt is skipped)

@@ -720,9 +720,9 @@ class ReleaseSpec(_Strict):
     def with_budget(self, epsilon: float, split: dict[str, float] | None) -> "ReleaseSpec":
         """This spec with another ``budget.epsilon`` and ``budget.split`` (e.g. a split ``dpops plan --solve``
         found); everything else, including where relative paths start, is kept. The keys of ``split`` must
-        be this spec's split keys."""
+        be this spec's split keys, or the ``<key>.bounds`` share of a ``bounds: estimate`` metric."""
         if split is not None:
-            allowed = set(self.split_weights())
+            allowed = set(self.split_weights()) | {k + BOUNDS_SHARE_SUFFIX for k in self.estimated_metric_keys}
             bad = sorted(set(split) - allowed)
             if bad:
                 raise SpecError(f"{self.source}: budget.split keys {bad} are not metric keys; known: {sorted(allowed)}")

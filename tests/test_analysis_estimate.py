@@ -380,3 +380,94 @@ def test_readme_procedure_on_the_shipped_example(tmp_path, capsys, monkeypatch):
     assert main(["spec", "check", str(out_spec)]) == 0
     capsys.readouterr()
     assert main(["manifest", "verify", res["run_id"], "--spec", str(spec_path), "--ledger", url]) == 0
+
+
+def test_dpops_estimate_on_an_interval_without_rows_commits_dp_bounds(env):
+    """Issue 25 item 3: ``dpops estimate`` (L0, Linf and value bounds) over a zero-row input commits a DP
+    result (all counts zero; the selection still outputs grid points) instead of raising after the charge,
+    and its manifest verifies."""
+    root, spec, url, key = env
+    schema = pa.schema([("user_id", pa.string()), ("region", pa.string()), ("amount", pa.float64())])
+    pq.write_table(pa.table({"user_id": [], "region": [], "amount": []}, schema=schema),
+                   root / "data" / "2024-01-01.parquet")
+    est = _run(spec, url, key)
+    assert est.state == "committed"
+    assert est.l0 in set(E.contribution_grid(E.DEFAULT_MAX_L0).tolist())
+    assert est.linf in set(E.contribution_grid(E.DEFAULT_MAX_LINF).tolist())
+    lo, hi = est.bounds["amount"]
+    assert lo == 0 and hi > lo
+    with open_ledger(url) as led:
+        assert [r.state for r in led.runs(scope="shop")] == ["committed"]
+    assert main(["manifest", "verify", str(est.manifest), "--ledger", url]) == 0
+
+
+def test_a_test_mode_estimation_never_feeds_a_keyed_release_nor_exposes_a_fingerprint(env, capsys, monkeypatch):
+    """Issue 25 item 4: ``dpops estimate --randomness test --test-seed 7 --spec-out`` then ``release run`` of the
+    patched spec with the noise key: the release is refused before anything is reserved (the rule verify
+    applies, ``check_dependency``), the test-mode estimation is spent_unpublished in the ledger (charged,
+    never published, as a test-mode release), and nothing under output.root carries its fingerprint: no
+    manifest in the reviewer-facing directory, no result file."""
+    from dpops.release import computation
+
+    root, spec, url, key = env
+    out_root = root / "out"
+    argv = ["estimate", str(spec), "--interval", "2024-01-01", "--epsilon", "0.8", "--randomness", "test",
+            "--test-seed", "7", "--ledger", url, "--out", str(root / "est"), "--spec-out", str(root / "spec.est.yaml"),
+            "--json"]
+    assert main(argv) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert first["state"] == "test_only" and first["manifest"] is None
+    with open_ledger(url) as led:
+        rec = led.run(first["run_id"])
+        assert rec.state == "spent_unpublished" and math.isclose(rec.epsilon, 0.8, rel_tol=1e-6)
+        fingerprint = rec.key.input_fingerprint
+    written = [p for p in out_root.rglob("*") if p.is_file()] if out_root.exists() else []
+    assert [p for p in written if fingerprint in p.read_text(errors="replace")] == []
+    assert [p for p in written if p.suffix == ".json"] == []  # no manifest, no result file under output.root
+    # the same seeded request again recomputes the same result and charges nothing
+    assert main(argv) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["result"] == first["result"] and again["epsilon_charged"] == 0
+    assert _entries(url)[1] == pytest.approx(0.8)
+    monkeypatch.setattr(computation, "_load_run_release", lambda: TwelveRegions())
+    before = _entries(url)
+    code = main(["release", "run", str(root / "spec.est.yaml"), "--interval", "2024-01-01", "--key-file", str(key),
+                 "--ledger", url, "--publish", "--no-gx-checks"])
+    err = capsys.readouterr().err
+    assert code == 3 and "test-mode" in err and "nothing was reserved" in err, err
+    assert _entries(url) == before
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=60)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2), st.floats(-1e12, 1e12)), max_size=6),
+       st.integers(0, 2**32))
+def test_the_estimator_outputs_grid_bounds_on_any_small_input_including_none(items, seed):
+    """Issue 25 item 3 as a property: the estimation runs after the charge, so on ANY input -- no row at all,
+    one unit, a few units with extreme values -- every mechanism (L0, Linf, lower and upper value bound)
+    outputs a grid point and lo < hi; nothing raises. Deterministic (derandomized, fixed seeds)."""
+    from dpops.spec import parse_spec
+    from pipelines.bounding import pair_priority
+
+    spec = parse_spec({"name": "prop", "input": {"path": "x.parquet", "format": "parquet",
+                                                 "columns": {"user_id": "string", "region": "string",
+                                                             "amount": "float"}},
+                       "privacy_unit": {"column": "user_id", "description": "u", "adjacency": "add_remove"},
+                       "budget": {"scope": "s", "epsilon": 1.0},
+                       "contribution": {"max_partitions_per_unit": 2, "max_rows_per_unit_per_partition": 2},
+                       "partitions": {"columns": ["region"], "public": ["a", "b", "c"]},
+                       "metrics": [{"type": "sum", "column": "amount", "bounds": [-10, 10]}]}, source="prop")
+    u = np.asarray([i for i, _, _ in items], dtype=np.uint64) * np.uint64(2654435761) + np.uint64(1)
+    p = np.asarray([j for _, j, _ in items], dtype=np.uint64) + np.uint64(7)
+    g = np.random.default_rng(seed)
+    rows = {"u": u, "p": p, "prio": g.integers(0, 2**63, len(items)).astype(np.uint64),
+            "pp": pair_priority(u, p, (1, 2)), "v:amount": np.asarray([v for _, _, v in items], dtype=np.float64)}
+    est = E.estimate_rows(spec, rows, E.EstimateConfig(epsilon=0.5), test_random(seed, ("prop",)))
+    assert est.l0 in set(E.contribution_grid(E.DEFAULT_MAX_L0).tolist())
+    assert est.linf in set(E.contribution_grid(E.DEFAULT_MAX_LINF).tolist())
+    lo, hi = est.bounds["amount"]
+    grid = set(E.value_grid().tolist())
+    assert lo in grid and lo < hi

@@ -169,3 +169,37 @@ def test_fast_target_check_agrees_with_the_predicted_halfwidth(noise, eps, bound
     plan = plan_release(spec)
     for t in spec.accuracy.targets:
         assert target_met(plan, t, 0.95) == evaluate_one(plan, t, 0.95).met
+
+
+@pytest.mark.parametrize("accountant", ["basic/1", "rdp/1"])
+def test_a_bounds_estimate_spec_counts_its_estimation_in_cost_and_fit(accountant):
+    """Issue 25 item 7e: ``plan --solve`` on a ``bounds: estimate`` spec left the estimation's epsilon
+    (budget.split['sum_x.bounds']) out of the cost and of the fit check: it reported a cost under the cap
+    while the written spec charged more per interval and was refused. The cost is now the interval's whole
+    charge (the release's events and the estimation's), and a budget-limited solution fits with both."""
+    from dpops.accounting import get_accountant
+    from dpops.analysis.estimate import option_events
+
+    targets = [{"kind": "error", "metric": "count", "max_error": 5.0}]
+    metrics = [{"type": "count"}, {"type": "sum", "column": "x", "bounds": "estimate", "fallback_bounds": [0, 10]}]
+    doc = _doc("laplace", 1, 1, targets, metrics=metrics)
+    doc["budget"]["split"] = {"count": 1.0, "sum_x": 1.0, "sum_x.bounds": 1.0}
+    spec = analysis.load(doc)
+
+    def whole(sol):  # what one interval of the written spec charges: the release plus its estimation
+        written = sol.spec
+        events = list(plan_for(spec, sol.split).events) + option_events(written)
+        assert option_events(written), "the solved spec still estimates its bounds"
+        return float(get_accountant(accountant).epsilon(events, written.budget.delta))
+
+    free = analysis.solve(spec, accountant=accountant)
+    assert free.feasible and free.cost == pytest.approx(whole(free), rel=1e-6)  # rdp/1: its numeric optimum
+    if accountant == "basic/1":
+        assert free.cost == pytest.approx(free.epsilon, rel=1e-8)  # basic: the declared total (the estimation keeps 1e-9 in reserve)
+    cap = free.cost * 0.9
+    short = analysis.solve(spec, accountant=accountant, available=cap)
+    assert short.limited_by == "budget" and whole(short) <= cap * (1 + 1e-9)
+    # the fit callable the CLI passes (the ledger's plan) is asked about the whole interval's events too
+    asked = []
+    analysis.solve(spec, accountant=accountant, fits=lambda evs: asked.append(len(evs)) or True)
+    assert asked and min(asked) == len(plan_for(spec, free.split).events) + len(option_events(spec))

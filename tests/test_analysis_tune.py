@@ -128,6 +128,8 @@ def _env(tmp_path, monkeypatch):
     root.mkdir()
     spec = spec_at(root)
     pq.write_table(pa.Table.from_pandas(sample(), preserve_index=False), root / "private.parquet")
+    (root / "data").mkdir()  # the spec's own input (input.path data/x.parquet): what a private tune may read
+    pq.write_table(pa.Table.from_pandas(sample(seed=1), preserve_index=False), root / "data" / "x.parquet")
     url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     with open_ledger(url) as led:
         led.create_scope(ScopeDefinition(name="shop", unit="a user", unit_column="user_id", epsilon=5.0, delta=1e-6,
@@ -160,7 +162,7 @@ def test_private_root_refused_without_the_flag(tmp_path, monkeypatch, capsys):
 def test_private_read_with_the_flag_is_recorded_in_the_ledger(tmp_path, monkeypatch, capsys):
     root, spec, url, key = _env(tmp_path, monkeypatch)
     out = tmp_path / "o"
-    code = main(["--ledger", url, "tune", str(spec), "--sample", str(root / "private.parquet"), "--out", str(out),
+    code = main(["--ledger", url, "tune", str(spec), "--sample", str(root / "data" / "x.parquet"), "--out", str(out),
                  "--i-understand-this-reads-private-data", "--reason", "first bounds for a new release",
                  "--key-file", str(key), "--actor", "alice", "--l0", "1,2", "--linf", "1,2", "--json"])
     doc = json.loads(capsys.readouterr().out)
@@ -182,7 +184,7 @@ def test_private_read_with_the_flag_is_recorded_in_the_ledger(tmp_path, monkeypa
 
 def test_private_flag_needs_a_reason(tmp_path, monkeypatch, capsys):
     root, spec, url, key = _env(tmp_path, monkeypatch)
-    code = main(["--ledger", url, "tune", str(spec), "--sample", str(root / "private.parquet"),
+    code = main(["--ledger", url, "tune", str(spec), "--sample", str(root / "data" / "x.parquet"),
                  "--i-understand-this-reads-private-data", "--key-file", str(key), "--out", str(tmp_path / "o")])
     assert code == 3 and "--reason" in capsys.readouterr().err
     assert not [e for e in _history(url) if e.kind == "private_access"]
@@ -331,3 +333,108 @@ def test_a_rank_error_target_is_judged_on_the_sample(tmp_path):
         want = quantile_rank_error(m) / (60 * cand.linf) / 0.05
         assert summ["target_ratio"] == pytest.approx(want)
         assert summ["loss"] == summ["target_ratio"]
+
+
+# --------------------------------------------------------------------------- the private input in disguise
+
+
+@pytest.mark.parametrize("disguise", ["hard_link", "copy"])
+def test_a_link_or_copy_of_the_private_input_under_a_public_root_is_private(tmp_path, monkeypatch, capsys, disguise):
+    """Issue 25 item 7a: a hard link or a byte-identical copy of the spec's own input under a public root was
+    read as public with no ledger entry. It is the private input: refused without the flag; with it, recorded
+    on the spec's scope with the fingerprint of the input file, and the patch says "private"."""
+    import os
+    import shutil
+
+    root, spec, url, key = _env(tmp_path, monkeypatch)
+    pub = tmp_path / "public"
+    pub.mkdir()
+    monkeypatch.setenv("DPOPS_PUBLIC_ROOTS", str(pub))
+    src = root / "data" / "x.parquet"
+    if disguise == "hard_link":
+        os.link(src, pub / "s.parquet")
+    else:
+        shutil.copyfile(src, pub / "s.parquet")
+    before = len(_history(url))
+    code = main(["--ledger", url, "tune", str(spec), "--sample", str(pub / "s.parquet"), "--out", str(tmp_path / "o"),
+                 "--l0", "1", "--linf", "1"])
+    err = capsys.readouterr().err
+    assert code == 3 and "private input" in err and "--i-understand-this-reads-private-data" in err, err
+    assert len(_history(url)) == before and not (tmp_path / "o").exists()
+    code = main(["--ledger", url, "tune", str(spec), "--sample", str(pub / "s.parquet"), "--out", str(tmp_path / "o"),
+                 "--i-understand-this-reads-private-data", "--reason", "r", "--key-file", str(key), "--l0", "1",
+                 "--linf", "1", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0, doc
+    events = [e for e in _history(url) if e.kind == "private_access"]
+    assert len(events) == 1 and events[0].scope == "shop"
+    assert doc["data"]["source"] == "private" and doc["data"]["ledger_entry"] == events[0].id
+    # a different public file of the same size is still public (the content decides, not the size)
+    other = pub / "other.parquet"
+    data = bytearray(src.read_bytes())
+    data[len(data) // 2] ^= 1
+    other.write_bytes(bytes(data))
+    from dpops.analysis.sample_access import open_sample
+
+    assert open_sample(tune_api.load(spec), other).private is False
+
+
+def test_the_python_api_refuses_a_private_path_and_a_foreign_private_file(tmp_path, monkeypatch):
+    """Issue 25 item 7a: ``analysis.tune(spec, "<data root>/x.csv")`` read private data with no ledger entry (only
+    the CLI checked paths). A path is now checked as a public sample. And a flagged read of a file under a data
+    root that is not the spec's own input is refused: it would be recorded on the spec's scope, not the scope
+    of the data read."""
+    from dpops.analysis.sample_access import open_sample
+    from dpops.errors import SpecError
+    from dpops.noise.randomness import load_key
+
+    root, spec, url, key = _env(tmp_path, monkeypatch)
+    with pytest.raises(SpecError, match="data root"):
+        tune_api.tune(spec, str(root / "data" / "x.parquet"), grid=[Candidate(1, 1)], seed=1)
+    with pytest.raises(SpecError, match="data root"):
+        tune_api.tune(spec, root / "private.parquet", grid=[Candidate(1, 1)], seed=1)
+    with open_ledger(url) as led, pytest.raises(SpecError, match="not an input file"):
+        open_sample(tune_api.load(spec), root / "private.parquet", allow_private=True, ledger=led, actor="a",
+                    reason="r", fingerprint_key=load_key(key))
+    assert not [e for e in _history(url) if e.kind == "private_access"]
+    # the recorded private read, handed over as its SampleAccess, is what the API then reads
+    with open_ledger(url) as led:
+        access = open_sample(tune_api.load(spec), root / "data" / "x.parquet", allow_private=True, ledger=led,
+                             actor="a", reason="r", fingerprint_key=load_key(key))
+    assert access.private and tune_api.tune(spec, access, grid=[Candidate(1, 1)], seed=1).sample_rows > 0
+
+
+def test_a_public_tune_cannot_replace_the_record_of_a_private_one(tmp_path, monkeypatch, capsys):
+    """Issue 25 item 7b: tune on the private input (recorded), apply the patch; then a one-candidate "public" tune
+    over exactly those privately chosen values, and ``spec apply-patch``, used to replace ``source: private`` so
+    that manifests said "chosen on a public sample". apply-patch now refuses that patch and writes nothing; a
+    second private tune may still replace the record."""
+    root, spec, url, key = _env(tmp_path, monkeypatch)
+    pub = tmp_path / "public"
+    pub.mkdir()
+    pq.write_table(pa.Table.from_pandas(sample(seed=2), preserve_index=False), pub / "s.parquet")
+    monkeypatch.setenv("DPOPS_PUBLIC_ROOTS", str(pub))
+    private = ["--i-understand-this-reads-private-data", "--reason", "r", "--key-file", str(key)]
+    assert main(["--ledger", url, "tune", str(spec), "--sample", str(root / "data" / "x.parquet"), "--out",
+                 str(tmp_path / "t1"), *private, "--l0", "1,2", "--linf", "1,2"]) == 0
+    tuned = root / "spec.tuned.yaml"
+    assert main(["spec", "apply-patch", str(spec), str(tmp_path / "t1" / "patch.yaml"), "--out", str(tuned)]) == 0
+    capsys.readouterr()
+    doc = yaml.safe_load(tuned.read_text())
+    assert doc["tuning"]["data"]["source"] == "private"
+    c = doc["contribution"]
+    assert main(["tune", str(tuned), "--sample", str(pub / "s.parquet"), "--out", str(tmp_path / "t2"),
+                 "--l0", str(c["max_partitions_per_unit"]), "--linf", str(c["max_rows_per_unit_per_partition"])]) == 0
+    capsys.readouterr()
+    public_patch = yaml.safe_load((tmp_path / "t2" / "patch.yaml").read_text())
+    assert public_patch["patch"]["tuning"]["data"]["source"] == "public" and public_patch["tuning"]["candidates"] == 1
+    laundered = root / "spec.laundered.yaml"
+    code = main(["spec", "apply-patch", str(tuned), str(tmp_path / "t2" / "patch.yaml"), "--out", str(laundered)])
+    err = capsys.readouterr().err
+    assert code == 3 and "chosen by looking at private data" in err, err
+    assert not laundered.exists()
+    # a new private tune of the tuned spec is a new recorded read: it may replace the record
+    assert main(["--ledger", url, "tune", str(tuned), "--sample", str(root / "data" / "x.parquet"), "--out",
+                 str(tmp_path / "t3"), *private, "--l0", "1", "--linf", "1"]) == 0
+    assert main(["spec", "apply-patch", str(tuned), str(tmp_path / "t3" / "patch.yaml"), "--out",
+                 str(root / "spec.again.yaml")]) == 0

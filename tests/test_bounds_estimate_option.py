@@ -241,3 +241,143 @@ def test_two_estimated_metrics_of_one_column_share_one_estimation(tmp_path, monk
     assert [m.bounds for m in done.metrics[1:]] == [(0.0, 4.0), (0.0, 4.0)]
     assert math.isclose(done.budget.epsilon, 0.6) and done.estimated_from == "a" * 32
     assert not done.estimated_metric_keys and load_spec(e.spec).spec_hash == spec.spec_hash
+
+
+@pytest.mark.parametrize("form", ["csv_header_only", "parquet_zero_rows"])
+def test_an_empty_interval_estimates_and_publishes_like_its_one_unit_neighbour(tmp_path, monkeypatch, capsys, form):
+    """Issue 25 item 3: n = 0 is data. An interval whose input has no data rows (a header-only CSV, a
+    zero-row Parquet file) runs the estimation (a DP output on all-zero counts) and publishes, exactly
+    like its neighbour with one unit; before the fix the empty one raised "no rows to estimate from"
+    after ``ledger.start`` and stayed started, charged, never publishable. The real Beam job (FnApiRunner)
+    computes both releases."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dpops.release import computation
+
+    real = computation._load_run_release
+    e = _option_env(tmp_path, monkeypatch, cap=5.0)
+    monkeypatch.setattr(computation, "_load_run_release", real)
+    data = tmp_path / "data"
+    doc = yaml.safe_load(e.spec.read_text())
+    if form == "csv_header_only":
+        doc["input"] = {**doc["input"], "path": "data/{start:%Y-%m-%d}.csv", "format": "csv"}
+        (data / "2024-01-01.csv").write_text("user_id,region,amount\n")  # no data row
+        (data / "2024-01-02.csv").write_text("user_id,region,amount\nalice,north,3.5\n")  # one unit
+    else:
+        schema = pa.schema([("user_id", pa.string()), ("region", pa.string()), ("amount", pa.float64())])
+        pq.write_table(pa.table({"user_id": [], "region": [], "amount": []}, schema=schema), data / "2024-01-01.parquet")
+        pq.write_table(pa.table({"user_id": ["alice"], "region": ["north"], "amount": [3.5]}, schema=schema),
+                       data / "2024-01-02.parquet")
+    e.spec.write_text(yaml.safe_dump(doc))
+    for day in ("2024-01-01", "2024-01-02"):  # the empty interval, then its one-unit neighbour
+        code, out, err = e.json(capsys, "release", "run", str(e.spec), *e.base(day), "--ledger", e.url, "--publish",
+                                "--no-gx-checks", "--json")
+        assert code == 0, err
+        assert out["state"] == "published", out
+    total, runs = _status(e)
+    assert sorted((r, st) for r, st, _ in runs) == [("purchases_test", "committed")] * 2 + [
+        ("purchases_test__estimate", "committed")] * 2
+    assert math.isclose(total, 2 * TOTAL, rel_tol=1e-6)
+
+
+def test_a_test_mode_run_estimates_in_test_mode_and_is_never_published(tmp_path, monkeypatch, capsys):
+    """Issue 25 item 4, the bounds: estimate side: a test-mode run's estimation is seeded too, so it is
+    spent_unpublished (never committed), the release may use it (test mode to test mode) and is itself never
+    published; no manifest is written under output.root."""
+    from dpops.errors import StorageError
+    from dpops.release import execute_release
+
+    e = _option_env(tmp_path, monkeypatch)
+    with open_ledger(e.url) as led, pytest.raises(StorageError, match="test-mode"):
+        execute_release(e.spec, "2024-01-01", "2024-01-02", ledger=led, randomness="test", test_seed=3)
+    total, runs = _status(e)
+    assert sorted((r, st) for r, st, _ in runs) == [("purchases_test", "spent_unpublished"),
+                                                     ("purchases_test__estimate", "spent_unpublished")]
+    reviewer_facing = [tmp_path / "out" / "manifests", tmp_path / "out" / "estimates", tmp_path / "out" / "published"]
+    assert [p for d in reviewer_facing if d.exists() for p in d.rglob("*") if p.is_file()] == []
+
+
+def test_an_edited_estimation_manifest_is_never_served(tmp_path, monkeypatch, capsys):
+    """Issue 25 item 7c: the committed estimation is served from its manifest only if the file's sha256 is the
+    one the ledger's commit entry recorded. The release fails after the estimation committed; editing the
+    estimation's bounds to [0, 1e6] then used to set the bounds of the retry's release. Now the retry and a
+    restatement refuse (exit 7) and nothing more is charged."""
+    e = _option_env(tmp_path, monkeypatch, cap=5.0)
+    e.pipe.fail_after_start = True
+    code, out, err = e.run(capsys, "release", "run", str(e.spec), *e.base("2024-01-01"), "--ledger", e.url,
+                           "--publish", "--no-gx-checks")
+    assert code != 0
+    e.pipe.fail_after_start = False
+    mdir = tmp_path / "out" / "manifests" / "purchases_test"
+    path = next(p for p in mdir.glob("*.json") if json.loads(p.read_text()).get("estimation") is not None)
+    doc = json.loads(path.read_text())
+    doc["estimation"]["result"]["bounds"]["amount"] = [0.0, 1e6]
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    before = _status(e)
+    for verb in ("run", "restate"):
+        code, out, err = e.run(capsys, "release", verb, str(e.spec), *e.base("2024-01-01"), "--ledger", e.url,
+                               *(["--publish"] if verb == "run" else []), "--no-gx-checks")
+        assert code == 7 and "refusing to serve committed estimation" in err and "sha256" in err, out + err
+    assert _status(e) == before
+    assert all(r.estimated_bounds != [("amount", 0.0, 1e6)] for r in e.pipe.requests)
+
+
+def test_a_rerun_of_a_published_interval_whose_input_changed_is_refused_before_the_estimation(
+        tmp_path, monkeypatch, capsys):
+    """Issue 25 item 7d: after the interval published, its input changes and a plain ``release run`` used to
+    charge a new estimation (0.6 -> 0.8), then refuse the release and say "charged ε=0". The changed input is
+    now refused before any estimation is reserved (ledger unchanged); the explicit restatement still works
+    and charges the estimation and the release once; and a failure line counts an estimation this
+    invocation charged."""
+    from test_runs import write_input
+
+    e = _option_env(tmp_path, monkeypatch, cap=5.0)
+    base = [*e.base("2024-01-01"), "--ledger", e.url, "--no-gx-checks"]
+    code, out, err = e.run(capsys, "release", "run", str(e.spec), *base, "--publish")
+    assert code == 0, err
+    before = _status(e)
+    assert math.isclose(before[0], TOTAL, rel_tol=1e-6)
+    write_input(tmp_path, "2024-01-01", amounts=(1.0, 2.0, 3.0, 9.0))  # late data: the input changed
+    code, out, err = e.run(capsys, "release", "run", str(e.spec), *base, "--publish")
+    assert code == 6 and "already published" in err and "release restate" in err, out + err
+    assert "input changed" in err
+    assert _status(e) == before  # nothing reserved: no new estimation
+    code, out, err = e.json(capsys, "release", "restate", str(e.spec), *base, "--json")
+    assert code == 0, err
+    assert out["state"] == "published" and out["restates"]
+    total, runs = _status(e)
+    assert math.isclose(total, 2 * TOTAL, rel_tol=1e-6) and len(runs) == 4, runs
+
+
+def test_a_failure_line_counts_the_estimation_this_invocation_charged(tmp_path, monkeypatch, capsys):
+    """Issue 25 item 7d, the message: when the estimation was charged and the release then failed, the
+    failure line does not claim ε=0 for this invocation."""
+    e = _option_env(tmp_path, monkeypatch, cap=5.0)
+    e.pipe.fail_after_start = True
+    code, out, err = e.json(capsys, "release", "run", str(e.spec), *e.base("2024-01-01"), "--ledger", e.url,
+                            "--publish", "--no-gx-checks", "--json")
+    assert code != 0
+    assert math.isclose(out["epsilon_charged"] + out["estimation_charged"], TOTAL, rel_tol=1e-6), out
+    assert "estimation" in out["budget"], out["budget"]
+
+
+def test_plan_solve_counts_the_estimation_and_its_written_spec_runs_within_the_cap(tmp_path, monkeypatch, capsys):
+    """Issue 25 item 7e through the CLI: ``plan --solve`` against the ledger's cap (1.2) on a bounds: estimate
+    spec reported cost 0.831 while the spec it told one to write charged 1.418 and was refused. Its cost is
+    now the interval's whole charge, and the written spec's run is admitted and charges that cost."""
+    e = _option_env(tmp_path, monkeypatch, cap=1.2)
+    doc = yaml.safe_load(e.spec.read_text())
+    doc["accuracy"] = {"confidence": 0.95, "targets": [{"kind": "error", "metric": "count", "max_error": 5.0}]}
+    e.spec.write_text(yaml.safe_dump(doc))
+    code, out, err = e.json(capsys, "plan", str(e.spec), "--solve", "--ledger", e.url, "--accountants", "basic",
+                            "--json")
+    assert code == 0, err
+    sol = out["solution"]
+    assert sol["cost"] <= 1.2 and math.isclose(sol["cost"], sol["epsilon"], rel_tol=1e-8), sol
+    doc["budget"].update(sol["spec_patch"]["budget"])
+    e.spec.write_text(yaml.safe_dump(doc))
+    code, out, err = e.run(capsys, "release", "run", str(e.spec), *e.base("2024-01-01"), "--ledger", e.url,
+                           "--publish", "--no-gx-checks")
+    assert code == 0, out + err
+    assert math.isclose(_status(e)[0], sol["cost"], rel_tol=1e-6)

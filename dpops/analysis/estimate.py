@@ -62,7 +62,9 @@ Randomness, retries and the ledger
 Noise comes from the run's randomness source exactly as a release's: ``keyed`` (the default) is the
 CSPRNG stream of the noise key and the estimation's run key (``keyed_random``), so a retry of the same
 run key over the same input draws the same values, reveals nothing new and is not charged again;
-``test`` is seeded and never feeds a published release. ``os`` randomness cannot be reproduced, so a
+``test`` is seeded and never feeds a published release: the run ends spent_unpublished, writes no manifest
+and no result under output.root (its fingerprint is keyed with the public test key), and ``check_dependency``
+refuses it to a keyed or os release (``_test_only``). ``os`` randomness cannot be reproduced, so a
 retry could not be free: it is refused for estimation. The run key is the release's (spec hash,
 interval, keyed input fingerprint, key id) under the release name ``<name>__estimate`` and a spec hash
 field that also covers the estimation's configuration (``estimation_hash``): the same request is the
@@ -86,7 +88,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dpops.errors import BudgetExceeded, InputDataError, InvalidParameter, LedgerError, SpecError
+from dpops.errors import BudgetExceeded, InvalidParameter, LedgerError, SpecError
 
 if TYPE_CHECKING:
     from dpops.events import PrivacyEvent
@@ -364,7 +366,9 @@ class Estimate:
     bounds: dict[str, tuple[float, float]]  # column -> (lo, hi), only the estimated columns
     mechanisms: list[Mechanism]
     run_id: str | None = None
-    state: str = "computed"  # computed | committed (new run) | already_committed (served, nothing charged)
+    # computed | committed (new run) | already_committed (served, nothing charged) | test_only (seeded: charged,
+    # spent_unpublished, never published, no manifest)
+    state: str = "computed"
     epsilon_charged: float = 0.0
     manifest: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
@@ -482,7 +486,8 @@ def _proper(lo: float, hi: float, grid: np.ndarray) -> tuple[float, float]:
 
 
 def read_rows(ctx: RunContext, rng: RandomSource) -> dict[str, np.ndarray]:
-    """The interval's rows, checked and hashed by the release's own ``prepare_batch`` (one pair salt)."""
+    """The interval's rows, checked and hashed by the release's own ``prepare_batch`` (one pair salt). An
+    interval without data rows gives empty columns, never an error (it runs after the charge)."""
     from pipelines.bounding import metric_layout, pair_salt
     from pipelines.io import ReadConfig, hash_partition_tuples, iter_record_batches, prepare_batch, work_items
 
@@ -514,7 +519,17 @@ def read_rows(ctx: RunContext, rng: RandomSource) -> dict[str, np.ndarray]:
                                        pair_salt=salt)
             parts.append(rows)
     if not parts:
-        raise InputDataError(f"{spec.name} {ctx.interval}: the input has no rows to estimate from")
+        # n = 0 is data (issue 25 item 3): this runs after ledger.start, so refusing an interval without rows
+        # would be a data-dependent abort that leaves it charged and never published. An empty batch of the
+        # declared types goes through the same prepare_batch, so the mechanisms get the same (empty) columns
+        # and still output DP bounds (every count is zero; the public tail preference picks the candidate).
+        import pyarrow as pa
+
+        from pipelines.io import ARROW_TYPES
+
+        empty = pa.RecordBatch.from_pydict({c: pa.array([], type=ARROW_TYPES[cfg.types[c]]) for c in cfg.needed})
+        rows, _, _ = prepare_batch(empty, 0, 0, cfg, rng.child("read", "empty"), pair_salt=salt)
+        parts.append(rows)
     return {k: np.concatenate([x[k] for x in parts]) for k in parts[0]}
 
 
@@ -595,10 +610,27 @@ def _result_path(spec: ReleaseSpec, run_id: str) -> Path:
 
 
 def _served(spec: ReleaseSpec, config: EstimateConfig, rec: RunRecord) -> Estimate:
-    """A committed estimation: its result read back from its manifest (nothing recomputed or charged)."""
-    from dpops.manifest.io import find_manifest, read_manifest
+    """A committed estimation: its result read back from its manifest (nothing recomputed or charged).
 
-    path = find_manifest(rec.run_id, _manifests_dir(spec))
+    The manifest read is the file the ledger's commit entry names, and its sha256 must be the one that
+    entry recorded (issue 25 item 7c): the served bounds become a release's sensitivity, so a manifest
+    edited after the commit (e.g. [0, 32] made [0, 1e6]) would set a release's bounds that no DP
+    mechanism chose. A mismatch is an IntegrityError (exit 7) before anything is reserved."""
+    from dpops.errors import IntegrityError
+    from dpops.manifest.io import file_sha256, read_manifest
+    from dpops.manifest.verify import committed_manifest_problems
+
+    folder = _manifests_dir(spec)
+    recorded = ((rec.details or {}).get("commit") or {}).get("manifest")
+    name = recorded.get("file") if isinstance(recorded, dict) else None
+    path = folder / str(name) if isinstance(name, str) and name and Path(name).name == name else None
+    problems = (committed_manifest_problems(rec, path.name, file_sha256(path), required=True)
+                if path is not None and path.is_file() else
+                [f"the manifest file the ledger's commit entry names ({name!r}) is not in {folder}"])
+    if problems or path is None:
+        raise IntegrityError(f"{spec.name}: refusing to serve committed estimation {rec.run_id}: " + "; ".join(problems)
+                             + ". Restore the manifest from a backup and investigate who changed it; nothing was "
+                             "reserved or charged")
     m = read_manifest(path)
     est = m.get("estimation") or {}
     res = est.get("result") or {}
@@ -632,7 +664,8 @@ def option_events(spec: ReleaseSpec) -> list[PrivacyEvent]:
 def estimate(spec_path: str | os.PathLike[str], interval_start: IntervalBound, interval_end: IntervalBound = None, *,
              config: EstimateConfig, ledger: Ledger, randomness: str = "keyed", key_path: str | None = None,
              test_seed: int | None = None, actor: str | None = None,
-             then_charges: Sequence[PrivacyEvent] = (), serve_only: bool = False) -> Estimate:
+             then_charges: Sequence[PrivacyEvent] = (), serve_only: bool = False,
+             for_release: bool = False) -> Estimate:
     """``dpops estimate``: prepare (as a release), reserve, start, estimate, write the manifest, commit.
 
     The same request again (same spec, interval, input, key and configuration) is the same run key: a
@@ -644,7 +677,9 @@ def estimate(spec_path: str | os.PathLike[str], interval_start: IntervalBound, i
     estimation is reserved only if the estimation and that release fit the scope together
     (``ledger.plan``), so an interval whose declared total is over the cap is refused with the ledger
     unchanged instead of charging the estimation and refusing the release. ``serve_only``: return the
-    committed estimation or raise LedgerError; never reserve (callers that must not charge)."""
+    committed estimation or raise LedgerError; never reserve (callers that must not charge). ``for_release``:
+    the estimation of a plain release run (not a restatement): a new one is refused, before anything is
+    reserved, when the release's interval is already published (``refuse_new_estimation_of_published``)."""
     from dpops.errors import public_message
     from dpops.ledger.budget import format_budget
     from dpops.release.key_continuity import check_key_continuity
@@ -664,14 +699,22 @@ def estimate(spec_path: str | os.PathLike[str], interval_start: IntervalBound, i
     rec = ledger.run(key.run_id)
     if rec is not None and rec.state == "committed":
         return _served(spec, config, rec)
-    if serve_only:
+    # a test-mode run is never committed: once charged (spent_unpublished) its seeded result is recomputed, free
+    test_mode = ctx.randomness == "test"
+    test_again = test_mode and rec is not None and rec.state == "spent_unpublished"
+    if serve_only and not test_again:
         raise LedgerError(f"{spec.name} {ctx.interval}: its bounds: estimate estimation has not been committed "
                           f"(run {key.run_id} is {rec.state if rec is not None else 'not in the ledger'}); run the "
                           "release (dpops release run, or the DAG's reserve task) first; nothing was charged")
-    if rec is not None and rec.state in ("released", "spent_unpublished"):
+    if rec is not None and rec.state in ("released", "spent_unpublished") and not test_again:
         raise LedgerError(f"estimation run {key.run_id} is {rec.state}; change the request (e.g. --epsilon) for a "
                           "new run")
     charged = 0.0
+    if rec is None and for_release:
+        from dpops.release.reservation import refuse_new_estimation_of_published
+
+        refuse_new_estimation_of_published(ctx, ledger.published(spec.name, ctx.interval.start_iso,
+                                                                 ctx.interval.end_iso))
     if rec is None and then_charges:
         fit = ledger.plan(spec.budget.scope, [(ctx.interval.start_iso, ctx.interval.end_iso,
                                                list(evs) + list(then_charges))])
@@ -700,12 +743,14 @@ def estimate(spec_path: str | os.PathLike[str], interval_start: IntervalBound, i
                            actor=ctx.actor)
             raise
         ledger.start(key.run_id, actor=ctx.actor)  # from here on the charge stays
-    else:  # started earlier and interrupted: keyed/test noise recomputes the same result, nothing charged again
+    else:  # started earlier and interrupted (or a test-mode run again): the same noise, the same result, no charge
         rng = random_source(ctx, key)
         folder = _manifests_dir(spec)
     rows = read_rows(ctx, rng.child("estimate", "read"))  # a failure now leaves the run started (charged)
     est = estimate_rows(spec, rows, config, rng)
     est.run_id = key.run_id
+    if test_mode:
+        return _test_only(ctx, ledger, key, est, charged)
     from dpops.manifest.run_hook import write_run_manifest
 
     result_path = _result_path(spec, key.run_id)
@@ -722,6 +767,29 @@ def estimate(spec_path: str | os.PathLike[str], interval_start: IntervalBound, i
     est.epsilon_charged = charged
     est.manifest = path
     est.details = {"scope": spec.budget.scope, "charged": format_budget(charged)}
+    return est
+
+
+def _test_only(ctx: RunContext, ledger: Ledger, key: RunKey, est: Estimate, charged: float) -> Estimate:
+    """A test-mode (seeded) estimation: charged, never published (issue 25 item 4).
+
+    Privacy reasons, as for a test-mode release (``dpops.release.publication``): seeded noise is not secret,
+    so its output is never a DP release; the run is marked spent_unpublished (the charge stays, nothing is
+    committed), and ``check_dependency`` refuses it to any keyed or os release before reservation. No
+    manifest and no result file is written under output.root: the run key's input fingerprint is keyed with
+    the PUBLIC test key, so a reviewer holding it could recompute it for "alice in" and "alice out" and
+    confirm membership. The caller gets the result (the operator's own output directory)."""
+    from dpops.ledger.budget import format_budget
+
+    rec = ledger.run(key.run_id)
+    if rec is not None and rec.state == "started":
+        ledger.mark_spent_unpublished(key.run_id, actor=ctx.actor,
+                                      reason="test-mode (seeded) estimation: never published, never feeds a release "
+                                             "with keyed or os randomness")
+    est.state = "test_only"
+    est.epsilon_charged = charged
+    est.manifest = None
+    est.details = {"scope": ctx.spec.budget.scope, "charged": format_budget(charged), "randomness": "test"}
     return est
 
 
@@ -755,12 +823,21 @@ def recompute_section(manifest: Mapping[str, Any]) -> tuple[dict[str, Any], list
     return section, [event_to_dict(e) for e in events(spec, config)]
 
 
-def check_dependency(spec: ReleaseSpec, ledger: Ledger) -> list[str]:
-    """Why ``spec.estimated_from`` is not a usable estimation in ``ledger`` (empty: it is).
+def is_test_key_id(key_id: str) -> bool:
+    """A run key's key id that names test-mode (seeded, public) randomness (``dpops.release.preparation``)."""
+    return str(key_id).startswith("test/")
+
+
+def check_dependency(spec: ReleaseSpec, ledger: Ledger, randomness: str = "keyed") -> list[str]:
+    """Why ``spec.estimated_from`` is not a usable estimation in ``ledger`` for a release with ``randomness``
+    (empty: it is). The one rule ``release run``/``restate``/the DAG's reserve (``check_scope``, before
+    reservation) and ``manifest verify`` (``dependencies``) apply.
 
     A release whose bounds came from an estimation must name a committed estimation of the same release
     on the same scope: a bound learned from the data without a charged estimation is a leak
-    (semantics.md section 1), and an estimation charged to another scope was charged to other people."""
+    (semantics.md section 1), and an estimation charged to another scope was charged to other people. A
+    test-mode (seeded) estimation is not a DP release (its noise is public): it feeds only a test-mode
+    release, itself never published (issue 25 item 4)."""
     run_id = getattr(spec, "estimated_from", None)
     if run_id is None:
         return []
@@ -768,13 +845,19 @@ def check_dependency(spec: ReleaseSpec, ledger: Ledger) -> list[str]:
     if rec is None:
         return [f"estimated_from: run {run_id} is not in this ledger: run dpops estimate with this ledger first"]
     out = []
+    test_run = is_test_key_id(rec.key.key_id)
+    if test_run and randomness != "test":
+        out.append(f"estimated_from: estimation {run_id} used test-mode (seeded) randomness, so it is not a DP "
+                   f"release and never feeds a release with {randomness} randomness: estimate again with keyed "
+                   "randomness (dpops estimate without --randomness test)")
+        return out
     if rec.key.release != spec.name + RELEASE_SUFFIX:
         out.append(f"estimated_from: run {run_id} is a run of {rec.key.release!r}, not an estimation of "
                    f"{spec.name!r}")
     if rec.scope != spec.budget.scope:
         out.append(f"estimated_from: estimation {run_id} was charged to scope {rec.scope!r}, the release uses "
                    f"{spec.budget.scope!r}")
-    if rec.state != "committed":
+    if rec.state != "committed" and not (test_run and rec.state == "spent_unpublished"):
         out.append(f"estimated_from: estimation {run_id} is {rec.state}, not committed")
     return out
 
@@ -782,5 +865,6 @@ def check_dependency(spec: ReleaseSpec, ledger: Ledger) -> list[str]:
 __all__ = ["EstimateConfig", "Estimate", "Mechanism", "estimate", "option_config", "option_events",
            "patch_document", "PATCH_SCHEMA", "estimate_l0",
            "estimate_rows", "events", "mechanisms", "value_grid", "contribution_grid", "estimation_hash",
-           "quantile_choice", "spec_patch", "check_dependency", "recompute_section", "manifest_section",
+           "quantile_choice", "spec_patch", "check_dependency", "is_test_key_id", "recompute_section",
+           "manifest_section",
            "random_source", "read_rows", "run_key_of", "RELEASE_SUFFIX", "ESTIMATION_SCHEMA"]

@@ -12,11 +12,23 @@ durable and reviewable even though no epsilon can describe it.
 
 Anything else -- a path outside both kinds of root, or the key file -- is refused. The refusals
 are ``SpecError`` (exit 3) naming the path and the setting to change, never the file's content.
+
+The private input in disguise (issue 25 item 7a). A file under a public root may still be private data:
+a hard link to one of the spec's input files, or a byte-identical copy. ``private_twin`` compares a
+public sample with the spec's own input files (every file the ``input.path`` template can name) by file
+identity (st_dev, st_ino) and, for files of the same size, by the sha256 of the bytes (computed here,
+compared, never shown or stored); a match is treated as that private file: refused without the flag,
+recorded with it. A private read is recorded on the spec's scope, so it must be data of that scope: a
+file under a data root that is not one of the spec's input files is refused (tune the spec whose input
+it is), so the entry always lands on the scope of the data actually read.
 """
 
 from __future__ import annotations
 
+import glob
+import hashlib
 import os
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -65,6 +77,47 @@ def _resolve(path: str | os.PathLike[str]) -> Location:
         raise SpecError(f"{FIELD} ({os.fspath(path)}): {exc}") from None
 
 
+def spec_input_files(spec: ReleaseSpec) -> list[str]:
+    """Every local file the spec's ``input.path`` template can name (each ``{...}`` field as ``*``), resolved.
+    An object-store input lists nothing here (its twins are not looked for)."""
+    pattern = re.sub(r"\{[^{}]*\}", "*", spec.input.path)
+    loc = spec.resolve_path(pattern)
+    if not loc.is_local:
+        return []
+    return sorted({os.path.realpath(f) for f in glob.glob(str(loc)) if os.path.isfile(f)})
+
+
+def _sha256(path: str) -> bytes:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.digest()
+
+
+def private_twin(spec: ReleaseSpec, location: str) -> str | None:
+    """The spec's input file that ``location`` is in disguise (same inode, or the same bytes), else None.
+
+    Privacy reason: a hard link or a copy of private input under a public root is the private data; read
+    as public it would leave no ledger entry. The content hash stays in this function (never shown)."""
+    if not os.path.isfile(location):
+        return None
+    st = os.stat(location)
+    same_size: list[str] = []
+    for f in spec_input_files(spec):
+        fs = os.stat(f)
+        if (fs.st_dev, fs.st_ino) == (st.st_dev, st.st_ino):
+            return f
+        if fs.st_size == st.st_size:
+            same_size.append(f)
+    if same_size:
+        mine = _sha256(location)
+        for f in same_size:
+            if _sha256(f) == mine:
+                return f
+    return None
+
+
 def is_private_path(spec: ReleaseSpec, path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` resolves under a data root of ``spec`` (``dpops.dataroots.data_root_locations``)."""
     resolved = _resolve(path)
@@ -77,21 +130,38 @@ def open_sample(spec: ReleaseSpec, path: str | os.PathLike[str], *, allow_privat
                 key_path: str | os.PathLike[str] | None = None) -> SampleAccess:
     """Check ``path`` for tuning; for private data (allowed explicitly) record the access first."""
     when = datetime.now(UTC).replace(microsecond=0).isoformat()
+    twin: str | None = None
     if not is_private_path(spec, path):
         check_public = getattr(dataroots, "check_public_path", None)
         if check_public is None:  # a dpops without the public-roots allow-list: nothing is known to be public
             raise SpecError(f"{FIELD} ({os.fspath(path)}): this dpops has no public-roots allow-list "
                             "(dpops.dataroots.check_public_path), so no sample is known to be public data")
         pub = check_public(path, FIELD, source=spec.source, spec_dir=spec.base_dir, key_path=key_path)
-        return SampleAccess(str(getattr(pub, "location", pub)), False, when)
+        location = str(getattr(pub, "location", pub))
+        twin = private_twin(spec, location)
+        if twin is None:
+            return SampleAccess(location, False, when)
     if not allow_private:
+        if twin is not None:
+            raise SpecError(
+                f"{FIELD} ({os.fspath(path)}) is under a public root, but it is the spec's private input {twin} "
+                f"(the same file, or the same bytes): reading it is reading private data. Tune on public or "
+                f"synthetic data, or pass {PRIVATE_FLAG} with --reason: the ledger will record the access for the "
+                "spec's scope and the spec patch will say so")
         raise SpecError(
             f"{FIELD} ({os.fspath(path)}) resolves under a data root, where private inputs live. Tuning is not "
             f"differentially private: its output is an exact function of the rows it reads. Tune on public or "
             f"synthetic data under $DPOPS_PUBLIC_ROOTS, or, if you must look at the private data, pass {PRIVATE_FLAG} "
             "with --reason: the ledger will record the access for the spec's scope and the spec patch will say so")
     # Same checks as a release's input (under a data root, away from the noise key), then the entry, then the read.
-    resolved = dataroots.check_data_path(path, FIELD, source=spec.source, spec_dir=spec.base_dir, key_path=key_path)
+    resolved = dataroots.check_data_path(twin or path, FIELD, source=spec.source, spec_dir=spec.base_dir,
+                                         key_path=key_path)
+    if "://" not in resolved and os.path.realpath(resolved) not in spec_input_files(spec):
+        # the entry goes on this spec's scope: only data of this scope (the spec's own input) may be read under it
+        raise SpecError(
+            f"{FIELD} ({os.fspath(path)}) is under a data root but is not an input file of {spec.source} "
+            f"(input.path {spec.input.path!r}): a private read is recorded on the scope of the spec, which would "
+            f"not be the scope of this data; tune the spec whose input it is; nothing was recorded")
     if ledger is None or fingerprint_key is None or not actor:
         raise InvalidParameter(f"reading private data for tuning needs a ledger, a fingerprint key (--key-file) "
                                f"and an actor, so that the access is recorded ({PRIVATE_FLAG})")
@@ -108,4 +178,4 @@ def open_sample(spec: ReleaseSpec, path: str | os.PathLike[str], *, allow_privat
     return SampleAccess(resolved, True, ts, fp, eid, spec.budget.scope)
 
 
-__all__ = ["PRIVATE_FLAG", "SampleAccess", "open_sample", "is_private_path"]
+__all__ = ["PRIVATE_FLAG", "SampleAccess", "open_sample", "is_private_path", "private_twin", "spec_input_files"]

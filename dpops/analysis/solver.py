@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from dpops.analysis.targets import TargetResult, evaluate, target_key, target_met
 from dpops.errors import InvalidParameter
+from dpops.spec import BOUNDS_SHARE_SUFFIX
 
 if TYPE_CHECKING:
     from dpops.events import PrivacyEvent
@@ -62,7 +63,7 @@ class Solution:
     epsilon: float  # budget.epsilon to declare (the plan's basic-composition total)
     split: dict[str, float]  # epsilon share per split key (write as budget.split: they are weights)
     accountant: str
-    cost: float  # epsilon of one interval under ``accountant`` at the spec's delta
+    cost: float  # epsilon of one interval (the release and any bounds: estimate estimation) under ``accountant``
     targets: list[TargetResult]
     unreachable: list[int] = field(default_factory=list)  # target indices no share up to MAX_SHARE meets
     limited_by: str | None = None  # "budget" when the split was scaled down to fit
@@ -89,10 +90,23 @@ class Solution:
 
 
 def declared_shares(spec: ReleaseSpec) -> dict[str, float]:
-    """The spec's own epsilon share per split key (basic view: epsilon * w / sum w)."""
-    w = spec.split_weights()
+    """The spec's own epsilon share per split key (basic view: epsilon * w / sum w).
+
+    ``bounds: estimate`` (issue 25 item 7e): ``budget.epsilon`` is the interval's whole charge, the release's
+    own keys share what the estimation leaves (``release_part``), and each ``<key>.bounds`` share is a key
+    of its own at the estimation's epsilon. It is never targeted, so it keeps that share, and every cost
+    and fit below counts it (``interval_events``)."""
+    release = spec.release_part()
+    w = release.split_weights()
     total = sum(w.values())
-    return {k: float(spec.budget.epsilon) * v / total for k, v in w.items()}
+    out = {k: float(release.budget.epsilon) * v / total for k, v in w.items()}
+    est = spec.estimation_epsilon()
+    if est > 0.0:
+        given = spec.budget.split or {}
+        keys = [k + BOUNDS_SHARE_SUFFIX for k in spec.estimated_metric_keys]
+        wsum = sum(float(given.get(k, 0.0)) for k in keys)
+        out.update({k: est * float(given.get(k, 0.0)) / wsum for k in keys})
+    return out
 
 
 def spec_for(spec: ReleaseSpec, shares: dict[str, float]) -> ReleaseSpec:
@@ -105,6 +119,21 @@ def plan_for(spec: ReleaseSpec, shares: dict[str, float]) -> ReleasePlan:
     from dpops.release_plan import plan_release
 
     return plan_release(spec_for(spec, shares))
+
+
+def interval_events(spec: ReleaseSpec, shares: dict[str, float]) -> list[PrivacyEvent]:
+    """What one interval of ``spec_for(spec, shares)`` charges: its plan's events and, for ``bounds: estimate``,
+    its estimation's (``dpops.analysis.estimate.option_events``), two ledger runs on one scope."""
+    from dpops.analysis.estimate import option_events
+
+    return list(plan_for(spec, shares).events) + option_events(spec_for(spec, shares))
+
+
+def interval_cost(spec: ReleaseSpec, shares: dict[str, float], accountant: str) -> float:
+    """Epsilon of one interval (``interval_events``) under ``accountant`` at the spec's delta."""
+    from dpops.accounting import get_accountant
+
+    return float(get_accountant(accountant).epsilon(interval_events(spec, shares), plan_for(spec, shares).delta))
 
 
 def run_cost(plan: ReleasePlan, accountant: str, delta: float | None = None) -> float:
@@ -264,14 +293,15 @@ def solve(spec: ReleaseSpec, *, accountant: str = "basic/1", available: float | 
     unreachable = [r.index for r in results if not r.met and r.metric in unreachable_keys]
     limited_by = None
 
-    def affordable(p: ReleasePlan) -> bool:
+    def affordable(sh: dict[str, float]) -> bool:
+        # the whole interval: the release and its bounds: estimate estimation (issue 25 item 7e)
         if fits is not None:
-            return bool(fits(p.events))
+            return bool(fits(interval_events(spec, sh)))
         if available is not None:
-            return run_cost(p, accountant) <= available * (1.0 + 1e-12)
+            return interval_cost(spec, sh, accountant) <= available * (1.0 + 1e-12)
         return True
 
-    if not affordable(plan):
+    if not affordable(shares):
         limited_by = "budget"
         fixed = {k: v for k, v in shares.items() if k not in keys}
         lo, hi = 0.0, 1.0  # scale of the targeted shares
@@ -279,12 +309,12 @@ def solve(spec: ReleaseSpec, *, accountant: str = "basic/1", available: float | 
         def scaled(f: float) -> dict[str, float]:
             return {**fixed, **{k: max(shares[k] * f, MIN_SHARE) for k in keys}}
 
-        if not affordable(plan_for(spec, scaled(0.0))):
+        if not affordable(scaled(0.0)):
             raise InvalidParameter(f"{spec.source}: even with the targeted metrics at epsilon {MIN_SHARE:g} the run "
                                    "does not fit the budget: the untargeted metrics' declared shares alone exceed it")
         while hi - lo > 1e-6:
             mid = 0.5 * (lo + hi)
-            if affordable(plan_for(spec, scaled(mid))):
+            if affordable(scaled(mid)):
                 lo = mid
             else:
                 hi = mid
@@ -294,9 +324,10 @@ def solve(spec: ReleaseSpec, *, accountant: str = "basic/1", available: float | 
     feasible = all(r.met for r in results)
     solved = spec_for(spec, shares)
     return Solution(feasible=feasible, epsilon=float(solved.budget.epsilon), split=dict(shares),
-                    accountant=accountant, cost=run_cost(plan, accountant), targets=results,
+                    accountant=accountant, cost=interval_cost(spec, shares, accountant), targets=results,
                     unreachable=unreachable, limited_by=limited_by, available=available, rounds=rounds, spec=solved)
 
 
 __all__ = ["Solution", "solve", "least_share", "declared_shares", "spec_for", "plan_for", "run_cost",
+           "interval_events", "interval_cost",
            "MIN_SHARE", "MAX_SHARE"]

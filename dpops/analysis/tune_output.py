@@ -57,13 +57,39 @@ def patch_yaml(result: TuneResult, provenance: Mapping[str, Any]) -> str:
     return head + yaml.safe_dump(doc, sort_keys=False)
 
 
+def _source(block: Any) -> str | None:
+    data = block.get("data") if isinstance(block, Mapping) else None
+    return str(data.get("source")) if isinstance(data, Mapping) and data.get("source") is not None else None
+
+
+def provenance_downgrade(current: Any, new: Any) -> str | None:
+    """Why a tune patch whose ``tuning`` block is ``new`` may not replace the spec's ``current`` one (None: it may).
+
+    Issue 25 item 7b. A spec whose parameters were chosen by looking at private data (``tuning.data.source:
+    private``, its ledger entry) keeps that record: a later tune on a public sample cannot replace it with
+    "chosen on a public sample". Privacy reason: that tune starts from the privately chosen values (its
+    default grid is built around the spec's values, and a one-candidate grid can be exactly them), so its
+    recommendation is not a function of public data alone, and a reviewer would be told it is. A private
+    tune may replace a public record (the more conservative statement), or a private one (a new read, with
+    its own ledger entry; the earlier entry stays in the ledger)."""
+    if _source(current) == "private" and _source(new) != "private":
+        data = current.get("data") if isinstance(current, Mapping) else {}
+        entry = data.get("ledger_entry") if isinstance(data, Mapping) else None
+        return (f"the spec's parameters were chosen by looking at private data (tuning.data.source: private, "
+                f"ledger entry {entry}); a tune whose data is {_source(new) or 'not stated'} cannot replace that "
+                "record, since its candidates start from the privately chosen values. Keep the spec as it is, or "
+                "tune again with the private flag (a new private_access entry)")
+    return None
+
+
 def apply_patch_document(spec_doc: Mapping[str, Any], patch_doc: Any, *, source: str = "patch") -> dict[str, Any]:
     """``spec_doc`` (a spec as written, e.g. its YAML) with a ``patch_document`` (or the ``dpops estimate``
     patch document, ``dpops.analysis.estimate.patch_document``) applied.
 
     Refuses (``SpecError``, naming ``source``) a document that is not a tune patch or was made for another
-    release. ``tuning`` is replaced whole, not merged: a block from a public sample must not keep the
-    ledger entry of an earlier private read, nor the reverse. The result is not validated here
+    release, and a public tune patch over a spec tuned on private data (``provenance_downgrade``). ``tuning``
+    is replaced whole, not merged: a block from a private read must not keep the sample of an earlier public
+    one. The result is not validated here
     (``dpops.spec.parse_spec`` does that)."""
     from dpops.analysis.estimate import PATCH_SCHEMA as ESTIMATE_PATCH_SCHEMA
     from dpops.analysis.tuning import apply_patch
@@ -84,6 +110,9 @@ def apply_patch_document(spec_doc: Mapping[str, Any], patch_doc: Any, *, source:
         # A private estimation's bounds and ``estimated_from``; a ``tuning`` block for the parameters the
         # estimation did not set stays (it is provenance, and the estimation names itself).
         return apply_patch(dict(spec_doc), patch)
+    problem = provenance_downgrade(spec_doc.get("tuning"), patch.get("tuning"))
+    if problem:
+        raise SpecError(f"{source}: {problem}; the spec was not changed")
     rest = {k: v for k, v in patch.items() if k != "tuning"}
     out = apply_patch({k: v for k, v in spec_doc.items() if k != "tuning"}, rest)
     if "tuning" in patch:
@@ -185,4 +214,4 @@ def html_page(result: TuneResult, provenance: Mapping[str, Any]) -> str:
         "</body></html>")
 
 
-__all__ = ["PATCH_SCHEMA", "patch_document", "patch_yaml", "apply_patch_document", "html_page"]
+__all__ = ["PATCH_SCHEMA", "patch_document", "patch_yaml", "apply_patch_document", "provenance_downgrade", "html_page"]

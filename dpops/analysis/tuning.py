@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     import pandas as pd
     import pyarrow as pa
 
+    from dpops.analysis.sample_access import SampleAccess
     from dpops.release_plan import MetricPlan, ReleasePlan
     from dpops.spec import ReleaseSpec
     from pipelines.bounding import ContributionRanks
@@ -704,7 +705,8 @@ def _target_ratio(spec: ReleaseSpec, plan: ReleasePlan, errs: Mapping[str, Mappi
 
 
 def tune(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any],
-         sample: str | os.PathLike[str] | pa.Table | pd.DataFrame, *, grid: Sequence[Candidate] | None = None,
+         sample: str | os.PathLike[str] | pa.Table | pd.DataFrame | SampleAccess, *,
+         grid: Sequence[Candidate] | None = None,
          loss: str | None = None, confidence: float | None = None, seed: int | None = None) -> TuneResult:
     """Evaluate ``grid`` (default ``default_grid``) on ``sample`` in one pass; recommend the least loss.
 
@@ -712,14 +714,22 @@ def tune(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any],
     when the spec has targets tune can judge), ``mean_relative_rmse`` (the default otherwise) or
     ``max_relative_rmse``. ``seed`` makes the bounding's random choices reproducible (tests).
 
-    This function does not check where a *path* comes from: ``dpops.analysis.sample_access.open_sample``
-    does (the CLI calls it first). A notebook caller passing a table vouches that it is public data.
+    A *path* is checked by ``dpops.analysis.sample_access.open_sample`` as a public sample (issue 25 item
+    7a: a path under a data root, or a link or copy of the spec's private input, is refused here; the
+    private read, recorded in the ledger first, goes through ``open_sample(..., allow_private=True)``,
+    whose ``SampleAccess`` is then passed as ``sample``, as the CLI does). A caller passing a table, or a
+    ``SampleAccess`` it built, vouches that it is public data.
     """
     from dpops.analysis import load
+    from dpops.analysis.sample_access import SampleAccess, open_sample
     from dpops.release_plan import plan_release
     from pipelines.bounding import contribution_ranks, metric_layout
 
     s = load(spec)
+    if isinstance(sample, (str, os.PathLike)):
+        sample = open_sample(s, sample)  # public only: never a private read without its ledger entry
+    if isinstance(sample, SampleAccess):
+        sample = sample.location
     grid = list(default_grid(s) if grid is None else grid)
     if not grid:
         raise InvalidParameter("tune: the grid is empty")

@@ -64,7 +64,7 @@ def cli(spec_path: str, sample: str, grid_path: str | None, l0: str | None, linf
         as_json: bool) -> None:
     """Evaluate a grid of L0, Linf, value bounds and epsilon splits on a sample in one pass; recommend one."""
     from dpops.analysis import load
-    from dpops.analysis.sample_access import is_private_path, open_sample
+    from dpops.analysis.sample_access import is_private_path, open_sample, private_twin
     from dpops.analysis.tune_output import html_page, patch_yaml
     from dpops.analysis.tuning import default_grid, grid_from_doc, tune
     from dpops.release.context import default_actor
@@ -81,7 +81,7 @@ def cli(spec_path: str, sample: str, grid_path: str | None, l0: str | None, linf
         grid = grid_from_doc(spec, doc, source="--l0/--linf")
     else:
         grid = default_grid(spec)
-    if allow_private and is_private_path(spec, sample):
+    if allow_private and (is_private_path(spec, sample) or private_twin(spec, str(Path(sample).resolve()))):
         from dpops.keyref import resolve_key
 
         if not key_file:
@@ -92,7 +92,7 @@ def cli(spec_path: str, sample: str, grid_path: str | None, l0: str | None, linf
                                  reason=reason, fingerprint_key=resolve_key(key_file), key_path=key_file)
     else:
         access = open_sample(spec, sample, allow_private=False, key_path=key_file)
-    result = tune(spec, access.location, grid=grid, loss=loss)
+    result = tune(spec, access, grid=grid, loss=loss)  # the checked access, not a path to check again
     prov = access.provenance()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -358,16 +358,23 @@ def _check_dependencies(m: dict[str, Any], ledger: Ledger | None, manifests_dir:
                 f"{wanted!r}"]
     if not wanted:
         return []
+    out: list[str] = []
+    if ledger is not None:  # the rule release run applies before reservation (issue 25 item 4): one owner
+        from dpops.analysis.estimate import check_dependency
+
+        out.extend(check_dependency(parse_embedded_spec(m["spec"]), ledger, str(m["randomness"]["mode"])))
     if manifests_dir is None:
-        return [f"dependencies: the manifest of estimation {wanted} cannot be looked up (no manifests directory "
-                "given): verify with --manifests DIR"]
+        return [*out, f"dependencies: the manifest of estimation {wanted} cannot be looked up (no manifests "
+                      "directory given): verify with --manifests DIR"]
     try:
         dep = read_manifest(find_manifest(wanted, manifests_dir))
     except DpopsError as exc:
-        return [f"dependencies.estimations[0]: estimation {wanted}: {exc}"]
-    out: list[str] = []
+        return [*out, f"dependencies.estimations[0]: estimation {wanted}: {exc}"]
     if dep.get("estimation") is None:
-        return [f"dependencies.estimations[0]: run {wanted}'s manifest is not an estimation's"]
+        return [*out, f"dependencies.estimations[0]: run {wanted}'s manifest is not an estimation's"]
+    if dep["randomness"].get("test_mode") and not m["randomness"].get("test_mode"):
+        out.append(f"dependencies.estimations[0]: estimation {wanted} used test-mode (seeded) randomness, so it "
+                   "never feeds a release with keyed or os randomness")
     res = verify_manifest(dep, ledger=ledger, source=f"estimation {wanted}", check_files=False,
                           chain_report=chain_report, manifests_dir=manifests_dir)
     out.extend(f"dependencies.estimations[0] (estimation {wanted}): {p}" for p in res.problems)
@@ -689,16 +696,26 @@ def _check_cap(scope: dict[str, Any], ledger: Ledger) -> list[str]:
     return out
 
 
-def _check_file_digest(m: dict[str, Any], ledger: Ledger, file_name: str, file_digest: str) -> list[str]:
-    """The ledger's commit entry records the manifest file's sha256: any byte changed since is caught."""
-    rec = ledger.run(m["run_id"])
+def committed_manifest_problems(rec: RunRecord | None, file_name: str, file_digest: str, *,
+                                required: bool = False) -> list[str]:
+    """Compare a manifest file with the name and sha256 the ledger's commit entry of ``rec`` recorded.
+
+    ``required``: a commit entry that records no manifest, or another file, is a problem too (a caller that
+    acts on the manifest's content, e.g. serving a committed estimation, must have the recorded one); without
+    it such a manifest is not comparable and passes (a correction, a run committed before the field)."""
     recorded = ((rec.details or {}).get("commit") or {}).get("manifest") if rec is not None else None
     if not isinstance(recorded, dict) or recorded.get("file") != file_name:
-        return []
+        return ([f"manifest file {file_name}: the ledger's commit entry records "
+                 f"{recorded.get('file') if isinstance(recorded, dict) else 'no manifest'!r}"] if required else [])
     if recorded.get("sha256") != file_digest:
         return [f"manifest file {file_name}: its sha256 differs from the one the ledger recorded when the run was "
                 "committed (the file was edited after publication)"]
     return []
+
+
+def _check_file_digest(m: dict[str, Any], ledger: Ledger, file_name: str, file_digest: str) -> list[str]:
+    """The ledger's commit entry records the manifest file's sha256: any byte changed since is caught."""
+    return committed_manifest_problems(ledger.run(m["run_id"]), file_name, file_digest)
 
 
 def _file_check(name: str, result: Any, *, no_key: bool = False) -> Check:

@@ -102,6 +102,7 @@ class RunContext:
     # bounds: estimate: the estimated bounds per column substituted into ``spec`` (the pipeline, which
     # re-loads the spec file, substitutes the same ones: ``ComputeRequest.estimated_bounds``)
     estimated_bounds: dict[str, tuple[float, float]] | None = None
+    estimation_charged: float = field(default=0.0, repr=False, compare=False)  # by this invocation (prepare)
 
     def note_ledger(self, record: RunRecord | None, charged: float = 0.0) -> None:
         """Remember what the ledger just confirmed about this run (``record``) and any charge it made now."""
@@ -184,6 +185,9 @@ class RunOutcome:
     budget_unit: str = "epsilon"  # the scope's cap unit: epsilon (at its delta) or rho (zCDP)
     ledger_state: str | None = None  # a failed run: its state in the ledger (read, or last confirmed to this process)
     ledger_unreadable: bool = False  # a failed run: the ledger did not answer when the outcome was written
+    # bounds: estimate: what THIS invocation charged for the interval's estimation (its own ledger run,
+    # <name>__estimate), so no line says "charged ε=0" after an estimation was charged (issue 25 item 7d)
+    estimation_charged: float = 0.0
 
     def budget_words(self) -> str:
         """``charged ε=0.94 this run; scope total ε=3.93 of cap 4 (rdp/1 accountant)``.
@@ -212,6 +216,9 @@ class RunOutcome:
             if self.run_epsilon is not None and not math.isclose(self.run_epsilon, self.epsilon_charged,
                                                                  rel_tol=1e-9, abs_tol=1e-12):
                 this += f" (the run's own {u}={f(self.run_epsilon)}, charged once when it was first reserved)"
+        if self.estimation_charged:
+            this += (f"; its bounds: estimate estimation (run {self.release}__estimate) charged "
+                     f"{u}={f(self.estimation_charged)} more by this invocation")
         if self.scope_total is None:
             scope = (f"scope {self.scope} total could not be read (the ledger did not answer)"
                      if self.ledger_unreadable else f"scope {self.scope} total unknown")
@@ -286,7 +293,8 @@ def make_outcome(ctx: RunContext, ledger: Ledger, state: str, *, record: RunReco
         run_id=getattr(record, "run_id", None) or ctx.run_id,
         output_uri=output_uri or getattr(record, "output_uri", None),
         epsilon_charged=charged, run_epsilon=getattr(record, "epsilon", None), scope=ctx.spec.budget.scope,
-        restates=getattr(record, "restates", None), message=message, **pos,
+        restates=getattr(record, "restates", None), message=message, estimation_charged=ctx.estimation_charged,
+        **pos,
     )
     # Inside execute_release the steps' lines are DEBUG: the whole run logs ONE line at the end.
     log.log(logging.DEBUG if QUIET_RUNS.get() else logging.INFO, out.line())
@@ -316,7 +324,7 @@ def log_failure(ctx: RunContext, ledger: Ledger, exc: BaseException) -> RunOutco
                      run_epsilon=run_eps, scope=ctx.spec.budget.scope,
                      epsilon_charged=ctx.charged_here if state == "failed" else 0.0,
                      ledger_state=ledger_state, ledger_unreadable=unreadable,
-                     message=public_message(exc) + known, **pos)
+                     message=public_message(exc) + known, estimation_charged=ctx.estimation_charged, **pos)
     log.warning(out.line())
     return out
 

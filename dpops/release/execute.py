@@ -182,7 +182,7 @@ def execute_restatement(spec_path: str | os.PathLike[str], interval_start: Inter
                         progress: Progress | None = None) -> RunOutcome:
     """``dpops release restate``: prepare, restate (reserve linked to the published run), compute, publish."""
     ctx = prepare(spec_path, interval_start, interval_end, randomness=randomness, key_path=key_path, key=key,
-                  planner=planner, actor=actor, progress=progress, ledger=ledger)
+                  planner=planner, actor=actor, progress=progress, ledger=ledger, restate=True)
     token = QUIET_RUNS.set(True)
     report_stage(progress, "reserve")
     try:

@@ -132,7 +132,7 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
             randomness: str = "keyed", key_path: str | None = None, test_seed: int | None = None,
             key: NoiseKeyLike | None = None, planner: Planner | None = None,
             actor: str | None = None, progress: Progress | None = None, ledger: Ledger | None = None,
-            for_estimation: bool = False, estimation: str = "run") -> RunContext:
+            for_estimation: bool = False, estimation: str = "run", restate: bool = False) -> RunContext:
     """Load and check everything a run needs, without touching the ledger.
 
     ``key`` (an object with ``key_id`` and ``hmac(bytes)``) overrides ``key_path`` (tests, embedding);
@@ -146,7 +146,8 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
     spec is refused (its bounds are not known yet). ``estimation="serve"``: only a committed estimation is
     used, none is started (steps that must never charge: abandon, the DAG's tasks after reserve, failure
     lines); no committed one is a LedgerError. ``for_estimation``: the estimation's own prepare (the spec
-    as written, at its fallback bounds).
+    as written, at its fallback bounds). ``restate``: the run is an explicit restatement (``release restate``,
+    the DAG's restate=true), the one case in which a published interval may get a new estimation.
     """
     if randomness not in RANDOMNESS:
         raise InvalidParameter(f"randomness must be one of {RANDOMNESS}, got {randomness!r}")
@@ -172,10 +173,11 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
         check_pinned_key_id(key_id, key_path)  # the operator's $DPOPS_NOISE_KEY_ID, before anything is reserved
     spec = load_spec(spec_path)
     estimated: dict[str, tuple[float, float]] | None = None
+    estimation_charged = 0.0
     if spec.estimated_metric_keys and not for_estimation:
-        spec, estimated = _estimated_spec(spec, spec_path, interval_start, interval_end, ledger=ledger,
-                                          randomness=randomness, key_path=key_path, test_seed=test_seed,
-                                          planner=planner, actor=actor, serve_only=estimation == "serve")
+        spec, estimated, estimation_charged = _estimated_spec(
+            spec, spec_path, interval_start, interval_end, ledger=ledger, randomness=randomness, key_path=key_path,
+            test_seed=test_seed, planner=planner, actor=actor, serve_only=estimation == "serve", restate=restate)
     interval = parse_interval(interval_start, interval_end)
     # Before anything is read or reserved: a period-scoped release covers exactly one period and a
     # scheduled one exactly one schedule interval (issue 11 item 2; see dpops.spec.interval_problems).
@@ -203,19 +205,21 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
         store=open_store(spec.output_root, spec.name, sealer=_sealer(randomness, noise_key)),
         key_path=_key_ref(key_path),
         test_seed=test_seed, actor=actor or default_actor(), fingerprint_key=fp_key, estimated_bounds=estimated,
+        estimation_charged=estimation_charged,
     )
 
 
 def _estimated_spec(spec: ReleaseSpec, spec_path: str | os.PathLike[str], interval_start: IntervalBound,
                     interval_end: IntervalBound, *, ledger: Ledger | None, randomness: str, key_path: str | None,
                     test_seed: int | None, planner: Planner | None, actor: str | None,
-                    serve_only: bool = False) -> tuple[ReleaseSpec, dict[str, tuple[float, float]]]:
+                    serve_only: bool = False,
+                    restate: bool = False) -> tuple[ReleaseSpec, dict[str, tuple[float, float]], float]:
     """``bounds: estimate``: run or serve the interval's estimation, return the spec with its result.
 
     The estimation is ``dpops estimate``'s own charged, keyed run (run key ``<name>__estimate``, epsilon
     the declared share): a retry serves the committed one and charges nothing. The release's events
     (planned at the fallback bounds: they do not depend on value bounds) go along so that nothing is
-    reserved unless both fit the scope."""
+    reserved unless both fit the scope. Returns the spec, the bounds and what this call charged."""
     from dpops.analysis.estimate import estimate, option_config
 
     if ledger is None:
@@ -227,7 +231,7 @@ def _estimated_spec(spec: ReleaseSpec, spec_path: str | os.PathLike[str], interv
     release_events = list((planner or _default_planner)(spec).events)
     est = estimate(spec_path, interval_start, interval_end, config=option_config(spec), ledger=ledger,
                    randomness=randomness, key_path=key_path, test_seed=test_seed, actor=actor,
-                   then_charges=release_events, serve_only=serve_only)
+                   then_charges=release_events, serve_only=serve_only, for_release=not restate)
     assert est.run_id is not None  # estimate returns a committed (or served) run
     bounds = {c: est.bounds[c] for c in spec.estimated_columns}
-    return spec.with_estimated_bounds(est.run_id, bounds), bounds
+    return spec.with_estimated_bounds(est.run_id, bounds), bounds, float(est.epsilon_charged)

@@ -152,7 +152,7 @@ def _check_scope(ctx: RunContext, ledger: Ledger) -> ScopeDefinition:
     # section 4): a spec naming one must name a committed estimation of this release in this ledger.
     from dpops.analysis.estimate import check_dependency
 
-    problems = check_dependency(ctx.spec, ledger)
+    problems = check_dependency(ctx.spec, ledger, ctx.randomness)
     if problems:
         raise SpecError("\n".join(f"{ctx.spec.source}: {p}" for p in problems) + "\nnothing was reserved")
     return scope
@@ -183,6 +183,31 @@ def refuse_changed_input(ctx: RunContext, published: RunRecord | None, restates:
         f"{ctx.spec.name} {ctx.interval} is already published by run {published.run_id} and "
         f"{' and '.join(what) or 'the run key differs'}: a second release of this interval is a fresh, charged "
         f"restatement and is never done silently; if that is intended run: dpops release restate {ctx.spec_path} "
+        f"--interval {ctx.interval.start_iso}/{ctx.interval.end_iso}"
+    )
+
+
+def refuse_new_estimation_of_published(ctx: RunContext, published: RunRecord | None) -> None:
+    """``bounds: estimate``: refuse to charge a new estimation of an interval whose release is published,
+    unless the run is its explicit restatement (issue 25 item 7d). ``ctx`` is the estimation's context (the
+    spec as written, the interval's input fingerprint and key).
+
+    A new estimation means a new run key for the release (its spec names the estimation run): the release
+    would then be refused by ``refuse_changed_input`` AFTER the estimation had been charged. So the same
+    rule is applied first, before anything is reserved, with the same advice."""
+    if published is None:
+        return
+    old = published.key
+    what = []
+    if old.input_fingerprint != ctx.input_fingerprint:
+        what.append("the input changed (different keyed fingerprint)")
+    if old.key_id != ctx.run_key_id:
+        what.append(f"the randomness key differs ({old.key_id} vs {ctx.run_key_id})")
+    raise LedgerError(
+        f"{ctx.spec.name} {ctx.interval} is already published by run {published.run_id} and "
+        f"{' and '.join(what) or 'its bounds: estimate estimation would be a new one (the spec changed)'}: a "
+        "second release of this interval is a fresh, charged restatement and is never done silently; nothing was "
+        f"reserved (no estimation charged); if that is intended run: dpops release restate {ctx.spec_path} "
         f"--interval {ctx.interval.start_iso}/{ctx.interval.end_iso}"
     )
 
