@@ -1,0 +1,67 @@
+"""Issue 28 item 1: a refused restatement, released after a cap raise, keeps a refusal manifest that verifies,
+from the CLI (``release restate``) and from the DAG (``orchestration.reserve_step(restate=True)``) alike.
+
+Fast: the stand-in pipeline and plan of the CLI tests (``cli_support``), the real ledger (SQLite), the real CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from cli_support import make_env
+from test_runs import write_input
+
+from dpops import orchestration, release
+from dpops.ledger import open_ledger
+
+
+def _step(env, day: str, nxt: str) -> orchestration.Step:
+    settings = orchestration.Settings(ledger_url=env.url, key_path=str(env.key))
+    return orchestration.Step(str(env.spec), f"{day}T00:00:00+00:00", f"{nxt}T00:00:00+00:00", settings, "test")
+
+
+def test_refused_restatement_manifest_links_the_published_run_and_verifies_after_release(tmp_path, monkeypatch,
+                                                                                        capsys):
+    env = make_env(tmp_path, monkeypatch, cap=1.2)
+    u = ["--ledger", env.url]
+    spec = str(env.spec)
+    first = {}
+    for day in ("2024-01-01", "2024-01-02"):
+        code, doc, err = env.json(capsys, "release", "run", spec, *env.base(day), *u, "--publish", "--no-gx-checks",
+                                  "--json")
+        assert code == 0, err
+        first[day] = doc["run_id"]
+        write_input(tmp_path, day, amounts=(1.0, 2.0, 3.0, 7.0))  # a corrected input: a restatement, 0.5 more
+    # 0.2 left: both restatements are refused, one from the CLI, one from the DAG's reserve task
+    code, out, err = env.run(capsys, "release", "restate", spec, *env.base("2024-01-01"), *u, "--no-gx-checks")
+    assert code == 5, out + err
+    refused_dag = orchestration.reserve_step(_step(env, "2024-01-02", "2024-01-03"), restate=True)
+    assert refused_dag.state == "refused"
+    ctxs = {day: release.prepare(spec, day, nxt, key_path=str(env.key))
+            for day, nxt in (("2024-01-01", "2024-01-02"), ("2024-01-02", "2024-01-03"))}
+    mdir = release.manifests_dir(ctxs["2024-01-01"])
+    refusals = {day: mdir / f"{ctx.run_id}.refused.json" for day, ctx in ctxs.items()}
+    for day, path in refusals.items():
+        assert path.exists(), f"no refusal manifest for the refused restatement of {day}"
+        assert json.loads(path.read_text())["restates"] == {"run_id": first[day]}
+    # the cap is raised; the same restatements are released under the same run keys
+    assert env.run(capsys, "ledger", "cap", "shop", "--epsilon", "3", "--reason", "board approval", *u)[0] == 0
+    code, doc, err = env.json(capsys, "release", "restate", spec, *env.base("2024-01-01"), *u, "--no-gx-checks",
+                              "--json")
+    assert code == 0 and doc["state"] == "published" and doc["run_id"] == ctxs["2024-01-01"].run_id, err
+    step = _step(env, "2024-01-02", "2024-01-03")
+    assert orchestration.reserve_step(step, restate=True).state == "reserved"
+    orchestration.compute_step(step)
+    assert orchestration.publish_step(step).state == "published"
+    with open_ledger(env.url) as led:
+        for day, ctx in ctxs.items():
+            assert led.run(ctx.run_id).restates == first[day] and led.run(ctx.run_id).state == "committed"
+    for path in refusals.values():
+        code, out, err = env.run(capsys, "manifest", "verify", str(path), *u)
+        assert code == 0, out + err
+    code, out, err = env.run(capsys, "report", "--scope", "shop", *u, "--manifests", str(mdir),
+                             "--out", str(tmp_path / "r.html"), "--key-file", str(env.key))
+    assert code == 0, out + err
+    html = (tmp_path / "r.html").read_text()
+    assert re.findall(r"(\d+) FAILED</span>", html) == ["0"], "the report counts a failed manifest"
