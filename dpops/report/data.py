@@ -39,6 +39,16 @@ class RunRow:
     replaces_spent: str | None = None  # a fresh attempt: the spent_unpublished run it replaces (charged again)
     entry_id: int = 0  # the run's first ledger entry (its reservation): the ledger's order of charges
 
+    @property
+    def charged_epsilon(self) -> float | None:
+        """What this run charged the scope on its own: its ε for a state whose events count against the cap
+        (``CHARGED_STATES``), 0 for a refused or refunded run (``epsilon`` then is what it asked). Privacy
+        reason: a reviewer adds this column up to check the cap; counting a refusal's request would show a
+        cap broken that the ledger kept (issue 28 item 4)."""
+        if self.state in CHARGED:
+            return self.epsilon
+        return 0.0
+
 
 @dataclass
 class ManifestCheck:

@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import quote
 
 from dpops.ledger.budget import format_budget
+from dpops.ledger.model import CHARGED_STATES as CHARGED  # the one owner of the charged states
 from dpops.report.plots import cumulative_plot, per_interval_plot
 
 CSS = """
@@ -64,6 +65,16 @@ def _b(x: Any, cap: float | None = None) -> str:
     if x is None or not isinstance(x, (int, float)):
         return _n(x)
     return f"<span data-value='{float(x)!r}'>{_e(format_budget(x, cap))}</span>"
+
+
+def _charged_cell(r: Any) -> str:
+    """The timeline's ε cell: what the run charged (``RunRow.charged_epsilon``); a refused or refunded run
+    shows 0 and, in brackets, what it asked, so a column a reviewer adds up is the sum of real charges."""
+    charged = r.charged_epsilon
+    if charged is None or r.state in CHARGED or r.epsilon is None:
+        return _b(charged)
+    word = "refused" if r.state == "refused" else "refunded"
+    return f"{_b(charged)} <span class='asked'>({word}; asked {_e(format_budget(r.epsilon))})</span>"
 
 
 def _rel(path: str | None, out_dir: Path) -> str | None:
@@ -169,7 +180,7 @@ def render_html(data: Any, out_path: str | os.PathLike[str]) -> str:
       "under the same cap. Only the scope's own accountant decides what the ledger admits.</p>")
 
     a("<h2>Timeline (date order; refusals and gaps in place)</h2><table id='runs'><tr><th>interval</th>"
-      "<th>release</th><th>outcome</th><th>epsilon (alone)</th><th>schedule</th><th>manifest verification</th>"
+      "<th>release</th><th>outcome</th><th>epsilon charged (alone)</th><th>schedule</th><th>manifest verification</th>"
       "<th>run</th><th>restates</th><th>key id</th><th>manifest</th></tr>")
     for r in data.runs:
         if r.kind == "gap":
@@ -181,12 +192,19 @@ def render_html(data: Any, out_path: str | os.PathLike[str]) -> str:
         a(f"<tr data-kind='run' data-run='{_e(r.run_id)}'><td class='iv'>[{_e(r.interval_start)}, {_e(r.interval_end)})</td>"
           f"<td>{_e(r.release)}</td><td class='state-{_e(r.state)}' data-field='state'>{_e(r.state)}"
           f"{' (test mode)' if r.test_mode else ''}</td>"
-          f"<td class='num' data-field='epsilon'>{_b(r.epsilon)}</td>"
+          f"<td class='num' data-field='epsilon'>{_charged_cell(r)}</td>"
           f"<td class='flag'>{_e('; '.join(r.flags))}</td>"
           f"<td class='{vclass}' data-field='verification'>{_e(r.verification)}</td>"
           f"<td><code>{_e(r.run_id[:16])}</code></td><td>{_e(r.restates[:16] if r.restates else '')}</td>"
           f"<td>{_e(r.key_id)}</td><td>{_a(href(r.manifest, out_dir), 'manifest')}</td></tr>")
-    a("</table>")
+    charged_runs = [r for r in data.runs if r.kind == "run" and r.charged_epsilon is not None]
+    column_sum = sum(float(r.charged_epsilon or 0.0) for r in charged_runs)
+    a(f"</table><p id='runs-sum'>The epsilon column is what each run charged on its own: refused and refunded runs "
+      f"charged nothing (0; what they asked is in brackets). The column adds up to "
+      f"<span data-field='column_sum'>{_b(column_sum, st.cap)}</span> (every charge added, basic composition, an "
+      f"upper bound of what these runs composed); the ledger's scope total, every charged run composed by the "
+      f"{_e(s.accountant)} accountant, is <span data-field='scope_total'>{_b(float(st.total), st.cap)}</span>, "
+      f"the figure checked against the cap {_b(float(st.cap))}.</p>")
     a(_gaps_html(data))
     a(_releases_html(data))
     a(_verification_html(data, out_dir))
