@@ -16,6 +16,15 @@ lowercase hex digits (``RunKey.run_id``): no other name, no path, no symlink lea
 
 Every figure a person reads goes through ``dpops.ledger.budget.format_budget`` (its one owner), so
 the page agrees with ``dpops ledger status`` to the digit.
+
+Who sees what (issue 25 item 11): Airflow grants read access per DAG, one DAG per release
+(``dpops.dag_ids``). ``readable`` (given a set of DAG ids, those the reader may read; None: all) filters
+everything: a manifest, a refusal or a gap is shown or downloaded only for a release whose DAG the reader
+may read. A scope's figures (cap, total, remaining, spend over time) compose the charges of EVERY release
+drawing from it, so they tell how much the other releases spent and when: a scope is shown only to a reader
+who may read every release DAG drawing from it (``scope_dags``: its ledger runs, the specs and the manifests
+naming it); otherwise the page says it is withheld and why, naming neither the unreadable DAGs nor a scope
+none of whose DAGs the reader may read.
 """
 
 from __future__ import annotations
@@ -24,18 +33,21 @@ import html
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from dpops.dag_ids import release_of_dag
+from dpops.dag_ids import dag_id_for, release_of_dag
 from dpops.errors import DpopsError, InvalidParameter, StorageError
 from dpops.ledger import Ledger, RunRecord, ScopeStatus
 from dpops.ledger.budget import format_budget
 from dpops.ledger.roles import session_write_privileges
 
 RUN_ID = re.compile(r"[0-9a-f]{32}")
+# Given DAG ids, those the reader may read (the plugin asks Airflow's auth manager); None: every DAG.
+Readable = Callable[[set[str]], set[str]]
 _MANIFEST_NAME = re.compile(r"([0-9a-f]{32})\.([a-z_]+)(?:\.corrects-[0-9a-f]{12})?\.json")
 
 
@@ -190,30 +202,90 @@ def _open_intervals(ledger: Ledger, docs: list[dict[str, Any]], specs: list[str]
     return out, problems
 
 
-def budget_page(ledger: Ledger, manifests_dir: str | os.PathLike[str] | None, specs: list[str] | None = None
-                ) -> BudgetPage:
-    """The Privacy budget page's model (module docstring): read-only, public facts only."""
+def scope_dags(ledger: Ledger, scope: str, docs: list[dict[str, Any]], specs: list[str]) -> set[str]:
+    """The DAG ids of every release drawing from ``scope``: its ledger runs, the manifests and the specs that
+    name it (a spec that does not load is skipped: ``_open_intervals`` names it)."""
+    from dpops.spec import load_spec
+
+    releases = {r.key.release for r in ledger.runs(scope=scope)}
+    releases |= {m["run_key"]["release"] for m in docs if m["spec"]["budget"]["scope"] == scope}
+    for path in specs:
+        try:
+            spec = load_spec(path)
+        except DpopsError:
+            continue
+        if spec.budget.scope == scope:
+            releases.add(spec.name)
+    return {dag_id_for(r) for r in releases}
+
+
+def _may_read(readable: Readable | None, releases: set[str]) -> set[str]:
+    """The releases (of ``releases``) whose DAG the reader may read."""
+    if readable is None:
+        return set(releases)
+    allowed = readable({dag_id_for(r) for r in releases})
+    return {r for r in releases if dag_id_for(r) in allowed}
+
+
+def budget_page(ledger: Ledger, manifests_dir: str | os.PathLike[str] | None, specs: list[str] | None = None,
+                readable: Readable | None = None) -> BudgetPage:
+    """The Privacy budget page's model (module docstring): read-only, public facts only, and of those only
+    what ``readable`` lets the reader see (the module docstring's "Who sees what")."""
     page = BudgetPage()
+    specs = list(specs or [])
     writable = session_write_privileges(ledger.db)
     if writable:  # the deployed page reads as the reader role (deploy/README.md): say so when it does not
         page.problems.append(f"this page connects to the ledger as a role that may write it ({', '.join(writable)}): "
                              "connect the api-server as the read-only role instead (deploy/README.md, "
                              "'The privacy budget in the Airflow UI')")
+    rows, docs, problems = manifest_rows(manifests_dir)
+    withheld_unseen = 0
     for sdef in sorted(ledger.scopes(), key=lambda s: s.name):
+        dags = scope_dags(ledger, sdef.name, docs, specs)
+        allowed = dags if readable is None else readable(set(dags))
+        if dags - allowed:
+            if allowed:  # the reader sees some of its releases, hence the scope's name in their manifests
+                page.problems.append(
+                    f"scope {sdef.name}: its figures are not shown: they compose the charges of {len(dags)} release "
+                    f"DAGs and you may not read {len(dags - allowed)} of them (ask for read access to every DAG "
+                    "drawing from the scope)")
+            else:
+                withheld_unseen += 1
+            continue
         page.scopes.append(ledger.status(sdef.name))
         page.spend[sdef.name] = _spend(ledger, sdef.name)
-    page.manifests, docs, problems = manifest_rows(manifests_dir)
+    if withheld_unseen:
+        page.problems.append(f"{withheld_unseen} more scope(s) not shown: you may read none of their release DAGs")
+    releases = {r.release for r in rows}
+    mine = _may_read(readable, releases)
+    page.manifests = [r for r in rows if r.release in mine]
+    docs = [m for m in docs if m["run_key"]["release"] in mine]
     page.problems += problems
-    page.open_intervals, problems = _open_intervals(ledger, docs, list(specs or []), manifests_dir)
+    if readable is not None:
+        from dpops.spec import load_spec
+
+        loaded = []
+        for path in specs:
+            try:
+                name = load_spec(path).name
+            except DpopsError:
+                continue  # a spec that does not load names no release the reader could be allowed
+            if _may_read(readable, {name}):
+                loaded.append(path)
+        specs = loaded
+    page.open_intervals, problems = _open_intervals(ledger, docs, specs, manifests_dir)
     page.problems += problems
     return page
 
 
-def manifest_file(manifests_dir: str | os.PathLike[str] | None, run_id: str) -> Path:
+def manifest_file(manifests_dir: str | os.PathLike[str] | None, run_id: str, readable: Readable | None = None
+                  ) -> Path:
     """The newest manifest file of ``run_id`` for download; anything but a 32-hex run id is refused.
 
     The id is checked before it touches the filesystem; the file found must be a regular file (not a
-    symlink) whose resolved path is inside the resolved manifests directory."""
+    symlink) whose resolved path is inside the resolved manifests directory. With ``readable``, a manifest
+    of a release whose DAG the reader may not read is "not found", like a missing one (the answer does not
+    confirm that the run exists)."""
     if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
         raise InvalidParameter("a run id is 32 lowercase hex digits")
     if manifests_dir is None:
@@ -224,7 +296,13 @@ def manifest_file(manifests_dir: str | os.PathLike[str] | None, run_id: str) -> 
             and p.resolve().is_relative_to(root)]
     if not hits:
         raise StorageError(f"no manifest for run {run_id}")
-    return max(hits, key=lambda p: (p.stat().st_mtime_ns, p.name))
+    newest = max(hits, key=lambda p: (p.stat().st_mtime_ns, p.name))
+    if readable is not None:
+        from dpops.manifest.io import read_manifest
+
+        if not _may_read(readable, {read_manifest(newest)["run_key"]["release"]}):
+            raise StorageError(f"no manifest for run {run_id}")
+    return newest
 
 
 def _current(recs: list[RunRecord]) -> RunRecord | None:
