@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import html
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -47,16 +46,12 @@ def _n(x: Any, digits: int = 6) -> str:
 
 
 def _sens(x: Any, mechanism: Any, norm: str) -> str:
-    """A charged sensitivity; an unbounded or absent one says why instead of printing ``inf``: a Laplace (or
-    geometric) vector is calibrated to its L1 sensitivity only, a Gaussian to L2 only."""
-    if isinstance(x, (int, float)) and math.isfinite(x):
-        return _n(x)
-    mech = str(mechanism or "").lower()
-    if norm == "L2" and ("laplace" in mech or "geometric" in mech):
-        return _e("n/a (pure ε-DP: Laplace noise is calibrated to the L1 sensitivity)")
-    if norm == "L1" and "gauss" in mech:
-        return _e("n/a (Gaussian noise is calibrated to the L2 sensitivity)")
-    return _e("n/a (not recorded in the manifest)")
+    """A charged sensitivity; an unbounded or absent one says why instead of printing ``inf``
+    (``dpops.manifest.build.sensitivity_not_charged``, shared with ``dpops manifest show``)."""
+    from dpops.manifest.build import sensitivity_not_charged
+
+    why = sensitivity_not_charged(x, mechanism, norm)
+    return _n(x) if why is None else _e(why)
 
 
 def _b(x: Any, cap: float | None = None) -> str:
