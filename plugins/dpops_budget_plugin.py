@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from airflow.api_fastapi.common.db.common import SessionDep
@@ -37,8 +37,12 @@ from airflow.plugins_manager import AirflowPlugin
 from fastapi import Depends, FastAPI, HTTPException
 from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, HTMLResponse
+from sqlalchemy.orm import Session
 
 from dpops.errors import DpopsError, InvalidParameter
+
+if TYPE_CHECKING:
+    from dpops.budget_view import DagRunOutcome
 
 URL_PREFIX = "/dpops-budget"
 RUN_ID_PATTERN = r"^[0-9a-f]{32}$"
@@ -125,12 +129,60 @@ def run_tab(dag_id: str, run_id: str, session: SessionDep) -> HTMLResponse:
     dr = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
     if dr is None:
         raise HTTPException(404, "no such DAG run")
-    start = dr.data_interval_start.isoformat() if dr.data_interval_start else None
-    end = dr.data_interval_end.isoformat() if dr.data_interval_end else None
+    start, end, note = _run_interval(dag_id, dr)
     with _open_ledger() as ledger:
-        view = run_view(ledger, _manifests_dir(), dag_id, start, end)
+        view = run_view(ledger, _manifests_dir(), dag_id, start, end, outcome=_outcome(session, dag_id, run_id),
+                        note=note)
     # The tab lives at /dpops-budget/runs/<dag>/<run>: the download route is two levels up.
     return HTMLResponse(render_run(view, manifest_href="../../manifests/"))
+
+
+def _run_interval(dag_id: str, dr: object) -> tuple[str | None, str | None, str]:
+    """The interval the DAG run releases, by the DAG's own rule (``dpops.run_interval``): a run triggered the
+    documented way (REST ``logical_date: null``, ``conf.interval``) has no data interval (issue 28 item 2).
+    Returns (start, end, why not) with the reason when none can be resolved."""
+    from dpops.dag_ids import release_of_dag
+    from dpops.errors import public_message
+    from dpops.run_interval import resolve_run_interval
+    from dpops.spec import load_spec
+
+    release = release_of_dag(dag_id)
+    spec_path = None
+    for path in _specs():
+        try:
+            if load_spec(path).name == release:
+                spec_path = path
+                break
+        except DpopsError:
+            continue
+    conf = getattr(dr, "conf", None) or {}
+    try:
+        start, end = resolve_run_interval(spec_path, data_interval_start=getattr(dr, "data_interval_start", None),
+                                          data_interval_end=getattr(dr, "data_interval_end", None),
+                                          logical_date=getattr(dr, "logical_date", None),
+                                          named=conf.get("interval") if isinstance(conf, dict) else None,
+                                          dag_id=dag_id)
+    except DpopsError as exc:
+        return None, None, f"this DAG run releases no interval: {public_message(exc)}"
+    return start, end, ""
+
+
+def _outcome(session: Session, dag_id: str, run_id: str) -> DagRunOutcome | None:
+    """What this DAG run's reserve task decided (its XCom ``dpops_outcome``), or None before it ran."""
+    from airflow.models.xcom import XComModel
+    from sqlalchemy import select
+
+    from dpops.budget_view import DagRunOutcome
+
+    row = session.scalar(select(XComModel).where(
+        XComModel.dag_id == dag_id, XComModel.run_id == run_id, XComModel.task_id == "reserve_budget",
+        XComModel.key == "dpops_outcome"))
+    if row is None:
+        return None
+    value = XComModel.deserialize_value(row)
+    if not isinstance(value, dict) or not isinstance(value.get("run_id"), str):
+        return None
+    return DagRunOutcome(run_id=value["run_id"], state=str(value.get("state") or ""))
 
 
 class DpopsBudgetPlugin(AirflowPlugin):

@@ -215,6 +215,29 @@ def test_a_user_allowed_one_dag_sees_only_that_dags_budget(stack):
     assert _http("GET", f"{api}/dpops-budget/manifests/{f.name[:32]}", token=stack["admin_token"])[0] == 200
 
 
+def test_a_rest_triggered_run_has_its_tab(stack):
+    """Issue 28 item 2: a run triggered the documented way (REST ``logical_date: null``, ``conf.interval``) has no
+    data interval; its tab resolves the interval as the DAG does and shows the ledger run of that day."""
+    import re
+
+    api, env = stack["api"], stack["env"]
+    code, body = _http("POST", f"{api}/api/v2/dags/dpops_purchases_test/dagRuns",
+                       {"dag_run_id": "rest_tab_check", "logical_date": None, "conf": {"interval": "2024-01-02"}},
+                       token=stack["admin_token"])
+    assert code in (200, 201), body[:500]
+    code, body = _http("GET", f"{api}/dpops-budget/runs/dpops_purchases_test/rest_tab_check", token=stack["admin_token"])
+    assert code == 200, body[:500]
+    text = body.decode()
+    cenv = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
+    runs = _cli("ledger", "--ledger", env.url, "runs", "--json", env=cenv)["runs"]
+    (mine,) = [r for r in runs if r["key"]["interval_start"].startswith("2024-01-02")]
+    assert "not a dpops release run" not in text
+    assert re.search(r'data-field="run">([0-9a-f]{32})<', text).group(1) == mine["run_id"], text[:2000]
+    assert 'data-field="state">committed<' in text
+    # not yet reserved by this DAG run (no scheduler here): the tab says the run shown may be another's
+    assert "another DAG run may have made" in text
+
+
 def test_browser_reads_the_budget_page_and_a_run_tab(stack, browser):
     env, api = stack["env"], stack["api"]
     cenv = {**os.environ, "DPOPS_MANIFESTS_DIR": str(stack["mdir"]), "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
