@@ -120,6 +120,11 @@ def show_cmd(run_or_file: str, manifests: str | None, spec: str | None, as_json:
                   + (f" - {m['outcome']['reason']}" if m["outcome"]["reason"] else ""))
     if m["restates"]:
         say(f"restates run {m['restates']['run_id']}")
+    if m.get("replaces_spent"):
+        fresh = m["replaces_spent"]
+        # why the interval was charged twice (the spent run's charge stays): issue 28 item 10
+        say(f"fresh attempt: replaces the spent_unpublished run {fresh['run_id']} (fresh noise, charged again); "
+            f"reason: {fresh.get('reason') or 'none recorded'}")
     say(f"protects: {u['description']} (unit column {u['column']}, adjacency {u['adjacency']}"
                   f"{', record-level' if u['record_level'] else ''})")
     say(f"contribution: at most {c['max_partitions_per_unit']} partitions per unit, "

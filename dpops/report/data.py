@@ -37,6 +37,7 @@ class RunRow:
     flags: list[str] = field(default_factory=list)  # off-schedule / misaligned / overlapping interval
     kind: str = "run"  # run | gap
     replaces_spent: str | None = None  # a fresh attempt: the spent_unpublished run it replaces (charged again)
+    fresh_reason: str | None = None  # the operator's reason for that fresh attempt (ledger; the manifest says it too)
     entry_id: int = 0  # the run's first ledger entry (its reservation): the ledger's order of charges
 
     @property
@@ -393,6 +394,7 @@ def gather(ledger: Any, scope_name: str, manifests_dir: str | os.PathLike[str] |
             restates=rec.restates, created_at=rec.created_at, updated_at=rec.updated_at, buckets=list(rec.buckets),
             events=list(rec.events), manifest=path, reason=reasons.get(rec.run_id), key_id=rec.key.key_id,
             replaces_spent=((rec.details or {}).get("replaces_spent") or {}).get("run_id"),
+            fresh_reason=((rec.details or {}).get("replaces_spent") or {}).get("reason") or None,
             test_mode=bool(m and m["randomness"]["test_mode"]),
             verification=checks[path].status if path else "no manifest",
             entry_id=min(rec.entry_ids) if rec.entry_ids else 0))

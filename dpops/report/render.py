@@ -214,10 +214,12 @@ def render_html(data: Any, out_path: str | os.PathLike[str]) -> str:
 
     fresh = [r for r in data.runs if r.kind == "run" and r.replaces_spent]
     a(f"<h2>Fresh attempts after a spent run ({len(fresh)})</h2><table id='fresh-attempts'><tr><th>run</th>"
-      "<th>interval</th><th>replaces spent run</th><th>outcome</th></tr>")
+      "<th>interval</th><th>replaces spent run</th><th>outcome</th><th>reason (the operator's)</th></tr>")
     for r in fresh:
+        # The reason is why the interval was charged twice: a reviewer must read it beside the second charge.
         a(f"<tr><td><code>{_e(r.run_id[:16])}</code></td><td>[{_e(r.interval_start)}, {_e(r.interval_end)})</td>"
-          f"<td><code>{_e((r.replaces_spent or '')[:16])}</code></td><td>{_e(r.state)}</td></tr>")
+          f"<td><code>{_e((r.replaces_spent or '')[:16])}</code></td><td>{_e(r.state)}</td>"
+          f"<td data-field='fresh_reason'>{_e(r.fresh_reason or 'no reason recorded')}</td></tr>")
     a("</table><p>A fresh attempt (dpops release run --fresh-attempt) publishes an interval whose run was spent "
       "unpublished (its noise may exist, so that charge stays): fresh noise, charged again.</p>")
 
