@@ -65,3 +65,49 @@ def test_refused_restatement_manifest_links_the_published_run_and_verifies_after
     assert code == 0, out + err
     html = (tmp_path / "r.html").read_text()
     assert re.findall(r"(\d+) FAILED</span>", html) == ["0"], "the report counts a failed manifest"
+
+
+def test_unknown_scope_exits_as_spec_check_says(tmp_path, monkeypatch, capsys):
+    """Issue 28 item 9: a spec naming a scope the ledger lacks exits 3 in `spec check` and in `release run` (and
+    the DAG fails it at once: a retry cannot create the scope)."""
+    import yaml
+
+    from dpops.errors import SpecError
+
+    env = make_env(tmp_path, monkeypatch)
+    doc = yaml.safe_load(env.spec.read_text())
+    doc["budget"]["scope"] = "shpo"
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(yaml.safe_dump(doc))
+    monkeypatch.setenv("DPOPS_LEDGER_URL", env.url)
+    checked = env.run(capsys, "spec", "check", str(typo))[0]
+    code, out, err = env.run(capsys, "release", "run", str(typo), *env.base("2024-01-01"), "--ledger", env.url,
+                             "--publish", "--no-gx-checks")
+    assert checked == code == 3, (checked, code, err)
+    assert "budget scope 'shpo'" in err and "dpops ledger scope create shpo" in err
+    step = orchestration.Step(str(typo), "2024-01-01T00:00:00+00:00", "2024-01-02T00:00:00+00:00",
+                              orchestration.Settings(ledger_url=env.url, key_path=str(env.key)), "test")
+    try:
+        orchestration.reserve_step(step)
+    except SpecError as exc:
+        assert orchestration.is_fatal(exc)
+    else:
+        raise AssertionError("the DAG's reserve step must fail on an unknown scope")
+
+
+def test_the_dag_outcome_lines_state_the_scope_total_beside_remaining(tmp_path, monkeypatch):
+    """Issue 28 item 9: the DAG tasks' outcome lines (refused, recorded, failed) give the scope's composed total and
+    cap beside `remaining=`, never "scope total unknown" while the ledger answered."""
+    env = make_env(tmp_path, monkeypatch, cap=0.7)
+    step = _step(env, "2024-01-01", "2024-01-02")
+    assert orchestration.reserve_step(step).state == "reserved"
+    orchestration.compute_step(step)
+    orchestration.publish_step(step)
+    recorded = orchestration.record_step(step, charged=0.5)
+    refused = orchestration.reserve_step(_step(env, "2024-01-02", "2024-01-03"))
+    failed = orchestration.failure_outcome(step, RuntimeError("worker lost"))
+    assert refused.state == "refused" and failed is not None
+    for out in (recorded, refused, failed):
+        line = orchestration.summary_line(out)
+        assert "unknown" not in line and "remaining=0.2" in line, line
+        assert "scope shop total ε=0.5 of cap 0.7 (basic/1 accountant" in line, line

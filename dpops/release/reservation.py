@@ -138,6 +138,12 @@ def _check_scope(ctx: RunContext, ledger: Ledger) -> ScopeDefinition:
     name = ctx.spec.budget.scope
     try:
         scope = ledger.scope(name)
+    except SpecError:
+        # The spec names a scope this ledger does not have: a spec problem, exit 3 as in `dpops spec check`
+        # (issue 28 item 9); an orchestrator fails it at once (a retry cannot create the scope).
+        raise SpecError(
+            f"budget scope {name!r} (budget.scope in {ctx.spec.source}) is not in the ledger: scopes are created "
+            f"explicitly by an operator (dpops ledger scope create {name} ...); nothing was reserved") from None
     except DpopsError as exc:
         raise LedgerError(
             f"budget scope {name!r} (budget.scope in {ctx.spec.source}) is not in the ledger: scopes are created "
