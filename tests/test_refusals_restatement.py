@@ -111,3 +111,28 @@ def test_the_dag_outcome_lines_state_the_scope_total_beside_remaining(tmp_path, 
         line = orchestration.summary_line(out)
         assert "unknown" not in line and "remaining=0.2" in line, line
         assert "scope shop total ε=0.5 of cap 0.7 (basic/1 accountant" in line, line
+
+
+def test_refused_fresh_attempt_manifest_verifies_after_release(tmp_path, monkeypatch, capsys):
+    """The same class as issue 28 item 1 for a fresh attempt: refused by the cap, then released under the same run
+    key after a cap raise; the refusal manifest names the spent run it would replace, with the operator's reason,
+    as the ledger later records, so it still verifies."""
+    env = make_env(tmp_path, monkeypatch, cap=0.7)
+    u = ["--ledger", env.url]
+    spec = str(env.spec)
+    assert env.run(capsys, "release", "run", spec, *env.base("2024-01-01"), *u, "--no-gx-checks")[0] == 0  # staged
+    with open_ledger(env.url) as led:
+        (spent,) = led.recover(older_than_seconds=0, actor="test")
+    fresh = ["--publish", "--no-gx-checks", "--fresh-attempt", "--reason", "node lost, ticket OPS-9"]
+    code, out, err = env.run(capsys, "release", "run", spec, *env.base("2024-01-01"), *u, *fresh)
+    assert code == 5, out + err
+    assert env.run(capsys, "ledger", "cap", "shop", "--epsilon", "3", "--reason", "board approval", *u)[0] == 0
+    code, doc, err = env.json(capsys, "release", "run", spec, *env.base("2024-01-01"), *u, *fresh, "--json")
+    assert code == 0 and doc["state"] == "published", err
+    ctx = release.prepare(spec, "2024-01-01", "2024-01-02", key_path=str(env.key))
+    refused = release.manifests_dir(ctx) / f"{doc['run_id']}.refused.json"
+    assert refused.exists()
+    assert json.loads(refused.read_text())["replaces_spent"] == {"run_id": spent.run_id,
+                                                                 "reason": "node lost, ticket OPS-9"}
+    code, out, err = env.run(capsys, "manifest", "verify", str(refused), *u)
+    assert code == 0, out + err

@@ -241,7 +241,8 @@ def reserve(ctx: RunContext, ledger: Ledger, *, restates: str | None = None,
     details: dict[str, object] = {"randomness": ctx.randomness, "spec": ctx.spec.source,
                                   "plan_hash": getattr(ctx.plan, "plan_hash", None)}
     if ctx.replaces_spent is not None:
-        details["replaces_spent"] = {"run_id": ctx.replaces_spent, "reason": (fresh_attempt or "")[:500]}
+        ctx.fresh_reason = (fresh_attempt or "")[:500]  # a refusal's manifest records the same link
+        details["replaces_spent"] = {"run_id": ctx.replaces_spent, "reason": ctx.fresh_reason}
     record = ledger.reserve(ctx.run_key, ctx.spec.budget.scope, ctx.events, actor=ctx.actor, restates=restates,
                             details=details)
     charged = float(record.epsilon) if existing is None else 0.0
