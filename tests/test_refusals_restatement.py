@@ -65,6 +65,12 @@ def test_refused_restatement_manifest_links_the_published_run_and_verifies_after
     assert code == 0, out + err
     html = (tmp_path / "r.html").read_text()
     assert re.findall(r"(\d+) FAILED</span>", html) == ["0"], "the report counts a failed manifest"
+    # issue 28 item 4: a refusal's block says it charged nothing (its ε is what it asked)
+    blocks = re.findall(r"<div class='release' data-run='([0-9a-f]{32})' data-trusted='true'><h3>[^<]*— (\w+)</h3>"
+                        r"(.*?)</div>", html)
+    refusal_blocks = [b for b in blocks if b[1] == "refused"]
+    assert len(refusal_blocks) == 2 and all("this run charged nothing" in b[2] for b in refusal_blocks)
+    assert not any("charged nothing" in b[2] for b in blocks if b[1] != "refused")
 
 
 def test_unknown_scope_exits_as_spec_check_says(tmp_path, monkeypatch, capsys):

@@ -319,6 +319,7 @@ def _release_details(rows: list[RunRow], manifests: dict[str, dict[str, Any]], c
             "status": c.status, "outcome": m["outcome"]["state"], "unit": m["privacy_unit"],
             "contribution": m["contribution_bounds"], "value_bounds": m["value_bounds"], "mechanisms": mechanisms,
             "run_epsilon": m["privacy"]["run"]["epsilon"], "delta": m["privacy"]["run"]["delta"],
+            "charged": bool(m["privacy"]["run"]["charged"]),  # a refusal's ε is what it asked, not a charge
             "scope_total_after": after.get(r.run_id, max(totals) if totals else None),
             "scope_unit": (scope or {}).get("cap", {}).get("unit"), "accountant": m["accountant"]["ref"],
             # issue 20: the spec's accuracy targets against the plan's prediction (verified with the manifest)

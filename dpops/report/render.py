@@ -319,8 +319,12 @@ def _releases_html(data: Any) -> str:
                    f"<li><b>Bounds:</b> at most {_e(c['max_partitions_per_unit'])} partitions per unit and "
                    f"{_e(c['max_rows_per_unit_per_partition'])} rows per unit per partition; values clamped to "
                    f"{_e(d['value_bounds'])}</li>"
-                   f"<li><b>Privacy:</b> this run alone epsilon = <span data-field='run_epsilon'>"
-                   f"{_b(d['run_epsilon'])}</span> at delta = {_n(d['delta'])}; the scope's total after it "
+                   + (f"<li><b>Privacy:</b> this run alone epsilon = <span data-field='run_epsilon'>"
+                      f"{_b(d['run_epsilon'])}</span> at delta = {_n(d['delta'])}" if d.get("charged", True) else
+                      "<li><b>Privacy:</b> this run charged nothing (refused or refunded: not a charge to add up); it "
+                      f"asked epsilon = <span data-field='run_epsilon'>{_b(d['run_epsilon'])}</span> at delta = "
+                      f"{_n(d['delta'])}")
+                   + "; the scope's total after it "
                    f"<span data-field='scope_total_after'>{_b(d['scope_total_after'], data.scope.cap)}</span> "
                    f"({_e(d['scope_unit'])}); accountant <code data-field='accountant'>{_e(d['accountant'])}</code>"
                    f"</li>{_tuning_item(d.get('tuning'))}</ul><table class='mechanisms'><tr><th>metric</th><th>vector</th><th>mechanism</th>"
