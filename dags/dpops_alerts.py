@@ -40,7 +40,29 @@ def _iso(value: Any) -> str | None:
     return value.isoformat() if hasattr(value, "isoformat") else (None if value is None else str(value))
 
 
-def alert_payload(context: dict[str, Any]) -> dict[str, Any]:
+def _interval(context: dict[str, Any], spec_path: str | None) -> dict[str, Any]:
+    """The interval the run releases, by the tasks' own rule (``dpops.run_interval``): a REST-triggered run
+    (``logical_date: null``, ``conf.interval``) has no data interval, and on-call must still be told the day
+    (issue 28 item 5). A run whose interval cannot be resolved keeps Airflow's values and the text it named."""
+    from dpops.errors import DpopsError
+    from dpops.run_interval import resolve_run_interval
+
+    named = (context.get("params") or {}).get("interval")
+    try:
+        start, end = resolve_run_interval(spec_path, data_interval_start=context.get("data_interval_start"),
+                                          data_interval_end=context.get("data_interval_end"),
+                                          logical_date=context.get("logical_date"), named=named)
+        return {"interval_start": start, "interval_end": end}
+    except DpopsError:
+        out: dict[str, Any] = {"interval_start": _iso(context.get("data_interval_start")),
+                               "interval_end": _iso(context.get("data_interval_end"))}
+        if named not in (None, ""):
+            out["interval_requested"] = str(named)[:100]  # the operator's conf text, not data
+        return out
+
+
+def alert_payload(context: dict[str, Any], spec_path: str | None = None) -> dict[str, Any]:
+    """The alert's fields; ``spec_path`` (the DAG's release spec) expands a named single START to its period."""
     ti = context.get("ti") or context.get("task_instance")
     exc = context.get("exception")
     dag = context.get("dag")
@@ -50,8 +72,7 @@ def alert_payload(context: dict[str, Any]) -> dict[str, Any]:
         "task_id": getattr(ti, "task_id", None),
         "run_id": context.get("run_id"),
         "try_number": getattr(ti, "try_number", None),
-        "interval_start": _iso(context.get("data_interval_start")),
-        "interval_end": _iso(context.get("data_interval_end")),
+        **_interval(context, spec_path),
         "error": type(exc).__name__ if exc is not None else None,
         "message": _message(exc),
     }
@@ -67,13 +88,22 @@ def _message(exc: BaseException | None) -> str | None:
     return public_message(exc)
 
 
-def on_failure(context: dict[str, Any]) -> None:
-    _emit(alert_payload(context))
+def on_failure(context: dict[str, Any], spec_path: str | None = None) -> None:
+    _emit(alert_payload(context, spec_path))
 
 
-def refusal_alert(context: dict[str, Any], reason: str) -> None:
+def failure_callback(spec_path: str) -> Callable[[dict[str, Any]], None]:
+    """A DAG's ``on_failure_callback``: ``on_failure`` knowing the DAG's spec (for the run's interval)."""
+
+    def callback(context: dict[str, Any]) -> None:
+        on_failure(context, spec_path)
+
+    return callback
+
+
+def refusal_alert(context: dict[str, Any], reason: str, spec_path: str | None = None) -> None:
     """A refused interval (budget cap, silent restatement): not a task failure, still an alert."""
-    _emit({**alert_payload(context), "event": "dpops.refused", "error": "Refused", "message": reason})
+    _emit({**alert_payload(context, spec_path), "event": "dpops.refused", "error": "Refused", "message": reason})
 
 
 def _emit(payload: dict[str, Any]) -> None:

@@ -65,7 +65,7 @@ from airflow.sdk.exceptions import (
     AirflowSensorTimeout,
     AirflowSkipException,
 )
-from dpops_alerts import on_failure, refusal_alert
+from dpops_alerts import failure_callback, refusal_alert
 
 log = logging.getLogger("dpops.airflow")
 
@@ -75,6 +75,7 @@ ACTOR = "airflow"
 LEDGER_CONN_ID = "dpops_ledger"
 KEY_REF_VARIABLE = "dpops_noise_key_ref"
 API_CONN_ID = "dpops_airflow_api"
+OUTCOME_XCOM = "dpops_outcome"  # reserve_budget's {"run_id", "state"}; the Privacy budget tab reads it
 ASSET_URI_PREFIX = "dpops://releases/"
 
 # Cron presets (Airflow's own preset table is not part of the public SDK).
@@ -146,51 +147,24 @@ def build_all(paths: list[Path], *, register: bool = True) -> tuple[list[DAG], l
 
 
 def _interval(context: Any, spec_path: str) -> tuple[str, str]:
-    """The run's data interval as ISO strings.
+    """The run's data interval as ISO strings: ``dpops.run_interval.resolve_run_interval`` (its one owner,
+    shared with the Privacy budget tab and the alerts) on what Airflow gave the run.
 
     Scheduled and backfill runs: Airflow's data interval (logical date D covers [D, D + period)). A
     triggered run names its interval in the ``interval`` param (``conf: {"interval": "2024-01-03"}`` with
     ``logical_date: null``; the same text ``dpops release run --interval`` takes): a triggered run with a
     logical date would collide (HTTP 409) with the scheduled or backfill run of that date."""
-    start, end = context.get("data_interval_start"), context.get("data_interval_end")
-    dag_id = getattr(context.get("dag"), "dag_id", "DAG_ID")
-    named = (context.get("params") or {}).get("interval")
-    if named:
-        from dpops.errors import DpopsError, public_message
-        from dpops.orchestration import requested_interval
+    from dpops.errors import DpopsError
+    from dpops.run_interval import resolve_run_interval
 
-        try:
-            chosen = requested_interval(spec_path, str(named))
-        except DpopsError as exc:
-            raise AirflowFailException(f"param interval {named!r}: {public_message(exc)}; nothing was read, "
-                                       "reserved or charged") from None
-        if start is not None and end is not None and start < end and \
-                (start.astimezone(UTC).isoformat(), end.astimezone(UTC).isoformat()) != chosen:
-            raise AirflowFailException(
-                f"this run names the interval {chosen[0]}/{chosen[1]} (param interval) but Airflow gave it the data "
-                f"interval {start.isoformat()}/{end.isoformat()}; nothing was read, reserved or charged. Trigger "
-                'with "logical_date": null and only conf {"interval": ...}; see README "Releasing a given day"')
-        return chosen
-    if start is None or end is None or start >= end:
-        raise AirflowFailException(
-            "this DAG run has no data interval (it was triggered without a logical date, e.g. REST "
-            "logical_date: null, and without the param interval); a dpops run releases exactly one data interval, "
-            "so nothing was read, reserved or charged. Release one day D with: airflow backfill create --dag-id "
-            f"{dag_id} --from-date D --to-date D, or trigger with logical_date null and conf "
-            '{"interval": "D"}; see README "Releasing a given day"'
-        )
-    logical = context.get("logical_date")
-    if logical is not None and logical < start:
-        # `airflow dags trigger -l D` keeps D as the logical date but computes the data interval from the
-        # trigger time: the operator named one day and would get another released (and charged).
-        raise AirflowFailException(
-            f"this run names the logical date {logical.isoformat()} but Airflow gave it the data interval "
-            f"{start.isoformat()}/{end.isoformat()} (airflow dags trigger -l computes the interval from the trigger "
-            "time); nothing was read, reserved or charged. Release the day D with: airflow backfill create "
-            f"--dag-id {dag_id} --from-date D --to-date D, or trigger with logical_date null and conf "
-            '{"interval": "D"}; see README "Releasing a given day"'
-        )
-    return (start.astimezone(UTC).isoformat(), end.astimezone(UTC).isoformat())
+    try:
+        return resolve_run_interval(spec_path, data_interval_start=context.get("data_interval_start"),
+                                    data_interval_end=context.get("data_interval_end"),
+                                    logical_date=context.get("logical_date"),
+                                    named=(context.get("params") or {}).get("interval"),
+                                    dag_id=getattr(context.get("dag"), "dag_id", "DAG_ID"))
+    except DpopsError as exc:  # its text names no data (dpops.errors); kept as the task's message, as before
+        raise AirflowFailException(str(exc)) from None
 
 
 def _not_found(exc: Exception) -> bool:
@@ -490,7 +464,7 @@ def build_release_dag(spec_path: str | os.PathLike[str], *, register: bool = Tru
         "retries": int(os.environ.get("DPOPS_TASK_RETRIES", "2")),
         "retry_delay": timedelta(seconds=float(os.environ.get("DPOPS_RETRY_DELAY_SECONDS", "60"))),
         "execution_timeout": timedelta(hours=6),
-        "on_failure_callback": on_failure,
+        "on_failure_callback": failure_callback(spec_path),
     }
     with DAG(
         dag_id=dag_id_for(spec.name),
@@ -552,9 +526,12 @@ def _tasks(spec_path: str, release: str) -> None:
         step = _step(spec_path, context)
         restate = bool(context["params"].get("restate", False))
         out = _call(step, orch.reserve_step, step, restate=restate)
+        # The ledger run THIS DAG run worked on and what became of it: the Privacy budget tab describes this
+        # run, not the interval's latest (a refused run must not show a later restatement as its own).
+        context["ti"].xcom_push(key=OUTCOME_XCOM, value={"run_id": out.run_id, "state": out.state})
         if out.state == "refused":
             log.warning(orch.summary_line(out))
-            refusal_alert(context, out.message)
+            refusal_alert(context, out.message, spec_path)
             set_dag_run_note(context, f"{REFUSED_NOTE}{out.message}")
             raise AirflowSkipException(f"REFUSED: {out.message}")
         if out.state == "already_published":

@@ -16,6 +16,15 @@ lowercase hex digits (``RunKey.run_id``): no other name, no path, no symlink lea
 
 Every figure a person reads goes through ``dpops.ledger.budget.format_budget`` (its one owner), so
 the page agrees with ``dpops ledger status`` to the digit.
+
+Who sees what (issue 25 item 11): Airflow grants read access per DAG, one DAG per release
+(``dpops.dag_ids``). ``readable`` (given a set of DAG ids, those the reader may read; None: all) filters
+everything: a manifest, a refusal or a gap is shown or downloaded only for a release whose DAG the reader
+may read. A scope's figures (cap, total, remaining, spend over time) compose the charges of EVERY release
+drawing from it, so they tell how much the other releases spent and when: a scope is shown only to a reader
+who may read every release DAG drawing from it (``scope_dags``: its ledger runs, the specs and the manifests
+naming it); otherwise the page says it is withheld and why, naming neither the unreadable DAGs nor a scope
+none of whose DAGs the reader may read.
 """
 
 from __future__ import annotations
@@ -24,18 +33,21 @@ import html
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from dpops.dag_ids import release_of_dag
+from dpops.dag_ids import dag_id_for, release_of_dag
 from dpops.errors import DpopsError, InvalidParameter, StorageError
 from dpops.ledger import Ledger, RunRecord, ScopeStatus
 from dpops.ledger.budget import format_budget
 from dpops.ledger.roles import session_write_privileges
 
 RUN_ID = re.compile(r"[0-9a-f]{32}")
+# Given DAG ids, those the reader may read (the plugin asks Airflow's auth manager); None: every DAG.
+Readable = Callable[[set[str]], set[str]]
 _MANIFEST_NAME = re.compile(r"([0-9a-f]{32})\.([a-z_]+)(?:\.corrects-[0-9a-f]{12})?\.json")
 
 
@@ -190,45 +202,122 @@ def _open_intervals(ledger: Ledger, docs: list[dict[str, Any]], specs: list[str]
     return out, problems
 
 
-def budget_page(ledger: Ledger, manifests_dir: str | os.PathLike[str] | None, specs: list[str] | None = None
-                ) -> BudgetPage:
-    """The Privacy budget page's model (module docstring): read-only, public facts only."""
+def scope_dags(ledger: Ledger, scope: str, docs: list[dict[str, Any]], specs: list[str]) -> set[str]:
+    """The DAG ids of every release drawing from ``scope``: its ledger runs, the manifests and the specs that
+    name it (a spec that does not load is skipped: ``_open_intervals`` names it)."""
+    from dpops.spec import load_spec
+
+    releases = {r.key.release for r in ledger.runs(scope=scope)}
+    releases |= {m["run_key"]["release"] for m in docs if m["spec"]["budget"]["scope"] == scope}
+    for path in specs:
+        try:
+            spec = load_spec(path)
+        except DpopsError:
+            continue
+        if spec.budget.scope == scope:
+            releases.add(spec.name)
+    return {dag_id_for(r) for r in releases}
+
+
+def _may_read(readable: Readable | None, releases: set[str]) -> set[str]:
+    """The releases (of ``releases``) whose DAG the reader may read."""
+    if readable is None:
+        return set(releases)
+    allowed = readable({dag_id_for(r) for r in releases})
+    return {r for r in releases if dag_id_for(r) in allowed}
+
+
+def budget_page(ledger: Ledger, manifests_dir: str | os.PathLike[str] | None, specs: list[str] | None = None,
+                readable: Readable | None = None) -> BudgetPage:
+    """The Privacy budget page's model (module docstring): read-only, public facts only, and of those only
+    what ``readable`` lets the reader see (the module docstring's "Who sees what")."""
     page = BudgetPage()
+    specs = list(specs or [])
     writable = session_write_privileges(ledger.db)
     if writable:  # the deployed page reads as the reader role (deploy/README.md): say so when it does not
         page.problems.append(f"this page connects to the ledger as a role that may write it ({', '.join(writable)}): "
                              "connect the api-server as the read-only role instead (deploy/README.md, "
                              "'The privacy budget in the Airflow UI')")
+    rows, docs, problems = manifest_rows(manifests_dir)
+    withheld_unseen = 0
     for sdef in sorted(ledger.scopes(), key=lambda s: s.name):
+        dags = scope_dags(ledger, sdef.name, docs, specs)
+        allowed = dags if readable is None else readable(set(dags))
+        if dags - allowed:
+            if allowed:  # the reader sees some of its releases, hence the scope's name in their manifests
+                page.problems.append(
+                    f"scope {sdef.name}: its figures are not shown: they compose the charges of {len(dags)} release "
+                    f"DAGs and you may not read {len(dags - allowed)} of them (ask for read access to every DAG "
+                    "drawing from the scope)")
+            else:
+                withheld_unseen += 1
+            continue
         page.scopes.append(ledger.status(sdef.name))
         page.spend[sdef.name] = _spend(ledger, sdef.name)
-    page.manifests, docs, problems = manifest_rows(manifests_dir)
+    if withheld_unseen:
+        page.problems.append(f"{withheld_unseen} more scope(s) not shown: you may read none of their release DAGs")
+    releases = {r.release for r in rows}
+    mine = _may_read(readable, releases)
+    page.manifests = [r for r in rows if r.release in mine]
+    docs = [m for m in docs if m["run_key"]["release"] in mine]
     page.problems += problems
-    page.open_intervals, problems = _open_intervals(ledger, docs, list(specs or []), manifests_dir)
+    if readable is not None:
+        from dpops.spec import load_spec
+
+        loaded = []
+        for path in specs:
+            try:
+                name = load_spec(path).name
+            except DpopsError:
+                continue  # a spec that does not load names no release the reader could be allowed
+            if _may_read(readable, {name}):
+                loaded.append(path)
+        specs = loaded
+    page.open_intervals, problems = _open_intervals(ledger, docs, specs, manifests_dir)
     page.problems += problems
     return page
 
 
-def manifest_file(manifests_dir: str | os.PathLike[str] | None, run_id: str) -> Path:
+def manifest_file(manifests_dir: str | os.PathLike[str] | None, run_id: str, readable: Readable | None = None,
+                  outcome: str | None = None) -> Path:
     """The newest manifest file of ``run_id`` for download; anything but a 32-hex run id is refused.
 
     The id is checked before it touches the filesystem; the file found must be a regular file (not a
-    symlink) whose resolved path is inside the resolved manifests directory."""
+    symlink) whose resolved path is inside the resolved manifests directory. With ``readable``, a manifest
+    of a release whose DAG the reader may not read is "not found", like a missing one (the answer does not
+    confirm that the run exists). ``outcome``: only a manifest of that outcome (e.g. a run's refusal, not
+    its later publication)."""
     if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
         raise InvalidParameter("a run id is 32 lowercase hex digits")
     if manifests_dir is None:
         raise StorageError("no manifests directory configured (DPOPS_MANIFESTS_DIR)")
     root = Path(manifests_dir).resolve()
     hits = [p for p in [*root.glob(f"{run_id}.*.json"), *root.glob(f"*/{run_id}.*.json")]
-            if _MANIFEST_NAME.fullmatch(p.name) and not p.is_symlink() and p.is_file()
-            and p.resolve().is_relative_to(root)]
+            if (m := _MANIFEST_NAME.fullmatch(p.name)) and not p.is_symlink() and p.is_file()
+            and p.resolve().is_relative_to(root) and outcome in (None, m.group(2))]
     if not hits:
         raise StorageError(f"no manifest for run {run_id}")
-    return max(hits, key=lambda p: (p.stat().st_mtime_ns, p.name))
+    newest = max(hits, key=lambda p: (p.stat().st_mtime_ns, p.name))
+    if readable is not None:
+        from dpops.manifest.io import read_manifest
+
+        if not _may_read(readable, {read_manifest(newest)["run_key"]["release"]}):
+            raise StorageError(f"no manifest for run {run_id}")
+    return newest
+
+
+@dataclass(frozen=True)
+class DagRunOutcome:
+    """What a DAG run's reserve task decided (its XCom ``dpops_outcome``): the ledger run id it worked on and
+    the outcome (reserved, refused, already_published). The tab describes THIS run, never another DAG run's."""
+
+    run_id: str
+    state: str
 
 
 def _current(recs: list[RunRecord]) -> RunRecord | None:
-    """The run the tab describes: the newest committed one, else the newest of any state."""
+    """The interval's current run, for a DAG run that has not reserved yet: the newest committed one, else
+    the newest of any state (the tab then says it may be another DAG run's)."""
     committed = [r for r in recs if r.state == "committed"]
     pool = committed or recs
     return max(pool, key=lambda r: (r.updated_at, r.run_id)) if pool else None
@@ -245,10 +334,14 @@ def _mechanisms(m: dict[str, Any]) -> list[str]:
 
 
 def run_view(ledger: Ledger, manifests_dir: str | os.PathLike[str] | None, dag_id: str,
-             interval_start: str | None, interval_end: str | None) -> RunView:
-    """The DAG-run tab: the ledger's run for the DAG run's data interval and its manifest, verified
-    against the ledger (the api-server holds no noise key and reads no published file: those checks
-    say "skipped" with the command that runs them)."""
+             interval_start: str | None, interval_end: str | None, outcome: DagRunOutcome | None = None,
+             note: str = "") -> RunView:
+    """The DAG-run tab: the ledger run this DAG run worked on (``outcome``, from its reserve task) and its
+    manifest, verified against the ledger (the api-server holds no noise key and reads no published file:
+    those checks say "skipped" with the command that runs them). ``interval_start``/``interval_end``: the
+    interval the DAG run releases (``dpops.run_interval.resolve_run_interval``, the DAG's own rule); none
+    given: ``note`` says why. Without an ``outcome`` (the run has not reserved yet) the tab shows the
+    interval's current run and says it may be another DAG run's."""
     from dpops.ledger.model import normalize_utc
     from dpops.manifest.io import file_sha256, read_manifest
     from dpops.manifest.verify import verify_manifest
@@ -256,14 +349,35 @@ def run_view(ledger: Ledger, manifests_dir: str | os.PathLike[str] | None, dag_i
     release = release_of_dag(dag_id)
     view = RunView(dag_id, release, interval_start, interval_end)
     if release is None or not interval_start or not interval_end:
-        view.note = "not a dpops release run (no release or no data interval)"
+        view.note = note or "not a dpops release run (no release or no data interval)"
         return view
     s, e = normalize_utc(interval_start), normalize_utc(interval_end)
-    recs = [r for r in ledger.runs(release=release)
-            if normalize_utc(r.key.interval_start) == s and normalize_utc(r.key.interval_end) == e]
-    rec = _current(recs)
     path: Path | None = None
-    if rec is not None:
+    if outcome is not None and RUN_ID.fullmatch(outcome.run_id):
+        ledger_rec = ledger.run(outcome.run_id)
+        if outcome.state == "refused" or ledger_rec is None:
+            # A refusal never reaches the ledger; the same run key may be reserved later by another DAG run,
+            # whose state is not this DAG run's outcome (issue 28 item 2).
+            view.run_id, view.state = outcome.run_id, "refused" if outcome.state == "refused" else outcome.state
+            try:
+                path = manifest_file(manifests_dir, outcome.run_id,
+                                     outcome="refused" if outcome.state == "refused" else None)
+            except DpopsError:
+                path = None
+            if ledger_rec is not None:
+                view.note = (f"this DAG run was refused; the same run was later {ledger_rec.state} by another "
+                             "attempt (see that DAG run's tab)")
+            rec = None
+        else:
+            rec = ledger_rec
+    else:
+        recs = [r for r in ledger.runs(release=release)
+                if normalize_utc(r.key.interval_start) == s and normalize_utc(r.key.interval_end) == e]
+        rec = _current(recs)
+        if rec is not None:
+            view.note = ("this DAG run has not reserved budget (yet): shown is the interval's current ledger run, "
+                         "which another DAG run may have made")
+    if view.run_id is None and rec is not None:  # (a refusal of this DAG run already set its run id above)
         view.run_id, view.state, view.scope = rec.run_id, rec.state, rec.scope
         view.epsilon = rec.epsilon if math.isfinite(rec.epsilon) else None
         view.cap = ledger.scope(rec.scope).cap
@@ -271,7 +385,8 @@ def run_view(ledger: Ledger, manifests_dir: str | os.PathLike[str] | None, dag_i
             path = manifest_file(manifests_dir, rec.run_id)
         except DpopsError:
             path = None
-    else:  # a refusal never reaches the ledger: its manifest is the record
+    elif view.run_id is None:  # a refusal never reaches the ledger: its manifest is the record
+        view.note = ""
         rows, _, _ = manifest_rows(manifests_dir)
         mine = [r for r in rows if r.release == release and normalize_utc(r.interval_start) == s
                 and normalize_utc(r.interval_end) == e]
@@ -282,15 +397,17 @@ def run_view(ledger: Ledger, manifests_dir: str | os.PathLike[str] | None, dag_i
             view.note = "no ledger run and no manifest for this interval yet"
             return view
     if path is None:
-        view.note = "no manifest for this run yet"
+        view.note = "; ".join(x for x in (view.note, "no manifest for this run yet") if x)
         return view
     m = read_manifest(path)
     view.manifest = path.name
     view.mechanisms = _mechanisms(m)
     view.scope = view.scope or m["spec"]["budget"]["scope"]
-    buckets = m["privacy"]["scope"].get("buckets") or []
+    scope_doc = m["privacy"]["scope"] or {}  # a manifest written without a ledger has no scope position
+    buckets = scope_doc.get("buckets") or []
     view.scope_total_after = max((float(b["total"]) for b in buckets), default=None)
-    view.cap = view.cap if view.cap is not None else float(m["privacy"]["scope"]["cap"]["value"])
+    if view.cap is None and scope_doc.get("cap"):
+        view.cap = float(scope_doc["cap"]["value"])
     if view.epsilon is None and m["privacy"]["run"].get("epsilon") is not None:
         view.epsilon = float(m["privacy"]["run"]["epsilon"])
     r = verify_manifest(m, ledger=ledger, source=path.name, file_name=path.name, file_digest=file_sha256(path),

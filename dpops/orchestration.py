@@ -205,13 +205,11 @@ def check_input_step(step: Step) -> dict[str, Any]:
 
 
 def _refused(ctx: release.RunContext, ledger: Any, reason: str) -> release.RunOutcome:
-    try:
-        remaining: float | None = float(ledger.status(ctx.spec.budget.scope).remaining)
-    except Exception:  # noqa: BLE001 - the refusal must not fail on a status read
-        remaining = None
+    # The scope's whole position (total, cap, remaining, accountant: ``scope_position``, the one owner and
+    # never raising), so the line never says "total unknown" beside a known remaining (issue 28 item 9).
+    pos = release.scope_position(ledger, ctx.spec.budget.scope)
     return release.RunOutcome(release=ctx.spec.name, interval=str(ctx.interval), state="refused", run_id=ctx.run_id,
-                           scope=ctx.spec.budget.scope,
-                           scope_remaining=remaining, message=reason)
+                           scope=ctx.spec.budget.scope, message=reason, **pos)
 
 
 def reserve_step(step: Step, *, restate: bool = False) -> release.RunOutcome:
@@ -280,15 +278,12 @@ def record_step(step: Step, *, charged: float) -> release.RunOutcome:
         ctx = step.current(ledger)
         rec = ledger.run(ctx.run_id)
         state = "published" if rec is not None and rec.state == "committed" else getattr(rec, "state", "unknown")
-        try:
-            remaining: float | None = float(ledger.status(ctx.spec.budget.scope).remaining)
-        except Exception:  # noqa: BLE001 - the summary must not fail on a status read
-            remaining = None
+        pos = release.scope_position(ledger, ctx.spec.budget.scope, getattr(rec, "buckets", None))  # never raises
         # Built here rather than by dpops.release.context.make_outcome, which would log the summary line twice.
         out = release.RunOutcome(release=ctx.spec.name, interval=str(ctx.interval), state=state, run_id=ctx.run_id,
                               output_uri=getattr(rec, "output_uri", None), epsilon_charged=charged,
                               run_epsilon=getattr(rec, "epsilon", None), scope=ctx.spec.budget.scope,
-                              scope_remaining=remaining, restates=getattr(rec, "restates", None))
+                              restates=getattr(rec, "restates", None), **pos)
         release.ensure_manifest(ctx, ledger, out)
     return out
 
@@ -305,17 +300,20 @@ def failure_outcome(step: Step, exc: BaseException) -> release.RunOutcome | None
     except Exception:  # noqa: BLE001
         return None
     rec = None
-    remaining = None
+    pos: release.ScopePosition = {}
+    unreadable = True
     try:
         with step.ledger() as ledger:
             pick_attempt(ctx, ledger)
             rec = ledger.run(ctx.run_id)
-            remaining = float(ledger.status(ctx.spec.budget.scope).remaining)
+            pos = release.scope_position(ledger, ctx.spec.budget.scope, getattr(rec, "buckets", None))
+            unreadable = not pos
     except Exception as read_exc:  # noqa: BLE001 - the line is best effort; the step's error propagates
         log.debug("ledger not readable for the failure line: %s", type(read_exc).__name__)
     return release.RunOutcome(release=ctx.spec.name, interval=str(ctx.interval), state="failed", run_id=ctx.run_id,
                            run_epsilon=getattr(rec, "epsilon", None), scope=ctx.spec.budget.scope,
-                           scope_remaining=remaining, message=public_message(exc))
+                           ledger_state=getattr(rec, "state", None), ledger_unreadable=unreadable,
+                           message=public_message(exc), **pos)
 
 
 def is_fatal(exc: BaseException) -> bool:

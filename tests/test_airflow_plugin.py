@@ -57,7 +57,7 @@ def _http(method: str, url: str, body: dict | None = None, token: str | None = N
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    binary = require_chromium()
+    """The api-server and its data; HTTP-only tests need no browser (the ``browser`` fixture starts one)."""
     root = tmp_path_factory.mktemp("uiplugin")
     with pytest.MonkeyPatch.context() as mp:
         import dpops.release_plan
@@ -70,7 +70,14 @@ def stack(tmp_path_factory):
         codes = [main(["release", "run", str(env.spec), *env.base(d), "--ledger", env.url, "--no-progress",
                        "--publish"]) for d in DAYS[:3]]
     assert codes == [0, 0, 5], f"two publications and one refusal expected, got exit codes {codes}"
-    specs = root  # make_env's spec.yaml is the only spec there: the DAG dpops_purchases_test
+    # make_env's spec.yaml (the DAG dpops_purchases_test) and a second release on the same scope, never run:
+    # the DAG dpops_other_test, the only one the user "onedag" may read (issue 25 item 11)
+    import yaml
+
+    other = yaml.safe_load(env.spec.read_text())
+    other["name"] = "other_test"
+    (root / "other.yaml").write_text(yaml.safe_dump(other))
+    specs = root
     home = root / "airflow"
     home.mkdir()
     port = _free_port()
@@ -96,6 +103,12 @@ def stack(tmp_path_factory):
         airflow("dags", "reserialize")
         airflow("users", "create", "--username", "admin", "--password", password, "--role", "Admin",
                 "--firstname", "Ad", "--lastname", "Min", "--email", "admin@example.invalid")
+        # A user allowed one DAG (FAB's per-DAG permission), as a team member of another release would be
+        airflow("sync-perm", "--include-dags")
+        airflow("roles", "create", "OneDag")
+        airflow("roles", "add-perms", "OneDag", "-r", "DAG:dpops_other_test", "-a", "can_read")
+        airflow("users", "create", "--username", "onedag", "--password", password, "--role", "OneDag",
+                "--firstname", "One", "--lastname", "Dag", "--email", "onedag@example.invalid")
     except BaseException:
         stop_process(proc)
         log.close()
@@ -115,15 +128,20 @@ def stack(tmp_path_factory):
         code, body = _http("POST", f"{api}/auth/token", {"username": "admin", "password": password})
         assert code in (200, 201), body
         token = admin_token = json.loads(body)["access_token"]
-        browser = Browser(binary, root / "chromium")
-        try:
-            yield {"api": api, "token": token, "admin_token": admin_token, "password": password, "env": env, "mdir": mdir, "root": root,
-                   "browser": browser, "aenv": aenv}
-        finally:
-            browser.close()
+        code, body = _http("POST", f"{api}/auth/token", {"username": "onedag", "password": password})
+        assert code in (200, 201), body
+        yield {"api": api, "token": token, "admin_token": admin_token, "onedag_token": json.loads(body)["access_token"],
+               "password": password, "env": env, "mdir": mdir, "root": root, "aenv": aenv}
     finally:
         stop_process(proc)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def browser(stack):
+    b = Browser(require_chromium(), stack["root"] / "chromium")
+    yield b
+    b.close()
 
 
 def _cli(*argv: str, env: dict[str, str]) -> dict:
@@ -132,9 +150,9 @@ def _cli(*argv: str, env: dict[str, str]) -> dict:
     return json.loads(p.stdout)
 
 
-def _login(stack) -> Page:
+def _login(stack, browser) -> Page:
     """Log in through FAB's own form, as an operator does; returns the page (cookie set)."""
-    page = stack["browser"].open(f"{stack['api']}/auth/login/")
+    page = browser.open(f"{stack['api']}/auth/login/")
     page.evaluate(f"""(() => {{
         document.querySelector('input[name=username]').value = 'admin';
         document.querySelector('input[name=password]').value = {json.dumps(stack['password'])};
@@ -176,11 +194,55 @@ def test_manifest_download_serves_only_manifests_of_the_directory(stack):
         planted.unlink()
 
 
-def test_browser_reads_the_budget_page_and_a_run_tab(stack):
+def test_a_user_allowed_one_dag_sees_only_that_dags_budget(stack):
+    """Issue 25 item 11: "onedag" may read DAG dpops_other_test only. The page shows it no manifest of
+    dpops_purchases_test and not the figures of scope shop (they compose purchases_test's charges); the
+    download of a purchases_test manifest is "not found"; the tab of a purchases_test run is refused."""
+    api, mdir = stack["api"], stack["mdir"]
+    f = next(mdir.glob("*.published.json"))
+    code, body = _http("GET", f"{api}/dpops-budget/", token=stack["onedag_token"])
+    assert code == 200, body[:500]
+    text = body.decode()
+    assert 'data-scope="shop"' not in text and "scope shop: its figures are not shown" in text
+    assert not any(p.name[:12] in text for p in mdir.glob("*.json"))
+    code, body = _http("GET", f"{api}/dpops-budget/manifests/{f.name[:32]}", token=stack["onedag_token"])
+    assert code == 404 and f.read_bytes() not in body, (code, body[:300])
+    code, _ = _http("GET", f"{api}/dpops-budget/runs/dpops_purchases_test/x", token=stack["onedag_token"])
+    assert code == 403
+    # the admin, allowed every DAG, sees the scope and downloads the manifest
+    code, body = _http("GET", f"{api}/dpops-budget/", token=stack["admin_token"])
+    assert code == 200 and 'data-scope="shop"' in body.decode()
+    assert _http("GET", f"{api}/dpops-budget/manifests/{f.name[:32]}", token=stack["admin_token"])[0] == 200
+
+
+def test_a_rest_triggered_run_has_its_tab(stack):
+    """Issue 28 item 2: a run triggered the documented way (REST ``logical_date: null``, ``conf.interval``) has no
+    data interval; its tab resolves the interval as the DAG does and shows the ledger run of that day."""
+    import re
+
+    api, env = stack["api"], stack["env"]
+    code, body = _http("POST", f"{api}/api/v2/dags/dpops_purchases_test/dagRuns",
+                       {"dag_run_id": "rest_tab_check", "logical_date": None, "conf": {"interval": "2024-01-02"}},
+                       token=stack["admin_token"])
+    assert code in (200, 201), body[:500]
+    code, body = _http("GET", f"{api}/dpops-budget/runs/dpops_purchases_test/rest_tab_check", token=stack["admin_token"])
+    assert code == 200, body[:500]
+    text = body.decode()
+    cenv = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
+    runs = _cli("ledger", "--ledger", env.url, "runs", "--json", env=cenv)["runs"]
+    (mine,) = [r for r in runs if r["key"]["interval_start"].startswith("2024-01-02")]
+    assert "not a dpops release run" not in text
+    assert re.search(r'data-field="run">([0-9a-f]{32})<', text).group(1) == mine["run_id"], text[:2000]
+    assert 'data-field="state">committed<' in text
+    # not yet reserved by this DAG run (no scheduler here): the tab says the run shown may be another's
+    assert "another DAG run may have made" in text
+
+
+def test_browser_reads_the_budget_page_and_a_run_tab(stack, browser):
     env, api = stack["env"], stack["api"]
     cenv = {**os.environ, "DPOPS_MANIFESTS_DIR": str(stack["mdir"]), "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
     status = _cli("ledger", "--ledger", env.url, "status", "shop", "--json", env=cenv)
-    page = _login(stack)
+    page = _login(stack, browser)
     page.events = []  # Airflow's own UI after login is not under test: only the plugin page's console
     page.navigate(f"{api}/dpops-budget/")
     cells = page.evaluate("""Object.fromEntries([...document.querySelectorAll('#scopes tr[data-scope="shop"] td[data-field]')]

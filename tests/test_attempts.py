@@ -108,6 +108,13 @@ def test_spent_interval_is_published_only_by_an_explicit_fresh_attempt(tmp_path,
     assert code == 0, out + err
     html = (tmp_path / "r.html").read_text()
     assert "Fresh attempts after a spent run (1)" in html and spent.run_id[:16] in html
+    # Issue 28 item 10: the operator's reason is in the report's table and in `manifest show`
+    assert "<td data-field='fresh_reason'>recovered after a node loss, ticket OPS-7</td>" in html
+    monkeypatch.setenv("COLUMNS", "400")
+    code, out, err = env.run(capsys, "manifest", "show", str(mdir / f"{fresh_id}.published.json"))
+    assert code == 0, err
+    assert f"fresh attempt: replaces the spent_unpublished run {spent.run_id}" in out
+    assert "reason: recovered after a node loss, ticket OPS-7" in out
 
 
 def test_fresh_attempt_without_a_spent_run_is_refused(tmp_path, monkeypatch, capsys):

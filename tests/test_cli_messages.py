@@ -4,6 +4,8 @@ mean", checks budget.scope against a reachable ledger; empty listings and a miss
 
 from __future__ import annotations
 
+import json
+
 import yaml
 from cli_support import make_env
 
@@ -89,3 +91,40 @@ def test_beam_import_warnings_are_silenced_and_dpops_warnings_are_not(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "apitools" not in done.stderr and "bigquery" not in done.stderr.lower(), done.stderr
     assert "dpops-own-warning" in done.stderr
+
+
+def test_refusal_interval_and_gaps_wording(tmp_path, monkeypatch, capsys):
+    """Issue 28 item 15: a refusal says "wait" only when a reservation in flight may still be refunded; an interval
+    error names both accepted forms; `gaps` with nothing missing prints a sentence, not an empty table header."""
+    from dpops.ledger import open_ledger
+    from test_runs import write_input
+
+    env = make_env(tmp_path, monkeypatch, cap=0.7)
+    spec, u = str(env.spec), ["--ledger", env.url, "--no-gx-checks"]
+    assert env.run(capsys, "release", "run", spec, *env.base("2024-01-01"), *u, "--publish")[0] == 0
+    from dpops import release
+
+    def refusal_reason(day: str, nxt: str) -> str:
+        code, _, err = env.run(capsys, "release", "run", spec, *env.base(day), *u, "--publish")
+        assert code == 5, err
+        ctx = release.prepare(spec, day, nxt, key_path=str(env.key))
+        path = release.manifests_dir(ctx) / f"{ctx.run_id}.refused.json"
+        return json.loads(path.read_text())["outcome"]["reason"]  # the DAG's note and alert say the same
+
+    reason = refusal_reason("2024-01-02", "2024-01-03")
+    assert "Waiting frees nothing" in reason and "wait for budget" not in reason, reason
+    # a reservation in flight (reserved, no noise drawn): waiting may free it, and the reason says so
+    env.run(capsys, "ledger", "cap", "shop", "--epsilon", "1.2", "--reason", "test", "--ledger", env.url)
+    with open_ledger(env.url) as led:
+        ctx = release.prepare(spec, "2024-01-02", "2024-01-03", key_path=str(env.key), ledger=led)
+        assert release.reserve(ctx, led).state == "reserved"
+    write_input(tmp_path, "2024-01-03")
+    reason = refusal_reason("2024-01-03", "2024-01-04")
+    assert "wait for those runs" in reason and "Waiting frees nothing" not in reason, reason
+    # an interval that is neither form names both forms
+    code, _, err = env.run(capsys, "release", "run", spec, "--interval", "2024-01-03/2024/01/04", "--key-file",
+                           str(env.key), *u)
+    assert code == 3 and "START/END" in err and "or the start of one period of the spec" in err, err
+    # gaps with none: one sentence, no header of an empty table
+    code, out, _ = env.run(capsys, "gaps", spec, "--from", "2024-01-01", "--to", "2024-01-02", "--ledger", env.url)
+    assert code == 0 and "no gaps: every one of the 1 interval(s)" in out and "interval start" not in out, out

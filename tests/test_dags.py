@@ -211,3 +211,43 @@ def test_catchup_per_spec_overrides_the_deployment_default(tmp_path, monkeypatch
     bad.write_text("catchup: sometimes\n" + bad.read_text())
     bag = _bag(plain, monkeypatch)
     assert any("catchup" in str(e) for e in bag.import_errors.values()), bag.import_errors
+
+
+def test_alerts_of_a_rest_triggered_run_name_its_interval(tmp_path):
+    """Issue 28 item 5: a run triggered the documented way (REST ``logical_date: null``, ``conf.interval``) has
+    no data interval; its alerts carry the day the tasks release (``dpops.run_interval``), not null. A run
+    whose interval cannot be resolved keeps Airflow's values and says what it asked for."""
+    import sys
+
+    sys.path.insert(0, str(DAGS_FOLDER))
+    import dpops_alerts
+
+    from airflow.sdk.exceptions import AirflowFailException
+
+    spec = str(_spec(tmp_path, "rel_alert"))
+
+    class TI:
+        task_id, dag_id, try_number = "compute_release", "dpops_rel_alert", 1
+
+    ctx = {"ti": TI(), "run_id": "manual__x", "exception": AirflowFailException("ledger unreachable"),
+           "data_interval_start": None, "data_interval_end": None, "logical_date": None,
+           "params": {"interval": "2024-01-03", "restate": False}}
+    payload = dpops_alerts.alert_payload(ctx, spec)
+    assert (payload["interval_start"], payload["interval_end"]) == ("2024-01-03T00:00:00+00:00",
+                                                                    "2024-01-04T00:00:00+00:00")
+    assert dpops_alerts.alert_payload({**ctx, "params": {"interval": "2024-01-03/2024-01-04"}}, spec)[
+        "interval_start"] == "2024-01-03T00:00:00+00:00"
+    bad = dpops_alerts.alert_payload({**ctx, "params": {"interval": "not a day"}}, spec)
+    assert bad["interval_start"] is None and bad["interval_requested"] == "not a day"
+    # the DAG hands its spec to the callback: the factory's callback is the one that knows the day
+    seen = []
+    import dpops_alerts as da
+
+    orig = da._emit
+    try:
+        da._emit = seen.append
+        da.failure_callback(spec)(ctx)
+        da.refusal_alert(ctx, "budget refused", spec)
+    finally:
+        da._emit = orig
+    assert [p["interval_start"] for p in seen] == ["2024-01-03T00:00:00+00:00"] * 2

@@ -187,6 +187,22 @@ def test_budget_refusal_is_a_refusal_not_a_crash(tmp_path, monkeypatch, capfd, c
     msg = alert["message"]
     assert "scope 'af_refuse_scope' has epsilon 0.3 left" in msg and "this run asked epsilon 0.5" in msg
     assert "stays unpublished" in msg
+    (refused_file,) = (ws.specs_dir / "out" / "manifests" / ws.release).glob("*.refused.json")
+    refused_run = refused_file.name[:32]
+    # Issue 28 items 2 and 5: the reserve task records the run it refused (the Privacy budget tab reads it), and
+    # the alert names the day
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        row = session.scalar(select(XComModel).where(
+            XComModel.dag_id == ws.dag_id, XComModel.run_id == dr.run_id, XComModel.task_id == "reserve_budget",
+            XComModel.key == "dpops_outcome"))
+        assert row is not None
+        value = XComModel.deserialize_value(row)
+    assert value == {"run_id": refused_run, "state": "refused"}
+    assert alert["interval_start"] == "2024-01-01T00:00:00+00:00"
     # The one summary line every outcome emits (dpops.release.RunOutcome.line).
     lines = [m for m in records if m.startswith("dpops release=af_refuse ")]
     assert len(lines) == 1 and "outcome=refused" in lines[0], lines

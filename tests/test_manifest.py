@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import sqlite3
 from types import SimpleNamespace
 
@@ -254,6 +255,24 @@ def test_cli_verify_show_schema(published, tmp_path, capsys):
     assert main(["manifest", "schema"]) == 0
     assert json.loads(capsys.readouterr().out)["properties"]["schema_version"]["const"] == SCHEMA_VERSION
     assert main(["manifest", "verify", "no-such-run", "--manifests", str(tmp_path)]) == 6
+
+
+def test_manifest_show_says_what_the_ledger_state_and_sensitivities_are(published, capsys, monkeypatch):
+    """Issue 28 item 14: a committed run's manifest (written while the run was started) is not shown as
+    "published (ledger: started)"; the scope line lists every group its total composes, started included;
+    a Laplace vector's L2 sensitivity is "n/a (...)", never "inf"."""
+    monkeypatch.setenv("COLUMNS", "400")  # one line per statement: the assertions read whole lines
+    assert published.ledger.run(published.manifest["run_id"]).state == "committed"
+    assert main(["manifest", "show", published.path]) == 0
+    out = capsys.readouterr().out
+    assert "(ledger: started)" not in out
+    (outcome,) = [ln for ln in out.splitlines() if ln.startswith("outcome: ")]
+    assert "ledger state when the manifest was written: started" in outcome and "commit follows" in outcome
+    (scope,) = [ln for ln in out.splitlines() if ln.startswith("scope purchases")]
+    for part in ("committed", "spent unpublished", "started", "reserved"):
+        assert re.search(rf"\b{part} [0-9]", scope), scope
+    assert " inf" not in out and "inf " not in out
+    assert "n/a (pure ε-DP: Laplace noise is calibrated to the L1 sensitivity)" in out
 
 
 def test_signed_manifest_verifies_with_the_public_key(published, tmp_path):

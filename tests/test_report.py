@@ -427,3 +427,28 @@ def test_release_details_explain_absent_sensitivities(reviewed_scope, tmp_path):
             assert row[6].startswith("n/a (pure ε-DP"), row
         if "gauss" in row[2].lower():
             assert row[5].startswith("n/a (Gaussian"), row
+
+
+def test_epsilon_column_and_bars_count_only_charges(busy_scope, tmp_path):
+    """Issue 28 item 4: refused and refunded runs charged nothing, so the timeline's ε column and the
+    per-interval bars show 0 for them; the column then adds up to the sum of the ledger's charged runs."""
+    from dpops.ledger.model import CHARGED_STATES
+
+    ledger, mdir, _, _ = busy_scope
+    text, data = build_report(ledger, "purchases", tmp_path / "r.html", manifests_dir=str(mdir))
+    cells = re.findall(r"<tr data-kind='run' data-run='([0-9a-f]+)'>.*?<td class='state-([a-z_]+)'.*?"
+                       r"data-field='epsilon'><span data-value='([^']+)'>", text)
+    assert len(cells) == 38
+    charged = {r.run_id: r.epsilon for r in ledger.runs() if r.state in CHARGED_STATES}
+    for run_id, state, value in cells:
+        assert float(value) == (charged[run_id] if state in CHARGED_STATES else 0.0), (run_id, state)
+    assert {s for _, s, _ in cells} >= {"refused", "released"}
+    column = sum(float(v) for *_, v in cells)
+    assert column == pytest.approx(sum(charged.values()), rel=1e-12)
+    shown = re.search(r"data-field='column_sum'><span data-value='([^']+)'>", text)
+    assert shown and float(shown.group(1)) == pytest.approx(column, rel=1e-12)
+    from dpops.report.plots import per_interval_bars
+
+    bars = per_interval_bars(data)
+    assert len(bars) == 38 and sum(b[1] for b in bars) == pytest.approx(column, rel=1e-12)
+    assert all(eps == 0.0 for _, eps, state in bars if state not in CHARGED_STATES)

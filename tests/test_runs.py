@@ -313,7 +313,8 @@ def test_bad_input_touches_no_ledger(env):
 
 def test_missing_scope_is_clear(env, tmp_path):
     other = open_ledger(f"sqlite:///{tmp_path / 'empty.sqlite'}")
-    with pytest.raises(LedgerError, match="budget scope 'shop' .* is not in the ledger.*dpops ledger scope create"):
+    # a spec naming a scope the ledger lacks is a spec problem (exit 3, as `dpops spec check` says; issue 28 item 9)
+    with pytest.raises(SpecError, match="budget scope 'shop' .* is not in the ledger.*dpops ledger scope create"):
         release.execute_release(env.spec, *IV, ledger=other, key=FakeKey(), run_release=env.pipe, planner=planner)
     assert other.runs() == []
     other.close()

@@ -54,6 +54,13 @@ def cli(spec: str, start: str, end: str, manifests: str | None, show_all: bool, 
         echo_ok(doc)
         return
     shown = rows if show_all else gaps
+    if not shown:  # a table of headers alone reads as "something is missing here" (issue 28 item 15)
+        click.echo(f"{sp.name}: no gaps: every one of the {len(rows)} interval(s) in [{start}, {end}) is published"
+                   if rows else f"{sp.name}: no interval of the spec's grid in [{start}, {end})")
+        if not rows:
+            return
+        click.echo(", ".join(f"{WORDS[k]}: {v}" for k, v in counts.items() if v))
+        return
     print_table(f"{sp.name}: {len(gaps)} of {len(rows)} interval(s) in [{start}, {end}) have no publication",
                 ["interval start", "interval end", "status", "run", "why"],
                 [[r.interval_start, r.interval_end, WORDS[r.status], r.run_id or "-", r.detail] for r in shown],

@@ -102,6 +102,8 @@ def show_cmd(run_or_file: str, manifests: str | None, spec: str | None, as_json:
 
     from dpops.cli.common import print_table, terminal_width, wrap_words
     from dpops.ledger.text import printable
+    from dpops.manifest.build import sensitivity_not_charged
+    from dpops.manifest.scope import GROUPS
 
     width = terminal_width()
 
@@ -114,10 +116,15 @@ def show_cmd(run_or_file: str, manifests: str | None, spec: str | None, as_json:
     k, p, u, c = m["run_key"], m["privacy"], m["privacy_unit"], m["contribution_bounds"]
     say(f"[bold]{k['release']}[/bold]  [{k['interval_start']}, {k['interval_end']})  run {m['run_id']}")
     say(f"file: {path}")
-    say(f"outcome: [bold]{m['outcome']['state']}[/bold] (ledger: {m['outcome']['ledger_state']})"
+    say(f"outcome: [bold]{m['outcome']['state']}[/bold] ({_ledger_words(m)})"
                   + (f" - {m['outcome']['reason']}" if m["outcome"]["reason"] else ""))
     if m["restates"]:
         say(f"restates run {m['restates']['run_id']}")
+    if m.get("replaces_spent"):
+        fresh = m["replaces_spent"]
+        # why the interval was charged twice (the spent run's charge stays): issue 28 item 10
+        say(f"fresh attempt: replaces the spent_unpublished run {fresh['run_id']} (fresh noise, charged again); "
+            f"reason: {fresh.get('reason') or 'none recorded'}")
     say(f"protects: {u['description']} (unit column {u['column']}, adjacency {u['adjacency']}"
                   f"{', record-level' if u['record_level'] else ''})")
     say(f"contribution: at most {c['max_partitions_per_unit']} partitions per unit, "
@@ -129,16 +136,19 @@ def show_cmd(run_or_file: str, manifests: str | None, spec: str | None, as_json:
     if p["scope"]:
         s = p["scope"]
         for b in s["buckets"]:
+            # every group the total composes (dpops.manifest.scope.GROUPS), so the parts account for the total
+            parts = ", ".join(f"{g.replace('_', ' ')} {_cap(b[g], s)}" for g in GROUPS if g in b)
             say(f"scope {s['name']} [{b['bucket']}]: cap {s['cap']['unit']}={s['cap']['value']:g}, "
-                          f"total {_cap(b['total'], s)}, committed {_cap(b['committed'], s)}, reserved "
-                          f"{_cap(b['reserved'], s)}, remaining {_cap(b['remaining'], s)}")
+                f"total {_cap(b['total'], s)} composing {parts} (each group alone), remaining "
+                f"{_cap(b['remaining'], s)}")
     r = m["randomness"]
     say(f"randomness: {r['mode']} (key id {r['key_id']}){'  [red]TEST MODE[/red]' if r['test_mode'] else ''}")
     rows = []
     for metric in m["release_plan"].get("metrics", []):
         for v in metric.get("vectors") or []:
             rows.append([metric["key"], v["name"], v["mechanism"], _fmt(v["scale"]), _fmt(v["std"]),
-                         _fmt(v.get("l1_sensitivity_charged")), _fmt(v.get("l2_sensitivity_charged"))])
+                         *(sensitivity_not_charged(v.get(f), v["mechanism"], norm) or _fmt(v.get(f))
+                           for f, norm in (("l1_sensitivity_charged", "L1"), ("l2_sensitivity_charged", "L2")))])
         if not metric.get("vectors"):
             rows.append([metric["key"], "-", metric.get("mechanism", "?"),
                          f"eps/run {_fmt(metric.get('epsilon_per_run'))}", "-", "-", "-"])
@@ -148,6 +158,19 @@ def show_cmd(run_or_file: str, manifests: str | None, spec: str | None, as_json:
         checks = ", ".join(f"{c['name']}:{'ok' if c['passed'] else 'FAILED'}" for c in m["validation"]["checks"])
         say(f"checks: {checks or 'none'}; proceeded: {m['validation']['proceeded']}")
     say(f"code: dpops {m['code']['dpops']} ({m['code']['git_commit'] or 'no git commit'})")
+
+
+def _ledger_words(m: dict) -> str:
+    """The manifest's ledger state, said as what it is: the state when the manifest was written. A publication's
+    manifest is written just before its ledger commit, so it says "started" for a run that is committed now;
+    "ledger: started" beside "published" read as a run published but never committed (issue 28 item 14)."""
+    st = m["outcome"]["ledger_state"]
+    if st is None:
+        return "no ledger entry: nothing was charged" if m["outcome"]["state"] == "refused" else "no ledger state"
+    if m["outcome"]["state"] == "published" and st == "started":
+        return ("ledger state when the manifest was written: started; the ledger commit follows the manifest, "
+                "dpops release status or manifest verify --ledger shows it now")
+    return f"ledger state when the manifest was written: {st}"
 
 
 def _cap(x, scope: dict) -> str:

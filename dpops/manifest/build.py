@@ -38,6 +38,22 @@ OUTCOMES = ("published", "refused", "failed", "spent_unpublished", "reserved", "
 CHARGED_LEDGER_STATES = ("reserved", "started", "committed", "spent_unpublished")
 
 
+def sensitivity_not_charged(value: object, mechanism: object, norm: str) -> str | None:
+    """Why a vector's charged ``norm`` ("L1" or "L2") sensitivity has no finite figure, or None when it has one.
+
+    A Laplace (or geometric) vector is calibrated to its L1 sensitivity only and a Gaussian to its L2 only; the
+    other norm is recorded as unbounded, and printing ``inf`` there reads as "unbounded sensitivity", i.e. no
+    privacy. The one wording of the report and ``dpops manifest show`` (issue 28 item 14)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return None
+    mech = str(mechanism or "").lower()
+    if norm == "L2" and ("laplace" in mech or "geometric" in mech):
+        return "n/a (pure ε-DP: Laplace noise is calibrated to the L1 sensitivity)"
+    if norm == "L1" and "gauss" in mech:
+        return "n/a (Gaussian noise is calibrated to the L2 sensitivity)"
+    return "n/a (not recorded in the manifest)"
+
+
 def utc_timestamp(dt: datetime | None = None) -> str:
     """``dt`` (default now) as a second-precision ISO-8601 UTC timestamp ending in ``Z``, the manifests' form."""
     dt = dt or datetime.now(UTC)

@@ -32,8 +32,9 @@ if TYPE_CHECKING:
 class RunContextLike(Protocol):
     """What a manifest reads from a run: ``dpops.release.RunContext``, or a stand-in holding just these.
 
-    Optional attributes read when present: ``randomness`` ("keyed" | "os" | "test", default keyed) and
-    ``restates`` (the run id a restatement replaces).
+    Optional attributes read when present: ``randomness`` ("keyed" | "os" | "test", default keyed),
+    ``restates`` (the run id a restatement replaces) and, for a fresh attempt, ``replaces_spent`` and
+    ``fresh_reason``.
     """
 
     @property
@@ -164,7 +165,7 @@ def write_run_manifest(
         entry_ids=rec.entry_ids if rec else (),
         entry_hashes=rec.entry_hashes if rec else (),
         restates=restates,
-        replaces_spent=(rec.details or {}).get("replaces_spent") if rec is not None else None,
+        replaces_spent=(rec.details or {}).get("replaces_spent") if rec is not None else _fresh_link(ctx),
         validation=validation,
         timings=timings,
         output={"uri": str(output_uri), "fingerprints": dict(output_fingerprints or {})} if output_uri else None,
@@ -190,6 +191,15 @@ def write_run_manifest(
             "write a correction whose 'corrects' names the old file"
         )
     return write_manifest(manifest, manifests_dir)
+
+
+def _fresh_link(ctx: object) -> dict[str, str] | None:
+    """A run not in the ledger (a refusal) that is a fresh attempt: the link the ledger records when the same
+    run key is reserved later (``dpops.release.reservation.reserve``), so its refusal manifest stays true then."""
+    spent = _get(ctx, "replaces_spent")
+    if not isinstance(spent, str) or not spent:
+        return None
+    return {"run_id": spent, "reason": str(_get(ctx, "fresh_reason") or "")}
 
 
 def _accuracy_section(spec: Any, plan: Any) -> dict[str, Any] | None:

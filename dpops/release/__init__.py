@@ -29,6 +29,7 @@ from dpops.release.context import (
     STAGES,
     RunContext,
     RunOutcome,
+    ScopePosition,
     open_run_ledger,
     pick_attempt,
     scope_position,
@@ -42,7 +43,7 @@ from dpops.release.publication import publish
 from dpops.release.reservation import reserve, unit_definition_mismatches
 
 __all__ = [
-    "STAGES", "RunContext", "RunOutcome", "abandon", "check_noisy_output", "check_runner", "compute",
+    "STAGES", "RunContext", "RunOutcome", "ScopePosition", "abandon", "check_noisy_output", "check_runner", "compute",
     "compute_staged", "ensure_manifest", "execute_release", "execute_restatement", "manifests_dir",
     "open_run_ledger", "pick_attempt", "prepare", "publish", "requested_interval", "reserve",
     "restate", "scope_position", "spec_manifests_dir",

@@ -89,6 +89,13 @@ class RunContext:
     attempt: int = 1  # chosen by ``pick_attempt``: os mode always; keyed mode after a refund or a fresh attempt
     # The spent_unpublished run a fresh attempt replaces (``pick_attempt``); part of the noise label.
     replaces_spent: str | None = None
+    # The published run a restatement corrects, set by ``dpops.release.execute.restate`` before it reserves:
+    # a refusal manifest written for the restatement states the same link the ledger records when the same
+    # run key is reserved later (after a cap raise), so the refusal verifies then too (issue 28 item 1).
+    restates: str | None = field(default=None, compare=False)
+    # A fresh attempt's operator reason, set by ``reserve`` with ``replaces_spent``: a refusal manifest of the
+    # fresh attempt states the same link (run and reason) the ledger records when it is reserved later.
+    fresh_reason: str | None = field(default=None, compare=False)
     actor: str = field(default_factory=default_actor)
     # The key behind the keyed fingerprints (input and published files). Never shown or serialized.
     fingerprint_key: HmacKey | None = field(default=None, repr=False, compare=False)

@@ -85,17 +85,24 @@ def _run_steps(ctx: RunContext, ledger: Ledger, **kwargs: Unpack[_StepOptions]) 
         out = _run_steps_quiet(ctx, ledger, **kwargs)
     except BaseException as exc:
         QUIET_RUNS.reset(token)
-        if isinstance(exc, BudgetExceeded) and kwargs.get("write_manifest", True):
-            record_refusal(ctx, ledger, budget_refusal_reason(ctx, ledger, exc))  # `dpops gaps` says "refused"
-        failed = log_failure(ctx, ledger, exc)
-        try:
-            setattr(exc, "dpops_outcome", failed)  # noqa: B010 - the CLI's --json error object shows it
-        except AttributeError:  # pragma: no cover
-            pass
+        _record_failure(ctx, ledger, exc, write_manifest=kwargs.get("write_manifest", True))
         raise
     QUIET_RUNS.reset(token)
     log.info(out.line())
     return out
+
+
+def _record_failure(ctx: RunContext, ledger: Ledger, exc: BaseException, *, write_manifest: bool = True) -> None:
+    """What every CLI entry point leaves for a run that stopped with ``exc``: a budget refusal's manifest
+    (``dpops gaps`` says "refused" and a reviewer sees what was asked; the same record the Airflow DAG
+    leaves through ``dpops.orchestration.reserve_step``), the one failure line, and the outcome for ``--json``."""
+    if isinstance(exc, BudgetExceeded) and write_manifest:
+        record_refusal(ctx, ledger, budget_refusal_reason(ctx, ledger, exc))
+    failed = log_failure(ctx, ledger, exc)
+    try:
+        setattr(exc, "dpops_outcome", failed)  # noqa: B010 - the CLI's --json error object shows it
+    except AttributeError:  # pragma: no cover
+        pass
 
 
 def _run_steps_quiet(ctx: RunContext, ledger: Ledger, *, publish_output: bool, runner: str,
@@ -169,6 +176,7 @@ def restate(ctx: RunContext, ledger: Ledger) -> RunOutcome:
         check_served_files(ctx, published, ledger)
         return make_outcome(ctx, ledger, "already_published", record=published,
                         message="input, spec and key unchanged: the published result stands, nothing charged")
+    ctx.restates = published.run_id  # a refusal of this reservation records the link (RunContext.restates)
     return reserve(ctx, ledger, restates=published.run_id)
 
 
@@ -187,8 +195,12 @@ def execute_restatement(spec_path: str | os.PathLike[str], interval_start: Inter
     report_stage(progress, "reserve")
     try:
         first = restate(ctx, ledger)
-    finally:
+    except BaseException as exc:
         QUIET_RUNS.reset(token)
+        # A refused restatement leaves the refusal manifest `dpops release run` and the DAG leave (issue 28 item 1)
+        _record_failure(ctx, ledger, exc)
+        raise
+    QUIET_RUNS.reset(token)
     if first.state == "already_published":
         log.info(first.line())
         return first

@@ -56,15 +56,22 @@ def requested_interval(spec_path: str | os.PathLike[str], text: str) -> Interval
     from dpops.ledger.model import parse_utc  # a value parser; no database is touched
 
     text = str(text).strip()
+    # Both forms are accepted, so an error names both (issue 28 item 15: "must be START/END" misled).
+    both = (f"interval {text!r}: give START/END (ISO-8601 UTC, e.g. 2024-01-01/2024-01-02) or the start of one "
+            "period of the spec (e.g. 2024-01-03)")
     if "/" in text:
-        return parse_interval(text)
+        try:
+            return parse_interval(text)
+        except InvalidParameter as exc:
+            if text.count("/") != 1:
+                raise InvalidParameter(both) from None
+            raise InvalidParameter(f"interval {text!r}: {exc}") from None  # e.g. its start is not before its end
     from dpops.spec import one_period_interval
 
     try:
         start = parse_utc(text, "interval start")
     except InvalidParameter:
-        raise InvalidParameter(f"interval {text!r}: give START/END (ISO-8601 UTC, e.g. 2024-01-01/2024-01-02) "
-                               "or the start of one period of the spec (e.g. 2024-01-03)") from None
+        raise InvalidParameter(both) from None
     return Interval(*one_period_interval(load_spec(spec_path), start))
 
 

@@ -43,8 +43,25 @@ def budget_refusal_reason(ctx: RunContext, ledger: Ledger, exc: BudgetExceeded) 
             f"(cap {'?' if cap is None else format_budget(cap)}), this run asked {unit} "
             f"{'?' if asked is None else format_budget(asked)}"
             + ("" if remain is None else f", which would leave {format_budget(remain, cap)}")
-            + "; nothing was charged and the interval stays unpublished. Raise the cap or wait for budget, then "
-            f"run the interval again. Ledger: {public_message(exc)}")
+            + f"; nothing was charged and the interval stays unpublished. {_what_to_do(ledger, scope, cap)} "
+            f"Ledger: {public_message(exc)}")
+
+
+def _what_to_do(ledger: Ledger, scope: str, cap: float | None) -> str:
+    """What frees budget on ``scope``: only a reservation may still be refunded (no noise drawn yet); every
+    other charge is final (semantics: after noise is drawn the charge stays). So "wait" is said only when
+    reservations are in flight (issue 28 item 15: "wait for budget" where waiting frees nothing)."""
+    raise_cap = f"raise the cap (dpops ledger cap {scope} ... --reason ...)"
+    try:
+        reserved = float(ledger.status(scope).reserved)
+    except Exception:  # noqa: BLE001 - the refusal must not fail on a status read
+        return f"To release it, {raise_cap}, then run the interval again."
+    if reserved > 0:
+        return (f"Runs in flight hold {format_budget(reserved, cap)} in reservations; if one fails before drawing "
+                f"noise its reservation is refunded. To release it, wait for those runs or {raise_cap}, then run "
+                "the interval again.")
+    return (f"Waiting frees nothing: every charge on the scope is final. To release it, {raise_cap}, then run the "
+            "interval again; or leave it unpublished on purpose (dpops gaps lists it).")
 
 
 def record_refusal(ctx: RunContext, ledger: Ledger, reason: str) -> None:

@@ -138,6 +138,12 @@ def _check_scope(ctx: RunContext, ledger: Ledger) -> ScopeDefinition:
     name = ctx.spec.budget.scope
     try:
         scope = ledger.scope(name)
+    except SpecError:
+        # The spec names a scope this ledger does not have: a spec problem, exit 3 as in `dpops spec check`
+        # (issue 28 item 9); an orchestrator fails it at once (a retry cannot create the scope).
+        raise SpecError(
+            f"budget scope {name!r} (budget.scope in {ctx.spec.source}) is not in the ledger: scopes are created "
+            f"explicitly by an operator (dpops ledger scope create {name} ...); nothing was reserved") from None
     except DpopsError as exc:
         raise LedgerError(
             f"budget scope {name!r} (budget.scope in {ctx.spec.source}) is not in the ledger: scopes are created "
@@ -260,7 +266,8 @@ def reserve(ctx: RunContext, ledger: Ledger, *, restates: str | None = None,
     details: dict[str, object] = {"randomness": ctx.randomness, "spec": ctx.spec.source,
                                   "plan_hash": getattr(ctx.plan, "plan_hash", None)}
     if ctx.replaces_spent is not None:
-        details["replaces_spent"] = {"run_id": ctx.replaces_spent, "reason": (fresh_attempt or "")[:500]}
+        ctx.fresh_reason = (fresh_attempt or "")[:500]  # a refusal's manifest records the same link
+        details["replaces_spent"] = {"run_id": ctx.replaces_spent, "reason": ctx.fresh_reason}
     record = ledger.reserve(ctx.run_key, ctx.spec.budget.scope, ctx.events, actor=ctx.actor, restates=restates,
                             details=details)
     charged = float(record.epsilon) if existing is None else 0.0

@@ -37,7 +37,18 @@ class RunRow:
     flags: list[str] = field(default_factory=list)  # off-schedule / misaligned / overlapping interval
     kind: str = "run"  # run | gap
     replaces_spent: str | None = None  # a fresh attempt: the spent_unpublished run it replaces (charged again)
+    fresh_reason: str | None = None  # the operator's reason for that fresh attempt (ledger; the manifest says it too)
     entry_id: int = 0  # the run's first ledger entry (its reservation): the ledger's order of charges
+
+    @property
+    def charged_epsilon(self) -> float | None:
+        """What this run charged the scope on its own: its ε for a state whose events count against the cap
+        (``CHARGED_STATES``), 0 for a refused or refunded run (``epsilon`` then is what it asked). Privacy
+        reason: a reviewer adds this column up to check the cap; counting a refusal's request would show a
+        cap broken that the ledger kept (issue 28 item 4)."""
+        if self.state in CHARGED:
+            return self.epsilon
+        return 0.0
 
 
 @dataclass
@@ -308,6 +319,7 @@ def _release_details(rows: list[RunRow], manifests: dict[str, dict[str, Any]], c
             "status": c.status, "outcome": m["outcome"]["state"], "unit": m["privacy_unit"],
             "contribution": m["contribution_bounds"], "value_bounds": m["value_bounds"], "mechanisms": mechanisms,
             "run_epsilon": m["privacy"]["run"]["epsilon"], "delta": m["privacy"]["run"]["delta"],
+            "charged": bool(m["privacy"]["run"]["charged"]),  # a refusal's ε is what it asked, not a charge
             "scope_total_after": after.get(r.run_id, max(totals) if totals else None),
             "scope_unit": (scope or {}).get("cap", {}).get("unit"), "accountant": m["accountant"]["ref"],
             # issue 20: the spec's accuracy targets against the plan's prediction (verified with the manifest)
@@ -383,6 +395,7 @@ def gather(ledger: Any, scope_name: str, manifests_dir: str | os.PathLike[str] |
             restates=rec.restates, created_at=rec.created_at, updated_at=rec.updated_at, buckets=list(rec.buckets),
             events=list(rec.events), manifest=path, reason=reasons.get(rec.run_id), key_id=rec.key.key_id,
             replaces_spent=((rec.details or {}).get("replaces_spent") or {}).get("run_id"),
+            fresh_reason=((rec.details or {}).get("replaces_spent") or {}).get("reason") or None,
             test_mode=bool(m and m["randomness"]["test_mode"]),
             verification=checks[path].status if path else "no manifest",
             entry_id=min(rec.entry_ids) if rec.entry_ids else 0))

@@ -86,6 +86,14 @@ def cumulative_plot(data: Any) -> str:
     return _png(fig)
 
 
+def per_interval_bars(data: Any) -> list[tuple[str, float, str]]:
+    """The per-interval chart's bars in date order: (interval start, ε the run charged, state). A refused or
+    refunded run charged nothing and gets a zero-height bar (drawn as a marker on the axis), so the bars add
+    up to what the timeline's column adds up to (``RunRow.charged_epsilon``, issue 28 item 4)."""
+    return [(r.interval_start, float(r.charged_epsilon), r.state) for r in data.runs
+            if getattr(r, "kind", "run") == "run" and r.charged_epsilon is not None]
+
+
 def per_interval_plot(data: Any) -> str:
     import matplotlib
 
@@ -95,11 +103,15 @@ def per_interval_plot(data: Any) -> str:
     fig, ax = plt.subplots(figsize=(8, 3.0))
     colors = {"committed": "tab:blue", "spent_unpublished": "tab:orange", "reserved": "tab:gray",
               "started": "tab:gray", "released": "tab:green", "refused": "tab:red"}
-    rows = [r for r in data.runs if r.epsilon is not None]
-    for i, r in enumerate(rows):
-        ax.bar(i, r.epsilon, color=colors.get(r.state, "black"))
-    ax.set_xticks(range(len(rows)), [r.interval_start[:10] for r in rows], rotation=70, fontsize=6)
+    bars = per_interval_bars(data)
+    for i, (_, eps, state) in enumerate(bars):
+        if state in CHARGED:
+            ax.bar(i, eps, color=colors.get(state, "black"))
+        else:  # nothing charged: a marker on the axis, never a bar a reviewer would add up
+            ax.plot(i, 0, marker="x", color=colors.get(state, "black"))
+    ax.set_xticks(range(len(bars)), [b[0][:10] for b in bars], rotation=70, fontsize=6)
     ax.set_xlabel("interval start (date order)")
-    ax.set_ylabel("epsilon of the run alone")
-    ax.set_title("per interval (blue committed, orange spent-unpublished, green refunded, red refused)")
+    ax.set_ylabel("epsilon the run charged")
+    ax.set_title("per interval (blue committed, orange spent-unpublished; x: refunded green, refused red, "
+                 "nothing charged)", fontsize=9)
     return _png(fig)

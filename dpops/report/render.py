@@ -12,13 +12,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import html
-import math
 import os
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 from dpops.ledger.budget import format_budget
+from dpops.ledger.model import CHARGED_STATES as CHARGED  # the one owner of the charged states
 from dpops.report.plots import cumulative_plot, per_interval_plot
 
 CSS = """
@@ -46,16 +46,12 @@ def _n(x: Any, digits: int = 6) -> str:
 
 
 def _sens(x: Any, mechanism: Any, norm: str) -> str:
-    """A charged sensitivity; an unbounded or absent one says why instead of printing ``inf``: a Laplace (or
-    geometric) vector is calibrated to its L1 sensitivity only, a Gaussian to L2 only."""
-    if isinstance(x, (int, float)) and math.isfinite(x):
-        return _n(x)
-    mech = str(mechanism or "").lower()
-    if norm == "L2" and ("laplace" in mech or "geometric" in mech):
-        return _e("n/a (pure ε-DP: Laplace noise is calibrated to the L1 sensitivity)")
-    if norm == "L1" and "gauss" in mech:
-        return _e("n/a (Gaussian noise is calibrated to the L2 sensitivity)")
-    return _e("n/a (not recorded in the manifest)")
+    """A charged sensitivity; an unbounded or absent one says why instead of printing ``inf``
+    (``dpops.manifest.build.sensitivity_not_charged``, shared with ``dpops manifest show``)."""
+    from dpops.manifest.build import sensitivity_not_charged
+
+    why = sensitivity_not_charged(x, mechanism, norm)
+    return _n(x) if why is None else _e(why)
 
 
 def _b(x: Any, cap: float | None = None) -> str:
@@ -64,6 +60,16 @@ def _b(x: Any, cap: float | None = None) -> str:
     if x is None or not isinstance(x, (int, float)):
         return _n(x)
     return f"<span data-value='{float(x)!r}'>{_e(format_budget(x, cap))}</span>"
+
+
+def _charged_cell(r: Any) -> str:
+    """The timeline's ε cell: what the run charged (``RunRow.charged_epsilon``); a refused or refunded run
+    shows 0 and, in brackets, what it asked, so a column a reviewer adds up is the sum of real charges."""
+    charged = r.charged_epsilon
+    if charged is None or r.state in CHARGED or r.epsilon is None:
+        return _b(charged)
+    word = "refused" if r.state == "refused" else "refunded"
+    return f"{_b(charged)} <span class='asked'>({word}; asked {_e(format_budget(r.epsilon))})</span>"
 
 
 def _rel(path: str | None, out_dir: Path) -> str | None:
@@ -169,7 +175,7 @@ def render_html(data: Any, out_path: str | os.PathLike[str]) -> str:
       "under the same cap. Only the scope's own accountant decides what the ledger admits.</p>")
 
     a("<h2>Timeline (date order; refusals and gaps in place)</h2><table id='runs'><tr><th>interval</th>"
-      "<th>release</th><th>outcome</th><th>epsilon (alone)</th><th>schedule</th><th>manifest verification</th>"
+      "<th>release</th><th>outcome</th><th>epsilon charged (alone)</th><th>schedule</th><th>manifest verification</th>"
       "<th>run</th><th>restates</th><th>key id</th><th>manifest</th></tr>")
     for r in data.runs:
         if r.kind == "gap":
@@ -181,12 +187,19 @@ def render_html(data: Any, out_path: str | os.PathLike[str]) -> str:
         a(f"<tr data-kind='run' data-run='{_e(r.run_id)}'><td class='iv'>[{_e(r.interval_start)}, {_e(r.interval_end)})</td>"
           f"<td>{_e(r.release)}</td><td class='state-{_e(r.state)}' data-field='state'>{_e(r.state)}"
           f"{' (test mode)' if r.test_mode else ''}</td>"
-          f"<td class='num' data-field='epsilon'>{_b(r.epsilon)}</td>"
+          f"<td class='num' data-field='epsilon'>{_charged_cell(r)}</td>"
           f"<td class='flag'>{_e('; '.join(r.flags))}</td>"
           f"<td class='{vclass}' data-field='verification'>{_e(r.verification)}</td>"
           f"<td><code>{_e(r.run_id[:16])}</code></td><td>{_e(r.restates[:16] if r.restates else '')}</td>"
           f"<td>{_e(r.key_id)}</td><td>{_a(href(r.manifest, out_dir), 'manifest')}</td></tr>")
-    a("</table>")
+    charged_runs = [r for r in data.runs if r.kind == "run" and r.charged_epsilon is not None]
+    column_sum = sum(float(r.charged_epsilon or 0.0) for r in charged_runs)
+    a(f"</table><p id='runs-sum'>The epsilon column is what each run charged on its own: refused and refunded runs "
+      f"charged nothing (0; what they asked is in brackets). The column adds up to "
+      f"<span data-field='column_sum'>{_b(column_sum, st.cap)}</span> (every charge added, basic composition, an "
+      f"upper bound of what these runs composed); the ledger's scope total, every charged run composed by the "
+      f"{_e(s.accountant)} accountant, is <span data-field='scope_total'>{_b(float(st.total), st.cap)}</span>, "
+      f"the figure checked against the cap {_b(float(st.cap))}.</p>")
     a(_gaps_html(data))
     a(_releases_html(data))
     a(_verification_html(data, out_dir))
@@ -201,10 +214,12 @@ def render_html(data: Any, out_path: str | os.PathLike[str]) -> str:
 
     fresh = [r for r in data.runs if r.kind == "run" and r.replaces_spent]
     a(f"<h2>Fresh attempts after a spent run ({len(fresh)})</h2><table id='fresh-attempts'><tr><th>run</th>"
-      "<th>interval</th><th>replaces spent run</th><th>outcome</th></tr>")
+      "<th>interval</th><th>replaces spent run</th><th>outcome</th><th>reason (the operator's)</th></tr>")
     for r in fresh:
+        # The reason is why the interval was charged twice: a reviewer must read it beside the second charge.
         a(f"<tr><td><code>{_e(r.run_id[:16])}</code></td><td>[{_e(r.interval_start)}, {_e(r.interval_end)})</td>"
-          f"<td><code>{_e((r.replaces_spent or '')[:16])}</code></td><td>{_e(r.state)}</td></tr>")
+          f"<td><code>{_e((r.replaces_spent or '')[:16])}</code></td><td>{_e(r.state)}</td>"
+          f"<td data-field='fresh_reason'>{_e(r.fresh_reason or 'no reason recorded')}</td></tr>")
     a("</table><p>A fresh attempt (dpops release run --fresh-attempt) publishes an interval whose run was spent "
       "unpublished (its noise may exist, so that charge stays): fresh noise, charged again.</p>")
 
@@ -304,8 +319,12 @@ def _releases_html(data: Any) -> str:
                    f"<li><b>Bounds:</b> at most {_e(c['max_partitions_per_unit'])} partitions per unit and "
                    f"{_e(c['max_rows_per_unit_per_partition'])} rows per unit per partition; values clamped to "
                    f"{_e(d['value_bounds'])}</li>"
-                   f"<li><b>Privacy:</b> this run alone epsilon = <span data-field='run_epsilon'>"
-                   f"{_b(d['run_epsilon'])}</span> at delta = {_n(d['delta'])}; the scope's total after it "
+                   + (f"<li><b>Privacy:</b> this run alone epsilon = <span data-field='run_epsilon'>"
+                      f"{_b(d['run_epsilon'])}</span> at delta = {_n(d['delta'])}" if d.get("charged", True) else
+                      "<li><b>Privacy:</b> this run charged nothing (refused or refunded: not a charge to add up); it "
+                      f"asked epsilon = <span data-field='run_epsilon'>{_b(d['run_epsilon'])}</span> at delta = "
+                      f"{_n(d['delta'])}")
+                   + "; the scope's total after it "
                    f"<span data-field='scope_total_after'>{_b(d['scope_total_after'], data.scope.cap)}</span> "
                    f"({_e(d['scope_unit'])}); accountant <code data-field='accountant'>{_e(d['accountant'])}</code>"
                    f"</li>{_tuning_item(d.get('tuning'))}</ul><table class='mechanisms'><tr><th>metric</th><th>vector</th><th>mechanism</th>"
