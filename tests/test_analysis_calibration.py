@@ -190,3 +190,65 @@ def test_quantile_rank_error_stays_below_its_bound():
     bound = next(x for x in predict(plan, at_units=n) if x.type == "quantiles").expected_rank_error
     mean, sd = float(excess.mean()), float(excess.std(ddof=1))
     assert mean - Z * sd / math.sqrt(P_QUANTILES) <= bound, f"mean excess rank error {mean:.3g} above the bound {bound:.3g}"
+
+
+SIZES = (100, 300, 1000, 20_000)  # rows per partition (issue 26 section 2: the small sizes are where it failed)
+P_SIZES = 4000  # draws per (noise, size); Bonferroni below counts these checks separately
+EPSILONS = (1.0, 0.2)  # a metric's whole epsilon, and its share in a five-metric release
+A2 = ALPHA / (2 * len(SIZES) * len(EPSILONS) * 2)  # (noise x size x epsilon x {coverage, std}) at the file's ALPHA
+Z2 = float(stats.norm.ppf(1 - A2 / 2))
+
+
+def _mean_accumulators(plan, n: int, d: float, draws: int) -> dict[str, np.ndarray]:
+    m = next(x for x in plan.metrics if x.type == "mean")
+    return {"count": np.full(draws, n, np.int64), "unit_count": np.full(draws, n, np.int64),
+            f"nsum:{m.key}": np.full(draws, int(round(n * d / sum_unit("nsum", LO, HI))), np.int64)}
+
+
+@pytest.mark.parametrize("noise", ["laplace", "gaussian"])
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("epsilon", EPSILONS)
+def test_mean_prediction_holds_at_every_partition_size(noise, n, epsilon):
+    """The mean's predicted std and half-width against P_SIZES releases through select_and_noise at n rows
+    (the noisy count in the denominator and the clipping matter at 100-1,000 rows). Coverage: the count of
+    draws within the half-width is Binomial(P, c) with c the exact predicted coverage, inside the central
+    1 - A2 band; std: |s^2/sigma^2 - 1| within Z2 * sqrt((kurt - 1 + 2/(P-1))/P) with kurt the sample's
+    kurtosis (the error is bounded by the clipping, so its fourth moment is finite)."""
+    spec = _spec(noise, [{"type": "mean", "column": "x", "bounds": [LO, HI]}], epsilon=epsilon)
+    plan = plan_release(spec)
+    m = plan.metrics[0]
+    out = _run(plan, _mean_accumulators(plan, n, D, P_SIZES),
+               seed=1000 + n + (0 if noise == "laplace" else 7) + int(epsilon * 10))
+    std, half, cov, method = mean_error(plan, m, n, D, 0.95)
+    assert method.startswith("exact")
+    err = np.asarray(out["mean_x"], np.float64) - (MID + D)
+    k = int((np.abs(err) <= half).sum())
+    lo, hi = int(stats.binom.ppf(A2 / 2, P_SIZES, cov)), int(stats.binom.isf(A2 / 2, P_SIZES, cov))
+    assert lo <= k <= hi, f"{noise} eps={epsilon} n={n}: {k}/{P_SIZES} within +-{half:.4g}, predicted {cov:.4f} ({lo}..{hi})"
+    assert abs(k / P_SIZES - 0.95) <= 0.02 or cov > 0.955  # the requirement 0.95 +- 0.01, with sampling slack
+    var = float(np.var(err, ddof=1))
+    kurt = float(np.mean((err - err.mean()) ** 4) / np.var(err) ** 2)
+    tol = Z2 * math.sqrt((kurt - 1 + 2 / (P_SIZES - 1)) / P_SIZES)
+    assert abs(var / std**2 - 1) <= tol, f"{noise} n={n}: var ratio {var / std**2:.4f}, tolerance +-{tol:.4f}"
+
+
+def test_the_first_order_formula_fails_at_small_partitions():
+    """Why the exact distribution: at 300 rows and epsilon 0.14 (a mean's share in a seven-metric release)
+    the first-order half-width (the old prediction) covers about 92% of the release path's means; the
+    exact one 95%. Fixed seed; with 4,000 draws the sd of each rate is 0.0035, so the 0.94 line is 4 sd
+    from the first and 3 sd from the second."""
+    spec = _spec("laplace", [{"type": "mean", "column": "x", "bounds": [LO, HI]}], epsilon=0.14)
+    plan = plan_release(spec)
+    m = plan.metrics[0]
+    n = 300
+    out = _run(plan, _mean_accumulators(plan, n, D, P_SIZES), seed=4242)
+    err = np.abs(np.asarray(out["mean_x"], np.float64) - (MID + D))
+    from dpops.analysis.accuracy import linear_halfwidth
+
+    ps = next(v.params for v in m.vectors if v.name == "normalized_sum")
+    pc = next(v.params for v in m.vectors if v.name == "count")
+    first, _, _ = linear_halfwidth((1.0, ps), (-D, pc), 0.95)
+    old = float((err <= first / n).mean())
+    _, half, cov, _ = mean_error(plan, m, n, D, 0.95)
+    new = float((err <= half).mean())
+    assert old < 0.94 < new, (old, new, cov)

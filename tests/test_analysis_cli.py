@@ -169,3 +169,40 @@ def test_manifest_records_targets_and_verify_recomputes_them(tmp_path, monkeypat
     old = _manifest_for(load_spec(tmp_path / "spec.yaml").with_budget(0.5, None).model_copy(update={"accuracy": None}))
     assert "accuracy" not in old and schema_problems(old) == []
     assert all(c.name != "accuracy" for c in verify_manifest(old).checks)
+
+
+def test_a_version_1_accuracy_section_still_verifies_and_version_2_is_exact(tmp_path, monkeypatch):
+    """Old manifests recorded the first-order mean prediction (``dpops.accuracy/1``); verify recomputes each
+    section with the version it names, so both verify, and a section relabelled with the other version does
+    not (at 100 rows the two predictions differ)."""
+    from dpops.analysis.accuracy import first_order_mean_halfwidth
+    from dpops.analysis.document import MANIFEST_SCHEMA
+    from dpops.manifest.verify import verify_manifest
+
+    env = make_env(tmp_path, monkeypatch, planner_fn=plan_release)
+    doc = yaml.safe_load(env.spec.read_text())
+    doc["metrics"].append({"type": "mean", "column": "amount", "bounds": [0, 100]})
+    env.spec.write_text(yaml.safe_dump(doc))
+    target = {"kind": "error", "metric": "mean_amount", "max_error": 5, "at_units": 100, "at_value": 62.5}
+    spec = _with_targets(env, {"confidence": 0.95, "targets": [target]})
+    m = _manifest_for(spec)
+    assert m["accuracy"]["schema"] == MANIFEST_SCHEMA == "dpops.accuracy/2"
+    plan = plan_release(spec)
+    mean = next(x for x in plan.metrics if x.key == "mean_amount")
+    v1 = first_order_mean_halfwidth(plan, mean, 100, 12.5, 0.95)
+    v2 = m["accuracy"]["targets"][0]["predicted"]
+    assert abs(v2 / v1 - 1) > 0.05, (v1, v2)  # the two predictions differ at 100 rows
+
+    def accuracy_check(doc):
+        return next(c for c in verify_manifest(doc).checks if c.name == "accuracy")
+
+    assert accuracy_check(m).ok
+    old = json.loads(json.dumps(m))
+    old["accuracy"]["schema"] = "dpops.accuracy/1"
+    old["accuracy"]["targets"][0]["predicted"] = v1
+    old["accuracy"]["targets"][0]["met"] = v1 <= 5
+    old["accuracy"]["targets"][0]["shortfall"] = 0.0 if v1 <= 5 else v1 / 5 - 1.0
+    assert accuracy_check(old).ok, accuracy_check(old).problems
+    relabelled = json.loads(json.dumps(m))
+    relabelled["accuracy"]["schema"] = "dpops.accuracy/1"
+    assert not accuracy_check(relabelled).ok

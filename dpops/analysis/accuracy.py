@@ -15,11 +15,12 @@ What each metric's prediction means (``confidence`` = 1 - alpha):
   the grid step, plus half a grid step of rounding for real-valued sums. ``coverage`` is the exact
   P(|K| <= h) (>= 1 - alpha; larger on coarse lattices). Clamping at 0 only moves a value towards
   the (non-negative) truth, so the interval stays valid after post-processing.
-- mean at partition size n (rows; a partition of n units has at least n rows): the first-order error
-  (E_nsum - d E_count) / n of mid + nsum/count, d = true mean - midpoint (default: the worst case,
-  d = (hi - lo)/2). Its distribution is the exact convolution of the two lattice noises (the count
-  noise is enumerated, the sum noise enters through its exact cdf), plus the sum's rounding. The
-  neglected second-order term is O(std(count)/n) relative.
+- mean at partition size n (rows; a partition of n units has at least n rows): the exact error of
+  clip(mid + (S + E_nsum) / max(n + E_count, 1), lo, hi), d = true mean - midpoint (default: the d with
+  the widest half-width, searched; clipping makes the bound itself no longer the worst): the count noise
+  is enumerated, the sum noise enters through its exact cdf, the
+  clipping bounds the error (``_MeanError``); plus half a grid step of the sum's rounding over n. Its std
+  is the exact root mean square of that error.
 - variance at partition size n: first-order error (E_nsq - 2 m1 E_nsum + (h^2/2 - m2 + 2 m1^2) E_count)/n
   with m1, m2 the true centred moments (default: values at the two bounds, m1 = 0, m2 = h^2). With
   m1 = 0 it is an exact two-noise convolution as for the mean; otherwise a normal approximation
@@ -209,19 +210,173 @@ def _vec(m: MetricPlan, name: str) -> NoiseParams:
     return next(v.params for v in m.vectors if v.name == name)
 
 
-def mean_error(plan: ReleasePlan, m: MetricPlan, n: int, offset: float | None, confidence: float
-               ) -> tuple[float, float, float, str]:
-    """(std, half-width, coverage, method) of a mean over n rows whose true mean is mid + offset.
+_MAX_COUNT_BINS = 20_000  # count-noise values (or bins of them) enumerated in the exact mean prediction
+_STD_GRID = 200  # points of the tail integral that gives the mean's exact standard deviation
 
-    ``offset=None`` is the worst case |offset| = (hi - lo)/2.
-    """
+
+def _cdf_any(lat: DiscreteLaplaceParam | DiscreteGaussianParam, j: np.ndarray, table: np.ndarray | None
+             ) -> np.ndarray:
+    """P(K <= j): the exact lattice cdf, or for a discrete Gaussian too wide for a table (sigma above ~35,000
+    lattice steps) the continuous normal cdf at j + 1/2, whose error there is far below 1e-6."""
+    if isinstance(lat, DiscreteGaussianParam) and table is None:
+        from scipy.special import ndtr
+
+        return np.asarray(ndtr((j.astype(np.float64) + 0.5) / math.sqrt(float(lat.sigma2))))
+    return _cdf(lat, j, table)
+
+
+def _count_noise_bins(pc: NoiseParams) -> tuple[np.ndarray, np.ndarray, float]:
+    """The count noise's values and probabilities (pmf above 1e-17), merged into at most _MAX_COUNT_BINS
+    bins of consecutive values when the support is wider (each bin at its probability-weighted centre);
+    returns (values, weights, bin width)."""
+    lat = pc.lattice_param()
+    top = _support_top(lat)
+    k = np.arange(-top, top + 1)
+    w = lat.pmf(k)
+    width = max(1, -(-k.size // _MAX_COUNT_BINS))
+    if width == 1:
+        return k.astype(np.float64) * pc.resolution, w, pc.resolution
+    pad = (-k.size) % width
+    kk = np.concatenate([k, np.zeros(pad, np.int64)]).reshape(-1, width).astype(np.float64)
+    ww = np.concatenate([w, np.zeros(pad)]).reshape(-1, width)
+    tot = ww.sum(axis=1)
+    centre = np.where(tot > 0, (kk * ww).sum(axis=1) / np.where(tot > 0, tot, 1.0), kk.mean(axis=1))
+    return centre * pc.resolution, tot, width * pc.resolution
+
+
+class _MeanError:
+    """The exact distribution of a released mean's error, given n rows whose true mean is mid + d.
+
+    The release computes ``clip(mid + (S + N_s) / max(n + N_c, 1), lo, hi)`` (pipelines/aggregate.py) with
+    S = d n the true centred sum and N_s, N_c the independent lattice noises of the centred sum and of the
+    count. For each count-noise value k the error before clipping is e_k = (N_s + d (n - D_k)) / D_k with
+    D_k = max(n + k, 1), and clipping to the bounds maps it into [a, b] = [lo - mid - d, hi - mid - d], an
+    interval around 0 because the truth is inside the bounds. So |clip(e)| <= x exactly when
+    L <= e <= U, with L = -inf if a >= -x else -x and U = +inf if b <= x else x; given k that is a range of
+    N_s, whose probability is the sum noise's exact lattice cdf. Summed over k with the count noise's pmf:
+    the exact coverage of any half-width x, at every n (the first-order formula it replaces divided by n
+    and understated the error at small partitions, issue 26 section 2)."""
+
+    def __init__(self, ps: NoiseParams, pc: NoiseParams, n: int, d: float, h: float) -> None:
+        self.ps, self.n, self.d = ps, n, d
+        self.a, self.b = -h - d, h - d
+        self.lat = ps.lattice_param()
+        self.table = _dg_table(self.lat) if isinstance(self.lat, DiscreteGaussianParam) else None
+        kc, self.w, self.bin = _count_noise_bins(pc)
+        self.den = np.maximum(float(n) + kc, 1.0)
+        self.shift = d * (float(n) - self.den)
+
+    def coverage(self, x: float) -> float:
+        """P(|clip(e)| <= x)."""
+        r = self.ps.resolution
+        p = np.ones_like(self.den)
+        if self.b > x:
+            hi = np.floor((x * self.den - self.shift) / r).astype(np.int64)
+            p = _cdf_any(self.lat, hi, self.table)
+        if self.a < -x:
+            lo = np.ceil((-x * self.den - self.shift) / r).astype(np.int64)
+            p = p - _cdf_any(self.lat, lo - 1, self.table)
+        return float(np.clip((self.w * np.clip(p, 0.0, 1.0)).sum(), 0.0, 1.0))
+
+    def halfwidth(self, confidence: float) -> float:
+        top = max(-self.a, self.b)  # the clipped error never exceeds this: coverage 1 there
+        lo_x, hi_x = 0.0, top
+        for _ in range(100):
+            mid = 0.5 * (lo_x + hi_x)
+            if self.coverage(mid) >= confidence:
+                hi_x = mid
+            else:
+                lo_x = mid
+            if hi_x - lo_x <= 1e-9 * max(hi_x, 1e-300):
+                break
+        return hi_x
+
+    def std(self, first_order: float) -> float:
+        """sqrt(E clip(e)^2) = sqrt(integral of 2 t P(|clip e| > t) dt over [0, max(-a, b)]), on a grid dense
+        where the error's mass is (around the first-order std) and linear beyond."""
+        top = max(-self.a, self.b)
+        if top <= 0:
+            return 0.0
+        knee = min(top, 12.0 * max(first_order, 1e-300))
+        t = np.unique(np.concatenate([np.linspace(0.0, knee, _STD_GRID), np.linspace(knee, top, _STD_GRID // 3)]))
+        tail = np.array([1.0 - self.coverage(float(x)) for x in t])
+        return math.sqrt(max(0.0, float(np.trapz(2.0 * t * tail, t))))
+
+
+_WORST_GRID = 16  # offsets |d| = h j/16 tried for the worst case, then refined by golden section
+
+
+def _mean_distribution(plan: ReleasePlan, m: MetricPlan, n: int, offset: float | None, confidence: float
+                       ) -> tuple[_MeanError, float]:
+    """The error distribution at the true mean mid + offset, and its half-width; ``offset=None``: at the
+    offset whose half-width is the largest. At first order that was the bound itself (|d| = h), but the
+    clipping makes the error one-sided there, so the worst case lies inside: it is searched on a grid of
+    |d| (the error's law is symmetric in d) and refined, every candidate an exact half-width."""
+    lo, hi = m.bounds or (0.0, 0.0)
+    h = (hi - lo) / 2.0
+    ps, pc = _vec(m, "normalized_sum"), _count_vector(plan, m)
+
+    def at(d: float) -> tuple[_MeanError, float]:
+        dist = _MeanError(ps, pc, n, d, h)
+        return dist, dist.halfwidth(confidence)
+
+    if offset is not None:
+        return at(max(-h, min(h, float(offset))))
+    grid = [h * j / _WORST_GRID for j in range(_WORST_GRID + 1)]
+    found = [at(d) for d in grid]
+    j = max(range(len(grid)), key=lambda i: found[i][1])
+    best = found[j]
+    a, b = grid[max(0, j - 1)], grid[min(_WORST_GRID, j + 1)]
+    g = (math.sqrt(5.0) - 1.0) / 2.0
+    for _ in range(12):  # golden section on the bracket around the best grid point
+        c, e = b - g * (b - a), a + g * (b - a)
+        fc, fe = at(c), at(e)
+        for cand in (fc, fe):
+            if cand[1] > best[1]:
+                best = cand
+        if fc[1] >= fe[1]:
+            b = e
+        else:
+            a = c
+    return best
+
+
+def first_order_mean_halfwidth(plan: ReleasePlan, m: MetricPlan, n: int, offset: float | None,
+                               confidence: float) -> float:
+    """The half-width of prediction version 1 (manifests whose accuracy section is ``dpops.accuracy/1``):
+    the first-order error (E_nsum - d E_count) / n, exact convolution of the two noises, over n. Kept only
+    so that those manifests recompute to what they recorded; it understates the error at small partitions,
+    where the noisy count in the denominator matters, and new predictions use ``mean_halfwidth``."""
     lo, hi = m.bounds or (0.0, 0.0)
     h = (hi - lo) / 2.0
     d = h if offset is None else max(-h, min(h, float(offset)))
     ps, pc = _vec(m, "normalized_sum"), _count_vector(plan, m)
-    std = math.hypot(ps.std, d * pc.std) / n
-    x, cov, method = linear_halfwidth((1.0, ps), (-d, pc), confidence)
-    return std, (x + ps.resolution / 2.0) / n, cov, method
+    x, _, _ = linear_halfwidth((1.0, ps), (-d, pc), confidence)
+    return (x + ps.resolution / 2.0) / n
+
+
+def mean_halfwidth(plan: ReleasePlan, m: MetricPlan, n: int, offset: float | None, confidence: float
+                   ) -> tuple[float, float]:
+    """(half-width, exact coverage) of a mean over n rows whose true mean is mid + offset (``mean_error``
+    without the std: what an error target is compared with, cheap enough for the solver's bisections)."""
+    dist, half = _mean_distribution(plan, m, n, offset, confidence)
+    return half + dist.ps.resolution / 2.0 / n, dist.coverage(half)
+
+
+def mean_error(plan: ReleasePlan, m: MetricPlan, n: int, offset: float | None, confidence: float
+               ) -> tuple[float, float, float, str]:
+    """(std, half-width, coverage, method) of a mean over n rows whose true mean is mid + offset.
+
+    ``offset=None`` is the worst case over the true mean (``_mean_distribution``). Exact at every n
+    (``_MeanError``): the noisy count in the denominator and the clipping to the bounds are part of the
+    distribution; the half-width adds half a grid step of the sum's rounding over n.
+    """
+    dist, half = _mean_distribution(plan, m, n, offset, confidence)
+    pc = _count_vector(plan, m)
+    first_order = math.hypot(dist.ps.std, dist.d * pc.std) / n
+    method = ("exact: the noisy count in the denominator and the clipping to the bounds included"
+              + ("" if dist.bin == pc.resolution else f" (count noise in bins of {dist.bin:g})"))
+    return dist.std(first_order), half + dist.ps.resolution / 2.0 / n, dist.coverage(half), method
 
 
 def variance_error(plan: ReleasePlan, m: MetricPlan, n: int, m1: float, m2: float, confidence: float
@@ -349,7 +504,8 @@ def keep_curve(plan: ReleasePlan, units: Sequence[int]) -> list[tuple[int, float
 
 
 __all__ = [
-    "Prediction", "predict", "vector_error", "mean_error", "variance_error", "linear_halfwidth",
+    "Prediction", "predict", "vector_error", "mean_error", "mean_halfwidth",
+    "first_order_mean_halfwidth", "variance_error", "linear_halfwidth",
     "quantile_rank_error", "top_pick", "selection_row", "keep_curve", "distribution_name",
     "DEFAULT_CONFIDENCE", "DEFAULT_UNITS", "DEFAULT_GAP",
 ]

@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 from dpops.analysis.accuracy import DEFAULT_CONFIDENCE, DEFAULT_GAP, DEFAULT_UNITS, predict
 from dpops.analysis.reviewer import lines
-from dpops.analysis.targets import evaluate
+from dpops.analysis.targets import CURRENT_PREDICTION, PREDICTION_VERSIONS, evaluate
 
 if TYPE_CHECKING:
     from dpops.release_plan import ReleasePlan
     from dpops.spec import ReleaseSpec
 
-MANIFEST_SCHEMA = "dpops.accuracy/1"
+SCHEMA_PREFIX = "dpops.accuracy/"
+MANIFEST_SCHEMA = f"{SCHEMA_PREFIX}{CURRENT_PREDICTION}"  # the version of the predictions (targets.PREDICTION_VERSIONS)
 
 
 def accuracy_document(spec: ReleaseSpec, plan: ReleasePlan, *, confidence: float = DEFAULT_CONFIDENCE,
@@ -55,8 +56,12 @@ def recompute_manifest_section(spec_document: Mapping[str, Any], recorded: Mappi
     spec = parse_embedded_spec(spec_document)
     declared = AccuracySpec.model_validate(dict(recorded["declared"]))
     plan = plan_release(spec)
-    return {"schema": MANIFEST_SCHEMA, "declared": declared.model_dump(mode="json"),
-            "targets": [t.to_dict() for t in evaluate(plan, declared)]}
+    schema = str(recorded.get("schema", ""))
+    version = int(schema[len(SCHEMA_PREFIX):]) if schema[len(SCHEMA_PREFIX):].isdigit() else -1
+    if not schema.startswith(SCHEMA_PREFIX) or version not in PREDICTION_VERSIONS:
+        version = CURRENT_PREDICTION  # the schema check names the unknown value; recompute as today
+    return {"schema": f"{SCHEMA_PREFIX}{version}", "declared": declared.model_dump(mode="json"),
+            "targets": [t.to_dict() for t in evaluate(plan, declared, version)]}
 
 
 __all__ = ["accuracy_document", "manifest_section", "recompute_manifest_section", "MANIFEST_SCHEMA"]

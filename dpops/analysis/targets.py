@@ -13,9 +13,22 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dpops.analysis.accuracy import mean_error, quantile_rank_error, top_pick, variance_error, vector_error
+from dpops.analysis.accuracy import (
+    first_order_mean_halfwidth,
+    mean_halfwidth,
+    quantile_rank_error,
+    top_pick,
+    variance_error,
+    vector_error,
+)
 from dpops.errors import InvalidParameter
 from dpops.spec import ErrorTarget, KeepTarget, RankTarget, TopPickTarget
+
+# What the predictions of a version mean (a manifest records the version it was evaluated with, as
+# ``accuracy.schema``, and verify recomputes with that version; a version's meaning never changes):
+# 1: means at first order in 1/n; 2: means exact at every n (the noisy count in the denominator, the clipping).
+PREDICTION_VERSIONS = (1, 2)
+CURRENT_PREDICTION = 2
 
 if TYPE_CHECKING:
     from dpops.release_plan import MetricPlan, ReleasePlan
@@ -60,8 +73,10 @@ def _metric(plan: ReleasePlan, key: str) -> MetricPlan:
     raise InvalidParameter(f"accuracy target names metric {key!r}, which the release plan does not have")
 
 
-def evaluate_one(plan: ReleasePlan, t: Target, confidence: float, index: int = 0) -> TargetResult:
-    """Evaluate one target against ``plan`` (see ``dpops.spec.ErrorTarget`` and friends for the meaning)."""
+def evaluate_one(plan: ReleasePlan, t: Target, confidence: float, index: int = 0,
+                 version: int = CURRENT_PREDICTION) -> TargetResult:
+    """Evaluate one target against ``plan`` (see ``dpops.spec.ErrorTarget`` and friends for the meaning) with
+    prediction ``version`` (``PREDICTION_VERSIONS``)."""
     if isinstance(t, KeepTarget):
         if plan.partition_selection is None:
             raise InvalidParameter("a keep target needs private partition selection")
@@ -78,7 +93,7 @@ def evaluate_one(plan: ReleasePlan, t: Target, confidence: float, index: int = 0
         return _higher(index, "top_pick", m.key, "top_pick_probability", t.min_probability, p,
                        f"{m.key}: P(true top first | lead {t.at_gap}) >= {t.min_probability:g}")
     conf = float(t.confidence if t.confidence is not None else confidence)
-    half = error_halfwidth(plan, m, t, conf)
+    half = error_halfwidth(plan, m, t, conf, version)
     if t.max_error is not None:
         return _lower(index, "error", m.key, "abs_error", t.max_error, half,
                       f"{m.key}: |error| <= {t.max_error:g} at {t.at_units} units with {conf:.0%} confidence")
@@ -115,15 +130,21 @@ def target_met(plan: ReleasePlan, t: Target, confidence: float) -> bool:
     return evaluate_one(plan, t, confidence).met
 
 
-def error_halfwidth(plan: ReleasePlan, m: MetricPlan, t: ErrorTarget, confidence: float) -> float:
-    """The (confidence) half-width an error target is compared with (worst case where the target is silent)."""
+def error_halfwidth(plan: ReleasePlan, m: MetricPlan, t: ErrorTarget, confidence: float,
+                    version: int = CURRENT_PREDICTION) -> float:
+    """The (confidence) half-width an error target is compared with (worst case where the target is silent),
+    as prediction ``version`` computes it."""
+    if version not in PREDICTION_VERSIONS:
+        raise InvalidParameter(f"unknown accuracy prediction version {version!r}; known: {PREDICTION_VERSIONS}")
     if m.type in ("count", "unit_count", "sum"):
         return vector_error(m.vectors[0].params, confidence)[1]
     lo, hi = m.bounds or (0.0, 0.0)
     mid, h = (lo + hi) / 2.0, (hi - lo) / 2.0
     if m.type == "mean":
         offset = None if t.at_value is None else t.at_value - mid
-        return mean_error(plan, m, t.at_units, offset, confidence)[1]
+        if version == 1:
+            return first_order_mean_halfwidth(plan, m, t.at_units, offset, confidence)
+        return mean_halfwidth(plan, m, t.at_units, offset, confidence)[0]
     if m.type == "variance":
         m2 = h * h if t.at_value is None else max(0.0, min(h * h, float(t.at_value)))
         return variance_error(plan, m, t.at_units, 0.0, m2, confidence)[1]
@@ -142,11 +163,12 @@ def _higher(index: int, kind: str, key: str, measure: str, target: float, predic
                         0.0 if met else 1.0 - predicted / target, text)
 
 
-def evaluate(plan: ReleasePlan, accuracy: AccuracySpec | None) -> list[TargetResult]:
+def evaluate(plan: ReleasePlan, accuracy: AccuracySpec | None, version: int = CURRENT_PREDICTION
+             ) -> list[TargetResult]:
     """Every target of ``accuracy`` against ``plan`` (empty when the spec declares none)."""
     if accuracy is None:
         return []
-    return [evaluate_one(plan, t, float(accuracy.confidence), i) for i, t in enumerate(accuracy.targets)]
+    return [evaluate_one(plan, t, float(accuracy.confidence), i, version) for i, t in enumerate(accuracy.targets)]
 
 
 def evaluate_spec(spec: ReleaseSpec) -> list[TargetResult]:
@@ -156,5 +178,6 @@ def evaluate_spec(spec: ReleaseSpec) -> list[TargetResult]:
     return evaluate(plan_release(spec), spec.accuracy)
 
 
-__all__ = ["TargetResult", "Target", "evaluate", "evaluate_one", "target_met", "evaluate_spec", "target_key",
+__all__ = ["TargetResult", "Target", "CURRENT_PREDICTION", "PREDICTION_VERSIONS",
+           "evaluate", "evaluate_one", "target_met", "evaluate_spec", "target_key",
            "error_halfwidth"]

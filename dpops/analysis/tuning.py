@@ -426,7 +426,8 @@ def _noise(plan: ReleasePlan, confidence: float) -> dict[str, tuple[float, float
     """(std, (1-alpha) half-width) per evaluated metric key, from the plan's predictions.
 
     count, unit_count, sum: of the released vector. mean: at _REF_UNITS rows (scaled by _REF_UNITS / n
-    per bucket: the first-order error of a mean is (E_nsum - d E_count) / n, ``accuracy.mean_error``)."""
+    per bucket: at first order a mean's error is (E_nsum - d E_count) / n; ``accuracy.mean_error`` is exact
+    at _REF_UNITS, and this scaling is tune's approximation for other sizes)."""
     from dpops.analysis.accuracy import predict
 
     out: dict[str, tuple[float, float]] = {}
