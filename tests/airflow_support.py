@@ -360,6 +360,9 @@ def start_stack(es, tmp: Path, meta_url: str, ws, *, dags_folder: Path | None = 
 
     home = tmp / "airflow"
     home.mkdir()
+    # The deployment's local settings (deploy/airflow_config): the scheduler preloads the task code, so every
+    # task forked from it skips importing GX and Beam again (the stacks run tens of tasks).
+    shutil.copytree(REPO / "deploy" / "airflow_config", home / "config")
     pw = secrets.token_hex(12)
     (home / "passwords.json").write_text(json.dumps({"dpops": pw}))
     port = free_port()

@@ -204,3 +204,18 @@ def test_refused_interval_is_skipped_with_note_summary_and_alert(stack):
     with stack.client() as c:
         runs_ = c.get(f"/dags/{dag_id}/dagRuns").json()["dag_runs"]
     assert [r["dag_run_id"] for r in runs_ if (r.get("note") or "").startswith("REFUSED")] == [run_id]
+
+
+def _mapped_files(pid: int) -> set[str]:
+    with open(f"/proc/{pid}/maps", encoding="utf-8") as fh:
+        return {line.split(maxsplit=5)[5].strip() for line in fh if len(line.split(maxsplit=5)) == 6}
+
+
+def test_the_scheduler_preloads_the_task_code_and_the_api_server_does_not(stack):
+    """deploy/airflow_config/airflow_local_settings.py: the scheduler (which every LocalExecutor task is forked
+    from) has Beam's compiled modules loaded; the api-server and the dag-processor do not pay for them."""
+    api, scheduler, dag_processor = stack.procs
+    beam = "/apache_beam/"
+    assert any(beam in f for f in _mapped_files(scheduler.pid)), "the scheduler did not preload apache_beam"
+    assert not any(beam in f for f in _mapped_files(api.pid))
+    assert not any(beam in f for f in _mapped_files(dag_processor.pid))

@@ -17,6 +17,7 @@ every environment value and argument:
 | ``/run/secrets``                  | ``BASE/secrets/<service>``: only that service's secrets, root-owned dir 0755 like Docker's, bound read-only in the process's own mount namespace |
 | ``/data`` (volume dpops-data)     | ``BASE/data`` (created owned by 50000, as in the image) |
 | ``/opt/airflow`` (AIRFLOW_HOME)   | ``BASE/airflow`` (logs volume below it)                 |
+| ``/opt/airflow/config`` (the image's ``COPY deploy/airflow_config/``) | ``BASE/airflow/config``, a copy of it |
 | ``/var/lib/dpops/state``          | ``BASE/state`` (0700, owned by 50000)                   |
 | ``/opt/dpops/specs``              | ``BASE/specs``: deploy/specs/*.yaml with this same mapping applied to their paths |
 | ``/opt/dpops/dags``, ``/opt/dpops/deploy``, ``/opt/dpops/plugins`` | this repository's ``dags``, ``deploy``, ``plugins`` |
@@ -291,6 +292,7 @@ def stack(postgres_url):
     for p in (st.paths["/data"], st.paths["/opt/airflow"], st.paths["/opt/airflow"] / "logs", st.logs):
         p.mkdir(parents=True, exist_ok=True)
         os.chown(p, UID, GID)
+    shutil.copytree(REPO / "deploy" / "airflow_config", st.paths["/opt/airflow"] / "config")  # the image's COPY
     for private in ("/var/lib/dpops/state", "/var/lib/dpops/gx"):  # 0700 volumes of uid 50000, as in the image
         st.paths[private].mkdir(mode=0o700)
         os.chown(st.paths[private], UID, GID)
