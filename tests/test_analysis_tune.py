@@ -264,8 +264,8 @@ def test_one_pass_property_on_small_samples(tmp_path_factory, df, l0s, linfs):
 def test_variance_quantiles_and_top_k_by_hand(tmp_path):
     """Three users in one public partition, nothing dropped by bounding: the variance and quantile biases are
     the clipping's exact effect, the quantile is the release's grid pick, top_k keeps its leader, and the
-    noise is each owner's prediction (variance_error, quantile_rank_error, top_pick)."""
-    from dpops.analysis.accuracy import quantile_rank_error, top_pick, variance_error
+    noise is each owner's prediction (variance_error, quantile_typical_rank_error, top_pick)."""
+    from dpops.analysis.accuracy import quantile_typical_rank_error, top_pick, variance_error
     from dpops.release_plan import plan_release
     from pipelines.bounding import quantile_candidates
 
@@ -295,8 +295,8 @@ def test_variance_quantiles_and_top_k_by_hand(tmp_path):
     pick = float(cand[np.searchsorted(cand, 3.0)])  # the smallest grid point with 3 of the 6 rows at or below
     assert q["quantity"] == "q50" and q["bias_bounding"] == 0.0
     assert q["bias_clipping"] == pytest.approx(pick - 3.0)  # true median (inverted CDF) is 3
-    assert q["expected_rank_error"] == pytest.approx(quantile_rank_error(mq))
-    assert q["rank_error_fraction"] == pytest.approx(quantile_rank_error(mq) / 6)
+    assert q["expected_rank_error"] == pytest.approx(quantile_typical_rank_error(mq))
+    assert q["rank_error_fraction"] == pytest.approx(quantile_typical_rank_error(mq) / 6)
     t = rows["top_k"]
     assert t["top_changed_by_bounding"] == 0.0 and t["rmse"] is None
     assert t["top_pick_probability"] == pytest.approx(top_pick(mt, 2))  # blue 4, red 2
@@ -313,7 +313,7 @@ def test_a_rank_error_target_is_judged_on_the_sample(tmp_path):
     """A quantile's rank_error target: achieved = the plan's expected rank error over the bucket's bounded rows
     (mean over its partitions), divided by the allowed fraction; it is the candidate's loss. (Linf scales the
     rank error's sensitivity and the bounded rows alike, so here the two candidates tie.)"""
-    from dpops.analysis.accuracy import quantile_rank_error
+    from dpops.analysis.accuracy import quantile_typical_rank_error
     from dpops.release_plan import plan_release
 
     doc = {**SPEC, "partitions": {"columns": ["region"], "public": ["a"]},
@@ -330,7 +330,7 @@ def test_a_rank_error_target_is_judged_on_the_sample(tmp_path):
     for cand, summ in zip(grid, res.candidates, strict=True):
         m = plan_release(load_patched(tune_api.load(spec), {"contribution": {
             "max_partitions_per_unit": cand.l0, "max_rows_per_unit_per_partition": cand.linf}})).metrics[0]
-        want = quantile_rank_error(m) / (60 * cand.linf) / 0.05
+        want = quantile_typical_rank_error(m) / (60 * cand.linf) / 0.05
         assert summ["target_ratio"] == pytest.approx(want)
         assert summ["loss"] == summ["target_ratio"]
 

@@ -17,6 +17,7 @@ from dpops.analysis.accuracy import (
     first_order_mean_halfwidth,
     mean_halfwidth,
     quantile_rank_error,
+    quantile_typical_rank_error,
     top_pick,
     variance_error,
     vector_error,
@@ -26,7 +27,9 @@ from dpops.spec import ErrorTarget, KeepTarget, RankTarget, TopPickTarget
 
 # What the predictions of a version mean (a manifest records the version it was evaluated with, as
 # ``accuracy.schema``, and verify recomputes with that version; a version's meaning never changes):
-# 1: means at first order in 1/n; 2: means exact at every n (the noisy count in the denominator, the clipping).
+# 1: means at first order in 1/n, quantiles at the data-free bound on the expected rank error; 2: means exact
+# at every n (the noisy count in the denominator, the clipping), quantiles at the expected rank error of data
+# dense around the quantile (``accuracy.quantile_typical_rank_error``).
 PREDICTION_VERSIONS = (1, 2)
 CURRENT_PREDICTION = 2
 
@@ -85,7 +88,9 @@ def evaluate_one(plan: ReleasePlan, t: Target, confidence: float, index: int = 0
                        f"P(keep a partition of {t.at_units} units) >= {t.min_probability:g}")
     m = _metric(plan, t.metric)
     if isinstance(t, RankTarget):
-        frac = quantile_rank_error(m) / t.at_units
+        if version not in PREDICTION_VERSIONS:
+            raise InvalidParameter(f"unknown accuracy prediction version {version!r}; known: {PREDICTION_VERSIONS}")
+        frac = (quantile_rank_error(m) if version == 1 else quantile_typical_rank_error(m)) / t.at_units
         return _lower(index, "rank_error", m.key, "rank_error_fraction", t.max_rank_error, frac,
                       f"{m.key}: expected rank error <= {t.max_rank_error:g} of {t.at_units} rows")
     if isinstance(t, TopPickTarget):

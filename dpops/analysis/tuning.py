@@ -583,10 +583,11 @@ def _quantile_rows(plan: ReleasePlan, m: MetricPlan, rows: Mapping[str, np.ndarr
     bounded, clipped rows (``pipelines.bounding.quantile_bins``: the grid candidate of least |rank - q n|)
     against the true quantile of the raw rows (inverted CDF), split into the bias from bounding (the bounded
     rows' raw quantile minus the true one) and from clipping and the grid (the pick minus that). The
-    noise is the plan's expected rank error E (``accuracy.quantile_rank_error``, rows): reported as is, as a
+    noise is the plan's expected rank error E (``accuracy.quantile_typical_rank_error``, rows, the prediction
+    targets are judged by): reported as is, as a
     fraction of the partition's bounded rows (what a rank_error target judges), and in value units as half
     the span of grid candidates within E ranks of the pick on the sample's own histogram."""
-    from dpops.analysis.accuracy import quantile_rank_error
+    from dpops.analysis.accuracy import quantile_typical_rank_error
     from pipelines.bounding import quantile_bins, quantile_candidates
 
     assert m.bounds is not None and m.column is not None and m.n_bins is not None
@@ -600,7 +601,7 @@ def _quantile_rows(plan: ReleasePlan, m: MetricPlan, rows: Mapping[str, np.ndarr
     hist = np.bincount(bounded.kp * (nb + 1) + j, minlength=n * (nb + 1)).reshape(n, nb + 1)
     ranks = np.cumsum(hist, axis=1)
     total = ranks[:, -1].astype(np.float64)
-    e_rank = quantile_rank_error(m)
+    e_rank = quantile_typical_rank_error(m)
     tcount, bcount = truth.count.astype(np.int64), bounded.count.astype(np.int64)
     tstart = np.r_[0, np.cumsum(tcount)[:-1]]
     bstart = np.r_[0, np.cumsum(bcount)[:-1]]

@@ -202,7 +202,8 @@ def _print(doc: dict[str, Any]) -> None:
     rows = []
     for p in acc["predictions"]:
         if p["type"] == "quantiles":
-            err = f"E|rank err| <= {_fmt(p['expected_rank_error'])} rows ({_fmt(p['rank_error_fraction'], 3)} of n)"
+            err = (f"E rank err {_fmt(p['expected_rank_error'])} rows ({_fmt(p['rank_error_fraction'], 3)} of n) "
+                   f"for dense data; any data <= {_fmt(p['rank_error_bound'])}")
         elif p["type"] == "top_k":
             err = f"P(true top first | lead {p['gap']}) = {_fmt(p['probability'], 3)}"
         elif p["type"] == "partition_selection":

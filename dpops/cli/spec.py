@@ -210,7 +210,8 @@ def _accuracy(spec: Any, plan: Any) -> dict[str, Any] | None:
 
 def _prediction_text(p: dict[str, Any]) -> str:
     if p["type"] == "quantiles":
-        return f"expected rank error <= {p['expected_rank_error']:.4g} rows, {p['distribution']}"
+        return (f"expected rank error {p['expected_rank_error']:.4g} rows for dense data (at most "
+                f"{p['rank_error_bound']:.4g} for any data), {p['distribution']}")
     if p["type"] == "top_k":
         return f"P(true top first | lead {p['gap']}) = {p['probability']:.3g}, {p['distribution']}"
     if p["type"] == "partition_selection":
