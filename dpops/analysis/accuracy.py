@@ -531,6 +531,7 @@ def keep_curve(plan: ReleasePlan, units: Sequence[int]) -> list[tuple[int, float
 __all__ = [
     "Prediction", "predict", "vector_error", "mean_error", "mean_halfwidth",
     "first_order_mean_halfwidth", "variance_error", "linear_halfwidth",
-    "quantile_rank_error", "quantile_typical_rank_error", "top_pick", "selection_row", "keep_curve", "distribution_name",
+    "quantile_rank_error", "quantile_typical_rank_error", "top_pick", "selection_row", "keep_curve",
+    "distribution_name",
     "DEFAULT_CONFIDENCE", "DEFAULT_UNITS", "DEFAULT_GAP",
 ]
