@@ -11,11 +11,29 @@ Budget split (documented in the manifest through ``describe()``):
 - delta goes only to Gaussian-noised metrics and to partition selection, split
   by the same weights among those consumers. Laplace metrics and the
   exponential-mechanism metrics (quantiles, top_k) are pure epsilon-DP.
-- Gaussian metrics are calibrated in zCDP so that the plan certifies under the
-  *basic* accountant too (which charges Gaussian events through their rho): the
-  Gaussian group's (eps_G, delta_G) becomes rho_G with
-  eps_G = rho_G + 2 sqrt(rho_G ln(1/delta_G)), split over the Gaussian metrics by
-  weight. rdp/pld accountants certify the same events with a smaller epsilon.
+- Gaussian metrics, when the spec names no accountant (``budget.accountant`` absent), are
+  calibrated in zCDP so that the plan certifies under the *basic* accountant too (which
+  charges Gaussian events through their rho): the Gaussian group's (eps_G, delta_G) becomes
+  rho_G with eps_G = rho_G + 2 sqrt(rho_G ln(1/delta_G)), split over the Gaussian metrics by
+  weight. rdp/pld accountants certify the same events with a smaller epsilon (at eps 1,
+  delta 1e-7, three Gaussian metrics cost pld/1 about 0.6 of the 0.75 they were given).
+- With ``budget.accountant`` (the scope's pinned accountant, e.g. ``pld/1``) the Gaussian
+  metrics are calibrated by that accountant (``GAUSSIAN_CALIBRATION``): the split above is
+  only the starting point; every Gaussian vector's rho is then multiplied by ONE common
+  factor (so the declared weights keep their ratios), and the factor is bisected until the
+  accountant's composed epsilon at the spec's delta for ALL the run's events (Gaussian,
+  Laplace, exponential mechanism and partition selection, composed as the accountant
+  composes them) is at most the declared epsilon, to a relative tolerance of
+  ``CALIBRATION_REL_TOL`` on the factor; the factor kept is the lower, checked end of the
+  bracket (more noise, never less). The search only compares the accountant's own answer
+  with the budget, so the claim is exactly as sound as the accountant: in particular a
+  discrete Gaussian is never analysed as a continuous one (pld/1 uses the exact lattice PLD
+  for one coordinate and the zCDP rho, CKS20 Thm 14, beyond it). The charge the ledger
+  records is that accountant's epsilon for these events: the declared epsilon, up to the
+  tolerance. The calibration is a pure function of the spec and the accountant version, so
+  ``manifest verify`` recomputes the same sigma; the plan records it (``gaussian_calibration``
+  in ``describe()``), and specs without ``budget.accountant`` keep the zCDP split and their
+  manifests verify unchanged.
 - Inside a metric with several noised vectors the share is split equally:
   mean = (normalised sum, count), each 1/2; variance = (normalised sum,
   centred sum of squares, count), each 1/3. When the spec also releases a
@@ -42,7 +60,7 @@ Budget split (documented in the manifest through ``describe()``):
 
 Every share is multiplied by (1 - 1e-9) so float rounding can never make the
 composed total exceed the spec; ``plan_release`` re-checks the total with the
-basic accountant and refuses a plan that does not certify.
+basic accountant (or the spec's ``budget.accountant``) and refuses a plan that does not certify.
 """
 
 from __future__ import annotations
@@ -50,6 +68,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, cast
 
 from dpops.errors import InvalidParameter, SpecError
@@ -66,6 +85,10 @@ SAFETY = 1.0 - 1e-9
 QUANTILE_BINS = 256
 PARTITION_SELECTION_KEY = "partition_selection"
 GAUSSIAN_ABLE = ("count", "unit_count", "sum", "mean", "variance")
+# The accountant-driven Gaussian calibration (issue 26). A change to what it computes for an existing spec is a new
+# method name, kept beside this one: manifests recorded with it must still verify.
+GAUSSIAN_CALIBRATION = "accountant_common_rho_factor/1"
+CALIBRATION_REL_TOL = 1e-6  # on the common rho factor; epsilon moves by about half of it
 
 
 @dataclass(frozen=True)
@@ -136,6 +159,8 @@ class ReleasePlan:
     metrics: tuple[MetricPlan, ...]
     postprocess: dict[str, Any] = field(default_factory=dict)
     weights: dict[str, float] = field(default_factory=dict)
+    accountant: str | None = None  # the spec's budget.accountant: what the plan certifies under (else basic/1)
+    gaussian_calibration: dict[str, Any] | None = None  # how the Gaussian sigmas were found, when by the accountant
 
     @property
     def events(self) -> list[PrivacyEvent]:
@@ -196,10 +221,17 @@ class ReleasePlan:
                   "max_partitions_per_unit": s.max_partitions_per_unit,
                   # set together with partition_selection by plan_release
                   "event": event_to_dict(cast(PrivacyEvent, self.partition_selection_event))}
+        budget: dict[str, Any] = {"epsilon": self.epsilon, "delta": self.delta, "noise": self.noise,
+                                  "weights": self.weights}
+        # only when set: a plan of a spec without budget.accountant describes (and hashes) as before
+        if self.accountant is not None:
+            budget["accountant"] = self.accountant
+        if self.gaussian_calibration is not None:
+            budget["gaussian_calibration"] = self.gaussian_calibration
         return {
             "schema": "dpops.plan/1",
             "release": self.release, "spec_hash": self.spec_hash,
-            "budget": {"epsilon": self.epsilon, "delta": self.delta, "noise": self.noise, "weights": self.weights},
+            "budget": budget,
             "privacy_unit": {"column": self.unit_column, "adjacency": self.adjacency,
                              "record_level": self.record_level},
             "contribution": {"max_partitions_per_unit": self.max_partitions_per_unit,
@@ -276,10 +308,70 @@ def plan_release(spec) -> ReleasePlan:  # spec: dpops.spec.ReleaseSpec (typing i
 
     count_s = sensitivity.count(bounds)
     m_coords = int(count_s.max_coords)  # partitions one unit can change
-
-    metrics = []
     # A released count metric is reused (post-processing) as the denominator of means and variances.
     count_key = next((m.key for m in spec.metrics if m.type == "count"), None)
+
+    def build_metrics(rho_share: dict[str, float]) -> list[MetricPlan]:
+        return _build_metrics(spec, mechanisms, bounds, lambda m: gaussian(m), eps_share, delta_share, rho_share,
+                              m_coords, count_s, count_key)
+
+    metrics = build_metrics(rho_share)
+
+    ps: selection.PartitionSelection | None = None
+    ps_event: ApproxDP | None = None
+    if private:
+        e_ps, d_ps = eps_share[PARTITION_SELECTION_KEY], delta_share[PARTITION_SELECTION_KEY]
+        if unit.adjacency == "replace":
+            e_run = e_ps / 2.0
+            d_run = d_ps / (1.0 + math.exp(e_run))
+        else:
+            e_run, d_run = e_ps, d_ps
+        ps = selection.PartitionSelection(
+            strategy=spec.partitions.private.strategy, epsilon=e_run, delta=d_run,
+            max_partitions_per_unit=int(c.max_partitions_per_unit))
+        if unit.adjacency == "replace":
+            # group privacy, k = 2: (2 e, (1 + e^e) d)
+            ps_event = ApproxDP(2.0 * e_run, d_run * (1.0 + math.exp(e_run)),
+                                mechanism=f"partition_selection/{ps.strategy}/replace")
+        else:
+            ps_event = ps.event()
+
+    acct_ref = spec.budget.accountant
+    calibration: dict[str, Any] | None = None
+    if acct_ref is not None and g_keys:
+        # The Gaussian vectors, as (weight, vectors in the metric, sensitivity, integer-valued): their rho at a
+        # group rho_G is (rho_G * w / wg) / n, the same expression build_metrics uses, so the events searched
+        # are the events planned.
+        layout = tuple((weights[m.key], n, sens, integer)
+                       for m, n, sens, integer in _gaussian_vectors(spec, bounds, gaussian, count_key))
+        fixed = tuple(e for mp in metrics if mp.key not in rho_share for e in mp.events())
+        fixed += (ps_event,) if ps_event is not None else ()
+        rho_cal = calibrated_rho_group(acct_ref, eps, delta, fixed, layout, wg, rho_g)
+        rho_share = {k: rho_cal * weights[k] / wg for k in g_keys}
+        metrics = build_metrics(rho_share)
+        calibration = {"method": GAUSSIAN_CALIBRATION, "accountant": acct_ref,
+                       "relative_tolerance": CALIBRATION_REL_TOL, "rho_group": rho_cal, "rho_group_zcdp_split": rho_g}
+
+    plan = ReleasePlan(
+        release=spec.name, spec_hash=spec.spec_hash, epsilon=eps, delta=delta, noise=noise,
+        unit_column=unit.column, adjacency=unit.adjacency, record_level=bool(unit.record_level),
+        max_partitions_per_unit=int(c.max_partitions_per_unit),
+        max_rows_per_unit_per_partition=int(c.max_rows_per_unit_per_partition),
+        partition_columns=tuple(spec.partitions.columns),
+        public_partitions=None if public is None else tuple(tuple(p) for p in public),
+        partition_selection=ps, partition_selection_event=ps_event, metrics=tuple(metrics),
+        postprocess=spec.postprocess.model_dump(mode="json"), weights=weights,
+        accountant=acct_ref, gaussian_calibration=calibration,
+    )
+    _certify(plan)
+    return plan
+
+
+def _build_metrics(spec, mechanisms, bounds, gaussian, eps_share: dict[str, float], delta_share: dict[str, float],
+                   rho_share: dict[str, float], m_coords: int, count_s, count_key: str | None) -> list[MetricPlan]:
+    """Every metric's plan at the given shares (the Gaussian ones at ``rho_share``); pure in its arguments."""
+    unit = spec.privacy_unit
+    metrics = []
     for m in spec.metrics:
         key = m.key
         lohi = tuple(float(x) for x in m.bounds) if getattr(m, "bounds", None) is not None else None
@@ -314,38 +406,47 @@ def plan_release(spec) -> ReleasePlan:  # spec: dpops.spec.ReleaseSpec (typing i
                 monotonic=unit.adjacency == "add_remove"))
         else:  # pragma: no cover - the spec model only admits known types
             raise SpecError(f"unknown metric type {m.type!r}")
+    return metrics
 
-    ps: selection.PartitionSelection | None = None
-    ps_event: ApproxDP | None = None
-    if private:
-        e_ps, d_ps = eps_share[PARTITION_SELECTION_KEY], delta_share[PARTITION_SELECTION_KEY]
-        if unit.adjacency == "replace":
-            e_run = e_ps / 2.0
-            d_run = d_ps / (1.0 + math.exp(e_run))
-        else:
-            e_run, d_run = e_ps, d_ps
-        ps = selection.PartitionSelection(
-            strategy=spec.partitions.private.strategy, epsilon=e_run, delta=d_run,
-            max_partitions_per_unit=int(c.max_partitions_per_unit))
-        if unit.adjacency == "replace":
-            # group privacy, k = 2: (2 e, (1 + e^e) d)
-            ps_event = ApproxDP(2.0 * e_run, d_run * (1.0 + math.exp(e_run)),
-                                mechanism=f"partition_selection/{ps.strategy}/replace")
-        else:
-            ps_event = ps.event()
 
-    plan = ReleasePlan(
-        release=spec.name, spec_hash=spec.spec_hash, epsilon=eps, delta=delta, noise=noise,
-        unit_column=unit.column, adjacency=unit.adjacency, record_level=bool(unit.record_level),
-        max_partitions_per_unit=int(c.max_partitions_per_unit),
-        max_rows_per_unit_per_partition=int(c.max_rows_per_unit_per_partition),
-        partition_columns=tuple(spec.partitions.columns),
-        public_partitions=None if public is None else tuple(tuple(p) for p in public),
-        partition_selection=ps, partition_selection_event=ps_event, metrics=tuple(metrics),
-        postprocess=spec.postprocess.model_dump(mode="json"), weights=weights,
-    )
-    _certify(plan)
-    return plan
+def _gaussian_vectors(spec, bounds, gaussian, count_key: str | None):
+    """(metric, vectors in it, sensitivity, integer-valued) for each Gaussian vector, in plan order."""
+    out: list[tuple[Any, int, Sensitivity, bool]] = []
+    for m in spec.metrics:
+        if not gaussian(m):
+            continue
+        lohi = tuple(float(x) for x in m.bounds) if getattr(m, "bounds", None) is not None else None
+        parts = _vector_layout(m.type, m.key, bounds, lohi)
+        if m.type in ("mean", "variance") and count_key is not None:
+            parts = [p for p in parts if p[0] != "count"]
+        out.extend((m, len(parts), sens, integer) for _, _, sens, integer in parts)
+    return out
+
+
+def _group_events(layout, wg: float, rho_group: float) -> list[PrivacyEvent]:
+    from dpops.noise import mechanisms  # noqa: PLC0415 - numpy, only when planning
+
+    return [_gaussian_zcdp(mechanisms, rho_group * w / wg / n, sens, integer).event()
+            for w, n, sens, integer in layout]
+
+
+@lru_cache(maxsize=256)  # plan_release runs many times per spec (plan, analysis, pipeline, verify): search once
+def calibrated_rho_group(accountant: str, epsilon: float, delta: float, fixed: tuple[PrivacyEvent, ...],
+                         layout: tuple[tuple[float, int, Sensitivity, bool], ...], wg: float, start: float) -> float:
+    """The largest group rho (to ``CALIBRATION_REL_TOL``) whose Gaussian events, composed with ``fixed`` by
+    ``accountant``, cost at most ``epsilon`` at ``delta`` (see the module docstring).
+
+    ``start`` is the zCDP split's rho_G, which every accountant certifies (each is never worse than basic/1);
+    the answer is a value the accountant was asked about and certified, never an interpolation."""
+    from dpops.accounting import get_accountant  # lazy registry: pld pulls in dp_accounting only when named
+    from dpops.noise.calibration import largest_passing
+
+    acct = get_accountant(accountant)
+
+    def ok(rho_group: float) -> bool:
+        return acct.epsilon(list(fixed) + _group_events(layout, wg, rho_group), delta) <= epsilon
+
+    return largest_passing(ok, start, CALIBRATION_REL_TOL, max_doublings=40)
 
 
 def _gaussian_zcdp(mechanisms, rho: float, sens, integer: bool):
@@ -387,10 +488,11 @@ def _vector_layout(mtype: str, key: str, b, lohi):
 
 
 def _certify(plan: ReleasePlan) -> None:
-    """Refuse a plan whose events do not certify the spec's (epsilon, delta) under basic composition."""
+    """Refuse a plan whose events do not certify the spec's (epsilon, delta) under basic composition, or under
+    the spec's ``budget.accountant`` when it names one (the only accountant its reservation may be charged by)."""
     from dpops.accounting import get_accountant  # lazy registry: importing basic/1 is cheap
 
-    got = get_accountant("basic/1").epsilon(plan.events, plan.delta)
+    got = get_accountant(plan.accountant or "basic/1").epsilon(plan.events, plan.delta)
     if not got <= plan.epsilon:
         raise InvalidParameter(
             f"internal: release plan for {plan.release!r} certifies epsilon={got!r} > budget {plan.epsilon!r}; "

@@ -1,0 +1,202 @@
+"""Gaussian noise calibrated by the scope's accountant (issue 26 item 1).
+
+With ``budget.accountant`` the plan scales every Gaussian vector's rho by one common factor and bisects it on
+that accountant's own composed epsilon for ALL the run's events, so the run costs the declared epsilon up to
+``CALIBRATION_REL_TOL`` (never more), the ledger charges exactly that, and ``manifest verify`` recomputes it.
+Specs without the field keep the zCDP split, their hash and their plan. Deterministic: no sampling.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dpops.accounting import get_accountant
+from dpops.errors import InvalidParameter, SpecError
+from dpops.noise.calibration import discrete_gaussian_sigma, largest_passing
+from dpops.release_plan import CALIBRATION_REL_TOL, GAUSSIAN_CALIBRATION, plan_release
+from dpops.spec import parse_spec
+
+# epsilon moves by about half the relative tolerance on rho; PLD's discretisation adds a little wobble
+EPS_TOL = 5 * CALIBRATION_REL_TOL
+ACCOUNTANTS = ["basic/1", "zcdp/1", "rdp/1", "pld/1"]
+COUNT_SUM_MEAN = [{"type": "count"}, {"type": "sum", "column": "amount", "bounds": [0, 100]},
+                  {"type": "mean", "column": "amount", "bounds": [0, 100]}]
+MIXES = {
+    # the benchmark's release: 3 Gaussian metrics (the mean reuses the count) + private partition selection
+    "count_sum_mean_private": dict(metrics=COUNT_SUM_MEAN, private=True, l0=1, linf=1),
+    # Gaussian vectors beside exponential-mechanism events, public partitions, uneven weights
+    "variance_quantiles_public": dict(
+        metrics=[{"type": "variance", "column": "amount", "bounds": [0, 50]},
+                 {"type": "quantiles", "column": "amount", "bounds": [0, 100], "quantiles": [0.5, 0.9]}],
+        private=False, l0=3, linf=2, split={"variance_amount": 3, "quantiles_amount": 1}),
+    # replace adjacency: group-privacy partition selection, top_k beside a unit count
+    "unit_count_topk_replace": dict(
+        metrics=[{"type": "unit_count"}, {"type": "top_k", "column": "category", "k": 2, "domain": ["a", "b", "c"]}],
+        private=True, l0=2, linf=1, adjacency="replace"),
+}
+
+
+def make_spec(metrics, *, accountant=None, private=False, epsilon=1.0, delta=1e-7, l0=1, linf=1,
+              adjacency="add_remove", split=None, noise="gaussian"):
+    doc = {
+        "name": "gauss_cal",
+        "input": {"path": "in/{start:%Y-%m-%d}.parquet", "format": "parquet",
+                  "columns": {"user_id": "string", "region": "string", "amount": "float", "category": "string"}},
+        "privacy_unit": {"column": "user_id", "description": "a user", "adjacency": adjacency},
+        "budget": {"scope": "s", "epsilon": epsilon, "delta": delta, "noise": noise},
+        "contribution": {"max_partitions_per_unit": l0, "max_rows_per_unit_per_partition": linf},
+        "partitions": {"columns": ["region"]},
+        "metrics": metrics,
+    }
+    if accountant is not None:
+        doc["budget"]["accountant"] = accountant
+    if split:
+        doc["budget"]["split"] = split
+    if private:
+        doc["partitions"]["private"] = {"strategy": "truncated_geometric"}
+    else:
+        doc["partitions"]["public"] = ["north", "south"]
+    return parse_spec(doc)
+
+
+def gaussian_stds(plan) -> list[float]:
+    return [v.params.std for m in plan.metrics for v in m.vectors if v.params.family == "gaussian"]
+
+
+@pytest.mark.parametrize("mix", sorted(MIXES))
+@pytest.mark.parametrize("ref", ACCOUNTANTS)
+def test_composed_epsilon_is_the_declared_epsilon_within_tolerance(ref, mix):
+    plan = plan_release(make_spec(accountant=ref, **MIXES[mix]))
+    got = get_accountant(ref).epsilon(plan.events, plan.delta)
+    assert 1.0 * (1 - EPS_TOL) <= got <= 1.0, (ref, mix, got)
+    cal = plan.describe()["budget"]["gaussian_calibration"]
+    assert cal["method"] == GAUSSIAN_CALIBRATION and cal["accountant"] == ref
+    assert cal["rho_group"] >= cal["rho_group_zcdp_split"]  # never more noise than the zCDP split
+
+
+@settings(derandomize=True, database=None, deadline=None, max_examples=25)
+@given(eps=st.floats(0.05, 8.0), log_delta=st.floats(-12.0, -5.0), l0=st.integers(1, 12), linf=st.integers(1, 6),
+       w=st.floats(0.2, 5.0), ref=st.sampled_from(["zcdp/1", "rdp/1"]), private=st.booleans())
+def test_any_budget_and_bounds_certify_and_land_on_the_declared_epsilon(eps, log_delta, l0, linf, w, ref, private):
+    """Whatever budget, bounds and weights a spec author picks, the accountant's composed epsilon is the declared
+    one from below (rdp/1 and zcdp/1 here: they are exact functions and fast; pld/1 is covered above)."""
+    split = {"count": w, "sum_amount": 1.0}
+    spec = make_spec(COUNT_SUM_MEAN[:2], accountant=ref, epsilon=eps, delta=10.0**log_delta, l0=l0, linf=linf,
+                     private=private, split=split)
+    plan = plan_release(spec)
+    got = get_accountant(ref).epsilon(plan.events, plan.delta)
+    assert eps * (1 - EPS_TOL) <= got <= eps
+    # one common factor: the declared weights keep their ratio (rho per vector proportional to its weight)
+    c, s = plan.metrics
+    assert c.rho / s.rho == pytest.approx(w, rel=1e-12)
+
+
+# The issue's cases, at epsilon 1, delta 1e-7: three Gaussian metrics with private partitions, and a single count.
+ISSUE_CASES = {
+    "three_gaussian_metrics": dict(metrics=COUNT_SUM_MEAN, private=True, l0=1, linf=1),
+    "single_gaussian_count": dict(metrics=[{"type": "count"}], private=False, l0=1, linf=1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ISSUE_CASES))
+@pytest.mark.parametrize("ref", ["rdp/1", "pld/1"])
+def test_sigma_is_strictly_below_the_zcdp_split(case, ref):
+    legacy = plan_release(make_spec(**ISSUE_CASES[case]))
+    new = plan_release(make_spec(accountant=ref, **ISSUE_CASES[case]))
+    old_s, new_s = gaussian_stds(legacy), gaussian_stds(new)
+    assert len(old_s) == len(new_s) >= 1
+    assert all(n < o for n, o in zip(new_s, old_s, strict=True)), (old_s, new_s)
+    # the zCDP split leaves budget unspent under this accountant; the calibrated plan spends it
+    acct = get_accountant(ref)
+    assert acct.epsilon(legacy.events, legacy.delta) < 0.9 < acct.epsilon(new.events, new.delta)
+
+
+def test_single_count_under_pld_is_never_below_the_exact_discrete_gaussian():
+    """Soundness from the other side: pld/1 analyses one lattice coordinate with the exact discrete-Gaussian PLD
+    (pessimistic), so the calibrated sigma can approach, but never undercut, the smallest sigma whose discrete
+    Gaussian is exactly (eps, delta)-DP (CKS20 Thm 7). Reaching within 1% shows the calibration uses that PLD."""
+    plan = plan_release(make_spec(accountant="pld/1", **ISSUE_CASES["single_gaussian_count"]))
+    (v,) = plan.metrics[0].vectors
+    exact = discrete_gaussian_sigma(1.0, 1e-7, 1.0)
+    assert exact <= v.params.scale <= exact * 1.01
+
+
+def test_spec_without_accountant_keeps_its_hash_and_zcdp_plan():
+    spec = make_spec(COUNT_SUM_MEAN, private=True)
+    assert "accountant" not in spec.canonical_document()["budget"]  # so every existing spec hash is unchanged
+    described = plan_release(spec).describe()
+    assert "gaussian_calibration" not in described["budget"] and "accountant" not in described["budget"]
+    named = make_spec(COUNT_SUM_MEAN, private=True, accountant="basic/1")
+    assert named.spec_hash != spec.spec_hash  # naming the accountant is a new release version
+
+
+@pytest.mark.parametrize("bad", ["pld", "rdp/9", "nope/1"])
+def test_only_a_registered_pinned_accountant_is_accepted(bad):
+    with pytest.raises(SpecError, match="budget.accountant"):
+        make_spec(COUNT_SUM_MEAN, accountant=bad)
+
+
+def test_largest_passing_returns_a_checked_value_within_tolerance():
+    asked: list[float] = []
+
+    def ok(t: float) -> bool:
+        asked.append(t)
+        return t <= 3.7
+
+    t = largest_passing(ok, 0.01, 1e-6)
+    assert t in asked and ok(t) and 3.7 * (1 - 1e-6) <= t <= 3.7
+    with pytest.raises(InvalidParameter):
+        largest_passing(ok, 5.0, 1e-6)
+    # a wobbling predicate (true, false, true above): the answer is still a value that passed
+    wob = largest_passing(lambda x: x <= 1.0 or 1.5 <= x <= 1.6, 0.1, 1e-9)
+    assert wob <= 1.0 or 1.5 <= wob <= 1.6
+
+
+def test_scope_with_another_accountant_is_refused_before_anything_is_reserved(tmp_path):
+    from dpops.ledger import ScopeDefinition, open_ledger
+    from dpops.release.reservation import check_scope
+
+    ledger = open_ledger(f"sqlite:///{tmp_path / 'l.sqlite'}")
+    for name, ref in (("s", "rdp/1"),):
+        ledger.create_scope(ScopeDefinition(name=name, unit="a user", unit_column="user_id", epsilon=5.0,
+                                            delta=1e-7, rho=None, accountant=ref, adjacency="add_remove"),
+                            actor="test")
+    spec = make_spec(COUNT_SUM_MEAN, accountant="pld/1")
+    with pytest.raises(SpecError, match="budget.accountant is pld/1 but scope 's' is checked by rdp/1"):
+        check_scope(SimpleNamespace(spec=spec), ledger)
+    assert check_scope(SimpleNamespace(spec=make_spec(COUNT_SUM_MEAN, accountant="rdp/1")), ledger).name == "s"
+
+
+def test_ledger_charges_the_declared_epsilon_and_the_manifest_verifies(tmp_path, monkeypatch, capsys):
+    """A real run (fake Beam job, real plan) on a pld/1 scope: the charge is the declared epsilon within the
+    tolerance, and ``manifest verify`` recomputes the calibrated plan from the manifest alone."""
+    import yaml
+    from cli_support import make_env
+
+    from dpops import release
+    from dpops.ledger import open_ledger
+
+    env = make_env(tmp_path, monkeypatch, cap=5.0, accountant="pld/1", planner_fn=plan_release)
+    doc = yaml.safe_load(env.spec.read_text())
+    doc["budget"].update({"noise": "gaussian", "delta": 1e-6, "accountant": "pld/1"})
+    env.spec.write_text(yaml.safe_dump(doc))
+    u = ["--ledger", env.url]
+    code, out, err = env.run(capsys, "release", "run", str(env.spec), *env.base("2024-01-01"), *u, "--publish",
+                             "--no-gx-checks", "--json")
+    assert code == 0, out + err
+    run = json.loads(out)
+    with open_ledger(env.url) as led:
+        rec = led.run(run["run_id"])
+    assert 0.5 * (1 - EPS_TOL) <= rec.epsilon <= 0.5  # the spec declares 0.5 per run
+    ctx = release.prepare(str(env.spec), "2024-01-01", "2024-01-02", key_path=str(env.key))
+    manifest = release.manifests_dir(ctx) / f"{ctx.run_id}.published.json"
+    assert manifest.exists()
+    code, out, err = env.run(capsys, "manifest", "verify", str(manifest), *u)
+    assert code == 0, out + err
+    assert math.isfinite(rec.epsilon)
