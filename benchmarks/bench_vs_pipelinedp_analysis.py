@@ -42,8 +42,8 @@ process of this script that answers in JSON on stdout.
    budget that partition selection leaves under basic composition, (eps - eps_ps, delta - delta_ps):
    generous to PipelineDP, since pld/1 composing dpops' selection can only do better than adding.
    Checked: dpops/PipelineDP std <= 1.00 per vector, and the charge (pld/1 on the plan's events) equals
-   the declared epsilon within 5x the calibration tolerance, never above. Also printed: the zCDP split's
-   std (no ``budget.accountant``) for comparison. What separates the two where the ratio is above 1:
+   the declared epsilon within 5x the calibration tolerance (plus pld/1's 1e-4 loss step), never above.
+   Also printed: the zCDP split's std (no ``budget.accountant``) for comparison. What separates the two where the ratio is above 1:
    pld/1 composes a discrete Gaussian by its exact lattice PLD only for ONE coordinate and a lattice
    sensitivity <= 256; vectors (L0 > 1) and the sums' fine grids go through their zCDP rho (RDP
    conversion, CKS20 Thm 14), while PipelineDP's PLD treats its noise as a continuous Gaussian.
@@ -188,6 +188,7 @@ def dpops_calibrated(l0: int, linf: int, lohi: tuple[float, float], eps: float, 
     the zCDP split's std, L2 sensitivity, rho share), the charge, and the budget PipelineDP gets."""
     from dpops import analysis
     from dpops.accounting import get_accountant
+    from dpops.accounting.pld import VALUE_DISCRETIZATION_INTERVAL
     from dpops.release_plan import CALIBRATION_REL_TOL, plan_release
 
     doc = spec_dict(l0, linf, lohi, eps, noise)
@@ -209,7 +210,7 @@ def dpops_calibrated(l0: int, linf: int, lohi: tuple[float, float], eps: float, 
             vectors.append(row)
     return {"setting": [l0, linf, list(lohi), eps, noise], "declared_epsilon": eps, "delta": plan.delta,
             "charged_epsilon": get_accountant(CALIBRATED_ACCOUNTANT).epsilon(plan.events, plan.delta),
-            "tolerance": 5 * CALIBRATION_REL_TOL,
+            "tolerance": 5 * CALIBRATION_REL_TOL, "pld_step": VALUE_DISCRETIZATION_INTERVAL,
             "pipelinedp_budget": [eps - (ps.epsilon if ps else 0.0), plan.delta - (ps.delta if ps else 0.0)],
             "vectors": vectors}
 
@@ -222,7 +223,8 @@ def compare_calibrated(groups: list[dict[str, Any]], pdp: list[list[float]] | No
     for i, g in enumerate(groups):
         name = f"{g['setting']}"
         c, e = g["charged_epsilon"], g["declared_epsilon"]
-        if not (e * (1 - g["tolerance"]) <= c <= e):
+        # pld/1's epsilon steps with its 1e-4 loss discretisation where it uses an exact lattice PLD
+        if not (e * (1 - g["tolerance"]) - g["pld_step"] <= c <= e):
             fails.append(f"{name}: {CALIBRATED_ACCOUNTANT} charges epsilon {c!r}, declared {e!r}")
         for j, v in enumerate(g["vectors"]):
             if "analysis_std" in v and abs(v["analysis_std"] - v["std"]) > 1e-12 * v["std"]:
