@@ -43,8 +43,8 @@ process of this script that answers in JSON on stdout.
    generous to PipelineDP, since pld/1 composing dpops' selection can only do better than adding.
    Checked: dpops/PipelineDP std <= 1.00 per vector, and the charge (pld/1 on the plan's events) equals
    the declared epsilon within 5x the calibration tolerance (plus pld/1's 1e-4 loss step), never above.
-   Also printed: the zCDP split's std (no ``budget.accountant``) for comparison. What separates the two where the ratio is above 1:
-   pld/1 composes a discrete Gaussian by its exact lattice PLD only for ONE coordinate and a lattice
+   Also printed: the zCDP split's std (no ``budget.accountant``) for comparison. What separates the
+   two where the ratio is above 1: pld/1 composes a discrete Gaussian by its exact lattice PLD only for ONE coordinate and a lattice
    sensitivity <= 256; vectors (L0 > 1) and the sums' fine grids go through their zCDP rho (RDP
    conversion, CKS20 Thm 14), while PipelineDP's PLD treats its noise as a continuous Gaussian.
    PipelineDP's accountant needs dp-accounting in its venv (``bench_pipeline.setup_pipelinedp``).
