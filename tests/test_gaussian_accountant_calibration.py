@@ -210,3 +210,16 @@ def test_ledger_charges_the_declared_epsilon_and_the_manifest_verifies(tmp_path,
     code, out, err = env.run(capsys, "manifest", "verify", str(manifest), *u)
     assert code == 0, out + err
     assert math.isfinite(rec.epsilon)
+
+
+def test_spec_check_says_which_accountant_calibrates_the_noise(tmp_path, capsys):
+    import yaml
+
+    from dpops.cli.main import main
+
+    spec = make_spec(COUNT_SUM_MEAN, accountant="rdp/1")
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec.model_dump(mode="json", exclude_none=True)))
+    main(["spec", "check", str(path)])
+    out = capsys.readouterr().out
+    assert "Gaussian noise calibrated so that rdp/1 composes the run to epsilon 1.0" in out, out
