@@ -28,7 +28,10 @@ Budget split (documented in the manifest through ``describe()``):
   bracket (more noise, never less). The search only compares the accountant's own answer
   with the budget, so the claim is exactly as sound as the accountant: in particular a
   discrete Gaussian is never analysed as a continuous one (pld/1 uses the exact lattice PLD
-  for one coordinate and the zCDP rho, CKS20 Thm 14, beyond it). The charge the ledger
+  for one coordinate and the zCDP rho, CKS20 Thm 14, beyond it). Under pld/1 a one-coordinate
+  real-valued Gaussian vector is put on a grid of at most 2**-7 of its sensitivity
+  (``PLD_EXACT_RESOLUTION_BITS``, recorded as the vector's ``resolution_bits``) so that its
+  lattice sensitivity is one pld/1 analyses exactly instead of through rho. The charge the ledger
   records is that accountant's epsilon for these events: the declared epsilon, up to the
   tolerance. The calibration is a pure function of the spec and the accountant version, so
   ``manifest verify`` recomputes the same sigma; the plan records it (``gaussian_calibration``
@@ -89,6 +92,11 @@ GAUSSIAN_ABLE = ("count", "unit_count", "sum", "mean", "variance")
 # method name, kept beside this one: manifests recorded with it must still verify.
 GAUSSIAN_CALIBRATION = "accountant_common_rho_factor/1"
 CALIBRATION_REL_TOL = 1e-6  # on the common rho factor; epsilon moves by about half of it
+# Under pld/1 a one-coordinate real-valued Gaussian vector gets a grid at most 2**-7 of its sensitivity (instead of
+# the mechanisms' 2**-10) when that keeps its lattice sensitivity where pld/1 uses the exact discrete-Gaussian PLD
+# (<= pld.MAX_EXACT_DG_LATTICE_SENSITIVITY): the rounding charge grows by at most 2**-7 + one step, the analysis
+# becomes exact instead of the zCDP rho's RDP conversion (about 7% of sigma).
+PLD_EXACT_RESOLUTION_BITS = 7
 
 
 @dataclass(frozen=True)
@@ -99,6 +107,7 @@ class NoisyVector:
     accumulator: str  # which per-partition aggregate it noises
     params: NoiseParams
     sensitivity: Sensitivity  # before the rounding charge
+    resolution_bits: int | None = None  # the grid's bits when not the mechanisms' default (pld/1-calibrated plans)
 
     def event(self) -> PrivacyEvent:
         """What this vector's noise spends (the rounding charge included)."""
@@ -200,6 +209,8 @@ class ReleasePlan:
                         "sensitivity": {"l1": v.sensitivity.l1, "l2": v.sensitivity.l2,
                                         "linf": v.sensitivity.linf, "max_coords": v.sensitivity.max_coords},
                         "event": event_to_dict(v.event()),
+                        # only when set: vectors on the default grid describe (and hash) as before
+                        **({"resolution_bits": v.resolution_bits} if v.resolution_bits is not None else {}),
                     }
                     for v in m.vectors
                 ]
@@ -311,9 +322,11 @@ def plan_release(spec) -> ReleasePlan:  # spec: dpops.spec.ReleaseSpec (typing i
     # A released count metric is reused (post-processing) as the denominator of means and variances.
     count_key = next((m.key for m in spec.metrics if m.type == "count"), None)
 
+    acct_ref = spec.budget.accountant
+
     def build_metrics(rho_share: dict[str, float]) -> list[MetricPlan]:
         return _build_metrics(spec, mechanisms, bounds, lambda m: gaussian(m), eps_share, delta_share, rho_share,
-                              m_coords, count_s, count_key)
+                              m_coords, count_s, count_key, acct_ref)
 
     metrics = build_metrics(rho_share)
 
@@ -336,13 +349,12 @@ def plan_release(spec) -> ReleasePlan:  # spec: dpops.spec.ReleaseSpec (typing i
         else:
             ps_event = ps.event()
 
-    acct_ref = spec.budget.accountant
     calibration: dict[str, Any] | None = None
     if acct_ref is not None and g_keys:
         # The Gaussian vectors, as (weight, vectors in the metric, sensitivity, integer-valued): their rho at a
         # group rho_G is (rho_G * w / wg) / n, the same expression build_metrics uses, so the events searched
         # are the events planned.
-        layout = tuple((weights[m.key], n, sens, integer)
+        layout = tuple((weights[m.key], n, sens, integer, resolution_bits(acct_ref, sens, integer))
                        for m, n, sens, integer in _gaussian_vectors(spec, bounds, gaussian, count_key))
         fixed = tuple(e for mp in metrics if mp.key not in rho_share for e in mp.events())
         fixed += (ps_event,) if ps_event is not None else ()
@@ -368,7 +380,8 @@ def plan_release(spec) -> ReleasePlan:  # spec: dpops.spec.ReleaseSpec (typing i
 
 
 def _build_metrics(spec, mechanisms, bounds, gaussian, eps_share: dict[str, float], delta_share: dict[str, float],
-                   rho_share: dict[str, float], m_coords: int, count_s, count_key: str | None) -> list[MetricPlan]:
+                   rho_share: dict[str, float], m_coords: int, count_s, count_key: str | None,
+                   acct_ref: str | None) -> list[MetricPlan]:
     """Every metric's plan at the given shares (the Gaussian ones at ``rho_share``); pure in its arguments."""
     unit = spec.privacy_unit
     metrics = []
@@ -385,12 +398,15 @@ def _build_metrics(spec, mechanisms, bounds, gaussian, eps_share: dict[str, floa
                 base["count_from"] = count_key
             vecs = []
             for name, acc, sens, integer in parts:
+                bits: int | None = None
                 if gaussian(m):
-                    params = _gaussian_zcdp(mechanisms, rho_share[key] / len(parts), sens, integer)
+                    bits = resolution_bits(acct_ref, sens, integer)
+                    params = _gaussian_zcdp(mechanisms, rho_share[key] / len(parts), sens, integer, bits)
+                    bits = None if bits == mechanisms.RESOLUTION_BITS else bits
                 else:
                     params = mechanisms.laplace_mechanism(
                         eps_share[key] / len(parts), sens.l1, integer_valued=integer, max_coords=sens.max_coords)
-                vecs.append(NoisyVector(name, acc, params, sens))
+                vecs.append(NoisyVector(name, acc, params, sens, bits))
             metrics.append(MetricPlan(**base, vectors=tuple(vecs)))
         elif m.type == "quantiles":
             qs = tuple(float(q) for q in m.quantiles)
@@ -426,13 +442,14 @@ def _gaussian_vectors(spec, bounds, gaussian, count_key: str | None):
 def _group_events(layout, wg: float, rho_group: float) -> list[PrivacyEvent]:
     from dpops.noise import mechanisms  # noqa: PLC0415 - numpy, only when planning
 
-    return [_gaussian_zcdp(mechanisms, rho_group * w / wg / n, sens, integer).event()
-            for w, n, sens, integer in layout]
+    return [_gaussian_zcdp(mechanisms, rho_group * w / wg / n, sens, integer, bits).event()
+            for w, n, sens, integer, bits in layout]
 
 
 @lru_cache(maxsize=256)  # plan_release runs many times per spec (plan, analysis, pipeline, verify): search once
 def calibrated_rho_group(accountant: str, epsilon: float, delta: float, fixed: tuple[PrivacyEvent, ...],
-                         layout: tuple[tuple[float, int, Sensitivity, bool], ...], wg: float, start: float) -> float:
+                         layout: tuple[tuple[float, int, Sensitivity, bool, int], ...], wg: float,
+                         start: float) -> float:
     """The largest group rho (to ``CALIBRATION_REL_TOL``) whose Gaussian events, composed with ``fixed`` by
     ``accountant``, cost at most ``epsilon`` at ``delta`` (see the module docstring).
 
@@ -449,17 +466,35 @@ def calibrated_rho_group(accountant: str, epsilon: float, delta: float, fixed: t
     return largest_passing(ok, start, CALIBRATION_REL_TOL, max_doublings=40)
 
 
-def _gaussian_zcdp(mechanisms, rho: float, sens, integer: bool):
+def resolution_bits(accountant: str | None, sens: Sensitivity, integer: bool) -> int:
+    """Grid bits of a Gaussian vector: the mechanisms' default, except under pld/1 for one real-valued coordinate
+    (``PLD_EXACT_RESOLUTION_BITS``, fewer if needed to keep the lattice sensitivity exact for pld/1). Public
+    parameters only; the manifest records any non-default value (``resolution_bits``) for ``manifest verify``."""
+    from dpops.noise.mechanisms import RESOLUTION_BITS, charged_sensitivity, choose_resolution
+
+    if accountant != "pld/1" or integer or int(sens.max_coords) != 1:
+        return RESOLUTION_BITS
+    from dpops.accounting.pld import MAX_EXACT_DG_LATTICE_SENSITIVITY  # pld/1's own limit: it is being used
+
+    for bits in range(PLD_EXACT_RESOLUTION_BITS, 0, -1):
+        r = choose_resolution(float(sens.l2), 1.0, bits)
+        if charged_sensitivity(float(sens.l2), False, 1, "l2", bits) / r <= MAX_EXACT_DG_LATTICE_SENSITIVITY:
+            return bits
+    return RESOLUTION_BITS  # pragma: no cover - one bit always gives a lattice sensitivity of at most 3
+
+
+def _gaussian_zcdp(mechanisms, rho: float, sens, integer: bool, bits: int):
     """``mechanisms.gaussian_mechanism_zcdp``; if its self-check fails on float rounding (seen for
     rho ~1e-3 on fine grids: recorded rho 1e-10 relative above the request), ask for a slightly
     smaller rho -- more noise, never less, and the returned params are still verified by it."""
     try:
-        return mechanisms.gaussian_mechanism_zcdp(rho, sens.l2, integer_valued=integer, max_coords=sens.max_coords)
+        return mechanisms.gaussian_mechanism_zcdp(rho, sens.l2, integer_valued=integer, max_coords=sens.max_coords,
+                                                  resolution_bits=bits)
     except InvalidParameter as exc:
         if "did not verify" not in str(exc):
             raise
         return mechanisms.gaussian_mechanism_zcdp(rho * (1 - 1e-6), sens.l2, integer_valued=integer,
-                                                  max_coords=sens.max_coords)
+                                                  max_coords=sens.max_coords, resolution_bits=bits)
 
 
 def _vector_layout(mtype: str, key: str, b, lohi):

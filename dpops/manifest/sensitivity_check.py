@@ -82,7 +82,7 @@ def recompute_sensitivities(m: dict[str, Any]) -> list[str]:
             # The charged sensitivity includes the rounding charge: r*ceil(raw/r + m) (L1) or r*ceil(raw/r +
             # sqrt(m)) (L2), never less than raw + r*m; recomputed with the mechanisms' own formula (an
             # estimated bound such as 2**(j/4) makes raw/r a non-integer, where raw + r*m would be short).
-            from dpops.noise.mechanisms import charged_sensitivity
+            from dpops.noise.mechanisms import RESOLUTION_BITS, charged_sensitivity
 
             r, mc = float(v["resolution"]), int(s.max_coords)
             integer = v["mechanism"].startswith("integer_")
@@ -90,7 +90,10 @@ def recompute_sensitivities(m: dict[str, Any]) -> list[str]:
                 charged = v.get(f"{norm}_sensitivity_charged")
                 if charged is None:
                     continue
-                expect = raw if integer else charged_sensitivity(raw, False, mc, norm)
+                # a pld/1-calibrated plan may put one coordinate on a coarser grid; the plan records its bits
+                # (and the plan check recomputes the whole plan from the spec, so they cannot be chosen freely)
+                bits = int(v.get("resolution_bits", RESOLUTION_BITS))
+                expect = raw if integer else charged_sensitivity(raw, False, mc, norm, bits)
                 if _ne(charged, expect):
                     out.append(f"{vw}.{norm}_sensitivity_charged: manifest says {charged!r}, expected {expect!r} "
                                f"(raw {raw!r}{'' if integer else f' + rounding {extra!r}, up to the grid {r!r}'})")
