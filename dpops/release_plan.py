@@ -108,10 +108,11 @@ class NoisyVector:
     params: NoiseParams
     sensitivity: Sensitivity  # before the rounding charge
     resolution_bits: int | None = None  # the grid's bits when not the mechanisms' default (pld/1-calibrated plans)
+    charged_event: PrivacyEvent | None = None  # per-coordinate form (``coordinate_event``), pld/1-calibrated plans
 
     def event(self) -> PrivacyEvent:
         """What this vector's noise spends (the rounding charge included)."""
-        return self.params.event()
+        return self.charged_event if self.charged_event is not None else self.params.event()
 
 
 @dataclass(frozen=True)
@@ -354,7 +355,7 @@ def plan_release(spec) -> ReleasePlan:  # spec: dpops.spec.ReleaseSpec (typing i
         # The Gaussian vectors, as (weight, vectors in the metric, sensitivity, integer-valued): their rho at a
         # group rho_G is (rho_G * w / wg) / n, the same expression build_metrics uses, so the events searched
         # are the events planned.
-        layout = tuple((weights[m.key], n, sens, integer, resolution_bits(acct_ref, sens, integer))
+        layout = tuple((weights[m.key], n, sens, integer, resolution_bits(acct_ref, sens, integer), acct_ref == "pld/1")
                        for m, n, sens, integer in _gaussian_vectors(spec, bounds, gaussian, count_key))
         fixed = tuple(e for mp in metrics if mp.key not in rho_share for e in mp.events())
         fixed += (ps_event,) if ps_event is not None else ()
@@ -399,14 +400,16 @@ def _build_metrics(spec, mechanisms, bounds, gaussian, eps_share: dict[str, floa
             vecs = []
             for name, acc, sens, integer in parts:
                 bits: int | None = None
+                charged: PrivacyEvent | None = None
                 if gaussian(m):
                     bits = resolution_bits(acct_ref, sens, integer)
                     params = _gaussian_zcdp(mechanisms, rho_share[key] / len(parts), sens, integer, bits)
                     bits = None if bits == mechanisms.RESOLUTION_BITS else bits
+                    charged = coordinate_event(params, sens) if acct_ref == "pld/1" else None
                 else:
                     params = mechanisms.laplace_mechanism(
                         eps_share[key] / len(parts), sens.l1, integer_valued=integer, max_coords=sens.max_coords)
-                vecs.append(NoisyVector(name, acc, params, sens, bits))
+                vecs.append(NoisyVector(name, acc, params, sens, bits, charged))
             metrics.append(MetricPlan(**base, vectors=tuple(vecs)))
         elif m.type == "quantiles":
             qs = tuple(float(q) for q in m.quantiles)
@@ -442,13 +445,17 @@ def _gaussian_vectors(spec, bounds, gaussian, count_key: str | None):
 def _group_events(layout, wg: float, rho_group: float) -> list[PrivacyEvent]:
     from dpops.noise import mechanisms  # noqa: PLC0415 - numpy, only when planning
 
-    return [_gaussian_zcdp(mechanisms, rho_group * w / wg / n, sens, integer, bits).event()
-            for w, n, sens, integer, bits in layout]
+    out: list[PrivacyEvent] = []
+    for w, n, sens, integer, bits, per_coordinate in layout:
+        params = _gaussian_zcdp(mechanisms, rho_group * w / wg / n, sens, integer, bits)
+        charged = coordinate_event(params, sens) if per_coordinate else None
+        out.append(charged if charged is not None else params.event())
+    return out
 
 
 @lru_cache(maxsize=256)  # plan_release runs many times per spec (plan, analysis, pipeline, verify): search once
 def calibrated_rho_group(accountant: str, epsilon: float, delta: float, fixed: tuple[PrivacyEvent, ...],
-                         layout: tuple[tuple[float, int, Sensitivity, bool, int], ...], wg: float,
+                         layout: tuple[tuple[float, int, Sensitivity, bool, int, bool], ...], wg: float,
                          start: float) -> float:
     """The largest group rho (to ``CALIBRATION_REL_TOL``) whose Gaussian events, composed with ``fixed`` by
     ``accountant``, cost at most ``epsilon`` at ``delta`` (see the module docstring).
@@ -466,21 +473,60 @@ def calibrated_rho_group(accountant: str, epsilon: float, delta: float, fixed: t
     return largest_passing(ok, start, CALIBRATION_REL_TOL, max_doublings=40)
 
 
-def resolution_bits(accountant: str | None, sens: Sensitivity, integer: bool) -> int:
-    """Grid bits of a Gaussian vector: the mechanisms' default, except under pld/1 for one real-valued coordinate
-    (``PLD_EXACT_RESOLUTION_BITS``, fewer if needed to keep the lattice sensitivity exact for pld/1). Public
-    parameters only; the manifest records any non-default value (``resolution_bits``) for ``manifest verify``."""
-    from dpops.noise.mechanisms import RESOLUTION_BITS, charged_sensitivity, choose_resolution
+def coordinate_lattice(linf: float, integer: bool, resolution: float) -> int:
+    """How many lattice steps one unit can move ONE coordinate of the noised vector: Linf for an integer query
+    (no rounding), ceil(Linf/r + 1) on a grid r (two roundings to the nearest multiple of r move the difference
+    by less than r). The one formula, for the plan and for ``manifest verify``."""
+    from fractions import Fraction
 
-    if accountant != "pld/1" or integer or int(sens.max_coords) != 1:
+    if integer:
+        if float(linf) != math.floor(linf):
+            raise InvalidParameter(f"an integer-valued query needs an integer Linf sensitivity, got {linf!r}")
+        return int(linf)
+    return math.ceil(Fraction(float(linf)) / Fraction(float(resolution)) + 1)
+
+
+def resolution_bits(accountant: str | None, sens: Sensitivity, integer: bool) -> int:
+    """Grid bits of a Gaussian vector: the mechanisms' default, except under pld/1 for a real-valued one
+    (``PLD_EXACT_RESOLUTION_BITS``, fewer if needed) so that ONE coordinate's lattice sensitivity
+    (``coordinate_lattice``) is one pld/1 analyses exactly. Public parameters only; the manifest records any
+    non-default value (``resolution_bits``) for ``manifest verify``."""
+    from dpops.noise.mechanisms import RESOLUTION_BITS, choose_resolution
+
+    if accountant != "pld/1" or integer:
         return RESOLUTION_BITS
     from dpops.accounting.pld import MAX_EXACT_DG_LATTICE_SENSITIVITY  # pld/1's own limit: it is being used
 
     for bits in range(PLD_EXACT_RESOLUTION_BITS, 0, -1):
-        r = choose_resolution(float(sens.l2), 1.0, bits)
-        if charged_sensitivity(float(sens.l2), False, 1, "l2", bits) / r <= MAX_EXACT_DG_LATTICE_SENSITIVITY:
+        r = choose_resolution(float(sens.l2), math.sqrt(int(sens.max_coords)), bits)
+        if coordinate_lattice(sens.linf, False, r) <= MAX_EXACT_DG_LATTICE_SENSITIVITY:
             return bits
     return RESOLUTION_BITS  # pragma: no cover - one bit always gives a lattice sensitivity of at most 3
+
+
+def coordinate_event(params: NoiseParams, sens: Sensitivity) -> PrivacyEvent | None:
+    """Under pld/1, a discrete Gaussian VECTOR (max_coords m > 1) charged as m compositions of its scalar noise at
+    the per-coordinate lattice sensitivity n = ``coordinate_lattice``: SelfComposed(DiscreteGaussian(sigma, n r,
+    r, max_coords=1), m), which pld/1 analyses with the exact lattice PLD instead of the vector's zCDP rho.
+
+    Why it dominates the vector: the noise is independent N_Z(0, sigma^2) per coordinate, and a unit shifts at
+    most m coordinates, each by an integer number of steps |mu_i| <= n (lattice units); untouched coordinates are
+    identical on both sides. The family N_Z(theta, sigma^2) has a monotone likelihood ratio in x, so the most
+    powerful tests of theta = 0 against theta > 0 are the same threshold tests and their power does not decrease
+    with theta (Karlin-Rubin; Lehmann & Romano, TSH Lemma 3.4.2): the pair (N_Z(0), N_Z(mu_i)) is dominated by
+    (N_Z(0), N_Z(n)) for |mu_i| <= n (the pmf is symmetric and the reflection x -> mu - x swaps the two sides).
+    Domination is preserved by the product of independent coordinates (Dong, Roth & Su 2022, tensor products of
+    trade-off functions are monotone), so the vector's pair is dominated by the m-fold composition of the scalar
+    pair with shift n: exactly this event. Under zCDP it costs m (n r)^2/(2 sigma^2) + m tau, at least the vector's
+    own rho up to the rounding terms, so no accountant undercounts it. None for a scalar (its own event is exact)."""
+    m = int(sens.max_coords)
+    if m <= 1:
+        return None
+    from dpops.events import DiscreteGaussian
+
+    r = float(params.resolution)
+    n = coordinate_lattice(sens.linf, params.integer_valued, r)
+    return SelfComposed(DiscreteGaussian(sigma=params.scale, l2_sensitivity=n * r, resolution=r, max_coords=1), m)
 
 
 def _gaussian_zcdp(mechanisms, rho: float, sens, integer: bool, bits: int):
