@@ -43,11 +43,11 @@ process of this script that answers in JSON on stdout.
    generous to PipelineDP, since pld/1 composing dpops' selection can only do better than adding.
    Checked: dpops/PipelineDP std <= 1.00 per vector, and the charge (pld/1 on the plan's events) equals
    the declared epsilon within 5x the calibration tolerance (plus pld/1's 1e-4 loss step), never above.
-   Also printed: the zCDP split's std (no ``budget.accountant``) for comparison. What separates
-   the two where the ratio is above 1: pld/1 composes a discrete Gaussian by its exact lattice PLD
-   only for ONE coordinate and a lattice sensitivity <= 256; vectors (L0 > 1) and the sums' fine
-   grids go through their zCDP rho (RDP conversion, CKS20 Thm 14), while PipelineDP's PLD treats
-   its noise as a continuous Gaussian (which the discrete Gaussian is not: at eps 1, delta 1e-7 a
+   Also printed: the zCDP split's std (no ``budget.accountant``) for comparison. Under pld/1 the plan
+   puts every Gaussian vector where pld/1 uses its exact discrete-Gaussian lattice PLD (a coarser grid
+   for sums, a vector charged per coordinate: ``dpops.release_plan.coordinate_event``), and composes
+   partition selection with the Gaussians, which is where dpops gains on PipelineDP (whose PLD
+   treats its noise as a continuous Gaussian; the discrete one is not quite: at eps 1, delta 1e-7 a
    scalar count needs sigma 4.6858 discrete against 4.6787 continuous, CKS20 Thm 7).
    PipelineDP's accountant needs dp-accounting in its venv (``bench_pipeline.setup_pipelinedp``).
 
