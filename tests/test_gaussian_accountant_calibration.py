@@ -42,7 +42,7 @@ MIXES = {
     "variance_quantiles_public": dict(
         metrics=[{"type": "variance", "column": "amount", "bounds": [0, 50]},
                  {"type": "quantiles", "column": "amount", "bounds": [0, 100], "quantiles": [0.5, 0.9]}],
-        private=False, l0=3, linf=2, split={"variance_amount": 3, "quantiles_amount": 1}),
+        private=False, l0=2, linf=2, split={"variance_amount": 3, "quantiles_amount": 1}),
     # replace adjacency: group-privacy partition selection, top_k beside a unit count
     "unit_count_topk_replace": dict(
         metrics=[{"type": "unit_count"}, {"type": "top_k", "column": "category", "k": 2, "domain": ["a", "b", "c"]}],
@@ -195,6 +195,7 @@ def test_ledger_charges_the_declared_epsilon_and_the_manifest_verifies(tmp_path,
     env = make_env(tmp_path, monkeypatch, cap=5.0, accountant="pld/1", planner_fn=plan_release)
     doc = yaml.safe_load(env.spec.read_text())
     doc["budget"].update({"noise": "gaussian", "delta": 1e-6, "accountant": "pld/1"})
+    doc["contribution"]["max_partitions_per_unit"] = 2  # vectors: charged per coordinate under pld/1
     env.spec.write_text(yaml.safe_dump(doc))
     u = ["--ledger", env.url]
     code, out, err = env.run(capsys, "release", "run", str(env.spec), *env.base("2024-01-01"), *u, "--publish",
@@ -209,7 +210,17 @@ def test_ledger_charges_the_declared_epsilon_and_the_manifest_verifies(tmp_path,
     assert manifest.exists()
     code, out, err = env.run(capsys, "manifest", "verify", str(manifest), *u)
     assert code == 0, out + err
-    assert math.isfinite(rec.epsilon)
+    # the sensitivity check reads the per-coordinate event against the bounds: a count that is not max_coords,
+    # or an inner sensitivity below the per-coordinate bound, is named
+    from dpops.manifest.sensitivity_check import recompute_sensitivities
+
+    m = json.loads(manifest.read_text())
+    assert recompute_sensitivities(m) == []
+    ev = m["release_plan"]["metrics"][0]["vectors"][0]["event"]
+    assert ev["kind"] == "self_composed" and ev["count"] == 2
+    ev["count"], ev["event"]["l2_sensitivity"] = 1, 1.0
+    problems = recompute_sensitivities(m)
+    assert any("event.count" in p for p in problems) and any("event.event.l2_sensitivity" in p for p in problems)
 
 
 def test_spec_check_says_which_accountant_calibrates_the_noise(tmp_path, capsys):
@@ -294,3 +305,35 @@ def test_per_coordinate_charge_dominates_every_integer_shift_in_the_box():
         assert corner <= bound <= corner * 1.01  # tight: pld/1 charges the corner, pessimistically
         for shift in shifts:
             assert _exact_product_delta(sigma, shift, eps) <= corner + 1e-15, (shift, eps)
+
+
+def test_release_path_noise_has_the_predicted_std_under_pld_calibration():
+    """The calibrated plan (coarser grids, per-coordinate events) goes through the Beam job's own noise step
+    (``pipelines.aggregate.select_and_noise``, test randomness, fixed seed): the std of 3,000 independent draws
+    per vector agrees with ``dpops.analysis`` (the plan's std). Discrete Gaussian noise: s^2/sigma^2 has sd
+    sqrt(2/(P-1)); tolerance z(1 - 1e-5/4) of it (two-sided, Bonferroni over the 2 checks): false-failure rate
+    at most 1e-5 for this test."""
+    import numpy as np
+    from scipy import stats
+
+    from dpops.analysis.accuracy import predict
+    from dpops.noise.randomness import test_random
+    from pipelines.aggregate import select_and_noise
+    from pipelines.bounding import sum_unit
+
+    spec = make_spec([{"type": "count"}, {"type": "sum", "column": "amount", "bounds": [0, 100]}],
+                     accountant="pld/1", l0=2, linf=2)
+    plan = plan_release(spec)
+    assert all(v.charged_event is not None for m in plan.metrics for v in m.vectors)  # per-coordinate under pld/1
+    n_draws, rows = 3000, 20_000
+    parts = np.arange(1, n_draws + 1, dtype=np.uint64)
+    names = {int(h): (f"p{int(h)}",) for h in parts}
+    acc = {"count": np.full(n_draws, rows, np.int64), "unit_count": np.full(n_draws, rows, np.int64),
+           "sum:sum_amount": np.full(n_draws, int(rows * 50.0 / sum_unit("sum", 0.0, 100.0)), np.int64)}
+    out = select_and_noise(0, parts, acc, names, plan, parts, names, test_random(26, ("gauss-calibration",)))
+    preds = {p.metric: p for p in predict(plan, at_units=rows)}
+    z = float(stats.norm.ppf(1 - 1e-5 / 4))
+    for key, truth in (("count", rows), ("sum_amount", rows * 50.0)):
+        err = np.asarray(out[key], np.float64) - truth
+        ratio = float(np.var(err, ddof=1)) / preds[key].std ** 2
+        assert abs(ratio - 1) <= z * math.sqrt(2 / (n_draws - 1)), (key, ratio)
