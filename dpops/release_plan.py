@@ -28,10 +28,13 @@ Budget split (documented in the manifest through ``describe()``):
   bracket (more noise, never less). The search only compares the accountant's own answer
   with the budget, so the claim is exactly as sound as the accountant: in particular a
   discrete Gaussian is never analysed as a continuous one (pld/1 uses the exact lattice PLD
-  for one coordinate and the zCDP rho, CKS20 Thm 14, beyond it). Under pld/1 a one-coordinate
-  real-valued Gaussian vector is put on a grid of at most 2**-7 of its sensitivity
-  (``PLD_EXACT_RESOLUTION_BITS``, recorded as the vector's ``resolution_bits``) so that its
-  lattice sensitivity is one pld/1 analyses exactly instead of through rho. The charge the ledger
+  for one coordinate of at most 256 lattice steps and the zCDP rho, CKS20 Thm 14, otherwise).
+  Under pld/1 the plan therefore describes its noise in what pld/1 analyses exactly: a
+  real-valued vector's grid is at most 2**-7 of one coordinate's sensitivity
+  (``PLD_EXACT_RESOLUTION_BITS``, recorded as the vector's ``resolution_bits``), and a vector
+  over m > 1 partitions is charged as m compositions of its scalar noise at the per-coordinate
+  bound (``coordinate_event``, which dominates the vector; the argument is its docstring). The
+  charge the ledger
   records is that accountant's epsilon for these events: the declared epsilon, up to the
   tolerance. The calibration is a pure function of the spec and the accountant version, so
   ``manifest verify`` recomputes the same sigma; the plan records it (``gaussian_calibration``
@@ -92,9 +95,9 @@ GAUSSIAN_ABLE = ("count", "unit_count", "sum", "mean", "variance")
 # method name, kept beside this one: manifests recorded with it must still verify.
 GAUSSIAN_CALIBRATION = "accountant_common_rho_factor/1"
 CALIBRATION_REL_TOL = 1e-6  # on the common rho factor; epsilon moves by about half of it
-# Under pld/1 a one-coordinate real-valued Gaussian vector gets a grid at most 2**-7 of its sensitivity (instead of
-# the mechanisms' 2**-10) when that keeps its lattice sensitivity where pld/1 uses the exact discrete-Gaussian PLD
-# (<= pld.MAX_EXACT_DG_LATTICE_SENSITIVITY): the rounding charge grows by at most 2**-7 + one step, the analysis
+# Under pld/1 a real-valued Gaussian vector gets a grid at most 2**-7 of one coordinate's sensitivity (instead of
+# the mechanisms' 2**-10), so that one coordinate moves at most pld.MAX_EXACT_DG_LATTICE_SENSITIVITY lattice steps and
+# pld/1 uses the exact discrete-Gaussian PLD: the rounding charge grows by at most 2**-7 + one step, the analysis
 # becomes exact instead of the zCDP rho's RDP conversion (about 7% of sigma).
 PLD_EXACT_RESOLUTION_BITS = 7
 
