@@ -223,7 +223,9 @@ def run_child_measured(python: str, args: list[str]) -> dict:
 
 def setup_pipelinedp() -> str | None:
     py = PDP_VENV / "bin" / "python"
-    if py.exists() and subprocess.run([str(py), "-c", "import pipeline_dp, apache_beam"], capture_output=True).returncode == 0:
+    # dp_accounting: PipelineDP's PLDBudgetAccountant (bench_vs_pipelinedp_analysis part 1b) imports it lazily
+    if py.exists() and subprocess.run([str(py), "-c", "import pipeline_dp, apache_beam, dp_accounting"],
+                                      capture_output=True).returncode == 0:
         return str(py)
     print(f"  creating {PDP_VENV} (pipeline-dp==0.3.1 + apache-beam)...", flush=True)
     r = subprocess.run([sys.executable, "-m", "venv", str(PDP_VENV)], capture_output=True, text=True)
@@ -231,7 +233,7 @@ def setup_pipelinedp() -> str | None:
         print("  cannot create the virtualenv:", r.stderr[-500:])
         return None
     r = subprocess.run([str(py), "-m", "pip", "install", "-q", "pipeline-dp==0.3.1", "apache-beam==2.77.0",
-                        "pyarrow", "pandas<2.4"], capture_output=True, text=True)
+                        "pyarrow", "pandas<2.4", "dp-accounting"], capture_output=True, text=True)
     if r.returncode != 0:
         print("  pip install failed; PipelineDP cannot run here:\n", r.stderr[-2000:])
         (OUT / "pipelinedp_install_error.txt").write_text(r.stderr)

@@ -33,6 +33,24 @@ process of this script that answers in JSON on stdout.
      analytic Gaussian (``single_vector_zcdp_vs_analytic``), the price of a plan the basic
      accountant certifies.
 
+1b. Gaussian calibrated by the scope's accountant (issue 26 item 1) against PipelineDP's best,
+   its ``PLDBudgetAccountant``. For each Gaussian setting the spec also names ``budget.accountant:
+   pld/1``; dpops then scales all Gaussian vectors' rho by one factor until pld/1 composes the run
+   (Gaussians, partition selection) to the declared epsilon (``dpops.release_plan``). PipelineDP's
+   PLD accountant calibrates the same vectors (weights giving the same shape: sqrt of each vector's
+   rho share, unit sensitivity, std times the vector's L2 sensitivity as its combiners do) for the
+   budget that partition selection leaves under basic composition, (eps - eps_ps, delta - delta_ps):
+   generous to PipelineDP, since pld/1 composing dpops' selection can only do better than adding.
+   Checked: dpops/PipelineDP std <= 1.00 per vector, and the charge (pld/1 on the plan's events) equals
+   the declared epsilon within 5x the calibration tolerance (plus pld/1's 1e-4 loss step), never above.
+   Also printed: the zCDP split's std (no ``budget.accountant``) for comparison. Under pld/1 the plan
+   puts every Gaussian vector where pld/1 uses its exact discrete-Gaussian lattice PLD (a coarser grid
+   for sums, a vector charged per coordinate: ``dpops.release_plan.coordinate_event``), and composes
+   partition selection with the Gaussians, which is where dpops gains on PipelineDP (whose PLD
+   treats its noise as a continuous Gaussian; the discrete one is not quite: at eps 1, delta 1e-7 a
+   scalar count needs sigma 4.6858 discrete against 4.6787 continuous, CKS20 Thm 7).
+   PipelineDP's accountant needs dp-accounting in its venv (``bench_pipeline.setup_pipelinedp``).
+
 2. Share of data dropped by contribution bounding (synthetic power-law data). dpops' numbers come
    from its ONE bounding implementation, ``pipelines.bounding.bound_contributions`` (keyed pair
    priorities, uniform row priorities); PipelineDP's from ``compute_dataset_histograms`` (LocalBackend)
@@ -61,7 +79,7 @@ process of this script that answers in JSON on stdout.
    For each: the median and range of 20 independent draws, and the share of (unit, partition) pairs
    the median estimate drops; the exact quantiles of the partition counts are the reference.
 
-    python benchmarks/bench_vs_pipelinedp_analysis.py --rows 1e5,1e6 [--l0-draws 20]
+    python benchmarks/bench_vs_pipelinedp_analysis.py --rows 1e5,1e6 [--l0-draws 20] [--pipelinedp-python PY]
 
 Exit status: 0 all checks pass, 1 a check failed, 2 PipelineDP could not be set up.
 """
@@ -162,6 +180,69 @@ def dpops_noise(l0: int, linf: int, lohi: tuple[float, float], eps: float, noise
                  "vector": f"mean@{MEAN_AT}", "family": noise, "std": float(mean["std"]),
                  "analysis_std": float(mean["std"])})
     return rows
+
+
+CALIBRATED_ACCOUNTANT = "pld/1"
+
+
+def dpops_calibrated(l0: int, linf: int, lohi: tuple[float, float], eps: float, noise: str) -> dict[str, Any]:
+    """Part 1b, dpops' side: the setting's spec with ``budget.accountant: pld/1``, its Gaussian vectors (std,
+    the zCDP split's std, L2 sensitivity, rho share), the charge, and the budget PipelineDP gets."""
+    from dpops import analysis
+    from dpops.accounting import get_accountant
+    from dpops.accounting.pld import VALUE_DISCRETIZATION_INTERVAL
+    from dpops.release_plan import CALIBRATION_REL_TOL, plan_release
+
+    doc = spec_dict(l0, linf, lohi, eps, noise)
+    legacy = plan_release(analysis.load(doc))
+    doc["budget"]["accountant"] = CALIBRATED_ACCOUNTANT
+    spec = analysis.load(doc)
+    plan = plan_release(spec)
+    df = analysis.plan(spec, at_units=MEAN_AT)
+    ps = plan.partition_selection_event
+    rho_total = sum(float(m.rho or 0.0) for m in plan.metrics)
+    vectors = []
+    for m, old in zip(plan.metrics, legacy.metrics, strict=True):
+        for v, ov in zip(m.vectors, old.vectors, strict=True):
+            row: dict[str, Any] = {"metric": m.key, "vector": v.name, "std": float(v.params.std),
+                                   "std_zcdp_split": float(ov.params.std), "l2": float(v.sensitivity.l2),
+                                   "weight": math.sqrt(float(m.rho or 0.0) / len(m.vectors) / rho_total)}
+            if v.name in ("count", "sum"):
+                row["analysis_std"] = float(df.loc[df.metric == m.key, "std"].iloc[0])
+            vectors.append(row)
+    return {"setting": [l0, linf, list(lohi), eps, noise], "declared_epsilon": eps, "delta": plan.delta,
+            "charged_epsilon": get_accountant(CALIBRATED_ACCOUNTANT).epsilon(plan.events, plan.delta),
+            "tolerance": 5 * CALIBRATION_REL_TOL, "pld_step": VALUE_DISCRETIZATION_INTERVAL,
+            "pipelinedp_budget": [eps - (ps.epsilon if ps else 0.0), plan.delta - (ps.delta if ps else 0.0)],
+            "vectors": vectors}
+
+
+def compare_calibrated(groups: list[dict[str, Any]], pdp: list[list[float]] | None
+                       ) -> tuple[list[dict[str, Any]], list[str]]:
+    """Part 1b table rows and failed checks (std ratio <= 1.00, charge == declared epsilon)."""
+    fails: list[str] = []
+    table = []
+    for i, g in enumerate(groups):
+        name = f"{g['setting']}"
+        c, e = g["charged_epsilon"], g["declared_epsilon"]
+        # pld/1's epsilon steps with its 1e-4 loss discretisation where it uses an exact lattice PLD
+        if not (e * (1 - g["tolerance"]) - g["pld_step"] <= c <= e):
+            fails.append(f"{name}: {CALIBRATED_ACCOUNTANT} charges epsilon {c!r}, declared {e!r}")
+        for j, v in enumerate(g["vectors"]):
+            if "analysis_std" in v and abs(v["analysis_std"] - v["std"]) > 1e-12 * v["std"]:
+                fails.append(f"{name} {v['metric']}/{v['vector']}: dpops.analysis std {v['analysis_std']} != plan "
+                             f"vector std {v['std']}")
+            row = {"name": f"{name} {v['metric']}/{v['vector']}", "dpops_std": v["std"],
+                   "dpops_zcdp_split_std": v["std_zcdp_split"], "charged_epsilon": c, "declared_epsilon": e}
+            if pdp is not None:
+                row["pipelinedp_pld_std"] = pdp[i][j]
+                row["ratio"] = v["std"] / pdp[i][j]
+                row["ratio_zcdp_split"] = v["std_zcdp_split"] / pdp[i][j]
+                if row["ratio"] > 1.0:
+                    fails.append(f"{row['name']}: dpops std {v['std']:.6g} > PipelineDP PLD {pdp[i][j]:.6g} "
+                                 f"(ratio {row['ratio']:.4f})")
+            table.append(row)
+    return table, fails
 
 
 # --------------------------------------------------------------------------- data and bounding
@@ -303,7 +384,19 @@ def child_pipelinedp(req: dict[str, Any]) -> dict[str, Any]:
             std = None
         noise_out.append({"std": None if std is None else float(std)})
 
-    out: dict[str, Any] = {"noise": noise_out, "bounding": []}
+    # part 1b: PipelineDP's PLD accountant on the same Gaussian vectors. Its combiners request unit sensitivity
+    # and scale the returned (normalised) std by the vector's L2 sensitivity.
+    from pipeline_dp.aggregate_params import MechanismType
+    from pipeline_dp.budget_accounting import PLDBudgetAccountant
+
+    pld_out = []
+    for g in req.get("calibrated", []):
+        acc = PLDBudgetAccountant(*g["pipelinedp_budget"])
+        specs = [acc.request_budget(MechanismType.GAUSSIAN, weight=v["weight"]) for v in g["vectors"]]
+        acc.compute_budgets()
+        pld_out.append([float(s.noise_standard_deviation) * v["l2"] for s, v in zip(specs, g["vectors"], strict=True)])
+
+    out: dict[str, Any] = {"noise": noise_out, "bounding": [], "calibrated": pld_out}
     for data in req["data"]:
         t = pq.read_table(data["path"], columns=["user_id", "region", "amount"])
         rows = list(zip(t.column("user_id").to_pylist(), t.column("region").to_pylist(),
@@ -423,6 +516,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--l0-draws", type=int, default=20, help="independent PrivateL0Calculator draws per config")
     ap.add_argument("--child-pipelinedp", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--dpops-only", action="store_true", help="skip PipelineDP (no venv needed)")
+    ap.add_argument("--pipelinedp-python", help="a python with pipeline-dp 0.3.1 and dp-accounting (default: "
+                                                 "benchmarks/.venv-pipelinedp, created if missing)")
     args = ap.parse_args(argv)
     if args.child_pipelinedp:
         json.dump(child_pipelinedp(json.load(sys.stdin)), sys.stdout)
@@ -433,6 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     sizes = [int(float(s)) for s in args.rows.split(",") if s]
     dp_rows = [r for s in NOISE_SETTINGS for r in dpops_noise(*s)]
+    calibrated = [dpops_calibrated(*s) for s in NOISE_SETTINGS if s[4] == "gaussian"]
     data = []
     for n in sizes:
         t0 = time.perf_counter()
@@ -448,13 +544,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.dpops_only:
         from bench_pipeline import setup_pipelinedp
 
-        py = setup_pipelinedp()
+        py = args.pipelinedp_python or setup_pipelinedp()
         if py is None:
             print("PipelineDP 0.3.1 could not be set up (see benchmarks/out/pipelinedp_install_error.txt)")
             return 2
         req = {"vectors": [{k: r.get(k) for k in ("setting", "vector", "epsilon", "delta")} for r in dp_rows],
                "data": [{"rows": d["rows"], "path": d["path"]} for d in data],
-               "bounds": BOUND_SETTINGS, "l0_draws": args.l0_draws,
+               "bounds": BOUND_SETTINGS, "l0_draws": args.l0_draws, "calibrated": calibrated,
                "private_l0": [{"noise": "laplace", "aggregation_eps": 1.0, "aggregation_delta": 0.0,
                                "calculation_eps": ce, "upper": L0_UPPER} for ce in CALC_EPS]}
         r = subprocess.run([py, str(Path(__file__).resolve()), "--child-pipelinedp"], input=json.dumps(req),
@@ -472,6 +568,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{row['name']:58s} {row['dpops_std']:11.5g} {ps if ps is None else f'{ps:11.5g}'!s:>11s} "
               f"{row.get('ratio', float('nan')):8.5f} {row.get('predicted_ratio', float('nan')):9.5f}  "
               f"{row.get('explained', '')}")
+
+    cal_table, cal_fails = compare_calibrated(calibrated, pdp["calibrated"] if pdp else None)
+    fails.extend(cal_fails)
+    print(f"\n== 1b. Gaussian calibrated by {CALIBRATED_ACCOUNTANT} vs PipelineDP's PLDBudgetAccountant ==")
+    print(f"{'setting / vector':58s} {'zCDP split':>11s} {'dpops pld/1':>11s} {'PDP PLD':>11s} {'ratio':>8s} "
+          f"{'was':>8s} {'charged eps':>12s}")
+    for row in cal_table:
+        ps = row.get("pipelinedp_pld_std")
+        print(f"{row['name']:58s} {row['dpops_zcdp_split_std']:11.5g} {row['dpops_std']:11.5g} "
+              f"{'-' if ps is None else f'{ps:.5g}':>11s} {row.get('ratio', float('nan')):8.4f} "
+              f"{row.get('ratio_zcdp_split', float('nan')):8.4f} {row['charged_epsilon']:12.8f}")
 
     print("\n== 2. share dropped by contribution bounding ==")
     for i, d in enumerate(data):
@@ -529,8 +636,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"{cfg['exact_quantiles']} mode {cfg['mode']}, pairs dropped at the median "
                       f"{row['pipelinedp_pairs_dropped_at_median']:.4f}")
 
-    result = {"noise": noise_table, "bounding": data, "private_l0": [d["private_l0"] for d in pdp["bounding"]] if pdp
-              else None, "dpops_private_l0": dpops_l0, "failures": fails}
+    result = {"noise": noise_table, "calibrated": cal_table, "bounding": data,
+              "private_l0": [d["private_l0"] for d in pdp["bounding"]] if pdp else None,
+              "dpops_private_l0": dpops_l0, "failures": fails}
     out = OUT / "bench_vs_pipelinedp_analysis.json"
     out.write_text(json.dumps(result, indent=1, default=float))
     print(f"\nwrote {out}")

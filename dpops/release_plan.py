@@ -11,11 +11,35 @@ Budget split (documented in the manifest through ``describe()``):
 - delta goes only to Gaussian-noised metrics and to partition selection, split
   by the same weights among those consumers. Laplace metrics and the
   exponential-mechanism metrics (quantiles, top_k) are pure epsilon-DP.
-- Gaussian metrics are calibrated in zCDP so that the plan certifies under the
-  *basic* accountant too (which charges Gaussian events through their rho): the
-  Gaussian group's (eps_G, delta_G) becomes rho_G with
-  eps_G = rho_G + 2 sqrt(rho_G ln(1/delta_G)), split over the Gaussian metrics by
-  weight. rdp/pld accountants certify the same events with a smaller epsilon.
+- Gaussian metrics, when the spec names no accountant (``budget.accountant`` absent), are
+  calibrated in zCDP so that the plan certifies under the *basic* accountant too (which
+  charges Gaussian events through their rho): the Gaussian group's (eps_G, delta_G) becomes
+  rho_G with eps_G = rho_G + 2 sqrt(rho_G ln(1/delta_G)), split over the Gaussian metrics by
+  weight. rdp/pld accountants certify the same events with a smaller epsilon (at eps 1,
+  delta 1e-7, three Gaussian metrics cost pld/1 about 0.6 of the 0.75 they were given).
+- With ``budget.accountant`` (the scope's pinned accountant, e.g. ``pld/1``) the Gaussian
+  metrics are calibrated by that accountant (``GAUSSIAN_CALIBRATION``): the split above is
+  only the starting point; every Gaussian vector's rho is then multiplied by ONE common
+  factor (so the declared weights keep their ratios), and the factor is bisected until the
+  accountant's composed epsilon at the spec's delta for ALL the run's events (Gaussian,
+  Laplace, exponential mechanism and partition selection, composed as the accountant
+  composes them) is at most the declared epsilon, to a relative tolerance of
+  ``CALIBRATION_REL_TOL`` on the factor; the factor kept is the lower, checked end of the
+  bracket (more noise, never less). The search only compares the accountant's own answer
+  with the budget, so the claim is exactly as sound as the accountant: in particular a
+  discrete Gaussian is never analysed as a continuous one (pld/1 uses the exact lattice PLD
+  for one coordinate of at most 256 lattice steps and the zCDP rho, CKS20 Thm 14, otherwise).
+  Under pld/1 the plan therefore describes its noise in what pld/1 analyses exactly: a
+  real-valued vector's grid is at most 2**-7 of one coordinate's sensitivity
+  (``PLD_EXACT_RESOLUTION_BITS``, recorded as the vector's ``resolution_bits``), and a vector
+  over m > 1 partitions is charged as m compositions of its scalar noise at the per-coordinate
+  bound (``coordinate_event``, which dominates the vector; the argument is its docstring). The
+  charge the ledger
+  records is that accountant's epsilon for these events: the declared epsilon, up to the
+  tolerance. The calibration is a pure function of the spec and the accountant version, so
+  ``manifest verify`` recomputes the same sigma; the plan records it (``gaussian_calibration``
+  in ``describe()``), and specs without ``budget.accountant`` keep the zCDP split and their
+  manifests verify unchanged.
 - Inside a metric with several noised vectors the share is split equally:
   mean = (normalised sum, count), each 1/2; variance = (normalised sum,
   centred sum of squares, count), each 1/3. When the spec also releases a
@@ -42,7 +66,7 @@ Budget split (documented in the manifest through ``describe()``):
 
 Every share is multiplied by (1 - 1e-9) so float rounding can never make the
 composed total exceed the spec; ``plan_release`` re-checks the total with the
-basic accountant and refuses a plan that does not certify.
+basic accountant (or the spec's ``budget.accountant``) and refuses a plan that does not certify.
 """
 
 from __future__ import annotations
@@ -50,6 +74,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, cast
 
 from dpops.errors import InvalidParameter, SpecError
@@ -66,6 +91,15 @@ SAFETY = 1.0 - 1e-9
 QUANTILE_BINS = 256
 PARTITION_SELECTION_KEY = "partition_selection"
 GAUSSIAN_ABLE = ("count", "unit_count", "sum", "mean", "variance")
+# The accountant-driven Gaussian calibration (issue 26). A change to what it computes for an existing spec is a new
+# method name, kept beside this one: manifests recorded with it must still verify.
+GAUSSIAN_CALIBRATION = "accountant_common_rho_factor/1"
+CALIBRATION_REL_TOL = 1e-6  # on the common rho factor; epsilon moves by about half of it
+# Under pld/1 a real-valued Gaussian vector gets a grid at most 2**-7 of one coordinate's sensitivity (instead of
+# the mechanisms' 2**-10), so that one coordinate moves at most pld.MAX_EXACT_DG_LATTICE_SENSITIVITY lattice steps and
+# pld/1 uses the exact discrete-Gaussian PLD: the rounding charge grows by at most 2**-7 + one step, the analysis
+# becomes exact instead of the zCDP rho's RDP conversion (about 7% of sigma).
+PLD_EXACT_RESOLUTION_BITS = 7
 
 
 @dataclass(frozen=True)
@@ -76,10 +110,12 @@ class NoisyVector:
     accumulator: str  # which per-partition aggregate it noises
     params: NoiseParams
     sensitivity: Sensitivity  # before the rounding charge
+    resolution_bits: int | None = None  # the grid's bits when not the mechanisms' default (pld/1-calibrated plans)
+    charged_event: PrivacyEvent | None = None  # per-coordinate form (``coordinate_event``), pld/1-calibrated plans
 
     def event(self) -> PrivacyEvent:
         """What this vector's noise spends (the rounding charge included)."""
-        return self.params.event()
+        return self.charged_event if self.charged_event is not None else self.params.event()
 
 
 @dataclass(frozen=True)
@@ -136,6 +172,8 @@ class ReleasePlan:
     metrics: tuple[MetricPlan, ...]
     postprocess: dict[str, Any] = field(default_factory=dict)
     weights: dict[str, float] = field(default_factory=dict)
+    accountant: str | None = None  # the spec's budget.accountant: what the plan certifies under (else basic/1)
+    gaussian_calibration: dict[str, Any] | None = None  # how the Gaussian sigmas were found, when by the accountant
 
     @property
     def events(self) -> list[PrivacyEvent]:
@@ -175,6 +213,8 @@ class ReleasePlan:
                         "sensitivity": {"l1": v.sensitivity.l1, "l2": v.sensitivity.l2,
                                         "linf": v.sensitivity.linf, "max_coords": v.sensitivity.max_coords},
                         "event": event_to_dict(v.event()),
+                        # only when set: vectors on the default grid describe (and hash) as before
+                        **({"resolution_bits": v.resolution_bits} if v.resolution_bits is not None else {}),
                     }
                     for v in m.vectors
                 ]
@@ -196,10 +236,17 @@ class ReleasePlan:
                   "max_partitions_per_unit": s.max_partitions_per_unit,
                   # set together with partition_selection by plan_release
                   "event": event_to_dict(cast(PrivacyEvent, self.partition_selection_event))}
+        budget: dict[str, Any] = {"epsilon": self.epsilon, "delta": self.delta, "noise": self.noise,
+                                  "weights": self.weights}
+        # only when set: a plan of a spec without budget.accountant describes (and hashes) as before
+        if self.accountant is not None:
+            budget["accountant"] = self.accountant
+        if self.gaussian_calibration is not None:
+            budget["gaussian_calibration"] = self.gaussian_calibration
         return {
             "schema": "dpops.plan/1",
             "release": self.release, "spec_hash": self.spec_hash,
-            "budget": {"epsilon": self.epsilon, "delta": self.delta, "noise": self.noise, "weights": self.weights},
+            "budget": budget,
             "privacy_unit": {"column": self.unit_column, "adjacency": self.adjacency,
                              "record_level": self.record_level},
             "contribution": {"max_partitions_per_unit": self.max_partitions_per_unit,
@@ -276,44 +323,16 @@ def plan_release(spec) -> ReleasePlan:  # spec: dpops.spec.ReleaseSpec (typing i
 
     count_s = sensitivity.count(bounds)
     m_coords = int(count_s.max_coords)  # partitions one unit can change
-
-    metrics = []
     # A released count metric is reused (post-processing) as the denominator of means and variances.
     count_key = next((m.key for m in spec.metrics if m.type == "count"), None)
-    for m in spec.metrics:
-        key = m.key
-        lohi = tuple(float(x) for x in m.bounds) if getattr(m, "bounds", None) is not None else None
-        base = dict(key=key, type=m.type, column=getattr(m, "column", None), bounds=lohi,
-                    epsilon=eps_share[key], delta=delta_share.get(key, 0.0), rho=rho_share.get(key))
-        if m.type in GAUSSIAN_ABLE:
-            parts = _vector_layout(m.type, key, bounds, lohi)
-            reuse = m.type in ("mean", "variance") and count_key is not None
-            if reuse:
-                parts = [p for p in parts if p[0] != "count"]
-                base["count_from"] = count_key
-            vecs = []
-            for name, acc, sens, integer in parts:
-                if gaussian(m):
-                    params = _gaussian_zcdp(mechanisms, rho_share[key] / len(parts), sens, integer)
-                else:
-                    params = mechanisms.laplace_mechanism(
-                        eps_share[key] / len(parts), sens.l1, integer_valued=integer, max_coords=sens.max_coords)
-                vecs.append(NoisyVector(name, acc, params, sens))
-            metrics.append(MetricPlan(**base, vectors=tuple(vecs)))
-        elif m.type == "quantiles":
-            qs = tuple(float(q) for q in m.quantiles)
-            runs = m_coords * len(qs)
-            metrics.append(MetricPlan(
-                **base, quantiles=qs, quantile_suffixes=tuple(m.column_suffixes()), n_bins=QUANTILE_BINS,
-                per_run_epsilon=eps_share[key] / runs, utility_sensitivity=float(sensitivity.quantile_utility(bounds)),
-                runs_per_unit=runs))
-        elif m.type == "top_k":
-            metrics.append(MetricPlan(
-                **base, k=int(m.k), domain=tuple(m.domain), per_run_epsilon=eps_share[key] / m_coords,
-                utility_sensitivity=float(count_s.linf), runs_per_unit=m_coords,
-                monotonic=unit.adjacency == "add_remove"))
-        else:  # pragma: no cover - the spec model only admits known types
-            raise SpecError(f"unknown metric type {m.type!r}")
+
+    acct_ref = spec.budget.accountant
+
+    def build_metrics(rho_share: dict[str, float]) -> list[MetricPlan]:
+        return _build_metrics(spec, mechanisms, bounds, lambda m: gaussian(m), eps_share, delta_share, rho_share,
+                              m_coords, count_s, count_key, acct_ref)
+
+    metrics = build_metrics(rho_share)
 
     ps: selection.PartitionSelection | None = None
     ps_event: ApproxDP | None = None
@@ -334,6 +353,21 @@ def plan_release(spec) -> ReleasePlan:  # spec: dpops.spec.ReleaseSpec (typing i
         else:
             ps_event = ps.event()
 
+    calibration: dict[str, Any] | None = None
+    if acct_ref is not None and g_keys:
+        # The Gaussian vectors, as (weight, vectors in the metric, sensitivity, integer-valued): their rho at a
+        # group rho_G is (rho_G * w / wg) / n, the same expression build_metrics uses, so the events searched
+        # are the events planned.
+        layout = tuple((weights[m.key], n, sens, integer, resolution_bits(acct_ref, sens, integer), acct_ref == "pld/1")
+                       for m, n, sens, integer in _gaussian_vectors(spec, bounds, gaussian, count_key))
+        fixed = tuple(e for mp in metrics if mp.key not in rho_share for e in mp.events())
+        fixed += (ps_event,) if ps_event is not None else ()
+        rho_cal = calibrated_rho_group(acct_ref, eps, delta, fixed, layout, wg, rho_g)
+        rho_share = {k: rho_cal * weights[k] / wg for k in g_keys}
+        metrics = build_metrics(rho_share)
+        calibration = {"method": GAUSSIAN_CALIBRATION, "accountant": acct_ref,
+                       "relative_tolerance": CALIBRATION_REL_TOL, "rho_group": rho_cal, "rho_group_zcdp_split": rho_g}
+
     plan = ReleasePlan(
         release=spec.name, spec_hash=spec.spec_hash, epsilon=eps, delta=delta, noise=noise,
         unit_column=unit.column, adjacency=unit.adjacency, record_level=bool(unit.record_level),
@@ -343,22 +377,173 @@ def plan_release(spec) -> ReleasePlan:  # spec: dpops.spec.ReleaseSpec (typing i
         public_partitions=None if public is None else tuple(tuple(p) for p in public),
         partition_selection=ps, partition_selection_event=ps_event, metrics=tuple(metrics),
         postprocess=spec.postprocess.model_dump(mode="json"), weights=weights,
+        accountant=acct_ref, gaussian_calibration=calibration,
     )
     _certify(plan)
     return plan
 
 
-def _gaussian_zcdp(mechanisms, rho: float, sens, integer: bool):
+def _build_metrics(spec, mechanisms, bounds, gaussian, eps_share: dict[str, float], delta_share: dict[str, float],
+                   rho_share: dict[str, float], m_coords: int, count_s, count_key: str | None,
+                   acct_ref: str | None) -> list[MetricPlan]:
+    """Every metric's plan at the given shares (the Gaussian ones at ``rho_share``); pure in its arguments."""
+    unit = spec.privacy_unit
+    metrics = []
+    for m in spec.metrics:
+        key = m.key
+        lohi = tuple(float(x) for x in m.bounds) if getattr(m, "bounds", None) is not None else None
+        base = dict(key=key, type=m.type, column=getattr(m, "column", None), bounds=lohi,
+                    epsilon=eps_share[key], delta=delta_share.get(key, 0.0), rho=rho_share.get(key))
+        if m.type in GAUSSIAN_ABLE:
+            parts = _vector_layout(m.type, key, bounds, lohi)
+            reuse = m.type in ("mean", "variance") and count_key is not None
+            if reuse:
+                parts = [p for p in parts if p[0] != "count"]
+                base["count_from"] = count_key
+            vecs = []
+            for name, acc, sens, integer in parts:
+                bits: int | None = None
+                charged: PrivacyEvent | None = None
+                if gaussian(m):
+                    bits = resolution_bits(acct_ref, sens, integer)
+                    params = _gaussian_zcdp(mechanisms, rho_share[key] / len(parts), sens, integer, bits)
+                    bits = None if bits == mechanisms.RESOLUTION_BITS else bits
+                    charged = coordinate_event(params, sens) if acct_ref == "pld/1" else None
+                else:
+                    params = mechanisms.laplace_mechanism(
+                        eps_share[key] / len(parts), sens.l1, integer_valued=integer, max_coords=sens.max_coords)
+                vecs.append(NoisyVector(name, acc, params, sens, bits, charged))
+            metrics.append(MetricPlan(**base, vectors=tuple(vecs)))
+        elif m.type == "quantiles":
+            qs = tuple(float(q) for q in m.quantiles)
+            runs = m_coords * len(qs)
+            metrics.append(MetricPlan(
+                **base, quantiles=qs, quantile_suffixes=tuple(m.column_suffixes()), n_bins=QUANTILE_BINS,
+                per_run_epsilon=eps_share[key] / runs, utility_sensitivity=float(sensitivity.quantile_utility(bounds)),
+                runs_per_unit=runs))
+        elif m.type == "top_k":
+            metrics.append(MetricPlan(
+                **base, k=int(m.k), domain=tuple(m.domain), per_run_epsilon=eps_share[key] / m_coords,
+                utility_sensitivity=float(count_s.linf), runs_per_unit=m_coords,
+                monotonic=unit.adjacency == "add_remove"))
+        else:  # pragma: no cover - the spec model only admits known types
+            raise SpecError(f"unknown metric type {m.type!r}")
+    return metrics
+
+
+def _gaussian_vectors(spec, bounds, gaussian, count_key: str | None):
+    """(metric, vectors in it, sensitivity, integer-valued) for each Gaussian vector, in plan order."""
+    out: list[tuple[Any, int, Sensitivity, bool]] = []
+    for m in spec.metrics:
+        if not gaussian(m):
+            continue
+        lohi = tuple(float(x) for x in m.bounds) if getattr(m, "bounds", None) is not None else None
+        parts = _vector_layout(m.type, m.key, bounds, lohi)
+        if m.type in ("mean", "variance") and count_key is not None:
+            parts = [p for p in parts if p[0] != "count"]
+        out.extend((m, len(parts), sens, integer) for _, _, sens, integer in parts)
+    return out
+
+
+def _group_events(layout, wg: float, rho_group: float) -> list[PrivacyEvent]:
+    from dpops.noise import mechanisms  # noqa: PLC0415 - numpy, only when planning
+
+    out: list[PrivacyEvent] = []
+    for w, n, sens, integer, bits, per_coordinate in layout:
+        params = _gaussian_zcdp(mechanisms, rho_group * w / wg / n, sens, integer, bits)
+        charged = coordinate_event(params, sens) if per_coordinate else None
+        out.append(charged if charged is not None else params.event())
+    return out
+
+
+@lru_cache(maxsize=256)  # plan_release runs many times per spec (plan, analysis, pipeline, verify): search once
+def calibrated_rho_group(accountant: str, epsilon: float, delta: float, fixed: tuple[PrivacyEvent, ...],
+                         layout: tuple[tuple[float, int, Sensitivity, bool, int, bool], ...], wg: float,
+                         start: float) -> float:
+    """The largest group rho (to ``CALIBRATION_REL_TOL``) whose Gaussian events, composed with ``fixed`` by
+    ``accountant``, cost at most ``epsilon`` at ``delta`` (see the module docstring).
+
+    ``start`` is the zCDP split's rho_G, which every accountant certifies (each is never worse than basic/1);
+    the answer is a value the accountant was asked about and certified, never an interpolation."""
+    from dpops.accounting import get_accountant  # lazy registry: pld pulls in dp_accounting only when named
+    from dpops.noise.calibration import largest_passing
+
+    acct = get_accountant(accountant)
+
+    def ok(rho_group: float) -> bool:
+        return acct.epsilon(list(fixed) + _group_events(layout, wg, rho_group), delta) <= epsilon
+
+    return largest_passing(ok, start, CALIBRATION_REL_TOL, max_doublings=40)
+
+
+def coordinate_lattice(linf: float, integer: bool, resolution: float) -> int:
+    """How many lattice steps one unit can move ONE coordinate of the noised vector: Linf for an integer query
+    (no rounding), ceil(Linf/r + 1) on a grid r (two roundings to the nearest multiple of r move the difference
+    by less than r). The one formula, for the plan and for ``manifest verify``."""
+    from fractions import Fraction
+
+    if integer:
+        if float(linf) != math.floor(linf):
+            raise InvalidParameter(f"an integer-valued query needs an integer Linf sensitivity, got {linf!r}")
+        return int(linf)
+    return math.ceil(Fraction(float(linf)) / Fraction(float(resolution)) + 1)
+
+
+def resolution_bits(accountant: str | None, sens: Sensitivity, integer: bool) -> int:
+    """Grid bits of a Gaussian vector: the mechanisms' default, except under pld/1 for a real-valued one
+    (``PLD_EXACT_RESOLUTION_BITS``, fewer if needed) so that ONE coordinate's lattice sensitivity
+    (``coordinate_lattice``) is one pld/1 analyses exactly. Public parameters only; the manifest records any
+    non-default value (``resolution_bits``) for ``manifest verify``."""
+    from dpops.noise.mechanisms import RESOLUTION_BITS, choose_resolution
+
+    if accountant != "pld/1" or integer:
+        return RESOLUTION_BITS
+    from dpops.accounting.pld import MAX_EXACT_DG_LATTICE_SENSITIVITY  # pld/1's own limit: it is being used
+
+    for bits in range(PLD_EXACT_RESOLUTION_BITS, 0, -1):
+        r = choose_resolution(float(sens.l2), math.sqrt(int(sens.max_coords)), bits)
+        if coordinate_lattice(sens.linf, False, r) <= MAX_EXACT_DG_LATTICE_SENSITIVITY:
+            return bits
+    return RESOLUTION_BITS  # pragma: no cover - one bit always gives a lattice sensitivity of at most 3
+
+
+def coordinate_event(params: NoiseParams, sens: Sensitivity) -> PrivacyEvent | None:
+    """Under pld/1, a discrete Gaussian VECTOR (max_coords m > 1) charged as m compositions of its scalar noise at
+    the per-coordinate lattice sensitivity n = ``coordinate_lattice``: SelfComposed(DiscreteGaussian(sigma, n r,
+    r, max_coords=1), m), which pld/1 analyses with the exact lattice PLD instead of the vector's zCDP rho.
+
+    Why it dominates the vector: the noise is independent N_Z(0, sigma^2) per coordinate, and a unit shifts at
+    most m coordinates, each by an integer number of steps |mu_i| <= n (lattice units); untouched coordinates are
+    identical on both sides. The family N_Z(theta, sigma^2) has a monotone likelihood ratio in x, so the most
+    powerful tests of theta = 0 against theta > 0 are the same threshold tests and their power does not decrease
+    with theta (Karlin-Rubin; Lehmann & Romano, TSH Lemma 3.4.2): the pair (N_Z(0), N_Z(mu_i)) is dominated by
+    (N_Z(0), N_Z(n)) for |mu_i| <= n (the pmf is symmetric and the reflection x -> mu - x swaps the two sides).
+    Domination is preserved by the product of independent coordinates (Dong, Roth & Su 2022, tensor products of
+    trade-off functions are monotone), so the vector's pair is dominated by the m-fold composition of the scalar
+    pair with shift n: exactly this event. Under zCDP it costs m (n r)^2/(2 sigma^2) + m tau, at least the vector's
+    own rho up to the rounding terms, so no accountant undercounts it. None for a scalar (its own event is exact)."""
+    m = int(sens.max_coords)
+    if m <= 1:
+        return None
+    from dpops.events import DiscreteGaussian
+
+    r = float(params.resolution)
+    n = coordinate_lattice(sens.linf, params.integer_valued, r)
+    return SelfComposed(DiscreteGaussian(sigma=params.scale, l2_sensitivity=n * r, resolution=r, max_coords=1), m)
+
+
+def _gaussian_zcdp(mechanisms, rho: float, sens, integer: bool, bits: int):
     """``mechanisms.gaussian_mechanism_zcdp``; if its self-check fails on float rounding (seen for
     rho ~1e-3 on fine grids: recorded rho 1e-10 relative above the request), ask for a slightly
     smaller rho -- more noise, never less, and the returned params are still verified by it."""
     try:
-        return mechanisms.gaussian_mechanism_zcdp(rho, sens.l2, integer_valued=integer, max_coords=sens.max_coords)
+        return mechanisms.gaussian_mechanism_zcdp(rho, sens.l2, integer_valued=integer, max_coords=sens.max_coords,
+                                                  resolution_bits=bits)
     except InvalidParameter as exc:
         if "did not verify" not in str(exc):
             raise
         return mechanisms.gaussian_mechanism_zcdp(rho * (1 - 1e-6), sens.l2, integer_valued=integer,
-                                                  max_coords=sens.max_coords)
+                                                  max_coords=sens.max_coords, resolution_bits=bits)
 
 
 def _vector_layout(mtype: str, key: str, b, lohi):
@@ -387,10 +572,11 @@ def _vector_layout(mtype: str, key: str, b, lohi):
 
 
 def _certify(plan: ReleasePlan) -> None:
-    """Refuse a plan whose events do not certify the spec's (epsilon, delta) under basic composition."""
+    """Refuse a plan whose events do not certify the spec's (epsilon, delta) under basic composition, or under
+    the spec's ``budget.accountant`` when it names one (the only accountant its reservation may be charged by)."""
     from dpops.accounting import get_accountant  # lazy registry: importing basic/1 is cheap
 
-    got = get_accountant("basic/1").epsilon(plan.events, plan.delta)
+    got = get_accountant(plan.accountant or "basic/1").epsilon(plan.events, plan.delta)
     if not got <= plan.epsilon:
         raise InvalidParameter(
             f"internal: release plan for {plan.release!r} certifies epsilon={got!r} > budget {plan.epsilon!r}; "

@@ -151,6 +151,10 @@ class BudgetSpec(_Strict):
     delta: Number = 0.0
     noise: Literal["laplace", "gaussian"] = "laplace"
     split: dict[str, Number] | None = None
+    # The scope's accountant, pinned ``name/version`` (issue 26): Gaussian noise is then calibrated so the
+    # release's events, composed by it, cost the declared (epsilon, delta); absent, the zCDP split (basic/1
+    # certifies it). Only a pinned version: the calibration must mean the same thing for every later verify.
+    accountant: str | None = None
 
     @field_validator("scope")
     @classmethod
@@ -168,6 +172,18 @@ class BudgetSpec(_Strict):
     @classmethod
     def _delta(cls, v: float) -> float:
         return check_delta(v, "delta")
+
+    @field_validator("accountant")
+    @classmethod
+    def _accountant(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        from dpops.accounting import known_accountants  # the registry is lazy: no accountant is imported here
+
+        if v not in known_accountants():
+            raise ValueError(f"budget.accountant {v!r} must be a pinned accountant name/version, one of "
+                             f"{known_accountants()} (the scope's: dpops ledger scope list)")
+        return v
 
     @field_validator("split")
     @classmethod
@@ -791,6 +807,8 @@ class ReleaseSpec(_Strict):
         doc = self.model_dump(mode="json", exclude={"accuracy", "tuning", "catchup"})
         if doc.get("estimated_from") is None:  # absent, not null: specs without it keep their hash
             doc.pop("estimated_from", None)
+        if doc["budget"].get("accountant") is None:  # likewise: specs written before budget.accountant keep theirs
+            doc["budget"].pop("accountant", None)
         if self.partitions.public_file is not None:
             rows = [list(p) for p in (self.public_partitions() or [])]
             if self._public_publishable:

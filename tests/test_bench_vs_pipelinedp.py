@@ -90,3 +90,19 @@ def test_dpops_bounding_shares_equal_exact_counts():
             assert got[key] == pytest.approx(exact[key], rel=1e-12, abs=1e-15), (l0, linf, key)
         # every row Linf alone drops is dropped by L0 (its pair) or by Linf (in a kept pair)
         assert got["rows_dropped_linf"] <= got["rows_dropped_total"] <= 1.0
+
+
+def test_calibrated_side_charges_the_declared_epsilon_and_flags_a_ratio_above_one():
+    """Part 1b's dpops side (issue 26 item 1): the pld/1-calibrated plan is below the zCDP split's std and
+    charged the declared epsilon; a PipelineDP std below dpops' is reported as a failed check, one above is not."""
+    g = BENCH.dpops_calibrated(1, 1, (0.0, 100.0), 1.0, "gaussian")
+    assert all(v["std"] < v["std_zcdp_split"] for v in g["vectors"])
+    _, fails = BENCH.compare_calibrated([g], None)
+    assert fails == []
+    stds = [v["std"] for v in g["vectors"]]
+    _, fails = BENCH.compare_calibrated([g], [[s * 1.001 for s in stds]])
+    assert fails == []
+    _, fails = BENCH.compare_calibrated([g], [[s * 0.999 for s in stds]])
+    assert len(fails) == len(stds) and all("PipelineDP PLD" in f for f in fails)
+    bad = dict(g, charged_epsilon=g["declared_epsilon"] * 1.0001)
+    assert any("charges epsilon" in f for f in BENCH.compare_calibrated([bad], None)[1])

@@ -48,7 +48,10 @@ def summary(spec: Any) -> dict[str, Any]:
         weights[f"{k}.bounds"] = float((spec.budget.split or {})[f"{k}.bounds"])
     total = sum(weights.values())
     b = spec.budget
+    # only when named: the summary of a spec without budget.accountant stays what it was
+    calibrated = {"accountant": b.accountant} if b.accountant is not None else {}
     return {
+        **calibrated,
         "file": spec.source,
         "release": spec.name,
         "spec_hash": spec.spec_hash,
@@ -152,7 +155,9 @@ def check_cmd(file: str, as_json: bool, key_file: str | None, require_targets: b
     p = doc["partitions"]
     click.echo(f"  partitions by {', '.join(p['columns'])}: {p['strategy']}"
                + (f" ({p['public_count']} listed)" if p["public_count"] is not None else ""))
-    click.echo(f"  budget: scope {doc['scope']}, epsilon {doc['epsilon']}, delta {doc['delta']}, {doc['noise']} noise")
+    click.echo(f"  budget: scope {doc['scope']}, epsilon {doc['epsilon']}, delta {doc['delta']}, {doc['noise']} noise"
+               + (f"; Gaussian noise calibrated so that {doc['accountant']} composes the run to epsilon "
+                  f"{doc['epsilon']} (the scope must use {doc['accountant']})" if doc.get("accountant") else ""))
     for m in doc["metrics"]:
         extra = f" of {m['column']}" if m["column"] else ""
         extra += f" in [{m['bounds'][0]}, {m['bounds'][1]}]" if m["bounds"] else ""

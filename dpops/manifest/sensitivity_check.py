@@ -53,6 +53,24 @@ def _ne(a: Any, b: Any) -> bool:
     return a != b
 
 
+def _check_coordinate_event(vw: str, ev: dict, v: dict, s, r: float, integer: bool) -> list[str]:
+    """A vector charged as ``count`` compositions of its scalar noise: the count is the vector's max_coords, the
+    inner event is its noise (sigma = the vector's scale, its grid, one coordinate) at the per-coordinate lattice
+    sensitivity the bounds give (``dpops.release_plan.coordinate_lattice``)."""
+    from dpops.release_plan import coordinate_lattice
+
+    out: list[str] = []
+    inner = ev["event"]
+    want = {"kind": "discrete_gaussian", "sigma": v["scale"], "resolution": r, "max_coords": 1,
+            "l2_sensitivity": coordinate_lattice(s.linf, integer, r) * r}
+    for k, val in want.items():
+        if _ne(inner.get(k), val):
+            out.append(f"{vw}.event.event.{k}: {inner.get(k)!r}, the vector's noise and bounds give {val!r}")
+    if _ne(ev.get("count"), int(s.max_coords)):
+        out.append(f"{vw}.event.count: {ev.get('count')!r}, the bounds give max_coords {int(s.max_coords)}")
+    return out
+
+
 def recompute_sensitivities(m: dict[str, Any]) -> list[str]:
     """Recompute every vector's sensitivity from the manifest's own contribution bounds; one problem per mismatch.
 
@@ -82,7 +100,7 @@ def recompute_sensitivities(m: dict[str, Any]) -> list[str]:
             # The charged sensitivity includes the rounding charge: r*ceil(raw/r + m) (L1) or r*ceil(raw/r +
             # sqrt(m)) (L2), never less than raw + r*m; recomputed with the mechanisms' own formula (an
             # estimated bound such as 2**(j/4) makes raw/r a non-integer, where raw + r*m would be short).
-            from dpops.noise.mechanisms import charged_sensitivity
+            from dpops.noise.mechanisms import RESOLUTION_BITS, charged_sensitivity
 
             r, mc = float(v["resolution"]), int(s.max_coords)
             integer = v["mechanism"].startswith("integer_")
@@ -90,11 +108,18 @@ def recompute_sensitivities(m: dict[str, Any]) -> list[str]:
                 charged = v.get(f"{norm}_sensitivity_charged")
                 if charged is None:
                     continue
-                expect = raw if integer else charged_sensitivity(raw, False, mc, norm)
+                # a pld/1-calibrated plan may put one coordinate on a coarser grid; the plan records its bits
+                # (and the plan check recomputes the whole plan from the spec, so they cannot be chosen freely)
+                bits = int(v.get("resolution_bits", RESOLUTION_BITS))
+                expect = raw if integer else charged_sensitivity(raw, False, mc, norm, bits)
                 if _ne(charged, expect):
                     out.append(f"{vw}.{norm}_sensitivity_charged: manifest says {charged!r}, expected {expect!r} "
                                f"(raw {raw!r}{'' if integer else f' + rounding {extra!r}, up to the grid {r!r}'})")
             ev = event_to_dict(event_from_dict(v["event"]))
+            if ev["kind"] == "self_composed":
+                # a pld/1-calibrated vector charged per coordinate (dpops.release_plan.coordinate_event)
+                out.extend(_check_coordinate_event(vw, ev, v, s, r, integer))
+                continue
             scale_field = "scale" if "scale" in ev else "sigma"
             if _ne(ev.get(scale_field), v["scale"]):
                 out.append(f"{vw}.event.{scale_field}: {ev.get(scale_field)!r} differs from the vector's "

@@ -10,11 +10,17 @@
   δ(ε) = P[X > εσ²/Δ − Δ/2] − e^ε P[X > εσ²/Δ + Δ/2], X ~ N_Z(0, σ²); we search the smallest σ.
 - zCDP: σ = Δ/sqrt(2ρ); and the conversion ε = ρ + 2 sqrt(ρ ln(1/δ)) (Bun & Steinke 2016,
   Prop 1.3) that every accountant in dpops certifies.
+- One scalar for a whole release (``largest_passing``): the release plan scales every Gaussian
+  vector's ρ by one common factor and bisects that factor on the scope accountant's own composed
+  ε (``dpops.release_plan``). The search only ever returns a factor it has checked, so whatever
+  the accountant computes, the answer certifies; the tolerance only decides how close to the
+  declared ε it lands.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import lru_cache
 
 import numpy as np
@@ -164,7 +170,39 @@ def gaussian_sigma_zcdp(epsilon: float, delta: float, l2_sensitivity: float) -> 
     return discrete_gaussian_sigma_zcdp(zcdp_rho_for(epsilon, delta), d) * (1 + 1e-12)
 
 
+def largest_passing(ok: Callable[[float], bool], start: float, rel_tol: float, *, max_doublings: int = 64) -> float:
+    """Largest t >= ``start`` (to relative ``rel_tol``) with ``ok(t)``, by doubling then bisection.
+
+    ``ok(start)`` must hold (else InvalidParameter). ``ok`` is expected to be true below some point and
+    false above it; if it is not monotone (a discretised accountant can wobble by its discretisation) the
+    answer is still a value where ``ok`` was evaluated true: the returned t is always the checked, safe
+    end of the bracket (for a release, the smaller ρ, i.e. the larger σ). When ``ok`` stays true for
+    ``max_doublings`` doublings (e.g. every σ sits on its floor) the last checked value is returned.
+    """
+    if not (math.isfinite(start) and start > 0):
+        raise InvalidParameter(f"largest_passing needs a finite start > 0, got {start!r}")
+    if not (0 < rel_tol < 1):
+        raise InvalidParameter(f"rel_tol must be in (0, 1), got {rel_tol!r}")
+    if not ok(start):
+        raise InvalidParameter("largest_passing: the starting point does not pass")
+    lo, hi = start, 2.0 * start
+    for _ in range(max_doublings):
+        if not ok(hi):
+            break
+        lo, hi = hi, 2.0 * hi
+    else:
+        return lo
+    while hi - lo > rel_tol * lo:
+        mid = 0.5 * (lo + hi)
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 __all__ = [
+    "largest_passing",
     "laplace_scale",
     "gaussian_sigma_analytic",
     "gaussian_sigma_classical",

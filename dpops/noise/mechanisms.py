@@ -16,7 +16,9 @@ have rounded vectors differing by at most Δ1 + r·m (L1) / Δ2 + r·sqrt(m) (L2
 Resolution policy (public parameters only): r is the largest power of two with
 r·m ≤ Δ1/2**10 (L1) or r·sqrt(m) ≤ Δ2/2**10 (L2), so the rounding costs at most 2**-10 ≈ 0.1%
 of the sensitivity (plus the ceil, at most one more lattice step, another ≤ 0.1%), and the grid
-is ≥ 2**10·m/ε times finer than the Laplace scale.
+is ≥ 2**10·m/ε times finer than the Laplace scale. A plan calibrated by pld/1 may ask for fewer bits
+(``resolution_bits``) for a one-coordinate Gaussian vector, so that pld/1 analyses it with the exact
+discrete-Gaussian lattice PLD; the rounding charge above holds for any power-of-two r.
 
 Calibration of the Gaussian: ``calibration="exact"`` uses the exact (ε, δ) of the discrete
 Gaussian (CKS20 Thm 7) when one coordinate changes (m = 1); that profile is what a PLD accountant
@@ -220,22 +222,23 @@ class NoiseParams:
         }
 
 
-def choose_resolution(sensitivity: float, coord_factor: float) -> float:
-    """Largest power of two r with r·coord_factor <= sensitivity / 2**RESOLUTION_BITS."""
-    x = sensitivity / (coord_factor * 2.0**RESOLUTION_BITS)
+def choose_resolution(sensitivity: float, coord_factor: float, bits: int = RESOLUTION_BITS) -> float:
+    """Largest power of two r with r·coord_factor <= sensitivity / 2**bits (``RESOLUTION_BITS`` unless a plan says)."""
+    x = sensitivity / (coord_factor * 2.0**bits)
     _, e = math.frexp(x)  # x = f·2**e, f in [0.5, 1)
     r = math.ldexp(1.0, e - 1)
-    if r * coord_factor * 2.0**RESOLUTION_BITS > sensitivity:  # float rounding in x: step down
+    if r * coord_factor * 2.0**bits > sensitivity:  # float rounding in x: step down
         r /= 2
     return r
 
 
-def _lattice_sensitivity(sens: float, integer_valued: bool, m: int, norm: str) -> tuple[float, Fraction]:
+def _lattice_sensitivity(sens: float, integer_valued: bool, m: int, norm: str,
+                         bits: int = RESOLUTION_BITS) -> tuple[float, Fraction]:
     """(resolution r, charged sensitivity in lattice units as an exact Fraction)."""
     if integer_valued:
         return 1.0, Fraction(sens)
     factor = m if norm == "l1" else math.sqrt(m)
-    r = choose_resolution(sens, factor)
+    r = choose_resolution(sens, factor, bits)
     if norm == "l1":
         extra = Fraction(m)
     else:
@@ -246,11 +249,12 @@ def _lattice_sensitivity(sens: float, integer_valued: bool, m: int, norm: str) -
     return r, Fraction(math.ceil(lat))
 
 
-def charged_sensitivity(sens: float, integer_valued: bool, max_coords: int, norm: str) -> float:
+def charged_sensitivity(sens: float, integer_valued: bool, max_coords: int, norm: str,
+                        resolution_bits: int = RESOLUTION_BITS) -> float:
     """The sensitivity a mechanism charges for ``sens`` (the rounding to its grid included): r times the
     integer ceil(sens/r + m) (L1) or ceil(sens/r + sqrt(m)) (L2); ``sens`` itself for integer queries. The
     one formula, for ``manifest verify`` to recompute a plan's ``*_sensitivity_charged``."""
-    r, lat = _lattice_sensitivity(float(sens), bool(integer_valued), int(max_coords), norm)
+    r, lat = _lattice_sensitivity(float(sens), bool(integer_valued), int(max_coords), norm, int(resolution_bits))
     return float(r * lat)
 
 
@@ -394,11 +398,16 @@ def _gaussian_for_accountant(epsilon: float, delta: float, r: float, lat_sens: F
 
 
 def gaussian_mechanism_zcdp(rho: float, l2_sensitivity: float, *, integer_valued: bool,
-                            max_coords: int = 1) -> NoiseParams:
-    """ρ-zCDP discrete Gaussian noise: σ = Δ2'/sqrt(2ρ) with the rounding-charged Δ2'."""
+                            max_coords: int = 1, resolution_bits: int = RESOLUTION_BITS) -> NoiseParams:
+    """ρ-zCDP discrete Gaussian noise: σ = Δ2'/sqrt(2ρ) with the rounding-charged Δ2'.
+
+    ``resolution_bits`` (default ``RESOLUTION_BITS``) sets the grid of a real-valued query: a plan calibrated
+    by pld/1 asks for a coarser one (``dpops.release_plan.PLD_EXACT_RESOLUTION_BITS``) so that one
+    coordinate's lattice sensitivity stays where pld/1 uses the exact discrete-Gaussian PLD."""
     rho = check_positive(rho, "rho")
     sens, integer_valued, m = _check_common(l2_sensitivity, "l2_sensitivity", integer_valued, max_coords)
-    r, lat_sens = _lattice_sensitivity(sens, integer_valued, m, "l2")
+    bits = check_positive_int(resolution_bits, "resolution_bits")
+    r, lat_sens = _lattice_sensitivity(sens, integer_valued, m, "l2", bits)
     if rho <= DISCRETE_GAUSSIAN_TAU:
         raise InvalidParameter(f"rho={rho} is not above the discrete Gaussian's tau term {DISCRETE_GAUSSIAN_TAU}")
     sigma = max(float(lat_sens) / math.sqrt(2 * (rho - DISCRETE_GAUSSIAN_TAU)), DISCRETE_GAUSSIAN_MIN_SIGMA_STEPS)

@@ -152,6 +152,13 @@ def _check_scope(ctx: RunContext, ledger: Ledger) -> ScopeDefinition:
     if scope is None:
         raise LedgerError(f"budget scope {name!r} is not in the ledger; create it with dpops ledger scope create")
     problems = unit_definition_mismatches(ctx.spec, scope)
+    declared = ctx.spec.budget.accountant
+    if declared is not None and declared != scope.accountant:
+        # The Gaussian sigmas were calibrated so that THIS accountant composes the run to the declared epsilon;
+        # another one may count the same events as more (basic/1 charges them through rho), over the budget.
+        problems.append(f"budget.accountant is {declared} but scope {name!r} is checked by {scope.accountant}: the "
+                        f"noise was calibrated for {declared}; set budget.accountant: {scope.accountant} (or remove "
+                        "it for the zCDP split every accountant certifies)")
     if problems:
         raise SpecError("\n".join(f"{ctx.spec.source}: {p}" for p in problems) + "\nnothing was reserved")
     # Bounds learned from the data are only sound through a charged estimation on this scope (issue 20
@@ -269,6 +276,6 @@ def reserve(ctx: RunContext, ledger: Ledger, *, restates: str | None = None,
         ctx.fresh_reason = (fresh_attempt or "")[:500]  # a refusal's manifest records the same link
         details["replaces_spent"] = {"run_id": ctx.replaces_spent, "reason": ctx.fresh_reason}
     record = ledger.reserve(ctx.run_key, ctx.spec.budget.scope, ctx.events, actor=ctx.actor, restates=restates,
-                            details=details)
+                            details=details, accountant=ctx.spec.budget.accountant)
     charged = float(record.epsilon) if existing is None else 0.0
     return make_outcome(ctx, ledger, record.state if existing else "reserved", record=record, charged=charged)
