@@ -211,7 +211,7 @@ def reserve(ctx: RunContext, ledger: Ledger, *, restates: str | None = None,
             "--fresh-attempt: a retry of a reserved or started keyed run costs nothing; nothing was reserved")
     published = ledger.published(ctx.spec.name, ctx.interval.start_iso, ctx.interval.end_iso)
     if published is not None and published.run_id == ctx.run_id:
-        make_visible(ctx, published)  # a crash between the ledger commit and the file publish is healed here
+        make_visible(ctx, published, ledger)  # a crash between the ledger commit and the file publish is healed here
         check_served_files(ctx, published, ledger)
         return make_outcome(ctx, ledger, "already_published", record=published,
                         message="served from the published result, nothing charged")
