@@ -222,3 +222,22 @@ def test_a_version_bound_by_an_older_dpops_still_verifies(tmp_path, monkeypatch,
         lid = led.ledger_id()
     code, out = _run(capsys, *reader, "--public-key", str(pub), "--ledger-id", str(lid))
     assert code == 7 and BINDING_VERSION_1 in out, out
+
+
+def test_a_run_next_to_a_stray_forged_version_is_refused_before_anything_is_reserved(tmp_path, monkeypatch, capsys,
+                                                                                     signing):
+    """A forged version on a never-run day without a ``current`` pointer used to be published next to: the run
+    charged 0.5, wrote v2 beside the forged v1, and every check then failed. Now the run is refused (exit 7)
+    before the reservation: nothing charged, nothing published."""
+    env = make_env(tmp_path, monkeypatch)
+    _publish(capsys, env, "2024-01-01")
+    day2 = _interval_dir(env, DAY2)
+    _forge_on(day2, _interval_dir(env, DAY1) / "v1", DAY2)
+    os.unlink(day2 / "current")  # only the stray version
+    code, out = _run(capsys, "release", "run", str(env.spec), "--interval", "2024-01-02", "--ledger", env.url,
+                     "--key-file", str(env.key), "--publish", "--no-gx-checks")
+    assert code == 7 and "nothing reserved" in out and "not committed in the ledger" in out, out
+    with open_ledger(env.url) as led:
+        assert [r.key.interval_start[:10] for r in led.runs(release=RELEASE)] == ["2024-01-01"]
+        assert led.status("shop").total == pytest.approx(0.5)
+    assert sorted(p.name for p in day2.iterdir()) == ["v1"]
