@@ -14,10 +14,13 @@ scheduled or backfill run of that date). A run with neither fails at once, witho
 reused) and never charges twice (idempotent reserve per run key; a published interval is served).
 
 Settings resolved when a task runs (never at parse time, so the dag-processor needs neither
-the key nor the ledger), Airflow first so a secrets backend works:
+the key nor the ledger):
 
-    connection dpops_ledger        the ledger (its URI; or extra {"ledger_url": ...}); else $DPOPS_LEDGER_URL
-    variable   dpops_noise_key_ref path of the noise key FILE (a reference, never the key); else
+    $DPOPS_LEDGER_URL              the ledger: the worker's environment ONLY. No Airflow Connection is read
+                                   for it (a Connection named dpops_ledger is ignored): Connections are
+                                   editable by Op/Admin users and the api-server, and whoever picks the
+                                   ledger picks the cap (issue 25 item 9)
+    variable   dpops_noise_key_ref path of the noise key FILE under $DPOPS_KEY_DIR (a reference, never the key); else
                                    $DPOPS_NOISE_KEY_FILE
     connection dpops_airflow_api   http://user:password@host:port of the api-server: lets a refused run
                                    set its DAG-run note (Airflow 3 tasks have no database access)
@@ -72,7 +75,6 @@ log = logging.getLogger("dpops.airflow")
 SPECS_DIR_ENV = "DPOPS_SPECS_DIR"
 DEFAULT_START = "2024-01-01"
 ACTOR = "airflow"
-LEDGER_CONN_ID = "dpops_ledger"
 KEY_REF_VARIABLE = "dpops_noise_key_ref"
 API_CONN_ID = "dpops_airflow_api"
 OUTCOME_XCOM = "dpops_outcome"  # reserve_budget's {"run_id", "state"}; the Privacy budget tab reads it
@@ -167,40 +169,17 @@ def _interval(context: Any, spec_path: str) -> tuple[str, str]:
         raise AirflowFailException(str(exc)) from None
 
 
-def _not_found(exc: Exception) -> bool:
-    return type(exc).__name__ in ("AirflowNotFoundException", "AirflowRuntimeError")
-
-
-def connection_ledger_url(conn: Any) -> str:
-    """A ledger URL from an Airflow connection (``get_uri`` would turn sqlite paths and postgresql into
-    forms the ledger does not read)."""
-    extra = conn.extra_dejson if hasattr(conn, "extra_dejson") else {}
-    if extra.get("ledger_url"):
-        return str(extra["ledger_url"])
-    ctype = (conn.conn_type or "").lower()
-    if ctype == "sqlite":
-        return f"sqlite:///{conn.schema or conn.host}"
-    uri = conn.get_uri()
-    if ctype in ("postgres", "postgresql"):
-        uri = "postgresql://" + uri.split("://", 1)[1]
-    return uri
-
-
 def _settings() -> Any:
-    """Ledger URL from the ``dpops_ledger`` connection and key reference from the ``dpops_noise_key_ref``
-    variable (so a secrets backend works), else the environment (``dpops.orchestration.Settings``)."""
-    from airflow.sdk import Connection, Variable
+    """Key reference from the ``dpops_noise_key_ref`` variable (so a secrets backend works; confined to
+    ``$DPOPS_KEY_DIR``), else the environment; the ledger only from the worker's ``$DPOPS_LEDGER_URL``
+    (``dpops.orchestration.Settings.resolve``). Airflow metadata never chooses the ledger: a Connection is
+    writable by Op/Admin users and a compromised api-server, and the ledger it named would enforce its own cap."""
+    from airflow.sdk import Variable
 
     from dpops.orchestration import Settings
 
-    try:
-        ledger_url: str | None = connection_ledger_url(Connection.get(LEDGER_CONN_ID))
-    except Exception as exc:
-        if not _not_found(exc):
-            raise
-        ledger_url = None
     key_ref = Variable.get(KEY_REF_VARIABLE, default=None)
-    return Settings.resolve(ledger_url=ledger_url, key_ref=key_ref)
+    return Settings.resolve(key_ref=key_ref)
 
 
 def _step(spec_path: str, context: Any) -> Any:

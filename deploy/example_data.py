@@ -29,7 +29,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=2000, help="rows per day")
     ap.add_argument("--partitions", type=int, default=4, help="regions p0..p(N-1); the spec lists them")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--out", default=None, help="the output root: its published/ and manifests/ are created (0755) "
+                                                "so the api-server can mount exactly those two, read-only")
     args = ap.parse_args(argv)
+    if args.out:
+        for sub in ("published", "manifests"):
+            d = Path(args.out) / sub
+            d.mkdir(parents=True, exist_ok=True, mode=0o755)
+            d.chmod(0o755)
 
     today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
     root = Path(args.root)

@@ -45,6 +45,9 @@ chosen by the operator, never a file of the data roots (which hold every release
   public file whose real path lies under a data root is refused even if it is also under a public root
   (a symlink from a public root into the data);
 - the key file and its directory are refused as for data paths;
+- the bytes read are those of the file that passed the check (``read_public_file``: one open, the
+  descriptor's own path checked, its inode compared with the checked path's), never a second open by
+  name that a symlink flipped in between could redirect (issue 25 item 11);
 - whether the file's rows may appear in the manifest is the operator's decision, per root:
   ``DPOPS_PUBLIC_ROOTS_PUBLISHABLE`` lists public roots (each equal to or below an entry of
   ``DPOPS_PUBLIC_ROOTS``) whose files are publishable as lists. A public file elsewhere is recorded in the
@@ -276,7 +279,71 @@ def check_public_path(path: str | os.PathLike[str] | Location, field: str, *, so
     return PublicFile(str(resolved), publishable)
 
 
+def _opened_path(fd: int) -> str | None:
+    """The path of what ``fd`` refers to (Linux ``/proc/self/fd/N``), None where the kernel does not say."""
+    try:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
+    return target if target.startswith("/") and not target.endswith(" (deleted)") else None
+
+
+def read_public_file(path: Location, field: str, *, source: str, spec_dir: str | os.PathLike[str] | None,
+                     limit: int, key_path: str | os.PathLike[str] | None = None) -> tuple[bytes | None, PublicFile]:
+    """Read a public file's bytes (None when larger than ``limit``) after ``check_public_path``, from the very
+    file that passed the check.
+
+    Privacy reason (issue 25 item 11): checking a path and then opening it again by name lets whoever can
+    write a public root flip a symlink between the two, so the check sees the public file and the read gets
+    another release's private input (published verbatim as partition labels). A local file is therefore
+    opened ONCE; the path the kernel reports for that descriptor (``/proc/self/fd/N``) is what is checked,
+    and the checked path must still be that same file (``st_dev``/``st_ino`` of ``fstat`` equal those of the
+    checked path), else nothing is read. ``O_NONBLOCK`` so a FIFO planted there cannot hang the load; only a
+    regular file is read. Object stores have no symlinks: checked, then read, as before."""
+    import stat as stat_mod
+
+    if not path.is_local:
+        checked = check_public_path(path, field, source=source, spec_dir=spec_dir, key_path=key_path)
+        from dpops.storage import files
+
+        return files.read_bytes(path, limit=limit), checked
+    where = f"{source}: {field} ({path})"
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        fd = os.open(path.local_path, flags)
+    except OSError as exc:
+        # Checked first, so a path outside the roots is refused as such (and not told apart by errno).
+        check_public_path(path, field, source=source, spec_dir=spec_dir, key_path=key_path)
+        raise SpecError(f"{where}: cannot read: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        opened = _opened_path(fd)
+        checked = check_public_path(Location.local(opened) if opened else path, field, source=source,
+                                    spec_dir=spec_dir, key_path=key_path)
+        if not stat_mod.S_ISREG(st.st_mode):
+            raise SpecError(f"{where}: not a regular file")
+        try:
+            now = os.stat(checked.location)
+        except OSError:
+            now = None
+        if now is None or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            raise SpecError(f"{where}: the file changed while it was checked (a symlink or a rename raced the "
+                            "check); nothing was read. Keep approved public files at stable paths that only the "
+                            "operator can change")
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    return (None if size > limit else b"".join(chunks)), checked
+
+
 __all__ = ["DATA_ROOTS_ENV", "OUTPUT_ROOTS_ENV", "KEY_FILE_ENV", "split_roots", "check_output_root",
            "output_root_locations", "data_root_locations", "data_roots", "key_paths", "check_data_path", "check_data_paths",
            "PUBLIC_ROOTS_ENV", "PUBLISHABLE_PUBLIC_ROOTS_ENV", "PublicFile",
-           "public_root_locations", "publishable_root_locations", "check_public_path"]
+           "public_root_locations", "publishable_root_locations", "check_public_path", "read_public_file"]

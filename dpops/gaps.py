@@ -5,7 +5,12 @@ interval, and a refused or failed run leaves nothing behind in the output; so ho
 history appear silently. This module lists, per interval of the spec's own grid (its unit period,
 else its cron schedule), what the ledger, the storage and the manifests say:
 
-``published``          the interval's current version is visible in storage and committed in the ledger
+``published``          the interval's current version is visible in storage, names the newest run the
+                       ledger committed for it, and every version there is one the ledger committed
+``forged``             storage holds a version or a pointer the ledger did not commit for this interval (a
+                       version on a refused or never-run day, a pointer moved back, a run of another
+                       ledger): never "published" (issue 25 item 10); the ledger's own record (a refusal,
+                       a run) is named in the detail
 ``never_run``          nothing in the ledger, no refusal manifest, no input-wait record
 ``input_missing``      a run waited for the interval's input and timed out (``record_input_wait``: the
                        orchestrator's sensor leaves a small record in the private state directory)
@@ -30,7 +35,7 @@ from typing import Any
 
 from dpops.errors import InvalidParameter
 
-REASONS = ("published", "never_run", "input_missing", "refused", "failed", "spent_unpublished", "abandoned",
+REASONS = ("published", "forged", "never_run", "input_missing", "refused", "failed", "spent_unpublished", "abandoned",
            "in_progress")
 WAITS_DIR = "input-waits"
 ABANDON_PREFIX = "abandoned by operator"
@@ -182,8 +187,10 @@ def _reasons(ledger: Any, run_ids: set[str]) -> dict[str, str]:
 def interval_statuses(spec: Any, ledger: Any, start: datetime, end: datetime, *,
                       manifests_dir: str | os.PathLike[str] | None = None) -> list[IntervalStatus]:
     """Every interval of ``spec`` starting in [start, end) with its publication status and reason."""
+    from dpops.errors import DpopsError
     from dpops.inputs import Interval
     from dpops.ledger.model import normalize_utc
+    from dpops.manifest.files import check_interval_pointer
     from dpops.storage import ReleaseStore
 
     store = ReleaseStore(spec.output_root, spec.name)
@@ -198,13 +205,30 @@ def interval_statuses(spec: Any, ledger: Any, start: datetime, end: datetime, *,
     for s, e in spec_intervals(spec, start, end):
         key = (normalize_utc(s.isoformat()), normalize_utc(e.isoformat()))
         recs = sorted(by_interval.get(key, []), key=lambda r: (r.updated_at, r.run_id))
-        current = store.current(Interval(s, e).slug)
+        slug = Interval(s, e).slug
+        try:
+            current = store.current(slug)
+            on_storage = current is not None or bool(store.versions(slug))
+        except DpopsError:  # a pointer to no version, an unreadable marker: the pointer check names it
+            current, on_storage = None, True
+        # Storage is checked against the ledger whenever it holds anything for the interval, committed or
+        # not (the one owner of the rule: check_interval_pointer); a mismatch is never "published".
+        pointer = (check_interval_pointer(store, slug, ledger, spec.name, key[0], key[1]).problems
+                   if on_storage else [])
         st = IntervalStatus(_iso(s), _iso(e), "never_run",
                             runs=[{"run_id": r.run_id, "state": r.state, "epsilon": r.epsilon,
                                    "reason": reasons.get(r.run_id)} for r in recs])
         committed = [r for r in recs if r.state == "committed"]
         refused = refusals.get(key, [])
-        if committed:
+        if pointer:
+            st.status, st.run_id = "forged", current.run_id if current is not None else None
+            record = (f"the ledger committed run {committed[-1].run_id}" if committed else
+                      f"refused: {refused[-1]['reason'] or 'refused'}" if refused else
+                      f"the ledger's last run is {recs[-1].run_id} ({recs[-1].state})" if recs else
+                      "the ledger has no run for it")
+            st.detail = (f"published storage does not match the ledger ({record}): " + "; ".join(pointer)
+                         + ". Remove what the ledger did not commit and investigate who wrote it")
+        elif committed:
             newest = committed[-1]
             st.run_id = newest.run_id
             if current is not None and current.run_id in {r.run_id for r in committed}:
@@ -214,9 +238,6 @@ def interval_statuses(spec: Any, ledger: Any, start: datetime, end: datetime, *,
                 st.detail = ("committed in the ledger but no published version is visible in storage under "
                              f"{store.published_interval_dir(Interval(s, e).slug)}: a retry of the run makes it "
                              "visible at no new charge")
-        elif current is not None:
-            st.status, st.run_id = "published", current.run_id
-            st.detail = "visible in storage but not committed in this ledger (another ledger? investigate)"
         elif recs and not (refused and max(x["created_at"] for x in refused) > recs[-1].updated_at):
             last = recs[-1]
             st.run_id = last.run_id

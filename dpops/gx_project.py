@@ -18,11 +18,13 @@ evaluate a team suite there. The checkpoint runs in a child process (``dpops.san
 Landlock to the Python installation and a scratch directory (and, as root, under uid 65534), with an
 environment and file descriptors of its own: it receives a copy of the noisy output table (already
 post-processed and publishable) and the validated suites, and cannot open the noise key, the data roots,
-the staging or state directories, nor connect a TCP socket. Its validation results and Data Docs are
+the staging or state directories, nor reach any network (its own empty network namespace and a seccomp
+filter that allows only AF_INET/AF_INET6 sockets: no UDP or TCP peer, no Unix socket such as the ledger's
+PostgreSQL socket; ``dpops.sandbox.isolate_network``). Its validation results and Data Docs are
 copied back (regular files only) into ``gx/uncommitted/validations`` and
 ``gx/uncommitted/data_docs/local_site``; earlier results are copied into the child so the Data Docs index
 keeps the history; the index itself is dpops' offline one (``dpops.gx_docs``). Team suites are refused,
-not run unconfined, on a kernel without Landlock.
+not run unconfined, on a kernel without Landlock or a host that cannot build the network isolation.
 
 Privacy reason: these suites see only the noisy, already-private output, so any verdict is
 post-processing and may block a publish freely (semantics.md section 6); the private input is checked
@@ -51,7 +53,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from dpops.errors import IntegrityError, SpecError
 from dpops.gx_suites import TeamSuite, check_project_tree, load_team_suites, validate_suite
-from dpops.sandbox import landlock_abi, run_confined, write_result
+from dpops.sandbox import landlock_abi, network_isolation_available, run_confined, write_result
 
 if TYPE_CHECKING:
     from dpops.spec import ReleaseSpec
@@ -126,6 +128,15 @@ def preflight(root: str | os.PathLike[str], release: str) -> list[TeamSuite]:
                         "Landlock sandbox, and this kernel offers no Landlock (Linux >= 5.13 with landlock in its "
                         "LSM list; a container's seccomp profile must allow the landlock syscalls). Remove the "
                         "suites or run on a host with Landlock")
+    if suites:
+        # Landlock mediates only TCP: without its own network namespace and socket-family filter the child
+        # could reach UDP and Unix sockets (the ledger's PostgreSQL socket). Refused here, before anything is
+        # reserved, never run with an open network (issue 25 item 11).
+        why = network_isolation_available()
+        if why is not None:
+            raise SpecError(f"GX project {path}: team suites ({', '.join(s.name for s in suites)}) run only in a "
+                            f"sandbox without network, and this host cannot build one: {why}. Remove the suites or "
+                            "run where unshare(CLONE_NEWNET) and seccomp are allowed (root, or user namespaces)")
     return suites
 
 

@@ -73,8 +73,17 @@ class Settings:
     runner_options: tuple[str, ...] = field(default=())
 
     @classmethod
-    def resolve(cls, ledger_url: str | None = None, key_ref: str | None = None) -> Settings:
-        """Explicit values (from the orchestrator's connections/variables) win; else the environment."""
+    def resolve(cls, key_ref: str | None = None) -> Settings:
+        """The ledger from the deployment's environment (``$DPOPS_LEDGER_URL``) only; the key reference from
+        the orchestrator's variable (confined to ``$DPOPS_KEY_DIR``), else the environment.
+
+        Privacy reason for the ledger rule: the ledger is what enforces the cap, so whoever chooses it
+        chooses the cap. Orchestrator metadata (an Airflow Connection) is writable by Op/Admin users and
+        by the api-server; a Connection that named the ledger let them point the tasks at a ledger with
+        a cap of their own and publish a day the deployment's ledger had refused (issue 25 item 9). The
+        worker's environment is set by whoever deploys the workers, the same party that owns the ledger,
+        so it is the only source; there is no parameter through which a caller could pass another one.
+        """
         if key_ref:
             # From orchestrator metadata (an editable Variable): only a key file under the operator's
             # $DPOPS_KEY_DIR, never any path (issue 19 item 9; dpops.keyref.key_ref_under_key_dir).
@@ -83,7 +92,7 @@ class Settings:
             key_ref = key_ref_under_key_dir(key_ref, "the noise key reference (Airflow variable dpops_noise_key_ref)")
         key = key_ref or os.environ.get(KEY_FILE_ENV) or None
         return cls(
-            ledger_url=ledger_url or os.environ.get(LEDGER_URL_ENV) or None,
+            ledger_url=os.environ.get(LEDGER_URL_ENV) or None,
             key_path=key,
             randomness=os.environ.get("DPOPS_RANDOMNESS", "keyed"),
             runner=os.environ.get("DPOPS_BEAM_RUNNER", "FnApiRunner"),

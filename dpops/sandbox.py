@@ -16,6 +16,18 @@ what the publishing process holds (issue 19 item 5). The child:
   directory; it may not bind or connect TCP sockets (ABI >= 4) nor signal or reach abstract sockets
   outside its domain (ABI >= 6). The key file, the data roots, the state and staging directories and
   the ledger are outside that list whatever their modes or owner.
+* before Landlock, it cuts itself off the network by construction (:func:`isolate_network`, issue 25
+  item 11: Landlock mediates only TCP, and a child reached UDP and the ledger's PostgreSQL Unix socket):
+  a **new network namespace** (``unshare(CLONE_NEWNET)``; ``CLONE_NEWUSER`` with it when the child is
+  not root), which has no interface but a loopback that is down, so no AF_INET/AF_INET6 socket of any
+  type reaches anything, and abstract Unix sockets (which belong to a network namespace) are those of
+  the empty namespace; and a **seccomp filter** that lets ``socket()`` create only AF_INET and AF_INET6
+  sockets (AF_UNIX, whose pathname sockets live in the filesystem and are not in the namespace,
+  AF_NETLINK, AF_PACKET, AF_VSOCK and every other family fail with EACCES) and refuses ``io_uring_setup``
+  (which could open sockets without ``socket()``) and any other syscall ABI (x32, i386).
+  ``socketpair()`` stays allowed: it connects the process only to itself. If either step fails the
+  child exits at once (code 97) with the reason, and :func:`network_isolation_available` lets callers
+  refuse before anything is reserved; nothing falls back to an unconfined network.
 * when the parent is root and the Python installation is readable by others, it also runs as the
   unprivileged uid/gid 65534 (``nobody``) with no supplementary groups.
 
@@ -31,6 +43,7 @@ only under ``DPOPS_DEBUG`` (it may quote published values, never secrets: it can
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
 import platform
@@ -57,6 +70,16 @@ _FILE_RIGHTS = _FS_EXECUTE | _FS_WRITE_FILE | _FS_READ_FILE | _FS_TRUNCATE | _FS
 _READ_RIGHTS = _FS_EXECUTE | _FS_READ_FILE | _FS_READ_DIR
 _NET_BIND_TCP, _NET_CONNECT_TCP = 1 << 0, 1 << 1
 _SCOPE_ABSTRACT_UNIX_SOCKET, _SCOPE_SIGNAL = 1 << 0, 1 << 1
+
+# Network isolation (isolate_network): unshare flags, and the seccomp filter's numbers per architecture:
+# (AUDIT_ARCH, socket, io_uring_setup, x32 bit or 0).
+_CLONE_NEWNET, _CLONE_NEWUSER = 0x40000000, 0x10000000
+_SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 425, 0x40000000), "aarch64": (0xC00000B7, 198, 425, 0),
+                 "arm64": (0xC00000B7, 198, 425, 0)}
+_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
+_SECCOMP_RET_ALLOW, _SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
+_EACCES = 13
+ALLOWED_SOCKET_FAMILIES = (2, 10)  # AF_INET, AF_INET6: they reach nothing inside the empty network namespace
 
 SYSTEM_READ_PATHS = ("/usr", "/lib", "/lib64", "/etc/ld.so.cache", "/etc/localtime", "/etc/mime.types")
 DEVICE_PATHS = ("/dev/null", "/dev/urandom")
@@ -141,6 +164,86 @@ def confine(read_paths: Sequence[str], write_paths: Sequence[str], *, devices: S
     return abi
 
 
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def _socket_filter(machine: str) -> list[tuple[int, int, int, int]]:
+    """The seccomp program (classic BPF over ``struct seccomp_data``): deny ``socket()`` of every family but
+    AF_INET/AF_INET6, ``io_uring_setup``, any foreign syscall ABI; allow the rest. Deny = EACCES."""
+    arch, nr_socket, nr_uring, x32 = _SECCOMP_ARCH[machine]
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+    # (code, label-or-offset jt, jf, k) with jumps to the labels "allow"/"deny" resolved below.
+    body: list[tuple[int, object, object, int]] = [(ld, 0, 0, 4), (jeq, 0, "deny", arch), (ld, 0, 0, 0)]
+    if x32:
+        body.append((jge, "deny", 0, x32))
+    body += [(jeq, "deny", 0, nr_uring), (jeq, 0, "allow", nr_socket), (ld, 0, 0, 16)]  # args[0]: the family
+    fams = ALLOWED_SOCKET_FAMILIES
+    body += [(jeq, "allow", 0 if i < len(fams) - 1 else "deny", fam) for i, fam in enumerate(fams)]
+    labels = {"allow": len(body), "deny": len(body) + 1}
+    prog = []
+    for i, (code, jt, jf, k) in enumerate(body):
+        def off(j: object, i: int = i) -> int:
+            return labels[j] - i - 1 if isinstance(j, str) else int(j)  # type: ignore[call-overload]
+
+        prog.append((code, off(jt), off(jf), k))
+    return prog + [(ret, 0, 0, _SECCOMP_RET_ALLOW), (ret, 0, 0, _SECCOMP_RET_ERRNO | _EACCES)]
+
+
+def isolate_network() -> None:
+    """Cut the calling process (and everything it starts) off the network: a new, empty network namespace,
+    then a seccomp filter on socket families (module docstring). Raises ``OSError`` naming the step that
+    failed; call it in the child before anything starts threads, before :func:`confine`."""
+    machine = platform.machine()
+    if not sys.platform.startswith("linux") or machine not in _SECCOMP_ARCH:
+        raise OSError(f"network isolation needs Linux on x86_64 or arm64 (this is {sys.platform} {machine})")
+    libc = _libc()
+    tried = [_CLONE_NEWNET, _CLONE_NEWUSER | _CLONE_NEWNET] if os.geteuid() == 0 else [_CLONE_NEWUSER | _CLONE_NEWNET]
+    errors = []
+    for flags in tried:
+        if libc.unshare(ctypes.c_int(flags)) == 0:
+            break
+        errors.append(os.strerror(ctypes.get_errno()))
+    else:
+        raise OSError(f"unshare(CLONE_NEWNET) failed ({'; '.join(errors)}): no private network namespace (a "
+                      "container needs CAP_SYS_ADMIN or user namespaces: kernel.unprivileged_userns_clone / "
+                      "user.max_user_namespaces)")
+    prog = _socket_filter(machine)
+    arr = (_SockFilter * len(prog))(*[_SockFilter(*ins) for ins in prog])
+    fprog = _SockFprog(len(prog), ctypes.cast(arr, ctypes.POINTER(_SockFilter)))
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed: no socket-family filter")
+
+
+_ISOLATION_PROBE = "\n".join([
+    "import sys", "sys.path[:0] = [sys.argv[1]]", "from dpops.sandbox import isolate_network", "isolate_network()",
+    "import socket", "try:", "    socket.socket(socket.AF_UNIX)", "except OSError:", "    sys.exit(0)",
+    "sys.exit(3)", ""])
+
+
+@functools.lru_cache(maxsize=1)
+def network_isolation_available() -> str | None:
+    """None when :func:`isolate_network` works on this machine (tried in a throwaway child), else why not.
+
+    Callers refuse to run untrusted suites without it, before anything is reserved (``dpops.gx_project``)."""
+    try:
+        proc = subprocess.run(  # noqa: S603 - this interpreter and dpops' own code, fixed argv
+            [sys.executable, "-I", "-c", _ISOLATION_PROBE, str(Path(_dpops_dir()).parent)], capture_output=True,
+            timeout=60, env=child_env("/tmp"), close_fds=True, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"the isolation probe could not run ({type(exc).__name__})"
+    if proc.returncode == 0:
+        return None
+    last = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+    return last[-1][:300] if last else f"the isolation probe exited {proc.returncode}"
+
+
 def _readable_by_others(path: str) -> bool:
     """Every directory on the way to ``path`` is searchable by others and ``path`` itself readable."""
     p = Path(os.path.realpath(path))
@@ -217,6 +320,12 @@ def child_main(cfg: dict[str, object]) -> None:
     global _RESULT_FD
     read = [str(p) for p in cfg["read"]]  # type: ignore[attr-defined]
     write = [str(p) for p in cfg["write"]]  # type: ignore[attr-defined]
+    if cfg.get("network_isolation", True):
+        try:
+            isolate_network()
+        except OSError as exc:
+            sys.stderr.write(f"dpops sandbox: network isolation could not be applied: {exc}\n")
+            sys.exit(97)
     if cfg.get("landlock"):
         try:
             confine(read, write)

@@ -1375,14 +1375,14 @@ def _read_public_file(spec: ReleaseSpec, path: "Location") -> tuple[list[tuple[A
     # The path must resolve under an operator's public root, outside every data root and away from the noise
     # key (dpops.dataroots, issue 19 item 6), and no error below repeats the file's content: a spec author
     # could otherwise point it at a secret or another release's private input and read it back.
-    from dpops.dataroots import check_public_path
-
-    publishable = check_public_path(path, "partitions.public_file", source=spec.source,
-                                    spec_dir=spec.base_dir).publishable
-    from dpops.storage import files
+    # The bytes come from the very file that passed the check (read_public_file: one open, the descriptor's
+    # own path checked), so a symlink flipped between check and read cannot swap in a private file.
+    from dpops.dataroots import read_public_file
 
     try:
-        raw = files.read_bytes(path, limit=MAX_PUBLIC_FILE_BYTES)
+        raw, checked = read_public_file(path, "partitions.public_file", source=spec.source, spec_dir=spec.base_dir,
+                                        limit=MAX_PUBLIC_FILE_BYTES)
+        publishable = checked.publishable
         if raw is None:
             raise SpecError(f"{where}: larger than {MAX_PUBLIC_FILE_BYTES} bytes")
         rows = list(csv.reader(io.StringIO(raw.decode("utf-8"), newline="")))

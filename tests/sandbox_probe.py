@@ -49,6 +49,23 @@ def _gx_row_condition(key: str, scratch: Path) -> dict[str, object]:
     return {"shell_copy": copied(out), "python_copy": copied(py_out)}
 
 
+def _udp(port: int) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        return s.sendto(b"from the sandbox", ("127.0.0.1", port))
+
+
+def _udp6(port: int) -> int:
+    with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+        return s.sendto(b"from the sandbox", ("::1", port))
+
+
+def _unix(address: str) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        s.connect(address)
+        s.sendall(b"from the sandbox")
+
+
 def main() -> None:
     job = json.loads(sys.stdin.read())
     fds = []
@@ -66,6 +83,14 @@ def main() -> None:
         "write_outside": _try(lambda: open(job["outside"], "w").write("x")),
         "tcp_connect": _try(lambda: socket.create_connection(("127.0.0.1", job["port"]), timeout=5).close()),
     }
+    if job.get("udp_port"):  # issue 25 item 11: Landlock alone let UDP and Unix sockets through
+        res["udp_send"] = _try(lambda: _udp(job["udp_port"]))
+        res["udp6_send"] = _try(lambda: _udp6(job["udp_port"]))
+        res["unix_connect"] = _try(lambda: _unix(job["unix_path"]))
+        res["abstract_unix_connect"] = _try(lambda: _unix("\0" + job["abstract_name"]))
+        res["netlink_socket"] = _try(lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW).close())
+        res["packet_socket"] = _try(lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW).close())
+        res["socketpair"] = _try(lambda: [s.close() for s in socket.socketpair()])
     if job.get("gx"):
         res["gx"] = _gx_row_condition(job["key"], Path.cwd())
     write_result(res)

@@ -1,5 +1,5 @@
 """Airflow-native behaviour of the release DAG, through ``dag.test()`` (issue 12 "Airflow-native"):
-settings from a connection and a variable, the release Asset and its downstream queue, the late-input
+settings from a variable and the environment (never the ledger from a connection), the release Asset and its downstream queue, the late-input
 sensor (file appears; timeout), a run without a data interval, quiet third-party loggers."""
 
 from __future__ import annotations
@@ -64,28 +64,37 @@ def _alerts(caplog, capfd=None) -> list[dict]:
     return found
 
 
-def test_ledger_and_key_reference_come_from_airflow_connection_and_variable(tmp_path, monkeypatch):
-    """AIRFLOW_CONN_DPOPS_LEDGER / AIRFLOW_VAR_DPOPS_NOISE_KEY_REF (what a secrets backend provides) win
-    over DPOPS_LEDGER_URL / DPOPS_NOISE_KEY_FILE, and are read when the task runs."""
+def test_key_reference_comes_from_the_airflow_variable_and_the_ledger_from_the_environment_only(tmp_path,
+                                                                                                  monkeypatch):
+    """AIRFLOW_VAR_DPOPS_NOISE_KEY_REF (what a secrets backend provides) wins over DPOPS_NOISE_KEY_FILE and is
+    read when the task runs. The ledger is the worker's DPOPS_LEDGER_URL only (issue 25 item 9): a Connection
+    ``dpops_ledger`` naming another ledger with a cap of 1000 (an Op/Admin user or a compromised api-server
+    creates it) is ignored, so the deployment's ledger, whose cap refuses the day, refuses it, and the other
+    ledger is never charged."""
     from dpops.ledger import open_ledger
 
-    ws = make_workspace(tmp_path, release="af_conn", scope="af_conn_scope", days=1)
-    decoy = f"sqlite:///{tmp_path / 'decoy-ledger.sqlite'}"
+    from airflow_support import create_scope
+
+    ws = make_workspace(tmp_path, release="af_conn", scope="af_conn_scope", days=1, scope_cap=0.1)
+    rogue = f"sqlite:///{tmp_path / 'rogue-ledger.sqlite'}"
+    create_scope(rogue, ws.scope, 1000.0)
     dag = _dag(ws, monkeypatch, env={
-        "DPOPS_LEDGER_URL": decoy,  # the connection must win
         "DPOPS_NOISE_KEY_FILE": str(tmp_path / "no-such.key"),  # the variable must win
     })
     # Set after parsing: resolved at task run time, never at parse time.
-    monkeypatch.setenv("AIRFLOW_CONN_DPOPS_LEDGER", ws.ledger_url)
+    monkeypatch.setenv("AIRFLOW_CONN_DPOPS_LEDGER", rogue)
     monkeypatch.setenv("AIRFLOW_VAR_DPOPS_NOISE_KEY_REF", str(ws.key_path))
     dr = dag.test(logical_date=_day(2))
-    assert dr.state == "success", {k: t.state for k, t in _tis(dr).items()}
-    (rec,) = open_ledger(ws.ledger_url).runs(release=ws.release)
-    assert rec.state == "committed"
-    assert not (tmp_path / "decoy-ledger.sqlite").exists()
+    tis = _tis(dr)
+    assert tis["reserve_budget"].state == "skipped", {k: t.state for k, t in tis.items()}  # refused by the cap
+    assert tis["publish_release"].state != "success"
+    with open_ledger(rogue) as led:
+        assert led.runs(release=ws.release) == [] and led.status(ws.scope).total == 0
+    with open_ledger(ws.ledger_url) as led:
+        assert led.runs(release=ws.release) == [] and led.status(ws.scope).total == 0
+    assert not any(ws.root.rglob("_PUBLISHED.json"))
 
-    # Without them, the environment is the fallback (and a wrong env key file is refused, naming it).
-    monkeypatch.delenv("AIRFLOW_CONN_DPOPS_LEDGER")
+    # Without the variable, the environment's key file is the fallback (a wrong one is refused, naming it).
     monkeypatch.delenv("AIRFLOW_VAR_DPOPS_NOISE_KEY_REF")
     dr = dag.test(logical_date=_day(2))
     assert dr.state == "failed" and _tis(dr)["check_input"].state == "failed"
@@ -140,24 +149,6 @@ def test_a_key_reference_variable_outside_the_key_dir_is_refused(tmp_path, monke
     with open_ledger(ws.ledger_url) as led:
         assert led.runs(release=ws.release) == [] and led.status(ws.scope).total == 0
     # (the Variable naming a key inside $DPOPS_KEY_DIR publishes: the first test of this file)
-
-
-def test_connection_forms_give_ledger_urls():
-    import sys
-
-    sys.path.insert(0, str(DAGS_FOLDER))
-    from airflow.sdk import Connection
-
-    from dpops_dag_factory import connection_ledger_url
-
-    def url(uri: str) -> str:
-        return connection_ledger_url(Connection.from_uri(uri, conn_id="dpops_ledger"))
-
-    assert url("sqlite:////var/lib/dpops/ledger.sqlite") == "sqlite:////var/lib/dpops/ledger.sqlite"
-    assert url("postgresql://dpops:s3cr%40t@db.example:5432/ledger") == "postgresql://dpops:s3cr%40t@db.example:5432/ledger"
-    assert url("postgres://dpops@db:5432/ledger") == "postgresql://dpops@db:5432/ledger"
-    c = Connection(conn_id="dpops_ledger", conn_type="generic", extra=json.dumps({"ledger_url": "sqlite:///x.sqlite"}))
-    assert connection_ledger_url(c) == "sqlite:///x.sqlite"
 
 
 def test_publication_is_an_asset_event_that_queues_a_downstream_dag(tmp_path, monkeypatch):

@@ -38,6 +38,11 @@ from deploy_support import (
 README = DEPLOY / "README.md"
 IMAGE = "dpops-worker:latest"
 IMAGE_UID = 50000
+WEB_UID = 50001  # the api-server's own uid (group IMAGE_UID): never the tasks' uid (issue 25 item 11)
+SERVICE_USERS = {"airflow-apiserver": f"{WEB_UID}:{IMAGE_UID}"}  # every other image service: IMAGE_UID:IMAGE_UID
+# The only parts of the outputs the api-server may mount (read-only): never /data/out itself, whose staged/
+# holds unreleased noisy output.
+WEB_OUTPUT_MOUNTS = ("/data/out/published", "/data/out/manifests")
 POSTGRES_UID = 999  # postgres in the postgres:16 (Debian) image
 
 # Least privilege: exactly these secrets per service. The noise key and the ledger's .pgpass only where
@@ -49,9 +54,10 @@ SECRETS_TABLE: dict[str, set[str]] = {
     "ledger-init": {"ledger_owner_pgpass"},
     "example-data": set(),
     "airflow-apiserver": {"airflow_db_url", "airflow_fernet_key", "airflow_jwt_secret", "airflow_api_secret_key",
-                          "ledger_reader_pgpass"},
+                          "ledger_reader_pgpass", "dpops_manifest_public_key"},
     "airflow-scheduler": {"airflow_db_url", "airflow_fernet_key", "airflow_jwt_secret", "ledger_pgpass",
-                          "dpops_noise_key", "airflow_task_connections"},
+                          "dpops_noise_key", "airflow_task_connections", "dpops_manifest_signing_key",
+                          "dpops_manifest_public_key"},
     "airflow-dag-processor": {"airflow_db_url", "airflow_fernet_key"},
     "airflow-triggerer": {"airflow_db_url", "airflow_fernet_key"},
 }
@@ -59,7 +65,8 @@ SECRETS_TABLE: dict[str, set[str]] = {
 CONFINED = {"dpops_noise_key": {"airflow-scheduler"}, "ledger_pgpass": {"airflow-scheduler"},
             "ledger_owner_pgpass": {"ledger-init"}, "ledger_reader_pgpass": {"airflow-apiserver"},
             "airflow_admin_password": {"airflow-init"},
-            "airflow_task_connections": {"airflow-scheduler", "airflow-init"}}
+            "airflow_task_connections": {"airflow-scheduler", "airflow-init"},
+            "dpops_manifest_signing_key": {"airflow-scheduler"}}
 # Environment variables holding paths a dpops process reads or writes (comma-separated lists allowed).
 PATH_VARS = ("DPOPS_DATA_ROOTS", "DPOPS_OUTPUT_ROOTS", "DPOPS_STATE_DIR", "DPOPS_GX_PROJECT")
 
@@ -85,6 +92,24 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
+def _readme_modes(text: str, files: set[str]) -> dict[str, int]:
+    """file -> mode from the recipe's ``chmod MODE file ...`` lines, in order (``*`` is every file)."""
+    modes: dict[str, int] = {}
+    for m in re.finditer(r"^\s*(?:sudo\s+)?chmod\s+([0-7]{3,4})\s+([^\n#]+)", text, re.MULTILINE):
+        names = m.group(2).split()
+        for name in (files if names == ["*"] else names):
+            modes[name] = int(m.group(1), 8)
+    return modes
+
+
+def _user(name: str, svc: dict) -> tuple[int, int]:
+    """(uid, gid) a service's process runs as: its compose ``user:`` for the image, else postgres."""
+    if svc.get("image") != IMAGE:
+        return POSTGRES_UID, POSTGRES_UID
+    uid, _, gid = str(svc.get("user") or "").partition(":")
+    return (int(uid), int(gid or uid)) if uid.isdigit() else (-1, -1)
+
+
 def _readme_owners(text: str) -> dict[str, int]:
     """file -> uid from the recipe's ``chown UID:GID file ...`` lines."""
     owners: dict[str, int] = {}
@@ -107,22 +132,31 @@ def problems(compose: dict, dockerfile: Path = DOCKERFILE, readme_text: str | No
 
     # -- secrets: declared, used, written by the README recipe with the owner the compose file declares
     owners = _readme_owners(readme_text)
+    modes = _readme_modes(readme_text, {Path(d.get("file", "")).name for d in declared.values()})
     used: set[str] = set()
     for name, svc in services.items():
         refs = secret_refs(svc)
         names = {r.name for r in refs}
         used |= names
+        want_uid, want_gid = _user(name, svc)
         for r in refs:
             if r.name not in declared:
                 out.append(f"{name}: secret {r.name} is not declared under top-level secrets:")
-            want_uid = IMAGE_UID if svc.get("image") == IMAGE else POSTGRES_UID
-            if r.uid != want_uid or r.gid != want_uid:
-                out.append(f"{name}: secret {r.name} uid/gid {r.uid}/{r.gid}, expected {want_uid} (the reading user)")
-            if r.mode not in (0o400, 0o600):
+            if r.uid != want_uid or r.gid != want_gid:
+                out.append(f"{name}: secret {r.name} uid/gid {r.uid}/{r.gid}, expected {want_uid}/{want_gid} "
+                           "(the reading user)")
+            # 0440 only for a file two uids of one group read (the api-server and the scheduler).
+            if r.mode not in (0o400, 0o600, 0o440):
                 out.append(f"{name}: secret {r.name} mode {oct(r.mode) if r.mode is not None else None}, expected 0400")
             file = Path(declared.get(r.name, {}).get("file", "")).name
-            if file and owners.get(file) != want_uid:
-                out.append(f"README recipe: {file} (secret {r.name}, read in {name}) is not chowned to {want_uid}")
+            # Plain compose bind-mounts the host file as it is: its owner must be the reader, or the reader's
+            # group must own it with group read (0440) and no access for others.
+            readable = owners.get(file) == want_uid or (owners.get(file) == want_gid and modes.get(file) == 0o440)
+            if file and not readable:
+                out.append(f"README recipe: {file} (secret {r.name}, read in {name}) is not chowned to {want_uid} "
+                           f"(nor 0440 to its group {want_gid})")
+            if file and modes.get(file) not in (0o400, 0o440):
+                out.append(f"README recipe: {file} is not chmod 0400 (or 0440 for a shared file)")
         if name in SECRETS_TABLE and names != SECRETS_TABLE[name]:
             out.append(f"{name}: secrets {sorted(names)} differ from the least-privilege table {sorted(SECRETS_TABLE[name])}")
         for secret, allowed in CONFINED.items():
@@ -139,7 +173,7 @@ def problems(compose: dict, dockerfile: Path = DOCKERFILE, readme_text: str | No
         if secret not in used:
             out.append(f"secret {secret} is declared but no service mounts it")
         file = Path(spec.get("file", "")).name
-        if not re.search(rf"(?:>|generate)\s+{re.escape(file)}\b", readme_text):
+        if not re.search(rf"(?:>|generate|keygen)\s+(?:\S+\s+)?{re.escape(file)}(?:\s|$)", readme_text):
             out.append(f"README recipe does not write deploy/secrets/{file} (secret {secret})")
     init_script = (DEPLOY / "ledger-db-init.sh").read_text()
     ledger_targets = {r.target for r in secret_refs(services["ledger-db"])}
@@ -154,8 +188,11 @@ def problems(compose: dict, dockerfile: Path = DOCKERFILE, readme_text: str | No
     if not users or users[-1] not in (f"{IMAGE_UID}:{IMAGE_UID}", str(IMAGE_UID), "dpops"):
         out.append(f"Dockerfile: the final USER is {users[-1] if users else None}, not {IMAGE_UID}")
     for name, svc in services.items():
-        if svc.get("image") == IMAGE and str(svc.get("user")) != f"{IMAGE_UID}:{IMAGE_UID}":
-            out.append(f"{name}: user {svc.get('user')!r}, expected '{IMAGE_UID}:{IMAGE_UID}'")
+        want_user = SERVICE_USERS.get(name, f"{IMAGE_UID}:{IMAGE_UID}")
+        if svc.get("image") == IMAGE and str(svc.get("user")) != want_user:
+            out.append(f"{name}: user {svc.get('user')!r}, expected '{want_user}'")
+    if not re.search(rf"useradd\b[^\n]*--uid {WEB_UID}\b", " ".join(r for w, r in instructions if w == "RUN")):
+        out.append(f"Dockerfile: no user with uid {WEB_UID} (the api-server's)")
 
     # -- volumes: declared, mount points created in the image owned by the image user, env paths under them
     top_volumes = set(compose.get("volumes", {}) or {})
@@ -184,9 +221,10 @@ def problems(compose: dict, dockerfile: Path = DOCKERFILE, readme_text: str | No
             # The Privacy budget page reads the manifests and published pointers (outputs), read-only, and the
             # ledger as the reader role; never the inputs, the public files, the state volume or the key.
             for point, (vol, ro) in mounts.items():
-                if _under(point, "/data") and not (_under(point, "/data/out") and ro):
+                if _under(point, "/data") and not (point in WEB_OUTPUT_MOUNTS and ro
+                                                   and vol == f"dpops-data/{point[len('/data/'):]}"):
                     out.append(f"{name}: mounts {point} ({vol}{', read-only' if ro else ''}); the api-server may "
-                               "mount only the outputs, /data/out, read-only")
+                               f"mount only {' and '.join(WEB_OUTPUT_MOUNTS)}, read-only (never staged/)")
                 if _under(point, "/var/lib/dpops"):
                     out.append(f"{name}: mounts {point}, the scheduler's private state")
             manifests = env.get("DPOPS_MANIFESTS_DIR", "")
@@ -194,7 +232,14 @@ def problems(compose: dict, dockerfile: Path = DOCKERFILE, readme_text: str | No
                 out.append(f"{name}: DPOPS_MANIFESTS_DIR={manifests} is not under a volume this service mounts")
             if not env.get("DPOPS_LEDGER_URL", "").startswith("postgresql://dpops_reader@"):
                 out.append(f"{name}: DPOPS_LEDGER_URL is not the read-only ledger role dpops_reader")
+            if not env.get("DPOPS_MANIFEST_PUBLIC_KEY"):
+                out.append(f"{name}: no DPOPS_MANIFEST_PUBLIC_KEY: the page cannot check the publisher's signatures")
             continue
+        if name == "airflow-scheduler":
+            # The tasks sign manifests and published bindings; without a key deployed readers have nothing to check.
+            for var in ("DPOPS_MANIFEST_SIGNING_KEY", "DPOPS_MANIFEST_PUBLIC_KEY"):
+                if not env.get(var, "").startswith(f"{SECRETS_DIR}/"):
+                    out.append(f"{name}: {var} is not set to a mounted secret file")
         for var in PATH_VARS:
             for path in filter(None, (p.strip() for p in env.get(var, "").split(","))):
                 if "://" in path:
@@ -282,7 +327,21 @@ def test_compose_dockerfile_and_readme_agree(compose):
         (lambda c: c["services"]["airflow-apiserver"]["volumes"].append("dpops-data:/data:ro"),
          "airflow-apiserver: mounts /data (dpops-data, read-only)"),
         (lambda c: c["services"]["airflow-apiserver"]["volumes"][1].__setitem__("read_only", False),
-         "airflow-apiserver: mounts /data/out (dpops-data/out)"),
+         "airflow-apiserver: mounts /data/out/published (dpops-data/out/published)"),
+        # Issue 25 item 11: the api-server mounts the whole output root (staged/ included) ...
+        (lambda c: c["services"]["airflow-apiserver"]["volumes"].append(
+            {"type": "volume", "source": "dpops-data", "target": "/data/out", "read_only": True,
+             "volume": {"subpath": "out"}}),
+         "airflow-apiserver: mounts /data/out (dpops-data/out, read-only)"),
+        # ... or runs as the tasks' uid ...
+        (lambda c: c["services"]["airflow-apiserver"].__setitem__("user", "50000:50000"),
+         "airflow-apiserver: user '50000:50000', expected '50001:50000'"),
+        # ... and deploy/ sets no signing key, so deployed readers have nothing to check.
+        (lambda c: c["services"]["airflow-scheduler"]["environment"].pop("DPOPS_MANIFEST_SIGNING_KEY"),
+         "airflow-scheduler: DPOPS_MANIFEST_SIGNING_KEY is not set"),
+        (lambda c: c["services"]["airflow-apiserver"]["secrets"].append(
+            {"source": "dpops_manifest_signing_key", "uid": "50001", "gid": "50000", "mode": "0o400"}),
+         "airflow-apiserver: mounts dpops_manifest_signing_key"),
         (lambda c: c["services"]["airflow-apiserver"]["environment"].__setitem__(
             "DPOPS_LEDGER_URL", "postgresql://dpops_app@ledger-db:5432/dpops_ledger?schema=dpops"),
          "not the read-only ledger role"),
@@ -464,24 +523,33 @@ def test_readme_recipe_creates_every_secret_readable_by_its_reader(uid_dir, comp
     os.chmod(secrets_dir, 0o755)
     proc = _shell_as_recipe("\n".join(recipe), uid_dir)
     assert proc.returncode == 0, proc.stderr
-    readers: dict[str, int] = {}
-    for svc in compose["services"].values():
+    # Each file's readers: the (uid, gid) of every service process that mounts it (the api-server is 50001:50000).
+    readers: dict[str, set[tuple[int, int]]] = {}
+    for name, svc in compose["services"].items():
         for ref in secret_refs(svc):
-            readers[Path(compose["secrets"][ref.name]["file"]).name] = ref.uid if ref.uid is not None else -1
-    for file, uid in readers.items():
+            readers.setdefault(Path(compose["secrets"][ref.name]["file"]).name, set()).add(_user(name, svc))
+    for file, users in readers.items():
         st = (secrets_dir / file).stat()
-        assert st.st_uid == uid and (st.st_mode & 0o777) == 0o400, (file, st.st_uid, oct(st.st_mode))
-    # What uid 50000 must read, it can read (as that uid, through the kernel's own permission check).
-    mine = sorted(f for f, uid in readers.items() if uid == IMAGE_UID)
+        if len({uid for uid, _ in users}) == 1:  # one reader: owner-only
+            ((uid, _),) = {(u, u) for u, _ in users}
+            assert st.st_uid == uid and (st.st_mode & 0o777) == 0o400, (file, st.st_uid, oct(st.st_mode))
+        else:  # the api-server and the scheduler: one group, group-read, nothing for others
+            assert (st.st_mode & 0o777) == 0o440 and all(u == st.st_uid or g == st.st_gid for u, g in users), \
+                (file, st.st_uid, st.st_gid, oct(st.st_mode), users)
+    # What each image user must read, it can read, and nothing else (through the kernel's own permission check).
     hold = uid_dir / "python-install"
-    cat = subprocess.run(as_uid(IMAGE_UID, IMAGE_UID, ["cat", *[str(secrets_dir / f) for f in mine]], hold),
-                         check=False, capture_output=True, timeout=60)
-    assert cat.returncode == 0, cat.stderr
-    theirs = sorted(f for f, uid in readers.items() if uid != IMAGE_UID)
-    for f in theirs:  # the databases' passwords are not readable by the dpops uid
-        denied = subprocess.run(as_uid(IMAGE_UID, IMAGE_UID, ["cat", str(secrets_dir / f)], hold), check=False, capture_output=True,
-                                timeout=60)
-        assert denied.returncode != 0, f
+    for user in sorted({u for users in readers.values() for u in users if u[0] != POSTGRES_UID}):
+        mine = sorted(f for f, users in readers.items() if user in users)
+        cat = subprocess.run(as_uid(user[0], user[1], ["cat", *[str(secrets_dir / f) for f in mine]], hold),
+                             check=False, capture_output=True, timeout=60)
+        assert cat.returncode == 0, (user, cat.stderr)
+        for f in sorted(f for f, users in readers.items() if user not in users):
+            # the databases' passwords, the tasks' secrets for the api-server, the api-server's for the tasks
+            if f.endswith(".pub"):
+                continue
+            denied = subprocess.run(as_uid(user[0], user[1], ["cat", str(secrets_dir / f)], hold), check=False,
+                                    capture_output=True, timeout=60)
+            assert denied.returncode != 0, (user, f)
     assert _key_accepted_as_image_user(secrets_dir / "noise_key", hold).returncode == 0
     # The metadata URL carries the password the database was given.
     url = (secrets_dir / "airflow_db_url").read_text()

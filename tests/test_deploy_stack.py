@@ -5,8 +5,9 @@ the compose file declares it: argv = entrypoint + command (the image's ENTRYPOIN
 Airflow services), environment = the Dockerfile's ENV overlaid by the service's
 ``environment``, secrets = exactly the service's ``secrets:`` entries, each written with the
 owner and mode its long syntax declares into a per-service directory that stands for that
-container's /run/secrets. Every process runs as uid/gid 50000 (``setpriv``), the compose
-``user:``. One-shot services run first in dependency order (airflow-init, ledger-init,
+container's /run/secrets. Every process runs as its compose ``user:`` (``setpriv``): uid/gid 50000,
+the api-server as its own uid 50001 with group 50000 (it reads the outputs through the group, never
+``staged/``, which is 0700). One-shot services run first in dependency order (airflow-init, ledger-init,
 example-data), then api-server, scheduler, dag-processor and triggerer run together.
 
 The documented mapping from the containers to this machine, and nothing else, is applied to
@@ -69,6 +70,7 @@ from deploy_support import (
     ONE_SHOT_SERVICES,
     REPO,
     Service,
+    as_uid,
     interpreter_namespace,
     load_compose,
     service,
@@ -156,7 +158,8 @@ class Stack:
         # The service's secrets directory is mounted read-only, as compose mounts secrets; so are its :ro volumes.
         ns = interpreter_namespace(self.base / "python-install",
                                    read_only=(self.secrets_dir(svc), *self.read_only_mounts(svc)))
-        return [*ns, "setpriv", f"--reuid={UID}", f"--regid={GID}", "--clear-groups", "--", *out]
+        uid, gid = (int(x) for x in (svc.user or f"{UID}:{GID}").split(":"))
+        return [*ns, "setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--", *out]
 
     def env(self, svc: Service) -> dict[str, str]:
         env = {k: self.map_value(v, svc) for k, v in svc.env.items()}
@@ -177,6 +180,12 @@ class Stack:
     def secret_values(self, key_file: Path) -> dict[str, bytes]:
         from cryptography.fernet import Fernet
 
+        from dpops.manifest.sign import generate_signing_key
+
+        signing = self.base / "manifest-keygen"
+        signing.mkdir(mode=0o700)
+        generate_signing_key(signing / "manifest_signing_key", signing / "manifest_signing_key.pub")
+
         owner_pw, app_pw, reader_pw = (secrets.token_urlsafe(24) for _ in range(3))
         self.admin_password = secrets.token_urlsafe(24)
         return {
@@ -192,6 +201,8 @@ class Stack:
             "ledger_pgpass": f"127.0.0.1:5432:{self.ledger_db}:{self.app_role}:{app_pw}\n".encode(),
             "ledger_owner_pgpass": f"127.0.0.1:5432:{self.ledger_db}:{self.owner_role}:{owner_pw}\n".encode(),
             "dpops_noise_key": key_file.read_bytes(),
+            "dpops_manifest_signing_key": (signing / "manifest_signing_key").read_bytes(),
+            "dpops_manifest_public_key": (signing / "manifest_signing_key.pub").read_bytes(),
             "airflow_task_connections": json.dumps({"dpops_airflow_api": {
                 "conn_type": "http", "host": "127.0.0.1", "port": self.port, "login": "dpops-notes",
                 "password": secrets.token_urlsafe(24)}}).encode(),
@@ -427,6 +438,15 @@ def test_compose_stack_publishes_the_example_as_uid_50000(stack: Stack):
         # The Privacy budget page, served by this api-server: the reader role, the read-only outputs.
         page_code, page = _page(f"{api}/dpops-budget/", token)
         assert page_code == 200, (page_code, page[:2000], _tail(stack, ["airflow-apiserver"]))
+        # Issue 25 item 11: the api-server runs as its own uid, so even here (where /data is one directory for
+        # every process) it cannot enter staged/, the tasks' unreleased noisy output (0700, uid 50000).
+        web_uid, web_gid = (int(x) for x in str(services["airflow-apiserver"].user).split(":"))
+        assert web_uid != UID
+        staged = stack.paths["/data"] / "out" / "staged"
+        assert staged.is_dir() and staged.stat().st_uid == UID
+        peek = subprocess.run(as_uid(web_uid, web_gid, ["ls", "-R", str(staged)], stack.base / "python-install"),
+                              check=False, capture_output=True, timeout=60)
+        assert peek.returncode != 0 and b"Permission denied" in peek.stderr, peek
 
     print(f"[deploy stack] timings (s since start): {timings}", flush=True)
 

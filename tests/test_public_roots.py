@@ -198,3 +198,92 @@ def test_a_public_list_changed_while_the_pipeline_runs_is_never_published(site, 
         (rec,) = led.runs()
         assert rec.state == "started"  # noise was drawn: charged, never published
     assert not any((site["specs"] / "out").rglob("published/**/data.parquet"))
+
+
+PUBLIC_CLINIC_LIKE = "patient_id,diagnosis,zip\npub-1,none,00000\n"
+
+
+def _flip_site(site, monkeypatch):
+    """public/list.csv: a symlink to an approved public file with the victim's header, a spec naming it."""
+    monkeypatch.setenv("DPOPS_PUBLIC_ROOTS", str(site["public"]))
+    (site["public"] / "approved.csv").write_text(PUBLIC_CLINIC_LIKE)
+    link = site["public"] / "list.csv"
+    link.symlink_to(site["public"] / "approved.csv")
+    return link, _spec(site, "flip", str(link), stealing=True)
+
+
+def _flip(link, target) -> None:
+    tmp = link.with_name(".list.tmp")
+    tmp.symlink_to(target)
+    tmp.replace(link)  # atomic, as an attacker with write access to the public root would do it
+
+
+def test_a_symlink_flipped_right_after_the_check_never_loads_private_rows(site, monkeypatch):
+    """Issue 25 item 11: ``public_file`` was checked (realpath under a public root), then opened again by name;
+    flipping the link in between loaded another release's private rows as partition labels. Here the flip
+    happens exactly in that window (right after ``check_public_path`` returns), so the test is deterministic:
+    the rows loaded are the approved file's, read from the descriptor that was checked."""
+    import dpops.dataroots as dataroots
+    from dpops.errors import SpecError
+    from dpops.spec import load_spec
+
+    link, spec = _flip_site(site, monkeypatch)
+    victim = site["data"] / "clinic" / "2024-01-01.csv"
+    real_check = dataroots.check_public_path
+
+    def check_then_flip(*args, **kwargs):
+        out = real_check(*args, **kwargs)
+        _flip(link, victim)  # the attacker wins the race: after the check, before any re-open by name
+        return out
+
+    monkeypatch.setattr(dataroots, "check_public_path", check_then_flip)
+    try:
+        rows = load_spec(spec).public_partitions()
+    except SpecError as exc:  # refusing is fine too; loading the victim's rows is not
+        assert "HIV" not in str(exc) and "p-0001" not in str(exc)
+    else:
+        assert rows == [("pub-1", "none", "00000")], rows
+
+
+def test_a_symlink_flipping_during_loads_never_yields_private_rows(site, monkeypatch):
+    """The race itself, bounded: a thread flips the link between the approved file and the victim while the
+    spec is loaded 600 times. Every load yields the approved rows or a refusal (exit-3 SpecError), never the
+    victim's rows (the issue saw 28-54 private loads in 4,000 before the fix). Not statistical: the property is
+    "zero private loads", so it cannot fail by chance; a regression is caught with high probability, not
+    certainty (the deterministic test above always catches it)."""
+    import threading
+
+    from dpops.errors import SpecError
+    from dpops.spec import load_spec
+
+    link, spec = _flip_site(site, monkeypatch)
+    victim = site["data"] / "clinic" / "2024-01-01.csv"
+    stop = threading.Event()
+
+    def flipper() -> None:
+        targets = (victim, site["public"] / "approved.csv")
+        i = 0
+        while not stop.is_set():
+            _flip(link, targets[i % 2])
+            i += 1
+
+    t = threading.Thread(target=flipper, daemon=True)
+    t.start()
+    private = public = refused = 0
+    try:
+        for _ in range(600):
+            try:
+                rows = load_spec(spec).public_partitions()
+            except SpecError as exc:
+                assert "HIV" not in str(exc)
+                refused += 1
+                continue
+            if any(r[0].startswith("p-") for r in rows):
+                private += 1
+            else:
+                public += 1
+    finally:
+        stop.set()
+        t.join(5)
+    assert private == 0, (private, public, refused)
+    assert public + refused == 600

@@ -14,7 +14,8 @@ from dpops.cli.common import (
 
 WORDS = {"never_run": "never run", "input_missing": "input missing",
          "refused": "refused", "failed": "failed", "spent_unpublished": "spent unpublished",
-         "abandoned": "abandoned", "in_progress": "in progress", "published": "published"}
+         "abandoned": "abandoned", "in_progress": "in progress", "published": "published",
+         "forged": "FORGED (not in the ledger)"}
 
 
 @click.command("gaps")
@@ -44,13 +45,21 @@ def cli(spec: str, start: str, end: str, manifests: str | None, show_all: bool, 
         rows = interval_statuses(sp, led, lo, hi, manifests_dir=manifests)
     gaps = [r for r in rows if r.is_gap]
     counts = {k: sum(1 for r in rows if r.status == k) for k in WORDS}
+    # A version the ledger did not commit is a forgery: exit 7 always, not only with --check.
+    forged = [r for r in rows if r.status == "forged"]
+
+    def failure() -> IntegrityError:
+        if forged:
+            return IntegrityError(f"{sp.name}: {len(forged)} interval(s) hold a published version or pointer the "
+                                  "ledger did not commit (forged): " + "; ".join(r.interval_start for r in forged))
+        return IntegrityError(f"{sp.name}: {len(gaps)} of {len(rows)} interval(s) have no publication")
     if as_json:
         doc = {"release": sp.name, "from": start, "to": end, "intervals": len(rows), "gaps": len(gaps),
                "counts": counts, "items": [r.to_dict() for r in (rows if show_all else gaps)]}
-        if check and gaps:
+        if (check and gaps) or forged:
             from dpops.cli.common import attach
 
-            raise attach(IntegrityError(f"{sp.name}: {len(gaps)} of {len(rows)} interval(s) have no publication"), doc)
+            raise attach(failure(), doc)
         echo_ok(doc)
         return
     shown = rows if show_all else gaps
@@ -66,5 +75,5 @@ def cli(spec: str, start: str, end: str, manifests: str | None, show_all: bool, 
                 [[r.interval_start, r.interval_end, WORDS[r.status], r.run_id or "-", r.detail] for r in shown],
                 keep=("interval start", "interval end", "status"), below=("run", "why"))
     click.echo(", ".join(f"{WORDS[k]}: {v}" for k, v in counts.items() if v) or "no intervals in range")
-    if check and gaps:
-        raise IntegrityError(f"{sp.name}: {len(gaps)} of {len(rows)} interval(s) have no publication")
+    if (check and gaps) or forged:
+        raise failure()

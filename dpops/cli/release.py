@@ -188,15 +188,19 @@ def status_cmd(spec: str, interval: str, as_json: bool, key_file: str | None) ->
               help="the publisher's Ed25519 public key (PEM; default $DPOPS_MANIFEST_PUBLIC_KEY): the reader's check")
 @click.option("--key-file", "key_file", type=click.Path(dir_okay=False), default=None,
               help="the noise key file instead (operators and reviewers only; readers never hold it)")
+@click.option("--ledger-id", "ledger_id", envvar="DPOPS_LEDGER_ID", default=None,
+              help="the publishing deployment's ledger id (default $DPOPS_LEDGER_ID; the ledger_id field of "
+                   "dpops release status --json): versions bound to another ledger are refused")
 @json_option
 @_internal_errors
 def check_pointer_cmd(root: str, release_name: str, interval: str, public_key: str | None, key_file: str | None,
-                      as_json: bool) -> None:
+                      ledger_id: str | None, as_json: bool) -> None:
     """A reader's check, without the ledger: does ROOT's ``current`` for --interval name a version dpops published?
 
     The version's ``_PUBLISHED.json`` binding (release, interval, version, run id, ledger entry, file
-    sha256) must verify under --public-key (the signature) or --key-file (the keyed MAC), its files must
-    match, and no newer validly bound version may exist. Exits 7 naming the version otherwise."""
+    sha256, output root, ledger id) must verify under --public-key (the signature) or --key-file (the keyed
+    MAC), name ROOT (and --ledger-id when given), its files must match, and no newer version may exist,
+    valid or damaged. Exits 7 naming the version otherwise."""
     from dpops.errors import IntegrityError
     from dpops.inputs import parse_interval
     from dpops.storage import open_store
@@ -209,8 +213,9 @@ def check_pointer_cmd(root: str, release_name: str, interval: str, public_key: s
 
         key = resolve_key(key_file)
     store = open_store(root, release_name)
-    res = check_published(store, iv.slug, committed=None, key=key, public_key=public_key)
+    res = check_published(store, iv.slug, committed=None, key=key, public_key=public_key, ledger_id=ledger_id or None)
     doc = {"release": release_name, "interval": str(iv), "problems": res.problems, "checked": res.checked,
+           "not_checked": res.not_checked,
            "current": None if res.current is None else {"version": res.current.version, "run_id": res.current.run_id,
                                                         "uri": res.current.uri}}
     if res.problems:
@@ -225,6 +230,8 @@ def check_pointer_cmd(root: str, release_name: str, interval: str, public_key: s
         assert res.current is not None
         click.echo(f"current: v{res.current.version} (run {res.current.run_id}) at {res.current.uri}: "
                    f"binding verified ({', '.join(res.checked)})")
+        for p in res.not_checked:
+            click.echo(f"  not checked: {p}")
 
 
 @cli.command("check-staged-access")

@@ -774,6 +774,16 @@ class Ledger:
         return Entry(id=int(row[0]), ts=row[1], kind=row[2], scope=row[3], run_id=row[4], buckets=json.loads(row[5]),
                      actor=row[6], data=body.get("data", {}), prev_hash=row[8], hash=row[9], writer=row[10])
 
+    def ledger_id(self) -> str | None:
+        """This ledger's stable identity: the hash of its first (genesis) entry, None while it has none.
+
+        Why (issue 25 item 10): a published version's binding names the ledger it was committed in, so a
+        version signed by another deployment (same signing key, another ledger) does not verify here. The
+        first entry's hash needs no schema change, never changes (the chain is append-only), and survives
+        ``dpops ledger import`` (the same chain on another database keeps its identity)."""
+        row = self.db.one("SELECT hash FROM entries ORDER BY id LIMIT 1", ())
+        return None if row is None else str(row[0])
+
     def history(self, scope: str | None = None) -> list[Entry]:
         if scope is None:
             rows = self.db.all(f"SELECT {_ENTRY_COLS} FROM entries ORDER BY id")

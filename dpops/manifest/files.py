@@ -181,24 +181,33 @@ def merge(*checks: FileCheck) -> FileCheck:
     return out
 
 
-def check_published_pointer(store: Store, slug: str, ledger: Ledger, record: RunRecord, *,
-                            key: Any = None) -> FileCheck:
-    """Every version of ``record``'s interval against the ledger's committed runs, and ``current`` against
-    the newest one (``dpops.storage.published.check_published``, the one owner of the rule): a version whose
-    run the ledger never committed, or a pointer moved to another version, is a problem naming the version.
-    With the noise ``key`` each committed version's keyed binding is checked too.
+def check_interval_pointer(store: Store, slug: str, ledger: Ledger, release: str, interval_start: str,
+                           interval_end: str, *, key: Any = None) -> FileCheck:
+    """Every version of the interval against the ledger's committed runs of THAT release and interval, and
+    ``current`` against the newest one (``dpops.storage.published.check_published``, the one owner of the
+    rule), whether or not the ledger committed any run for it: a version whose run the ledger never
+    committed, a pointer moved to another version, or a binding naming another ledger is a problem naming
+    the version. With the noise ``key`` each committed version's keyed binding is checked too.
 
     Privacy reason: readers take ``current`` as the DP release; a writer of ``published/`` who adds a
-    version with exact counts and moves the pointer must not pass any check dpops offers."""
+    version with exact counts (also on a day the ledger refused or never ran) and moves the pointer must
+    not pass any check dpops offers (issue 25 item 10)."""
     from dpops.storage.published import check_published, committed_runs
 
-    k = record.key
-    runs = ledger.runs(release=k.release, interval_start=k.start_utc, interval_end=k.end_utc, states=["committed"])
-    newest = ledger.published(k.release, k.start_utc, k.end_utc)
+    runs = ledger.runs(release=release, interval_start=interval_start, interval_end=interval_end,
+                       states=["committed"])
+    newest = ledger.published(release, interval_start, interval_end)
     res = check_published(store, slug, committed=committed_runs(runs), newest=newest.run_id if newest else None,
-                          key=key, key_ids={r.run_id: r.key.key_id for r in runs})
+                          key=key, key_ids={r.run_id: r.key.key_id for r in runs}, ledger_id=ledger.ledger_id())
     # ``checked`` lists file names (callers show and compare them); the pointer adds only findings. The files
     # of the run's one version are compared with the ledger's commit entry by the callers (check_ledger_files);
     # one run is one version (check_published), so current's bytes are covered by that comparison.
     return FileCheck(problems=[f"published pointer: {p}" for p in res.problems],
                      not_checked=[f"published pointer: {p}" for p in res.not_checked])
+
+
+def check_published_pointer(store: Store, slug: str, ledger: Ledger, record: RunRecord, *,
+                            key: Any = None) -> FileCheck:
+    """``check_interval_pointer`` for ``record``'s release and interval."""
+    k = record.key
+    return check_interval_pointer(store, slug, ledger, k.release, k.start_utc, k.end_utc, key=key)

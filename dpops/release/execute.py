@@ -48,7 +48,9 @@ from dpops.spec import load_spec
 from dpops.storage import open_store
 
 if TYPE_CHECKING:
+    from dpops.inputs import Interval
     from dpops.ledger import Ledger
+    from dpops.storage import Store
 
 
 class _StepOptions(TypedDict, total=False):
@@ -172,7 +174,7 @@ def restate(ctx: RunContext, ledger: Ledger) -> RunOutcome:
         raise NeedsOperator(f"{ctx.spec.name} {ctx.interval} has not been published: nothing to restate; "
                             "use dpops release run")
     if published.run_id == ctx.run_id:
-        make_visible(ctx, published)  # completes a restatement killed between its commit and the file publish
+        make_visible(ctx, published, ledger)  # completes a restatement killed between its commit and the file publish
         check_served_files(ctx, published, ledger)
         return make_outcome(ctx, ledger, "already_published", record=published,
                         message="input, spec and key unchanged: the published result stands, nothing charged")
@@ -243,6 +245,7 @@ def status(spec_path: str | os.PathLike[str], interval_start: IntervalBound, int
         remaining = None
     return {
         "release": spec.name, "interval": str(iv), "scope": spec.budget.scope, "scope_remaining": remaining,
+        "ledger_id": ledger.ledger_id(),  # what readers pin (dpops release check-pointer --ledger-id)
         "published_run": published.run_id if published else None,
         "output_uri": published.output_uri if published else None,
         "versions": [{"version": v.version, "run_id": v.run_id, "restates": v.restates, "published_at": v.published_at}
@@ -251,5 +254,17 @@ def status(spec_path: str | os.PathLike[str], interval_start: IntervalBound, int
                   "key_id": r.key.key_id, "created_at": r.created_at, "updated_at": r.updated_at} for r in runs],
         "published_files": published_file_check(
             store, iv.slug, published, spec_manifests_dir(spec), key, ledger=ledger).to_dict()
-        if published is not None else None,
+        if published is not None else _uncommitted_versions(store, iv, spec.name, ledger),
     }
+
+
+def _uncommitted_versions(store: Store, iv: Interval, release: str, ledger: Ledger) -> dict[str, object] | None:
+    """``published_files`` of an interval the ledger never committed: None when storage holds nothing for it,
+    else the pointer check's findings (every version there is a forgery: ``check_interval_pointer``).
+
+    Privacy reason (issue 25 item 10): a version written on a never-committed (refused, never run) day must
+    fail ``release status`` (exit 7) like any other forgery, not pass because there was no run to compare."""
+    from dpops.manifest.files import check_interval_pointer
+
+    check = check_interval_pointer(store, iv.slug, ledger, release, iv.start_iso, iv.end_iso)
+    return check.to_dict() if check.problems else None

@@ -39,7 +39,7 @@ def publish(ctx: RunContext, ledger: Ledger, *, gx_checks: bool = False,
     if record is None:
         raise LedgerError(f"run {ctx.run_id} is not in the ledger: reserve and compute it first")
     if record.state == "committed":
-        make_visible(ctx, record)
+        make_visible(ctx, record, ledger)
         check_served_files(ctx, record, ledger)
         return make_outcome(ctx, ledger, "already_published", record=record, message="nothing charged")
     if record.state != "started":
@@ -87,7 +87,7 @@ def publish(ctx: RunContext, ledger: Ledger, *, gx_checks: bool = False,
 
         details["manifest"] = {"file": as_location(manifest_path).name, "sha256": file_sha256(manifest_path)}
     record = ledger.commit(ctx.run_id, output_uri=location_uri(target), actor=ctx.actor, details=details)
-    pub = make_visible(ctx, record)
+    pub = make_visible(ctx, record, ledger)
     if pub.location.realpath() != target.realpath():  # pragma: no cover - publish refuses races first
         raise StorageError(f"run {ctx.run_id} was published to {pub.location}, not {target} as its ledger "
                            "entry and manifest say; investigate before publishing anything else for this interval")

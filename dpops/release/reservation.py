@@ -13,7 +13,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dpops.errors import DpopsError, InvalidParameter, LedgerError, NeedsOperator, SpecError, StorageError
+from dpops.errors import (
+    DpopsError,
+    IntegrityError,
+    InvalidParameter,
+    LedgerError,
+    NeedsOperator,
+    SpecError,
+    StorageError,
+)
 from dpops.release.context import RunContext, RunOutcome, make_outcome, pick_attempt
 from dpops.release.key_continuity import check_key_continuity
 from dpops.release.served import check_served_files, make_visible
@@ -249,7 +257,7 @@ def reserve(ctx: RunContext, ledger: Ledger, *, restates: str | None = None,
             "--fresh-attempt: a retry of a reserved or started keyed run costs nothing; nothing was reserved")
     published = ledger.published(ctx.spec.name, ctx.interval.start_iso, ctx.interval.end_iso)
     if published is not None and published.run_id == ctx.run_id:
-        make_visible(ctx, published)  # a crash between the ledger commit and the file publish is healed here
+        make_visible(ctx, published, ledger)  # a crash between the ledger commit and the file publish is healed here
         check_served_files(ctx, published, ledger)
         return make_outcome(ctx, ledger, "already_published", record=published,
                         message="served from the published result, nothing charged")
@@ -263,6 +271,18 @@ def reserve(ctx: RunContext, ledger: Ledger, *, restates: str | None = None,
     if current is not None and current.run_id != ctx.run_id and current.run_id != restates:
         raise StorageError(f"{ctx.store.published_interval_dir(ctx.interval.slug)} already holds run "
                            f"{current.run_id}, unknown to this ledger as the published run; nothing reserved")
+    # Any version the ledger did not commit for this interval (also without a pointer to it), or a moved
+    # pointer, is a forgery (issue 25 item 10): publishing next to it would put dpops' name beside it, and
+    # the charge would buy a release that every check then fails. Refused before anything is reserved; it
+    # depends on storage only, never on the data.
+    from dpops.manifest.files import check_interval_pointer
+
+    stray = check_interval_pointer(ctx.store, ctx.interval.slug, ledger, ctx.spec.name, ctx.interval.start_iso,
+                                   ctx.interval.end_iso).problems
+    if stray:
+        raise IntegrityError(f"{ctx.spec.name} {ctx.interval}: nothing reserved: " + "; ".join(stray)
+                             + ". Move what the ledger did not commit aside (docs/runbook.md, 'A forged or moved "
+                             "current') and run again")
     _check_scope(ctx, ledger)
     check_key_continuity(ctx, ledger)  # another key than the scope's only as a declared rotation (issue 19)
     existing = ledger.run(ctx.run_id)

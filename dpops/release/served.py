@@ -27,8 +27,9 @@ if TYPE_CHECKING:
     from dpops.manifest.files import FileCheck
 
 
-def make_visible(ctx: RunContext, record: RunRecord) -> PublishedRun:
-    """Make a committed run's output the interval's current version (idempotent; repairs a crash)."""
+def make_visible(ctx: RunContext, record: RunRecord, ledger: Ledger) -> PublishedRun:
+    """Make a committed run's output the interval's current version (idempotent; repairs a crash). The
+    version's binding names ``ledger``'s id, so it verifies only against the ledger that committed it."""
     slug = ctx.interval.slug
     current = ctx.store.current(slug)
     if current is not None and current.run_id == record.run_id:
@@ -42,7 +43,8 @@ def make_visible(ctx: RunContext, record: RunRecord) -> PublishedRun:
         )
     return ctx.store.publish(staged, slug, restates=record.restates,
                              extra={"spec_hash": ctx.spec.spec_hash, "randomness": ctx.randomness},
-                             ledger_entry_hash=record.entry_hashes[-1] if record.entry_hashes else None)
+                             ledger_entry_hash=record.entry_hashes[-1] if record.entry_hashes else None,
+                             ledger_id=ledger.ledger_id())
 
 
 def published_file_check(store: Store, slug: str, record: RunRecord, manifest_dir: Path | Location,

@@ -132,9 +132,11 @@ class Store(Protocol):
     def next_version_location(self, interval_slug: str, run_id: str) -> Location: ...
 
     def publish(self, staged: StagedRun, interval_slug: str, *, restates: str | None = None,
-                extra: dict[str, Any] | None = None, ledger_entry_hash: str | None = None) -> PublishedRun:
+                extra: dict[str, Any] | None = None, ledger_entry_hash: str | None = None,
+                ledger_id: str | None = None) -> PublishedRun:
         """Publish as the next version; its ``_PUBLISHED.json`` carries the keyed binding
-        (``dpops.storage.published``) over the run id, ``ledger_entry_hash`` (the run's commit entry) and files."""
+        (``dpops.storage.published``) over the run id, ``ledger_entry_hash`` (the run's commit entry), the
+        files, the store's root and ``ledger_id`` (the committing ledger's ``Ledger.ledger_id``)."""
 
     def read_internal_log(self, interval_slug: str, run_id: str) -> dict[str, Any] | None: ...
 

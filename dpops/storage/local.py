@@ -534,7 +534,8 @@ class ReleaseStore(PrivateRunLog):
         raise StorageError(f"{link} points to {target!r}, which is not a published version")
 
     def publish(self, staged: StagedRun, interval_slug: str, *, restates: str | None = None,
-                extra: dict[str, Any] | None = None, ledger_entry_hash: str | None = None) -> PublishedRun:
+                extra: dict[str, Any] | None = None, ledger_entry_hash: str | None = None,
+                ledger_id: str | None = None) -> PublishedRun:
         """Publish a verified staged run as the next version of the interval and move ``current`` to it.
 
         Idempotent per run id (a retry after a crash returns the existing version and repairs the pointer).
@@ -579,7 +580,8 @@ class ReleaseStore(PrivateRunLog):
                     if hashes[name] != staged.hashes[name]:
                         raise StorageError(f"copy of {name} to {tmp} does not match the staged file; nothing published")
                 binding = make_binding(self.sealer, release=self.release, interval=interval_slug, version=version,
-                                       run_id=staged.run_id, ledger_entry_hash=ledger_entry_hash, files=hashes)
+                                       run_id=staged.run_id, ledger_entry_hash=ledger_entry_hash, files=hashes,
+                                       output_root=self.root_location.uri, ledger_id=ledger_id)
                 _write_json(tmp / PUBLISHED_MARKER, mode=PUBLIC_FILE_MODE, doc={
                     **(extra or {}), "release": self.release, "interval": interval_slug, "run_id": staged.run_id,
                     "version": version, "files": hashes, "restates": restates, "published_at": published_at,

@@ -379,7 +379,8 @@ class ObjectReleaseStore(PrivateRunLog):
     next_version_dir = next_version_location
 
     def publish(self, staged: StagedRun, interval_slug: str, *, restates: str | None = None,
-                extra: dict[str, Any] | None = None, ledger_entry_hash: str | None = None) -> PublishedRun:
+                extra: dict[str, Any] | None = None, ledger_entry_hash: str | None = None,
+                ledger_id: str | None = None) -> PublishedRun:
         """Publish a verified staged run as the interval's next version, then write the pointer (last).
 
         Idempotent per run id: a retry after a crash returns the existing version and writes the pointer."""
@@ -415,7 +416,8 @@ class ObjectReleaseStore(PrivateRunLog):
                 if files.sha256(final / name) != staged.hashes[name]:
                     raise StorageError(f"copy of {name} to {final} does not match the staged file; nothing published")
             binding = make_binding(self.sealer, release=self.release, interval=interval_slug, version=version,
-                                   run_id=staged.run_id, ledger_entry_hash=ledger_entry_hash, files=staged.hashes)
+                                   run_id=staged.run_id, ledger_entry_hash=ledger_entry_hash, files=staged.hashes,
+                                   output_root=self.root_location.uri, ledger_id=ledger_id)
             marker = {**(extra or {}), "release": self.release, "interval": interval_slug, "run_id": staged.run_id,
                       "version": version, "files": dict(staged.hashes), "restates": restates,
                       "published_at": published_at, "binding": binding}

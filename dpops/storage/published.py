@@ -9,10 +9,18 @@ then compared files with *their own* ``_PUBLISHED.json`` and passed. Two defence
   run the ledger committed for this interval, and ``current`` must name the newest committed run
   (``Ledger.published``). ``release status``, served re-runs, ``manifest verify --ledger`` and the
   report all call it; a failure is an ``IntegrityError`` (exit 7) naming the version.
+  The ledger check runs for every interval, whether or not the ledger committed a run for it: a
+  version on a never-committed interval is a forgery like any other (issue 25 item 10).
 - **For readers without the ledger** (``check_published`` with ``committed=None``, the
   ``dpops release check-pointer`` command): each version's ``_PUBLISHED.json`` carries a *binding*
-  (``dpops.published-binding/1``) over release, interval, version, run id, the ledger's commit-entry
-  hash and every data file's sha256, authenticated two ways:
+  over release, interval, version, run id, the ledger's commit-entry hash and every data file's sha256,
+  and (``dpops.published-binding/2``, issue 25 item 10) the output root as configured
+  (``Location.uri``) and the ledger's id (``Ledger.ledger_id``: its genesis entry hash), so a version
+  signed by another deployment that shares the signing key names another root or ledger and fails.
+  Versions bound by an older dpops (``dpops.published-binding/1``, no root or ledger) still verify;
+  the reader's check lists them as "not checked" for root and ledger, and a reader that pins the
+  ledger id refuses them (a /1 binding cannot say which ledger committed it). The binding is
+  authenticated two ways:
 
   - ``mac``: HMAC-SHA256 under a key derived from the noise key with its own label
     (``NoiseKey.binding_mac``; never the staging seal's key, so a seal cannot pass as a binding). Always
@@ -23,9 +31,10 @@ then compared files with *their own* ``_PUBLISHED.json`` and passed. Two defence
     this is the reader's check, since a reader must never hold the noise key.
 
   The reader's check refuses a ``current`` whose binding is missing or does not verify, whose files do
-  not match the bound sha256, or that names an older version than another validly bound one (a moved-back
-  pointer). What a reader cannot detect without the ledger: a pointer moved back to the newest *bound*
-  version after a newer one was deleted as well; the ledger-side checks catch that.
+  not match the bound sha256, or that names an older version than any other version of the interval,
+  valid or not (a moved-back pointer: damaging the newer version must not make the older pointer pass).
+  What a reader cannot detect without the ledger: a pointer moved back after the newer version was
+  deleted outright; the ledger-side checks catch that.
 
 Storage never imports the ledger: callers pass the committed runs as ``{run_id: commit entry hash}``.
 """
@@ -36,6 +45,7 @@ import base64
 import binascii
 import hmac
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -47,7 +57,10 @@ from dpops.storage.base import PUBLISHED_FILES, PUBLISHED_MARKER, PublishedRun, 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-BINDING_VERSION = "dpops.published-binding/1"
+BINDING_VERSION = "dpops.published-binding/2"  # what publish writes: names the output root and the ledger id
+BINDING_VERSION_1 = "dpops.published-binding/1"  # older versions: still verified (no root, no ledger id)
+BINDING_VERSIONS = (BINDING_VERSION_1, BINDING_VERSION)
+LEDGER_ID_ENV = "DPOPS_LEDGER_ID"  # a reader's pin: the ledger id versions must be bound to
 SIGNING_KEY_ENV = "DPOPS_MANIFEST_SIGNING_KEY"  # the publisher's Ed25519 key: the one that signs manifests
 PUBLIC_KEY_ENV = "DPOPS_MANIFEST_PUBLIC_KEY"
 
@@ -62,28 +75,41 @@ class BindingKey(Protocol):
 
 
 def binding_payload(*, release: str, interval: str, version: int, run_id: str, ledger_entry_hash: str | None,
-                    files: Mapping[str, str]) -> bytes:
-    """The bytes the MAC and the signature cover (canonical JSON, tagged with ``BINDING_VERSION``)."""
+                    files: Mapping[str, str], output_root: str | None = None, ledger_id: str | None = None,
+                    binding: str = BINDING_VERSION) -> bytes:
+    """The bytes the MAC and the signature cover (canonical JSON, tagged with the binding version).
+
+    ``binding`` /1 covers exactly what dpops wrote before /2 (so old versions keep verifying); /2 adds
+    ``output_root`` and ``ledger_id``."""
     from dpops.events import canonical_json
 
-    return canonical_json({"binding": BINDING_VERSION, "release": release, "interval": interval,
+    doc: dict[str, Any] = {"binding": binding, "release": release, "interval": interval,
                            "version": int(version), "run_id": run_id, "ledger_entry_hash": ledger_entry_hash,
-                           "files": dict(files)}).encode("utf-8")
+                           "files": dict(files)}
+    if binding != BINDING_VERSION_1:
+        doc.update(output_root=output_root, ledger_id=ledger_id)
+    return canonical_json(doc).encode("utf-8")
 
 
 def make_binding(key: object, *, release: str, interval: str, version: int, run_id: str,
-                 ledger_entry_hash: str | None, files: Mapping[str, str],
-                 signing_key: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-    """The ``binding`` field of a version's ``_PUBLISHED.json``: keyed MAC, plus a signature if configured."""
+                 ledger_entry_hash: str | None, files: Mapping[str, str], output_root: str,
+                 ledger_id: str | None, signing_key: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """The ``binding`` field of a version's ``_PUBLISHED.json``: keyed MAC, plus a signature if configured.
+
+    ``output_root`` is the store's root as configured (``Location.uri``) and ``ledger_id`` the committing
+    ledger's id (``Ledger.ledger_id``): both are covered, so the version cannot pass as another
+    deployment's (or another deployment's as this one's) under a shared key."""
     mac = getattr(key, "binding_mac", None)
     if not callable(mac):
         raise StorageError("cannot publish without the noise key: the published binding is an HMAC under a key "
                            "derived from it (pass --key-file / DPOPS_NOISE_KEY_FILE)")
     payload = binding_payload(release=release, interval=interval, version=version, run_id=run_id,
-                              ledger_entry_hash=ledger_entry_hash, files=files)
+                              ledger_entry_hash=ledger_entry_hash, files=files, output_root=output_root,
+                              ledger_id=ledger_id)
     doc: dict[str, Any] = {"version": BINDING_VERSION, "release": release, "interval": interval,
                            "published_version": int(version), "run_id": run_id,
                            "ledger_entry_hash": ledger_entry_hash, "files": dict(files),
+                           "output_root": output_root, "ledger_id": ledger_id,
                            "key_id": getattr(key, "key_id", None), "mac": mac(payload)}
     signing_key = signing_key if signing_key is not None else (os.environ.get(SIGNING_KEY_ENV) or None)
     if signing_key:
@@ -121,21 +147,47 @@ def _load_public_key(public_key: str | os.PathLike[str] | Ed25519PublicKey) -> E
     return public_key
 
 
+def binding_version(pub: PublishedRun) -> str | None:
+    """The binding format of a version's ``_PUBLISHED.json`` (one of ``BINDING_VERSIONS``), else None."""
+    try:
+        b = _marker(pub).get("binding")
+    except StorageError:
+        return None
+    v = b.get("version") if isinstance(b, dict) else None
+    return v if v in BINDING_VERSIONS else None
+
+
 def check_binding(pub: PublishedRun, *, release: str, interval: str, key: object = None,
-                  public_key: str | os.PathLike[str] | Ed25519PublicKey | None = None) -> tuple[list[str], str | None]:
+                  public_key: str | os.PathLike[str] | Ed25519PublicKey | None = None,
+                  output_root: str | None = None, ledger_id: str | None = None) -> tuple[list[str], str | None]:
     """Check one version's binding against its own name and files; return (problems, bound ledger entry hash).
 
     Missing binding, a field that differs from the version it sits in, a file whose sha256 differs, a
     MAC that does not verify under ``key``, or (with ``public_key``) a missing or bad signature: each is a
-    problem naming the version."""
+    problem naming the version. A /2 binding must also name ``output_root`` (the store's root as
+    configured) and, when given, ``ledger_id``; a /1 binding names neither and is refused only when a
+    ``ledger_id`` is required (the caller pins one): it cannot say which ledger committed it."""
     where = f"v{pub.version} ({pub.location})"
-    b = _marker(pub).get("binding")
-    if not isinstance(b, dict) or b.get("version") != BINDING_VERSION:
+    try:
+        b = _marker(pub).get("binding")
+    except StorageError as exc:
+        return [f"{where}: {exc}: a damaged version"], None
+    if not isinstance(b, dict) or b.get("version") not in BINDING_VERSIONS:
         return [f"{where}: its _PUBLISHED.json carries no {BINDING_VERSION} binding: not a version dpops "
                 "published (or published by a dpops older than the binding)"], None
     out: list[str] = []
-    for name, want in (("release", release), ("interval", interval), ("published_version", pub.version),
-                       ("run_id", pub.run_id)):
+    wants: list[tuple[str, object]] = [("release", release), ("interval", interval),
+                                       ("published_version", pub.version), ("run_id", pub.run_id)]
+    fmt = str(b["version"])
+    if fmt != BINDING_VERSION_1:
+        if output_root is not None:
+            wants.append(("output_root", output_root))
+        if ledger_id is not None:
+            wants.append(("ledger_id", ledger_id))
+    elif ledger_id is not None:
+        out.append(f"{where}: its binding ({BINDING_VERSION_1}, written by an older dpops) names no ledger, and "
+                   f"ledger {ledger_id} is required: check it against the ledger (dpops release status)")
+    for name, want in wants:
         if b.get(name) != want:
             out.append(f"{where}: the binding names {name} {b.get(name)!r}, the version is {want!r}")
     bound = b.get("files")
@@ -152,7 +204,8 @@ def check_binding(pub: PublishedRun, *, release: str, interval: str, key: object
             out.append(f"{where}: {name} does not match the sha256 the binding names (the file was changed)")
     entry = b.get("ledger_entry_hash")
     payload = binding_payload(release=release, interval=interval, version=pub.version, run_id=pub.run_id,
-                              ledger_entry_hash=entry if isinstance(entry, str) else None, files=bound)
+                              ledger_entry_hash=entry if isinstance(entry, str) else None, files=bound,
+                              output_root=b.get("output_root"), ledger_id=b.get("ledger_id"), binding=fmt)
     if key is not None:
         mac = getattr(key, "binding_mac", None)
         if not callable(mac):
@@ -185,10 +238,34 @@ def check_binding(pub: PublishedRun, *, release: str, interval: str, key: object
     return out, entry if isinstance(entry, str) else None
 
 
+_ANY_VERSION_NAME = re.compile(r"^v0*(\d+)(?:-[A-Za-z0-9_-]{1,128})?$")  # v3 (local), v0003-<run> (object store)
+
+
+def root_uri(store: Store) -> str:
+    """The store's output root as configured, as the binding names it (``Location.uri``)."""
+    root = getattr(store, "root_location", None)
+    if root is None:
+        raise StorageError(f"{type(store).__name__} has no root location to bind a published version to")
+    return str(root.uri)
+
+
+def _version_numbers_on_storage(store: Store, interval_slug: str) -> dict[int, str]:
+    """Every version-named entry under the interval, complete or not: ``{number: name}`` (highest name wins).
+
+    ``store.versions`` lists only versions with a readable ``_PUBLISHED.json``; a newer version whose marker
+    was damaged or deleted must still count as newer, or damaging it would make a moved-back pointer pass."""
+    out: dict[int, str] = {}
+    for name in files.list_dir(store.published_interval_location(interval_slug)):
+        m = _ANY_VERSION_NAME.match(name)
+        if m:
+            out[int(m.group(1))] = name
+    return out
+
+
 def check_published(store: Store, interval_slug: str, *, committed: Mapping[str, str] | None,
                     newest: str | None = None, key: object = None,
                     public_key: str | os.PathLike[str] | Ed25519PublicKey | None = None,
-                    key_ids: Mapping[str, str] | None = None) -> PointerCheck:
+                    key_ids: Mapping[str, str] | None = None, ledger_id: str | None = None) -> PointerCheck:
     """Is every version of the interval one dpops published, and does ``current`` name the right one?
 
     ``committed``: the ledger's committed runs of this release and interval, ``{run_id: commit entry
@@ -198,9 +275,12 @@ def check_published(store: Store, interval_slug: str, *, committed: Mapping[str,
     verify under ``key`` or ``public_key`` (one is required) and no newer version may carry a valid one.
     ``key_ids`` (ledger path): ``{run_id: noise key id}`` the ledger recorded for each committed run; a version
     bound under its run's own recorded key, which is not ``key`` (a rotation since), is "not checked", not a
-    problem: the ledger, not the version's own marker, vouches for that key id."""
+    problem: the ledger, not the version's own marker, vouches for that key id.
+    ``ledger_id``: the ledger the versions must be bound to (``Ledger.ledger_id``; on the reader's path a
+    pin such as ``$DPOPS_LEDGER_ID``); a /2 binding must also name this store's root (``root_uri``)."""
     res = PointerCheck()
     rel = store.release
+    root = root_uri(store)
     try:
         versions = store.versions(interval_slug)
         res.current = cur = store.current(interval_slug)
@@ -244,7 +324,12 @@ def check_published(store: Store, interval_slug: str, *, committed: Mapping[str,
                                            f"{getattr(key, 'key_id', None)!r}: its MAC cannot be checked with it")
                     continue
                 problems, entry = check_binding(v, release=rel, interval=interval_slug, key=key,
-                                                public_key=public_key)
+                                                public_key=public_key, output_root=root, ledger_id=None)
+                if ledger_id is not None and binding_version(v) == BINDING_VERSION:
+                    bound_ledger = (_marker(v).get("binding") or {}).get("ledger_id")
+                    if bound_ledger != ledger_id:
+                        problems.append(f"v{v.version} ({v.location}): the binding names ledger {bound_ledger!r}, "
+                                        f"this ledger is {ledger_id!r}: a version committed in another ledger")
                 if entry is None and len(problems) == 1 and "carries no" in problems[0]:
                     res.not_checked.append(problems[0])  # the ledger checks above still hold for it
                     continue
@@ -263,21 +348,32 @@ def check_published(store: Store, interval_slug: str, *, committed: Mapping[str,
                             "nothing is published")
         return res
     res.checked.append(f"current (v{cur.version}) binding")
-    problems, _ = check_binding(cur, release=rel, interval=interval_slug, key=key, public_key=public_key)
+    problems, _ = check_binding(cur, release=rel, interval=interval_slug, key=key, public_key=public_key,
+                                output_root=root, ledger_id=ledger_id)
     res.problems.extend(problems)
-    for v in versions:
-        if v.version > cur.version and not check_binding(v, release=rel, interval=interval_slug, key=key,
-                                                         public_key=public_key)[0]:
-            res.problems.append(f"current names v{cur.version}, but v{v.version} ({v.location}) is a newer validly "
-                                "bound version: the pointer was moved back")
+    if binding_version(cur) == BINDING_VERSION_1 and ledger_id is None:
+        res.not_checked.append(f"v{cur.version}: bound by an older dpops ({BINDING_VERSION_1}): the binding names no "
+                               "output root or ledger, so a copy from another deployment sharing the key cannot be "
+                               "told apart here; dpops release status (with the ledger) can")
+    elif ledger_id is None:
+        res.not_checked.append(f"the ledger id (no pin: --ledger-id / ${LEDGER_ID_ENV}); the output root was checked")
+    # Any newer version, valid or damaged, means current was moved back (or a publish is incomplete: a retry
+    # completes it): a damaged newer version is a failure, never a reason to accept the older pointer.
+    for number, name in sorted(_version_numbers_on_storage(store, interval_slug).items()):
+        if number > cur.version:
+            res.problems.append(f"current names v{cur.version}, but a newer version v{number} ({name}) exists: the "
+                                "pointer was moved back (or the newer version was damaged to hide it)")
     return res
 
 
 def verified_current(store: Store, interval_slug: str, *, key: object = None,
-                     public_key: str | os.PathLike[str] | Ed25519PublicKey | None = None) -> PublishedRun:
+                     public_key: str | os.PathLike[str] | Ed25519PublicKey | None = None,
+                     ledger_id: str | None = None) -> PublishedRun:
     """``store.current()`` for readers: the version ``current`` names, only if its binding verifies under
-    ``public_key`` (the publisher's signature) or ``key``; else an ``IntegrityError`` naming the version."""
-    res = check_published(store, interval_slug, committed=None, key=key, public_key=public_key)
+    ``public_key`` (the publisher's signature) or ``key`` and names this store's root (and ``ledger_id``,
+    default ``$DPOPS_LEDGER_ID``, when pinned); else an ``IntegrityError`` naming the version."""
+    res = check_published(store, interval_slug, committed=None, key=key, public_key=public_key,
+                          ledger_id=ledger_id or os.environ.get(LEDGER_ID_ENV) or None)
     if res.problems or res.current is None:
         raise IntegrityError(f"{store.release} {interval_slug}: the current pointer does not name a version dpops "
                              "published: " + "; ".join(res.problems or ["nothing is published"]))
@@ -297,5 +393,6 @@ def committed_runs(records: Iterable[LedgerRun]) -> dict[str, str]:
     return {r.run_id: r.entry_hashes[-1] for r in records if r.state == "committed" and r.entry_hashes}
 
 
-__all__ = ["BINDING_VERSION", "BindingKey", "PointerCheck", "binding_payload", "make_binding", "check_binding",
+__all__ = ["BINDING_VERSION", "BINDING_VERSION_1", "BINDING_VERSIONS", "LEDGER_ID_ENV", "binding_version", "root_uri",
+           "BindingKey", "PointerCheck", "binding_payload", "make_binding", "check_binding",
            "check_published", "verified_current", "committed_runs", "LedgerRun", "SIGNING_KEY_ENV", "PUBLIC_KEY_ENV"]
