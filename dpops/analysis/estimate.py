@@ -1,6 +1,6 @@
 """Private bound estimation (issue 20 section 4): contribution bounds and value bounds chosen under DP.
 
-Semantics.md section 1: "a bound learned from data must itself be a charged DP release". This module
+docs/semantics.md section 1: "a bound learned from data must itself be a charged DP release". This module
 is that release. ``dpops estimate SPEC --interval I --epsilon E`` reads the interval's input through the
 release's own reading code (``pipelines.io.prepare_batch``: type checks, null/NaN drops, hashing, public
 partitions, the time filter), bounds it with the release's own ``pipelines.bounding.bound_contributions``
