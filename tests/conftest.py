@@ -15,6 +15,11 @@ if "DPOPS_STATE_DIR" not in os.environ:
     os.environ["DPOPS_STATE_DIR"] = tempfile.mkdtemp(prefix="dpops-test-state-")
 
 import pytest
+from fuzz_support import register_profiles
+
+# Property tests run with a fixed seed unless HYPOTHESIS_PROFILE=fuzz (`make fuzz`): tests/fuzz_support.py says why.
+# Loaded here, before any test module builds its settings objects, so they inherit the profile.
+register_profiles()
 
 # Keeps the suite running when a library closes pytest's own capture file (tests/capture_guard.py says how).
 pytest_plugins = ["capture_guard", "pytester"]  # pytester: tests/test_capture_guard.py runs pytest

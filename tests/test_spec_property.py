@@ -20,6 +20,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
+from fuzz_support import examples
 
 from dpops.release.pipeline_seam import ComputeRequest
 from dpops.errors import DpopsError
@@ -157,7 +158,7 @@ def numpy_core(spec_path: Path, input_path: Path) -> dict:
     return select_and_noise(0, parts, acc, names, plan, pub, ctx.public_names, source)
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=examples(50), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(doc=spec_docs(), seed=st.integers(0, 2**32 - 1))
 @example(doc=ISSUE_25_6A, seed=0)
