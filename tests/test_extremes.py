@@ -23,7 +23,8 @@ The extremes, read off ``dpops/spec.py`` (which bounds epsilon only by > 0 and L
 At least one path per mechanism also runs through the real steps (``prepare`` -> ``reserve`` -> ``compute``
 (which calls ``ledger.start``) -> ``publish``, the Beam FnApiRunner, a SQLite ledger):
 ``test_real_steps_publish_at_the_extremes``; the estimator (``bounds: estimate``, issue 25 item 6b) runs
-there too, inside ``prepare``.
+there too, inside ``prepare``, over tiny, all-malformed and (strict xfail until issue 25 item 3 is merged)
+empty input.
 
 Deterministic: test randomness with fixed seeds; no statistical assertion (nothing can fail by chance).
 """
@@ -186,8 +187,8 @@ def test_quantile_counts_and_extreme_quantiles(tmp_path, noise):
 
 def test_top_k_sizes(tmp_path):
     big = [f"v{i}" for i in range(40_000)]
-    for domain, k, eps in ((DOMAIN, 5, 1.0), (DOMAIN, 5, 2.0**-31), (DOMAIN, 5, 1e-12), (big, 1, 2.0**-31),
-                           (big, 20, 1e-12)):
+    # a domain beyond int16 codes and 256 candidates (the vectorised path) costs ~5 s a partition: one case
+    for domain, k, eps in ((DOMAIN, 5, 1.0), (DOMAIN, 5, 2.0**-31), (DOMAIN, 5, 1e-12), (big, 1, 2.0**-31)):
         run_or_refuse(tmp_path, spec_doc([_metric("top_k", k=k, domain=domain)], "laplace", eps, linf=1000))
 
 
@@ -244,22 +245,33 @@ def smallest_accepted_epsilon(doc: dict, tmp_path: Path) -> float:
 
 
 REAL = {  # one path per mechanism: discrete Laplace and Gaussian, exponential (quantiles, top_k), the three
-    # partition selections, and the estimator (issue 25 item 6b: L0 = Linf = 1000 at epsilon 1e-5)
+    # partition selections, and the estimator (issue 25 item 6b: L0 = Linf = 1000 at epsilon 1e-5);
+    # (spec, run at the smallest accepted epsilon of the ladder?, input)
     "laplace_public_estimated": (spec_doc(ESTIMATED, "laplace", 1e-5, l0=1000, linf=1000, split=ESTIMATED_SPLIT),
-                                 False),
-    "gaussian_public": (spec_doc(ALL_METRICS, "gaussian", 1.0, l0=1000, linf=1000), True),
+                                 False, "tiny"),
+    "laplace_public_estimated_malformed": (spec_doc(ESTIMATED, "laplace", 1e-5, l0=1000, linf=1000,
+                                                    split=ESTIMATED_SPLIT), False, "malformed"),
+    "gaussian_public": (spec_doc(ALL_METRICS, "gaussian", 1.0, l0=1000, linf=1000), True, "tiny"),
+    "gaussian_public_empty": (spec_doc(ALL_METRICS, "gaussian", 1.0, l0=1000, linf=1000), True, "empty"),
     "laplace_threshold": (spec_doc(ALL_METRICS, "laplace", 1.0, l0=1000, linf=1000, private="laplace_threshold"),
-                          True),
+                          True, "tiny"),
     "gaussian_threshold": (spec_doc(ALL_METRICS, "gaussian", 1.0, l0=1000, linf=1000, private="gaussian_threshold"),
-                           True),
+                           True, "tiny"),
     # truncated_geometric's table has ~2 ln(1/delta') / eps' entries: its extreme is the quick refusal
-    # (test_spec_property.test_a_keep_table_too_long_is_refused_at_once); here a table of ~50,000
-    "truncated_geometric": (spec_doc(ALL_METRICS, "laplace", 1e-2, l0=10, linf=10, private="truncated_geometric"),
-                            False),
+    # (test_spec_property.test_a_keep_table_too_long_is_refused_at_once); here a table of ~6,000 entries
+    "truncated_geometric": (spec_doc(ALL_METRICS, "laplace", 1e-1, l0=10, linf=10, private="truncated_geometric"),
+                            False, "tiny"),
 }
+# Issue 25 item 3 (another engineer's slice): `bounds: estimate` over an interval with no data rows fails
+# after the estimation's charge ("no rows to estimate from"). Strict: once that fix is merged this XPASSes
+# and fails, so the mark is removed and the case stays in the suite.
+REAL_XFAIL = {"laplace_public_estimated_empty": (spec_doc(ESTIMATED, "laplace", 1e-5, l0=1000, linf=1000,
+                                                          split=ESTIMATED_SPLIT), False, "empty")}
+REAL_CASES = [*sorted(REAL), *[pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="issue 25 item 3"))
+                                for c in sorted(REAL_XFAIL)]]
 
 
-@pytest.mark.parametrize("case", sorted(REAL))
+@pytest.mark.parametrize("case", REAL_CASES)
 def test_real_steps_publish_at_the_extremes(tmp_path, monkeypatch, case):
     """prepare -> reserve -> compute (ledger.start, then the Beam job) -> publish, for specs ``spec check``
     accepts at their extremes: each must publish (the estimation, inside prepare, must commit)."""
@@ -267,14 +279,14 @@ def test_real_steps_publish_at_the_extremes(tmp_path, monkeypatch, case):
     from dpops.ledger import ScopeDefinition, open_ledger
     from dpops.noise.randomness import NoiseKey
 
-    doc, at_minimum = REAL[case]
+    doc, at_minimum, input_kind = {**REAL, **REAL_XFAIL}[case]
     doc = {**doc, "input": {**doc["input"], "path": "data/{start:%Y-%m-%d}.parquet"}}
     if at_minimum:
         doc["budget"] = {**doc["budget"], "epsilon": smallest_accepted_epsilon(doc, tmp_path)}
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(doc))
     (tmp_path / "data").mkdir()
-    write_input(tmp_path / "data/2024-01-01.parquet", "tiny")
+    write_input(tmp_path / "data/2024-01-01.parquet", input_kind)
     key = tmp_path / "noise.key"
     NoiseKey.generate(key)
     monkeypatch.chdir(tmp_path)
