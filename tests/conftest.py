@@ -69,6 +69,7 @@ SLOWEST_FIRST = (
     "test_year_in_the_life.py",  # 68 s
     "test_audit_float_sums.py",  # 65 s: 2^22-row attacks
     "test_airflow_plugin.py",  # 55 s
+    "test_extremes.py",  # ~50 s: every accepted extreme, 8 real Beam runs
     "test_audit_estimate.py",  # ~30 s: the estimators' audits
     "test_dags_run.py",  # 43 s
     "test_cluster_runner_check.py",  # 40 s
