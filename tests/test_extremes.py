@@ -70,7 +70,8 @@ def _key(m: dict) -> str:
 
 
 def spec_doc(metrics: list[dict], noise: str, eps: float, *, l0: int = 1, linf: int = 1, delta: float | None = None,
-             private: str | None = None, split: dict[str, float] | None = None) -> dict:
+             private: str | None = None, split: dict[str, float] | None = None,
+             adjacency: str = "add_remove") -> dict:
     """A day-interval spec over ``in.parquet`` (user_id, region, x, c)."""
     if delta is None:
         delta = 1e-10 if noise == "gaussian" or private else 0.0
@@ -81,7 +82,7 @@ def spec_doc(metrics: list[dict], noise: str, eps: float, *, l0: int = 1, linf: 
         "name": "extremes",
         "input": {"path": "in.parquet", "format": "parquet",
                   "columns": {"user_id": "string", "region": "string", "x": "float", "c": "string"}},
-        "privacy_unit": {"column": "user_id", "description": "a user", "adjacency": "add_remove"},
+        "privacy_unit": {"column": "user_id", "description": "a user", "adjacency": adjacency},
         "budget": budget,
         "contribution": {"max_partitions_per_unit": l0, "max_rows_per_unit_per_partition": linf},
         "partitions": ({"columns": ["region"], "private": {"strategy": private}} if private
@@ -154,6 +155,8 @@ def test_contribution_bounds_up_to_2_31(tmp_path, metric, noise):
     for bound in (1000, 10**6, 2**31):
         for eps in (1.0, 1e-5):
             run_or_refuse(tmp_path, spec_doc([_metric(metric)], noise, eps, l0=bound, linf=bound))
+    for eps in (1.0, 1e-5):  # replace doubles every sensitivity
+        run_or_refuse(tmp_path, spec_doc([_metric(metric)], noise, eps, l0=2**31, linf=2**31, adjacency="replace"))
 
 
 VALUE_BOUNDS = [(-MAX_ABS_BOUND, MAX_ABS_BOUND), (0.0, MAX_ABS_BOUND), (MAX_ABS_BOUND - 1, MAX_ABS_BOUND),
