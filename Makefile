@@ -2,6 +2,7 @@
 #   make demo   - set up .venv and run the end-to-end demo release
 #   make test   - set up .venv, lint (ruff + mypy), then run the whole test suite
 #   make lint   - ruff and mypy only (configured in pyproject.toml); fails on any finding
+#   make fuzz   - the property tests with random seeds and FUZZ_EXAMPLES times their example budget
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -12,7 +13,7 @@ export GX_ANALYTICS_ENABLED := false
 export SCARF_ANALYTICS := false
 export DO_NOT_TRACK := true
 
-.PHONY: demo test lint venv bench clean
+.PHONY: demo test lint venv bench clean fuzz
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) on PATH (or run: make PYTHON=python3 ...)"; exit 1; }
@@ -40,6 +41,18 @@ lint: $(STAMP)
 # and the processes finish together. --durations lists the 25 slowest steps, so a slow run says where it went.
 test: lint
 	$(PY) -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
+
+# make test runs every Hypothesis property with a fixed seed (the "ci" profile of tests/fuzz_support.py), so a
+# change lands or fails on its own code. make fuzz explores: the "fuzz" profile (random seeds, print_blob),
+# each property's budget times FUZZ_EXAMPLES (default 20), only the Hypothesis tests (-m hypothesis) of the
+# files that use it. A failure prints its falsifying example: add it as an @example on the property.
+FUZZ_EXAMPLES ?= 20
+FUZZ_FILES ?= $(shell grep -l '^from hypothesis' tests/test_*.py)
+FUZZ_JOBS ?= 3
+
+fuzz: $(STAMP)
+	HYPOTHESIS_PROFILE=fuzz FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -n $(FUZZ_JOBS) --dist loadfile \
+		-m hypothesis $(FUZZ_FILES) $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(PY) demo/run_demo.py $(DEMO_ARGS)

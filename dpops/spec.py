@@ -65,6 +65,7 @@ if TYPE_CHECKING:
 MAX_SPEC_BYTES = 1024 * 1024  # a release spec is a few KiB; anything bigger is a mistake or an attack
 MAX_PUBLIC_FILE_BYTES = 64 * 1024 * 1024
 MAX_ABS_BOUND = float(2**53)  # metric value bounds; see _Bounded._bounds
+MIN_ABS_BOUND = 2.0**-53  # the smallest non-zero scale of a metric's bounds; see _Bounded._bounds
 
 NAME_RE = re.compile(r"^[a-z0-9_-]{1,64}$")
 SCOPE_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
@@ -310,6 +311,12 @@ class _Bounded(_MetricBase):
         if max(abs(lo), abs(hi)) > MAX_ABS_BOUND:
             raise ValueError(f"bounds must lie within +-2**53 ({MAX_ABS_BOUND:.0f}); rescale the column (e.g. to "
                              "thousands) and its bounds")
+        # The same at the other end (issue 25): bounds of magnitude ~1e-300 give a resolution grid and a
+        # sigma whose square underflows to 0, and the plan crashed. A column on that scale is refused here,
+        # before any reservation, like one beyond 2**53.
+        if 0 < max(abs(lo), abs(hi)) < MIN_ABS_BOUND:
+            raise ValueError(f"bounds [{lo!r}, {hi!r}] are below 2**-53 ({MIN_ABS_BOUND:.3g}) in magnitude; rescale "
+                             "the column (e.g. to millionths) and its bounds")
         return lo, hi
 
 

@@ -4,8 +4,8 @@ A FastAPI app mounted by the api-server under ``/dpops-budget`` and two ``extern
 are built by ``dpops.budget_view`` (Airflow-free); this file only authenticates, looks up the DAG
 run's data interval and serves HTML or a manifest file.
 
-Authentication: a mounted sub-app inherits none of the core API's dependencies
-(docs/platform-notes.md), so the app itself depends on ``GetUserDep``-style ``get_user`` for every
+Authentication: a mounted sub-app inherits none of the core API's dependencies (docs/decisions.md,
+"The privacy budget in the Airflow UI"), so the app itself depends on ``GetUserDep``-style ``get_user`` for every
 route, and each route also asks the auth manager for read access to DAGs (the run tab: to that
 DAG's runs). An anonymous request gets 401, a bad token 403, a user without DAG access 403.
 

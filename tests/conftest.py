@@ -15,6 +15,11 @@ if "DPOPS_STATE_DIR" not in os.environ:
     os.environ["DPOPS_STATE_DIR"] = tempfile.mkdtemp(prefix="dpops-test-state-")
 
 import pytest
+from fuzz_support import register_profiles
+
+# Property tests run with a fixed seed unless HYPOTHESIS_PROFILE=fuzz (`make fuzz`): tests/fuzz_support.py says why.
+# Loaded here, before any test module builds its settings objects, so they inherit the profile.
+register_profiles()
 
 # Keeps the suite running when a library closes pytest's own capture file (tests/capture_guard.py says how).
 pytest_plugins = ["capture_guard", "pytester"]  # pytester: tests/test_capture_guard.py runs pytest
@@ -64,6 +69,7 @@ SLOWEST_FIRST = (
     "test_year_in_the_life.py",  # 68 s
     "test_audit_float_sums.py",  # 65 s: 2^22-row attacks
     "test_airflow_plugin.py",  # 55 s
+    "test_extremes.py",  # ~50 s: every accepted extreme, 8 real Beam runs
     "test_audit_estimate.py",  # ~30 s: the estimators' audits
     "test_dags_run.py",  # 43 s
     "test_cluster_runner_check.py",  # 40 s

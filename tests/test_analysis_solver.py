@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from fuzz_support import examples
 
 from dpops import analysis
 from dpops.analysis.solver import plan_for, run_cost
@@ -71,7 +72,7 @@ def _grid_check(spec, sol, keys: list[str], floors: tuple[str, ...] = ()) -> int
     return checked
 
 
-@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(5), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(noise=st.sampled_from(["laplace", "gaussian"]), l0=st.integers(1, 4), linf=st.integers(1, 3),
        count_err=st.floats(10.0, 300.0), sum_rel=st.floats(0.01, 0.2))
 def test_solution_meets_targets_and_no_cheaper_grid_split_does(noise, l0, linf, count_err, sum_rel):
@@ -85,7 +86,7 @@ def test_solution_meets_targets_and_no_cheaper_grid_split_does(noise, l0, linf, 
     assert _grid_check(spec, sol, ["count", "sum_x"]) > 0
 
 
-@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(3), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(l0=st.integers(1, 3), keep_at=st.integers(30, 400), keep_p=st.floats(0.5, 0.99), count_err=st.floats(20, 200))
 def test_keep_target_with_private_partitions(l0, keep_at, keep_p, count_err):
     targets = [{"kind": "keep", "at_units": keep_at, "min_probability": keep_p},
@@ -154,7 +155,7 @@ def test_keep_curve_is_monotone():
     assert np.all(np.diff(probs) >= 0) and probs[-1] > 0.99
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(noise=st.sampled_from(["laplace", "gaussian"]), eps=st.floats(0.05, 5.0), bound=st.floats(1.0, 500.0),
        conf=st.floats(0.5, 0.999))
 def test_fast_target_check_agrees_with_the_predicted_halfwidth(noise, eps, bound, conf):

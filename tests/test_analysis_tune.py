@@ -230,6 +230,7 @@ def test_html_page_offline(tmp_path):
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from fuzz_support import examples
 
 
 @st.composite
@@ -241,7 +242,7 @@ def small_samples(draw):
     return pd.DataFrame({"user_id": [f"u{u}" for u in users], "region": [f"r{p}" for p in parts], "amount": vals})
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(8), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(df=small_samples(), l0s=st.lists(st.integers(1, 4), min_size=1, max_size=2, unique=True),
        linfs=st.lists(st.integers(1, 3), min_size=1, max_size=2, unique=True))
 def test_one_pass_property_on_small_samples(tmp_path_factory, df, l0s, linfs):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from fuzz_support import examples
 
 from dpops.budget_view import budget_page, manifest_file, render_page
 from dpops.errors import DpopsError
@@ -30,7 +31,7 @@ def tree(tmp_path_factory):
     return root, mdir, good
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.one_of(st.text(max_size=80), st.sampled_from(["../secret.txt", "..", "e" * 32, "d" * 32, "*", "?" * 32,
                                                           "[0-9a-f]" * 4, "0123456789abcdef" * 2 + "/.."])))
 def test_manifest_file_serves_only_manifests_inside_the_directory(tree, run_id):

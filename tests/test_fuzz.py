@@ -10,7 +10,8 @@ huge values): every unit keeps exactly min(L0, its partitions) partitions and ev
 (unit, partition) exactly min(Linf, its rows) rows; aggregates never hold NaN/inf and stay within
 the clamped bounds.
 
-Hypothesis runs derandomized with a fixed example budget, so a failure reproduces exactly.
+Hypothesis runs with the fixed-seed "ci" profile (tests/fuzz_support.py) and a fixed example budget, so a
+failure reproduces exactly; `make fuzz` runs the same properties with random seeds.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from fuzz_support import examples
 
 from dpops.errors import DpopsError, SpecError
 from dpops.spec import load_spec, parse_spec
@@ -36,7 +38,7 @@ CORPUS = Path(__file__).resolve().parent / "corpus"
 BASE_TEXT = (CORPUS / "base_spec.yaml").read_text(encoding="utf-8")
 BASE = yaml.safe_load(BASE_TEXT)
 
-FUZZ = settings(max_examples=150, deadline=None, derandomize=True, database=None,
+FUZZ = settings(max_examples=examples(150), deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
 scalars = (st.none() | st.booleans() | st.integers(-(2 ** 70), 2 ** 70)

@@ -1,7 +1,7 @@
 """Issue 19 item 5 (a): team GX suites are validated strictly, before GX sees them (dpops.gx_suites).
 
-Properties with a fixed example budget (derandomized): every expectation type outside the allow-list
-is refused; a ``row_condition``/``condition_parser`` key anywhere in a suite is refused, naming where;
+Properties with a fixed example budget (derandomized by the ci profile): every expectation type outside the
+allow-list is refused; a ``row_condition``/``condition_parser`` key anywhere in a suite is refused, naming where;
 an unknown keyword argument of an allowed type is refused. And each allowed type, with the keyword
 arguments its model names, really builds in GX (the allow-list is not vacuous and its names match GX).
 """
@@ -15,11 +15,12 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from fuzz_support import examples
 
 from dpops.errors import SpecError
 from dpops.gx_suites import ALLOWED_EXPECTATIONS, load_team_suites, validate_suite
 
-PROPS = settings(max_examples=60, deadline=None, derandomize=True, database=None,
+PROPS = settings(max_examples=examples(60), deadline=None,
                  suppress_health_check=[HealthCheck.too_slow])
 
 # A minimal valid keyword set per allowed type (used to build suites around the adversarial part).

@@ -134,6 +134,7 @@ def test_hashes_are_stable_across_processes():
 
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from fuzz_support import examples
 
 from pipelines.bounding import contribution_ranks  # noqa: E402
 
@@ -167,7 +168,7 @@ def _bounding_input(draw):
     return u, p, prio, pair_priority(u, p, salt)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(data=_bounding_input(), l0_floor=st.integers(1, 4), linf_floor=st.integers(1, 4),
        bounds=st.lists(st.tuples(st.integers(0, 4), st.integers(0, 4)), min_size=1, max_size=6))
 def test_ranks_filtered_at_any_bounds_keep_exactly_what_bound_contributions_keeps(data, l0_floor, linf_floor,

@@ -15,8 +15,9 @@ is then run on both with a row priority that is a function of the row's content 
 i.i.d. priorities by read position instead, which is the same distribution but not the same bits once
 rows shift), and must keep the same rows for every unit the extra lines do not name.
 
-Budget: derandomized Hypothesis, 250 CSV + 100 Parquet examples in ``make test`` (a few seconds);
-``benchmarks/fuzz_reader.py`` runs the same properties for longer. Both CSV properties also run with
+Budget: derandomized Hypothesis (the ci profile of tests/fuzz_support.py), 250 CSV + 100 Parquet examples
+in ``make test`` (a few seconds); ``make fuzz`` and ``benchmarks/fuzz_reader.py`` run the same properties
+with random seeds for longer. Both CSV properties also run with
 tiny read blocks and line limits, so block edges and the too-long-line rule are exercised.
 """
 
@@ -33,13 +34,14 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from fuzz_support import examples
 
 import pipelines.io as pio
 from dpops.errors import InternalError
 from pipelines.bounding import AggregationSpec, aggregate_bucket, bound_contributions
 from pipelines.io import ReadConfig, iter_record_batches, prepare_batch, work_items
 
-PROPERTY = settings(max_examples=250, deadline=None, derandomize=True, database=None,
+PROPERTY = settings(max_examples=examples(250), deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                            HealthCheck.filter_too_much])
 HEADER = b"user_id,region,amount,note\n"
@@ -173,7 +175,7 @@ def test_csv_lines_cost_only_themselves(tmp_path_factory, case):
     check_csv(tmp_path_factory.mktemp("csv"), clean, adv, pos, limits)
 
 
-@settings(PROPERTY, max_examples=100)
+@settings(PROPERTY, max_examples=examples(100))
 @given(csv_case())
 def test_csv_lines_cost_only_themselves_int_metric(tmp_path_factory, case):
     """The same with ``amount`` declared ``int`` (item 2: a 5,000-digit cell must not raise)."""
@@ -181,7 +183,7 @@ def test_csv_lines_cost_only_themselves_int_metric(tmp_path_factory, case):
     check_csv(tmp_path_factory.mktemp("csvint"), clean, adv, pos, limits, {**TYPES, "amount": "int"})
 
 
-@settings(PROPERTY, max_examples=80)
+@settings(PROPERTY, max_examples=examples(80))
 @given(csv_case(timed_line))
 def test_csv_lines_cost_only_themselves_time_column(tmp_path_factory, case):
     """The same with an event-time column (ISO-8601 text, naive = UTC), filtered to one day."""
@@ -218,7 +220,7 @@ def pq_write(tmp: Path, name: str, rows: list[tuple]) -> str:
     return str(p)
 
 
-@settings(PROPERTY, max_examples=100)
+@settings(PROPERTY, max_examples=examples(100))
 @given(parquet_case())
 def test_parquet_rows_cost_only_themselves(tmp_path_factory, case):
     clean, adv, pos = case
@@ -239,7 +241,7 @@ num_text = st.text(st.sampled_from(list("0123456789.eE+-xXinfatyINFATY _\t")), m
     "9007199254740993", "9007199254740993.0", "0" * 30 + "1", "1" * 5000])
 
 
-@settings(PROPERTY, max_examples=150)
+@settings(PROPERTY, max_examples=examples(150))
 @given(st.lists(num_text, min_size=1, max_size=6), st.sampled_from(["int", "float"]))
 def test_a_cell_converts_the_same_whatever_its_neighbours(cells, want):
     """A cell's value does not depend on whether a neighbour forces the cell-by-cell path (on 42476cc,
@@ -271,7 +273,7 @@ def _pyarrow_lines(data: bytes) -> int:
     return t.num_rows + len(skipped)
 
 
-@settings(PROPERTY, max_examples=200)
+@settings(PROPERTY, max_examples=examples(200))
 @given(st.text(st.sampled_from(['"', '"', ",", "a", "b"]), max_size=16))
 def test_the_closed_line_check_is_exactly_pyarrows_quoting(line):
     """``_line_is_closed`` says a line's quotes close iff pyarrow, given the line and one more, makes two

@@ -33,6 +33,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from fuzz_support import examples
 
 from dpops import spec as spec_models
 from dpops.cli.main import main
@@ -393,7 +394,7 @@ CELL = st.one_of(st.none(), st.text(alphabet=" +-0123456789.eEinfatrulsNA_x", ma
                  st.binary(max_size=4))
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cells=st.lists(CELL, min_size=1, max_size=12), ctype=st.sampled_from(["string", "int", "float", "bool"]))
 def test_a_unit_id_is_a_function_of_its_stored_cell(cells, ctype):
     """Whatever a unit column is declared, a row's unit is a function of its own stored cell, never of the other

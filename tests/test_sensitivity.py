@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from fuzz_support import examples
 
 from dpops.noise import sensitivity as sens
 from dpops.errors import InvalidParameter
@@ -183,7 +184,7 @@ def dataset_and_neighbour(draw):
     return ContributionBounds(adj, l0, linf, fixed), lo, hi, parts, rows, neighbour
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(dataset_and_neighbour())
 def test_random_neighbours_never_exceed_bounds(case):
     b, lo, hi, parts, d1, d2 = case
@@ -202,7 +203,7 @@ def _utility(values, candidates, q):
     return np.array([-abs(sum(1 for v in values if v < x) - q * n) for x in candidates])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.lists(st.integers(0, 10), max_size=12),
     st.lists(st.integers(0, 10), max_size=3),

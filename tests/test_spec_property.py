@@ -18,8 +18,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
+from fuzz_support import examples
 
 from dpops.release.pipeline_seam import ComputeRequest
 from dpops.errors import DpopsError
@@ -90,6 +91,22 @@ def spec_docs(draw):
     }
 
 
+# Issue 25 item 6a, found by Hypothesis on a fresh clone: a quantiles metric at a tiny epsilon whose dyadic
+# rate has denominator exactly 2**63 (eps = 2**-31 for this input's utility range) failed after the charge.
+ISSUE_25_6A = {
+    "name": "prop",
+    "input": {"path": "in.parquet", "format": "parquet",
+              "columns": {"user_id": "string", "region": "string", "x": "float", "c": "string"}},
+    "privacy_unit": {"column": "user_id", "description": "a user", "record_level": True, "adjacency": "add_remove",
+                     "population": None},
+    "budget": {"scope": "s", "epsilon": 2.0**-31, "delta": 0.0, "noise": "laplace"},
+    "contribution": {"max_partitions_per_unit": 1, "max_rows_per_unit_per_partition": 1},
+    "partitions": {"columns": ["region"], "public": REGIONS},
+    "metrics": [{"type": "quantiles", "column": "x", "bounds": [0.0, 100.0], "quantiles": [0.5]}],
+    "postprocess": {"suppress_below": None},
+}
+
+
 def _write_input(path: Path, rng: np.random.Generator, int_domain: bool, n: int = 60) -> None:
     users = rng.integers(0, 12, n)
     xs = rng.choice([0.0, -1e15, 1e15, 3.5, 5.0, -2.0, 2.0**60, float("nan")], n)
@@ -141,9 +158,10 @@ def numpy_core(spec_path: Path, input_path: Path) -> dict:
     return select_and_noise(0, parts, acc, names, plan, pub, ctx.public_names, source)
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=examples(50), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                   HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(doc=spec_docs(), seed=st.integers(0, 2**32 - 1))
+@example(doc=ISSUE_25_6A, seed=0)
 def test_accepted_specs_never_fail_with_a_parameter_error(tmp_path, doc, seed):
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(doc))
@@ -190,3 +208,64 @@ def test_tiny_rate_exponential_mechanism_is_near_uniform(eps):
     p = 1 / 400
     sd = math.sqrt(3000 * p * (1 - p))
     assert np.abs(counts - 3000 * p).max() < 6 * sd + 1
+
+
+def test_bernoulli_exp_takes_a_denominator_of_2_63_exactly():
+    """Issue 25 item 6a, at its root: numpy types the Python int 2**63 as uint64, and the samplers' int64
+    conversion wrapped it to -2**63 ("bernoulli_exp needs num >= 0 and den >= 1" after the charge)."""
+    from dpops.noise.samplers import bernoulli_exp
+
+    out = bernoulli_exp(np.array([0, 1, 2**62], dtype=np.int64), 1 << 63, test_random(3))
+    assert out.shape == (3,) and bool(out[0])  # exp(-0) = 1: always accepted
+    assert bool(bernoulli_exp(np.array([2**64 + 5], dtype=object), 1 << 63, test_random(4))[0]) in (True, False)
+
+
+def test_quantile_at_the_epsilon_where_the_rate_denominator_is_2_63():
+    """Issue 25 item 6a through ``dp_quantile`` (1025 candidates: the vectorised ``_accept_in_order`` path).
+    The dyadic rate's denominator is 2**k with k = 46 + j at eps = 2**-j for these 30 values (utility range
+    2**16 * 15 < 2**20, so 30 bits of rate, e = -j - 17): j = 17 gives exactly 2**63; the ladder covers it."""
+    v = np.random.default_rng(1).uniform(0, 100, 30)
+    for j in range(10, 25):
+        out = dp_quantile(v, 0, 100, 0.5, 2.0**-j, test_random(j))
+        assert 0 <= out <= 100
+
+
+def test_estimator_tail_penalty_beyond_int64_is_exact():
+    """Issue 25 item 6b: L0 = Linf = 1000 (m = 10**6 rows per unit) at a tiny estimation epsilon made the
+    public tail penalty step * beyond leave int64 (main refused it after the charge: "integer utilities
+    must be below 2**62"). The choice is now made on exact Python-int utilities."""
+    from dpops.analysis.estimate import quantile_choice, value_grid
+
+    grid = value_grid()
+    for seed in range(3):
+        idx = quantile_choice(np.zeros(grid.size, np.int64), 0, 0.99, 1e-6, 10**6, test_random(seed), anchor=10)
+        assert 0 <= idx < grid.size
+
+
+def test_exponential_mechanism_on_utilities_beyond_int64():
+    """The exact path for Python-int utilities (what 6b's fix relies on): a gap of 2**70 utility units at
+    rate 1/2 is never crossed, and equal huge utilities are picked uniformly (both seen in 400 draws;
+    false-failure probability 2 * 2**-400)."""
+    rng = test_random(9)
+    far = np.array([0, -(2**70)], dtype=object)
+    assert {exponential_mechanism(far, 1.0, 1.0, rng) for _ in range(50)} == {0}
+    tie = np.array([2**70, 2**70], dtype=object)
+    assert {exponential_mechanism(tie, 1.0, 1.0, rng) for _ in range(400)} == {0, 1}
+
+
+def test_a_keep_table_too_long_is_refused_at_once():
+    """truncated_geometric at eps/L0 = 1e-9 was refused only after building ten million table entries (20 s
+    in the plan); the closed-form lower bound on the table's length refuses it at once, and a table the
+    loop accepts is at least as long as that bound (so the shortcut never refuses a runnable one)."""
+    import time
+
+    from dpops.errors import InvalidParameter
+    from dpops.noise.selection import PartitionSelection
+
+    t0 = time.monotonic()
+    with pytest.raises(InvalidParameter, match="too small"):
+        PartitionSelection("truncated_geometric", 1e-6, 1e-10, 1000)
+    assert time.monotonic() - t0 < 1.0
+    for eps, delta in ((1e-3, 1e-5), (1e-4, 1e-10), (5e-5, 1e-15)):
+        size = PartitionSelection("truncated_geometric", eps, delta)._table.size
+        assert size >= 2 * math.log1p(math.expm1(eps) / (2 * delta)) / eps - 1

@@ -15,6 +15,7 @@ import pytest
 from cli_support import make_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from fuzz_support import examples
 from test_runs import write_input
 
 from dpops.cli.common import print_table
@@ -131,7 +132,7 @@ def test_every_table_command_keeps_ids_dates_and_uris_whole(world, capsys, monke
         assert all(k in out for k in ("reserve", "commit", "cap")), out
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     width=st.integers(min_value=40, max_value=220),
     rows=st.lists(st.tuples(

@@ -1,6 +1,6 @@
 """Private bound estimation (issue 20 section 4): contribution bounds and value bounds chosen under DP.
 
-Semantics.md section 1: "a bound learned from data must itself be a charged DP release". This module
+docs/semantics.md section 1: "a bound learned from data must itself be a charged DP release". This module
 is that release. ``dpops estimate SPEC --interval I --epsilon E`` reads the interval's input through the
 release's own reading code (``pipelines.io.prepare_batch``: type checks, null/NaN drops, hashing, public
 partitions, the time filter), bounds it with the release's own ``pipelines.bounding.bound_contributions``
@@ -298,7 +298,13 @@ def quantile_choice(at_or_below: np.ndarray, n: int, q: float, epsilon: float, i
     step = math.ceil(TAIL_DECAY * 2 * sens / float(epsilon))
     j = np.arange(r.size, dtype=np.int64)
     beyond = np.maximum(0, j - int(anchor)) if prefer == "low" else np.maximum(0, int(anchor) - j)
-    util = util - np.int64(step) * beyond
+    # Exact integers: at a tiny epsilon with large L0*Linf, step * beyond leaves int64 (issue 25 item 6b: the
+    # estimation failed after the charge). Python ints keep the public penalty exact; the mechanism takes them.
+    if int(np.abs(util).max(initial=0)) + step * int(beyond.max(initial=0)) < 1 << 62:
+        util = util - np.int64(step) * beyond
+    else:
+        pairs = zip(util.tolist(), beyond.tolist(), strict=True)
+        util = np.array([int(a) - step * int(b) for a, b in pairs], dtype=object)
     return int(exponential_mechanism(util, epsilon, float(sens), rng))
 
 

@@ -34,7 +34,17 @@ _SCALE_BITS = 40  # significant bits of a discrete Laplace scale t/s (relative r
 _MAX_SCALE = 2.0**50
 
 
+_INT64_MAX = int(np.iinfo(np.int64).max)
+
+
 def _as_int_array(x: npt.ArrayLike, name: str) -> np.ndarray:
+    """``x`` as an int64 array, or as an object array of exact Python ints when a value does not fit int64.
+
+    Why exact: these are the parameters of a sampler that runs after the budget is charged. numpy types
+    a Python int in [2**63, 2**64) as uint64, and a blind ``astype(int64)`` would wrap it to a negative
+    number (issue 25 item 6a: den = 2**63 from a tiny quantile rate became -2**63 and the run failed
+    after the charge); any value beyond int64 keeps its exact value on the Python-int path instead.
+    """
     a = np.asarray(x)
     if a.dtype == object:
         if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in a.reshape(-1)):
@@ -42,6 +52,8 @@ def _as_int_array(x: npt.ArrayLike, name: str) -> np.ndarray:
         return a
     if not np.issubdtype(a.dtype, np.integer):
         raise InvalidParameter(f"{name} must be integers, got dtype {a.dtype}")
+    if np.issubdtype(a.dtype, np.unsignedinteger) and a.size and int(a.max()) > _INT64_MAX:
+        return np.array([int(v) for v in a.reshape(-1)], dtype=object).reshape(a.shape)
     return a.astype(np.int64)
 
 

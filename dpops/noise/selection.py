@@ -80,10 +80,27 @@ def _dyadic_rate_down(rate: Fraction, max_diff: int) -> tuple[int, int]:
     return math.floor(rate * (1 << k)), k
 
 
+_INT64_SAFE = 1 << 62  # |u| below this: u.max() - u cannot leave int64
+
+
 def _utilities(utilities: npt.ArrayLike) -> tuple[np.ndarray, bool]:
+    """The utilities as int64 (exact), an object array of Python ints (exact, beyond int64) or float64.
+
+    Integer utilities of any size stay exact: a utility that does not fit int64 (a large public
+    penalty at a tiny epsilon, issue 25 item 6b) is computed with Python ints, never refused or
+    wrapped, because the mechanism runs after the charge and must not fail on a parameter the spec
+    accepted.
+    """
     u = np.asarray(utilities)
     if u.ndim != 1 or u.size == 0:
         raise InvalidParameter("utilities must be a non-empty 1-D array (one score per candidate)")
+    if u.dtype == object:
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in u.tolist()):
+            raise InvalidParameter("utilities of dtype object must all be integers")
+        exact = [int(v) for v in u.tolist()]
+        if max(abs(v) for v in exact) < _INT64_SAFE:
+            return np.asarray(exact, dtype=np.int64), True
+        return np.array(exact, dtype=object), True
     if u.dtype == bool or not (np.issubdtype(u.dtype, np.integer) or np.issubdtype(u.dtype, np.floating)):
         raise InvalidParameter(f"utilities must be numbers, got dtype {u.dtype}")
     if np.issubdtype(u.dtype, np.floating):
@@ -93,8 +110,8 @@ def _utilities(utilities: npt.ArrayLike) -> tuple[np.ndarray, bool]:
         if np.all(u == np.floor(u)) and np.abs(u).max() < 2.0**53:
             return u.astype(np.int64), True
         return u.astype(np.float64), False
-    if np.abs(u.astype(np.float64)).max() >= 2.0**62:
-        raise InvalidParameter("integer utilities must be below 2**62 in magnitude")
+    if np.abs(u.astype(np.float64)).max() >= 2.0**62:  # exact Python ints: u.max() - u may leave int64
+        return np.array([int(v) for v in u.tolist()], dtype=object), True
     return u.astype(np.int64), True
 
 
@@ -105,7 +122,7 @@ def _accept_in_order(u: np.ndarray, exact: bool, rate: Fraction, order: np.ndarr
         diff = uo.max() - uo  # >= 0, exact int64
         p, k = _dyadic_rate_down(rate, int(diff.max()))
         if int(diff.max()) * p < 2**62:
-            num = diff * np.int64(p)
+            num = diff.astype(np.int64) * np.int64(p)  # diff may be an object array of small Python ints
         else:  # exact Python ints for the far-away candidates
             num = np.array([int(d) * p for d in diff.tolist()], dtype=object)
         # 2**k as a Python int: k reaches 63+ for tiny rates (eps 1e-3 over a wide quantile utility), where
@@ -442,6 +459,13 @@ def _counts(unit_counts: npt.ArrayLike) -> np.ndarray:
 
 def _truncated_geometric_table(eps: float, delta: float) -> np.ndarray:
     """π(0..N) of the optimal partition selection, N the first n with π(n) = 1."""
+    # Refuse at once (in the plan, before any reservation) a table the loop below would refuse after ten
+    # million iterations. With L = log1p((e^eps - 1) / (2 delta)) / eps: pi(n) <= delta (e^(n eps) - 1)/(e^eps - 1)
+    # (from pi(n) <= e^eps pi(n-1) + delta), so pi first reaches 1/2 at some n* >= L; and 1 - pi(n) + c >=
+    # e^-eps (1 - pi(n-1) + c) with c = delta / (e^eps - 1), so from 1 - pi(n*-1) > 1/2 it takes >= L more steps
+    # to reach pi = 1. The table then has >= 2L entries (1 subtracted for rounding).
+    if 2 * math.log1p(math.expm1(eps) / (2 * delta)) / eps - 1 > _MAX_TABLE:
+        raise InvalidParameter("partition selection: epsilon/delta per partition too small (keep table too long)")
     ee, em = math.exp(eps), math.exp(-eps)
     table = [0.0]
     p = 0.0
