@@ -439,10 +439,11 @@ def test_a_test_mode_estimation_never_feeds_a_keyed_release_nor_exposes_a_finger
 
 
 from hypothesis import given, settings  # noqa: E402
+from fuzz_support import examples  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 
-@settings(derandomize=True, database=None, deadline=None, max_examples=60)
+@settings(deadline=None, max_examples=examples(60))
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2), st.floats(-1e12, 1e12)), max_size=6),
        st.integers(0, 2**32))
 def test_the_estimator_outputs_grid_bounds_on_any_small_input_including_none(items, seed):

@@ -23,8 +23,7 @@ The extremes, read off ``dpops/spec.py`` (which bounds epsilon only by > 0 and L
 At least one path per mechanism also runs through the real steps (``prepare`` -> ``reserve`` -> ``compute``
 (which calls ``ledger.start``) -> ``publish``, the Beam FnApiRunner, a SQLite ledger):
 ``test_real_steps_publish_at_the_extremes``; the estimator (``bounds: estimate``, issue 25 item 6b) runs
-there too, inside ``prepare``, over tiny, all-malformed and (strict xfail until issue 25 item 3 is merged)
-empty input.
+there too, inside ``prepare``, over tiny, all-malformed and empty input (issue 25 item 3).
 
 Deterministic: test randomness with fixed seeds; no statistical assertion (nothing can fail by chance).
 """
@@ -265,13 +264,11 @@ REAL = {  # one path per mechanism: discrete Laplace and Gaussian, exponential (
     "truncated_geometric": (spec_doc(ALL_METRICS, "laplace", 1e-1, l0=10, linf=10, private="truncated_geometric"),
                             False, "tiny"),
 }
-# Issue 25 item 3 (another engineer's slice): `bounds: estimate` over an interval with no data rows fails
-# after the estimation's charge ("no rows to estimate from"). Strict: once that fix is merged this XPASSes
-# and fails, so the mark is removed and the case stays in the suite.
-REAL_XFAIL = {"laplace_public_estimated_empty": (spec_doc(ESTIMATED, "laplace", 1e-5, l0=1000, linf=1000,
-                                                          split=ESTIMATED_SPLIT), False, "empty")}
-REAL_CASES = [*sorted(REAL), *[pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="issue 25 item 3"))
-                                for c in sorted(REAL_XFAIL)]]
+# Issue 25 item 3: `bounds: estimate` over an interval with no data rows failed after the estimation's charge
+# ("no rows to estimate from"); an empty interval is now data.
+REAL["laplace_public_estimated_empty"] = (spec_doc(ESTIMATED, "laplace", 1e-5, l0=1000, linf=1000,
+                                                   split=ESTIMATED_SPLIT), False, "empty")
+REAL_CASES = sorted(REAL)
 
 
 @pytest.mark.parametrize("case", REAL_CASES)
@@ -282,7 +279,7 @@ def test_real_steps_publish_at_the_extremes(tmp_path, monkeypatch, case):
     from dpops.ledger import ScopeDefinition, open_ledger
     from dpops.noise.randomness import NoiseKey
 
-    doc, at_minimum, input_kind = {**REAL, **REAL_XFAIL}[case]
+    doc, at_minimum, input_kind = REAL[case]
     doc = {**doc, "input": {**doc["input"], "path": "data/{start:%Y-%m-%d}.parquet"}}
     if at_minimum:
         doc["budget"] = {**doc["budget"], "epsilon": smallest_accepted_epsilon(doc, tmp_path)}

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
+from fuzz_support import examples
 from hypothesis import strategies as st
 
 from dpops.accounting import get_accountant
@@ -90,7 +91,7 @@ def test_composed_epsilon_is_the_declared_epsilon_within_tolerance(ref, mix):
     assert cal["rho_group"] >= cal["rho_group_zcdp_split"]  # never more noise than the zCDP split
 
 
-@settings(derandomize=True, database=None, deadline=None, max_examples=25)
+@settings(deadline=None, max_examples=examples(25))
 @given(eps=st.floats(0.05, 8.0), log_delta=st.floats(-12.0, -5.0), l0=st.integers(1, 12), linf=st.integers(1, 6),
        w=st.floats(0.2, 5.0), ref=st.sampled_from(["zcdp/1", "rdp/1"]), private=st.booleans())
 def test_any_budget_and_bounds_certify_and_land_on_the_declared_epsilon(eps, log_delta, l0, linf, w, ref, private):
