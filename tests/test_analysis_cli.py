@@ -206,3 +206,26 @@ def test_a_version_1_accuracy_section_still_verifies_and_version_2_is_exact(tmp_
     relabelled = json.loads(json.dumps(m))
     relabelled["accuracy"]["schema"] = "dpops.accuracy/1"
     assert not accuracy_check(relabelled).ok
+
+
+def test_plan_on_a_pure_dp_scope_names_what_zcdp_cannot_certify(tmp_path, monkeypatch, capsys):
+    """Issue 28 item 12: on a delta = 0 scope, zcdp/1 cannot certify any run; plan says so instead of
+    "0 intervals fit, cap reached today", and the horizon heading names the scope once."""
+    from dpops.ledger.model import ScopeDefinition
+
+    env = make_env(tmp_path, monkeypatch, planner_fn=plan_release)
+    url = f"sqlite:///{tmp_path / 'pure.sqlite'}"
+    with open_ledger(url) as led:
+        led.create_scope(ScopeDefinition(name="shop", unit="a user's purchases", unit_column="user_id", epsilon=20.0,
+                                         delta=0.0, rho=None, accountant="basic/1", adjacency="add_remove"),
+                         actor="test")
+    code, out, _ = _run(capsys, "plan", str(env.spec), "--ledger", url, "--accountants", "basic,zcdp", "--json")
+    rows = {r["accountant"]: r for r in json.loads(out)["horizon"]["rows"]}
+    assert code == 0 and rows["basic/1"]["intervals_fit"] == 40
+    z = rows["zcdp/1"]
+    assert z["intervals_fit"] is None and z["cap_reached_on"] is None and "pure DP" in z["note"]
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = _run(capsys, "plan", str(env.spec), "--ledger", url, "--accountants", "basic,zcdp")
+    assert code == 0 and "horizon on scope shop (read from the ledger, 0 charged event(s) so far)" in out
+    assert "zcdp/1: the scope is pure DP (delta = 0)" in " ".join(out.split())
+    assert max(len(line) for line in out.splitlines()) <= 80

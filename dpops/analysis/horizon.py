@@ -137,6 +137,13 @@ def horizon(spec: ReleaseSpec, plan: ReleasePlan, *, cap: float | None, cap_unit
                                                                   "measures it"))
             continue
         one = _measure(ref, per_run, d, cap_unit)
+        if math.isinf(one):
+            # The accountant cannot certify even one run at this delta (zCDP or RDP at delta = 0: a pure-DP
+            # scope): say so, instead of "0 intervals fit, cap reached today" (issue 28 item 12).
+            why = ("the scope is pure DP (delta = 0), which this accountant cannot certify: its (epsilon, delta) "
+                   "conversion needs delta > 0" if d == 0 else f"this accountant cannot measure one run at delta {d:g}")
+            rows.append(HorizonRow(ref, None, None, None, note=why))
+            continue
         if bucket is not None:
             total = _measure(ref, list(spent) + per_run, d, cap_unit)
             fits = cap is None or total <= cap * (1 + 1e-12)

@@ -41,8 +41,9 @@ def lines(spec: ReleaseSpec, plan: ReleasePlan, predictions: list[Prediction] | 
                    f"partition(s) and {c.max_rows_per_unit_per_partition} row(s) per partition; rows beyond these "
                    "bounds are dropped before noise, so a unit with more data is protected by the same epsilon.")
     if u.period:
-        out.append(f"The unit is one {u.description} within one {u.period}: the same person on another {u.period} "
-                   "is another unit, so the guarantee for a person over many periods composes across them.")
+        out.append(f"The unit is period-scoped ({u.description}; period: one {u.period}): the same person on "
+                   f"another {u.period} is another unit, so the guarantee for a person over many periods composes "
+                   "across them.")
     out.append(f"Every run charges scope {spec.budget.scope!r}; the ledger composes all runs on it"
                + (f" with the {accountant} accountant" if accountant else "")
                + " and refuses a run that would pass the scope's cap: the cap, not the per-run epsilon, is the "

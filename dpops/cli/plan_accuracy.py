@@ -114,7 +114,7 @@ def run(spec_path: str, opts: AccuracyOptions, as_json: bool) -> None:
         try:
             led = open_ledger(url)
             sdef, spent, remaining = _scope_info(led, spec)
-            note = f"scope {sdef.name!r} read from the ledger: {len(spent)} charged event(s) so far"
+            note = f"read from the ledger, {len(spent)} charged event(s) so far"
         except DpopsError as exc:
             note = f"the ledger or scope is not reachable ({exc}): the scope's cap and spending are unknown"
             if led is not None:
@@ -202,8 +202,8 @@ def _print(doc: dict[str, Any]) -> None:
     rows = []
     for p in acc["predictions"]:
         if p["type"] == "quantiles":
-            err = (f"E rank err {_fmt(p['expected_rank_error'])} rows ({_fmt(p['rank_error_fraction'], 3)} of n) "
-                   f"for dense data; any data <= {_fmt(p['rank_error_bound'])}")
+            err = (f"E rank err {_fmt(p['expected_rank_error'])} rows ({_fmt(p['rank_error_fraction'], 3)} of n; "
+                   f"bound {_fmt(p['rank_error_bound'])})")
         elif p["type"] == "top_k":
             err = f"P(true top first | lead {p['gap']}) = {_fmt(p['probability'], 3)}"
         elif p["type"] == "partition_selection":
@@ -232,7 +232,7 @@ def _print(doc: dict[str, Any]) -> None:
                 echo_wrapped(f"fails: {t['description']}: predicted {_fmt(t['predicted'])} "
                              f"(off by {t['shortfall']:.1%})", indent=2)
     h = doc["horizon"]
-    echo_wrapped(f"horizon on scope {h['scope']}: {doc['ledger']['note']}")
+    echo_wrapped(f"horizon on scope {h['scope']} ({doc['ledger']['note']})")
     unit = "ε" if h["cap_unit"] == "epsilon" else "ρ"
     print_table(f"horizon ({h['schedule'] or 'no schedule'}; cap {unit}={_fmt(h['cap'])}, delta {h['delta']:.3g})",
                 ["accountant", f"{unit} per interval", f"{unit} after {h['intervals']}", "intervals that fit",
@@ -240,6 +240,9 @@ def _print(doc: dict[str, Any]) -> None:
                 [[r["accountant"], _fmt(r["per_interval"]), _fmt(r["total_after"]),
                   ("more than " if r["more_than"] else "") + _fmt(r["intervals_fit"]), r["cap_reached_on"] or "-"]
                  for r in h["rows"]], keep=("accountant",))
+    for r in h["rows"]:
+        if r["note"] and r["per_interval"] is None:  # a row the table cannot show: why it is empty
+            echo_wrapped(f"{r['accountant']}: {r['note']}", indent=2)
     click.echo("for a reviewer:")
     for line in acc["explain"]:
         echo_wrapped(line, indent=2)
