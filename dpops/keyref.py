@@ -24,6 +24,14 @@ the new id, which is how a rotation is declared (``dpops.release.key_continuity`
 rotation"). A key reference chosen in orchestrator metadata (the Airflow Variable ``dpops_noise_key_ref``) must
 resolve under the operator's key directory ``DPOPS_KEY_DIR`` (``key_ref_under_key_dir``), never any path.
 
+After a rotation (issue 28 items 3 and 11) the keys of earlier rotations are a ``KeyRing``: checks
+(``manifest verify``, ``release status``, ``report``) use, for each manifest and each published version, the
+key whose id its record names, so one report checks every file of a month across rotations; and a re-run of
+an interval published under an old key compares the input under that key (``dpops.release.reservation``),
+so an unchanged file is served instead of being taken for a changed one. Previous keys are files, named
+by ``--previous-key-file`` (repeatable) or ``$DPOPS_PREVIOUS_NOISE_KEY_FILES`` (paths separated by
+``os.pathsep``), each loaded with ``NoiseKey.from_file``'s checks; they never key new noise.
+
 There is deliberately no environment-variable provider: a key in the environment leaks into process
 listings and every child process (``dpops.release`` refuses the old variable). Other secret stores plug
 in with ``register_provider(scheme, factory)``; the factory is called on first use.
@@ -150,6 +158,65 @@ def resolve_key_for_run(ref: str, key_id: str) -> NoiseKey:
             f"key reference {ref!r} holds key id {key.key_id}, but the run was prepared with key id {key_id}: every "
             "worker must see the same key (check the secret this worker can read)")
     _LOADED[(ref, key_id)] = key
+    return key
+
+
+PREVIOUS_KEYS_ENV = "DPOPS_PREVIOUS_NOISE_KEY_FILES"
+
+
+def noise_key_id(recorded: str) -> str | None:
+    """The noise key id in a run key's key id: ``<id>`` or ``<id>/retry-N`` in keyed mode; None for
+    ``os/attempt-N`` (os mode: the ledger does not record which key fingerprinted it) and ``test/...``."""
+    head = str(recorded).split("/", 1)[0]
+    return None if head in ("os", "test") else head
+
+
+class KeyRing:
+    """The current noise key (may be absent: a reviewer holding only old keys) and the keys of earlier
+    rotations, by id. Only ``current`` ever keys noise; the others only check what was made under them."""
+
+    __slots__ = ("current", "_by_id")
+
+    def __init__(self, current: NoiseKey | None, previous: tuple[NoiseKey, ...] = ()) -> None:
+        self.current = current
+        self._by_id: dict[str, NoiseKey] = {k.key_id: k for k in previous}
+        if current is not None:
+            self._by_id[current.key_id] = current
+
+    @classmethod
+    def load(cls, current_path: str | None, previous_paths: tuple[str, ...] | list[str] = ()) -> KeyRing:
+        """Each file through ``NoiseKey.from_file`` (the same checks as the current key's)."""
+        current = NoiseKey.from_file(current_path) if current_path else None
+        return cls(current, tuple(NoiseKey.from_file(p) for p in previous_paths if p))
+
+    def for_id(self, key_id: str | None) -> NoiseKey | None:
+        """The key with this id (a run key's recorded id, ``<id>/retry-N`` accepted), or None."""
+        kid = noise_key_id(key_id) if key_id else None
+        return self._by_id.get(kid) if kid else None
+
+    def key_for(self, recorded_key_id: str | None) -> NoiseKey | None:
+        """The key to check a record made under ``recorded_key_id`` with: that key if the ring holds it, else the
+        current one (whose checks then say "not the run's key", never a failure)."""
+        return self.for_id(recorded_key_id) or self.current
+
+    @property
+    def ids(self) -> list[str]:
+        return sorted(self._by_id)
+
+    def __repr__(self) -> str:
+        return f"KeyRing(current={getattr(self.current, 'key_id', None)!r}, ids={self.ids!r})"
+
+
+def previous_key_paths(env: dict[str, str] | None = None) -> tuple[str, ...]:
+    """``$DPOPS_PREVIOUS_NOISE_KEY_FILES``: the previous keys' files, separated by ``os.pathsep``."""
+    raw = (os.environ if env is None else env).get(PREVIOUS_KEYS_ENV, "")
+    return tuple(p for p in (x.strip() for x in raw.split(os.pathsep)) if p)
+
+
+def key_for_record(key: NoiseKey | KeyRing | None, recorded_key_id: str | None) -> NoiseKey | None:
+    """What a check made under ``recorded_key_id`` is checked with, given one key or a ring."""
+    if isinstance(key, KeyRing):
+        return key.key_for(recorded_key_id)
     return key
 
 

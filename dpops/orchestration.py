@@ -42,7 +42,7 @@ from dpops.errors import (
 )
 from dpops.release.context import pick_attempt
 from dpops.release.refusals import budget_refusal_reason, record_refusal
-from dpops.release.reservation import refuse_changed_input
+from dpops.release.reservation import refuse_changed_input, served_across_rotation
 from dpops.third_party_logs import quiet_third_party_loggers  # its one owner; re-exported for the DAG factory
 
 log = logging.getLogger("dpops.orchestration")
@@ -229,6 +229,8 @@ def reserve_step(step: Step, *, restate: bool = False) -> release.RunOutcome:
         if not restate:
             pick_attempt(ctx, ledger)  # the run key the ledger knows (a refunded attempt is skipped)
             published = ledger.published(ctx.spec.name, ctx.interval.start_iso, ctx.interval.end_iso)
+            if served_across_rotation(ctx, published, None):
+                return release.reserve(ctx, ledger)  # serves it (already_published), nothing charged
             try:
                 # The one owner of the "never restate silently" rule (attempt 1 = the run key the ledger saw).
                 refuse_changed_input(ctx, published, None)

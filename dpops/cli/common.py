@@ -31,6 +31,7 @@ import click
 from dpops.errors import LedgerError
 
 if TYPE_CHECKING:
+    from dpops.keyref import KeyRing
     from dpops.noise.randomness import NoiseKey
 
 LEDGER_ENV = "DPOPS_LEDGER_URL"
@@ -79,6 +80,33 @@ def load_key(key_file: str | None) -> NoiseKey | None:
     from dpops.noise.randomness import NoiseKey
 
     return NoiseKey.from_file(key_file)
+
+
+def previous_keys_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--previous-key-file PATH`` (repeatable; default ``$DPOPS_PREVIOUS_NOISE_KEY_FILES``, paths separated by
+    ``os.pathsep``): the keys of earlier rotations (``dpops.keyref.KeyRing``). Checks use, for each record, the
+    key it was made under; a re-run compares the input under the key it was published under."""
+    return click.option("--previous-key-file", "previous_key_files", multiple=True, type=click.Path(dir_okay=False),
+                        help="a noise key of an earlier rotation, mode 0600 (repeatable; default "
+                             "$DPOPS_PREVIOUS_NOISE_KEY_FILES): check what was published under it")(fn)
+
+
+def previous_key_files(given: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The previous keys' files: the option's, else ``$DPOPS_PREVIOUS_NOISE_KEY_FILES``'s."""
+    from dpops.keyref import previous_key_paths
+
+    return tuple(given) or previous_key_paths()
+
+
+def load_keys(key_file: str | None, previous: tuple[str, ...] | list[str] = ()) -> NoiseKey | KeyRing | None:
+    """``load_key``, or a ``KeyRing`` of the current key and the previous ones when any is given (the option's
+    or the environment's): what the checking commands pass to verification."""
+    paths = previous_key_files(previous)
+    if not paths:
+        return load_key(key_file)
+    from dpops.keyref import KeyRing
+
+    return KeyRing.load(key_file, paths)
 
 
 def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -20,7 +20,8 @@ from dpops.cli.common import (
     key_file_option,
     ledger_option,
     ledger_url,
-    load_key,
+    load_keys,
+    previous_keys_option,
 )
 from dpops.errors import IntegrityError
 from dpops.ledger.budget import format_budget
@@ -198,9 +199,11 @@ def _fmt(x) -> str:
               help="fail unless the manifest carries a valid signature by --public-key")
 @key_file_option("also check the published files' keyed fingerprints (without a key that check is listed as "
                  "skipped and only the ledger's file digests are compared, when a ledger is given)")
+@previous_keys_option
 @json_option
 def verify_cmd(run_or_file: str, manifests: str | None, spec: str | None, public_key: str | None,
-               require_signature: bool, key_file: str | None, as_json: bool) -> None:
+               require_signature: bool, key_file: str | None, previous_key_files: tuple[str, ...],
+               as_json: bool) -> None:
     """Recompute a manifest's claim (RUN_ID or FILE); exit 7 naming the field on any mismatch.
 
     Checks that could not run are listed as "skip" with the reason: a manifest is fully verified
@@ -209,7 +212,7 @@ def verify_cmd(run_or_file: str, manifests: str | None, spec: str | None, public
     from dpops.manifest.verify import verify_manifest
 
     path, m = _load(run_or_file, manifests, spec)
-    key = load_key(key_file)
+    key = load_keys(key_file, previous_key_files)
     ledger = None
     url = ledger_url(required=False)  # optional: with a ledger the scope total is recomputed too
     if url:

@@ -21,7 +21,8 @@ from dpops.cli.common import (
     key_file_option,
     ledger_option,
     ledger_url,
-    load_key,
+    load_keys,
+    previous_keys_option,
 )
 from dpops.errors import DEBUG_ENV, DpopsError, public_message
 
@@ -104,10 +105,11 @@ def cli() -> None:
                    "with fresh noise, charged AGAIN, linked to the spent run in the ledger, manifest and report "
                    "(needs --reason)")
 @click.option("--reason", default=None, help="why a fresh attempt is made (recorded in the ledger and the manifest)")
+@previous_keys_option
 @_internal_errors
 def run_cmd(spec: str, interval: str, as_json: bool, runner: str, runner_options: tuple,
             randomness: str, key_file: str | None, gx_checks: bool, publish_output: bool, show_progress: bool,
-            fresh_attempt: bool, reason: str | None) -> None:
+            fresh_attempt: bool, reason: str | None, previous_key_files: tuple[str, ...]) -> None:
     """Reserve budget, compute and (with --publish) publish SPEC over --interval.
 
     Safe to repeat: a published interval is served without a charge; a retry reuses the reservation
@@ -126,7 +128,7 @@ def run_cmd(spec: str, interval: str, as_json: bool, runner: str, runner_options
                                        key_path=key_file, runner=runner, runner_options=runner_options,
                                        publish_output=publish_output, gx_checks=gx_checks, actor=None,
                                        progress=progress, fresh_attempt=reason.strip() if fresh_attempt and reason
-                                       else None)
+                                       else None, previous_key_paths=previous_key_files)
     _emit(outcome, as_json)
 
 
@@ -156,14 +158,16 @@ def restate_cmd(spec: str, interval: str, as_json: bool, runner: str, runner_opt
 @_internal_errors
 @key_file_option("also check the published files against the manifest's keyed fingerprints (without a key that "
                  "part is listed as skipped)")
-def status_cmd(spec: str, interval: str, as_json: bool, key_file: str | None) -> None:
+@previous_keys_option
+def status_cmd(spec: str, interval: str, as_json: bool, key_file: str | None,
+               previous_key_files: tuple[str, ...]) -> None:
     """What the ledger and the published outputs say about SPEC's --interval (reads no private data).
 
     Exits 7 naming the file when a published file no longer matches what was published."""
     from dpops import release
     from dpops.errors import IntegrityError
     iv = parse_interval_option(spec, interval)
-    key = load_key(key_file)
+    key = load_keys(key_file, previous_key_files)
     with release.open_run_ledger(ledger_url()) as ledger:
         st = release.status(spec, iv.start, iv.end, ledger=ledger, key=key)
         st.update(_position(ledger, st))

@@ -6,7 +6,16 @@ import os
 
 import click
 
-from dpops.cli.common import attach, echo_ok, json_option, key_file_option, ledger_option, ledger_url, load_key
+from dpops.cli.common import (
+    attach,
+    echo_ok,
+    json_option,
+    key_file_option,
+    ledger_option,
+    ledger_url,
+    load_keys,
+    previous_keys_option,
+)
 
 
 @click.command("report")
@@ -23,20 +32,22 @@ from dpops.cli.common import attach, echo_ok, json_option, key_file_option, ledg
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False), help="HTML file to write")
 @key_file_option("also check the published files' keyed fingerprints (without a key the manifests are "
                  "'verified (partly)')")
+@previous_keys_option
 @click.option("--public-key", "public_key", envvar="DPOPS_MANIFEST_PUBLIC_KEY",
               type=click.Path(dir_okay=False, exists=True), default=None,
               help="Ed25519 public key (PEM): check the manifests' signatures (default $DPOPS_MANIFEST_PUBLIC_KEY)")
 @click.option("--gx-project", "gx_project", envvar="DPOPS_GX_PROJECT", type=click.Path(file_okay=False), default=None,
               help="the deployment's GX project: link its Data Docs (default $DPOPS_GX_PROJECT)")
 def cli(scope: str, start: str | None, end: str | None, specs: tuple[str, ...], manifests: str | None, out: str,
-        key_file: str | None, public_key: str | None, gx_project: str | None, as_json: bool) -> None:
+        key_file: str | None, previous_key_files: tuple[str, ...], public_key: str | None, gx_project: str | None,
+        as_json: bool) -> None:
     """Write one self-contained HTML report (no network) for a budget scope.
 
     Every manifest is verified against the ledger first; one that fails is shown as FAILED and its
     numbers are not used."""
     from dpops.ledger import open_ledger
 
-    key = load_key(key_file)
+    key = load_keys(key_file, previous_key_files)  # with previous keys: every rotation's files are checked
     from dpops.errors import IntegrityError
     from dpops.report import build_report, write_html
 

@@ -36,9 +36,11 @@ from dpops.manifest.build import run_epsilon, spec_document_hash, spec_sections
 from dpops.manifest.schema import schema_problems
 
 if TYPE_CHECKING:  # types only: the checks import the ledger lazily, where they need it
+    from dpops.keyref import KeyRing
     from dpops.ledger.model import RunRecord, VerifyReport
     from dpops.ledger.store import Ledger
     from dpops.manifest.files import FileCheck
+    from dpops.noise.randomness import NoiseKey
     from dpops.storage.location import Location
 
 REL_TOL = 1e-9  # recomputation is deterministic; this only absorbs float summation order
@@ -731,7 +733,8 @@ def _file_check(name: str, result: Any, *, no_key: bool = False) -> Check:
     return Check(name, True, note=note)
 
 
-def _pointer_check(version_dir: Location | None, ledger: Ledger, rec: RunRecord, key: Any) -> FileCheck:
+def _pointer_check(version_dir: Location | None, ledger: Ledger, rec: RunRecord,
+                   key: NoiseKey | KeyRing | None) -> FileCheck:
     """The interval's versions and ``current`` pointer against the ledger (``check_published_pointer``).
 
     The interval is the parent of the published version (``<root>/published/<release>/<interval>/<v>``)."""
@@ -747,7 +750,7 @@ def _pointer_check(version_dir: Location | None, ledger: Ledger, rec: RunRecord,
     return check_published_pointer(store, interval.name, ledger, rec, key=key)
 
 
-def _check_published_files(m: dict[str, Any], ledger: Ledger | None, key: Any) -> list[Check]:
+def _check_published_files(m: dict[str, Any], ledger: Ledger | None, key: NoiseKey | KeyRing | None) -> list[Check]:
     """The published bytes are still the ones fingerprinted at publication (see dpops.manifest.files): the
     manifest's keyed fingerprints (needs the noise key) and, with a ledger, the commit entry's digests, as two
     checks, so a check that could not run for want of the key is listed as skipped, never as ok."""
@@ -763,7 +766,10 @@ def _check_published_files(m: dict[str, Any], ledger: Ledger | None, key: Any) -
                 ledger_part = merge(check_ledger_files(rec, version_dir), _pointer_check(version_dir, ledger, rec, key))
     except DpopsError as exc:
         return [Check("published files", False, [f"published files: {exc}"])]
-    out = [_file_check("published files", keyed, no_key=key is None)]
+    from dpops.keyref import key_for_record
+
+    no_key = key_for_record(key, str(m["run_key"]["key_id"])) is None
+    out = [_file_check("published files", keyed, no_key=no_key)]
     if ledger_part is not None:
         out.append(_file_check("published files (ledger digests)", ledger_part))
     return out
@@ -774,14 +780,16 @@ def _check_published_files(m: dict[str, Any], ledger: Ledger | None, key: Any) -
 
 def verify_manifest(manifest: dict[str, Any], *, ledger: Ledger | None = None, public_key: str | None = None,
                     source: str = "manifest", file_name: str | None = None, file_digest: str | None = None,
-                    require_signature: bool = False, key: Any = None, check_files: bool = True,
+                    require_signature: bool = False, key: NoiseKey | KeyRing | None = None,
+                    check_files: bool = True,
                     chain_report: VerifyReport | None = None, manifests_dir: Any = None) -> VerificationResult:
     """Run every check; never raises for a mismatch (see ``VerificationResult.raise_for_problems``).
 
     ``file_name``/``file_digest``: the manifest file's base name and sha256, compared (with a ledger)
     to what the run's commit entry recorded. ``require_signature``: a missing or unverifiable
-    signature is a failure, not a note. ``key``: the noise key (``NoiseKey``), to check the published
-    files' keyed fingerprints; ``check_files``: compare the published files at ``output.uri`` with the
+    signature is a failure, not a note. ``key``: the noise key (``NoiseKey``), or a ``KeyRing`` holding the
+    keys of earlier rotations (each check then uses the key its record names), to check the published
+    files' keyed fingerprints and bindings; ``check_files``: compare the published files at ``output.uri`` with the
     manifest (and the ledger's commit entry) -- a check that cannot run says why. ``chain_report``: a
     ``ledger.verify()`` result to reuse when verifying many manifests against one ledger. ``manifests_dir``:
     where to find the manifests of the runs this one depends on (an estimation named by ``estimated_from``);

@@ -110,6 +110,10 @@ class RunContext:
     # re-loads the spec file, substitutes the same ones: ``ComputeRequest.estimated_bounds``)
     estimated_bounds: dict[str, tuple[float, float]] | None = None
     estimation_charged: float = field(default=0.0, repr=False, compare=False)  # by this invocation (prepare)
+    # Files of the noise keys of earlier rotations (``dpops.keyref.KeyRing``; ``prepare`` takes
+    # ``$DPOPS_PREVIOUS_NOISE_KEY_FILES``, ``release run --previous-key-file`` sets them): a re-run of an
+    # interval published under one of them compares the input under it (``served_across_rotation``).
+    previous_key_paths: tuple[str, ...] = field(default=(), repr=False, compare=False)
 
     def note_ledger(self, record: RunRecord | None, charged: float = 0.0) -> None:
         """Remember what the ledger just confirmed about this run (``record``) and any charge it made now."""

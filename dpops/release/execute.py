@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from dpops.errors import BudgetExceeded, DpopsError, LedgerError, NeedsOperator, public_message
 from dpops.inputs import HmacKey, parse_interval
+from dpops.keyref import KeyRing
 from dpops.release.computation import RunRelease, check_runner, compute_staged
 from dpops.release.context import (
     QUIET_RUNS,
@@ -145,14 +146,18 @@ def execute_release(spec_path: str | os.PathLike[str], interval_start: IntervalB
                     runner_options: Sequence[str] = (), publish_output: bool = True,
                     run_release: RunRelease | None = None, planner: Planner | None = None,
                     gx_checks: bool = False, actor: str | None = None, progress: Progress | None = None,
-                    fresh_attempt: str | None = None) -> RunOutcome:
+                    fresh_attempt: str | None = None, previous_key_paths: Sequence[str] = ()) -> RunOutcome:
     """``dpops release run``: prepare, reserve, compute, publish. Safe to call again after any failure.
 
     ``progress`` is called with each stage name of ``STAGES`` as the run reaches it. ``fresh_attempt``
     (the operator's reason): replace the interval's spent_unpublished run by a fresh attempt, with fresh
-    noise and a new charge, linked to the spent run (``dpops.release.context.pick_attempt``)."""
+    noise and a new charge, linked to the spent run (``dpops.release.context.pick_attempt``).
+    ``previous_key_paths``: noise keys of earlier rotations (default ``$DPOPS_PREVIOUS_NOISE_KEY_FILES``): an
+    interval published under one of them is served when its input is unchanged under that key."""
     ctx = prepare(spec_path, interval_start, interval_end, randomness=randomness, key_path=key_path,
                   test_seed=test_seed, key=key, planner=planner, actor=actor, progress=progress, ledger=ledger)
+    if previous_key_paths:
+        ctx.previous_key_paths = tuple(previous_key_paths)
     return _run_steps(ctx, ledger, publish_output=publish_output, runner=runner, runner_options=runner_options,
                       run_release=run_release, gx_checks=gx_checks, restates=None, progress=progress,
                       fresh_attempt=fresh_attempt)
@@ -229,7 +234,7 @@ def abandon(ctx: RunContext, ledger: Ledger, *, reason: str) -> RunOutcome:
 
 
 def status(spec_path: str | os.PathLike[str], interval_start: IntervalBound, interval_end: IntervalBound = None, *,
-           ledger: Ledger, key: HmacKey | None = None) -> dict[str, object]:
+           ledger: Ledger, key: HmacKey | KeyRing | None = None) -> dict[str, object]:
     """What the ledger and the storage say about a release's interval. Reads no private data.
 
     ``published_files``: the published run's files compared with the ledger's commit entry and, given

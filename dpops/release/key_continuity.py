@@ -23,18 +23,11 @@ import hmac
 from typing import TYPE_CHECKING
 
 from dpops.errors import InvalidParameter
-from dpops.keyref import KEY_ID_ENV, pinned_key_id
+from dpops.keyref import KEY_ID_ENV, noise_key_id, pinned_key_id
 
 if TYPE_CHECKING:
     from dpops.ledger import Ledger
     from dpops.release.context import RunContext
-
-def noise_key_id(recorded: str) -> str | None:
-    """The noise key id in a run key's key id: ``<id>`` or ``<id>/retry-N`` in keyed mode; None for
-    ``os/attempt-N`` (os mode: the ledger does not record which key fingerprinted it) and ``test/...``."""
-    head = str(recorded).split("/", 1)[0]
-    return None if head in ("os", "test") else head
-
 
 def check_key_continuity(ctx: RunContext, ledger: Ledger) -> None:
     """Refuse a keyed run whose key id is not the scope's last one, unless the pin declares the rotation."""
@@ -59,4 +52,4 @@ def check_key_continuity(ctx: RunContext, ledger: Ledger) -> None:
         "was reserved")
 
 
-__all__ = ["check_key_continuity"]
+__all__ = ["check_key_continuity", "noise_key_id"]

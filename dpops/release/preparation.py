@@ -206,13 +206,15 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
         from dpops.gx_project import preflight
 
         preflight(gx_project, spec.name)
+    from dpops.keyref import previous_key_paths
+
     return RunContext(
         spec_path=str(Path(spec_path).resolve()), spec=spec, interval=interval, input_paths=paths,
         input_fingerprint=fingerprint, randomness=randomness, key_id=key_id, plan=plan,
         store=open_store(spec.output_root, spec.name, sealer=_sealer(randomness, noise_key)),
         key_path=_key_ref(key_path),
         test_seed=test_seed, actor=actor or default_actor(), fingerprint_key=fp_key, estimated_bounds=estimated,
-        estimation_charged=estimation_charged,
+        estimation_charged=estimation_charged, previous_key_paths=previous_key_paths(),
     )
 
 

@@ -11,6 +11,7 @@ accountant composes everything charged plus the request and refuses over the cap
 
 from __future__ import annotations
 
+import hmac
 from typing import TYPE_CHECKING
 
 from dpops.errors import (
@@ -186,6 +187,34 @@ def check_scope(ctx: RunContext, ledger: Ledger) -> ScopeDefinition:
     return _check_scope(ctx, ledger)
 
 
+def served_across_rotation(ctx: RunContext, published: RunRecord | None, restates: str | None) -> bool:
+    """True when ``published`` is this interval's publication under an EARLIER noise key, the spec is the same,
+    and the input, fingerprinted under that earlier key (one of ``ctx.previous_key_paths``), is byte-identical
+    to what was published (issue 28 item 3).
+
+    Why it is sound: the run key differs only because the key did (the keyed fingerprint and the key id are
+    both functions of the key), so this is a re-run of the published release over the same input, and
+    semantics section 3 says a re-run serves the published result and charges nothing. Nothing new is
+    computed from the data (a keyed hash of the files, as every run takes). Without the old key the two
+    inputs cannot be compared, and ``refuse_changed_input`` says so instead of calling the input changed."""
+    if published is None or published.run_id == ctx.run_id or restates == published.run_id:
+        return False
+    from dpops.keyref import KeyRing, noise_key_id
+
+    old_kid, kid = noise_key_id(published.key.key_id), noise_key_id(ctx.run_key_id)
+    if old_kid is None or kid is None or old_kid == kid or published.key.spec_hash != ctx.spec.spec_hash:
+        return False
+    if not ctx.previous_key_paths:
+        return False
+    old = KeyRing.load(None, ctx.previous_key_paths).for_id(old_kid)
+    if old is None:
+        return False
+    from dpops.inputs import input_fingerprint, public_file_rows
+
+    fingerprint = input_fingerprint(ctx.input_paths, old, public_file_rows(ctx.spec))
+    return hmac.compare_digest(fingerprint, published.key.input_fingerprint)
+
+
 def refuse_changed_input(ctx: RunContext, published: RunRecord | None, restates: str | None) -> None:
     """Refuse a run whose run key differs from the interval's published run (a changed input, spec or key)
     unless it is the restatement of that run: an interval is published once per run key, and a silent second
@@ -193,12 +222,24 @@ def refuse_changed_input(ctx: RunContext, published: RunRecord | None, restates:
     if published is None or published.run_id == ctx.run_id or restates == published.run_id:
         return
     old = published.key
+    from dpops.keyref import noise_key_id
+
+    old_kid, kid = noise_key_id(old.key_id), noise_key_id(ctx.run_key_id)
+    rotated = old_kid is not None and kid is not None and old_kid != kid
     what = []
-    if old.input_fingerprint != ctx.input_fingerprint:
+    if rotated:
+        # The keyed fingerprint differs because the key did: whether the input changed is unknown, not "changed".
+        given = bool(ctx.previous_key_paths)
+        what.append(f"the noise key changed since that publication (key {old_kid} then, {kid} now): the input's "
+                    "keyed fingerprint depends on the key, so the two inputs cannot be compared under the new one; "
+                    + (f"the previous keys given do not include key {old_kid} (or, under it, the input differs)"
+                       if given else "give the old key ($DPOPS_PREVIOUS_NOISE_KEY_FILES or --previous-key-file) to "
+                       "compare under it: an unchanged input is then served, nothing charged"))
+    elif old.input_fingerprint != ctx.input_fingerprint:
         what.append("the input changed (different keyed fingerprint)")
     if old.spec_hash != ctx.spec.spec_hash:
         what.append("the spec changed")
-    if old.key_id != ctx.run_key_id:
+    if old.key_id != ctx.run_key_id and not rotated:
         what.append(f"the randomness key differs ({old.key_id} vs {ctx.run_key_id})")
     raise LedgerError(
         f"{ctx.spec.name} {ctx.interval} is already published by run {published.run_id} and "
@@ -261,6 +302,13 @@ def reserve(ctx: RunContext, ledger: Ledger, *, restates: str | None = None,
         check_served_files(ctx, published, ledger)
         return make_outcome(ctx, ledger, "already_published", record=published,
                         message="served from the published result, nothing charged")
+    if served_across_rotation(ctx, published, restates):
+        assert published is not None
+        check_served_files(ctx, published, ledger)
+        return make_outcome(ctx, ledger, "already_published", record=published,
+                            message=f"served from the published result: run {published.run_id} published it under "
+                                    "the previous noise key, and under that key the input is byte-identical; "
+                                    "nothing charged")
     refuse_changed_input(ctx, published, restates)
     if restates is not None and (published is None or published.run_id != restates):
         raise LedgerError(f"run {restates} is not the published run of {ctx.spec.name} {ctx.interval}; "

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from dpops.errors import IntegrityError, StorageError
 from dpops.inputs import HmacKey
+from dpops.keyref import KeyRing
 from dpops.release.context import RunContext
 from dpops.release.manifests import manifests_dir
 from dpops.storage import Location, PublishedRun, Store, as_location
@@ -48,7 +49,7 @@ def make_visible(ctx: RunContext, record: RunRecord, ledger: Ledger) -> Publishe
 
 
 def published_file_check(store: Store, slug: str, record: RunRecord, manifest_dir: Path | Location,
-                         key: HmacKey | None = None, *, ledger: Ledger) -> FileCheck:
+                         key: HmacKey | KeyRing | None = None, *, ledger: Ledger) -> FileCheck:
     """Compare a committed run's published files with the ledger's commit entry and (with the noise
     key) the manifest's keyed fingerprints, and every version and the ``current`` pointer of the
     interval with the ledger's committed runs (``dpops.manifest.files.check_published_pointer``: a

@@ -505,7 +505,7 @@ def _warnings(d: ReportData) -> list[str]:
     flagged = [r for r in d.runs if r.kind == "run" and r.flags]
     if flagged:
         out.append(f"{len(flagged)} interval(s) off the release's schedule (see the timeline)")
-    from dpops.release.key_continuity import noise_key_id
+    from dpops.keyref import noise_key_id
 
     last_key: dict[str, str] = {}
     from dpops.report.plots import charge_order

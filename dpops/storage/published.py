@@ -175,6 +175,9 @@ def check_binding(pub: PublishedRun, *, release: str, interval: str, key: object
     if not isinstance(b, dict) or b.get("version") not in BINDING_VERSIONS:
         return [f"{where}: its _PUBLISHED.json carries no {BINDING_VERSION} binding: not a version dpops "
                 "published (or published by a dpops older than the binding)"], None
+    from dpops.keyref import key_for_record
+
+    key = key_for_record(key, b.get("key_id"))  # type: ignore[arg-type]  # a key ring: the key the binding names
     out: list[str] = []
     wants: list[tuple[str, object]] = [("release", release), ("interval", interval),
                                        ("published_version", pub.version), ("run_id", pub.run_id)]
@@ -309,11 +312,16 @@ def check_published(store: Store, interval_slug: str, *, committed: Mapping[str,
                                 "than dpops")
         if key is not None or public_key is not None:
             res.checked.append("published bindings")
+            from dpops.keyref import key_for_record
+
             for v in versions:
                 if v.run_id not in committed:
                     continue
                 bound_key = (_marker(v).get("binding") or {}).get("key_id") if key is not None else None
-                if (key is not None and key_ids is not None and bound_key != getattr(key, "key_id", None)
+                # A key ring (issue 28 item 11): each version is checked with the key its own run used, when the
+                # ring holds it (the ledger's record below still decides whether that key is the run's).
+                vkey = key_for_record(key, key_ids.get(v.run_id) if key_ids else bound_key)  # type: ignore[arg-type]
+                if (vkey is not None and key_ids is not None and bound_key != getattr(vkey, "key_id", None)
                         and bound_key == key_ids.get(v.run_id, "").split("/")[0]):  # "<id>/retry-N": same key
                     # A key rotation (runbook "Key rotation"): the ledger records that this run used the key
                     # its binding names, so the version is not forged by a key-id mismatch; the given key just
@@ -321,9 +329,9 @@ def check_published(store: Store, interval_slug: str, *, committed: Mapping[str,
                     # as the keyed fingerprints of such a run are; give the old key to check it fully.
                     res.not_checked.append(f"v{v.version} ({v.location}): bound under the run's own key "
                                            f"{bound_key!r} (the ledger's record), the given noise key is "
-                                           f"{getattr(key, 'key_id', None)!r}: its MAC cannot be checked with it")
+                                           f"{getattr(vkey, 'key_id', None)!r}: its MAC cannot be checked with it")
                     continue
-                problems, entry = check_binding(v, release=rel, interval=interval_slug, key=key,
+                problems, entry = check_binding(v, release=rel, interval=interval_slug, key=vkey,
                                                 public_key=public_key, output_root=root, ledger_id=None)
                 if ledger_id is not None and binding_version(v) == BINDING_VERSION:
                     bound_ledger = (_marker(v).get("binding") or {}).get("ledger_id")
