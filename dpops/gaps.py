@@ -260,12 +260,37 @@ def interval_statuses(spec: Any, ledger: Any, start: datetime, end: datetime, *,
             st.status = "refused"
             st.detail = refused[-1]["reason"] or "refused"
         elif (wait := _input_wait(spec.name, Interval(s, e).slug, getattr(store, "state_dir", None))) is not None:
-            st.status = "input_missing"
-            st.detail = (f"input missing (waited {wait.get('waited_seconds', '?')} s, gave up at {wait.get('at', '?')}; "
-                         f"{wait.get('missing_files', '?')} file(s) missing): nothing was read or charged. Deliver "
-                         "the input, then clear wait_for_input of that DAG run or run dpops release run")
+            waited = (f"waited {wait.get('waited_seconds', '?')} s, gave up at {wait.get('at', '?')}")
+            if _input_arrived(spec, s, e):
+                # The wait record is history: the files are there now (issue 28 item 7), the day only needs a run.
+                st.status = "never_run"
+                st.detail = (f"the input arrived after a run gave up waiting for it ({waited}): nothing was read or "
+                             f"charged; fill it: {FILL_ADVICE}")
+            else:
+                st.status = "input_missing"
+                st.detail = (f"input missing ({waited}; {wait.get('missing_files', '?')} file(s) missing): nothing "
+                             f"was read or charged. Deliver the input, then fill it: {FILL_ADVICE}")
         out.append(st)
     return out
+
+
+# How an operator fills a day: a cleared sensor must take its downstream tasks along (else they stay
+# upstream_failed and the DAG run failed), and a REST-triggered run has no logical date to clear by.
+FILL_ADVICE = ("clear wait_for_input of that DAG run WITH its downstream tasks (airflow tasks clear DAG_ID -t "
+               "wait_for_input -s D -e D --downstream --yes, D the run's logical date; a REST-triggered run has "
+               "none: use Clear with Downstream on the run in the UI), or trigger the day again (REST with "
+               "logical_date null and conf.interval), or dpops release run")
+
+
+def _input_arrived(spec: Any, start: datetime, end: datetime) -> bool:
+    """Whether the interval's input files are all there now (existence only, no data read)."""
+    from dpops.errors import DpopsError
+    from dpops.inputs import missing_input_files
+
+    try:
+        return not missing_input_files(spec, start, end)
+    except (DpopsError, OSError):
+        return False  # cannot tell (an unreachable bucket): keep the record's word
 
 
 def parse_day(text: str, what: str) -> datetime:

@@ -323,6 +323,23 @@ def _canonical_names(paths: Sequence[str]) -> list[str]:
     return [posixpath.relpath(p, root) for p in absolute]
 
 
+def missing_input_files(spec: ReleaseSpec, interval_start: Any, interval_end: Any = None) -> list[str]:
+    """The interval's input files that do not exist yet (empty: all there). Reads no data, only whether the
+    files are there: the orchestrator's sensor waits on it, ``dpops gaps`` tells a day whose input arrived
+    after a run gave up from one still missing it. For a glob template, the pattern itself while nothing
+    matches; an object-store input is listed through the storage layer, never ``os.path``."""
+    iv = parse_interval(interval_start, interval_end)
+    formatted = spec.input.path.format(start=iv.start, end=iv.end)
+    where = spec.resolve_path(formatted)
+    if not where.is_local:
+        found = files.glob(where) if files.has_glob(formatted) else ([where] if files.is_file(where) else [])
+        return [] if found else [str(where)]
+    path = str(where.local_path)
+    if _GLOB_CHARS.search(formatted):
+        return [] if any(os.path.isfile(p) for p in glob.glob(path)) else [path]
+    return [] if os.path.isfile(path) else [path]
+
+
 def public_file_rows(spec: ReleaseSpec) -> list[list[Any]] | None:
     """The rows of the spec's ``partitions.public_file`` as lists (None without a public file): they are part
     of the run's input, so they enter its keyed fingerprint (``input_fingerprint``)."""
@@ -360,5 +377,5 @@ def input_fingerprint(paths: Iterable[str], key: HmacKey,
 
 __all__ = [
     "Interval", "parse_interval", "resolve_input_paths", "check_input", "input_fingerprint", "TestFingerprintKey",
-    "public_file_rows",
+    "public_file_rows", "missing_input_files",
 ]

@@ -22,7 +22,6 @@ to show it. Errors a retry cannot fix are ``FATAL_ERRORS``; everything else may 
 from __future__ import annotations
 
 import errno
-import glob
 import logging
 import os
 from collections.abc import Iterator
@@ -144,25 +143,12 @@ class Step:
 def missing_inputs(spec_path: str, interval_start: str, interval_end: str) -> list[str]:
     """The interval's input files that do not exist yet (empty: all there). Reads no data.
 
-    For a glob template, the pattern itself while nothing matches. Used by the orchestrator's
-    sensor to wait for late input instead of failing and retrying the whole run.
-    """
-    from dpops.inputs import parse_interval
+    Used by the orchestrator's sensor to wait for late input instead of failing and retrying the whole run
+    (``dpops.inputs.missing_input_files``, which ``dpops gaps`` uses too)."""
+    from dpops.inputs import missing_input_files
     from dpops.spec import load_spec
 
-    spec = load_spec(spec_path)
-    iv = parse_interval(interval_start, interval_end)
-    formatted = spec.input.path.format(start=iv.start, end=iv.end)
-    where = spec.resolve_path(formatted)
-    if not where.is_local:  # an object-store input: listed through the storage layer, never os.path
-        from dpops.storage import files
-
-        found = files.glob(where) if files.has_glob(formatted) else ([where] if files.is_file(where) else [])
-        return [] if found else [str(where)]
-    path = str(where.local_path)
-    if any(c in formatted for c in "*?["):
-        return [] if any(os.path.isfile(p) for p in glob.glob(path)) else [path]
-    return [] if os.path.isfile(path) else [path]
+    return missing_input_files(load_spec(spec_path), interval_start, interval_end)
 
 
 def input_timed_out(spec_path: str, interval_start: str, interval_end: str, *, waited_seconds: float,

@@ -81,6 +81,8 @@ def test_gaps_names_an_input_that_never_came(tmp_path, monkeypatch, capsys):
 
     env = make_env(tmp_path, monkeypatch)
     monkeypatch.setenv("DPOPS_STATE_DIR", str(tmp_path / "state"))
+    late = tmp_path / "data" / "2024-01-02.parquet"
+    late.rename(tmp_path / "late.parquet")  # the day's input has not arrived
     input_timed_out(str(env.spec), "2024-01-02T00:00:00+00:00", "2024-01-03T00:00:00+00:00", waited_seconds=21600,
                     missing_files=1)
     code, doc, _ = env.json(capsys, "gaps", str(env.spec), "--from", "2024-01-01", "--to", "2024-01-04",
@@ -92,7 +94,15 @@ def test_gaps_names_an_input_that_never_came(tmp_path, monkeypatch, capsys):
     code, out, _ = env.run(capsys, "gaps", str(env.spec), "--from", "2024-01-01", "--to", "2024-01-04",
                            "--ledger", env.url)
     assert "input missing: 1" in out
-    # once the input arrives and the day is published, the record no longer matters
+    # the input arrives (issue 28 item 7): the day is no longer "input missing", it only needs a run, and the
+    # advice clears the sensor WITH its downstream tasks and names the way to fill a REST-triggered run
+    (tmp_path / "late.parquet").rename(late)
+    code, doc, _ = env.json(capsys, "gaps", str(env.spec), "--from", "2024-01-02", "--to", "2024-01-03",
+                            "--ledger", env.url, "--json")
+    item = doc["items"][0]
+    assert item["status"] == "never_run" and item["detail"].startswith("the input arrived after a run gave up")
+    assert "--downstream" in item["detail"] and "conf.interval" in item["detail"]
+    # once the day is published, the record no longer matters
     _publish(env, capsys, "2024-01-02")
     code, doc, _ = env.json(capsys, "gaps", str(env.spec), "--from", "2024-01-02", "--to", "2024-01-03",
                             "--ledger", env.url, "--json")
