@@ -242,7 +242,8 @@ def compute_step(step: Step) -> dict[str, Any]:
 
 
 def validate_step(step: Step) -> dict[str, Any]:
-    """The noisy output's checks (post-processing: may block the publish) incl. the GX suite."""
+    """The noisy output's checks (post-processing: may block the publish): dpops' GX output suite and, with
+    the deployment's GX project, the team suites (``release.output_suites``, the checks publish applies)."""
     with step.ledger() as ledger:
         ctx = step.current(ledger)
     staged = ctx.store.find_staged(ctx.interval.slug, ctx.run_id)
@@ -251,12 +252,14 @@ def validate_step(step: Step) -> dict[str, Any]:
                           "clear the compute task to compute it again (keyed noise: same numbers, no new charge)")
     checks = release.check_noisy_output(ctx.spec, staged.data_file)
     from dpops.release.gx_checks import check_release_output
+    from dpops.release.publication import output_suites
 
     quiet_third_party_loggers()
     report = check_release_output(str(staged.data_file), partition_columns=ctx.spec.partitions.columns,
                                   public_partitions=ctx.spec.public_partitions(),
                                   allow_null=ctx.spec.postprocess.suppress_below is not None)
-    return {"run_id": ctx.run_id, "checks": [*checks, "great expectations output suite"],
+    team = output_suites(ctx, staged, gx_checks=False) if os.environ.get("DPOPS_GX_PROJECT") else []
+    return {"run_id": ctx.run_id, "checks": [*checks, "great expectations output suite", *team],
             "gx": report.as_dict()}
 
 

@@ -159,3 +159,31 @@ def test_project_dir_is_created_0700_and_a_writable_one_is_refused(cli_env, monk
     suite.chmod(0o666)
     assert main(["release", "run", str(spec), *later, "--publish"]) == 3
     assert f"GX suite file {suite} is writable by group or others" in capsys.readouterr().err
+
+
+def test_a_failing_team_suite_fails_the_validate_task_not_only_the_publish(tmp_path, monkeypatch):
+    """Issue 28 item 6: the DAG's validate_output runs the deployment's checkpoint (dpops' suite and the team
+    suites) as publish does, so a failing team suite fails validate_output, and publish_release never runs on
+    an output its checks refuse; publish still refuses it on its own (it is the gate)."""
+    from cli_support import make_env
+
+    from dpops import orchestration
+    from dpops.errors import IntegrityError
+
+    env = make_env(tmp_path, monkeypatch, cap=5.0)
+    root = tmp_path / "gx_project"
+    monkeypatch.setenv("DPOPS_GX_PROJECT", str(root))
+    _add_user_suite(root, "output.purchases_test.team", column="count", max_value=-1)  # impossible: always fails
+    settings = orchestration.Settings(ledger_url=env.url, key_path=str(env.key))
+    step = orchestration.Step(str(env.spec), "2024-01-01T00:00:00+00:00", "2024-01-02T00:00:00+00:00", settings,
+                              "test")
+    assert orchestration.reserve_step(step).state == "reserved"
+    orchestration.compute_step(step)
+    with pytest.raises(IntegrityError, match="output.purchases_test.team"):
+        orchestration.validate_step(step)
+    with pytest.raises(IntegrityError, match="output.purchases_test.team"):
+        orchestration.publish_step(step)
+    _add_user_suite(root, "output.purchases_test.team", column="count", min_value=0)  # the team fixes its suite
+    checked = orchestration.validate_step(step)["checks"]
+    assert any("suite output.purchases_test.team" in c for c in checked)
+    assert orchestration.publish_step(step).state == "published"
