@@ -204,3 +204,17 @@ def test_a_bounds_estimate_spec_counts_its_estimation_in_cost_and_fit(accountant
     asked = []
     analysis.solve(spec, accountant=accountant, fits=lambda evs: asked.append(len(evs)) or True)
     assert asked and min(asked) == len(plan_for(spec, free.split).events) + len(option_events(spec))
+
+
+def test_solve_takes_a_path_a_dict_or_a_spec_like_plan_and_tune(tmp_path):
+    """Issue 26 section 4: analysis.solve accepts what analysis.plan and analysis.tune accept."""
+    import yaml
+
+    targets = [{"kind": "error", "metric": "count", "max_error": 50.0}]
+    doc = _doc("laplace", 1, 1, targets)
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    by_spec = analysis.solve(analysis.load(doc))
+    for given in (str(path), path, doc):
+        sol = analysis.solve(given)
+        assert sol.feasible and sol.split == by_spec.split and sol.cost == by_spec.cost

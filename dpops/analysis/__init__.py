@@ -41,7 +41,8 @@ from dpops.analysis.accuracy import (
 )
 from dpops.analysis.estimate import Estimate, EstimateConfig, estimate_l0
 from dpops.analysis.horizon import ACCOUNTANTS, Horizon, HorizonRow
-from dpops.analysis.solver import FitCheck, Solution, solve
+from dpops.analysis.solver import FitCheck, Solution
+from dpops.analysis.solver import solve as solve_spec
 from dpops.analysis.targets import TargetResult, evaluate
 from dpops.analysis.tuning import Candidate, TuneResult, tune
 from dpops.errors import InvalidParameter
@@ -105,6 +106,13 @@ def plan(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], *,
                                "(pip install 'dpops[analysis]') or use dpops.analysis.predictions") from None
     rows = predictions(spec, confidence=confidence, at_units=at_units, at_values=at_values, gap=gap)
     return pd.DataFrame([r.to_dict() for r in rows])
+
+
+def solve(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], *, accountant: str = "basic/1",
+          available: float | None = None, fits: FitCheck | None = None) -> Solution:
+    """The least-cost split meeting every accuracy target (``dpops.analysis.solver.solve``); ``spec`` is a path,
+    a dict or a ``ReleaseSpec``, as for ``plan`` and ``tune`` (issue 26 section 4)."""
+    return solve_spec(load(spec), accountant=accountant, available=available, fits=fits)
 
 
 def check_targets(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any]) -> list[TargetResult]:
