@@ -215,6 +215,6 @@ def test_solve_takes_a_path_a_dict_or_a_spec_like_plan_and_tune(tmp_path):
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(doc))
     by_spec = analysis.solve(analysis.load(doc))
-    for given in (str(path), path, doc):
-        sol = analysis.solve(given)
+    for spec_like in (str(path), path, doc):
+        sol = analysis.solve(spec_like)
         assert sol.feasible and sol.split == by_spec.split and sol.cost == by_spec.cost
