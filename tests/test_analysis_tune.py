@@ -439,3 +439,33 @@ def test_a_public_tune_cannot_replace_the_record_of_a_private_one(tmp_path, monk
                  str(tmp_path / "t3"), *private, "--l0", "1", "--linf", "1"]) == 0
     assert main(["spec", "apply-patch", str(tuned), str(tmp_path / "t3" / "patch.yaml"), "--out",
                  str(root / "spec.again.yaml")]) == 0
+
+
+def test_tune_seed_unmet_targets_and_heavy_drops_are_said(tmp_path, monkeypatch, capsys):
+    """Issue 26 section 4: --seed makes two runs identical; when no candidate meets the targets the output
+    says so and names the binding target; a recommendation dropping many rows is warned about."""
+    import json
+
+    root, _, url, key = _env(tmp_path, monkeypatch)
+    doc = {**SPEC, "accuracy": {"confidence": 0.95, "targets": [
+        {"kind": "error", "metric": "count", "max_error": 0.001, "at_units": 100}]}}  # unreachable
+    spec = spec_at(root, doc)
+    pub = tmp_path / "public"
+    pub.mkdir()
+    pq.write_table(pa.Table.from_pandas(sample(), preserve_index=False), pub / "s.parquet")
+    monkeypatch.setenv("DPOPS_PUBLIC_ROOTS", str(pub))
+    docs = []
+    for out in ("o1", "o2"):
+        code = main(["tune", str(spec), "--sample", str(pub / "s.parquet"), "--out", str(tmp_path / out),
+                     "--l0", "1", "--linf", "1", "--seed", "7", "--json"])
+        assert code == 0, capsys.readouterr().err
+        docs.append(json.loads(capsys.readouterr().out))
+    assert docs[0]["candidates"] == docs[1]["candidates"] and docs[0]["seed"] == 7  # reproducible bounding
+    warnings = " ".join(docs[0]["warnings"])
+    assert "no candidate meets every accuracy target" in warnings and "accuracy.targets[0] (error on count" in warnings
+    dropped = docs[0]["candidates"][0]["rows_dropped_l0"] + docs[0]["candidates"][0]["rows_dropped_linf"]
+    assert dropped > 0.10 and "drops" in warnings  # L0 = Linf = 1 on a sample of several rows per user
+    code = main(["tune", str(spec), "--sample", str(pub / "s.parquet"), "--out", str(tmp_path / "o3"),
+                 "--l0", "1", "--linf", "1", "--seed", "7"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 0 and "WARNING: no candidate meets every accuracy target" in out and "WARNING: the " in out

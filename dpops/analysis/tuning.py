@@ -63,6 +63,9 @@ _REF_UNITS = 1000  # the partition size at which a mean's noise is predicted, th
 LOSSES = ("targets", "mean_relative_rmse", "max_relative_rmse")
 
 
+DROP_WARN = 0.10  # share of the sample's rows a recommendation may drop before tune warns
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One setting to try: contribution bounds, value bounds per column and the epsilon split weights."""
@@ -104,6 +107,26 @@ class TuneResult:
     def recommended(self) -> Candidate:
         """The candidate of least loss."""
         return self.grid[self.best]
+
+    def warnings(self) -> list[str]:
+        """What a user must know before applying the recommendation (issue 26 section 4): that no candidate
+        meets every target (and which target binds), and that it drops a large share of the sample's rows
+        (more than ``DROP_WARN``): contributions beyond the bounds are lost, a bias the noise figures do
+        not show. Figures of the sample (tune is not DP; they stay in the operator's output)."""
+        best = self.candidates[self.best]
+        out: list[str] = []
+        ratio = best.get("target_ratio")
+        if self.loss == "targets" and ratio is not None and ratio > 1:
+            out.append(f"no candidate meets every accuracy target: the best, {self.recommended.label}, reaches "
+                       f"{ratio:.3g}x the allowed error on its binding target {best.get('binding_target')}; relax "
+                       "that target, raise the budget (dpops plan --solve), or widen the grid")
+        dropped = float(best.get("rows_dropped_l0", 0.0)) + float(best.get("rows_dropped_linf", 0.0))
+        if dropped > DROP_WARN:
+            out.append(f"the recommendation drops {dropped:.0%} of the sample's rows (L0 "
+                       f"{float(best.get('rows_dropped_l0', 0.0)):.0%}, Linf "
+                       f"{float(best.get('rows_dropped_linf', 0.0)):.0%}): their contributions are not in any "
+                       "released value; check that the targets are the ones you mean before applying it")
+        return out
 
     def frame(self) -> pd.DataFrame:
         """``rows`` as a pandas DataFrame (needs pandas)."""
@@ -516,7 +539,7 @@ def evaluate_candidate(spec: ReleaseSpec, cand: Candidate, rows: dict[str, np.nd
                **bounded.drops, "partitions": n, "expected_partitions_kept": float(np.sum(keep_p)),
                "mean_relative_rmse": float(np.mean(rels)) if rels else math.inf,
                "max_relative_rmse": float(np.max(rels)) if rels else math.inf}
-    summary["target_ratio"] = _target_ratio(spec, plan, target_errs)
+    summary["target_ratio"], summary["binding_target"] = _target_ratio(spec, plan, target_errs)
     return out, summary
 
 
@@ -667,8 +690,10 @@ _OTHER_TYPES: dict[str, Callable[..., tuple[list[dict[str, Any]], dict[str, np.n
     "variance": _variance_rows, "quantiles": _quantile_rows, "top_k": _top_k_rows}
 
 
-def _target_ratio(spec: ReleaseSpec, plan: ReleasePlan, errs: Mapping[str, Mapping[str, np.ndarray]]) -> float | None:
-    """Worst (achieved / allowed) over the spec's targets: <= 1 means every target is met on the sample.
+def _target_ratio(spec: ReleaseSpec, plan: ReleasePlan, errs: Mapping[str, Mapping[str, np.ndarray]]
+                  ) -> tuple[float | None, str | None]:
+    """Worst (achieved / allowed) over the spec's targets: <= 1 means every target is met on the sample; and
+    which target that worst ratio is (the binding one, in words: what a user must relax or pay for).
 
     An error target on metric m at n units is judged on the sample's partitions in the size bucket of n
     (all partitions if that bucket is empty): achieved = mean of (noise half-width + |bias|), absolute or
@@ -676,9 +701,10 @@ def _target_ratio(spec: ReleaseSpec, plan: ReleasePlan, errs: Mapping[str, Mappi
     fraction of the bucket's bounded rows with max_rank_error. A keep target compares P(not kept at n) with
     the allowed 1 - min_probability. top_pick targets are not judged here (None if no target is left)."""
     if spec.accuracy is None:
-        return None
+        return None, None
     worst: float | None = None
-    for t in spec.accuracy.targets:
+    binding: str | None = None
+    for i, t in enumerate(spec.accuracy.targets):
         ratio: float | None = None
         if t.kind == "error" and t.metric in errs:
             e = errs[t.metric]
@@ -701,9 +727,12 @@ def _target_ratio(spec: ReleaseSpec, plan: ReleasePlan, errs: Mapping[str, Mappi
         elif t.kind == "keep":
             p = float(_keep_prob(plan, np.asarray([t.at_units]))[0])
             ratio = (1.0 - p) / (1.0 - float(t.min_probability))
-        if ratio is not None:
-            worst = ratio if worst is None else max(worst, ratio)
-    return worst
+        if ratio is not None and (worst is None or ratio > worst):
+            worst = ratio
+            metric = getattr(t, "metric", None)
+            binding = (f"accuracy.targets[{i}] ({t.kind}" + (f" on {metric}" if metric else "")
+                       + f" at {getattr(t, 'at_units', '?')} units)")
+    return worst, binding
 
 
 def tune(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any],

@@ -15,7 +15,7 @@ import click
 import yaml
 
 from dpops.analysis.sample_access import PRIVATE_FLAG
-from dpops.cli.common import echo_ok, json_option, ledger_option, open_cli_ledger, print_table
+from dpops.cli.common import echo_ok, echo_wrapped, json_option, ledger_option, open_cli_ledger, print_table
 from dpops.errors import InvalidParameter
 
 
@@ -57,11 +57,14 @@ def _ints(raw: str | None, what: str) -> list[int] | None:
 @click.option("--key-file", "key_file", envvar="DPOPS_NOISE_KEY_FILE", default=None,
               help="with the private flag: key for the input fingerprint recorded in the ledger")
 @click.option("--actor", default=None, help="who the ledger records (default dpops:<OS user>)")
+@click.option("--seed", type=int, default=None,
+              help="make the bounding's random choices (which rows and partitions a unit keeps) reproducible; "
+                   "default: fresh randomness, as a release's")
 @ledger_option
 @json_option
 def cli(spec_path: str, sample: str, grid_path: str | None, l0: str | None, linf: str | None, loss: str | None,
         out_dir: str, allow_private: bool, reason: str | None, key_file: str | None, actor: str | None,
-        as_json: bool) -> None:
+        seed: int | None, as_json: bool) -> None:
     """Evaluate a grid of L0, Linf, value bounds and epsilon splits on a sample in one pass; recommend one."""
     from dpops.analysis import load
     from dpops.analysis.sample_access import is_private_path, open_sample, private_twin
@@ -92,7 +95,7 @@ def cli(spec_path: str, sample: str, grid_path: str | None, l0: str | None, linf
                                  reason=reason, fingerprint_key=resolve_key(key_file), key_path=key_file)
     else:
         access = open_sample(spec, sample, allow_private=False, key_path=key_file)
-    result = tune(spec, access, grid=grid, loss=loss)  # the checked access, not a path to check again
+    result = tune(spec, access, grid=grid, loss=loss, seed=seed)  # the checked access, not a path to check again
     prov = access.provenance()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -100,7 +103,7 @@ def cli(spec_path: str, sample: str, grid_path: str | None, l0: str | None, linf
     (out / "tune.html").write_text(html_page(result, prov), encoding="utf-8")
     results = {"recommended": result.recommended.label, "loss": result.loss, "candidates": result.candidates,
                "rows": result.rows, "not_evaluated": result.not_evaluated, "sample_rows": result.sample_rows,
-               "boundings": result.boundings, "data": prov}
+               "boundings": result.boundings, "data": prov, "seed": seed, "warnings": result.warnings()}
     from dpops.cli.common import dumps
 
     (out / "results.json").write_text(dumps(results), encoding="utf-8")
@@ -115,6 +118,8 @@ def cli(spec_path: str, sample: str, grid_path: str | None, l0: str | None, linf
                 [[c["candidate"], f"{c['loss']:.4g}", f"{c['rows_dropped_l0']:.1%}", f"{c['rows_dropped_linf']:.1%}",
                   f"{c['expected_partitions_kept']:.1f}"] for c in result.candidates], keep=["candidate"])
     click.echo(f"recommended: {result.recommended.label}")
+    for w in result.warnings():
+        echo_wrapped(f"WARNING: {w}")
     if result.not_evaluated:
         click.echo(f"not evaluated by tune: {', '.join(result.not_evaluated)}")
     click.echo(f"wrote {files['patch']}, {files['html']}, {files['results']}")
