@@ -4,15 +4,17 @@
 ``chain_head`` holds the id and hash of the last entry: one row that every writer
 locks last, so entry ids are gap-free and in commit order, and truncating the
 tail of the chain is detected by ``verify`` (as long as ``chain_head`` itself is
-not reset). ``scopes``, ``buckets`` and ``runs`` are caches derived from the
-entries in the same transaction; ``verify`` recomputes them.
+not reset). ``scopes`` and ``runs`` are caches derived from the entries in the same
+transaction (``runs`` by the database itself on PostgreSQL, version 4; the running-state
+cache ``buckets`` of versions 1-3 is dropped); ``verify`` recomputes them.
 
 What the database guards do, and what they do not (docs/threat-model.md):
 
 - Triggers refuse UPDATE, DELETE and (PostgreSQL, migration 2) TRUNCATE on
   ``entries``, and let ``chain_head`` only move forward by one to an entry that
   exists. They stop mistakes and an *application* role (``dpops ledger init
-  --app-role``), which has no right to drop or disable them.
+  --app-role``), which has no right to drop or disable them. Version 4 derives
+  ``runs`` from each inserted entry and refuses an illegal state-machine step.
 - They do NOT stop the table owner or a superuser: they can disable the
   triggers, rewrite every entry and recompute every hash (the chain is an unkeyed
   sha256), and ``verify`` alone then passes. Only an anchor kept outside the
