@@ -221,7 +221,7 @@ def test_b_truncate_and_head_reset_by_the_owner_is_caught(postgres_url, pg_schem
         conn = led.db.conn  # the owner: disables its own triggers, truncates, resets the head
         for table in ("entries", "chain_head"):
             conn.execute(f"ALTER TABLE {table} DISABLE TRIGGER USER")
-        conn.execute("TRUNCATE entries, runs, scopes")
+        conn.execute("TRUNCATE entries, runs, run_charges, scopes")
         conn.execute("UPDATE chain_head SET last_id = 0, last_hash = %s", (GENESIS_HASH,))
         for table in ("entries", "chain_head"):
             conn.execute(f"ALTER TABLE {table} ENABLE TRIGGER USER")

@@ -345,7 +345,7 @@ def test_every_write_the_database_allows_the_app_and_reader_roles_keeps_the_cap_
         # What PostgreSQL allows every role and the owner cannot revoke (docs/threat-model.md): table locks that
         # block no read (ACCESS SHARE; ROW EXCLUSIVE where it may INSERT), advisory locks, its own password and
         # its own session defaults. Everything else in the list was refused by the database.
-        tables = ("chain_head", "entries", "runs", "schema_version", "scopes")
+        tables = ("chain_head", "entries", "run_charges", "runs", "schema_version", "scopes")
         allowed_everyone = {f"LOCK TABLE {t} IN ACCESS SHARE MODE" for t in tables} | {
             "SELECT pg_advisory_lock(hashtext('dpops'))", "SET ROLE NONE"}
         for role in ("app", "reader"):

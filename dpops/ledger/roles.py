@@ -59,6 +59,7 @@ TABLE_GRANTS = (
     ("chain_head", "SELECT, UPDATE (last_id, last_hash)"),  # the triggers let it move forward by one only
     ("scopes", "SELECT, UPDATE (last_entry)"),  # UPDATE only for FOR UPDATE row locks; the trigger refuses writes
     ("runs", "SELECT"),  # written by the owner's trigger from the entries (schema version 4), never by the app
+    ("run_charges", "SELECT"),  # the settled runs grouped, maintained by the same trigger (PostgreSQL only)
     ("schema_version", "SELECT"),
 )
 

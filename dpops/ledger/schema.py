@@ -264,8 +264,27 @@ _RUN_STEPS = ", ".join(f"('{a}', '{b}')" for a, b in sorted(TRANSITIONS))  # the
 # groups by hashing (no index needed), and its btree entries are limited to ~2.7 kB, which a run's events may pass.
 _V4_CHARGES_INDEX = "CREATE INDEX IF NOT EXISTS runs_charges ON runs (scope, state, buckets, events)"
 
+# ``run_charges`` (PostgreSQL): the settled runs of each scope grouped by (state, buckets, events) with their count,
+# maintained by the same owner trigger when a run becomes committed or spent_unpublished (a terminal state), so the
+# cap check reads a few rows instead of grouping the scope's whole history (reserve p50 at 10,000 entries: see
+# docs/threat-model.md). The app role may only SELECT it. ``digest`` is sha256 (a collision chosen by whoever writes
+# entries would merge its run into another event list's count), over text the trigger itself wrote.
+_CHARGE_DIGEST = "encode(sha256(convert_to({b} || '|' || {e}, 'UTF8')), 'hex')"
+
 _V4_POSTGRES = [
     "DROP TABLE IF EXISTS buckets",
+    """CREATE TABLE IF NOT EXISTS run_charges (
+        scope TEXT NOT NULL,
+        state TEXT NOT NULL,
+        digest TEXT NOT NULL,
+        buckets TEXT NOT NULL,
+        events TEXT NOT NULL,
+        runs BIGINT NOT NULL,
+        PRIMARY KEY (scope, state, digest))""",
+    "DELETE FROM run_charges",
+    f"""INSERT INTO run_charges (scope, state, digest, buckets, events, runs)
+        SELECT scope, state, {_CHARGE_DIGEST.format(b="buckets", e="events")}, buckets, events, COUNT(*) FROM runs
+        WHERE state IN ('committed', 'spent_unpublished') GROUP BY scope, state, buckets, events""",
     """CREATE OR REPLACE FUNCTION dpops_entries_derive_runs() RETURNS trigger
        LANGUAGE plpgsql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
        DECLARE
@@ -330,6 +349,11 @@ _V4_POSTGRES = [
              entry_hashes = (entry_hashes::jsonb || to_jsonb(NEW.hash))::text,
              updated_at = NEW.ts, last_entry = NEW.id
            WHERE run_id = NEW.run_id;
+           IF NEW.kind IN ('committed', 'spent_unpublished') THEN
+             INSERT INTO run_charges (scope, state, digest, buckets, events, runs)
+             VALUES (r.scope, NEW.kind, {digest}, r.buckets, r.events, 1)
+             ON CONFLICT (scope, state, digest) DO UPDATE SET runs = run_charges.runs + 1;
+           END IF;
          END IF;
          RETURN NULL;
        END; $$""",
@@ -337,6 +361,16 @@ _V4_POSTGRES = [
     "DROP TRIGGER IF EXISTS entries_derive_runs ON entries",
     """CREATE TRIGGER entries_derive_runs AFTER INSERT ON entries
        FOR EACH ROW EXECUTE FUNCTION dpops_entries_derive_runs()""",
+    "REVOKE ALL ON run_charges FROM PUBLIC",
+    # Whoever may read the run cache may read its grouped charges (an app or reader role granted before v4).
+    """DO $$ DECLARE g record; BEGIN
+         FOR g IN SELECT DISTINCT grantee FROM information_schema.role_table_grants
+                  WHERE table_schema = current_schema() AND table_name = 'runs' AND privilege_type = 'SELECT'
+                    AND grantee <> (SELECT tableowner FROM pg_tables WHERE schemaname = current_schema()
+                                    AND tablename = 'runs') LOOP
+           EXECUTE format('GRANT SELECT ON run_charges TO %I', g.grantee);
+         END LOOP;
+       END $$""",
     # Whoever was granted writes on the run cache before (the app role: INSERT, UPDATE) loses them now.
     """DO $$ DECLARE g record; BEGIN
          FOR g IN SELECT DISTINCT grantee FROM information_schema.role_table_grants
@@ -358,7 +392,8 @@ def _v4(db: Backend) -> None:
         return
     schema = str(db.row("SELECT quote_ident(current_schema())")[0])
     for sql in _V4_POSTGRES:
-        sql = sql.format(schema=schema, steps=_RUN_STEPS) if "{schema}" in sql else sql
+        if "{schema}" in sql:
+            sql = sql.format(schema=schema, steps=_RUN_STEPS, digest=_CHARGE_DIGEST.format(b="r.buckets", e="r.events"))
         db.execute(sql.replace("%", "%%"))
 
 

@@ -305,12 +305,16 @@ def verify_tables(db: Backend, checkpoints: Sequence[Checkpoint] | None = None,
     run_rows = db.all("SELECT run_id, scope, release, interval_start, interval_end, run_key, state, events, "
                       "buckets, restates, output_uri, details, entry_ids, entry_hashes, created_at, updated_at, "
                       "last_entry FROM runs")
+    charge_rows = (db.all("SELECT scope, state, buckets, events, runs FROM run_charges")
+                   if db.dialect == "postgresql" else None)
     if head is None:
         head = (-1, "")  # no chain head row: reported as a broken head below
     report, replay, hashes = _verify_chain(entries, head)
     if not report.ok:
         return report
     report.problems.extend(_compare_caches(replay, dict(enumerate(hashes, start=1)), scope_rows, run_rows))
+    if charge_rows is not None:
+        report.problems.extend(_compare_charges(replay, charge_rows))
     report.writers, writer_problems = check_writers(db, entries)
     report.problems.extend(writer_problems)
     report.ok = not report.problems
@@ -463,6 +467,26 @@ def _export_error(source: str, line: int, what: str):
     from dpops.errors import IntegrityError
 
     return IntegrityError(f"{source} line {line} {what}: it is not a dpops ledger export (dpops ledger export)")
+
+
+def _compare_charges(replay: _Replay, charge_rows: Sequence[Sequence[Any]]) -> list[str]:
+    """PostgreSQL's ``run_charges`` (what the cap check composes) against the replay: per scope, settled state,
+    buckets and events (compared as JSON values), the number of runs."""
+    from collections import Counter
+
+    expected: Counter[tuple[str, str, str, str]] = Counter()
+    for run in replay.runs.values():
+        if run["state"] in ("committed", "spent_unpublished"):
+            expected[(run["scope"], run["state"], canonical_json(run["buckets"]),
+                      canonical_json(json.loads(run["events_json"])))] += 1
+    stored: Counter[tuple[str, str, str, str]] = Counter()
+    for scope, state, bjson, ejson, n in charge_rows:
+        stored[(scope, state, canonical_json(json.loads(bjson)), canonical_json(json.loads(ejson)))] += int(n)
+    if stored == expected:
+        return []
+    differ = sorted({k[0] for k in set(stored) ^ set(expected)} | {k[0] for k in stored if stored[k] != expected[k]})
+    return [f"run_charges table (the settled runs the cap check composes) differs from the entries for scope(s) "
+            f"{differ}"]
 
 
 def _compare_caches(replay: _Replay, hashes, scope_rows, run_rows) -> list[str]:
