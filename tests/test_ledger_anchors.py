@@ -431,14 +431,14 @@ def test_deploy_roles_sql_then_init_app_role(postgres_url, capsys, tmp_path):
 
 
 def test_forged_cache_lets_a_reservation_through_but_verify_names_it(tmp_path):
-    """SQLite (no roles: whoever writes the file owns the ledger): forging the run cache admits an over-cap
-    reservation, which verify's replay then refuses (detected, not prevented: docs/threat-model.md). On
+    """SQLite (no roles: whoever writes the file owns the ledger): forging the settled-runs cache admits an
+    over-cap reservation, which verify's replay then refuses (detected, not prevented: docs/threat-model.md). On
     PostgreSQL the app role cannot write the run cache at all (tests/test_ledger_roles_property.py)."""
     with open_ledger(f"sqlite:///{tmp_path}/l.sqlite") as led:
         populate(led)
         with pytest.raises(ScopeBudgetExceeded):
             led.reserve(key(4), "s", lap(0.3), actor="op")
-        led.db.execute("UPDATE runs SET state = 'released' WHERE scope = 's'")
+        led.db.execute("DELETE FROM run_charges WHERE scope = 's'")
         led.reserve(key(4), "s", lap(0.3), actor="op")  # admitted against the forged cache
         report = led.verify()
         assert not report.ok and report.first_bad_entry == 11 and "over the cap" in report.problems[0]

@@ -259,28 +259,48 @@ def _v3(db: Backend) -> None:
 # - SQLite has no roles (whoever can write the file owns the ledger): ``store.py`` keeps writing ``runs`` itself.
 _RUN_STEPS = ", ".join(f"('{a}', '{b}')" for a, b in sorted(TRANSITIONS))  # the one state machine (model.py)
 
-# The cap check groups a scope's settled runs by (state, buckets, events) on every reservation: on SQLite an index
-# in that order lets it group without sorting the scope's history (27 -> 7 ms at 10,000 entries). PostgreSQL
-# groups by hashing (no index needed), and its btree entries are limited to ~2.7 kB, which a run's events may pass.
-_V4_CHARGES_INDEX = "CREATE INDEX IF NOT EXISTS runs_charges ON runs (scope, state, buckets, events)"
-
-# ``run_charges`` (PostgreSQL): the settled runs of each scope grouped by (state, buckets, events) with their count,
+# ``run_charges``: the settled runs of each scope grouped by (state, buckets, events) with their count,
 # maintained by the same owner trigger when a run becomes committed or spent_unpublished (a terminal state), so the
 # cap check reads a few rows instead of grouping the scope's whole history (reserve p50 at 10,000 entries: see
 # docs/threat-model.md). The app role may only SELECT it. ``digest`` is sha256 (a collision chosen by whoever writes
-# entries would merge its run into another event list's count), over text the trigger itself wrote.
-_CHARGE_DIGEST = "encode(sha256(convert_to({b} || '|' || {e}, 'UTF8')), 'hex')"
-
-_V4_POSTGRES = [
-    "DROP TABLE IF EXISTS buckets",
-    """CREATE TABLE IF NOT EXISTS run_charges (
+# entries would merge its run into another event list's count), over text the trigger itself wrote. SQLite (no
+# roles): the same table, kept by triggers on ``runs`` (which store.py writes), keyed by the text itself.
+_V4_CHARGES_TABLE = """CREATE TABLE IF NOT EXISTS run_charges (
         scope TEXT NOT NULL,
         state TEXT NOT NULL,
         digest TEXT NOT NULL,
         buckets TEXT NOT NULL,
         events TEXT NOT NULL,
         runs BIGINT NOT NULL,
-        PRIMARY KEY (scope, state, digest))""",
+        PRIMARY KEY (scope, state, digest))"""
+
+_V4_SQLITE = [
+    "DROP TABLE IF EXISTS buckets",
+    _V4_CHARGES_TABLE,
+    """INSERT INTO run_charges (scope, state, digest, buckets, events, runs)
+       SELECT scope, state, buckets || '|' || events, buckets, events, COUNT(*) FROM runs
+       WHERE state IN ('committed', 'spent_unpublished') GROUP BY scope, state, buckets, events""",
+    """CREATE TRIGGER IF NOT EXISTS runs_charges_settle AFTER UPDATE OF state ON runs
+       WHEN NEW.state IN ('committed', 'spent_unpublished') AND OLD.state IS NOT NEW.state
+       BEGIN
+         INSERT INTO run_charges (scope, state, digest, buckets, events, runs)
+         VALUES (NEW.scope, NEW.state, NEW.buckets || '|' || NEW.events, NEW.buckets, NEW.events, 1)
+         ON CONFLICT (scope, state, digest) DO UPDATE SET runs = runs + 1;
+       END""",
+    # dpops ledger import inserts runs already settled
+    """CREATE TRIGGER IF NOT EXISTS runs_charges_insert AFTER INSERT ON runs
+       WHEN NEW.state IN ('committed', 'spent_unpublished')
+       BEGIN
+         INSERT INTO run_charges (scope, state, digest, buckets, events, runs)
+         VALUES (NEW.scope, NEW.state, NEW.buckets || '|' || NEW.events, NEW.buckets, NEW.events, 1)
+         ON CONFLICT (scope, state, digest) DO UPDATE SET runs = runs + 1;
+       END""",
+]
+_CHARGE_DIGEST = "encode(sha256(convert_to({b} || '|' || {e}, 'UTF8')), 'hex')"
+
+_V4_POSTGRES = [
+    "DROP TABLE IF EXISTS buckets",
+    _V4_CHARGES_TABLE,
     "DELETE FROM run_charges",
     f"""INSERT INTO run_charges (scope, state, digest, buckets, events, runs)
         SELECT scope, state, {_CHARGE_DIGEST.format(b="buckets", e="events")}, buckets, events, COUNT(*) FROM runs
@@ -387,8 +407,8 @@ _V4_POSTGRES = [
 
 def _v4(db: Backend) -> None:
     if db.dialect == "sqlite":
-        db.execute("DROP TABLE IF EXISTS buckets")
-        db.execute(_V4_CHARGES_INDEX)
+        for sql in _V4_SQLITE:
+            db.execute(sql)
         return
     schema = str(db.row("SELECT quote_ident(current_schema())")[0])
     for sql in _V4_POSTGRES:

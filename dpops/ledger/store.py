@@ -421,7 +421,7 @@ class Ledger:
         Privacy reason (issue 25 item 8): the cap check, ``status`` and ``plan`` read nothing the application role
         can write. On PostgreSQL ``runs`` is written only by the owner's trigger from the hashed entries (schema
         version 4); the running-state cache ``buckets`` that the app role could reset is gone. Rows with equal
-        events are grouped by the database (on PostgreSQL kept grouped in ``run_charges`` by the same trigger),
+        events are kept grouped by the database in ``run_charges`` (on PostgreSQL by the same owner trigger),
         parsed once and composed as one ``SelfComposed`` event (the n-fold
         composition, exactly what n runs charge), so the cost grows with the number of distinct event lists of
         the bucket, not with its history. The caller
@@ -431,13 +431,9 @@ class Ledger:
         wanted = set(buckets)
         parsed: dict[str, list[PrivacyEvent]] = {}
         events: dict[str, dict[str, list[PrivacyEvent]]] = {b: {"committed": [], "spent": []} for b in wanted}
-        if db.dialect == "postgresql":  # grouped by the owner's trigger as runs settle (schema version 4)
-            rows = db.all("SELECT state, buckets, events, runs FROM run_charges WHERE scope = ? ORDER BY state, digest",
-                          (scope,))
-        else:
-            rows = db.all("SELECT state, buckets, events, COUNT(*) FROM runs WHERE scope = ? AND state IN (?, ?) "
-                          "GROUP BY state, buckets, events ORDER BY state, buckets, events",
-                          (scope, "committed", "spent_unpublished"))
+        # grouped by the database as runs settle (schema version 4: the owner's trigger on PostgreSQL)
+        rows = db.all("SELECT state, buckets, events, runs FROM run_charges WHERE scope = ? ORDER BY state, digest",
+                      (scope,))
         for state, bjson, ejson, n in rows:
             hit = wanted.intersection(json.loads(bjson))
             if not hit:

@@ -305,16 +305,14 @@ def verify_tables(db: Backend, checkpoints: Sequence[Checkpoint] | None = None,
     run_rows = db.all("SELECT run_id, scope, release, interval_start, interval_end, run_key, state, events, "
                       "buckets, restates, output_uri, details, entry_ids, entry_hashes, created_at, updated_at, "
                       "last_entry FROM runs")
-    charge_rows = (db.all("SELECT scope, state, buckets, events, runs FROM run_charges")
-                   if db.dialect == "postgresql" else None)
+    charge_rows = db.all("SELECT scope, state, buckets, events, runs FROM run_charges")
     if head is None:
         head = (-1, "")  # no chain head row: reported as a broken head below
     report, replay, hashes = _verify_chain(entries, head)
     if not report.ok:
         return report
     report.problems.extend(_compare_caches(replay, dict(enumerate(hashes, start=1)), scope_rows, run_rows))
-    if charge_rows is not None:
-        report.problems.extend(_compare_charges(replay, charge_rows))
+    report.problems.extend(_compare_charges(replay, charge_rows))
     report.writers, writer_problems = check_writers(db, entries)
     report.problems.extend(writer_problems)
     report.ok = not report.problems
@@ -470,7 +468,7 @@ def _export_error(source: str, line: int, what: str):
 
 
 def _compare_charges(replay: _Replay, charge_rows: Sequence[Sequence[Any]]) -> list[str]:
-    """PostgreSQL's ``run_charges`` (what the cap check composes) against the replay: per scope, settled state,
+    """``run_charges`` (what the cap check composes) against the replay: per scope, settled state,
     buckets and events (compared as JSON values), the number of runs."""
     from collections import Counter
 
