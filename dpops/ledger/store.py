@@ -694,17 +694,18 @@ class Ledger:
         with self._read() as db:
             sdef = self._scope_row(db, scope, lock=False)
             acct = budget.accountant_for(sdef)
-            names = sorted({b for (bjson,) in db.all("SELECT DISTINCT buckets FROM runs WHERE scope = ?", (scope,))
-                            for b in json.loads(bjson)})
+            # Runs per bucket and state; the buckets any run of the scope ever named are the status's rows.
+            counts: dict[str, dict[str, int]] = {}
+            for state, bjson, n in db.all("SELECT state, buckets, COUNT(*) FROM runs WHERE scope = ? "
+                                          "GROUP BY state, buckets", (scope,)):
+                for b in json.loads(bjson):
+                    counts.setdefault(b, {})[state] = counts.get(b, {}).get(state, 0) + int(n)
+            names = sorted(counts)
             if not names and sdef.bucket is None:
                 names = [UNBUCKETED]
+                counts[UNBUCKETED] = {}
             states = self._bucket_states(db, scope, names, acct, parts=True)
             open_runs = self._open_runs(db, scope)
-            counts: dict[str, dict[str, int]] = {b: {} for b in names}
-            for state, bjson in db.all("SELECT state, buckets FROM runs WHERE scope = ?", (scope,)):
-                for b in json.loads(bjson):
-                    if b in counts:
-                        counts[b][state] = counts[b].get(state, 0) + 1
         m = lambda st: budget.measure(acct, sdef, st)  # noqa: E731
         rows = []
         for b in names:
