@@ -168,7 +168,8 @@ class Harness:
         self.owner = open_ledger(urls["owner"])
         self.reader = open_ledger(urls["reader"])
         self.app = open_ledger(urls["app"])
-        self.day = 10
+        self.probes = 0
+        self.pending: threading.Thread | None = None  # a read still blocked when its bound passed
 
     def close(self) -> None:
         for led in (self.owner, self.reader, self.app):
@@ -181,7 +182,7 @@ class Harness:
                          ("budget page (reader)", lambda: budget_page(self.reader, None, []))):
             box, thread = _bounded(what, fn)
             if box["blocked"]:
-                self._pending = thread
+                self.pending = thread
                 raise AssertionError(f"{label}: {what} blocked for more than {LOCK_BOUND_S}s")
 
     def after(self, label: str) -> None:
@@ -195,9 +196,9 @@ class Harness:
         assert [s.total for s in page.scopes] == pytest.approx([truth], abs=1e-9), label
         report = self.owner.verify()
         assert report.ok, (label, report.problems)
-        self.day += 1
+        self.probes += 1
         with pytest.raises(ScopeBudgetExceeded):
-            probe = RunKey(f"probe{self.day}", "spechash", "2024-04-01T00:00:00Z", "2024-04-02T00:00:00Z", "fp", "k1")
+            probe = RunKey(f"probe{self.probes}", "spechash", "2024-04-01T00:00:00Z", "2024-04-02T00:00:00Z", "fp", "k1")
             self.app.reserve(probe, "s", _lap(CAP - truth + 0.05), actor="probe")
 
 
@@ -291,9 +292,8 @@ def _attack(harness: Harness, conn: psycopg.Connection, label: str, action: Call
         harness.while_held(label)
     finally:
         conn.commit()
-        pending = getattr(harness, "_pending", None)
-        if pending is not None:
-            pending.join(60)
+        if harness.pending is not None:  # the failing read finishes once the attacker's locks are gone
+            harness.pending.join(60)
     return True
 
 
