@@ -14,8 +14,8 @@
 -- Without -v reader_password_file no reader role is created.
 --
 -- then, as the OWNER (never as the app role, never as a superuser), create the schema and grant the
--- application role exactly its rights (append entries, update the derived tables; no UPDATE/DELETE/
--- TRUNCATE of entries, no DDL, no trigger changes):
+-- application role exactly its rights (append entries, read the caches the database derives from them;
+-- no UPDATE/DELETE/TRUNCATE of entries, no cache writes, no DDL, no trigger changes):
 --
 --   dpops ledger --ledger "postgresql://dpops_ledger_owner@ledger-db:5432/dpops_ledger?schema=dpops" \
 --        init --app-role dpops_app --print-sql
@@ -51,6 +51,16 @@
 \else
   \set ledger_schema dpops
 \endif
+-- Connection limits (issue 25 item 11: the reader could open unlimited connections): the api-server's page opens
+-- one per request, DAG tasks one per task. Override with -v app_connection_limit=... -v reader_connection_limit=...
+\if :{?app_connection_limit}
+\else
+  \set app_connection_limit 64
+\endif
+\if :{?reader_connection_limit}
+\else
+  \set reader_connection_limit 16
+\endif
 -- Passwords are read from files (never on a command line): -v owner_password_file=... -v app_password_file=...
 \if :{?owner_password}
 \else
@@ -84,8 +94,10 @@ CREATE ROLE :"app_role" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION 
 \endif
 \if :with_reader
 \if :new_reader
--- The reader: SELECT only (granted by `dpops ledger init --reader-role`); every transaction it opens is
--- read-only too, so even a grant made by mistake later would not let it write.
+-- The reader: SELECT only (granted by `dpops ledger init --reader-role`). The read-only default below is
+-- defence in depth only: PostgreSQL lets every role SET it off in a session, and even ALTER ROLE ... SET it
+-- off for its own future sessions. What makes the reader read-only is that it holds no write privilege
+-- anywhere (tables, schemas, the database, large objects: see below and docs/threat-model.md).
 CREATE ROLE :"reader_role" LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS NOINHERIT
     PASSWORD :'reader_password';
 ALTER ROLE :"reader_role" SET default_transaction_read_only = on;
@@ -93,12 +105,22 @@ ALTER ROLE :"reader_role" SET default_transaction_read_only = on;
 \echo role :reader_role exists: left as it is
 \endif
 GRANT CONNECT ON DATABASE :"DBNAME" TO :"reader_role";
+-- Every run, for existing roles too (a role cannot change its own limit: that needs CREATEROLE).
+ALTER ROLE :"reader_role" CONNECTION LIMIT :reader_connection_limit;
 \endif
+ALTER ROLE :"app_role" CONNECTION LIMIT :app_connection_limit;
 
 -- The ledger lives in its own schema, owned by the owner role. Nobody else may create objects in it or
 -- in public (an object planted there could shadow a ledger table on the search path).
 REVOKE CREATE ON SCHEMA public FROM PUBLIC;
+-- No TEMP (temporary tables, functions) and no CREATE (schemas) for anyone but those granted below.
 REVOKE ALL ON DATABASE :"DBNAME" FROM PUBLIC;
+-- Large objects: PostgreSQL requires no privilege to create one (any role could fill the disk, and the reader
+-- could write after turning its read-only default off). The functions that create them are revoked from
+-- PUBLIC in this database (it holds the ledger only; dpops uses no large objects). lo_import (server files)
+-- is superuser-only already; writing needs an existing large object the role owns, and now none can exist.
+REVOKE EXECUTE ON FUNCTION pg_catalog.lo_creat(integer), pg_catalog.lo_create(oid),
+    pg_catalog.lo_from_bytea(oid, bytea) FROM PUBLIC;
 GRANT CONNECT ON DATABASE :"DBNAME" TO :"owner_role", :"app_role";
 CREATE SCHEMA IF NOT EXISTS :"ledger_schema" AUTHORIZATION :"owner_role";
 REVOKE ALL ON SCHEMA :"ledger_schema" FROM PUBLIC;

@@ -221,7 +221,7 @@ def test_b_truncate_and_head_reset_by_the_owner_is_caught(postgres_url, pg_schem
         conn = led.db.conn  # the owner: disables its own triggers, truncates, resets the head
         for table in ("entries", "chain_head"):
             conn.execute(f"ALTER TABLE {table} DISABLE TRIGGER USER")
-        conn.execute("TRUNCATE entries, runs, buckets, scopes")
+        conn.execute("TRUNCATE entries, runs, run_charges, scopes")
         conn.execute("UPDATE chain_head SET last_id = 0, last_hash = %s", (GENESIS_HASH,))
         for table in ("entries", "chain_head"):
             conn.execute(f"ALTER TABLE {table} ENABLE TRIGGER USER")
@@ -431,16 +431,14 @@ def test_deploy_roles_sql_then_init_app_role(postgres_url, capsys, tmp_path):
 
 
 def test_forged_cache_lets_a_reservation_through_but_verify_names_it(tmp_path):
-    """The app role may write the derived tables: lowering a bucket's cached spend admits an over-cap
-    reservation, which verify's replay then refuses (detected, not prevented: docs/threat-model.md)."""
-    from dpops.accounting import get_accountant
-
+    """SQLite (no roles: whoever writes the file owns the ledger): forging the settled-runs cache admits an
+    over-cap reservation, which verify's replay then refuses (detected, not prevented: docs/threat-model.md). On
+    PostgreSQL the app role cannot write the run cache at all (tests/test_ledger_roles_property.py)."""
     with open_ledger(f"sqlite:///{tmp_path}/l.sqlite") as led:
         populate(led)
         with pytest.raises(ScopeBudgetExceeded):
             led.reserve(key(4), "s", lap(0.3), actor="op")
-        empty = json.dumps(get_accountant("basic").empty_state())
-        led.db.execute("UPDATE buckets SET settled_state = ?, committed_state = ? WHERE scope = 's'", (empty, empty))
+        led.db.execute("DELETE FROM run_charges WHERE scope = 's'")
         led.reserve(key(4), "s", lap(0.3), actor="op")  # admitted against the forged cache
         report = led.verify()
         assert not report.ok and report.first_bad_entry == 11 and "over the cap" in report.problems[0]

@@ -37,7 +37,7 @@ from pg_roles_support import ledger_roles
 
 DAY = "2024-03-{:02d}T00:00:00Z"
 GAUSS = Gaussian(sigma=15.0, l2_sensitivity=1.0)  # rdp at delta 1e-6: two runs 0.405, three 0.501 (cap 0.45)
-TABLES = {"entries": "id", "chain_head": "singleton", "scopes": "name", "buckets": "scope, bucket", "runs": "run_id"}
+TABLES = {"entries": "id", "chain_head": "singleton", "scopes": "name", "runs": "run_id"}
 
 
 # --- fixtures and helpers ---------------------------------------------------------------------------------------
@@ -141,7 +141,7 @@ def cli(capsys, *argv):
 
 def assert_empty(url):
     with open_ledger(url) as led:
-        for t in ("entries", "scopes", "buckets", "runs"):
+        for t in ("entries", "scopes", "runs"):
             assert led.db.one(f"SELECT COUNT(*) FROM {t}")[0] == 0, t
         assert tuple(led.db.one("SELECT last_id, last_hash FROM chain_head")) == (0, GENESIS_HASH)
         report = led.verify()
@@ -374,19 +374,19 @@ def test_sigkill_mid_import_leaves_the_ledger_empty(source, target_url, capsys, 
 def test_a_database_error_or_a_failed_verification_rolls_back(source, target_url, monkeypatch):
     real = ExportReplay.cache_rows
 
-    def duplicate_run(self):
+    def scopeless_run(self):  # a run row the database refuses (NOT NULL): the whole import rolls back
         rows = real(self)
-        return type(rows)(scopes=rows.scopes, buckets=rows.buckets, runs=rows.runs + rows.runs[:1])
+        return type(rows)(scopes=rows.scopes, runs=rows.runs + [("zz" * 16, None, *rows.runs[0][2:])])
 
-    monkeypatch.setattr(ExportReplay, "cache_rows", duplicate_run)
+    monkeypatch.setattr(ExportReplay, "cache_rows", scopeless_run)
     with open_ledger(target_url) as led, pytest.raises(LedgerError, match="conflicting"):
         transfer.import_export(led, transfer.read_export(source["lines"], "export"))
     assert_empty(target_url)
 
     def drop_a_charge(self):  # caches that disagree with the entries: verify refuses them before the commit
         rows = real(self)
-        bad = [r if r[0] != "web" else (r[0], r[1], r[3], r[3], r[4]) for r in rows.buckets]  # settled := committed
-        return type(rows)(scopes=rows.scopes, buckets=bad, runs=rows.runs)
+        bad = [(*r[:7], "[]", *r[8:]) if r[1] == "web" else r for r in rows.runs]  # events of web's runs dropped
+        return type(rows)(scopes=rows.scopes, runs=bad)
 
     monkeypatch.setattr(ExportReplay, "cache_rows", drop_a_charge)
     with open_ledger(target_url) as led, pytest.raises(IntegrityError, match="does not verify before commit"):

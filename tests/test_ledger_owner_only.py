@@ -30,6 +30,7 @@ from dpops.ledger import RunKey, ScopeDefinition, open_ledger
 from dpops.ledger import roles as roles_mod
 from dpops.ledger import store as store_mod
 from dpops.errors import PermissionRefused
+from dpops.ledger.schema import SCHEMA_VERSION
 from dpops.manifest.sign import generate_signing_key
 
 import pg_roles_support
@@ -269,7 +270,7 @@ def test_a_ledger_of_the_base_commit_migrates_and_the_app_role_loses_cap_changes
     assert code == 3 and "run `dpops ledger init` once as the ledger's owner role" in err
     assert cli(capsys, "ledger", "--ledger", owner_url, "init", "--app-role", app)[0] == 0
     with open_ledger(app_url) as led:
-        assert led.schema_version == 3
+        assert led.schema_version == SCHEMA_VERSION
         led.commit(led.runs()[0].run_id, output_uri="file:///out/1", actor="op")
         with pytest.raises(PermissionRefused, match=owner):
             led.change_cap("s", epsilon=50.0, reason="again", actor="mallory")

@@ -42,8 +42,8 @@ WRITES = {
                 "TRUNCATE entries"],
     "chain_head": ["UPDATE chain_head SET last_id = last_id + 1", "INSERT INTO chain_head DEFAULT VALUES"],
     "scopes": ["UPDATE scopes SET last_entry = last_entry", "DELETE FROM scopes", "INSERT INTO scopes DEFAULT VALUES"],
-    "buckets": ["UPDATE buckets SET settled_state = settled_state", "INSERT INTO buckets DEFAULT VALUES", "TRUNCATE buckets"],
     "runs": ["UPDATE runs SET state = 'released'", "DELETE FROM runs"],
+    "run_charges": ["UPDATE run_charges SET runs = 0", "DELETE FROM run_charges", "TRUNCATE run_charges"],
     "schema_version": ["INSERT INTO schema_version VALUES (99, 'x')", "DELETE FROM schema_version"],
 }
 

@@ -4,6 +4,8 @@
   checkpoint (0644) or the report: ``dpops.ledger.backend.redact`` is the one redaction.
 - Control characters (terminal escapes, bidi overrides) in ``--reason``, ``--actor`` and scope descriptions are
   refused at write time; old entries holding them are printed escaped by ``ledger history``.
+- Issue 25 item 11: a password holding ``/``, ``?``, ``#`` or ``@`` (raw or percent-encoded) is never shown;
+  raw, it is refused before connecting, with what to do.
 - ``dpops report --manifests s3://...`` reads the manifests from the object store (the option used to turn
   ``s3://`` into ``s3:/``).
 """
@@ -12,9 +14,12 @@ from __future__ import annotations
 
 import json
 import uuid
+from urllib.parse import quote
 
 import psycopg
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dpops.cli.main import main
 from dpops.events import Laplace
@@ -51,6 +56,45 @@ def scope_def(name="s", epsilon=1.0, description=""):
 ])
 def test_redact_hides_every_credential(url, shown, public):
     assert redact(url) == shown and redact(url, public=True) == public
+
+
+# Issue 25 item 11: a password holding '/', '?' or '#' printed in full (a URL parser ends the authority there).
+_PW_CHARS = list("/?#@:%&=+ ;,[]abcXYZ09!$'()*~-._") + ["\u00e9", "\\"]
+
+
+@settings(max_examples=300, derandomize=True, database=None, deadline=None)
+@given(pw=st.text(alphabet=st.sampled_from(_PW_CHARS), min_size=1, max_size=12), encoded=st.booleans(),
+       form=st.sampled_from(["postgresql://alice:{pw}@db.example:5432/ledger?schema=dpops",
+                             "postgres://alice:{pw}@db.example/ledger",
+                             "postgresql+psycopg://alice:{pw}@db.example:5432/ledger?sslmode=require"]))
+def test_redact_never_shows_a_password_whatever_characters_it_holds(pw, encoded, form):
+    """Exact display for any password, raw or percent-encoded: the user, ``:***``, then host, database and the
+    non-secret options; ``public=True`` without the user. (False-failure rate 0: deterministic.)"""
+    written = quote(pw, safe="") if encoded else pw
+    url = form.format(pw=written)
+    scheme, rest = form.split("://")
+    location = rest.split("@", 1)[1]
+    assert redact(url) == f"{scheme}://alice:***@{location}"
+    assert redact(url, public=True) == f"{scheme}://{location}"
+
+
+@pytest.mark.postgres
+def test_a_password_with_url_delimiters_connects_encoded_and_is_refused_raw(postgres_url, capsys):
+    """Raw: refused before any connection with what to do, the password not shown. Percent-encoded: connects
+    (the test server trusts local connections: the password itself is not checked)."""
+    secret = f"{SENTINEL}/x?y#z@w"
+    raw = postgres_url.replace("postgres@", f"postgres:{secret}@")
+    code, out, err = cli(capsys, "ledger", "--ledger", raw, "status", "s")
+    assert code == 6 and "percent-encoded" in err and "%2F" in err, err
+    assert SENTINEL not in out + err and "x?y" not in out + err
+    encoded = postgres_url.replace("postgres@", f"postgres:{quote(secret, safe='')}@")
+    schema = f"t_pwchars_{uuid.uuid4().hex[:8]}"
+    try:
+        with open_ledger(f"{encoded}?schema={schema}") as led:
+            assert led.db.row("SELECT current_user")[0] == "postgres" and SENTINEL not in redact(led.url)
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def test_a_query_password_never_reaches_an_error(capsys, tmp_path):

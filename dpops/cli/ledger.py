@@ -156,8 +156,8 @@ def init(ctx: click.Context, app_roles, reader_roles, print_sql, as_json) -> Non
         if not as_json:
             click.echo(f"ledger ready at {url} (schema version {version})")
         grants = ((app_roles, grant_app_role, granted,
-                   "may append entries and update the derived tables; cannot UPDATE, DELETE or TRUNCATE "
-                   "entries, nor drop or disable triggers"),
+                   "may append entries (the database derives the run cache from them); cannot UPDATE, DELETE "
+                   "or TRUNCATE entries or write any cache, nor drop or disable triggers"),
                   (reader_roles, grant_reader_role, readers, "may read the ledger (SELECT) and nothing else"))
         for roles, grant, record, rights in grants:
             for role in roles:

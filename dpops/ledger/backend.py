@@ -27,6 +27,12 @@ from dpops.errors import LedgerError, PermissionRefused
 
 DEFAULT_URL = "sqlite:///dpops-ledger.sqlite"
 BUSY_TIMEOUT_S = 60.0
+# PostgreSQL lock_timeout of every statement outside a write transaction (status, verify, history, the budget
+# page): a session that holds a conflicting lock (issue 25 item 11: the app role took ACCESS EXCLUSIVE locks and
+# hung the owner's status/verify and the page) makes a read fail after this long, with LedgerError naming the
+# cause, instead of hanging. Write transactions wait up to BUSY_TIMEOUT_S, as SQLite's writers do. Read when a
+# connection opens (tests lower it).
+READ_LOCK_TIMEOUT_S = 10.0
 _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 # Test hook: called with a point name inside write transactions (see set_test_hook).
@@ -64,16 +70,25 @@ def redact(url: str, *, public: bool = False) -> str:
     ``public=True`` (artifacts other people read: signed checkpoints, the HTML report) drops them, and the user
     name, entirely. Privacy/security reason: checkpoints are 0644 files copied beside the manifests, and an
     error text travels into task logs and alerts; a database password in either hands the ledger to its readers.
+
+    Robust to what a person types (issue 25 item 11: a password holding ``/``, ``?`` or ``#`` printed in full,
+    because a URL parser ends the authority at the first of them): the user part is taken to end at the LAST
+    ``@`` of the URL (a host never holds one), whatever it contains, and it is shown only as a plain user name
+    plus ``:***``; anything that does not look like a plain user name is shown as ``***``. A URL that is really
+    ambiguous is refused by ``connect`` (``check_authority``), so this over-hides rather than guesses.
     """
-    try:
-        parts = urlsplit(url)
-        userinfo, at, host = parts.netloc.rpartition("@")
-    except (ValueError, TypeError, AttributeError):
+    if not isinstance(url, str):
         return "<unparseable URL>"
-    netloc = host
-    if at and not public:
-        user, colon, _ = userinfo.partition(":")
-        netloc = f"{user}{':***' if colon else ''}@{host}"
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "<unparseable URL>" if "@" in url or "password" in url.lower() else url
+    userinfo, at, location = rest.rpartition("@")
+    if not at:
+        location = rest
+    try:
+        parts = urlsplit("//" + location)
+    except ValueError:
+        return f"{scheme}://<unparseable URL>"
     query = parts.query
     if query:
         pairs = parse_qsl(query, keep_blank_values=True)
@@ -82,10 +97,32 @@ def redact(url: str, *, public: bool = False) -> str:
         else:
             kept = [(k, "***" if k.lower() in CREDENTIAL_PARAMS else v) for k, v in pairs]
         query = urlencode(kept, safe="*/:")
-    if parts.scheme.lower() == "sqlite" or not netloc:  # urlunsplit would drop the empty host of sqlite:////abs
-        base = url.split("?", 1)[0].split("#", 1)[0]
+    shown_user = ""
+    if at and not public:
+        user, colon, _ = userinfo.partition(":")
+        plain = bool(re.fullmatch(r"[A-Za-z0-9._~%!$'()*+,;-]*", user))
+        shown_user = (f"{user}{':***' if colon else ''}" if plain else "***") + "@"
+    if scheme.lower() == "sqlite":  # no authority: sqlite:///relative or sqlite:////absolute
+        base = url.split("?", 1)[0].split("#", 1)[0] if not at else f"{scheme}://{shown_user}{parts.netloc}{parts.path}"
         return base + (f"?{query}" if query else "")
-    return urlunsplit(parts._replace(netloc=netloc, query=query, fragment=""))
+    return f"{scheme}://{shown_user}{parts.netloc}{parts.path}" + (f"?{query}" if query else "")
+
+
+def check_authority(url: str) -> None:
+    """LedgerError unless a PostgreSQL URL's user part is unambiguous: one raw ``@``, and no raw ``/``, ``?``, ``#``
+    or ``@`` inside the password.
+
+    Why: a URL parser (Python's, and libpq's for ``/``) ends the authority at the first ``/``, ``?`` or ``#``, so
+    ``postgresql://app:pa/ss@db/ledger`` would connect to host ``app`` and show the password as part of a path.
+    Refusing it (with the fix: percent-encode them) is the only reading that never leaks or misroutes."""
+    rest = url.partition("://")[2]
+    cut = min([i for i in (rest.find(c) for c in "/?#") if i >= 0] or [len(rest)])
+    if "@" in rest[cut:] or rest[:cut].count("@") > 1:
+        raise LedgerError(
+            f"ledger URL {redact(url)}: its user or password holds a '/', '?', '#' or '@' that is not percent-encoded "
+            "(or an '@' appears after the host): write them as %2F, %3F, %23 and %40 "
+            "(e.g. python -c 'import urllib.parse,sys; print(urllib.parse.quote(sys.argv[1], safe=\"\"))' PASSWORD)"
+        )
 
 
 class Cursor(Protocol):
@@ -264,6 +301,7 @@ class PostgresBackend(Backend):
             except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateSchema):
                 pass  # created concurrently by another process
             self.conn.execute(f'SET search_path TO "{schema}"')
+        self.conn.execute(f"SET lock_timeout = '{int(READ_LOCK_TIMEOUT_S * 1000)}ms'")
 
     @property
     def for_update(self) -> str:
@@ -326,6 +364,8 @@ class PostgresBackend(Backend):
             return self.conn.execute(sql.replace("?", "%s"), tuple(params))
         except (self._psycopg.errors.InsufficientPrivilege, self._psycopg.errors.ReadOnlySqlTransaction) as exc:
             raise self._privilege_error(exc) from None
+        except self._psycopg.errors.LockNotAvailable as exc:
+            raise self._lock_timeout(exc) from None
         except self._psycopg.IntegrityError as exc:
             # e.g. the same run key reserved at the same moment on two different scopes
             raise LedgerError(f"ledger {redact(self.url)}: conflicting concurrent write ({str(exc).strip()}); "
@@ -340,16 +380,31 @@ class PostgresBackend(Backend):
                 cur.executemany(sql.replace("?", "%s"), [tuple(r) for r in rows])
         except (self._psycopg.errors.InsufficientPrivilege, self._psycopg.errors.ReadOnlySqlTransaction) as exc:
             raise self._privilege_error(exc) from None
+        except self._psycopg.errors.LockNotAvailable as exc:
+            raise self._lock_timeout(exc) from None
         except self._psycopg.IntegrityError as exc:
             raise LedgerError(f"ledger {redact(self.url)}: conflicting concurrent write ({str(exc).strip()}); "
                               "retry") from None
         except self._psycopg.OperationalError as exc:
             raise LedgerError(f"PostgreSQL ledger {redact(self.url)} failed: {str(exc).strip()}") from None
 
+    def _lock_timeout(self, exc: Exception) -> LedgerError:
+        """A lock wait that hit ``lock_timeout``: say who to look for, never hang (the statement was cancelled)."""
+        return LedgerError(
+            f"ledger {redact(self.url)}: another database session holds a lock this statement needs and did not "
+            f"release it within the lock timeout ({str(exc).strip().splitlines()[0]}); nothing was changed. Find it "
+            "with SELECT pid, usename, state, query FROM pg_stat_activity WHERE pid = ANY(pg_blocking_pids(<pid>)) "
+            "and end it (pg_terminate_backend), then retry"
+        )
+
     @contextmanager
     def transaction(self, write: bool = True) -> Iterator[None]:
-        """READ COMMITTED for writes (rows are locked explicitly); a read-only REPEATABLE READ snapshot for reads."""
+        """READ COMMITTED for writes (rows are locked explicitly); a read-only REPEATABLE READ snapshot for reads.
+
+        Writes may wait BUSY_TIMEOUT_S for a lock (another writer of the scope), reads READ_LOCK_TIMEOUT_S."""
         self.execute("BEGIN" if write else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        if write:
+            self.execute(f"SET LOCAL lock_timeout = '{int(BUSY_TIMEOUT_S * 1000)}ms'")
         try:
             yield
         except _PendingRefusal as pending:
@@ -398,6 +453,7 @@ def connect(url: str | None) -> Backend:
                               "(relative) or sqlite:////var/lib/dpops/ledger.sqlite (absolute)")
         return SqliteBackend(url, path, synchronous)
     if scheme in ("postgresql", "postgres", "postgresql+psycopg"):
+        check_authority(url)
         try:
             parts = urlsplit(url)
             parts.port  # noqa: B018 - raises ValueError on a bad port

@@ -1,11 +1,12 @@
 """How the ledger turns an accountant's running state into the number compared with a scope's cap.
 
-Per bucket the ledger stores three running states that only ever grow (no
-accountant can subtract): ``settled`` (committed + spent-unpublished runs),
-``committed`` and ``spent``. Runs still open (reserved or started) are few -- they
-are bounded by how many runs are in flight, not by history -- and are composed on
-top of ``settled`` at each reservation. So checking a cap costs the same at 10 and
-at 10,000 entries.
+Per bucket the ledger composes three states at each reservation: ``settled``
+(committed + spent-unpublished runs), ``committed`` and ``spent``, then the open runs
+(reserved or started) and the request on top. They are composed from the ``runs``
+rows every time, not kept as running states in a cache (issue 25 item 8: the
+application role could reset such a cache; ``Ledger._bucket_states``). The price:
+a check costs the composition of the bucket's history (measured in the issue's
+report at 10 and 10,000 entries).
 """
 
 from __future__ import annotations

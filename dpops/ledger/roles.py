@@ -7,13 +7,16 @@ the tables and triggers. The **application** role is what DAG tasks and operator
 - SELECT and INSERT ``entries`` (append), never UPDATE, DELETE or TRUNCATE them, and only
   run entries (reserved, started, committed, spent_unpublished, released) that record it
   as their writer (trigger ``entries_writer``, schema version 3);
-- SELECT and UPDATE ``chain_head`` (the triggers let it move forward by one only);
+- SELECT and UPDATE of ``chain_head``'s two columns (the triggers let it move forward by one only);
 - SELECT ``scopes``, and UPDATE of one column only because ``SELECT ... FOR UPDATE`` (the row
   lock every reservation takes) needs an UPDATE privilege; the trigger ``scopes_owner_only``
   refuses every actual INSERT, UPDATE or DELETE by a role other than the owner (issue 19
   item 10: the application role could raise caps and create scopes);
-- SELECT, INSERT and UPDATE the derived caches ``buckets`` and ``runs``
-  (``verify`` recomputes them from the entries, so a forged cache is caught);
+- SELECT ``runs`` only: since schema version 4 the database derives it from the entries (an owner-owned
+  SECURITY DEFINER trigger, ``schema.py``), and the cap check composes from it, so nothing the cap check
+  reads is writable by the app role (issue 25 item 8: resetting the old ``buckets`` cache let it commit
+  epsilon 2.4 on a cap of 1);
+- no table-level UPDATE, DELETE or TRUNCATE anywhere, so no ``LOCK TABLE`` stronger than ROW EXCLUSIVE;
 - SELECT ``schema_version``.
 
 Owner-only, refused by the database for every other role (and named so by the CLI, exit 3):
@@ -48,12 +51,15 @@ if TYPE_CHECKING:
 
 _ROLE_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
+# Column-level UPDATE only, never a table-level UPDATE, DELETE or TRUNCATE: PostgreSQL lets ``LOCK TABLE`` take
+# a lock stronger than ROW EXCLUSIVE only with one of those table privileges, so the app role cannot take the
+# ACCESS EXCLUSIVE lock that would hang the owner's status/verify and the budget page (issue 25 item 11).
 TABLE_GRANTS = (
     ("entries", "SELECT, INSERT"),
-    ("chain_head", "SELECT, UPDATE"),
+    ("chain_head", "SELECT, UPDATE (last_id, last_hash)"),  # the triggers let it move forward by one only
     ("scopes", "SELECT, UPDATE (last_entry)"),  # UPDATE only for FOR UPDATE row locks; the trigger refuses writes
-    ("buckets", "SELECT, INSERT, UPDATE"),
-    ("runs", "SELECT, INSERT, UPDATE"),
+    ("runs", "SELECT"),  # written by the owner's trigger from the entries (schema version 4), never by the app
+    ("run_charges", "SELECT"),  # the settled runs grouped, maintained by the same trigger (PostgreSQL only)
     ("schema_version", "SELECT"),
 )
 

@@ -4,15 +4,17 @@
 ``chain_head`` holds the id and hash of the last entry: one row that every writer
 locks last, so entry ids are gap-free and in commit order, and truncating the
 tail of the chain is detected by ``verify`` (as long as ``chain_head`` itself is
-not reset). ``scopes``, ``buckets`` and ``runs`` are caches derived from the
-entries in the same transaction; ``verify`` recomputes them.
+not reset). ``scopes`` and ``runs`` are caches derived from the entries in the same
+transaction (``runs`` by the database itself on PostgreSQL, version 4; the running-state
+cache ``buckets`` of versions 1-3 is dropped); ``verify`` recomputes them.
 
 What the database guards do, and what they do not (docs/threat-model.md):
 
 - Triggers refuse UPDATE, DELETE and (PostgreSQL, migration 2) TRUNCATE on
   ``entries``, and let ``chain_head`` only move forward by one to an entry that
   exists. They stop mistakes and an *application* role (``dpops ledger init
-  --app-role``), which has no right to drop or disable them.
+  --app-role``), which has no right to drop or disable them. Version 4 derives
+  ``runs`` from each inserted entry and refuses an illegal state-machine step.
 - They do NOT stop the table owner or a superuser: they can disable the
   triggers, rewrite every entry and recompute every hash (the chain is an unkeyed
   sha256), and ``verify`` alone then passes. Only an anchor kept outside the
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 from dpops.errors import LedgerError, PermissionRefused
 from dpops.ledger.backend import Backend, redact
-from dpops.ledger.model import utc_now
+from dpops.ledger.model import TRANSITIONS, utc_now
 
 GENESIS_HASH = "0" * 64
 
@@ -233,7 +235,189 @@ def _v3(db: Backend) -> None:
         db.execute(sql.replace("%", "%%"))  # format('%s') in plpgsql: not a driver placeholder
 
 
-MIGRATIONS = [(1, _v1), (2, _v2), (3, _v3)]
+# --- version 4: the database derives the run cache; nothing the cap check reads is writable by the app role --------
+# Why (issue 25 item 8): ``reserve`` composed the cap check from the ``buckets`` (running accountant states) and
+# ``runs`` caches, which the application role could UPDATE; resetting the bucket cache let it commit epsilon 2.4 on
+# a cap of 1 while ``ledger status`` and the budget page showed 0. Decision (docs/threat-model.md, "What the cap
+# check reads"):
+# - ``buckets`` is dropped. A running accountant state cannot be maintained by the database (PLD, RDP curves are
+#   composed in Python), and a cache the app role writes cannot be trusted, so the cap check composes the events
+#   of the scope's charged runs on every reservation (``Ledger._charged``).
+# - ``runs`` becomes owner-maintained on PostgreSQL: the SECURITY DEFINER trigger function below, owned by the
+#   owner role that runs this migration, derives each row from the hashed body of the entry just inserted
+#   (reserved -> a new row; started, committed, spent_unpublished, released -> the state machine step). It refuses
+#   what ``verify`` would flag in a hand-written entry: columns that differ from the hashed body, a transition the
+#   state machine does not allow, a step naming other scope/buckets than the reservation, a reservation on an
+#   unknown scope or with another accountant, a second publication of an interval that does not restate the first.
+#   Every INSERT/UPDATE/DELETE/TRUNCATE privilege on ``runs`` is revoked from every other role here (not only by
+#   ``init --app-role``), so a ledger migrated without re-granting is closed too.
+# - What it cannot do: compose privacy events (the accountants are Python). A reservation written by hand with raw
+#   SQL is therefore not compared with the cap by the database; it is recorded (append-only, hash-chained), counted
+#   by ``ledger status``, the budget page and every later reservation (they compose from these rows), and flagged
+#   by ``verify`` ("reserved over the cap"). The role that runs releases holds the data anyway; what it must never
+#   do is make the ledger show less than it charged, or make dpops' own check admit more than the cap.
+# - SQLite has no roles (whoever can write the file owns the ledger): ``store.py`` keeps writing ``runs`` itself.
+_RUN_STEPS = ", ".join(f"('{a}', '{b}')" for a, b in sorted(TRANSITIONS))  # the one state machine (model.py)
+
+# ``run_charges``: the settled runs of each scope grouped by (state, buckets, events) with their count,
+# maintained by the same owner trigger when a run becomes committed or spent_unpublished (a terminal state), so the
+# cap check reads a few rows instead of grouping the scope's whole history (reserve p50 at 10,000 entries: see
+# docs/threat-model.md). The app role may only SELECT it. ``digest`` is sha256 (a collision chosen by whoever writes
+# entries would merge its run into another event list's count), over text the trigger itself wrote. SQLite (no
+# roles): the same table, kept by triggers on ``runs`` (which store.py writes), keyed by the text itself.
+_V4_CHARGES_TABLE = """CREATE TABLE IF NOT EXISTS run_charges (
+        scope TEXT NOT NULL,
+        state TEXT NOT NULL,
+        digest TEXT NOT NULL,
+        buckets TEXT NOT NULL,
+        events TEXT NOT NULL,
+        runs BIGINT NOT NULL,
+        PRIMARY KEY (scope, state, digest))"""
+
+_V4_SQLITE = [
+    "DROP TABLE IF EXISTS buckets",
+    _V4_CHARGES_TABLE,
+    """INSERT INTO run_charges (scope, state, digest, buckets, events, runs)
+       SELECT scope, state, buckets || '|' || events, buckets, events, COUNT(*) FROM runs
+       WHERE state IN ('committed', 'spent_unpublished') GROUP BY scope, state, buckets, events""",
+    """CREATE TRIGGER IF NOT EXISTS runs_charges_settle AFTER UPDATE OF state ON runs
+       WHEN NEW.state IN ('committed', 'spent_unpublished') AND OLD.state IS NOT NEW.state
+       BEGIN
+         INSERT INTO run_charges (scope, state, digest, buckets, events, runs)
+         VALUES (NEW.scope, NEW.state, NEW.buckets || '|' || NEW.events, NEW.buckets, NEW.events, 1)
+         ON CONFLICT (scope, state, digest) DO UPDATE SET runs = runs + 1;
+       END""",
+    # dpops ledger import inserts runs already settled
+    """CREATE TRIGGER IF NOT EXISTS runs_charges_insert AFTER INSERT ON runs
+       WHEN NEW.state IN ('committed', 'spent_unpublished')
+       BEGIN
+         INSERT INTO run_charges (scope, state, digest, buckets, events, runs)
+         VALUES (NEW.scope, NEW.state, NEW.buckets || '|' || NEW.events, NEW.buckets, NEW.events, 1)
+         ON CONFLICT (scope, state, digest) DO UPDATE SET runs = runs + 1;
+       END""",
+]
+_CHARGE_DIGEST = "encode(sha256(convert_to({b} || '|' || {e}, 'UTF8')), 'hex')"
+
+_V4_POSTGRES = [
+    "DROP TABLE IF EXISTS buckets",
+    _V4_CHARGES_TABLE,
+    "DELETE FROM run_charges",
+    f"""INSERT INTO run_charges (scope, state, digest, buckets, events, runs)
+        SELECT scope, state, {_CHARGE_DIGEST.format(b="buckets", e="events")}, buckets, events, COUNT(*) FROM runs
+        WHERE state IN ('committed', 'spent_unpublished') GROUP BY scope, state, buckets, events""",
+    """CREATE OR REPLACE FUNCTION dpops_entries_derive_runs() RETURNS trigger
+       LANGUAGE plpgsql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
+       DECLARE
+         b jsonb := NEW.body::jsonb;
+         d jsonb := (NEW.body::jsonb) -> 'data';
+         r runs%ROWTYPE;
+         acct text;
+         published text;
+       BEGIN
+         IF (b ->> 'id')::bigint IS DISTINCT FROM NEW.id OR b ->> 'ts' IS DISTINCT FROM NEW.ts
+            OR b ->> 'kind' IS DISTINCT FROM NEW.kind OR b ->> 'scope' IS DISTINCT FROM NEW.scope
+            OR b ->> 'run_id' IS DISTINCT FROM NEW.run_id OR (b -> 'buckets') IS DISTINCT FROM NEW.buckets::jsonb
+            OR b ->> 'actor' IS DISTINCT FROM NEW.actor THEN
+           RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format(
+             'ledger entry %s: its columns differ from its hashed body; entries are written by dpops', NEW.id);
+         END IF;
+         IF NEW.kind = 'reserved' THEN
+           SELECT accountant INTO acct FROM scopes WHERE name = NEW.scope;
+           IF acct IS NULL OR d ->> 'accountant' IS DISTINCT FROM acct OR NEW.run_id IS NULL
+              OR jsonb_typeof(d -> 'events') IS DISTINCT FROM 'array'
+              OR jsonb_typeof(d -> 'run_key') IS DISTINCT FROM 'object' THEN
+             RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format(
+               'ledger entry %s: a reservation must name an existing scope, its accountant, a run key and events',
+               NEW.id);
+           END IF;
+           INSERT INTO runs (run_id, scope, release, interval_start, interval_end, run_key, state, events, buckets,
+                             restates, output_uri, details, entry_ids, entry_hashes, created_at, updated_at, epsilon,
+                             last_entry)
+           VALUES (NEW.run_id, NEW.scope, d -> 'run_key' ->> 'release',
+                   COALESCE(d ->> 'interval_start', d -> 'run_key' ->> 'interval_start'),
+                   COALESCE(d ->> 'interval_end', d -> 'run_key' ->> 'interval_end'),
+                   (d -> 'run_key')::text, 'reserved', (d -> 'events')::text, NEW.buckets, d ->> 'restates', NULL,
+                   COALESCE(d -> 'details', '{{}}'::jsonb)::text, jsonb_build_array(NEW.id)::text,
+                   jsonb_build_array(NEW.hash)::text, NEW.ts, NEW.ts, (d ->> 'epsilon')::double precision, NEW.id);
+         ELSIF NEW.kind IN ('started', 'committed', 'spent_unpublished', 'released') THEN
+           SELECT * INTO r FROM runs WHERE run_id = NEW.run_id FOR UPDATE;
+           IF NOT FOUND OR (r.state, NEW.kind) NOT IN ({steps}) THEN
+             RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format(
+               'ledger entry %s: run %s cannot become %s from %s', NEW.id, NEW.run_id, NEW.kind,
+               COALESCE(r.state, 'unreserved'));
+           END IF;
+           IF r.scope IS DISTINCT FROM NEW.scope OR r.buckets::jsonb IS DISTINCT FROM NEW.buckets::jsonb THEN
+             RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format(
+               'ledger entry %s: run %s %s names other scope/buckets than its reservation', NEW.id, NEW.run_id,
+               NEW.kind);
+           END IF;
+           IF NEW.kind = 'committed' THEN
+             SELECT run_id INTO published FROM runs WHERE release = r.release AND interval_start = r.interval_start
+               AND interval_end = r.interval_end AND state = 'committed' ORDER BY last_entry DESC LIMIT 1;
+             IF d ->> 'output_uri' IS NULL OR (published IS NOT NULL AND published IS DISTINCT FROM r.restates) THEN
+               RAISE EXCEPTION USING ERRCODE = '42501', MESSAGE = format(
+                 'ledger entry %s: run %s may not be committed (no output, or its interval is published as run %s '
+                 'and it does not restate that)', NEW.id, NEW.run_id, published);
+             END IF;
+           END IF;
+           UPDATE runs SET state = NEW.kind,
+             output_uri = CASE WHEN NEW.kind = 'committed' THEN d ->> 'output_uri' ELSE output_uri END,
+             details = CASE WHEN NEW.kind = 'committed' AND COALESCE(d -> 'details', '{{}}'::jsonb) <> '{{}}'::jsonb
+                            THEN (details::jsonb || jsonb_build_object('commit', d -> 'details'))::text
+                            ELSE details END,
+             entry_ids = (entry_ids::jsonb || to_jsonb(NEW.id))::text,
+             entry_hashes = (entry_hashes::jsonb || to_jsonb(NEW.hash))::text,
+             updated_at = NEW.ts, last_entry = NEW.id
+           WHERE run_id = NEW.run_id;
+           IF NEW.kind IN ('committed', 'spent_unpublished') THEN
+             INSERT INTO run_charges (scope, state, digest, buckets, events, runs)
+             VALUES (r.scope, NEW.kind, {digest}, r.buckets, r.events, 1)
+             ON CONFLICT (scope, state, digest) DO UPDATE SET runs = run_charges.runs + 1;
+           END IF;
+         END IF;
+         RETURN NULL;
+       END; $$""",
+    "REVOKE ALL ON FUNCTION dpops_entries_derive_runs() FROM PUBLIC",
+    "DROP TRIGGER IF EXISTS entries_derive_runs ON entries",
+    """CREATE TRIGGER entries_derive_runs AFTER INSERT ON entries
+       FOR EACH ROW EXECUTE FUNCTION dpops_entries_derive_runs()""",
+    "REVOKE ALL ON run_charges FROM PUBLIC",
+    # Whoever may read the run cache may read its grouped charges (an app or reader role granted before v4).
+    """DO $$ DECLARE g record; BEGIN
+         FOR g IN SELECT DISTINCT grantee FROM information_schema.role_table_grants
+                  WHERE table_schema = current_schema() AND table_name = 'runs' AND privilege_type = 'SELECT'
+                    AND grantee <> (SELECT tableowner FROM pg_tables WHERE schemaname = current_schema()
+                                    AND tablename = 'runs') LOOP
+           EXECUTE format('GRANT SELECT ON run_charges TO %I', g.grantee);
+         END LOOP;
+       END $$""",
+    # Whoever was granted writes on the run cache before (the app role: INSERT, UPDATE) loses them now.
+    """DO $$ DECLARE g record; BEGIN
+         FOR g IN SELECT DISTINCT grantee FROM information_schema.role_table_grants
+                  WHERE table_schema = current_schema() AND table_name = 'runs'
+                    AND privilege_type IN ('INSERT', 'UPDATE', 'DELETE', 'TRUNCATE')
+                    AND grantee <> (SELECT tableowner FROM pg_tables WHERE schemaname = current_schema()
+                                    AND tablename = 'runs') LOOP
+           EXECUTE format('REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON runs FROM %I', g.grantee);
+         END LOOP;
+         REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON runs FROM PUBLIC;
+       END $$""",
+]
+
+
+def _v4(db: Backend) -> None:
+    if db.dialect == "sqlite":
+        for sql in _V4_SQLITE:
+            db.execute(sql)
+        return
+    schema = str(db.row("SELECT quote_ident(current_schema())")[0])
+    for sql in _V4_POSTGRES:
+        if "{schema}" in sql:
+            sql = sql.format(schema=schema, steps=_RUN_STEPS, digest=_CHARGE_DIGEST.format(b="r.buckets", e="r.events"))
+        db.execute(sql.replace("%", "%%"))
+
+
+MIGRATIONS = [(1, _v1), (2, _v2), (3, _v3), (4, _v4)]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 

@@ -1,5 +1,5 @@
 """The ledger itself: every state change is one transaction that appends a hash-chained entry
-and updates the derived tables (scopes, buckets, runs) together.
+and updates the derived tables (scopes, runs) together.
 
 Run life cycle (semantics.md section 4)::
 
@@ -12,7 +12,9 @@ previous id, whatever its scope. It is the simplest to verify and makes a delete
 reordered entry anywhere visible; the price is that writers serialize on the chain
 head for the last few statements of each transaction (a few milliseconds).
 
-Lock order in every write transaction: scope row, bucket rows (sorted), chain head.
+Lock order in every write transaction: scope row, chain head (then, on PostgreSQL, the run row the owner's
+trigger steps). Nothing the cap check reads is a cache the application role can write (issue 25 item 8):
+``runs`` is derived from the entries by the database on PostgreSQL (schema version 4).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any, Iterator, Sequence
 
 from dpops.accounting import get_accountant
 from dpops.errors import BudgetExceeded, DpopsError, InvalidParameter, LedgerError, SpecError
-from dpops.events import PrivacyEvent, canonical_json, event_from_dict, event_to_dict
+from dpops.events import PrivacyEvent, SelfComposed, canonical_json, event_from_dict, event_to_dict
 from dpops.ledger import budget
 from dpops.ledger.backend import Backend, connect, hook
 from dpops.ledger.budget import format_budget
@@ -410,26 +412,47 @@ class Ledger:
             epsilon=math.inf if eps is None else float(eps), details=json.loads(details),
         )
 
-    def _bucket_states(self, db: Backend, scope: str, buckets: list[str], acct, lock: bool) -> dict[str, dict]:
-        """Running states per bucket; with ``lock`` the rows are created if missing and locked (sorted order)."""
+    @staticmethod
+    def _bucket_states(db: Backend, scope: str, buckets: Sequence[str], acct, parts: bool = False
+                       ) -> dict[str, dict]:
+        """Per bucket, the accountant states of its settled runs (``settled`` = ``committed`` + ``spent``), composed
+        from the ``runs`` rows on every call.
+
+        Privacy reason (issue 25 item 8): the cap check, ``status`` and ``plan`` read nothing the application role
+        can write. On PostgreSQL ``runs`` is written only by the owner's trigger from the hashed entries (schema
+        version 4); the running-state cache ``buckets`` that the app role could reset is gone. Rows with equal
+        events are kept grouped by the database in ``run_charges`` (on PostgreSQL by the same owner trigger),
+        parsed once and composed as one ``SelfComposed`` event (the n-fold
+        composition, exactly what n runs charge), so the cost grows with the number of distinct event lists of
+        the bucket, not with its history. The caller
+        holds the scope row lock (write transactions) or a snapshot (reads). ``parts``: also ``committed`` and
+        ``spent`` on their own (``status``); the cap check needs only ``settled``, one composition.
+        """
+        wanted = set(buckets)
+        parsed: dict[str, list[PrivacyEvent]] = {}
+        events: dict[str, dict[str, list[PrivacyEvent]]] = {b: {"committed": [], "spent": []} for b in wanted}
+        # grouped by the database as runs settle (schema version 4: the owner's trigger on PostgreSQL)
+        rows = db.all("SELECT state, buckets, events, runs FROM run_charges WHERE scope = ? ORDER BY state, digest",
+                      (scope,))
+        for state, bjson, ejson, n in rows:
+            hit = wanted.intersection(json.loads(bjson))
+            if not hit:
+                continue
+            if ejson not in parsed:
+                parsed[ejson] = [event_from_dict(d) for d in json.loads(ejson)]
+            # n runs with these same events: their n-fold composition, which every accountant composes at once
+            group = parsed[ejson] if int(n) == 1 else [SelfComposed(event=e, count=int(n)) for e in parsed[ejson]]
+            for b in hit:
+                events[b]["committed" if state == "committed" else "spent"].extend(group)
         out = {}
-        empty = budget.dump_state(acct.empty_state())
-        for b in sorted(buckets):
-            if lock:
-                db.execute(
-                    "INSERT INTO buckets (scope, bucket, settled_state, committed_state, spent_state) "
-                    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (scope, bucket) DO NOTHING",
-                    (scope, b, empty, empty, empty),
-                )
-            row = db.one(
-                "SELECT settled_state, committed_state, spent_state FROM buckets WHERE scope = ? AND bucket = ?"
-                + (db.for_update if lock else ""),
-                (scope, b),
-            )
-            if row is None:
-                row = (empty, empty, empty)
-            out[b] = {"settled": budget.load_state(row[0]), "committed": budget.load_state(row[1]),
-                      "spent": budget.load_state(row[2])}
+        for b in sorted(wanted):
+            if not parts:
+                out[b] = {"settled": acct.add_events(acct.empty_state(), events[b]["committed"] + events[b]["spent"])}
+                continue
+            committed = acct.add_events(acct.empty_state(), events[b]["committed"])
+            spent = acct.add_events(acct.empty_state(), events[b]["spent"])
+            out[b] = {"settled": acct.add_events(committed, events[b]["spent"]), "committed": committed,
+                      "spent": spent}
         return out
 
     def _open_runs(self, db: Backend, scope: str) -> list[tuple[str, str, list[str], list[PrivacyEvent]]]:
@@ -482,7 +505,7 @@ class Ledger:
             start, end = key.start_utc, key.end_utc
             self._check_restatement(db, key, start, end, restates)
             buckets = bucket_labels(sdef.bucket, start, end)
-            states = self._bucket_states(db, scope, buckets, acct, lock=True)
+            states = self._bucket_states(db, scope, buckets, acct)
             open_runs = self._open_runs(db, scope)
             for b in buckets:
                 open_events = [e for _, _, rb, revs in open_runs if b in rb for e in revs]
@@ -496,16 +519,20 @@ class Ledger:
                         budget.measure_events(acct, sdef, evs), sdef.cap - total, left=sdef.cap - before,
                     )
             hook("reserve:locked")
-            data = {"run_key": key.to_dict(), "events": ev_dicts, "restates": restates, "details": details,
-                    "accountant": acct.ref}
-            eid, digest, ts = self._append(db, "reserved", scope, run_id, buckets, actor, data)
             eps = budget.epsilon_of(acct, sdef, evs)
-            db.execute(
-                f"INSERT INTO runs ({_RUN_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (run_id, scope, key.release, start, end, canonical_json(key.to_dict()), "reserved",
-                 canonical_json(ev_dicts), json.dumps(buckets), restates, None, canonical_json(details),
-                 json.dumps([eid]), json.dumps([digest]), ts, ts, eps if math.isfinite(eps) else None, eid),
-            )
+            # interval_start/end (normalised) and epsilon: what the run cache holds, in the hashed body, so the
+            # database derives the cache row from the entry alone (schema version 4) and verify checks them.
+            data = {"run_key": key.to_dict(), "events": ev_dicts, "restates": restates, "details": details,
+                    "accountant": acct.ref, "interval_start": start, "interval_end": end,
+                    "epsilon": eps if math.isfinite(eps) else None}
+            eid, digest, ts = self._append(db, "reserved", scope, run_id, buckets, actor, data)
+            if db.dialect == "sqlite":  # PostgreSQL: the owner's trigger wrote the row from the entry
+                db.execute(
+                    f"INSERT INTO runs ({_RUN_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (run_id, scope, key.release, start, end, canonical_json(key.to_dict()), "reserved",
+                     canonical_json(ev_dicts), json.dumps(buckets), restates, None, canonical_json(details),
+                     json.dumps([eid]), json.dumps([digest]), ts, ts, eps if math.isfinite(eps) else None, eid),
+                )
             hook("reserve:before_commit")
             row = self._run_row(db, run_id)
         return self._record(row)
@@ -573,7 +600,7 @@ class Ledger:
         if row is None:
             raise LedgerError(f"unknown run {run_id!r}: reserve it first")
         with self._write() as db:
-            sdef = self._scope_row(db, row[1], lock=True)
+            self._scope_row(db, row[1], lock=True)  # the scope row lock serialises every writer of the scope
             row = self._run_row(db, run_id)
             state = row[6]
             if only_from is not None and (state != only_from or row[15] >= updated_before):
@@ -593,27 +620,19 @@ class Ledger:
                         f"run {run_id}: interval already published as run {published[0]} and this run does not "
                         f"restate it; mark this run spent_unpublished instead (its noise was drawn)"
                     )
-            if to in ("committed", "spent_unpublished"):
-                acct = budget.accountant_for(sdef)
-                states = self._bucket_states(db, record.scope, record.buckets, acct, lock=True)
-                column = "committed_state" if to == "committed" else "spent_state"
-                which = "committed" if to == "committed" else "spent"
-                for b in sorted(record.buckets):
-                    settled = acct.add_events(states[b]["settled"], record.events)
-                    part = acct.add_events(states[b][which], record.events)
-                    db.execute(f"UPDATE buckets SET settled_state = ?, {column} = ? WHERE scope = ? AND bucket = ?",
-                               (budget.dump_state(settled), budget.dump_state(part), record.scope, b))
             hook(f"{to}:locked")
             eid, digest, ts = self._append(db, to, record.scope, run_id, record.buckets, actor, data)
             details = record.details
             if to == "committed" and data.get("details"):
                 details = {**details, "commit": data["details"]}
-            db.execute(
-                "UPDATE runs SET state = ?, output_uri = ?, details = ?, entry_ids = ?, entry_hashes = ?, "
-                "updated_at = ?, last_entry = ? WHERE run_id = ?",
-                (to, data.get("output_uri", row[10]), canonical_json(details),
-                 json.dumps(record.entry_ids + [eid]), json.dumps(record.entry_hashes + [digest]), ts, eid, run_id),
-            )
+            if db.dialect == "sqlite":  # PostgreSQL: the owner's trigger stepped the row from the entry
+                db.execute(
+                    "UPDATE runs SET state = ?, output_uri = ?, details = ?, entry_ids = ?, entry_hashes = ?, "
+                    "updated_at = ?, last_entry = ? WHERE run_id = ?",
+                    (to, data.get("output_uri", row[10]), canonical_json(details),
+                     json.dumps(record.entry_ids + [eid]), json.dumps(record.entry_hashes + [digest]), ts, eid,
+                     run_id),
+                )
             hook(f"{to}:before_commit")
             row = self._run_row(db, run_id)
         return self._record(row)
@@ -675,16 +694,18 @@ class Ledger:
         with self._read() as db:
             sdef = self._scope_row(db, scope, lock=False)
             acct = budget.accountant_for(sdef)
-            names = [r[0] for r in db.all("SELECT bucket FROM buckets WHERE scope = ? ORDER BY bucket", (scope,))]
+            # Runs per bucket and state; the buckets any run of the scope ever named are the status's rows.
+            counts: dict[str, dict[str, int]] = {}
+            for state, bjson, n in db.all("SELECT state, buckets, COUNT(*) FROM runs WHERE scope = ? "
+                                          "GROUP BY state, buckets", (scope,)):
+                for b in json.loads(bjson):
+                    counts.setdefault(b, {})[state] = counts.get(b, {}).get(state, 0) + int(n)
+            names = sorted(counts)
             if not names and sdef.bucket is None:
                 names = [UNBUCKETED]
-            states = self._bucket_states(db, scope, names, acct, lock=False)
+                counts[UNBUCKETED] = {}
+            states = self._bucket_states(db, scope, names, acct, parts=True)
             open_runs = self._open_runs(db, scope)
-            counts: dict[str, dict[str, int]] = {b: {} for b in names}
-            for state, bjson in db.all("SELECT state, buckets FROM runs WHERE scope = ?", (scope,)):
-                for b in json.loads(bjson):
-                    if b in counts:
-                        counts[b][state] = counts[b].get(state, 0) + 1
         m = lambda st: budget.measure(acct, sdef, st)  # noqa: E731
         rows = []
         for b in names:
@@ -749,7 +770,7 @@ class Ledger:
                     raise InvalidParameter(f"planned run #{i}: {exc}") from None
                 parsed.append((start, end, bucket_labels(sdef.bucket, s, e), evs))
             all_buckets = sorted({b for *_, bs, _ in parsed for b in bs})
-            states = self._bucket_states(db, scope, all_buckets, acct, lock=False)
+            states = self._bucket_states(db, scope, all_buckets, acct)
             open_runs = self._open_runs(db, scope)
         pending = {b: [e for _, _, rb, evs in open_runs if b in rb for e in evs] for b in all_buckets}
         items = []

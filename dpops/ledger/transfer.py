@@ -6,19 +6,20 @@ The rules, and why each one is there (a budget forgotten or counted twice is a p
    totals, and any ``--expect-head`` / checkpoints). A file that was edited, truncated or reordered on its
    way between machines is refused, naming the first bad entry and its line, before the target is opened
    for writing.
-2. **The target must be empty** (no entries, scopes, buckets or runs; chain head at genesis). Two
+2. **The target must be empty** (no entries, scopes or runs; chain head at genesis). Two
    histories cannot become one hash chain, and merging caches would double count or forget spends.
 3. **Entries are inserted verbatim** (ids, timestamps, bodies, ``prev_hash``, ``hash``) so the chain and
    its head are the same chain: anchors taken on the old ledger (signed checkpoints, a head written down)
    still hold on the new one. The chain head walks forward one entry at a time, as the database guards
    (``schema.py``, version 2) require of every writer; they are never disabled.
 4. **The caches are rebuilt by the replay ``verify`` uses** (``verify._Replay.cache_rows``), never by a
-   second implementation that could drift from what ``verify`` expects.
+   second implementation that could drift from what ``verify`` expects. (On PostgreSQL the owner's trigger
+   derives each run row as its entries are inserted, schema version 4; the replay's rows are then upserted.)
 5. **One transaction, verified before it commits**: the written tables are verified in full on the open
    transaction; any failure (a bad row, a lost connection, a verification problem) rolls back to the empty
    ledger. The committed ledger is verified again afterwards, as any reader would.
-6. **PostgreSQL: only the owner role imports.** The application role may append entries and update the
-   caches (``roles.py``), which is enough to write an import; but filling a ledger from a file is an
+6. **PostgreSQL: only the owner role imports.** The application role may append entries (``roles.py``), which
+   is enough to write an import's entries; but filling a ledger from a file is an
    administrative act that must not be open to whoever runs releases, so it is refused with a pointer
    to the owner role.
 """
@@ -44,11 +45,14 @@ _ENTRY_INSERT = ("INSERT INTO entries (id, ts, kind, scope, run_id, buckets, act
                  "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")  # writer verbatim: only the owner may (schema v3)
 _HEAD_STEP = "UPDATE chain_head SET last_id = ?, last_hash = ? WHERE singleton = 1"
 _SCOPE_INSERT = "INSERT INTO scopes (name, definition, accountant, last_entry) VALUES (?, ?, ?, ?)"
-_BUCKET_INSERT = ("INSERT INTO buckets (scope, bucket, settled_state, committed_state, spent_state) "
-                  "VALUES (?, ?, ?, ?, ?)")
-_RUN_INSERT = ("INSERT INTO runs (run_id, scope, release, interval_start, interval_end, run_key, state, events, "
-               "buckets, restates, output_uri, details, entry_ids, entry_hashes, created_at, updated_at, epsilon, "
-               "last_entry) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+_RUN_COLUMNS = ("run_id", "scope", "release", "interval_start", "interval_end", "run_key", "state", "events",
+                "buckets", "restates", "output_uri", "details", "entry_ids", "entry_hashes", "created_at", "updated_at",
+                "epsilon", "last_entry")
+# An upsert: on PostgreSQL the owner's trigger (schema version 4) already derived each run row while the entries
+# were inserted; the replay's rows then set what an older entry did not carry (its normalised interval, epsilon).
+_RUN_INSERT = (f"INSERT INTO runs ({', '.join(_RUN_COLUMNS)}) VALUES ({', '.join('?' for _ in _RUN_COLUMNS)}) "
+               "ON CONFLICT (run_id) DO UPDATE SET "
+               + ", ".join(f"{c} = excluded.{c}" for c in _RUN_COLUMNS[1:]))
 # PostgreSQL keeps every version of the one chain_head row a transaction updates, and an UPDATE by key follows
 # that chain of versions: N steps by key cost O(N^2) (measured: 10k entries 1.8 s, 20k 6.5 s). Each step here
 # goes to the current version by its ctid instead: linear (100k steps ~4 s). The guard trigger still checks
@@ -67,7 +71,7 @@ END $$"""
 # runs). Locking the scopes table first means an import that starts while a writer is mid-transaction waits
 # for it to commit (and then finds the ledger not empty), and a writer that starts later waits at its first
 # statement holding nothing: no deadlock either way. No other session writes during the import.
-_PG_LOCK = "LOCK TABLE scopes, buckets, runs, chain_head, entries IN EXCLUSIVE MODE"
+_PG_LOCK = "LOCK TABLE scopes, runs, chain_head, entries IN EXCLUSIVE MODE"
 
 
 @dataclass
@@ -139,15 +143,14 @@ def check_empty(db: Backend) -> None:
     """Refuse a target that holds anything (LedgerError, exit 6), saying what is there."""
     entries = int(db.row("SELECT COUNT(*) FROM entries")[0])
     scopes = [r[0] for r in db.all("SELECT name FROM scopes ORDER BY name")]
-    buckets = int(db.row("SELECT COUNT(*) FROM buckets")[0])
     runs = int(db.row("SELECT COUNT(*) FROM runs")[0])
     head = db.row("SELECT last_id, last_hash FROM chain_head WHERE singleton = 1")
-    if not entries and not scopes and not buckets and not runs and (int(head[0]), head[1]) == (0, GENESIS_HASH):
+    if not entries and not scopes and not runs and (int(head[0]), head[1]) == (0, GENESIS_HASH):
         return
     shown = ", ".join(scopes[:5]) + (f" and {len(scopes) - 5} more" if len(scopes) > 5 else "")
     raise LedgerError(
         f"ledger {redact(db.url)} is not empty: it holds {entries} entries (head {int(head[0])}:{head[1][:16]}...), "
-        f"{len(scopes)} scope(s){' (' + shown + ')' if scopes else ''}, {buckets} bucket row(s) and {runs} run(s); "
+        f"{len(scopes)} scope(s){' (' + shown + ')' if scopes else ''} and {runs} run(s); "
         "`dpops ledger import` never merges into a used ledger (two histories cannot be one chain, and merged "
         "totals would forget or double count spends): import into a newly initialised, empty ledger; "
         "nothing was imported"
@@ -170,6 +173,8 @@ def import_export(ledger: Ledger, export: ExportReplay, *, checkpoints: Sequence
         if db.dialect == "postgresql":
             db.execute(_PG_LOCK)  # SQLite: BEGIN IMMEDIATE already holds the whole database
         check_empty(db)
+        # Scopes first: the database checks each reservation against its scope as the entry is inserted (v4).
+        db.execute_many(_SCOPE_INSERT, caches.scopes)
         db.execute_many(_ENTRY_INSERT, rows)
         # The guard lets the head move only one entry forward, to an entry that exists: walk it.
         if db.dialect == "postgresql":
@@ -177,8 +182,6 @@ def import_export(ledger: Ledger, export: ExportReplay, *, checkpoints: Sequence
         else:  # SQLite updates the row in place: one step per entry is linear
             db.execute_many(_HEAD_STEP, [(r[0], r[9]) for r in rows])
         hook("import:entries")
-        db.execute_many(_SCOPE_INSERT, caches.scopes)
-        db.execute_many(_BUCKET_INSERT, caches.buckets)
         hook("import:caches")
         db.execute_many(_RUN_INSERT, caches.runs)
         report = verify_tables(db, checkpoints, anchors)

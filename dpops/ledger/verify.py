@@ -7,9 +7,10 @@
 2. The state machine: every transition is allowed from the run's state at that
    point, every reservation was within the cap in force when it was made, and
    every run key hashes to its run id.
-3. The caches: scopes, buckets (running accountant states) and runs are rebuilt
-   by replaying the entries and must equal the stored tables; each bucket's running
-   state must also agree with a one-shot composition of its history.
+3. The caches: scopes and runs are rebuilt by replaying the entries and must equal
+   the stored tables (JSON columns compared as values: on PostgreSQL the database
+   writes ``runs`` from the entries, schema version 4); each bucket's running state
+   must also agree with a one-shot composition of its history.
 """
 
 from __future__ import annotations
@@ -142,6 +143,16 @@ class _Replay:
         if buckets != bucket_labels(sdef.bucket, key.start_utc, key.end_utc):
             raise _Broken(eid, f"run {run_id}: buckets {buckets} do not match its interval")
         events = [event_from_dict(d) for d in data["events"]]
+        # Reservations from schema version 4 on also carry what the run cache holds (the database derives the row
+        # from them): they must say what the run key and events say.
+        if "interval_start" in data and (data["interval_start"], data.get("interval_end")) != (key.start_utc,
+                                                                                                 key.end_utc):
+            raise _Broken(eid, f"run {run_id}: its interval fields differ from its run key")
+        if "epsilon" in data:
+            eps = budget.epsilon_of(acct, sdef, events)
+            stated = math.inf if data["epsilon"] is None else float(data["epsilon"])
+            if not _close(stated, eps):
+                raise _Broken(eid, f"run {run_id}: its stated epsilon {stated!r} is not its events' {eps!r}")
         for b in buckets:
             empty = acct.empty_state()
             st = self.buckets.setdefault((sdef.name, b), {"settled": empty, "committed": empty, "spent": empty})
@@ -171,8 +182,6 @@ class _Replay:
         """
         scopes = [(name, canonical_json(sdef.to_dict()), sdef.accountant, self.scope_last[name])
                   for name, sdef in sorted(self.scopes.items())]
-        buckets = [(scope, b, budget.dump_state(st["settled"]), budget.dump_state(st["committed"]),
-                    budget.dump_state(st["spent"])) for (scope, b), st in sorted(self.buckets.items())]
         runs = []
         for run_id, run in sorted(self.runs.items(), key=lambda item: item[1]["entry_ids"][0]):
             sdef = run["scope_def"]
@@ -183,19 +192,19 @@ class _Replay:
                          json.dumps(run["entry_ids"]), json.dumps([hashes[i - 1] for i in run["entry_ids"]]),
                          run["created_at"], run["updated_at"], eps if math.isfinite(eps) else None,
                          run["last_entry"]))
-        return CacheRows(scopes=scopes, buckets=buckets, runs=runs)
+        return CacheRows(scopes=scopes, runs=runs)
 
 
 @dataclass(frozen=True)
 class CacheRows:
     """Rows of the derived tables, column for column as ``dpops.ledger.store`` writes them.
 
-    ``scopes``: (name, definition, accountant, last_entry); ``buckets``: (scope, bucket, settled_state,
-    committed_state, spent_state); ``runs``: the columns of ``store._RUN_COLS`` in that order.
+    ``scopes``: (name, definition, accountant, last_entry); ``runs``: the columns of ``store._RUN_COLS`` in that
+    order. (The running-state cache ``buckets`` is gone since schema version 4: nothing the cap check reads is a
+    cache the application role could write.)
     """
 
     scopes: list[tuple]
-    buckets: list[tuple]
     runs: list[tuple]
 
 
@@ -293,17 +302,17 @@ def verify_tables(db: Backend, checkpoints: Sequence[Checkpoint] | None = None,
     entries = db.all("SELECT id, ts, kind, scope, run_id, buckets, actor, body, prev_hash, hash, writer FROM entries "
                      "ORDER BY id")
     scope_rows = db.all("SELECT name, definition, accountant, last_entry FROM scopes")
-    bucket_rows = db.all("SELECT scope, bucket, settled_state, committed_state, spent_state FROM buckets")
     run_rows = db.all("SELECT run_id, scope, release, interval_start, interval_end, run_key, state, events, "
                       "buckets, restates, output_uri, details, entry_ids, entry_hashes, created_at, updated_at, "
                       "last_entry FROM runs")
+    charge_rows = db.all("SELECT scope, state, buckets, events, runs FROM run_charges")
     if head is None:
         head = (-1, "")  # no chain head row: reported as a broken head below
     report, replay, hashes = _verify_chain(entries, head)
     if not report.ok:
         return report
-    report.problems.extend(_compare_caches(replay, dict(enumerate(hashes, start=1)), scope_rows, bucket_rows,
-                                           run_rows))
+    report.problems.extend(_compare_caches(replay, dict(enumerate(hashes, start=1)), scope_rows, run_rows))
+    report.problems.extend(_compare_charges(replay, charge_rows))
     report.writers, writer_problems = check_writers(db, entries)
     report.problems.extend(writer_problems)
     report.ok = not report.problems
@@ -458,7 +467,27 @@ def _export_error(source: str, line: int, what: str):
     return IntegrityError(f"{source} line {line} {what}: it is not a dpops ledger export (dpops ledger export)")
 
 
-def _compare_caches(replay: _Replay, hashes, scope_rows, bucket_rows, run_rows) -> list[str]:
+def _compare_charges(replay: _Replay, charge_rows: Sequence[Sequence[Any]]) -> list[str]:
+    """``run_charges`` (what the cap check composes) against the replay: per scope, settled state,
+    buckets and events (compared as JSON values), the number of runs."""
+    from collections import Counter
+
+    expected: Counter[tuple[str, str, str, str]] = Counter()
+    for run in replay.runs.values():
+        if run["state"] in ("committed", "spent_unpublished"):
+            expected[(run["scope"], run["state"], canonical_json(run["buckets"]),
+                      canonical_json(json.loads(run["events_json"])))] += 1
+    stored: Counter[tuple[str, str, str, str]] = Counter()
+    for scope, state, bjson, ejson, n in charge_rows:
+        stored[(scope, state, canonical_json(json.loads(bjson)), canonical_json(json.loads(ejson)))] += int(n)
+    if stored == expected:
+        return []
+    differ = sorted({k[0] for k in set(stored) ^ set(expected)} | {k[0] for k in stored if stored[k] != expected[k]})
+    return [f"run_charges table (the settled runs the cap check composes) differs from the entries for scope(s) "
+            f"{differ}"]
+
+
+def _compare_caches(replay: _Replay, hashes, scope_rows, run_rows) -> list[str]:
     problems = []
     stored_scopes = {r[0]: r for r in scope_rows}
     if set(stored_scopes) != set(replay.scopes):
@@ -468,22 +497,9 @@ def _compare_caches(replay: _Replay, hashes, scope_rows, bucket_rows, run_rows) 
         if row and (row[1] != canonical_json(sdef.to_dict()) or row[2] != sdef.accountant
                     or int(row[3]) != replay.scope_last[name]):
             problems.append(f"scopes table row {name!r} differs from its entries (definition or cap edited?)")
-    stored_buckets = {(r[0], r[1]): r for r in bucket_rows}
-    if set(stored_buckets) != set(replay.buckets):
-        problems.append(f"buckets table rows {sorted(set(stored_buckets) ^ set(replay.buckets))} "
-                        "do not match the entries")
     for (scope, b), states in replay.buckets.items():
-        row = stored_buckets.get((scope, b))
-        if row is None:
-            continue
         sdef = replay.scopes[scope]
         acct = budget.accountant_for(sdef)
-        for i, which in ((2, "settled"), (3, "committed"), (4, "spent")):
-            cached = budget.measure(acct, sdef, budget.load_state(row[i]))
-            recomputed = budget.measure(acct, sdef, states[which])
-            if not _close(cached, recomputed):
-                problems.append(f"scope {scope!r} bucket {b}: cached {which} {sdef.cap_unit} {cached!r} != "
-                                f"{recomputed!r} recomputed from the entries")
         one_shot = budget.measure_events(acct, sdef, replay.history[(scope, b)])
         if not _close(one_shot, budget.measure(acct, sdef, states["settled"]), _ONE_SHOT_REL_TOL):
             problems.append(f"scope {scope!r} bucket {b}: running state disagrees with a one-shot composition "
@@ -496,11 +512,13 @@ def _compare_caches(replay: _Replay, hashes, scope_rows, bucket_rows, run_rows) 
         row = stored_runs.get(run_id)
         if row is None:
             continue
-        expect = (run_id, run["scope"], run["release"], run["interval_start"], run["interval_end"], run["run_key"],
-                  run["state"], run["events_json"], run["buckets"], run["restates"], run["output_uri"], run["details"],
+        expect = (run_id, run["scope"], run["release"], run["interval_start"], run["interval_end"],
+                  json.loads(run["run_key"]), run["state"], json.loads(run["events_json"]), run["buckets"],
+                  run["restates"], run["output_uri"], run["details"],
                   run["entry_ids"], [hashes[i] for i in run["entry_ids"]], run["created_at"], run["updated_at"],
                   run["last_entry"])
-        got = (row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7], json.loads(row[8]), row[9], row[10],
+        got = (row[0], row[1], row[2], row[3], row[4], json.loads(row[5]), row[6], json.loads(row[7]),
+               json.loads(row[8]), row[9], row[10],
                json.loads(row[11]), json.loads(row[12]), json.loads(row[13]), row[14], row[15], int(row[16]))
         names = ("run_id", "scope", "release", "interval_start", "interval_end", "run_key", "state", "events",
                  "buckets", "restates", "output_uri", "details", "entry_ids", "entry_hashes", "created_at",
