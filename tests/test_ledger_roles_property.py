@@ -35,6 +35,7 @@ from typing import Any, Callable
 import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
+from fuzz_support import examples
 from hypothesis import strategies as st
 
 from dpops.accounting import get_accountant
@@ -364,7 +365,7 @@ def test_every_write_the_database_allows_the_app_and_reader_roles_keeps_the_cap_
         harness.close()
 
 
-@settings(max_examples=12, derandomize=True, database=None, deadline=None,
+@settings(max_examples=examples(12), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_chained_attacks_keep_the_property(deployed, data):

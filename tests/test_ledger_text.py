@@ -19,6 +19,7 @@ from urllib.parse import quote
 import psycopg
 import pytest
 from hypothesis import given, settings
+from fuzz_support import examples
 from hypothesis import strategies as st
 
 from dpops.cli.main import main
@@ -62,7 +63,7 @@ def test_redact_hides_every_credential(url, shown, public):
 _PW_CHARS = list("/?#@:%&=+ ;,[]abcXYZ09!$'()*~-._") + ["\u00e9", "\\"]
 
 
-@settings(max_examples=300, derandomize=True, database=None, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(pw=st.text(alphabet=st.sampled_from(_PW_CHARS), min_size=1, max_size=12), encoded=st.booleans(),
        form=st.sampled_from(["postgresql://alice:{pw}@db.example:5432/ledger?schema=dpops",
                              "postgres://alice:{pw}@db.example/ledger",
