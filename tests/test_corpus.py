@@ -276,7 +276,7 @@ HOSTILE_ARGS = {
     "spec_missing": ("release run {root}/none.yaml --interval 2024-01-01/2024-01-02 --key-file {key} --ledger {url}", 3,
                      "cannot read the release spec"),
     "scope_not_in_ledger": ("release run {root}/c/other_scope.yaml --interval 2024-01-01/2024-01-02 --key-file {key} "
-                            "--ledger {url}", 6, "is not in the ledger"),
+                            "--ledger {url}", 3, "is not in the ledger"),  # exit 3 as in spec check (issue 28 item 9)
     "recover_negative_age": ("ledger --ledger {url} recover --older-than -1", 3, "finite number >= 0"),
     "recover_nan_age": ("ledger --ledger {url} recover --older-than nan", 3, "finite number >= 0"),
     "scope_infinite_cap": ("ledger --ledger {url} scope create x --unit u --unit-column u --epsilon inf --delta 0 "

@@ -1,18 +1,18 @@
-"""Issue 13 edge: two ledgers sharing one output root. A run under the second ledger finds the
-first ledger's sealed output of the same run; it must refund its reservation and say what to do,
-never leave it reserved (stuck) forever."""
+"""Issue 13 edge: two ledgers sharing one output root. A run under the second ledger finds the first
+ledger's publication of the same run: it must say what to do and never leave anything reserved (stuck)
+forever; since issue 25 item 10 it refuses before reserving (a version its ledger never committed)."""
 
 from __future__ import annotations
 
 import pytest
 
 from dpops import release
-from dpops.errors import DpopsError, LedgerError
+from dpops.errors import DpopsError, IntegrityError
 from dpops.ledger import ScopeDefinition, open_ledger
 from test_runs import IV, FakeKey, env, ledger_url, planner, published_bytes  # noqa: F401 - fixtures
 
 
-def test_second_ledger_on_same_output_root_refunds_and_explains(env, tmp_path):
+def test_second_ledger_on_same_output_root_is_refused_and_explained(env, tmp_path):
     first = env.run()
     assert first.state == "published" and env.pipe.calls == 1
     before = published_bytes(env.tmp)
@@ -24,12 +24,12 @@ def test_second_ledger_on_same_output_root_refunds_and_explains(env, tmp_path):
     def run_other():
         return release.execute_release(env.spec, *IV, ledger=other, key=FakeKey(), run_release=env.pipe, planner=planner)
 
-    with pytest.raises(LedgerError, match="another ledger shares this output root") as err:
+    # Since issue 25 item 10 the second ledger refuses before it reserves anything: storage holds a version
+    # this ledger never committed (once, it reserved, computed nothing and refunded at publish).
+    with pytest.raises(IntegrityError, match="nothing reserved") as err:
         run_other()
-    assert "refunded" in str(err.value) and "one ledger per output root" in str(err.value)
-    recs = other.runs()
-    assert [r.state for r in recs] == ["released"]
-    assert "another ledger" in other.history()[-1].data["reason"]
+    assert "one ledger per output root" in str(err.value) and "not committed in the ledger" in str(err.value)
+    assert other.runs() == []
     assert other.status("shop").total == 0.0
     # a retry charges nothing and leaves nothing open
     with pytest.raises(DpopsError):

@@ -202,6 +202,10 @@ CLAIMS: dict[str, Claim] = {
     "budget.noise": Claim(reason="which mechanism; its events are what the accountant composes",
                           admitted=(Mutation("gaussian", lambda d: (_set("budget.noise", "gaussian")(d),
                                                                     _set("budget.delta", 1e-9)(d))),)),
+    "budget.accountant": Claim(reason="which accountant calibrates the Gaussian noise (issue 26 item 1): it changes "
+                                      "sigma, i.e. the events, which the scope's accountant composes; a spec naming "
+                                      "another accountant than the scope's is refused before reservation "
+                                      "(check_scope); it decides no row, unit or period"),
     "budget.split": Claim(reason="how the release's own epsilon is shared between its metrics; the events compose",
                           admitted=(Mutation("a split", _set("budget.split", {"count": 2})),)),
     # ---- ContributionSpec

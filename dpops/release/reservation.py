@@ -330,7 +330,8 @@ def reserve(ctx: RunContext, ledger: Ledger, *, restates: str | None = None,
     if stray:
         raise IntegrityError(f"{ctx.spec.name} {ctx.interval}: nothing reserved: " + "; ".join(stray)
                              + ". Move what the ledger did not commit aside (docs/runbook.md, 'A forged or moved "
-                             "current') and run again")
+                             "current') and run again; if another ledger publishes to this output root, that is the "
+                             "cause: keep one ledger per output root")
     _check_scope(ctx, ledger)
     check_key_continuity(ctx, ledger)  # another key than the scope's only as a declared rotation (issue 19)
     existing = ledger.run(ctx.run_id)
