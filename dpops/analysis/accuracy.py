@@ -212,7 +212,7 @@ def _vec(m: MetricPlan, name: str) -> NoiseParams:
     return next(v.params for v in m.vectors if v.name == name)
 
 
-_MAX_COUNT_BINS = 20_000  # count-noise values (or bins of them) enumerated in the exact mean prediction
+_MAX_COUNT_BINS = 4_000  # count-noise values (or bins of them) enumerated in the exact mean prediction
 _STD_GRID = 200  # points of the tail integral that gives the mean's exact standard deviation
 
 
@@ -247,7 +247,8 @@ def _count_noise_bins(pc: NoiseParams) -> tuple[np.ndarray, np.ndarray, float]:
 
 
 class _MeanError:
-    """The exact distribution of a released mean's error, given n rows whose true mean is mid + d.
+    """The exact distribution of a released mean's error, given n rows whose true mean is mid + d, for a
+    vector of offsets d at once (the worst-case search evaluates many).
 
     The release computes ``clip(mid + (S + N_s) / max(n + N_c, 1), lo, hi)`` (pipelines/aggregate.py) with
     S = d n the true centred sum and N_s, N_c the independent lattice noises of the centred sum and of the
@@ -259,53 +260,58 @@ class _MeanError:
     the exact coverage of any half-width x, at every n (the first-order formula it replaces divided by n
     and understated the error at small partitions, issue 26 section 2)."""
 
-    def __init__(self, ps: NoiseParams, pc: NoiseParams, n: int, d: float, h: float) -> None:
-        self.ps, self.n, self.d = ps, n, d
-        self.a, self.b = -h - d, h - d
+    def __init__(self, ps: NoiseParams, pc: NoiseParams, n: int, d: np.ndarray | float, h: float) -> None:
+        self.ps, self.n = ps, n
+        self.d = np.atleast_1d(np.asarray(d, dtype=np.float64))
+        self.a, self.b = -h - self.d, h - self.d
         self.lat = ps.lattice_param()
         self.table = _dg_table(self.lat) if isinstance(self.lat, DiscreteGaussianParam) else None
         kc, self.w, self.bin = _count_noise_bins(pc)
         self.den = np.maximum(float(n) + kc, 1.0)
-        self.shift = d * (float(n) - self.den)
+        self.shift = self.d[:, None] * (float(n) - self.den)[None, :]
 
-    def coverage(self, x: float) -> float:
-        """P(|clip(e)| <= x)."""
+    def coverage(self, x: np.ndarray | float) -> np.ndarray:
+        """P(|clip(e)| <= x) for each offset (x: one half-width per offset, or one for all)."""
+        x = np.broadcast_to(np.asarray(x, dtype=np.float64), self.d.shape)
         r = self.ps.resolution
-        p = np.ones_like(self.den)
-        if self.b > x:
-            hi = np.floor((x * self.den - self.shift) / r).astype(np.int64)
-            p = _cdf_any(self.lat, hi, self.table)
-        if self.a < -x:
-            lo = np.ceil((-x * self.den - self.shift) / r).astype(np.int64)
-            p = p - _cdf_any(self.lat, lo - 1, self.table)
-        return float(np.clip((self.w * np.clip(p, 0.0, 1.0)).sum(), 0.0, 1.0))
+        xd = x[:, None] * self.den[None, :]
+        upper = self.b > x
+        lower = self.a < -x
+        p = np.ones_like(self.shift)
+        if upper.any():
+            hi = np.floor((xd - self.shift) / r).astype(np.int64)
+            p = np.where(upper[:, None], _cdf_any(self.lat, hi, self.table), p)
+        if lower.any():
+            lo = np.ceil((-xd - self.shift) / r).astype(np.int64)
+            p = p - np.where(lower[:, None], _cdf_any(self.lat, lo - 1, self.table), 0.0)
+        return np.clip((np.clip(p, 0.0, 1.0) * self.w[None, :]).sum(axis=1), 0.0, 1.0)
 
-    def halfwidth(self, confidence: float) -> float:
-        top = max(-self.a, self.b)  # the clipped error never exceeds this: coverage 1 there
-        lo_x, hi_x = 0.0, top
-        for _ in range(100):
+    def halfwidth(self, confidence: float) -> np.ndarray:
+        """The smallest x with coverage >= confidence, per offset (bisection to 1e-7 relative)."""
+        lo_x = np.zeros_like(self.d)
+        hi_x = np.maximum(-self.a, self.b)  # the clipped error never exceeds this: coverage 1 there
+        for _ in range(80):
             mid = 0.5 * (lo_x + hi_x)
-            if self.coverage(mid) >= confidence:
-                hi_x = mid
-            else:
-                lo_x = mid
-            if hi_x - lo_x <= 1e-9 * max(hi_x, 1e-300):
+            ok = self.coverage(mid) >= confidence
+            hi_x = np.where(ok, mid, hi_x)
+            lo_x = np.where(ok, lo_x, mid)
+            if np.all(hi_x - lo_x <= 1e-7 * np.maximum(hi_x, 1e-300)):
                 break
         return hi_x
 
     def std(self, first_order: float) -> float:
-        """sqrt(E clip(e)^2) = sqrt(integral of 2 t P(|clip e| > t) dt over [0, max(-a, b)]), on a grid dense
-        where the error's mass is (around the first-order std) and linear beyond."""
-        top = max(-self.a, self.b)
+        """sqrt(E clip(e)^2) = sqrt(integral of 2 t P(|clip e| > t) dt over [0, max(-a, b)]) for the first
+        offset, on a grid dense where the error's mass is (around the first-order std) and linear beyond."""
+        top = float(max(-self.a[0], self.b[0]))
         if top <= 0:
             return 0.0
         knee = min(top, 12.0 * max(first_order, 1e-300))
         t = np.unique(np.concatenate([np.linspace(0.0, knee, _STD_GRID), np.linspace(knee, top, _STD_GRID // 3)]))
-        tail = np.array([1.0 - self.coverage(float(x)) for x in t])
+        tail = np.array([1.0 - float(self.coverage(float(x))[0]) for x in t])
         return math.sqrt(max(0.0, float(np.trapz(2.0 * t * tail, t))))
 
 
-_WORST_GRID = 16  # offsets |d| = h j/16 tried for the worst case, then refined by golden section
+_WORST_GRID = 32  # offsets |d| = h j/32 tried at once for the worst case, then 9 more around the widest
 
 
 def _mean_distribution(plan: ReleasePlan, m: MetricPlan, n: int, offset: float | None, confidence: float
@@ -313,34 +319,22 @@ def _mean_distribution(plan: ReleasePlan, m: MetricPlan, n: int, offset: float |
     """The error distribution at the true mean mid + offset, and its half-width; ``offset=None``: at the
     offset whose half-width is the largest. At first order that was the bound itself (|d| = h), but the
     clipping makes the error one-sided there, so the worst case lies inside: it is searched on a grid of
-    |d| (the error's law is symmetric in d) and refined, every candidate an exact half-width."""
+    |d| (the error's law is symmetric in d) and refined around the widest, every candidate an exact
+    half-width."""
     lo, hi = m.bounds or (0.0, 0.0)
     h = (hi - lo) / 2.0
     ps, pc = _vec(m, "normalized_sum"), _count_vector(plan, m)
-
-    def at(d: float) -> tuple[_MeanError, float]:
-        dist = _MeanError(ps, pc, n, d, h)
-        return dist, dist.halfwidth(confidence)
-
     if offset is not None:
-        return at(max(-h, min(h, float(offset))))
-    grid = [h * j / _WORST_GRID for j in range(_WORST_GRID + 1)]
-    found = [at(d) for d in grid]
-    j = max(range(len(grid)), key=lambda i: found[i][1])
-    best = found[j]
-    a, b = grid[max(0, j - 1)], grid[min(_WORST_GRID, j + 1)]
-    g = (math.sqrt(5.0) - 1.0) / 2.0
-    for _ in range(12):  # golden section on the bracket around the best grid point
-        c, e = b - g * (b - a), a + g * (b - a)
-        fc, fe = at(c), at(e)
-        for cand in (fc, fe):
-            if cand[1] > best[1]:
-                best = cand
-        if fc[1] >= fe[1]:
-            b = e
-        else:
-            a = c
-    return best
+        dist = _MeanError(ps, pc, n, max(-h, min(h, float(offset))), h)
+        return dist, float(dist.halfwidth(confidence)[0])
+    grid = h * np.arange(_WORST_GRID + 1) / _WORST_GRID
+    halves = _MeanError(ps, pc, n, grid, h).halfwidth(confidence)
+    j = int(np.argmax(halves))
+    fine = np.linspace(grid[max(0, j - 1)], grid[min(_WORST_GRID, j + 1)], 9)
+    fine_halves = _MeanError(ps, pc, n, fine, h).halfwidth(confidence)
+    d = float(fine[int(np.argmax(fine_halves))]) if fine_halves.max() > halves[j] else float(grid[j])
+    dist = _MeanError(ps, pc, n, d, h)
+    return dist, float(max(fine_halves.max(), halves[j]))
 
 
 def first_order_mean_halfwidth(plan: ReleasePlan, m: MetricPlan, n: int, offset: float | None,
@@ -362,7 +356,7 @@ def mean_halfwidth(plan: ReleasePlan, m: MetricPlan, n: int, offset: float | Non
     """(half-width, exact coverage) of a mean over n rows whose true mean is mid + offset (``mean_error``
     without the std: what an error target is compared with, cheap enough for the solver's bisections)."""
     dist, half = _mean_distribution(plan, m, n, offset, confidence)
-    return half + dist.ps.resolution / 2.0 / n, dist.coverage(half)
+    return half + dist.ps.resolution / 2.0 / n, float(dist.coverage(half)[0])
 
 
 def mean_error(plan: ReleasePlan, m: MetricPlan, n: int, offset: float | None, confidence: float
@@ -375,10 +369,10 @@ def mean_error(plan: ReleasePlan, m: MetricPlan, n: int, offset: float | None, c
     """
     dist, half = _mean_distribution(plan, m, n, offset, confidence)
     pc = _count_vector(plan, m)
-    first_order = math.hypot(dist.ps.std, dist.d * pc.std) / n
+    first_order = math.hypot(dist.ps.std, float(dist.d[0]) * pc.std) / n
     method = ("exact: the noisy count in the denominator and the clipping to the bounds included"
               + ("" if dist.bin == pc.resolution else f" (count noise in bins of {dist.bin:g})"))
-    return dist.std(first_order), half + dist.ps.resolution / 2.0 / n, dist.coverage(half), method
+    return dist.std(first_order), half + dist.ps.resolution / 2.0 / n, float(dist.coverage(half)[0]), method
 
 
 def variance_error(plan: ReleasePlan, m: MetricPlan, n: int, m1: float, m2: float, confidence: float
