@@ -420,23 +420,22 @@ def _field_count(line: bytes) -> int:
     return _QUOTED_PART.sub(b"", line).count(b",") + 1
 
 
-def _drop_undecodable_malformed_lines(block: bytes, n_fields: int, malformed: list[int]) -> bytes:
-    """Remove the malformed lines (quote left open, wrong field count) that are not UTF-8.
+def _well_formed_lines(block: bytes, n_fields: int, malformed: list[int]) -> bytes:
+    """The lines of ``block`` (whole lines, each ending in b"\\n") that are well formed, each judged on its own
+    bytes: its quotes close on it (``_line_is_closed``) and it has the header's field count (``_field_count``).
+    The others are removed and counted (``malformed[0]``).
 
-    pyarrow hands a skipped line's text to ``invalid_row_handler`` as a Python str; when the line is not
-    UTF-8 that decode fails inside pyarrow and the whole block fails (on 42476cc: the whole file, after the
-    budget was charged). So such lines never reach pyarrow: each is judged here on its own bytes, by the
-    same rules. Lines that are well-formed stay, whatever their bytes (a bad cell drops its row later).
+    Privacy reason (issue 25 item 2): what pyarrow receives from here cannot merge two lines or hand a line's
+    text to ``invalid_row_handler`` (which decodes it and fails the whole block on invalid UTF-8, after the
+    charge): every line it sees is one row by construction, whatever bytes its neighbours hold. A well-formed
+    line that is not UTF-8 stays; its bad cells drop its row later (``_convert_cells``).
     """
     out = []
     for line in block[:-1].split(b"\n"):
-        try:
-            line.decode("utf-8")
-        except UnicodeDecodeError:
-            if not _line_is_closed(line) or _field_count(line) != n_fields:
-                malformed[0] += 1
-                continue
-        out.append(line)
+        if _line_is_closed(line) and _field_count(line) == n_fields:
+            out.append(line)
+        else:
+            malformed[0] += 1
     return b"\n".join(out) + b"\n" if out else b""
 
 
@@ -445,37 +444,48 @@ def _parse_block(buf: bytes, start: int, end: int, names: list[str], parse: Any,
     """Parse the whole lines buf[start:end]; every line gives exactly one row or one skip (checked), never
     part of another's.
 
-    pyarrow's parser lets a quoted field run over line ends even with ``newlines_in_values=False``, so the
-    lines whose quotes stay open are removed first. The common case costs one count of b"\\n": the last line
-    is checked (nothing follows it to merge with), the block is parsed, and rows + skips must equal lines;
-    only if they do not (some line in the middle opened a quote) are the lines checked one by one.
+    pyarrow's parser lets a quoted field run over line ends even with ``newlines_in_values=False``, and
+    decodes a skipped line's bytes as UTF-8 for ``invalid_row_handler``. So pyarrow parses the block as it
+    is only when the block is UTF-8 (then a skipped line's text decodes); the common case then costs one
+    count of b"\\n": the last line is checked (nothing follows it to merge with), the block is parsed, and
+    rows + skips must equal lines. Records never outnumber lines (a record ends at a newline), so equality
+    means no two lines merged. In every other case (a block that is not UTF-8, a line in the middle that
+    opened a quote, any pyarrow error) every line is judged alone (``_well_formed_lines``) and only the
+    well-formed ones are parsed: they cannot merge, and nothing is left for pyarrow to skip.
     """
-    if not buf.isascii():  # (the whole buffer: a cheap test first)
+    block_is_utf8 = buf.isascii()  # (the whole buffer: a cheap test first)
+    if not block_is_utf8:
         try:
             codecs.utf_8_decode(memoryview(buf)[start:end], "strict", True)
+            block_is_utf8 = True
         except UnicodeDecodeError:
-            buf = _drop_undecodable_malformed_lines(buf[start:end], len(names), malformed)
-            start, end = 0, len(buf)
-    last_start = buf.rfind(b"\n", start, end - 1) + 1
-    if not _line_is_closed(buf[last_start:end - 1]):
-        malformed[0] += 1
-        end = last_start
-    if end <= start:
-        return _empty_table(convert)
-    lines = _count_newlines(buf, start, end)
-    before = skipped.count
-    table = _read_lines(memoryview(buf)[start:end], names, parse, convert)
-    if table.num_rows + skipped.count - before == lines:
-        return table
-    # Some line left a quote open and took the following lines with it: drop exactly the open lines.
-    skipped.count = before
-    kept = [ln for ln in buf[start:end - 1].split(b"\n") if _line_is_closed(ln)]
-    malformed[0] += lines - len(kept)
+            pass
+    if block_is_utf8:
+        last_start = buf.rfind(b"\n", start, end - 1) + 1
+        last_closed = _line_is_closed(buf[last_start:end - 1])
+        fast_end = end if last_closed else last_start
+        if fast_end <= start:
+            malformed[0] += 1  # the block is its one open line
+            return _empty_table(convert)
+        lines = _count_newlines(buf, start, fast_end)
+        before = skipped.count
+        try:
+            table = _read_lines(memoryview(buf)[start:fast_end], names, parse, convert)
+        except pa.ArrowException:
+            table = None
+        if table is not None and table.num_rows + skipped.count - before == lines:
+            malformed[0] += 0 if last_closed else 1
+            return table
+        skipped.count = before
+    # Some line left a quote open (or the block is not UTF-8): judge every line alone.
+    kept = _well_formed_lines(buf[start:end], len(names), malformed)
     if not kept:
         return _empty_table(convert)
-    table = _read_lines(b"\n".join(kept) + b"\n", names, parse, convert)
-    if table.num_rows + skipped.count - before != len(kept):  # closed lines cannot merge: a bug if they do
-        raise InternalError("the CSV reader joined two lines although every quote closes on its line")
+    before = skipped.count
+    table = _read_lines(kept, names, parse, convert)
+    if table.num_rows != _count_newlines(kept, 0, len(kept)) or skipped.count != before:
+        # well-formed lines cannot merge or be skipped: a bug if they do
+        raise InternalError("the CSV reader joined or skipped a line although each is well formed on its own")
     return table
 
 
