@@ -450,3 +450,39 @@ def test_an_open_quote_and_a_later_latin1_line_cost_only_themselves(tmp_path):
     rows = read_rows(_write(tmp_path, "latin1.csv", data), "csv", counters=counters)
     assert len(rows["u"]) == 1001
     assert counters == {pio.MALFORMED_LINES: 1}
+
+
+NAIVE_FORMS = [b"2024-01-01T02:00:00", b"2024-01-01 02:00:00", b"2024-01-01T02:00", b"2024-01-01T02",
+               b"2024-01-01T02:00:00.5", b"2024-01-01 02:00:00.123456789"]
+
+
+@pytest.mark.parametrize("naive", NAIVE_FORMS)
+def test_one_offset_cell_does_not_move_the_naive_times_after_it(tmp_path, naive):
+    """Issue 25 item 1: 2,000 users at a naive 02:00 (UTC) and one target line at 12:00+12:00 (midnight UTC).
+    On a842927 pandas carried the +12:00 forward to every later naive cell of the batch: the day's rows went
+    2,000 -> 1 and the day before's 0 -> 2,000. Each cell is read alone now."""
+    day = WINDOW_NS
+    before = (day[0] - 86_400 * 10**9, day[0])
+    body = b"target,north,1,2024-01-01T12:00:00+12:00\n" + b"".join(b"u%d,north,1,%s\n" % (i, naive) for i in range(2000))
+    path = _write(tmp_path, "ts.csv", HEADER + body)
+    types = {**TYPES, "note": "timestamp"}
+    assert len(read_rows(path, "csv", types)["u"]) == 2001
+    assert len(read_rows(path, "csv", types, window_ns=before)["u"]) == 0
+
+
+def test_the_documented_time_text():
+    """README "The CSV dialect", event times: every documented form is read (no offset = UTC), and the
+    documented refusals (basic format, unpadded fields, spaces, dates that do not exist) drop the row."""
+    lo = WINDOW_NS[0]
+    read = {
+        "2024-01-01": 0, "2024-01-01T05": 5 * 3600, "2024-01-01 05:06": 5 * 3600 + 360,
+        "2024-01-01T05:06:07": 18367, "2024-01-01T05:06:07.5": 18367.5, "2024-01-01T05:06:07.123456789Z": 18367.123456789,
+        "2024-01-01T05Z": 5 * 3600, "2024-01-01T05:00+05": 0, "2024-01-01T05:00+0500": 0, "2024-01-01T05:00+05:00": 0,
+        "2023-12-31T19:00:00-05:00": 0, "2024-02-29T00:00:00": 59 * 86400,
+    }
+    refused = ["20240101T0100Z", "2024-1-1", " 2024-01-01T01:00:00Z", "2024-01-01T01:00:00Z ", "2024-02-30",
+               "2023-02-29T00:00:00", "2024-01-01T24:00:00", "2024-01-01T00:00:60", "2024-01-01T00:00:00+24:00",
+               "2024-01-01Z", "2024-01-01T00:00:00.1234567891", "2024-01-01t00:00:00z", "0001-01-01T00:00:00Z", "x", ""]
+    ns, ok = pio.time_text_ns(pa.array(list(read) + refused))
+    assert ok.tolist() == [True] * len(read) + [False] * len(refused)
+    assert [(v - lo) / 1e9 for v in ns[:len(read)].tolist()] == pytest.approx(list(read.values()), abs=1e-9)
