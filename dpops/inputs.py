@@ -156,9 +156,27 @@ def resolve_input_paths(spec: Any, interval_start: Any, interval_end: Any = None
 # --------------------------------------------------------------------------- schema check
 
 
-def _arrow_type_ok(arrow_type: Any, declared: str) -> bool:
+def stored_all_missing(arrow_type: Any) -> bool:
+    """Whether a Parquet column's stored type says only that every value is missing (Arrow ``null``).
+
+    Such a column satisfies every declared type (issue 25 item 5): writers infer that type from the values
+    (pandas writes an all-``None`` column as ``null``), so refusing it would make whether a day runs depend
+    on whether one unit filled the column in, a check on cell values before reservation. The reader reads
+    it as nulls of the declared type (``pipelines.io._convert_column``), so it drops exactly the rows a
+    column of that type holding only nulls would drop.
+    """
     import pyarrow as pa
 
+    t = arrow_type.value_type if pa.types.is_dictionary(arrow_type) else arrow_type
+    return bool(pa.types.is_null(t))
+
+
+def stored_type_ok(arrow_type: Any, declared: str) -> bool:
+    """Whether a Parquet column stored as ``arrow_type`` may be read as the declared type (schema only)."""
+    import pyarrow as pa
+
+    if stored_all_missing(arrow_type):
+        return True
     t = arrow_type
     if pa.types.is_dictionary(t):
         t = t.value_type
@@ -221,7 +239,7 @@ def _check_parquet(spec: Any, path: str) -> None:
         if n > 1:
             raise InputDataError(f"input file {path}: column {col!r} appears {n} times")
         actual = schema.field(col).type
-        if not _arrow_type_ok(actual, declared):
+        if not stored_type_ok(actual, declared):
             raise InputDataError(
                 f"input file {path}: column {col!r} has type {actual} but input.columns declares {declared}"
             )
@@ -360,5 +378,5 @@ def input_fingerprint(paths: Iterable[str], key: HmacKey,
 
 __all__ = [
     "Interval", "parse_interval", "resolve_input_paths", "check_input", "input_fingerprint", "TestFingerprintKey",
-    "public_file_rows",
+    "public_file_rows", "stored_type_ok", "stored_all_missing",
 ]
