@@ -221,6 +221,9 @@ def iter_record_batches(item: tuple[int, str, int | None, int], cfg: ReadConfig,
 # - An empty cell (nothing between the separators) is null; ``""`` is the empty string, as in Parquet.
 #   No text is null: ``NA``, ``N/A``, ``null``, ``nan`` are ordinary strings (issue 19 item 4).
 # - Cells are read as bytes and converted by ``_convert_cells``, one cell at a time in effect.
+# - An empty line is one empty field (malformed under a header of several); a BOM after the header is data.
+# ``pipelines/reference_reader.py`` is this dialect written out line by line in plain Python, sharing no
+# code with this module: the differential property in tests/test_reader_isolation.py holds them equal.
 
 MAX_LINE_BYTES = 16 << 20  # a longer line is malformed (and is never held in memory whole)
 CSV_READ_BYTES = 16 << 20  # bytes read at a time (<= MAX_LINE_BYTES); blocks hold whole lines only
@@ -328,7 +331,11 @@ def _csv_batches(path: str, cfg: ReadConfig, counters: dict[str, int] | None) ->
         if [c for c in needed if c not in names]:
             raise InputDataError(f"{path}: a column declared in the spec is missing from the CSV header (line 1); "
                                  "fix the file or input.columns")
-        parse = pcsv.ParseOptions(newlines_in_values=False, ignore_empty_lines=False, invalid_row_handler=skipped)
+        # An empty line has one field: malformed under a header of several (the dialect), where pyarrow would
+        # make it a row of nulls; so pyarrow skips it and _parse_block counts it. Under a one-column header it
+        # is that column's null.
+        parse = pcsv.ParseOptions(newlines_in_values=False, ignore_empty_lines=len(names) > 1,
+                                  invalid_row_handler=skipped)
         convert = pcsv.ConvertOptions(
             include_columns=needed,
             # Bytes, converted by us cell by cell: a bad cell (even invalid UTF-8) drops its row, not the file.
@@ -467,14 +474,15 @@ def _parse_block(buf: bytes, start: int, end: int, names: list[str], parse: Any,
         if fast_end <= start:
             malformed[0] += 1  # the block is its one open line
             return _empty_table(convert)
-        lines = _count_newlines(buf, start, fast_end)
+        lines, empty = _count_lines(buf, start, fast_end)
+        empty = empty if parse.ignore_empty_lines else 0  # skipped by pyarrow, malformed by the dialect
         before = skipped.count
         try:
             table = _read_lines(memoryview(buf)[start:fast_end], names, parse, convert)
         except pa.ArrowException:
             table = None
-        if table is not None and table.num_rows + skipped.count - before == lines:
-            malformed[0] += 0 if last_closed else 1
+        if table is not None and table.num_rows + skipped.count - before + empty == lines:
+            malformed[0] += empty + (0 if last_closed else 1)
             return table
         skipped.count = before
     # Some line left a quote open (or the block is not UTF-8): judge every line alone.
@@ -483,31 +491,46 @@ def _parse_block(buf: bytes, start: int, end: int, names: list[str], parse: Any,
         return _empty_table(convert)
     before = skipped.count
     table = _read_lines(kept, names, parse, convert)
-    if table.num_rows != _count_newlines(kept, 0, len(kept)) or skipped.count != before:
+    if table.num_rows != _count_lines(kept, 0, len(kept))[0] or skipped.count != before:
         # well-formed lines cannot merge or be skipped: a bug if they do
         raise InternalError("the CSV reader joined or skipped a line although each is well formed on its own")
     return table
 
 
-def _count_newlines(buf: bytes, start: int, end: int) -> int:
-    """Count of b"\\n" in buf[start:end], 1 MiB at a time into one scratch array (twice as fast as
+def _count_lines(buf: bytes, start: int, end: int) -> tuple[int, int]:
+    """(lines, empty lines) of the whole lines buf[start:end] (each ending in b"\\n"): the count of b"\\n"
+    and of b"\\n" right after a line start. 1 MiB at a time into scratch arrays (twice as fast as
     ``bytes.count`` here, and no 16 MiB temporary per block)."""
     a = np.frombuffer(buf, np.uint8, count=end - start, offset=start)
     step = 1 << 20
     scratch = np.empty(min(step, len(a)), bool)
-    n = 0
+    pair = np.empty(max(min(step, len(a)) - 1, 0), bool)
+    n = empty = 0
+    prev_newline = True  # buf[start] starts a line
     for i in range(0, len(a), step):
         part = a[i:i + step]
         out = scratch[:len(part)]
         np.equal(part, 10, out=out)
         n += int(np.count_nonzero(out))
-    return n
+        if len(part):
+            empty += int(prev_newline and out[0])
+            both = pair[:len(part) - 1]
+            np.logical_and(out[1:], out[:-1], out=both)
+            empty += int(np.count_nonzero(both))
+            prev_newline = bool(out[-1])
+    return n, empty
 
 
 def _read_lines(data: bytes | memoryview, names: list[str], parse: Any, convert: Any) -> pa.Table:
     import pyarrow.csv as pcsv
 
-    read = pcsv.ReadOptions(column_names=names, use_threads=False, block_size=len(data) + 1)
+    skip = 0
+    if bytes(data[:3]) == _BOM:
+        # pyarrow drops a byte-order mark at the start of its input, i.e. from whichever line starts a
+        # block: that line's first cell would depend on where the blocks fall. Only the file's own BOM is
+        # dropped (by _csv_batches); here an empty line is put first and skipped, so the BOM stays data.
+        data, skip = b"\n" + bytes(data), 1
+    read = pcsv.ReadOptions(column_names=names, use_threads=False, block_size=len(data) + 1, skip_rows=skip)
     return pcsv.read_csv(pa.py_buffer(data), read_options=read, parse_options=parse, convert_options=convert)
 
 

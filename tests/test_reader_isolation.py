@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import pipelines.io as pio
@@ -486,3 +486,136 @@ def test_the_documented_time_text():
     ns, ok = pio.time_text_ns(pa.array(list(read) + refused))
     assert ok.tolist() == [True] * len(read) + [False] * len(refused)
     assert [(v - lo) / 1e9 for v in ns[:len(read)].tolist()] == pytest.approx(list(read.values()), abs=1e-9)
+
+
+# --------------------------------------------------------------------------- the differential property (issue 25)
+#
+# The fast reader against the reference reader (pipelines/reference_reader.py: the documented dialect, one
+# line at a time, in plain Python, sharing no parsing code with pipelines/io.py). For any victims' lines and
+# any attacker bytes (one or several lines) inserted at any line position, the fast reader's rows for the
+# whole file equal the multiset union of the reference's rows for each line read alone, its count of
+# malformed lines equals the reference's, and nothing raises (the run's outcome cannot change). Since the
+# reference reads each line alone, equality means every victim's rows are exactly theirs.
+
+from pipelines.reference_reader import read_reference  # noqa: E402 - next to the property that uses it
+
+DAY_EDGES = (WINDOW_NS[0] // 10**9, WINDOW_NS[1] // 10**9)
+
+
+def _render_time(instant: int, offset_min: int | None, form: int) -> bytes:
+    """An instant (s since the epoch, UTC) as text: naive (UTC) when ``offset_min`` is None, else local time
+    and that offset; ``form`` picks the spelling (separator, precision, offset style)."""
+    import datetime as dt
+
+    local = dt.datetime(1970, 1, 1) + dt.timedelta(seconds=instant + 60 * (offset_min or 0))
+    sep = "T" if form % 2 == 0 else " "
+    clock = [f"{local:%H}", f"{local:%H:%M}", f"{local:%H:%M:%S}", f"{local:%H:%M:%S}.123456789"][(form // 2) % 4]
+    text = f"{local:%Y-%m-%d}{sep}{clock}"  # (an hour-only spelling names the hour's start: another instant)
+    if offset_min is not None:
+        sign = "+" if offset_min >= 0 else "-"
+        h, m = divmod(abs(offset_min), 60)
+        style = (form // 8) % 4
+        text += ("Z" if offset_min == 0 and style == 0 else f"{sign}{h:02d}:{m:02d}" if style < 2
+                 else f"{sign}{h:02d}{m:02d}" if style == 2 or m else f"{sign}{h:02d}")
+    return text.encode()
+
+
+_edge_times = st.builds(
+    _render_time,
+    st.builds(lambda edge, minutes: edge + 60 * minutes, st.sampled_from(DAY_EDGES), st.integers(-14 * 60, 14 * 60)),
+    st.none() | st.integers(-14 * 4, 14 * 4).map(lambda q: 15 * q),
+    st.integers(0, 31),
+)
+_odd_times = st.sampled_from([b"2024-02-30T00:00:00", b"2024-01-01T24:00:00", b"2024-01-01T00:00:60Z", b"2024-1-1",
+                              b"20240101T0100Z", b" 2024-01-01T01:00:00Z", b"2024-01-01Z", b"2024-01-01T01:00:00+24:00",
+                              b"2024-01-01T01:00:00.1234567891", b"2024-01-01", b"2023-12-31", b"", b"x",
+                              b"\xff2024-01-01", b'"2024-01-01T05:00:00"', b"2024-01-01T05+05", b"2024-01-01T05:00-0530"])
+_latin1 = st.sampled_from([b"Jos\xe9", b"M\xfcller", b"\xff", b"\xc3", b"\xed\xa0\x80", b"\xc0\xaf"])
+_v_units = _units | _latin1 | st.sampled_from([b"u\x00", b"\xef\xbb\xbfu1", b'"u\r1"'])
+_v_regions = _regions | st.sampled_from([b"", b'"no"rth', b'c"d', b"n\xf6rth", b'""', b'"a"b"c'])
+_v_amounts = _amounts | st.sampled_from([b"", b"inf", b"-nan", b"1e999", b" 2.5\t", b"9" * 30, b"1" * 300, b"1.", b".5",
+                                         b"1e", b"e5", b"0x1p3", b"1_0", b"\xd9\xa1", b"2.0", b"1e3", b"007",
+                                         b"9223372036854775807", b"-9223372036854775808", b"9007199254740993"])
+_v_notes = _notes | _latin1 | st.sampled_from([b"\x00", b"\xef\xbb\xbf", b"x" * 150, b'"a,b"'])
+_any_eol = st.sampled_from([b"\n", b"\n", b"\r\n", b"\r"])
+
+
+def _victim(times: bool) -> st.SearchStrategy[bytes]:
+    note = (_edge_times | _odd_times) if times else _v_notes
+    return st.builds(lambda u, r, a, n, e: b",".join([u, r, a, n]) + e, _v_units, _v_regions, _v_amounts, note, _any_eol)
+
+
+_attack_fragments = _fragments | _latin1 | _edge_times | st.sampled_from([
+    b'target,"north,1', b'target,"north,1,', b"target,north,1,2024-01-01T12:00:00+12:00",
+    b"target,north,1,2023-12-31T10:00:00-14:00", b'"', b"\r", b"\n", b"\r\n", b"u1,north,1,", b",,,",
+    b"\xef\xbb\xbfuser_id,region,amount,note", b"x" * 250])
+_attacker = st.lists(st.lists(_attack_fragments | st.binary(max_size=10), min_size=1, max_size=8).map(b"".join),
+                     min_size=1, max_size=3)
+
+
+@st.composite
+def differential_case(draw, times: bool = False):
+    victims = draw(st.lists(_victim(times), max_size=20))
+    lines = draw(_attacker)
+    eols = [draw(_any_eol) for _ in lines]
+    adv = b"".join(x + e for x, e in zip(lines, eols))
+    pos = draw(st.integers(0, len(victims)))
+    if pos == len(victims) and draw(st.booleans()):
+        adv = adv.rstrip(b"\r\n")  # the last line of the file may have no end
+    limits = draw(st.sampled_from([(16 << 20, 16 << 20), (16 << 20, 16 << 20), (61, 4096), (7, 200), (200, 200)]))
+    return victims, adv, pos, limits
+
+
+def _reference_multiset(data: bytes, types: dict[str, str], max_line: int) -> tuple[list[tuple[int, int, int]], int]:
+    timed = types.get("note") == "timestamp"
+    ref = read_reference(data, types, unit_column="user_id", partition_columns=("region",), value_columns=("amount",),
+                         time_column="note" if timed else None, time_window_ns=WINDOW_NS if timed else None,
+                         max_line_bytes=max_line)
+    if not ref.rows:
+        return [], ref.malformed_lines
+    units = pio.hash_partition_tuples([(r.values["user_id"],) for r in ref.rows], ("user_id",), types)
+    parts = pio.hash_partition_tuples([(r.values["region"],) for r in ref.rows], ("region",), types)
+    amounts = np.array([float(r.values["amount"]) for r in ref.rows], np.float64)  # type: ignore[arg-type]
+    return multiset({"u": units, "p": parts, "v": amounts}), ref.malformed_lines
+
+
+def check_against_reference(tmp: Path, victims: list[bytes], adv: bytes, pos: int, limits: tuple[int, int],
+                            types: dict[str, str] = TYPES) -> None:
+    data = HEADER + b"".join(victims[:pos]) + adv + b"".join(victims[pos:])
+    counters: dict[str, int] = {}
+    with csv_limits(*limits):
+        fast = read_rows(_write(tmp, "file.csv", data), "csv", types, batch_rows=7, counters=counters)
+    want, malformed = _reference_multiset(data, types, limits[1])
+    assert multiset(fast) == want
+    assert counters.get(pio.MALFORMED_LINES, 0) == malformed
+
+
+ITEM1_EXAMPLE = ([b"u%d,north,1,2024-01-01T02:00:00\n" % i for i in range(5)],
+                 b"target,north,1,2024-01-01T12:00:00+12:00\n", 0, (16 << 20, 16 << 20))
+ITEM2_EXAMPLE = ([b"u1,north,1,x\n", b"u2,north,1,x\n", b"jose,north,1,Jos\xe9\n"], b'target,"north,1\n', 0,
+                 (16 << 20, 16 << 20))
+DIFFERENTIAL = settings(PROPERTY, max_examples=200)
+
+
+@DIFFERENTIAL
+@given(differential_case())
+@example((ITEM2_EXAMPLE[0], ITEM2_EXAMPLE[1], ITEM2_EXAMPLE[2], ITEM2_EXAMPLE[3]))
+def test_the_fast_reader_equals_the_reference_reader(tmp_path_factory, case):
+    victims, adv, pos, limits = case
+    check_against_reference(tmp_path_factory.mktemp("ref"), victims, adv, pos, limits)
+
+
+@settings(DIFFERENTIAL, max_examples=100)
+@given(differential_case())
+def test_the_fast_reader_equals_the_reference_reader_int_metric(tmp_path_factory, case):
+    victims, adv, pos, limits = case
+    check_against_reference(tmp_path_factory.mktemp("refint"), victims, adv, pos, limits, {**TYPES, "amount": "int"})
+
+
+@settings(DIFFERENTIAL, max_examples=150)
+@given(differential_case(times=True))
+@example(ITEM1_EXAMPLE)
+@example(ITEM2_EXAMPLE)
+def test_the_fast_reader_equals_the_reference_reader_time_column(tmp_path_factory, case):
+    victims, adv, pos, limits = case
+    check_against_reference(tmp_path_factory.mktemp("refts"), victims, adv, pos, limits, {**TYPES, "note": "timestamp"})
