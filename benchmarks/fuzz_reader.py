@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             status = "ok"
         except Exception as exc:  # noqa: BLE001 - report and go on with the next property
             failures += 1
-            status = f"FAILED: {type(exc).__name__}: {str(exc)[:2000]}"
+            notes = "\n".join(getattr(exc, "__notes__", []))  # Hypothesis puts the falsifying example here
+            status = f"FAILED: {type(exc).__name__}: {str(exc)[:2000]}\n{notes[:4000]}"
         print(f"{name}: {counter['n']} executions in {time.time() - t0:.0f}s: {status}", flush=True)
     import shutil
 

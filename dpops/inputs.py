@@ -171,6 +171,15 @@ def stored_all_missing(arrow_type: Any) -> bool:
     return bool(pa.types.is_null(t))
 
 
+def columns_of_any_type(schema: Any, num_rows: int) -> set[str]:
+    """The columns of a Parquet file whose stored type says nothing about its values, so that any declared
+    type is accepted for them: a column of type ``null`` (``stored_all_missing``), and every column of a
+    file with no rows (pandas writes an empty frame's columns as float64 whatever they would hold). Privacy
+    reason: as in ``stored_all_missing``, refusing them would make whether a day runs depend on the data
+    (here: on whether any unit had a row in the file); the reader reads nothing from a row-less file."""
+    return {f.name for f in schema if num_rows == 0 or stored_all_missing(f.type)}
+
+
 def stored_type_ok(arrow_type: Any, declared: str) -> bool:
     """Whether a Parquet column stored as ``arrow_type`` may be read as the declared type (schema only)."""
     import pyarrow as pa
@@ -183,7 +192,10 @@ def stored_type_ok(arrow_type: Any, declared: str) -> bool:
     if declared == "string":
         return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
     if declared == "int":
-        return pa.types.is_integer(t)
+        # Floats too: pandas stores an int column with one missing value as float64, so refusing floats would
+        # make the outcome depend on one unit's cell (issue 25 item 5's class). The reader keeps a float cell
+        # that is an integer within int64 and drops any other row as wrong_type (pipelines.io._convert_column).
+        return pa.types.is_integer(t) or pa.types.is_floating(t)
     if declared == "float":
         # Integers widen to float without loss of meaning; decimals and strings do not qualify.
         return pa.types.is_floating(t) or pa.types.is_integer(t)
@@ -222,13 +234,15 @@ def _check_parquet(spec: Any, path: str) -> None:
     try:
         if is_uri(path):
             fs, inner = Location.parse(path).filesystem()
-            schema = pq.read_schema(inner, filesystem=fs)
+            meta = pq.read_metadata(inner, filesystem=fs)
         else:
-            schema = pq.read_schema(path)
+            meta = pq.read_metadata(path)
+        schema = meta.schema.to_arrow_schema()
     except Exception as exc:  # pyarrow raises ArrowInvalid/OSError variants for a damaged or foreign file
         raise InputDataError(f"input file {path} is not a readable Parquet file ({type(exc).__name__}); "
                              "fix or replace it") from None
     names = schema.names
+    any_type = columns_of_any_type(schema, meta.num_rows)
     for col, declared in spec.input.columns.items():
         n = names.count(col)
         if n == 0:
@@ -239,7 +253,7 @@ def _check_parquet(spec: Any, path: str) -> None:
         if n > 1:
             raise InputDataError(f"input file {path}: column {col!r} appears {n} times")
         actual = schema.field(col).type
-        if not stored_type_ok(actual, declared):
+        if col not in any_type and not stored_type_ok(actual, declared):
             raise InputDataError(
                 f"input file {path}: column {col!r} has type {actual} but input.columns declares {declared}"
             )
@@ -378,5 +392,5 @@ def input_fingerprint(paths: Iterable[str], key: HmacKey,
 
 __all__ = [
     "Interval", "parse_interval", "resolve_input_paths", "check_input", "input_fingerprint", "TestFingerprintKey",
-    "public_file_rows", "stored_type_ok", "stored_all_missing",
+    "public_file_rows", "stored_type_ok", "stored_all_missing", "columns_of_any_type",
 ]

@@ -260,12 +260,19 @@ def _line_blocks(stream: Any, malformed: list[int]) -> Iterator[tuple[bytes, int
     carry = b""
     dropping = False  # inside a too-long line: skip to its end
     header_done = False
+    cr = b""  # a CR that ended the previous read: held back, since an LF may follow it (one CRLF, one line end)
     while True:
-        chunk = bytes(stream.read(CSV_READ_BYTES))
-        if not chunk:
-            break
-        if chunk.endswith(b"\r"):  # keep a CRLF pair in one chunk
-            chunk += bytes(stream.read(1))
+        raw = bytes(stream.read(CSV_READ_BYTES))
+        if not raw:
+            if not cr:
+                break
+            chunk, cr = cr, b""  # the file ends with a lone CR
+        else:
+            chunk, cr = cr + raw, b""
+            if chunk.endswith(b"\r"):  # (reading one byte more was not enough: CR CR LF across reads)
+                chunk, cr = chunk[:-1], b"\r"
+            if not chunk:
+                continue
         chunk = _normalise_newlines(chunk)
         if dropping:
             i = chunk.find(b"\n")
@@ -574,6 +581,8 @@ def _convert_column(arr: pa.Array, want: str) -> tuple[pa.Array, np.ndarray]:
     n = len(arr)
     ok_mask = np.zeros(n, bool)
     target = ARROW_TYPES[want]
+    if n == 0:  # no cell, no type to check: a row-less file may store any type (dpops.inputs.columns_of_any_type)
+        return pa.nulls(0, target), ok_mask
     if pa.types.is_dictionary(arr.type):
         arr = arr.cast(arr.type.value_type)
     if want == "string" and (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
@@ -588,6 +597,15 @@ def _convert_column(arr: pa.Array, want: str) -> tuple[pa.Array, np.ndarray]:
     if pa.types.is_null(arr.type):  # an all-null column: every row is dropped for its null, not its type
         return pa.nulls(n, target), ok_mask
     bad: pa.Array | None = None
+    if pa.types.is_floating(arr.type) and want == "int":
+        # (dpops.inputs.stored_type_ok: pandas writes an int column with a missing value as float64.) A cell
+        # that is an integer within int64 converts exactly; any other (2.5, inf, NaN, 2^63) drops its row.
+        f = arr.cast(pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False)
+        with np.errstate(invalid="ignore"):
+            whole = np.isfinite(f) & (np.floor(f) == f) & (f >= -(2.0 ** 63)) & (f < 2.0 ** 63)
+        null = _nulls(arr)
+        ok = whole & ~null
+        return pa.array(np.where(ok, f, 0.0).astype(np.int64), type=pa.int64(), mask=~ok), ~whole & ~null
     if pa.types.is_integer(arr.type) and want == "int":
         bad = _int_mask(arr, _INT64_MIN, _INT64_MAX)
     elif pa.types.is_integer(arr.type) and want == "float":
