@@ -416,13 +416,16 @@ def _release(root: Path, key_file: Path, data: bytes, amount_type: str) -> tuple
 @pytest.mark.parametrize("item,bad,amount_type", [
     ("3: unbalanced quote", b'target,"north,1\n', "float"),
     ("2: 5,000-digit int", b"target,north," + b"9" * 5000 + b"\n", "int"),
-], ids=["item3-quote", "item2-digits"])
+    ("25.2: open quote, later Latin-1", b'target,"north,1\nu_a,north,1\nJos\xe9,north,1\n', "float"),
+], ids=["item3-quote", "item2-digits", "issue25-item2-quote-latin1"])
 def test_release_run_publishes_and_keeps_the_other_users(tmp_path, key_file, item, bad, amount_type):
     """Through the real CLI (forked ``dpops release run --publish``, real plan and Beam pipeline): with
     the bad line the interval still publishes, the ledger run commits, and the 20,000 other ``north``
     users are counted. On 42476cc item 3 published a north count of about 0 and item 2 failed after
-    ``ledger.start`` (run left ``started``). Count noise: Laplace, b = L0*Linf/(eps/3) = 12, so a noisy
-    count below 19,000 for a true 20,000 has probability < 1e-30 (exp(-1000/12)/2)."""
+    ``ledger.start`` (run left ``started``); on a842927 issue 25 item 2 (an open quote, then anyone's
+    Latin-1 line) exited 4 "cannot read the CSV file" after the charge. Count noise: Laplace,
+    b = L0*Linf/(eps/3) = 12, so a noisy count below 19,000 for a true 20,000 has probability < 1e-30
+    (exp(-1000/12)/2)."""
     header = b"user_id,region,amount\n"
     body = b"".join(b"u%d,north,%d\n" % (i, i % 7) for i in range(20_000)) + b"s1,south,3\n"
     cut = body.index(b"\n", 30) + 1  # the bad line sits between two whole lines, early in the file
