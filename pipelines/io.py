@@ -475,22 +475,24 @@ def _parse_block(buf: bytes, start: int, end: int, names: list[str], parse: Any,
         except UnicodeDecodeError:
             pass
     if block_is_utf8:
-        fast_end, trailing_empty = end, 0
-        if parse.ignore_empty_lines and end - start >= 1 and (end - start == 1 or buf[end - 2] == 0x0A):
-            # Trailing empty lines are cut off first: pyarrow skips an empty line without a record, so an
-            # open quote running through empty lines to the block's end would merge unseen by the count below.
-            fast_end = _last_nonempty_end(buf, start, end)
-            trailing_empty = _count_newlines(buf, fast_end, end)
-        if fast_end <= start:
-            malformed[0] += trailing_empty
-            return _empty_table(convert)
-        last_start = buf.rfind(b"\n", start, fast_end - 1) + 1
-        last_closed = _line_is_closed(buf[last_start:fast_end - 1])
-        open_last = 0 if last_closed else 1
-        if not last_closed:
+        # The block's tail is cut back to its last line that is non-empty and closes its quotes: trailing open
+        # lines are malformed (nothing may follow them to merge with, and pyarrow would read an open quote up
+        # to the end of its input as a field), and trailing empty lines are cut too, since pyarrow skips an
+        # empty line without a record, so an open quote running through them would merge unseen by the count.
+        fast_end, trailing_empty, open_last = end, 0, 0
+        while fast_end > start:
+            if parse.ignore_empty_lines and (fast_end - start == 1 or buf[fast_end - 2] == 0x0A):
+                cut = _last_nonempty_end(buf, start, fast_end)  # a run of empty lines at once (numpy)
+                trailing_empty += _count_newlines(buf, cut, fast_end)
+                fast_end = cut
+                continue
+            last_start = buf.rfind(b"\n", start, fast_end - 1) + 1
+            if _line_is_closed(buf[last_start:fast_end - 1]):
+                break
+            open_last += 1
             fast_end = last_start
         if fast_end <= start:
-            malformed[0] += trailing_empty + open_last  # the block is its one open line (and empty lines)
+            malformed[0] += trailing_empty + open_last  # the block is only open and empty lines
             return _empty_table(convert)
         lines = _count_newlines(buf, start, fast_end)
         before = skipped.count
