@@ -156,16 +156,46 @@ def resolve_input_paths(spec: Any, interval_start: Any, interval_end: Any = None
 # --------------------------------------------------------------------------- schema check
 
 
-def _arrow_type_ok(arrow_type: Any, declared: str) -> bool:
+def stored_all_missing(arrow_type: Any) -> bool:
+    """Whether a Parquet column's stored type says only that every value is missing (Arrow ``null``).
+
+    Such a column satisfies every declared type (issue 25 item 5): writers infer that type from the values
+    (pandas writes an all-``None`` column as ``null``), so refusing it would make whether a day runs depend
+    on whether one unit filled the column in, a check on cell values before reservation. The reader reads
+    it as nulls of the declared type (``pipelines.io._convert_column``), so it drops exactly the rows a
+    column of that type holding only nulls would drop.
+    """
     import pyarrow as pa
 
+    t = arrow_type.value_type if pa.types.is_dictionary(arrow_type) else arrow_type
+    return bool(pa.types.is_null(t))
+
+
+def columns_of_any_type(schema: Any, num_rows: int) -> set[str]:
+    """The columns of a Parquet file whose stored type says nothing about its values, so that any declared
+    type is accepted for them: a column of type ``null`` (``stored_all_missing``), and every column of a
+    file with no rows (pandas writes an empty frame's columns as float64 whatever they would hold). Privacy
+    reason: as in ``stored_all_missing``, refusing them would make whether a day runs depend on the data
+    (here: on whether any unit had a row in the file); the reader reads nothing from a row-less file."""
+    return {f.name for f in schema if num_rows == 0 or stored_all_missing(f.type)}
+
+
+def stored_type_ok(arrow_type: Any, declared: str) -> bool:
+    """Whether a Parquet column stored as ``arrow_type`` may be read as the declared type (schema only)."""
+    import pyarrow as pa
+
+    if stored_all_missing(arrow_type):
+        return True
     t = arrow_type
     if pa.types.is_dictionary(t):
         t = t.value_type
     if declared == "string":
         return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
     if declared == "int":
-        return pa.types.is_integer(t)
+        # Floats too: pandas stores an int column with one missing value as float64, so refusing floats would
+        # make the outcome depend on one unit's cell (issue 25 item 5's class). The reader keeps a float cell
+        # that is an integer within int64 and drops any other row as wrong_type (pipelines.io._convert_column).
+        return pa.types.is_integer(t) or pa.types.is_floating(t)
     if declared == "float":
         # Integers widen to float without loss of meaning; decimals and strings do not qualify.
         return pa.types.is_floating(t) or pa.types.is_integer(t)
@@ -204,13 +234,15 @@ def _check_parquet(spec: Any, path: str) -> None:
     try:
         if is_uri(path):
             fs, inner = Location.parse(path).filesystem()
-            schema = pq.read_schema(inner, filesystem=fs)
+            meta = pq.read_metadata(inner, filesystem=fs)
         else:
-            schema = pq.read_schema(path)
+            meta = pq.read_metadata(path)
+        schema = meta.schema.to_arrow_schema()
     except Exception as exc:  # pyarrow raises ArrowInvalid/OSError variants for a damaged or foreign file
         raise InputDataError(f"input file {path} is not a readable Parquet file ({type(exc).__name__}); "
                              "fix or replace it") from None
     names = schema.names
+    any_type = columns_of_any_type(schema, meta.num_rows)
     for col, declared in spec.input.columns.items():
         n = names.count(col)
         if n == 0:
@@ -221,7 +253,7 @@ def _check_parquet(spec: Any, path: str) -> None:
         if n > 1:
             raise InputDataError(f"input file {path}: column {col!r} appears {n} times")
         actual = schema.field(col).type
-        if not _arrow_type_ok(actual, declared):
+        if col not in any_type and not stored_type_ok(actual, declared):
             raise InputDataError(
                 f"input file {path}: column {col!r} has type {actual} but input.columns declares {declared}"
             )
@@ -377,5 +409,5 @@ def input_fingerprint(paths: Iterable[str], key: HmacKey,
 
 __all__ = [
     "Interval", "parse_interval", "resolve_input_paths", "check_input", "input_fingerprint", "TestFingerprintKey",
-    "public_file_rows", "missing_input_files",
+    "public_file_rows", "missing_input_files", "stored_type_ok", "stored_all_missing", "columns_of_any_type",
 ]

@@ -221,6 +221,9 @@ def iter_record_batches(item: tuple[int, str, int | None, int], cfg: ReadConfig,
 # - An empty cell (nothing between the separators) is null; ``""`` is the empty string, as in Parquet.
 #   No text is null: ``NA``, ``N/A``, ``null``, ``nan`` are ordinary strings (issue 19 item 4).
 # - Cells are read as bytes and converted by ``_convert_cells``, one cell at a time in effect.
+# - An empty line is one empty field (malformed under a header of several); a BOM after the header is data.
+# ``pipelines/reference_reader.py`` is this dialect written out line by line in plain Python, sharing no
+# code with this module: the differential property in tests/test_reader_isolation.py holds them equal.
 
 MAX_LINE_BYTES = 16 << 20  # a longer line is malformed (and is never held in memory whole)
 CSV_READ_BYTES = 16 << 20  # bytes read at a time (<= MAX_LINE_BYTES); blocks hold whole lines only
@@ -257,12 +260,19 @@ def _line_blocks(stream: Any, malformed: list[int]) -> Iterator[tuple[bytes, int
     carry = b""
     dropping = False  # inside a too-long line: skip to its end
     header_done = False
+    cr = b""  # a CR that ended the previous read: held back, since an LF may follow it (one CRLF, one line end)
     while True:
-        chunk = bytes(stream.read(CSV_READ_BYTES))
-        if not chunk:
-            break
-        if chunk.endswith(b"\r"):  # keep a CRLF pair in one chunk
-            chunk += bytes(stream.read(1))
+        raw = bytes(stream.read(CSV_READ_BYTES))
+        if not raw:
+            if not cr:
+                break
+            chunk, cr = cr, b""  # the file ends with a lone CR
+        else:
+            chunk, cr = cr + raw, b""
+            if chunk.endswith(b"\r"):  # (reading one byte more was not enough: CR CR LF across reads)
+                chunk, cr = chunk[:-1], b"\r"
+            if not chunk:
+                continue
         chunk = _normalise_newlines(chunk)
         if dropping:
             i = chunk.find(b"\n")
@@ -328,7 +338,11 @@ def _csv_batches(path: str, cfg: ReadConfig, counters: dict[str, int] | None) ->
         if [c for c in needed if c not in names]:
             raise InputDataError(f"{path}: a column declared in the spec is missing from the CSV header (line 1); "
                                  "fix the file or input.columns")
-        parse = pcsv.ParseOptions(newlines_in_values=False, ignore_empty_lines=False, invalid_row_handler=skipped)
+        # An empty line has one field: malformed under a header of several (the dialect), where pyarrow would
+        # make it a row of nulls; so pyarrow skips it and _parse_block counts it. Under a one-column header it
+        # is that column's null.
+        parse = pcsv.ParseOptions(newlines_in_values=False, ignore_empty_lines=len(names) > 1,
+                                  invalid_row_handler=skipped)
         convert = pcsv.ConvertOptions(
             include_columns=needed,
             # Bytes, converted by us cell by cell: a bad cell (even invalid UTF-8) drops its row, not the file.
@@ -420,23 +434,22 @@ def _field_count(line: bytes) -> int:
     return _QUOTED_PART.sub(b"", line).count(b",") + 1
 
 
-def _drop_undecodable_malformed_lines(block: bytes, n_fields: int, malformed: list[int]) -> bytes:
-    """Remove the malformed lines (quote left open, wrong field count) that are not UTF-8.
+def _well_formed_lines(block: bytes, n_fields: int, malformed: list[int]) -> bytes:
+    """The lines of ``block`` (whole lines, each ending in b"\\n") that are well formed, each judged on its own
+    bytes: its quotes close on it (``_line_is_closed``) and it has the header's field count (``_field_count``).
+    The others are removed and counted (``malformed[0]``).
 
-    pyarrow hands a skipped line's text to ``invalid_row_handler`` as a Python str; when the line is not
-    UTF-8 that decode fails inside pyarrow and the whole block fails (on 42476cc: the whole file, after the
-    budget was charged). So such lines never reach pyarrow: each is judged here on its own bytes, by the
-    same rules. Lines that are well-formed stay, whatever their bytes (a bad cell drops its row later).
+    Privacy reason (issue 25 item 2): what pyarrow receives from here cannot merge two lines or hand a line's
+    text to ``invalid_row_handler`` (which decodes it and fails the whole block on invalid UTF-8, after the
+    charge): every line it sees is one row by construction, whatever bytes its neighbours hold. A well-formed
+    line that is not UTF-8 stays; its bad cells drop its row later (``_convert_cells``).
     """
     out = []
     for line in block[:-1].split(b"\n"):
-        try:
-            line.decode("utf-8")
-        except UnicodeDecodeError:
-            if not _line_is_closed(line) or _field_count(line) != n_fields:
-                malformed[0] += 1
-                continue
-        out.append(line)
+        if _line_is_closed(line) and _field_count(line) == n_fields:
+            out.append(line)
+        else:
+            malformed[0] += 1
     return b"\n".join(out) + b"\n" if out else b""
 
 
@@ -445,37 +458,70 @@ def _parse_block(buf: bytes, start: int, end: int, names: list[str], parse: Any,
     """Parse the whole lines buf[start:end]; every line gives exactly one row or one skip (checked), never
     part of another's.
 
-    pyarrow's parser lets a quoted field run over line ends even with ``newlines_in_values=False``, so the
-    lines whose quotes stay open are removed first. The common case costs one count of b"\\n": the last line
-    is checked (nothing follows it to merge with), the block is parsed, and rows + skips must equal lines;
-    only if they do not (some line in the middle opened a quote) are the lines checked one by one.
+    pyarrow's parser lets a quoted field run over line ends even with ``newlines_in_values=False``, and
+    decodes a skipped line's bytes as UTF-8 for ``invalid_row_handler``. So pyarrow parses the block as it
+    is only when the block is UTF-8 (then a skipped line's text decodes); the common case then costs one
+    count of b"\\n": the last line is checked (nothing follows it to merge with), the block is parsed, and
+    rows + skips must equal lines. Records never outnumber lines (a record ends at a newline), so equality
+    means no two lines merged. In every other case (a block that is not UTF-8, a line in the middle that
+    opened a quote, any pyarrow error) every line is judged alone (``_well_formed_lines``) and only the
+    well-formed ones are parsed: they cannot merge, and nothing is left for pyarrow to skip.
     """
-    if not buf.isascii():  # (the whole buffer: a cheap test first)
+    block_is_utf8 = buf.isascii()  # (the whole buffer: a cheap test first)
+    if not block_is_utf8:
         try:
             codecs.utf_8_decode(memoryview(buf)[start:end], "strict", True)
+            block_is_utf8 = True
         except UnicodeDecodeError:
-            buf = _drop_undecodable_malformed_lines(buf[start:end], len(names), malformed)
-            start, end = 0, len(buf)
-    last_start = buf.rfind(b"\n", start, end - 1) + 1
-    if not _line_is_closed(buf[last_start:end - 1]):
-        malformed[0] += 1
-        end = last_start
-    if end <= start:
-        return _empty_table(convert)
-    lines = _count_newlines(buf, start, end)
-    before = skipped.count
-    table = _read_lines(memoryview(buf)[start:end], names, parse, convert)
-    if table.num_rows + skipped.count - before == lines:
-        return table
-    # Some line left a quote open and took the following lines with it: drop exactly the open lines.
-    skipped.count = before
-    kept = [ln for ln in buf[start:end - 1].split(b"\n") if _line_is_closed(ln)]
-    malformed[0] += lines - len(kept)
+            pass
+    if block_is_utf8:
+        # The block's tail is cut back to its last line that is non-empty and closes its quotes: trailing open
+        # lines are malformed (nothing may follow them to merge with, and pyarrow would read an open quote up
+        # to the end of its input as a field), and trailing empty lines are cut too, since pyarrow skips an
+        # empty line without a record, so an open quote running through them would merge unseen by the count.
+        fast_end, trailing_empty, open_last = end, 0, 0
+        while fast_end > start:
+            if parse.ignore_empty_lines and (fast_end - start == 1 or buf[fast_end - 2] == 0x0A):
+                cut = _last_nonempty_end(buf, start, fast_end)  # a run of empty lines at once (numpy)
+                trailing_empty += _count_newlines(buf, cut, fast_end)
+                fast_end = cut
+                continue
+            last_start = buf.rfind(b"\n", start, fast_end - 1) + 1
+            if _line_is_closed(buf[last_start:fast_end - 1]):
+                break
+            open_last += 1
+            fast_end = last_start
+        if fast_end <= start:
+            malformed[0] += trailing_empty + open_last  # the block is only open and empty lines
+            return _empty_table(convert)
+        lines = _count_newlines(buf, start, fast_end)
+        before = skipped.count
+        try:
+            table = _read_lines(memoryview(buf)[start:fast_end], names, parse, convert)
+        except pa.ArrowException:
+            table = None
+        if table is not None:
+            records = table.num_rows + skipped.count - before
+            # A record ends at a line end, so records <= lines, and every line absorbed into another's record
+            # (the block now ends in a non-empty line whose quotes close) is a non-empty one that would have
+            # been a record of its own: equality means no merge. Empty lines (skipped without a record, and
+            # malformed by the dialect) are counted only when the cheap test fails.
+            empty = 0
+            if records != lines and parse.ignore_empty_lines:
+                empty = _count_empty_lines(buf, start, fast_end)
+            if records + empty == lines:
+                malformed[0] += empty + trailing_empty + open_last
+                return table
+        skipped.count = before
+    # Some line left a quote open (or the block is not UTF-8): judge every line alone.
+    kept = _well_formed_lines(buf[start:end], len(names), malformed)
     if not kept:
         return _empty_table(convert)
-    table = _read_lines(b"\n".join(kept) + b"\n", names, parse, convert)
-    if table.num_rows + skipped.count - before != len(kept):  # closed lines cannot merge: a bug if they do
-        raise InternalError("the CSV reader joined two lines although every quote closes on its line")
+    before = skipped.count
+    table = _read_lines(kept, names, parse, convert)
+    if table.num_rows != _count_newlines(kept, 0, len(kept)) or skipped.count != before:
+        # well-formed lines cannot merge or be skipped: a bug if they do
+        raise InternalError("the CSV reader joined or skipped a line although each is well formed on its own")
     return table
 
 
@@ -494,10 +540,30 @@ def _count_newlines(buf: bytes, start: int, end: int) -> int:
     return n
 
 
+def _count_empty_lines(buf: bytes, start: int, end: int) -> int:
+    """Empty lines among the whole lines buf[start:end] (buf[start] starts a line): a b"\\n" right after
+    another, or at ``start``."""
+    a = np.frombuffer(buf, np.uint8, count=end - start, offset=start) == 10
+    return int(len(a) > 0 and a[0]) + int(np.count_nonzero(a[1:] & a[:-1]))
+
+
+def _last_nonempty_end(buf: bytes, start: int, end: int) -> int:
+    """The end (after its b"\\n") of the last non-empty line of the whole lines buf[start:end], or ``start``."""
+    a = np.frombuffer(buf, np.uint8, count=end - start, offset=start)
+    other = np.flatnonzero(a != 10)
+    return start if len(other) == 0 else start + int(other[-1]) + 2
+
+
 def _read_lines(data: bytes | memoryview, names: list[str], parse: Any, convert: Any) -> pa.Table:
     import pyarrow.csv as pcsv
 
-    read = pcsv.ReadOptions(column_names=names, use_threads=False, block_size=len(data) + 1)
+    skip = 0
+    if bytes(data[:3]) == _BOM:
+        # pyarrow drops a byte-order mark at the start of its input, i.e. from whichever line starts a
+        # block: that line's first cell would depend on where the blocks fall. Only the file's own BOM is
+        # dropped (by _csv_batches); here an empty line is put first and skipped, so the BOM stays data.
+        data, skip = b"\n" + bytes(data), 1
+    read = pcsv.ReadOptions(column_names=names, use_threads=False, block_size=len(data) + 1, skip_rows=skip)
     return pcsv.read_csv(pa.py_buffer(data), read_options=read, parse_options=parse, convert_options=convert)
 
 
@@ -541,6 +607,8 @@ def _convert_column(arr: pa.Array, want: str) -> tuple[pa.Array, np.ndarray]:
     n = len(arr)
     ok_mask = np.zeros(n, bool)
     target = ARROW_TYPES[want]
+    if n == 0:  # no cell, no type to check: a row-less file may store any type (dpops.inputs.columns_of_any_type)
+        return pa.nulls(0, target), ok_mask
     if pa.types.is_dictionary(arr.type):
         arr = arr.cast(arr.type.value_type)
     if want == "string" and (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
@@ -555,6 +623,15 @@ def _convert_column(arr: pa.Array, want: str) -> tuple[pa.Array, np.ndarray]:
     if pa.types.is_null(arr.type):  # an all-null column: every row is dropped for its null, not its type
         return pa.nulls(n, target), ok_mask
     bad: pa.Array | None = None
+    if pa.types.is_floating(arr.type) and want == "int":
+        # (dpops.inputs.stored_type_ok: pandas writes an int column with a missing value as float64.) A cell
+        # that is an integer within int64 converts exactly; any other (2.5, inf, NaN, 2^63) drops its row.
+        f = arr.cast(pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False)
+        with np.errstate(invalid="ignore"):
+            whole = np.isfinite(f) & (np.floor(f) == f) & (f >= -(2.0 ** 63)) & (f < 2.0 ** 63)
+        null = _nulls(arr)
+        ok = whole & ~null
+        return pa.array(np.where(ok, f, 0.0).astype(np.int64), type=pa.int64(), mask=~ok), ~whole & ~null
     if pa.types.is_integer(arr.type) and want == "int":
         bad = _int_mask(arr, _INT64_MIN, _INT64_MAX)
     elif pa.types.is_integer(arr.type) and want == "float":
@@ -794,8 +871,9 @@ def outside_window(arr: pa.Array, window_ns: tuple[int, int] | None) -> np.ndarr
 
     Parquet timestamps (any unit; naive ones are UTC) are compared as integers in their own unit
     against ceil(bound / unit), which is exact: ``v*f >= lo  <=>  v >= ceil(lo/f)``. CSV cells are
-    ISO-8601 text (no offset = UTC). A row whose time cannot be read cannot be shown to belong to
-    this period, so it is dropped like any malformed row; the count goes to the internal log only.
+    ISO-8601 text (no offset = UTC), each read alone by ``time_text_ns``. A row whose time cannot be
+    read cannot be shown to belong to this period, so it is dropped like any malformed row; the count
+    goes to the internal log only.
     """
     if window_ns is None:
         raise InputDataError("a time column is set but the run has no interval to filter by")
@@ -822,17 +900,84 @@ def outside_window(arr: pa.Array, window_ns: tuple[int, int] | None) -> np.ndarr
                     cells.append(None)
             arr = pa.array(cells, pa.string())
     if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
-        try:  # fast path: every cell is ISO-8601 with an offset ("...Z"); Arrow parses it natively
-            return outside_window(arr.cast(pa.timestamp("ns", tz="UTC")), window_ns)
-        except pa.ArrowException:
-            pass  # naive times, other ISO forms or bad cells: parse cell by cell (bad ones drop the row)
-        raw = pd.Series(arr.to_numpy(zero_copy_only=False), dtype=object)
-        t = pd.to_datetime(raw, utc=True, errors="coerce", format="ISO8601")
-        null = t.isna().to_numpy()
-        v = t.to_numpy(dtype="datetime64[ns]").view(np.int64)
-        return null | (v < lo) | (v >= hi)
+        v, readable = time_text_ns(arr)
+        return ~readable | (v < lo) | (v >= hi)
     # check_input refuses any other type before a run; a file swapped since is malformed row by row
     return np.ones(len(arr), dtype=bool)
+
+
+# Event-time text (README "The CSV dialect"; issue 25 item 1). Privacy reason: which period a row's time
+# puts it in decides which bucket of a period-bucketed scope it is charged to, so that decision must be a
+# function of the row's own cell. pandas' ``to_datetime(format="ISO8601")`` over a column is not: it carried
+# the last zone offset it saw forward to the naive strings after it (pandas issue 61389), so one unit's
+# ``+12:00`` moved 2,000 other users' rows to the previous day. So no inference-based parser is ever handed
+# a column: the accepted text is this fixed grammar, and each cell is read by Arrow's elementwise cast of
+# its class (naive cells as ``timestamp[ns]`` = UTC, cells with an offset as ``timestamp[ns, UTC]``), which
+# holds no state between cells. The grammar (ASCII, nothing before or after it):
+#   date:   YYYY-MM-DD
+#   time:   optional, after 'T' or ' ': hh, hh:mm, hh:mm:ss or hh:mm:ss.f (f: 1 to 9 digits)
+#   offset: optional, only after a time: 'Z', or '+'/'-' then hh, hhmm or hh:mm; none means UTC
+# Field values must exist (no 2024-02-30, no hour 24, no second 60, offsets below 24:00), and the instant
+# must lie within int64 nanoseconds (years 1677-2262): any other cell is unreadable and drops its row.
+# This is exactly the text Arrow's two casts accept, and they accept disjoint sets (the naive cast refuses
+# an offset, the other requires one), so a cell's class is read off its own bytes: an offset is a 'Z', '+'
+# or '-' after the date's 10 characters.
+_NAIVE_NS, _AWARE_NS = pa.timestamp("ns"), pa.timestamp("ns", tz="UTC")
+
+
+def time_text_ns(text: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(nanoseconds since the epoch, UTC, as int64; mask of readable cells) for event-time text cells, each
+    cell read alone by the grammar above (nulls and unreadable cells: False in the mask, 0 in the values).
+
+    Speed: the class of the first cell is tried on the whole column first, one Arrow cast (~0.1 us/cell):
+    that is the whole cost when every cell has the same class. Otherwise (a failing cast costs ~3 us per
+    cell, as pandas did) three substring tests classify the cells and each class costs one cast. A class
+    whose cast fails (some cell is not of the grammar) is cut in halves until each failing cell is alone,
+    so k bad cells cost O(k log n) casts, and a cell's value never depends on another's."""
+    n = len(text)
+    ns = np.zeros(n, np.int64)
+    ok = np.zeros(n, bool)
+    null = _nulls(text)
+    present = np.flatnonzero(~null)
+    if len(present) == 0:
+        return ns, ok
+    first = int(present[0])
+    guess = _AWARE_NS if _casts(text.slice(first, 1), _AWARE_NS) else _NAIVE_NS
+    try:
+        parsed = text.cast(guess)  # every cell of the first one's class (any null stays null)
+        return parsed.view(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False), ~null
+    except pa.ArrowException:
+        pass
+    tail = pc.utf8_slice_codeunits(text, 10)
+    aware = np.zeros(n, bool)
+    for mark in ("Z", "+", "-"):
+        aware |= pc.match_substring(tail, mark).fill_null(False).to_numpy(zero_copy_only=False)
+    for mask, typ in ((aware & ~null, _AWARE_NS), (~aware & ~null, _NAIVE_NS)):
+        idx = np.flatnonzero(mask)
+        if len(idx):
+            _cast_times(text.take(pa.array(idx)), typ, idx, ns, ok)
+    return ns, ok
+
+
+def _casts(cells: pa.Array, typ: pa.DataType) -> bool:
+    try:
+        cells.cast(typ)
+        return True
+    except pa.ArrowException:
+        return False
+
+
+def _cast_times(cells: pa.Array, typ: pa.DataType, idx: np.ndarray, ns: np.ndarray, ok: np.ndarray) -> None:
+    try:
+        parsed = cells.cast(typ)
+    except pa.ArrowException:  # some cell names no instant: bisect down to it (its text is never shown)
+        if len(cells) > 1:
+            half = len(cells) // 2
+            _cast_times(cells.slice(0, half), typ, idx[:half], ns, ok)
+            _cast_times(cells.slice(half), typ, idx[half:], ns, ok)
+        return
+    ns[idx] = parsed.view(pa.int64()).to_numpy(zero_copy_only=False)
+    ok[idx] = True
 
 
 def _nulls(arr: pa.Array) -> np.ndarray:

@@ -194,3 +194,45 @@ def test_fingerprint_order_independent_and_name_sensitive(tmp_path):
     assert input_fingerprint([str(p1), str(p3)], key) != before  # same bytes, different name
     with pytest.raises(InputDataError, match="listed twice"):
         input_fingerprint([str(p1), str(p1)], key)
+
+
+@pytest.mark.parametrize("writer", ["pandas", "pyarrow"])
+@pytest.mark.parametrize("column", ["category", "amount", "region", "ts"])
+def test_an_all_missing_column_passes_the_checks_whatever_is_declared(tmp_path, writer, column):
+    """Issue 25 item 5: a declared column in which no unit has a value is stored by pandas as type ``null``;
+    check_input refused it (exit 4) while the same day with one unit's value published. Both the schema
+    check and the GX input check accept it now, and the reader drops exactly the rows a null drops."""
+    import pandas as pd
+
+    from dpops.release.gx_checks import check_input_schema
+    from pipelines.io import ReadConfig, iter_record_batches, prepare_batch, work_items
+
+    spec = make_spec(tmp_path)
+    p = tmp_path / "x.parquet"
+    cols = {"user_id": ["u1", "u2"], "region": ["north", "south"], "amount": [1.5, 2.0], "category": ["a", "b"],
+            "ts": pd.to_datetime(["2024-01-01T01:00:00", "2024-01-01T02:00:00"])}
+    cols[column] = [None, None]
+    if writer == "pandas":
+        pd.DataFrame(cols).to_parquet(p)
+    else:
+        pq.write_table(pa.table({k: pa.array(v) if k != column else pa.nulls(2) for k, v in cols.items()}), p)
+    assert pq.read_schema(p).field(column).type == pa.null()
+    check_input(spec, [str(p)])
+    assert check_input_schema([str(p)], spec.input.columns, "parquet").success
+    cfg = ReadConfig(format="parquet", types=dict(spec.input.columns), unit_column="user_id", partition_columns=("region",),
+                     value_columns=("amount",), category_columns={"category": ("a", "b")}, time_column="ts",
+                     time_window_ns=(1_704_067_200 * 10**9, 1_704_153_600 * 10**9))
+
+    class Rng:
+        def uint64(self, n):
+            import numpy as np
+
+            return np.zeros(n, np.uint64)
+
+    kept = 0
+    for item in work_items([str(p)], "parquet"):
+        for batch, offset in iter_record_batches(item, cfg, {}):
+            rows, _names, stats = prepare_batch(batch, 0, offset, cfg, Rng(), pair_salt=(1, 2))
+            kept += len(rows["u"])
+    # a null region, amount or time drops both rows; a null category keeps them (code -1: outside the domain)
+    assert kept == (2 if column == "category" else 0)
