@@ -156,3 +156,25 @@ def test_the_ring_picks_each_records_key_and_refuses_nothing_it_does_not_hold(tm
     assert ring.key_for("f" * 16).key_id == kb.key_id  # unknown: the current key (its check then says why)
     assert ring.for_id("os/attempt-1") is None and ring.for_id("test/seed-3") is None
     assert KeyRing.load(None, [str(a)]).key_for("0" * 16) is None  # a reviewer holding only old keys
+
+
+def test_the_dags_reserve_task_serves_the_day_across_a_rotation(env, monkeypatch, capsys):
+    """The runbook's "clearing its tasks" after a rotation: the DAG's reserve task (``orchestration.reserve_step``)
+    with the old key in the deployment's ``DPOPS_PREVIOUS_NOISE_KEY_FILES`` serves the published day, nothing
+    charged; without it the task refuses, saying the key changed."""
+    from dpops import orchestration
+
+    code, _, err = _run(env, DAY1, env["key"], capsys)
+    assert code == 0, err
+    old, new = _rotate(env, monkeypatch)
+    settings = orchestration.Settings(ledger_url=env["url"], key_path=str(new))
+    step = orchestration.Step(env["spec"], "2024-01-01T00:00:00+00:00", "2024-01-02T00:00:00+00:00", settings, "test")
+    with _ledger(env) as led:
+        entries = len(led.history())
+    refused = orchestration.reserve_step(step)
+    assert refused.state == "refused" and "the noise key changed since that publication" in refused.message
+    monkeypatch.setenv("DPOPS_PREVIOUS_NOISE_KEY_FILES", str(old))
+    served = orchestration.reserve_step(step)
+    assert served.state == "already_published" and served.epsilon_charged == 0
+    with _ledger(env) as led:
+        assert len(led.history()) == entries
