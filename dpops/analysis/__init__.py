@@ -29,7 +29,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpops.analysis.accuracy import (
@@ -42,6 +41,7 @@ from dpops.analysis.accuracy import (
 )
 from dpops.analysis.estimate import Estimate, EstimateConfig, estimate_l0
 from dpops.analysis.horizon import ACCOUNTANTS, Horizon, HorizonRow
+from dpops.analysis.loading import load
 from dpops.analysis.solver import FitCheck, Solution
 from dpops.analysis.solver import solve as solve_spec
 from dpops.analysis.targets import TargetResult, evaluate
@@ -60,25 +60,6 @@ __all__ = [
     "DEFAULT_CONFIDENCE", "DEFAULT_UNITS", "DEFAULT_GAP", "tune", "Candidate", "TuneResult",
     "estimate_l0", "EstimateConfig", "Estimate",
 ]
-
-
-
-def load(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], *,
-         base_dir: str | os.PathLike[str] | None = None) -> ReleaseSpec:
-    """A validated ``ReleaseSpec`` from a YAML path, a dict (as the YAML would parse) or a spec itself.
-
-    A dict's relative paths start at ``base_dir`` (default the working directory). Errors are the same
-    ``SpecError`` (exit class 3) the CLI prints.
-    """
-    from dpops.spec import ReleaseSpec, load_spec, parse_spec
-
-    if isinstance(spec, ReleaseSpec):
-        return spec
-    if isinstance(spec, Mapping):
-        return parse_spec(dict(spec), source="<dict>", base_dir=Path(base_dir) if base_dir is not None else None)
-    if isinstance(spec, (str, os.PathLike)):
-        return load_spec(spec)
-    raise InvalidParameter(f"a spec is a path, a dict or a ReleaseSpec, got {type(spec).__name__}")
 
 
 def predictions(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], *,
