@@ -72,7 +72,7 @@ import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -299,26 +299,6 @@ def _at_or_below_int(values: np.ndarray, grid: np.ndarray) -> np.ndarray:
     return np.searchsorted(np.sort(np.asarray(values, dtype=np.int64)), grid, side="right").astype(np.int64)
 
 
-def _per_unit_partitions(u: np.ndarray, p: np.ndarray) -> np.ndarray:
-    """Distinct partitions of each unit (one value per unit present)."""
-    import pandas as pd
-
-    if not len(u):
-        return np.zeros(0, np.int64)
-    pairs = pd.DataFrame({"u": u, "p": p}).drop_duplicates()
-    return pairs.groupby("u", sort=False).size().to_numpy(np.int64)
-
-
-def _per_unit_max_rows(u: np.ndarray, p: np.ndarray) -> np.ndarray:
-    """Each unit's largest number of rows in one partition (one value per unit present)."""
-    import pandas as pd
-
-    if not len(u):
-        return np.zeros(0, np.int64)
-    per_pair = pd.DataFrame({"u": u, "p": p}).groupby(["u", "p"], sort=False).size()
-    return per_pair.groupby(level=0, sort=False).max().to_numpy(np.int64)
-
-
 def estimate_l0(per_unit_partitions: Sequence[int] | np.ndarray, epsilon: float, rng: RandomSource | None = None, *,
                 seed: int | None = None, quantile: float = DEFAULT_QUANTILE, max_l0: int = DEFAULT_MAX_L0,
                 declared: int = 1) -> int:
@@ -413,53 +393,225 @@ def spec_patch(spec: ReleaseSpec, result: Mapping[str, Any], run_id: str | None)
     return patch
 
 
+# --------------------------------------------------------------------------- what the mechanisms see
+
+
+@dataclass(frozen=True)
+class GridCounts:
+    """What one L0 or Linf mechanism sees: r(c) = #{items <= c} per candidate c of a public grid, and n items.
+
+    Exact counts of private data, not DP: they go only into ``quantile_choice`` (the estimation release keeps
+    them in its process or its private staging directory, never in a manifest or a log). Additive over
+    disjoint sets of units, so workers may count their buckets and the sums are the whole input's counts."""
+
+    at_or_below: np.ndarray  # int64, one per candidate
+    n: int
+
+    def __add__(self, other: GridCounts) -> GridCounts:
+        return GridCounts(self.at_or_below + other.at_or_below, self.n + other.n)
+
+
+@dataclass(frozen=True)
+class ValueCounts:
+    """What one column's value mechanisms see over the bounded rows: #{v < c} and #{v <= c} per candidate c of
+    ``value_grid()``, and the number of rows n. Private and additive, as ``GridCounts``."""
+
+    below: np.ndarray  # int64
+    at_or_below: np.ndarray  # int64
+    n: int
+
+    def __add__(self, other: ValueCounts) -> ValueCounts:
+        return ValueCounts(self.below + other.below, self.at_or_below + other.at_or_below, self.n + other.n)
+
+
+class EstimationCounts(Protocol):
+    """The counts the mechanisms ask for, in their order (each later request names the earlier DP outputs).
+
+    ``RowCounts`` answers from rows in memory; ``dpops.release.estimation`` may answer from Beam passes over
+    the input (``pipelines.estimation``), which count each unit bucket with the same functions and sum."""
+
+    def l0_counts(self, grid: np.ndarray) -> GridCounts:
+        """Per unit its number of distinct partitions, counted at or below each candidate L0."""
+        ...
+
+    def linf_counts(self, l0: int, grid: np.ndarray) -> GridCounts:
+        """Per unit its largest row count in one of the pairs it keeps under ``l0``, at or below each candidate."""
+        ...
+
+    def value_counts(self, l0: int, linf: int, columns: Sequence[str], grid: np.ndarray) -> dict[str, ValueCounts]:
+        """Per column the values of the rows bounding keeps at (``l0``, ``linf``), below and at or below each c."""
+        ...
+
+
+@dataclass(frozen=True)
+class PairTable:
+    """One entry per distinct (unit, partition) pair: unit hash, partition hash, pair priority, row count.
+
+    The L0 and Linf mechanisms need no more than this: bounding's L0 step orders a unit's pairs by (pair
+    priority, partition hash) only (``pipelines.bounding.contribution_ranks``), and without a row limit a kept
+    pair keeps all its rows. Tables of several batches merge by adding the row counts of equal pairs."""
+
+    u: np.ndarray  # uint64
+    p: np.ndarray  # uint64
+    pp: np.ndarray  # uint64, equal for all rows of a pair
+    rows: np.ndarray  # int64
+
+    @classmethod
+    def of(cls, u: np.ndarray, p: np.ndarray, pp: np.ndarray, rows: np.ndarray | None = None) -> PairTable:
+        """The table of rows (u, p, pp) (``rows``: each entry's row count, default one row each)."""
+        import pandas as pd
+
+        u, p, pp = (np.asarray(x, dtype=np.uint64) for x in (u, p, pp))
+        if not len(u):
+            z = np.zeros(0, np.uint64)
+            return cls(z, z, z, np.zeros(0, np.int64))
+        ucode, _ = pd.factorize(u, sort=False)
+        pcode, uniq_p = pd.factorize(p, sort=False)
+        pair, _ = pd.factorize(ucode.astype(np.int64) * len(uniq_p) + pcode, sort=False)
+        m = int(pair.max()) + 1
+        first = np.empty(m, np.int64)
+        first[pair[::-1]] = np.arange(len(u) - 1, -1, -1)
+        weights = np.ones(len(u), np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
+        counts = np.zeros(m, np.int64)
+        np.add.at(counts, pair, weights)  # exact integers (a bincount with weights would go through float64)
+        return cls(u[first], p[first], pp[first], counts)
+
+    @classmethod
+    def merge(cls, tables: Sequence[PairTable]) -> PairTable:
+        """One table of the union (the row counts of a pair seen in several tables added)."""
+        if len(tables) == 1:
+            return tables[0]
+        return cls.of(*(np.concatenate([getattr(t, f) for t in tables]) for f in ("u", "p", "pp", "rows")))
+
+    def l0_counts(self, grid: np.ndarray) -> GridCounts:
+        """``EstimationCounts.l0_counts``: one item per unit, its number of pairs."""
+        import pandas as pd
+
+        if not len(self.u):
+            return GridCounts(_at_or_below_int(np.zeros(0, np.int64), grid), 0)
+        ucode, uniq = pd.factorize(self.u, sort=False)
+        per_unit = np.bincount(ucode, minlength=len(uniq)).astype(np.int64)
+        return GridCounts(_at_or_below_int(per_unit, grid), int(per_unit.size))
+
+    def linf_counts_at(self, l0s: Sequence[int], grid: np.ndarray) -> dict[int, GridCounts]:
+        """``linf_counts`` at each L0 of ``l0s`` from one ranking of the pairs (``ContributionRanks``: exact for
+        every L0 >= 1, so each is the pair set ``bound_contributions`` keeps at that L0)."""
+        from pipelines.bounding import contribution_ranks
+
+        if not len(self.u):
+            return {int(k): GridCounts(_at_or_below_int(np.zeros(0, np.int64), grid), 0) for k in l0s}
+        r = contribution_ranks(self.u, self.p, np.zeros(len(self.u), np.uint64), self.pp, l0_floor=1,
+                               linf_floor=_NO_ROW_LIMIT)
+        out = {}
+        for k in l0s:
+            kept = r.pair_mask(int(k))  # one table entry per pair, so pairs and entries coincide
+            per_unit = np.zeros(r.n_units, np.int64)
+            np.maximum.at(per_unit, r.pair_unit[kept], self.rows[r.first[kept]])
+            out[int(k)] = GridCounts(_at_or_below_int(per_unit, grid), int(per_unit.size))
+        return out
+
+
+def value_counts_of(rows: Mapping[str, np.ndarray], l0: int, linf: int, columns: Sequence[str],
+                    grid: np.ndarray) -> dict[str, ValueCounts]:
+    """``EstimationCounts.value_counts`` over ``rows`` (bounded here at (l0, linf); bounding is idempotent, so
+    rows already bounded at the same bounds give the same counts)."""
+    from pipelines.bounding import bound_contributions
+
+    kept, _, _ = bound_contributions(np.asarray(rows["u"]), np.asarray(rows["p"]), rows["prio"], l0, linf,
+                                     rows["pp"])
+    out = {}
+    for col in columns:
+        v = np.sort(np.asarray(rows[f"v:{col}"], dtype=np.float64)[kept])
+        out[col] = ValueCounts(np.searchsorted(v, grid, side="left").astype(np.int64),  # r(c) = #{v < c}
+                               np.searchsorted(v, grid, side="right").astype(np.int64),  # r(c) = #{v <= c}
+                               int(v.size))
+    return out
+
+
+class RowCounts:
+    """``EstimationCounts`` from checked, hashed rows in memory (``pipelines.io.prepare_batch``'s output)."""
+
+    def __init__(self, rows: Mapping[str, np.ndarray]):
+        self.rows = rows
+        self._pairs: PairTable | None = None
+
+    def _pair_table(self) -> PairTable:
+        if self._pairs is None:
+            self._pairs = PairTable.of(self.rows["u"], self.rows["p"], self.rows["pp"])
+        return self._pairs
+
+    def l0_counts(self, grid: np.ndarray) -> GridCounts:
+        """Per unit its number of distinct partitions (``PairTable.l0_counts``)."""
+        return self._pair_table().l0_counts(grid)
+
+    def linf_counts(self, l0: int, grid: np.ndarray) -> GridCounts:
+        """Per unit its largest kept pair (``PairTable.linf_counts_at``)."""
+        return self._pair_table().linf_counts_at([l0], grid)[int(l0)]
+
+    def value_counts(self, l0: int, linf: int, columns: Sequence[str], grid: np.ndarray) -> dict[str, ValueCounts]:
+        """``value_counts_of`` the rows."""
+        return value_counts_of(self.rows, l0, linf, columns, grid)
+
+
+# --------------------------------------------------------------------------- the mechanisms in order
+
+
 def estimate_rows(spec: ReleaseSpec, rows: Mapping[str, np.ndarray], config: EstimateConfig,
                   rng: RandomSource) -> Estimate:
     """The estimation's mechanisms over checked, hashed rows (``pipelines.io.prepare_batch``'s output:
     "u", "p", "prio", "pp", "v:<col>"). Every random choice comes from ``rng``; the estimation release
-    (``dpops.release.estimation.compute_estimation``) passes the run's source, the auditor a seeded one."""
-    from pipelines.bounding import bound_contributions
+    (``dpops.release.estimation.compute_estimation``) passes the run's source, the auditor a seeded one.
+    The same as ``estimate_counts`` over ``RowCounts(rows)``."""
+    return estimate_counts(spec, RowCounts(rows), config, rng)
 
+
+def estimate_counts(spec: ReleaseSpec, counts: EstimationCounts, config: EstimateConfig,
+                    rng: RandomSource) -> Estimate:
+    """The estimation's mechanisms, in order, over the counts they ask ``counts`` for (module docstring).
+
+    Each mechanism sees only its public-grid counts, so the result depends on the data through them alone:
+    counts computed by workers and summed give the same bounds, bit for bit, as counts of all rows at once.
+    L0 first; Linf over the pairs kept under the L0 just chosen; value bounds over the rows kept under both
+    (or the spec's declared ones where not estimated): adaptive composition, covered by basic composition."""
     plan = mechanisms(spec, config)
     rl = bool(spec.privacy_unit.record_level)
     l0 = linf = None
     L0 = 1 if rl else int(spec.contribution.max_partitions_per_unit)
     LI = 1 if rl else int(spec.contribution.max_rows_per_unit_per_partition)
-    u, p = np.asarray(rows["u"]), np.asarray(rows["p"])
     by_name = {m.name: m for m in plan}
     if "l0" in by_name:
         m = by_name["l0"]
-        l0 = estimate_l0(_per_unit_partitions(u, p), m.epsilon, rng.child("estimate", "l0"),
-                         quantile=m.quantile, max_l0=config.max_l0, declared=L0)
-        L0 = l0
+        grid_l0 = contribution_grid(config.max_l0)
+        c = counts.l0_counts(grid_l0)
+        # estimate_l0's own call (units each count 1 item): the same mechanism, the same stream
+        idx = quantile_choice(c.at_or_below, c.n, m.quantile, m.epsilon, 1, rng.child("estimate", "l0"),
+                              anchor=_anchor(grid_l0, L0))
+        l0 = L0 = int(grid_l0[idx])
     if "linf" in by_name:
         m = by_name["linf"]
-        kept, _, _ = bound_contributions(u, p, rows["prio"], L0, _NO_ROW_LIMIT, rows["pp"])
-        per_unit = _per_unit_max_rows(u[kept], p[kept])
         grid_linf = contribution_grid(config.max_linf)
-        idx = quantile_choice(_at_or_below_int(per_unit, grid_linf), int(per_unit.size), m.quantile, m.epsilon,
-                              m.max_items_per_unit, rng.child("estimate", "linf"), anchor=_anchor(grid_linf, LI))
+        c = counts.linf_counts(L0, grid_linf)
+        idx = quantile_choice(c.at_or_below, c.n, m.quantile, m.epsilon, m.max_items_per_unit,
+                              rng.child("estimate", "linf"), anchor=_anchor(grid_linf, LI))
         linf = LI = int(grid_linf[idx])
     plan = mechanisms(spec, config, L0, LI)  # the value mechanisms' sensitivity uses the bounds just chosen
     by_name = {m.name: m for m in plan}
     grid = value_grid()
     bounds: dict[str, tuple[float, float]] = {}
-    if any(n.startswith(("upper:", "lower:")) for n in by_name):
-        kept, _, _ = bound_contributions(u, p, rows["prio"], L0, LI, rows["pp"])
+    columns = list(dict.fromkeys(n.split(":", 1)[1] for n in by_name if ":" in n))
+    if columns:
         declared = spec.declared_value_bounds()
-        for col in dict.fromkeys(n.split(":", 1)[1] for n in by_name if ":" in n):
-            v = np.sort(np.asarray(rows[f"v:{col}"], dtype=np.float64)[kept])
-            n_rows = int(v.size)
+        per_col = counts.value_counts(L0, LI, columns, grid)
+        for col in columns:
+            vc = per_col[col]
             lo = declared[col][0]
             if f"lower:{col}" in by_name:
                 m = by_name[f"lower:{col}"]
-                below = np.searchsorted(v, grid, side="left")  # r(c) = #{v < c}
-                lo = float(grid[quantile_choice(below, n_rows, m.quantile, m.epsilon, m.max_items_per_unit,
+                lo = float(grid[quantile_choice(vc.below, vc.n, m.quantile, m.epsilon, m.max_items_per_unit,
                                                 rng.child("estimate", "lower", col), prefer="high",
                                                 anchor=_anchor(grid, declared[col][0]))])
             m = by_name[f"upper:{col}"]
-            at_or_below = np.searchsorted(v, grid, side="right")  # r(c) = #{v <= c}
-            hi = float(grid[quantile_choice(at_or_below, n_rows, m.quantile, m.epsilon, m.max_items_per_unit,
+            hi = float(grid[quantile_choice(vc.at_or_below, vc.n, m.quantile, m.epsilon, m.max_items_per_unit,
                                             rng.child("estimate", "upper", col),
                                             anchor=_anchor(grid, declared[col][1]))])
             bounds[col] = _proper(lo, hi, grid)
@@ -518,7 +670,8 @@ def is_test_key_id(key_id: str) -> bool:
     return str(key_id).startswith("test/")
 
 
-__all__ = ["EstimateConfig", "Estimate", "Mechanism", "option_config", "option_events",
+__all__ = ["EstimateConfig", "Estimate", "Mechanism", "option_config", "option_events", "EstimationCounts",
+           "GridCounts", "ValueCounts", "PairTable", "RowCounts", "estimate_counts", "value_counts_of",
            "patch_document", "PATCH_SCHEMA", "estimate_l0",
            "estimate_rows", "events", "mechanisms", "value_grid", "contribution_grid", "estimation_hash",
            "quantile_choice", "spec_patch", "is_test_key_id", "recompute_section", "manifest_section",
