@@ -424,6 +424,16 @@ class ValueCounts:
         return ValueCounts(self.below + other.below, self.at_or_below + other.at_or_below, self.n + other.n)
 
 
+@dataclass(frozen=True)
+class PassCounts:
+    """What one counting pass over the input returns (``pipelines.estimation.count_estimation``): the L0 counts
+    and the Linf counts at each candidate L0 (a ``pairs`` pass), or the value counts per column (``values``)."""
+
+    l0: GridCounts | None = None
+    linf: dict[int, GridCounts] = field(default_factory=dict)
+    values: dict[str, ValueCounts] = field(default_factory=dict)
+
+
 class EstimationCounts(Protocol):
     """The counts the mechanisms ask for, in their order (each later request names the earlier DP outputs).
 
@@ -671,7 +681,7 @@ def is_test_key_id(key_id: str) -> bool:
 
 
 __all__ = ["EstimateConfig", "Estimate", "Mechanism", "option_config", "option_events", "EstimationCounts",
-           "GridCounts", "ValueCounts", "PairTable", "RowCounts", "estimate_counts", "value_counts_of",
+           "GridCounts", "ValueCounts", "PassCounts", "PairTable", "RowCounts", "estimate_counts", "value_counts_of",
            "patch_document", "PATCH_SCHEMA", "estimate_l0",
            "estimate_rows", "events", "mechanisms", "value_grid", "contribution_grid", "estimation_hash",
            "quantile_choice", "spec_patch", "is_test_key_id", "recompute_section", "manifest_section",

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -57,7 +57,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dpops.analysis import estimate as estimator
-from dpops.analysis.estimate import RELEASE_SUFFIX, Estimate, EstimateConfig, Mechanism, estimation_hash
+from dpops.analysis.estimate import (
+    RELEASE_SUFFIX,
+    Estimate,
+    EstimateConfig,
+    GridCounts,
+    Mechanism,
+    PassCounts,
+    ValueCounts,
+    estimation_hash,
+)
 from dpops.errors import BudgetExceeded, IntegrityError, InvalidParameter, LedgerError, SpecError, public_message
 from dpops.release.context import RunContext
 
@@ -65,8 +74,10 @@ if TYPE_CHECKING:
     from dpops.events import PrivacyEvent
     from dpops.ledger import Ledger, RunKey, RunRecord
     from dpops.noise.randomness import RandomSource
+    from dpops.release.pipeline_seam import EstimationCountsRequest
     from dpops.release_plan import ReleasePlan
     from dpops.spec import ReleaseSpec
+    from pipelines.io import ReadConfig
 
 
 # --------------------------------------------------------------------------- the run and its key
@@ -115,11 +126,17 @@ def run_key_of(ctx: RunContext, config: EstimateConfig) -> RunKey:
                   input_fingerprint=ctx.input_fingerprint, key_id=ctx.key_id)
 
 
+def random_label(key: RunKey) -> dict[str, str]:
+    """The estimation's randomness label: its run key's fields (not the key id), marked ``kind: estimation`` so
+    no stream of a release's run key can equal it."""
+    return {"kind": "estimation", **{k: str(v) for k, v in key.to_dict().items() if k != "key_id"}}
+
+
 def random_source(ctx: RunContext, key: RunKey) -> RandomSource:
     """The run's source: keyed by the noise key and the run key's label, or seeded in test mode."""
     from dpops.noise.randomness import NoiseKey, keyed_random, test_random
 
-    label = {"kind": "estimation", **{k: str(v) for k, v in key.to_dict().items() if k != "key_id"}}
+    label = random_label(key)
     if ctx.randomness == "test":
         assert ctx.test_seed is not None  # prepare refuses test mode without a seed
         return test_random(int(ctx.test_seed), label)
@@ -283,21 +300,34 @@ def start_estimation(ledger: Ledger, reserved: Reserved) -> RandomSource:
 # --------------------------------------------------------------------------- step 4: compute
 
 
-def compute_estimation(run: EstimationRun, config: EstimateConfig, rng: RandomSource) -> Estimate:
-    """The interval's rows through the pure mechanisms (``dpops.analysis.estimate.estimate_rows``).
+ENGINES = ("driver", "beam")  # how compute_estimation counts: rows in this process, or Beam passes on workers
 
-    Runs after ``ledger.start``: nothing here may depend on the data to fail (an empty interval is data)."""
-    rows = read_rows(run.ctx, rng.child("estimate", "read"))
-    est = estimator.estimate_rows(run.ctx.spec, rows, config, rng)  # looked up at call time (tests plant faults)
+
+def compute_estimation(run: EstimationRun, config: EstimateConfig, rng: RandomSource, *, engine: str = "driver",
+                       runner: str = "FnApiRunner", runner_options: Sequence[str] = ()) -> Estimate:
+    """The interval's counts through the pure mechanisms (``dpops.analysis.estimate.estimate_counts``).
+
+    ``engine="driver"``: the rows read into this process (``read_rows``) and counted here; ``"beam"``: counted by
+    Beam passes on the workers (``PipelineCounts``), only the public-grid counts coming back. Both read with the
+    same streams and count with the same functions, so they give the same bounds, bit for bit. Runs after
+    ``ledger.start``: nothing here may depend on the data to fail (an empty interval is data)."""
+    if engine not in ENGINES:
+        raise InvalidParameter(f"estimation engine must be one of {ENGINES}, got {engine!r}")
+    if engine == "driver":
+        rows = read_rows(run.ctx, rng.child("estimate", "read"))
+        est = estimator.estimate_rows(run.ctx.spec, rows, config, rng)  # looked up at call time (tests plant faults)
+    else:
+        counts = PipelineCounts(run, config, runner=runner, runner_options=runner_options)
+        est = estimator.estimate_counts(run.ctx.spec, counts, config, rng)
     est.run_id = run.key.run_id
     return est
 
 
-def read_rows(ctx: RunContext, rng: RandomSource) -> dict[str, np.ndarray]:
-    """The interval's rows, checked and hashed by the release's own ``prepare_batch`` (one pair salt). An
-    interval without data rows gives empty columns, never an error (it runs after the charge)."""
-    from pipelines.bounding import metric_layout, pair_salt
-    from pipelines.io import ReadConfig, hash_partition_tuples, iter_record_batches, prepare_batch, work_items
+def read_config(ctx: RunContext) -> ReadConfig:
+    """The release's reader configuration for the estimation's prepared context: the spec's declared types and
+    columns, its public partitions, its time filter (the interval as integer ns). One builder for both engines."""
+    from pipelines.bounding import metric_layout
+    from pipelines.io import ReadConfig, hash_partition_tuples
 
     spec, plan = ctx.spec, ctx.plan
     types = {k: str(v) for k, v in spec.input.columns.items()}
@@ -314,11 +344,21 @@ def read_rows(ctx: RunContext, rng: RandomSource) -> dict[str, np.ndarray]:
             return (d.days * 86_400 + d.seconds) * 1_000_000_000 + d.microseconds * 1_000
 
         window = (ns(ctx.interval.start), ns(ctx.interval.end))
-    cfg = ReadConfig(format=spec.input.format, types=types,
-                     unit_column=None if spec.privacy_unit.record_level else spec.privacy_unit.column,
-                     partition_columns=tuple(plan.partition_columns), value_columns=metric_layout(plan)[0],
-                     category_columns={}, public_hashes=pub, time_column=spec.input.time_column,
-                     time_window_ns=window)
+    return ReadConfig(format=spec.input.format, types=types,
+                      unit_column=None if spec.privacy_unit.record_level else spec.privacy_unit.column,
+                      partition_columns=tuple(plan.partition_columns), value_columns=metric_layout(plan)[0],
+                      category_columns={}, public_hashes=pub, time_column=spec.input.time_column,
+                      time_window_ns=window)
+
+
+def read_rows(ctx: RunContext, rng: RandomSource) -> dict[str, np.ndarray]:
+    """The interval's rows, checked and hashed by the release's own ``prepare_batch`` (one pair salt). An
+    interval without data rows gives empty columns, never an error (it runs after the charge)."""
+    from pipelines.bounding import pair_salt
+    from pipelines.io import iter_record_batches, prepare_batch, work_items
+
+    spec = ctx.spec
+    cfg = read_config(ctx)
     salt = pair_salt(rng)
     parts: list[dict[str, np.ndarray]] = []
     for item in work_items(list(ctx.input_paths), spec.input.format):
@@ -339,6 +379,75 @@ def read_rows(ctx: RunContext, rng: RandomSource) -> dict[str, np.ndarray]:
         rows, _, _ = prepare_batch(empty, 0, 0, cfg, rng.child("read", "empty"), pair_salt=salt)
         parts.append(rows)
     return {k: np.concatenate([x[k] for x in parts]) for k in parts[0]}
+
+
+class PipelineCounts:
+    """``dpops.analysis.estimate.EstimationCounts`` answered by Beam passes over the input (``pipelines.estimation``).
+
+    One ``pairs`` pass gives the L0 counts and the Linf counts at every candidate L0 (so Linf costs no second
+    read), one ``values`` pass the value counts at the chosen bounds. The request names the key's reference,
+    never the key; the workers rebuild the estimation's read stream from it (``random_source``'s label). The
+    counts come back through a private directory (``tempfile.mkdtemp``: 0700), removed after each pass."""
+
+    def __init__(self, run: EstimationRun, config: EstimateConfig, *, runner: str = "FnApiRunner",
+                 runner_options: Sequence[str] = ()):
+        from pipelines.io import work_items
+
+        self.run, self.config = run, config
+        self.runner, self.runner_options = runner, tuple(runner_options)
+        self.items = tuple(work_items(list(run.ctx.input_paths), run.ctx.spec.input.format))
+        self.read = read_config(run.ctx)
+        self._pairs: PassCounts | None = None
+
+    def _pass(self, request: Callable[[str], EstimationCountsRequest]) -> PassCounts:
+        import shutil
+        import tempfile
+
+        from dpops.release.pipeline_seam import load_count_estimation
+
+        staging = tempfile.mkdtemp(prefix="dpops-estimate-")  # 0700: the counts are exact, not DP
+        try:
+            return load_count_estimation()(request(staging))
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _request(self, staging: str, stage: str, *, grid_l0: tuple[int, ...] = (), grid_linf: tuple[int, ...] = (),
+                 l0: int = 1, linf: int = 1, columns: tuple[str, ...] = ()) -> EstimationCountsRequest:
+        from dpops.release.pipeline_seam import EstimationCountsRequest
+
+        ctx, key = self.run.ctx, self.run.key
+        return EstimationCountsRequest(
+            stage=stage, read=self.read, work_items=self.items, label=tuple(random_label(key).items()),
+            randomness=ctx.randomness, key_ref=ctx.key_path, key_id=ctx.key_id, test_seed=ctx.test_seed,
+            staging_dir=staging, grid_l0=grid_l0, grid_linf=grid_linf, l0=l0, linf=linf, columns=columns,
+            runner=self.runner, runner_options=self.runner_options)
+
+    def _pairs_pass(self) -> PassCounts:
+        from dpops.analysis.estimate import contribution_grid
+
+        if self._pairs is None:
+            g0 = tuple(int(x) for x in contribution_grid(self.config.max_l0))
+            g1 = tuple(int(x) for x in contribution_grid(self.config.max_linf))
+            self._pairs = self._pass(lambda staging: self._request(staging, "pairs", grid_l0=g0, grid_linf=g1))
+        return self._pairs
+
+    def l0_counts(self, grid: np.ndarray) -> GridCounts:
+        """The ``pairs`` pass's L0 counts (``grid`` is ``contribution_grid(config.max_l0)``)."""
+        counts = self._pairs_pass()
+        assert counts.l0 is not None and len(grid) == len(counts.l0.at_or_below)
+        return counts.l0
+
+    def linf_counts(self, l0: int, grid: np.ndarray) -> GridCounts:
+        """The ``pairs`` pass's Linf counts at ``l0`` (a candidate of the L0 grid: the L0 mechanism's output)."""
+        c = self._pairs_pass().linf[int(l0)]
+        assert len(grid) == len(c.at_or_below)
+        return c
+
+    def value_counts(self, l0: int, linf: int, columns: Sequence[str], grid: np.ndarray) -> dict[str, ValueCounts]:
+        """One ``values`` pass at (``l0``, ``linf``) over ``columns`` (``grid`` is ``value_grid()``)."""
+        cols = tuple(columns)
+        return self._pass(lambda staging: self._request(staging, "values", l0=int(l0), linf=int(linf),
+                                                        columns=cols)).values
 
 
 # --------------------------------------------------------------------------- step 5: commit
@@ -410,16 +519,19 @@ def _write_result(path: Path, est: Estimate) -> None:
 
 def run_estimation(ctx: RunContext, config: EstimateConfig, ledger: Ledger, *,
                    then_charges: Sequence[PrivacyEvent] = (), serve_only: bool = False,
-                   for_release: bool = False) -> Estimate:
+                   for_release: bool = False, engine: str = "driver") -> Estimate:
     """Steps 2-5 over a prepared context (``prepare(..., for_estimation=True)``): serve, or reserve, start,
     compute, commit. A failure before ``start`` refunds the reservation; after it the run stays started
-    (charged) and a retry recomputes the same result for free. Keywords as ``reserve_estimation``."""
+    (charged) and a retry recomputes the same result for free. Keywords as ``reserve_estimation``; ``engine``
+    as ``compute_estimation`` (both engines give the same bounds, so a retry may use either)."""
+    if engine not in ENGINES:  # before anything is reserved
+        raise InvalidParameter(f"estimation engine must be one of {ENGINES}, got {engine!r}")
     reserved = reserve_estimation(ctx, config, ledger, then_charges=then_charges, serve_only=serve_only,
                                   for_release=for_release)
     if isinstance(reserved, Estimate):
         return reserved
     rng = start_estimation(ledger, reserved)
-    est = compute_estimation(reserved.run, config, rng)  # a failure now leaves the run started (charged)
+    est = compute_estimation(reserved.run, config, rng, engine=engine)  # a failure now leaves the run started
     return commit_estimation(ledger, reserved, est)
 
 

@@ -273,9 +273,10 @@ def estimate(spec_path: str | os.PathLike[str], interval_start: IntervalBound, i
              config: EstimateConfig, ledger: Ledger, randomness: str = "keyed", key_path: str | None = None,
              test_seed: int | None = None, actor: str | None = None,
              then_charges: Sequence[PrivacyEvent] = (), serve_only: bool = False,
-             for_release: bool = False) -> Estimate:
+             for_release: bool = False, engine: str = "driver") -> Estimate:
     """``dpops estimate``: prepare the spec as written (``for_estimation``), then reserve, start, compute and
-    commit the estimation (``dpops.release.estimation.run_estimation``; keywords as ``reserve_estimation``).
+    commit the estimation (``dpops.release.estimation.run_estimation``; keywords as ``reserve_estimation``;
+    ``engine``: ``driver`` or ``beam``, as ``compute_estimation``).
 
     os randomness is refused before anything is read: its noise cannot be reproduced, so a retry would be
     charged again."""
@@ -283,7 +284,7 @@ def estimate(spec_path: str | os.PathLike[str], interval_start: IntervalBound, i
     ctx = prepare(spec_path, interval_start, interval_end, randomness=randomness, key_path=key_path,
                   test_seed=test_seed, actor=actor, for_estimation=True)
     return run_estimation(ctx, config, ledger, then_charges=then_charges, serve_only=serve_only,
-                          for_release=for_release)
+                          for_release=for_release, engine=engine)
 
 
 def estimate_bounds(spec_path: str | os.PathLike[str], interval: str, *, epsilon: float,
