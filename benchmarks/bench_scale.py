@@ -81,7 +81,7 @@ def ensure_data(n: int, fmt: str) -> Path:
     return path
 
 
-def _tree_rss_kb(pid: int) -> int:
+def tree_rss_kb(pid: int) -> int:
     """Sum of VmRSS over ``pid`` and all its descendants (from /proc)."""
     children: dict[int, list[int]] = {}
     rss: dict[int, int] = {}
@@ -138,7 +138,7 @@ def run_one(n: int, fmt: str, runner_options: list[str], code_root: Path = ROOT)
 
         def sample():
             while not done.is_set():
-                peak[0] = max(peak[0], _tree_rss_kb(proc.pid))
+                peak[0] = max(peak[0], tree_rss_kb(proc.pid))
                 done.wait(0.05)
 
         th = threading.Thread(target=sample, daemon=True)

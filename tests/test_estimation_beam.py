@@ -152,3 +152,25 @@ def test_an_unknown_engine_is_refused_before_anything_is_reserved(tmp_path, monk
         with pytest.raises(InvalidParameter, match="engine"):
             estimate(spec, *DAY, config=EstimateConfig(epsilon=1.0), ledger=led, key_path=str(key), engine="spark")
         assert led.runs() == []
+
+
+def test_the_cli_engine_option_runs_the_beam_counts(tmp_path, monkeypatch):
+    """``dpops estimate SPEC ... --engine beam`` (docs/accuracy.md): committed, and the bounds the driver engine
+    computes over the same prepared context."""
+    import json
+
+    from dpops.cli.main import main
+
+    spec, key = _env(tmp_path, monkeypatch, "parquet", users=120)
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    with open_ledger(url) as led:
+        led.create_scope(ScopeDefinition(name="shop", unit="a user's purchases", unit_column="user_id",
+                                         epsilon=3.0, delta=1e-6, rho=None, accountant="basic/1",
+                                         adjacency="add_remove"), actor="test")
+    assert main(["--ledger", url, "estimate", str(spec), "--interval", "2024-01-01", "--epsilon", "0.6",
+                 "--key-file", str(key), "--engine", "beam", "--out", str(tmp_path / "out")]) == 0
+    done = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert done["state"] == "committed"
+    config = EstimateConfig(epsilon=0.6)
+    run = _run(spec, key, config)
+    assert done["result"] == R.compute_estimation(run, config, R.random_source(run.ctx, run.key)).result()

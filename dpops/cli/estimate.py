@@ -38,6 +38,10 @@ from dpops.errors import InvalidParameter
 @click.option("--spec-out", "spec_out", type=click.Path(dir_okay=False), default=None,
               help="also write the patched spec here, as dpops spec apply-patch would (relative paths in it start "
                    "at its own directory: write it next to SPEC)")
+@click.option("--engine", type=click.Choice(["driver", "beam"]), default="driver", show_default=True,
+              help="where the counts the mechanisms see are computed: driver (the interval's rows read into this "
+                   "process) or beam (a Beam pipeline on the in-process runner; only public-grid counts come back). "
+                   "Both choose the same bounds")
 @click.option("--randomness", type=click.Choice(["keyed", "test"]), default="keyed", show_default=True,
               help="keyed: the noise key's CSPRNG stream (retries free); test: seeded, never for publication")
 @click.option("--test-seed", "test_seed", type=int, default=None, help="the seed of --randomness test")
@@ -46,7 +50,8 @@ from dpops.errors import InvalidParameter
 @ledger_option
 @json_option
 def cli(spec_path: str, interval: str, epsilon: float, quantile: float, contribution: bool, columns: tuple[str, ...],
-        max_l0: int, max_linf: int, out_dir: str, spec_out: str | None, randomness: str, test_seed: int | None,
+        max_l0: int, max_linf: int, out_dir: str, spec_out: str | None, engine: str, randomness: str,
+        test_seed: int | None,
         key_file: str | None, actor: str | None, as_json: bool) -> None:
     """Estimate contribution and value bounds under DP; charge the scope; write a spec patch."""
     from dpops.analysis.estimate import EstimateConfig, patch_document
@@ -66,7 +71,8 @@ def cli(spec_path: str, interval: str, epsilon: float, quantile: float, contribu
     iv = requested_interval(spec_path, interval)
     with open_cli_ledger() as led:
         est = estimate(spec_path, iv.start, iv.end, config=config, ledger=led, randomness=randomness,
-                       key_path=key_file, test_seed=test_seed if randomness == "test" else None, actor=actor)
+                       key_path=key_file, test_seed=test_seed if randomness == "test" else None, actor=actor,
+                       engine=engine)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = patch_document(est)
