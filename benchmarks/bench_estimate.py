@@ -37,7 +37,7 @@ from bench_scale import OUT, SPEC, data_dir, ensure_data, tree_rss_kb  # noqa: E
 RUNS = OUT / "estimate"
 
 
-def child(engine: str, work: Path) -> int:
+def child(engine: str, work: Path, contribution: bool = True) -> int:
     """Run one estimation in this process (the measured child) and write its result to ``work/result.json``."""
     from dpops.analysis.estimate import EstimateConfig
     from dpops.ledger import open_ledger
@@ -45,15 +45,16 @@ def child(engine: str, work: Path) -> int:
 
     with open_ledger(f"sqlite:///{work / 'ledger.db'}") as led:
         t = time.time()
-        est = estimate(work / "spec.yaml", "2024-01-01", "2024-01-02", config=EstimateConfig(epsilon=1.0),
-                       ledger=led, key_path=str(work.parent / "noise.key"), engine=engine)
+        config = EstimateConfig(epsilon=1.0, contribution=contribution)
+        est = estimate(work / "spec.yaml", "2024-01-01", "2024-01-02", config=config, ledger=led,
+                       key_path=str(work.parent / "noise.key"), engine=engine)
         (work / "result.json").write_text(json.dumps({"result": est.result(), "seconds": time.time() - t}))
     return 0
 
 
-def run_one(n: int, engine: str) -> dict:
+def run_one(n: int, engine: str, contribution: bool = True) -> dict:
     """One estimation of ``n`` rows on ``engine`` in a child process, its time and peak tree RSS."""
-    work = RUNS / f"n{n}" / engine
+    work = RUNS / f"n{n}" / (engine if contribution else f"{engine}-values")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     (work / "spec.yaml").write_text(SPEC.format(DATA=data_dir(n, "parquet"), FMT="parquet", ROOT="out"))
@@ -70,8 +71,8 @@ def run_one(n: int, engine: str) -> dict:
     peak = [0]
     t0 = time.time()
     with open(work / "stdout", "wb") as out, open(work / "stderr", "wb") as err:
-        proc = subprocess.Popen([sys.executable, __file__, "--child", engine, str(work)], stdout=out, stderr=err,
-                                env=env, cwd=str(work))
+        cmd = [sys.executable, __file__, "--child", engine, str(work)] + ([] if contribution else ["--no-contribution"])
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=str(work))
         done = threading.Event()
 
         def sample() -> None:
@@ -85,7 +86,7 @@ def run_one(n: int, engine: str) -> dict:
         seconds = time.time() - t0
         done.set()
         th.join()
-    res: dict = {"rows": n, "engine": engine, "seconds": round(seconds, 1),
+    res: dict = {"rows": n, "engine": engine, "contribution": contribution, "seconds": round(seconds, 1),
                  "peak_tree_rss_mb": round(max(peak[0], usage.ru_maxrss) / 1024),
                  "exit": os.waitstatus_to_exitcode(status), "loadavg": [round(x, 2) for x in os.getloadavg()]}
     if res["exit"] == 0:
@@ -100,24 +101,27 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="1e7")
     ap.add_argument("--engines", default="driver,beam")
+    ap.add_argument("--no-contribution", action="store_true",
+                    help="value bounds only at the spec's L0 and Linf (what a bounds: estimate metric runs)")
     ap.add_argument("--child", nargs=2, metavar=("ENGINE", "WORKDIR"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        return child(args.child[0], Path(args.child[1]))
+        return child(args.child[0], Path(args.child[1]), not args.no_contribution)
     RUNS.mkdir(parents=True, exist_ok=True)
     results = []
     for n in (int(float(s)) for s in args.sizes.split(",") if s.strip()):
         print(f"{n:,} rows", flush=True)
         ensure_data(n, "parquet")
         for engine in args.engines.split(","):
-            r = run_one(n, engine)
+            r = run_one(n, engine, not args.no_contribution)
             print("  ", r, flush=True)
             results.append(r)
         same = {json.dumps(r.get("result"), sort_keys=True) for r in results if r["rows"] == n}
         print(f"  same bounds on every engine: {len(same) == 1}", flush=True)
-    print(f"\n{'rows':>12} {'engine':>7} {'seconds':>8} {'tree RSS MB':>11} {'exit':>4}")
+    print(f"\n{'rows':>12} {'engine':>7} {'L0/Linf too':>11} {'seconds':>8} {'tree RSS MB':>11} {'exit':>4}")
     for r in results:
-        print(f"{r['rows']:>12,} {r['engine']:>7} {r['seconds']:>8.1f} {r['peak_tree_rss_mb']:>11,} {r['exit']:>4}")
+        print(f"{r['rows']:>12,} {r['engine']:>7} {str(r['contribution']):>11} {r['seconds']:>8.1f} "
+              f"{r['peak_tree_rss_mb']:>11,} {r['exit']:>4}")
     with open(RUNS / "results.jsonl", "a") as fh:
         for r in results:
             fh.write(json.dumps(r) + "\n")

@@ -10,6 +10,9 @@ Deterministic: no statistical threshold (fixed data, fixed keys).
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -157,8 +160,6 @@ def test_an_unknown_engine_is_refused_before_anything_is_reserved(tmp_path, monk
 def test_the_cli_engine_option_runs_the_beam_counts(tmp_path, monkeypatch):
     """``dpops estimate SPEC ... --engine beam`` (docs/accuracy.md): committed, and the bounds the driver engine
     computes over the same prepared context."""
-    import json
-
     from dpops.cli.main import main
 
     spec, key = _env(tmp_path, monkeypatch, "parquet", users=120)
@@ -174,3 +175,23 @@ def test_the_cli_engine_option_runs_the_beam_counts(tmp_path, monkeypatch):
     config = EstimateConfig(epsilon=0.6)
     run = _run(spec, key, config)
     assert done["result"] == R.compute_estimation(run, config, R.random_source(run.ctx, run.key)).result()
+
+
+def test_the_estimation_benchmark_runs_both_engines_and_they_agree(tmp_path, monkeypatch, capsys):
+    """``benchmarks/bench_estimate.py`` (benchmarks/README.md "Estimation benchmark") at 20k rows, value bounds
+    only: both engines exit 0 and print that they chose the same bounds."""
+    import importlib
+    import sys
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    bench_scale = importlib.import_module("bench_scale")
+    bench = importlib.import_module("bench_estimate")
+    monkeypatch.setattr(bench_scale, "OUT", tmp_path)
+    monkeypatch.setattr(bench, "OUT", tmp_path)
+    monkeypatch.setattr(bench, "RUNS", tmp_path / "estimate")
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[1]))
+    assert bench.main(["--sizes", "2e4", "--no-contribution"]) == 0
+    out = capsys.readouterr().out
+    assert "same bounds on every engine: True" in out
+    rows = [json.loads(x) for x in (tmp_path / "estimate" / "results.jsonl").read_text().splitlines()]
+    assert [(r["engine"], r["exit"]) for r in rows] == [("driver", 0), ("beam", 0)], sys.executable
