@@ -14,9 +14,12 @@ The steps are a release's, with the same ledger semantics:
 3. **start** (``start_estimation``): everything that can fail without drawing anything (the randomness
    source, the manifests directory, the result path) runs before ``ledger.start`` and is refunded; from
    ``start`` on the charge stays.
-4. **compute** (``compute_estimation``): ``read_rows`` (the release's own reader: type checks, null/NaN drops,
-   hashing, public partitions, the time filter) and ``dpops.analysis.estimate.estimate_rows``. An interval
-   without rows is data, never an error: this runs after ``start``.
+4. **compute** (``compute_estimation``): the release's own reader (type checks, null/NaN drops, hashing, public
+   partitions, the time filter) and the pure mechanisms (``dpops.analysis.estimate.estimate_counts``), either
+   with the rows read into this process (``engine="driver"``: ``read_rows``, ``estimate_rows``) or with the
+   counts computed by Beam on the workers (``engine="beam"``: ``PipelineCounts``, ``pipelines.estimation``),
+   only public-grid counts coming back. Both give the same bounds. An interval without rows is data, never
+   an error: this runs after ``start``.
 5. **commit** (``commit_estimation``): the manifest (``manifest verify`` recomputes it), the result file, then
    ``ledger.commit`` with the manifest's sha256; a test-mode run ends ``spent_unpublished`` instead
    (``end_test_mode``).
