@@ -146,14 +146,33 @@ def test_a_charged_estimation_on_the_beam_engine_commits_what_the_driver_compute
     assert est.result() == R.compute_estimation(run, config, R.random_source(run.ctx, run.key)).result()
 
 
-def test_an_unknown_engine_is_refused_before_anything_is_reserved(tmp_path, monkeypatch):
+def test_an_engine_that_could_only_fail_after_the_charge_is_refused_before_anything_is_reserved(tmp_path,
+                                                                                                  monkeypatch):
+    """An unknown engine, Beam missing, or keyed mode without a key reference for the workers: each would fail
+    after ``ledger.start`` (charged, never published), so each is refused before the reservation."""
     from dpops.errors import InvalidParameter
+    from dpops.release import pipeline_seam
 
     spec, key = _env(tmp_path, monkeypatch, "parquet", users=20)
     url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
     with open_ledger(url) as led:
-        with pytest.raises(InvalidParameter, match="engine"):
-            estimate(spec, *DAY, config=EstimateConfig(epsilon=1.0), ledger=led, key_path=str(key), engine="spark")
+        led.create_scope(ScopeDefinition(name="shop", unit="a user's purchases", unit_column="user_id",
+                                         epsilon=3.0, delta=1e-6, rho=None, accountant="basic/1",
+                                         adjacency="add_remove"), actor="test")
+        config = EstimateConfig(epsilon=1.0)
+        with pytest.raises(InvalidParameter, match="engine must be one of"):
+            estimate(spec, *DAY, config=config, ledger=led, key_path=str(key), engine="spark")
+
+        def no_beam():
+            raise ModuleNotFoundError("No module named 'apache_beam'", name="apache_beam")
+
+        with monkeypatch.context() as m:
+            m.setattr(pipeline_seam, "load_count_estimation", no_beam)
+            with pytest.raises(InvalidParameter, match="needs Apache Beam"):
+                estimate(spec, *DAY, config=config, ledger=led, key_path=str(key), engine="beam")
+        ctx = prepare(spec, *DAY, key=NoiseKey.from_file(key), for_estimation=True)
+        with pytest.raises(InvalidParameter, match="key from its reference"):
+            R.run_estimation(ctx, config, led, engine="beam")
         assert led.runs() == []
 
 

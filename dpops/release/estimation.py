@@ -520,6 +520,26 @@ def _write_result(path: Path, est: Estimate) -> None:
 # --------------------------------------------------------------------------- the whole run
 
 
+def check_engine(ctx: RunContext, engine: str) -> None:
+    """Refuse, before anything is reserved, an engine that could only fail after ``ledger.start``: an unknown
+    name; ``beam`` without Beam installed (the pipeline is imported here); ``beam`` in keyed mode without a key
+    reference for the workers (a key object handed to ``prepare`` cannot be shipped, by design)."""
+    if engine not in ENGINES:
+        raise InvalidParameter(f"estimation engine must be one of {ENGINES}, got {engine!r}; nothing was reserved")
+    if engine != "beam":
+        return
+    if ctx.randomness == "keyed" and not ctx.key_path:
+        raise InvalidParameter("estimate --engine beam: the workers resolve the noise key from its reference, and "
+                               "this run has none (pass --key-file); nothing was reserved")
+    from dpops.release.pipeline_seam import load_count_estimation
+
+    try:
+        load_count_estimation()
+    except ImportError as exc:
+        raise InvalidParameter(f"estimate --engine beam needs Apache Beam (pip install 'dpops[beam]'): {exc.name} "
+                               "is not installed; nothing was reserved") from None
+
+
 def run_estimation(ctx: RunContext, config: EstimateConfig, ledger: Ledger, *,
                    then_charges: Sequence[PrivacyEvent] = (), serve_only: bool = False,
                    for_release: bool = False, engine: str = "driver") -> Estimate:
@@ -527,8 +547,7 @@ def run_estimation(ctx: RunContext, config: EstimateConfig, ledger: Ledger, *,
     compute, commit. A failure before ``start`` refunds the reservation; after it the run stays started
     (charged) and a retry recomputes the same result for free. Keywords as ``reserve_estimation``; ``engine``
     as ``compute_estimation`` (both engines give the same bounds, so a retry may use either)."""
-    if engine not in ENGINES:  # before anything is reserved
-        raise InvalidParameter(f"estimation engine must be one of {ENGINES}, got {engine!r}")
+    check_engine(ctx, engine)  # before anything is reserved
     reserved = reserve_estimation(ctx, config, ledger, then_charges=then_charges, serve_only=serve_only,
                                   for_release=for_release)
     if isinstance(reserved, Estimate):
