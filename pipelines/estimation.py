@@ -132,12 +132,16 @@ class MergePairTables(beam.CombineFn):
     def add_input(self, acc: list[PairTable], block: RowBlock) -> list[PairTable]:
         """One batch's table added; merged into one every 16 tables (memory: the bucket's distinct pairs)."""
         acc.append(PairTable(**RowBlock(*block).rows()))
-        return [PairTable.merge(acc)] if len(acc) > 16 else acc
+        return [PairTable.merge(acc)] if len(acc) > 4 else acc
 
     def merge_accumulators(self, accs: Iterable[list[PairTable]]) -> list[PairTable]:
         """Partial tables (lifted combine) merged into one."""
         tables = [t for a in accs for t in a]
         return [PairTable.merge(tables)] if tables else []
+
+    def compact(self, acc: list[PairTable]) -> list[PairTable]:
+        """One table before a partial accumulator is shuffled (no pair twice in what crosses the shuffle)."""
+        return [PairTable.merge(acc)] if len(acc) > 1 else acc
 
     def extract_output(self, acc: list[PairTable]) -> PairTable:
         """The bucket's table."""
