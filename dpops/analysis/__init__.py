@@ -155,9 +155,11 @@ def explain(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], *,
 def estimate_bounds(spec_path: str | os.PathLike[str], interval: str, *, epsilon: float,
                     ledger: Ledger | str | None = None, quantile: float = 0.99, contribution: bool = True,
                     columns: Sequence[str] | None = None, randomness: str = "keyed", key_path: str | None = None,
-                    test_seed: int | None = None, actor: str | None = None) -> Estimate:
+                    test_seed: int | None = None, actor: str | None = None, method: str = "error/1") -> Estimate:
     """``dpops estimate``: estimate L0, Linf and value bounds under DP over one interval of the spec's input,
     charged to its scope like a release (the same function the CLI calls; ``dpops.analysis.estimate``).
+    ``method``: ``error/1`` (the bounds minimising the release's predicted error, as the CLI's default) or
+    ``quantile/1`` (each bound at ``quantile``).
 
     ``interval``: ``START/END`` or the start of one period; ``ledger``: a ``Ledger``, a URL, or None for
     ``$DPOPS_LEDGER_URL`` / the default file. ``Estimate.patch()`` is the spec patch (with ``estimated_from``).
@@ -169,7 +171,7 @@ def estimate_bounds(spec_path: str | os.PathLike[str], interval: str, *, epsilon
 
     iv = requested_interval(spec_path, interval)
     config = EstimateConfig(epsilon=epsilon, quantile=quantile, contribution=contribution,
-                            columns=tuple(columns) if columns is not None else None)
+                            columns=tuple(columns) if columns is not None else None, method=method)
     if isinstance(ledger, LedgerClass):
         return run_estimate(spec_path, iv.start, iv.end, config=config, ledger=ledger, randomness=randomness,
                             key_path=key_path, test_seed=test_seed, actor=actor)

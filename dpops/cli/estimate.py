@@ -24,8 +24,12 @@ from dpops.errors import InvalidParameter
 @click.option("--epsilon", "epsilon", type=float, required=True,
               help="the estimation's own epsilon, charged to the spec's budget scope (split equally over its "
                    "mechanisms)")
+@click.option("--method", type=click.Choice(["error/1", "quantile/1"]), default="error/1", show_default=True,
+              help="error/1: the bounds minimising the release's predicted error at its own epsilon, from noisy "
+                   "histograms (public partitions); quantile/1: each bound at --quantile, whatever the release's "
+                   "epsilon (the rule before issue 26)")
 @click.option("--quantile", type=float, default=0.99, show_default=True,
-              help="share of units (L0, Linf) and of bounded rows (value bounds) the estimated bounds keep whole")
+              help="quantile/1: share of units (L0, Linf) and of bounded rows (value bounds) the bounds keep whole")
 @click.option("--contribution/--no-contribution", default=True, show_default=True,
               help="also estimate L0 and Linf (max_partitions_per_unit, max_rows_per_unit_per_partition)")
 @click.option("--column", "columns", multiple=True,
@@ -44,9 +48,9 @@ from dpops.errors import InvalidParameter
 @click.option("--actor", default=None, help="who the ledger records (default dpops:<OS user>)")
 @ledger_option
 @json_option
-def cli(spec_path: str, interval: str, epsilon: float, quantile: float, contribution: bool, columns: tuple[str, ...],
-        max_l0: int, max_linf: int, out_dir: str, spec_out: str | None, randomness: str, test_seed: int | None,
-        key_file: str | None, actor: str | None, as_json: bool) -> None:
+def cli(spec_path: str, interval: str, epsilon: float, method: str, quantile: float, contribution: bool,
+        columns: tuple[str, ...], max_l0: int, max_linf: int, out_dir: str, spec_out: str | None, randomness: str,
+        test_seed: int | None, key_file: str | None, actor: str | None, as_json: bool) -> None:
     """Estimate contribution and value bounds under DP; charge the scope; write a spec patch."""
     from dpops.analysis.estimate import EstimateConfig, estimate, patch_document
     from dpops.analysis.tune_output import apply_patch_document
@@ -60,7 +64,7 @@ def cli(spec_path: str, interval: str, epsilon: float, quantile: float, contribu
                                "time (dpops release run); a patched spec would need that option and its "
                                "budget.split share removed by hand: --spec-out is refused, nothing was charged")
     config = EstimateConfig(epsilon=epsilon, quantile=quantile, contribution=contribution,
-                            columns=tuple(columns) or None, max_l0=max_l0, max_linf=max_linf)
+                            columns=tuple(columns) or None, max_l0=max_l0, max_linf=max_linf, method=method)
     iv = requested_interval(spec_path, interval)
     with open_cli_ledger() as led:
         est = estimate(spec_path, iv.start, iv.end, config=config, ledger=led, randomness=randomness,
@@ -96,4 +100,16 @@ def cli(spec_path: str, interval: str, epsilon: float, quantile: float, contribu
         click.echo(f"  max_rows_per_unit_per_partition (Linf): {r['max_rows_per_unit_per_partition']}")
     for col, (lo, hi) in r["bounds"].items():
         click.echo(f"  bounds of {col}: [{lo:g}, {hi:g}]")
+    if est.choice is not None:
+        click.echo(f"  chosen by {est.config.method}: rows kept {est.choice['kept_row_share']:.1%}; predicted RMSE "
+                   + ", ".join(f"{k} {v:.4g}" for k, v in est.choice["predicted_rmse"].items()))
+    targets = est.targets()
+    if targets:
+        met = sum(1 for t in targets if t["met"])
+        click.echo(f"  accuracy targets with these bounds, at the release's epsilon: {met} of {len(targets)} met")
+        for t in targets:
+            pred = "inf" if t["predicted"] is None else f"{t['predicted']:.4g}"
+            click.echo(f"    [{'met' if t['met'] else 'NOT MET'}] {t['description']} (predicted {pred})")
+    else:
+        click.echo("  accuracy targets: the spec declares none")
     click.echo(f"wrote {', '.join(files.values())}" + (f"; manifest {est.manifest}" if est.manifest else ""))

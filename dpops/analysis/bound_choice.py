@@ -1,0 +1,637 @@
+"""Bounds that minimise the release's predicted error (issue 26 item 3): histograms, their noise, the objective.
+
+``dpops estimate --method error/1`` chooses L0, Linf and the value bounds of a release with PUBLIC partitions
+jointly, by the error the release itself would have at its own epsilon: for every candidate the noise the
+release's plan would draw (``dpops.release_plan.plan_release``, the one owner of sensitivity and
+calibration, through ``dpops.analysis.accuracy``) is traded against the rows that candidate drops or
+clips, counted in ROWS (not pairs). The quantile rule it replaces (``quantile/1``: keep 99% of each item
+whole, whatever the release's epsilon) chose L0 = 4 and Linf = 38 on heavy-tailed data, raising a count's
+noise std from 56.6 to 860.
+
+This module is pure: numpy in, numbers out, no reading and no ledger. ``dpops.analysis.estimate`` builds the
+exact histograms from the interval's bounded-for-nothing rows, noises them with the release's own noise
+path and calls ``choose``; the benchmark (``benchmarks/bench_bound_regret.py``) and the tests call the same
+functions.
+
+The histograms (what is charged)
+--------------------------------
+
+Every histogram weighs each privacy unit's items so that ONE UNIT'S WEIGHTS SUM TO AT MOST S = 2**20
+(integer weights, floored): adding or removing a unit moves the histogram by at most S in L1, replacing it by
+at most 2 S, whatever the unit's number of rows or partitions. That is what bounds the sensitivity without
+any contribution bound, and why the weights are fractions of the unit's own totals:
+
+- ``units``: per k = 1..P (P public partitions), S for each unit with exactly k partitions (its one item).
+- ``pairs``: per (coarse k bin A, row bin b), floor(S / k_u) for each of unit u's (unit, partition) pairs
+  with r rows in bin b, u's k_u in A. A unit's pairs sum to k_u floor(S / k_u) <= S.
+- ``partitions``: per public partition p, floor(S / R_u) for each of u's R_u rows in p (sum <= S).
+- ``values:<col>``: per value bin, floor(S / R_u) for each of u's rows with its value there (sum <= S).
+
+Each histogram gets discrete Laplace noise of L1 sensitivity S (add/remove) or 2 S (replace) at its share of
+the estimation's epsilon (``dpops.noise.mechanisms.laplace_mechanism`` and ``add_noise``, the release's own
+sampler): each is epsilon_i-DP, and the shares compose to the estimation's epsilon (basic composition of
+pure-DP events; the ledger's accountant composes the recorded events). The joint (k, r) histogram is what
+makes the rows dropped by a JOINT (L0, Linf) choice computable: per unit the expected kept rows are
+min(1, L0/k_u) sum_p min(r_up, Linf) (the release keeps L0 of a unit's partitions uniformly at random, then
+Linf rows of each), and weighting each pair by 1/k_u makes min(k, L0) times the pair-weighted histogram
+exactly that sum. ``units`` refines k inside a coarse bin (within a bin, the rows-per-pair profile is assumed
+not to depend on the exact k).
+
+The choice (post-processing: no extra charge)
+---------------------------------------------
+
+``choose`` reads only the noisy histograms and public parameters (the spec, the candidate grids), so it
+is post-processing of DP outputs and charges nothing more. Per metric and candidate c it predicts the
+release's root mean square error over its P partitions, assuming each partition holds its share s_p of
+the rows dropped or clipped (the bias of partition p is s_p B(c)) and that values do not depend on how
+many rows a unit has:
+
+- count: sigma(c)^2 + (sum_p s_p^2 / P) B^2 with B = N - K(c), N the rows and K(c) the expected kept rows;
+- unit_count: the same with (unit, partition) pairs instead of rows (B = pairs dropped by L0);
+- sum: B = -(N - K) vbar - K (c_hi - c_lo), with c_hi = E(v - hi)+ and c_lo = E(lo - v)+ per row;
+- mean: (sigma_nsum^2 + d^2 sigma_count^2) / K^2 * mean_p(1 / s_p^2) + (c_hi - c_lo)^2 +
+  var_clip (1/K - 1/N) mean_p(1 / s_p): the first-order mean error at s_p K rows
+  (``accuracy.mean_std_first_order``), the clipping bias, and the sampling error of keeping a random subset
+  of the partition's rows (random drops do not bias a mean, but they move it).
+
+The noise stds come from the release's own plan at the candidate (L0, Linf) and the declared (or fallback)
+value bounds, scaled linearly to the candidate value bound (the sensitivity is linear in it; the lattice
+rounding makes this exact to the lattice step). A spec with several metrics minimises the sum over metrics
+of MSE_m(c) / min_c MSE_m(c), so every metric counts in its own units. Noisy histogram cells are clamped at
+0 and cells below the noise's level (where a noise-only cell survives with probability
+``FALSE_CELL_RATE`` over the histogram's cells, b ln(cells / 0.05)) are zeroed before use: empty cells far in
+the value grid's tail would otherwise be multiplied by values up to 2^40. The price is a tail lighter than the
+data's where its cells hold less than that mass: the objective then sees less clipping than there is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dpops.errors import InvalidParameter
+
+if TYPE_CHECKING:
+    from dpops.events import PrivacyEvent
+    from dpops.noise.randomness import RandomSource
+    from dpops.release_plan import ReleasePlan
+    from dpops.spec import ReleaseSpec
+
+METHOD = "error/1"  # EstimateConfig.method of this rule (recorded in the manifest's estimation.config)
+HISTOGRAM_MECHANISM = "estimate/noisy_histogram"
+WEIGHT_BITS = 20
+WEIGHT_SCALE = 1 << WEIGHT_BITS  # S: one unit's weights sum to at most S in every histogram
+FALSE_CELL_RATE = 0.05  # a histogram whose cells are all empty keeps a noise-only cell with probability <= this
+EXACT_ROWS = 16  # rows per pair: exact bins 1..16, then the contribution grid and quarter octaves to 2**16
+COUNT_TYPES = ("count", "unit_count", "sum", "mean")
+
+
+# --------------------------------------------------------------------------- public bins
+
+
+def row_edges(linf_grid: np.ndarray) -> np.ndarray:
+    """Upper edges of the rows-per-pair bins: 1..16 and every Linf candidate; pairs with more rows than the
+    largest candidate fall in its bin (``_bin_index``).
+
+    Every Linf candidate is an edge, so min(r, Linf) is exact for every bin above it. The rows of pairs beyond
+    the largest candidate are counted as that candidate's: they are dropped by every candidate alike, and a
+    bin reaching further would multiply its noise by rows it cannot see. Public."""
+    top = int(max(linf_grid))
+    e = {x for x in range(1, EXACT_ROWS + 1) if x <= top} | {int(x) for x in linf_grid}
+    return np.asarray(sorted(e), dtype=np.int64)
+
+
+def coarse_k_edges(n_partitions: int) -> np.ndarray:
+    """Upper edges of the coarse partitions-per-unit bins of ``pairs``: 1, 2, 4, 8, ... up to P. Public."""
+    e = [1]
+    while e[-1] < n_partitions:
+        e.append(min(2 * e[-1], int(n_partitions)))
+    return np.asarray(e, dtype=np.int64)
+
+
+def _bin_index(x: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Bin a holds (edges[a-1], edges[a]]; values above the last edge go to the last bin."""
+    return np.minimum(np.searchsorted(edges, x, side="left"), edges.size - 1)
+
+
+def _integer_midpoints(edges: np.ndarray) -> np.ndarray:
+    lower = np.concatenate([[1], edges[:-1] + 1]).astype(np.float64)
+    return (lower + edges.astype(np.float64)) / 2.0
+
+
+def _value_midpoints(grid: np.ndarray) -> np.ndarray:
+    """Representative of value bin j = (grid[j-1], grid[j]] (bin 0: at or below grid[0]; the last bin holds
+    everything above grid[-1] and is represented by its lower edge)."""
+    mid = np.empty(grid.size + 1)
+    mid[0] = grid[0]
+    mid[1:-1] = (grid[:-1] + grid[1:]) / 2.0
+    mid[-1] = grid[-1]
+    return mid
+
+
+# --------------------------------------------------------------------------- histograms
+
+
+@dataclass(frozen=True)
+class BoundHistograms:
+    """The estimation's histograms (exact, or noisy: then a DP output and public). Integer weights; divide by
+    ``scale`` for unit mass. ``noise_scale``: the Laplace scale (weight units) each was noised with, 0 when
+    exact. Absent histograms (contribution not estimated, no value column) are None / missing."""
+
+    scale: int
+    n_partitions: int
+    k_edges: np.ndarray  # coarse bins of ``pairs``
+    r_edges: np.ndarray
+    v_grid: np.ndarray
+    units: np.ndarray | None  # (P,) per k = 1..P
+    pairs: np.ndarray | None  # (len(k_edges), len(r_edges))
+    partitions: np.ndarray  # (P,)
+    values: dict[str, np.ndarray] = field(default_factory=dict)  # (len(v_grid) + 1,) per column
+    noise_scale: dict[str, float] = field(default_factory=dict)
+
+    def names(self) -> list[str]:
+        """The histograms present, in the order they are noised and charged."""
+        out = [n for n in ("units", "pairs") if getattr(self, n) is not None]
+        return [*out, "partitions", *(f"values:{c}" for c in self.values)]
+
+    def get(self, name: str) -> np.ndarray:
+        """One histogram by name (``names``)."""
+        if name.startswith("values:"):
+            return self.values[name.split(":", 1)[1]]
+        h = getattr(self, name)
+        assert h is not None
+        return np.asarray(h)
+
+    def cells(self, name: str) -> int:
+        """Number of cells of one histogram (recorded as the mechanism's ``candidates``)."""
+        return int(self.get(name).size)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (the manifest's ``estimation.histograms``): the noisy integer weights and the public bins."""
+        return {"scale": self.scale, "n_partitions": self.n_partitions,
+                "k_edges": [int(x) for x in self.k_edges], "r_edges": [int(x) for x in self.r_edges],
+                "histograms": {n: np.asarray(self.get(n), dtype=np.int64).tolist() for n in self.names()},
+                "noise_scale": {k: float(v) for k, v in sorted(self.noise_scale.items())}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], v_grid: np.ndarray) -> BoundHistograms:
+        """Inverse of ``to_dict`` (the value grid is public and not recorded)."""
+        h = d["histograms"]
+        return cls(int(d["scale"]), int(d["n_partitions"]), np.asarray(d["k_edges"], np.int64),
+                   np.asarray(d["r_edges"], np.int64), v_grid,
+                   None if "units" not in h else np.asarray(h["units"], np.int64),
+                   None if "pairs" not in h else np.asarray(h["pairs"], np.int64),
+                   np.asarray(h["partitions"], np.int64),
+                   {k.split(":", 1)[1]: np.asarray(v, np.int64) for k, v in h.items() if k.startswith("values:")},
+                   {str(k): float(v) for k, v in d.get("noise_scale", {}).items()})
+
+
+def exact_histograms(ucode: np.ndarray, pcode: np.ndarray, values: Mapping[str, np.ndarray], *, n_partitions: int,
+                     linf_grid: np.ndarray, v_grid: np.ndarray, contribution: bool = True) -> BoundHistograms:
+    """The histograms of the module docstring from the rows: ``ucode`` (dense unit code per row), ``pcode`` (the
+    row's public partition, 0..P-1), ``values`` (per estimated column, one value per row).
+
+    Weights are integers and one unit's weights sum to at most ``WEIGHT_SCALE`` in each histogram (the
+    sensitivity argument of the module docstring). ``contribution=False``: only ``partitions`` and the values."""
+    S = WEIGHT_SCALE
+    P = int(n_partitions)
+    u = np.asarray(ucode, dtype=np.int64)
+    p = np.asarray(pcode, dtype=np.int64)
+    if u.size and (p.min() < 0 or p.max() >= P):
+        raise InvalidParameter("exact_histograms: partition codes must be in [0, n_partitions)")
+    n_units = int(u.max()) + 1 if u.size else 0
+    rows_per_unit = np.bincount(u, minlength=n_units).astype(np.int64)
+    w_row = np.where(rows_per_unit > 0, S // np.maximum(rows_per_unit, 1), 0)[u]  # floor(S / R_u) per row
+    parts = np.bincount(p, weights=w_row, minlength=P).astype(np.int64)
+    vgrid = np.asarray(v_grid, dtype=np.float64)
+    vals = {}
+    for col, v in values.items():
+        idx = np.searchsorted(vgrid, np.asarray(v, dtype=np.float64), side="left")  # bin (g[j-1], g[j]]
+        vals[col] = np.bincount(idx, weights=w_row, minlength=vgrid.size + 1).astype(np.int64)
+    k_edges = coarse_k_edges(P)
+    r_edges = row_edges(np.asarray(linf_grid))
+    units = pairs = None
+    if contribution:
+        pair_code = u * P + p
+        pk, r = np.unique(pair_code, return_counts=True)
+        pu = pk // P
+        k_u = np.bincount(pu, minlength=n_units).astype(np.int64)
+        units = np.bincount(k_u[k_u > 0] - 1, minlength=P).astype(np.int64) * S
+        kp = k_u[pu]
+        a = _bin_index(kp, k_edges)
+        b = _bin_index(r, r_edges)
+        pairs = np.bincount(a * r_edges.size + b, weights=S // kp,
+                            minlength=k_edges.size * r_edges.size).astype(np.int64).reshape(k_edges.size,
+                                                                                              r_edges.size)
+    return BoundHistograms(S, P, k_edges, r_edges, vgrid, units, pairs, parts, vals)
+
+
+def l1_sensitivity(adjacency: str) -> int:
+    """L1 sensitivity of every histogram, in weight units: S under add/remove, 2 S under replace."""
+    return WEIGHT_SCALE * (2 if adjacency == "replace" else 1)
+
+
+def histogram_events(names: Sequence[str], epsilon: float) -> list[PrivacyEvent]:
+    """One pure-DP event per histogram, each at an equal share of ``epsilon`` (what the ledger charges)."""
+    from dpops.events import PureDP
+
+    share = float(epsilon) / len(names)
+    return [PureDP(share, mechanism=HISTOGRAM_MECHANISM) for _ in names]
+
+
+def noisy_histograms(exact: BoundHistograms, shares: Mapping[str, float], adjacency: str,
+                     rng: RandomSource) -> BoundHistograms:
+    """Each histogram with discrete Laplace noise of L1 sensitivity ``l1_sensitivity(adjacency)`` at its share
+    (the release's own ``laplace_mechanism`` and ``add_noise``): epsilon_i-DP each (module docstring)."""
+    from dpops.noise.mechanisms import add_noise, laplace_mechanism
+
+    sens = l1_sensitivity(adjacency)
+    out: dict[str, np.ndarray] = {}
+    scales: dict[str, float] = {}
+    for name in exact.names():
+        h = exact.get(name)
+        params = laplace_mechanism(float(shares[name]), float(sens), integer_valued=True, max_coords=max(1, h.size))
+        out[name] = add_noise(h.reshape(-1), params, rng.child("bound_choice", name)).reshape(h.shape)
+        scales[name] = float(params.scale)
+    return BoundHistograms(exact.scale, exact.n_partitions, exact.k_edges, exact.r_edges, exact.v_grid,
+                           out.get("units"), out.get("pairs"), out["partitions"],
+                           {c: out[f"values:{c}"] for c in exact.values}, scales)
+
+
+def _mass(h: BoundHistograms, name: str) -> np.ndarray:
+    """Unit mass of a histogram as the objective reads it: the noisy cells denoised along their ordered axis
+    (``denoise``; ``pairs`` row by row along the rows-per-pair axis). Post-processing of the DP histogram."""
+    x = np.asarray(h.get(name), dtype=np.float64)
+    b = float(h.noise_scale.get(name, 0.0))
+    cut = name.startswith("values:")  # only the value grid's cells stand for unbounded values
+    if b > 0:
+        x = np.vstack([denoise(row, b, cut_tails=cut) for row in x]) if x.ndim == 2 else denoise(x, b, cut_tails=cut)
+    return np.maximum(x, 0.0) / float(h.scale)
+
+
+def _pava_non_increasing(y: np.ndarray) -> np.ndarray:
+    """The least-squares non-increasing fit of y (pool adjacent violators)."""
+    vals: list[float] = []
+    sizes: list[int] = []
+    for v in y.tolist():
+        vals.append(float(v))
+        sizes.append(1)
+        while len(vals) > 1 and vals[-2] < vals[-1]:
+            n = sizes[-2] + sizes[-1]
+            vals[-2] = (vals[-2] * sizes[-2] + vals[-1] * sizes[-1]) / n
+            sizes[-2] = n
+            vals.pop()
+            sizes.pop()
+    return np.repeat(np.asarray(vals), np.asarray(sizes, dtype=np.int64))
+
+
+def _tail_starts(tail_sums: np.ndarray, b: float, cells: int) -> np.ndarray:
+    """Per position j: whether the noisy sum of the L cells from j to the end is above what L noise-only
+    cells reach (a union-bound Bernstein bound for sums of Laplace(b): b max(sqrt(8 L lambda), 4 lambda),
+    lambda = ln(cells / FALSE_CELL_RATE))."""
+    lam = math.log(max(cells, 1) / FALSE_CELL_RATE)
+    L = np.arange(tail_sums.size, 0, -1, dtype=np.float64)
+    return tail_sums > b * np.maximum(np.sqrt(8.0 * L * lam), 4.0 * lam)
+
+
+def denoise(x: np.ndarray, b: float, *, cut_tails: bool) -> np.ndarray:
+    """A noisy histogram along an ordered axis, denoised by post-processing: a unimodal fit (non-decreasing up
+    to the noisy mode, non-increasing after it: the shape of counts per partition, per row count and per value
+    on a log grid), with each tail beyond the last stretch whose noisy sum is above the noise's reach set to 0.
+
+    Why: the objective multiplies a cell by the rows or the value it stands for (up to 2^40 on the value
+    grid), so noise in empty tail cells would dominate what is dropped or clipped; pooling neighbours
+    averages the noise, and the tail test removes what no data supports (a true tail lighter than the
+    noise's reach is lost: the objective then sees less dropped or clipped mass than there is)."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.size <= 1:
+        return np.maximum(x, 0.0)
+    mode = int(np.argmax(x))
+    right = _pava_non_increasing(x[mode:])
+    left = _pava_non_increasing(x[: mode + 1][::-1])[::-1]
+    fit = np.concatenate([left[:-1], right])
+    up = _tail_starts(np.cumsum(x[::-1])[::-1], b, x.size)  # tail to the right of each j
+    if not cut_tails:
+        return np.maximum(fit, 0.0)
+    down = _tail_starts(np.cumsum(x)[::-1], b, x.size)[::-1]  # the tail to the left of each j, ending there
+    last = max(mode, int(np.flatnonzero(up)[-1]) if up.any() else mode)
+    first = min(mode, int(np.flatnonzero(down)[0]) if down.any() else mode)
+    fit[last + 1:] = _geometric_tail(x[mode:], last - mode, fit[last])
+    fit[:first] = _geometric_tail(x[: mode + 1][::-1], mode - first, fit[first])[::-1][: first]
+    return np.maximum(fit, 0.0)
+
+
+TAIL_RATIO_MAX = 0.8  # per value-grid step (2^(1/4)): a power-law tail of index 1.29; the mean stays finite
+
+
+def _geometric_tail(side: np.ndarray, last: int, at_last: float) -> np.ndarray:
+    """The cells of ``side`` (from the mode outwards) beyond index ``last`` (the last significant one),
+    continued from ``at_last`` at the geometric rate of the noisy tail sums: T(j) = sum of the cells from j on
+    is unbiased, and a power-law tail on a log grid has T(j + d) / T(j) = ratio^d; measured between the middle
+    of the significant stretch and its end, at most ``TAIL_RATIO_MAX``. A tail the noise hides is extrapolated,
+    not dropped: dropping it would make the objective see no clipping above the noise's reach and choose
+    bounds that clip the real tail."""
+    n = side.size - last - 1
+    if n <= 0:
+        return np.zeros(0)
+    if last < 1 or at_last <= 0:
+        return np.zeros(n)
+    tails = np.cumsum(side[::-1])[::-1]
+    j1 = last // 2
+    t1, t2 = float(tails[j1]), float(tails[last])
+    ratio = (t2 / t1) ** (1.0 / (last - j1)) if t1 > 0 and t2 > 0 else 0.0
+    ratio = min(TAIL_RATIO_MAX, ratio)
+    return at_last * ratio ** np.arange(1, n + 1, dtype=np.float64)
+
+
+# --------------------------------------------------------------------------- what the histograms say
+
+
+@dataclass(frozen=True)
+class RowModel:
+    """What the objective needs, read off the (noisy) histograms: kept rows and pairs per candidate, partition
+    shares, per-row value moments. All post-processing."""
+
+    rows: float  # N
+    pairs: float
+    shares: np.ndarray  # (P,) s_p, summing to 1
+    kept_rows: np.ndarray  # (len(l0), len(linf)) K(L0, Linf)
+    kept_pairs: np.ndarray  # (len(l0),)
+    value_mean: dict[str, float]
+    clip_hi: dict[str, np.ndarray]  # per candidate upper bound (value grid): E(v - hi)+ per row
+    clip_lo: dict[str, np.ndarray]  # per candidate lower bound: E(lo - v)+ per row
+    value_bins: dict[str, np.ndarray]  # per column: the value distribution per row (sums to 1), on the grid's bins
+
+
+def row_model(h: BoundHistograms, l0: np.ndarray, linf: np.ndarray, *, declared_l0: int,
+              declared_linf: int) -> RowModel:
+    """``RowModel`` at candidate grids ``l0`` x ``linf`` (without the contribution histograms: the declared
+    bounds, and no row taken as dropped)."""
+    P = h.n_partitions
+    part = _mass(h, "partitions")
+    floor = 1.0 / (10.0 * P)  # a partition the noise left empty still holds some rows (its mean is defined)
+    tot = part.sum()
+    shares = np.full(P, 1.0 / P) if tot <= 0 else np.maximum(part / tot, floor)
+    shares = shares / shares.sum()
+    l0 = np.asarray(l0, dtype=np.float64)
+    linf = np.asarray(linf, dtype=np.float64)
+    if h.units is not None and h.pairs is not None:
+        U = _mass(h, "units")  # per k = 1..P
+        k = np.arange(1, P + 1, dtype=np.float64)
+        H = _mass(h, "pairs")
+        r_mid = _integer_midpoints(h.r_edges)
+        a_of_k = _bin_index(np.arange(1, P + 1), h.k_edges)
+        w_all = H.sum(axis=0)
+        prof_all = w_all / w_all.sum() if w_all.sum() > 0 else np.eye(1, r_mid.size)[0]
+        w = H.sum(axis=1, keepdims=True)
+        prof = np.where(w > 0, H / np.where(w > 0, w, 1.0), prof_all[None, :])  # rows-per-pair profile per bin
+        kept_per_pair = prof @ np.minimum(r_mid[:, None], linf[None, :])  # (A, len(linf))
+        rows_per_pair = prof @ r_mid  # (A,)
+        min_k = np.minimum(k[None, :], l0[:, None]) * U[None, :]  # (len(l0), P) pairs kept per k
+        kept_rows = min_k @ kept_per_pair[a_of_k]  # (len(l0), len(linf))
+        rows = float((U * k) @ rows_per_pair[a_of_k])
+        pairs = float(U @ k)
+        kept_pairs = min_k.sum(axis=1)
+    else:
+        rows = pairs = max(1.0, float(part.sum()))  # only ratios to rows matter below; nothing dropped
+        kept_rows = np.full((l0.size, linf.size), rows)
+        kept_pairs = np.full(l0.size, pairs)
+    vmean: dict[str, float] = {}
+    chi: dict[str, np.ndarray] = {}
+    clo: dict[str, np.ndarray] = {}
+    qs: dict[str, np.ndarray] = {}
+    mids = _value_midpoints(h.v_grid)
+    for col in h.values:
+        m = _mass(h, f"values:{col}")
+        tot_v = m.sum()
+        q = m / tot_v if tot_v > 0 else np.zeros_like(m)
+        vmean[col] = float(q @ mids)
+        chi[col] = np.maximum(mids[None, :] - h.v_grid[:, None], 0.0) @ q
+        clo[col] = np.maximum(h.v_grid[:, None] - mids[None, :], 0.0) @ q
+        qs[col] = q
+    return RowModel(rows, pairs, shares, kept_rows, kept_pairs, vmean, chi, clo, qs)
+
+
+def clipped_variance(model: RowModel, col: str, v_grid: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Per candidate pair (lo[i], hi[i]): the variance of a row's value clipped to it (post-processing)."""
+    q = model.value_bins.get(col)
+    if q is None:
+        return np.zeros(lo.size)
+    mids = _value_midpoints(v_grid)
+    c = np.clip(mids[None, :], lo[:, None], hi[:, None])
+    m1 = c @ q
+    return np.maximum((c * c) @ q - m1 * m1, 0.0)
+
+
+# --------------------------------------------------------------------------- the noise of each candidate
+
+
+@dataclass(frozen=True)
+class MetricNoise:
+    """The release's noise stds of one metric at one (L0, Linf), at the reference value bounds."""
+
+    std: float  # count, unit_count, sum: of the released vector; mean: of its normalized sum
+    count_std: float = 0.0  # mean: of the count it divides by
+    bound_scale: float = 1.0  # sum: max(|lo|, |hi|); mean: (hi - lo) / 2 of the reference bounds
+
+
+_PLAN_CACHE: dict[tuple[str, int, int], dict[str, MetricNoise]] = {}
+
+
+def release_noise(spec: ReleaseSpec, l0: int, linf: int) -> dict[str, MetricNoise]:
+    """Per metric key, the noise the release's own plan (``plan_release``) draws at (``l0``, ``linf``) and the
+    spec's value bounds (declared, or the fallback of ``bounds: estimate``). Cached per (spec hash, L0, Linf):
+    the plan is a function of public parameters only."""
+    from dpops.analysis.accuracy import mean_noise_stds
+    from dpops.analysis.tuning import Candidate, candidate_spec
+    from dpops.release_plan import plan_release
+
+    key = (spec.spec_hash, int(l0), int(linf))
+    if key in _PLAN_CACHE:
+        return _PLAN_CACHE[key]
+    cspec = spec if (l0, linf) == (spec.contribution.max_partitions_per_unit,
+                                   spec.contribution.max_rows_per_unit_per_partition) else \
+        candidate_spec(spec, Candidate(int(l0), int(linf)))
+    plan: ReleasePlan = plan_release(cspec)
+    out: dict[str, MetricNoise] = {}
+    for m in plan.metrics:
+        if m.type in ("count", "unit_count"):
+            out[m.key] = MetricNoise(float(m.vectors[0].params.std))
+        elif m.type == "sum" and m.bounds is not None:
+            out[m.key] = MetricNoise(float(m.vectors[0].params.std), 0.0, max(abs(m.bounds[0]), abs(m.bounds[1])))
+        elif m.type == "mean" and m.bounds is not None:
+            s_std, c_std = mean_noise_stds(plan, m)
+            out[m.key] = MetricNoise(s_std, c_std, (m.bounds[1] - m.bounds[0]) / 2.0)
+    if len(_PLAN_CACHE) > 20_000:
+        _PLAN_CACHE.clear()
+    _PLAN_CACHE[key] = out
+    return out
+
+
+# --------------------------------------------------------------------------- the objective
+
+
+@dataclass(frozen=True)
+class BoundChoice:
+    """The chosen bounds and what the objective predicted for them (all post-processing of DP histograms)."""
+
+    l0: int
+    linf: int
+    bounds: dict[str, tuple[float, float]]
+    predicted_rmse: dict[str, float]  # per metric key
+    kept_row_share: float
+    clipped_per_row: dict[str, float]  # per column: E|clipping| per kept row
+    method: str = METHOD
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (the manifest's ``estimation.choice``)."""
+        return {"method": self.method, "max_partitions_per_unit": self.l0, "max_rows_per_unit_per_partition": self.linf,
+                "bounds": {c: [float(lo), float(hi)] for c, (lo, hi) in sorted(self.bounds.items())},
+                "predicted_rmse": {k: float(v) for k, v in sorted(self.predicted_rmse.items())},
+                "kept_row_share": float(self.kept_row_share),
+                "clipped_per_row": {k: float(v) for k, v in sorted(self.clipped_per_row.items())}}
+
+
+def metric_mse(spec: ReleaseSpec, model: RowModel, l0: np.ndarray, linf: np.ndarray, v_grid: np.ndarray,
+               columns: Sequence[str]) -> dict[str, np.ndarray]:
+    """Per metric key, the predicted mean squared error over partitions (module docstring) as an array over
+    (L0 index, Linf index) for count and unit_count, and (L0 index, Linf index, lower index, upper index)
+    flattened to (L0, Linf, candidate) with the column's candidate list of ``value_candidates`` for sum and
+    mean."""
+    P = model.shares.size
+    # mean over partitions of (s_p B)^2 = B^2 sum_p s_p^2 / P
+    kappa = float(np.sum(model.shares ** 2)) / P
+    inv_s2 = float(np.mean(1.0 / model.shares ** 2))
+    inv_s = float(np.mean(1.0 / model.shares))
+    K = np.maximum(model.kept_rows, 1e-9)
+    out: dict[str, np.ndarray] = {}
+    noise = {(i, j): release_noise(spec, int(a), int(b)) for i, a in enumerate(l0) for j, b in enumerate(linf)}
+    declared = spec.declared_value_bounds()
+    for m in spec.metrics:
+        key = m.key
+        if m.type not in COUNT_TYPES:
+            continue
+        std = np.array([[noise[(i, j)][key].std for j in range(len(linf))] for i in range(len(l0))])
+        if m.type == "count":
+            out[key] = std ** 2 + kappa * (model.rows - model.kept_rows) ** 2
+            continue
+        if m.type == "unit_count":
+            out[key] = std ** 2 + kappa * ((model.pairs - model.kept_pairs) ** 2)[:, None]
+            continue
+        col = getattr(m, "column", None)
+        if col is None or col not in declared:  # bounds: estimate (the option estimates with quantile/1)
+            continue
+        lo_c, hi_c = value_candidates(v_grid, declared[col], col in columns)
+        scale = np.array([[noise[(i, j)][key].bound_scale for j in range(len(linf))] for i in range(len(l0))])
+        chi = model.clip_hi.get(col)
+        clo = model.clip_lo.get(col)
+        if chi is None or clo is None:  # not estimated: the declared bounds, no clipping known
+            chi_c = np.zeros(lo_c.size)
+            clo_c = np.zeros(lo_c.size)
+            vbar = 0.0
+        else:
+            chi_c = chi[np.searchsorted(v_grid, hi_c)] if col in columns else np.zeros(lo_c.size)
+            clo_c = clo[np.searchsorted(v_grid, lo_c)] if (col in columns and declared[col][0] < 0) else \
+                np.zeros(lo_c.size)
+            vbar = model.value_mean[col]
+        net_clip = chi_c - clo_c  # per kept row, how much clipping lowers the value
+        if m.type == "sum":
+            s = (std / scale)[:, :, None] * np.maximum(np.abs(lo_c), np.abs(hi_c))[None, None, :]
+            bias = -(model.rows - model.kept_rows)[:, :, None] * vbar - model.kept_rows[:, :, None] * net_clip
+            out[key] = s ** 2 + kappa * bias ** 2
+        else:
+            c_std = np.array([[noise[(i, j)][key].count_std for j in range(len(linf))] for i in range(len(l0))])
+            half = (hi_c - lo_c) / 2.0
+            s = (std / scale)[:, :, None] * half[None, None, :]
+            d = (vbar - net_clip) - (lo_c + hi_c) / 2.0
+            d = np.clip(d, -half, half)
+            var = (s ** 2 + (d[None, None, :] * c_std[:, :, None]) ** 2) / K[:, :, None] ** 2 * inv_s2
+            # the kept rows are a random subset of the partition's: their clipped mean moves from all rows'
+            # by the sampling variance sigma_clip^2 (1/n_kept - 1/n), n = s_p N rows in partition p
+            samp = clipped_variance(model, col, v_grid, lo_c, hi_c)[None, None, :] * inv_s * \
+                np.maximum(1.0 / K - 1.0 / max(model.rows, 1e-9), 0.0)[:, :, None]
+            out[key] = var + samp + (net_clip ** 2)[None, None, :]
+    return out
+
+
+def value_candidates(v_grid: np.ndarray, declared: tuple[float, float], estimated: bool
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """(lower, upper) candidate pairs of one column: the declared pair when not estimated; otherwise every grid
+    point above a declared lower bound >= 0 (kept: public), or the symmetric pairs (-c, c) when the declared
+    lower bound is negative."""
+    lo, hi = float(declared[0]), float(declared[1])
+    if not estimated:
+        return np.array([lo]), np.array([hi])
+    if lo >= 0:
+        up = v_grid[v_grid > lo]
+        return np.full(up.size, lo), up
+    pos = v_grid[v_grid > 0]
+    return -pos, pos
+
+
+def choose(spec: ReleaseSpec, hist: BoundHistograms, *, l0_grid: np.ndarray, linf_grid: np.ndarray,
+           columns: Sequence[str], contribution: bool) -> BoundChoice:
+    """The bounds minimising the release's predicted error (module docstring), from the histograms alone.
+
+    ``l0_grid``/``linf_grid``: the public candidates (``contribution=False`` or a record-level spec: the
+    spec's own L0 and Linf); ``columns``: the bounded columns whose value bounds are chosen (the others keep
+    their declared bounds). Post-processing of the histograms: no charge of its own."""
+    rl = bool(spec.privacy_unit.record_level)
+    if rl or not contribution:
+        l0s = np.array([1 if rl else spec.contribution.max_partitions_per_unit])
+        linfs = np.array([1 if rl else spec.contribution.max_rows_per_unit_per_partition])
+    else:
+        l0s = np.asarray([x for x in l0_grid if x <= hist.n_partitions] or [1], dtype=np.int64)
+        linfs = np.asarray(linf_grid, dtype=np.int64)
+    model = row_model(hist, l0s, linfs, declared_l0=int(l0s[0]), declared_linf=int(linfs[0]))
+    mse = metric_mse(spec, model, l0s, linfs, hist.v_grid, columns)
+    if not mse:
+        raise InvalidParameter(f"estimate --method {METHOD}: {spec.source} has no count, unit_count, sum or mean "
+                               "metric whose error could be minimised; use --method quantile/1")
+    declared = spec.declared_value_bounds()
+    col_keys: dict[str, list[str]] = {}
+    for m in spec.metrics:
+        col = getattr(m, "column", None)
+        if m.key in mse and m.type in ("sum", "mean") and col is not None:
+            col_keys.setdefault(str(col), []).append(m.key)
+    norm = {k: max(float(np.min(v)), 1e-300) for k, v in mse.items()}
+    total = np.zeros((l0s.size, linfs.size))
+    pick: dict[str, np.ndarray] = {}
+    for m in spec.metrics:
+        if m.key in mse and mse[m.key].ndim == 2:
+            total = total + mse[m.key] / norm[m.key]
+    for col, keys in col_keys.items():
+        per = sum(mse[k] / norm[k] for k in keys)  # (L0, Linf, candidates)
+        assert isinstance(per, np.ndarray)
+        pick[col] = np.argmin(per, axis=2)
+        total = total + np.min(per, axis=2)
+    i, j = np.unravel_index(int(np.argmin(total)), total.shape)
+    bounds: dict[str, tuple[float, float]] = {}
+    clipped: dict[str, float] = {}
+    for col in col_keys:
+        lo_c, hi_c = value_candidates(hist.v_grid, declared[col], col in columns)
+        c = int(pick[col][i, j])
+        if col in columns:
+            bounds[col] = (float(lo_c[c]), float(hi_c[c]))
+            chi = model.clip_hi[col][np.searchsorted(hist.v_grid, hi_c[c])]
+            clo = model.clip_lo[col][np.searchsorted(hist.v_grid, lo_c[c])] if declared[col][0] < 0 else 0.0
+            clipped[col] = float(chi + clo)
+    pred: dict[str, float] = {}
+    ii, jj = int(i), int(j)
+    for m in spec.metrics:
+        if m.key not in mse:
+            continue
+        v = mse[m.key]
+        at = float(v[ii, jj]) if v.ndim == 2 else float(v[ii, jj, int(pick[str(getattr(m, "column", ""))][ii, jj])])
+        pred[m.key] = math.sqrt(at)
+    share = float(model.kept_rows[ii, jj] / model.rows) if model.rows > 0 else 1.0
+    return BoundChoice(int(l0s[ii]), int(linfs[jj]), bounds, pred, min(1.0, share), clipped)
+
+
+__all__ = ["METHOD", "BoundHistograms", "BoundChoice", "RowModel", "MetricNoise", "exact_histograms",
+           "noisy_histograms", "histogram_events", "l1_sensitivity", "row_model", "release_noise", "metric_mse",
+           "value_candidates", "choose", "row_edges", "coarse_k_edges", "WEIGHT_SCALE"]
