@@ -189,10 +189,10 @@ def choose_error(spec: ReleaseSpec, data: Data, est_epsilon: float, seed: int) -
 
     l0s, linfs = grids()
     cols = sorted(spec.declared_value_bounds())
+    names = E.error_histogram_names(spec, E.EstimateConfig(epsilon=est_epsilon, method=E.ERROR_METHOD))
     exact = B.exact_histograms(data.u, data.p, {c: data.v for c in cols}, n_partitions=len(REGIONS),
-                               linf_grid=linfs, v_grid=E.value_grid())
-    names = exact.names()
-    noisy = B.noisy_histograms(exact, {n: est_epsilon / len(names) for n in names}, "add_remove",
+                               linf_grid=linfs, v_grid=E.value_grid(), names=names)
+    noisy = B.noisy_histograms(exact, B.histogram_shares(names, est_epsilon), "add_remove",
                                test_random(seed, ("bench_bound_regret",)))
     c = B.choose(spec, noisy, l0_grid=l0s, linf_grid=linfs, columns=cols, contribution=True)
     hi = c.bounds[cols[0]][1] if cols else None

@@ -28,7 +28,7 @@ any contribution bound, and why the weights are fractions of the unit's own tota
 - ``values:<col>``: per value bin, floor(S / R_u) for each of u's rows with its value there (sum <= S).
 
 Each histogram gets discrete Laplace noise of L1 sensitivity S (add/remove) or 2 S (replace) at its share of
-the estimation's epsilon (``dpops.noise.mechanisms.laplace_mechanism`` and ``add_noise``, the release's own
+the estimation's epsilon (``HISTOGRAM_WEIGHTS``, public) (``dpops.noise.mechanisms.laplace_mechanism`` and ``add_noise``, the release's own
 sampler): each is epsilon_i-DP, and the shares compose to the estimation's epsilon (basic composition of
 pure-DP events; the ledger's accountant composes the recorded events). The joint (k, r) histogram is what
 makes the rows dropped by a JOINT (L0, Linf) choice computable: per unit the expected kept rows are
@@ -76,7 +76,6 @@ import numpy as np
 from dpops.errors import InvalidParameter
 
 if TYPE_CHECKING:
-    from dpops.events import PrivacyEvent
     from dpops.noise.randomness import RandomSource
     from dpops.release_plan import ReleasePlan
     from dpops.spec import ReleaseSpec
@@ -191,12 +190,14 @@ class BoundHistograms:
 
 
 def exact_histograms(ucode: np.ndarray, pcode: np.ndarray, values: Mapping[str, np.ndarray], *, n_partitions: int,
-                     linf_grid: np.ndarray, v_grid: np.ndarray, contribution: bool = True) -> BoundHistograms:
-    """The histograms of the module docstring from the rows: ``ucode`` (dense unit code per row), ``pcode`` (the
-    row's public partition, 0..P-1), ``values`` (per estimated column, one value per row).
+                     linf_grid: np.ndarray, v_grid: np.ndarray, names: Sequence[str]) -> BoundHistograms:
+    """The histograms ``names`` (``units``, ``pairs``, ``partitions``, ``values:<col>``; what
+    ``dpops.analysis.estimate.error_histogram_names`` asks for) of the module docstring, from the rows:
+    ``ucode`` (dense unit code per row), ``pcode`` (the row's public partition, 0..P-1), ``values`` (per
+    estimated column, one value per row).
 
     Weights are integers and one unit's weights sum to at most ``WEIGHT_SCALE`` in each histogram (the
-    sensitivity argument of the module docstring). ``contribution=False``: only ``partitions`` and the values."""
+    sensitivity argument of the module docstring)."""
     S = WEIGHT_SCALE
     P = int(n_partitions)
     u = np.asarray(ucode, dtype=np.int64)
@@ -210,12 +211,14 @@ def exact_histograms(ucode: np.ndarray, pcode: np.ndarray, values: Mapping[str, 
     vgrid = np.asarray(v_grid, dtype=np.float64)
     vals = {}
     for col, v in values.items():
+        if f"values:{col}" not in names:
+            continue
         idx = np.searchsorted(vgrid, np.asarray(v, dtype=np.float64), side="left")  # bin (g[j-1], g[j]]
         vals[col] = np.bincount(idx, weights=w_row, minlength=vgrid.size + 1).astype(np.int64)
     k_edges = coarse_k_edges(P)
     r_edges = row_edges(np.asarray(linf_grid))
     units = pairs = None
-    if contribution:
+    if "units" in names or "pairs" in names:
         pair_code = u * P + p
         pk, r = np.unique(pair_code, return_counts=True)
         pu = pk // P
@@ -227,7 +230,8 @@ def exact_histograms(ucode: np.ndarray, pcode: np.ndarray, values: Mapping[str, 
         pairs = np.bincount(a * r_edges.size + b, weights=S // kp,
                             minlength=k_edges.size * r_edges.size).astype(np.int64).reshape(k_edges.size,
                                                                                               r_edges.size)
-    return BoundHistograms(S, P, k_edges, r_edges, vgrid, units, pairs, parts, vals)
+    return BoundHistograms(S, P, k_edges, r_edges, vgrid, units if "units" in names else None,
+                           pairs if "pairs" in names else None, parts, vals)
 
 
 def l1_sensitivity(adjacency: str) -> int:
@@ -235,12 +239,17 @@ def l1_sensitivity(adjacency: str) -> int:
     return WEIGHT_SCALE * (2 if adjacency == "replace" else 1)
 
 
-def histogram_events(names: Sequence[str], epsilon: float) -> list[PrivacyEvent]:
-    """One pure-DP event per histogram, each at an equal share of ``epsilon`` (what the ledger charges)."""
-    from dpops.events import PureDP
+# Public weights of the estimation's epsilon per histogram: the partition shares are large counts and need
+# little; the rows-per-pair tail and the value tail decide the bounds and get more.
+HISTOGRAM_WEIGHTS = {"units": 1.0, "pairs": 2.0, "partitions": 0.5, "values": 1.5}
 
-    share = float(epsilon) / len(names)
-    return [PureDP(share, mechanism=HISTOGRAM_MECHANISM) for _ in names]
+
+def histogram_shares(names: Sequence[str], epsilon: float) -> dict[str, float]:
+    """Each histogram's share of ``epsilon`` by ``HISTOGRAM_WEIGHTS`` (a function of public names only); the
+    shares sum to ``epsilon`` (times 1 - 1e-12 against float rounding)."""
+    w = {n: HISTOGRAM_WEIGHTS[n.split(":", 1)[0]] for n in names}
+    total = sum(w.values())
+    return {n: float(epsilon) * (1.0 - 1e-12) * v / total for n, v in w.items()}
 
 
 def noisy_histograms(exact: BoundHistograms, shares: Mapping[str, float], adjacency: str,
@@ -367,10 +376,9 @@ class RowModel:
     value_bins: dict[str, np.ndarray]  # per column: the value distribution per row (sums to 1), on the grid's bins
 
 
-def row_model(h: BoundHistograms, l0: np.ndarray, linf: np.ndarray, *, declared_l0: int,
-              declared_linf: int) -> RowModel:
-    """``RowModel`` at candidate grids ``l0`` x ``linf`` (without the contribution histograms: the declared
-    bounds, and no row taken as dropped)."""
+def row_model(h: BoundHistograms, l0: np.ndarray, linf: np.ndarray) -> RowModel:
+    """``RowModel`` at candidate grids ``l0`` x ``linf``. Without ``units`` (contribution bounds not estimated) no
+    pair is taken as dropped, without ``pairs`` (no count, sum or mean) no row."""
     P = h.n_partitions
     part = _mass(h, "partitions")
     floor = 1.0 / (10.0 * P)  # a partition the noise left empty still holds some rows (its mean is defined)
@@ -379,9 +387,16 @@ def row_model(h: BoundHistograms, l0: np.ndarray, linf: np.ndarray, *, declared_
     shares = shares / shares.sum()
     l0 = np.asarray(l0, dtype=np.float64)
     linf = np.asarray(linf, dtype=np.float64)
-    if h.units is not None and h.pairs is not None:
+    rows = pairs = max(1.0, float(part.sum()))  # only ratios to rows matter when nothing is dropped
+    kept_rows = np.full((l0.size, linf.size), rows)
+    kept_pairs = np.full(l0.size, pairs)
+    if h.units is not None:
         U = _mass(h, "units")  # per k = 1..P
         k = np.arange(1, P + 1, dtype=np.float64)
+        min_k = np.minimum(k[None, :], l0[:, None]) * U[None, :]  # (len(l0), P) pairs kept per k
+        pairs = float(U @ k)
+        kept_pairs = min_k.sum(axis=1)
+    if h.units is not None and h.pairs is not None:
         H = _mass(h, "pairs")
         r_mid = _integer_midpoints(h.r_edges)
         a_of_k = _bin_index(np.arange(1, P + 1), h.k_edges)
@@ -391,15 +406,8 @@ def row_model(h: BoundHistograms, l0: np.ndarray, linf: np.ndarray, *, declared_
         prof = np.where(w > 0, H / np.where(w > 0, w, 1.0), prof_all[None, :])  # rows-per-pair profile per bin
         kept_per_pair = prof @ np.minimum(r_mid[:, None], linf[None, :])  # (A, len(linf))
         rows_per_pair = prof @ r_mid  # (A,)
-        min_k = np.minimum(k[None, :], l0[:, None]) * U[None, :]  # (len(l0), P) pairs kept per k
         kept_rows = min_k @ kept_per_pair[a_of_k]  # (len(l0), len(linf))
         rows = float((U * k) @ rows_per_pair[a_of_k])
-        pairs = float(U @ k)
-        kept_pairs = min_k.sum(axis=1)
-    else:
-        rows = pairs = max(1.0, float(part.sum()))  # only ratios to rows matter below; nothing dropped
-        kept_rows = np.full((l0.size, linf.size), rows)
-        kept_pairs = np.full(l0.size, pairs)
     vmean: dict[str, float] = {}
     chi: dict[str, np.ndarray] = {}
     clo: dict[str, np.ndarray] = {}
@@ -586,8 +594,10 @@ def choose(spec: ReleaseSpec, hist: BoundHistograms, *, l0_grid: np.ndarray, lin
         linfs = np.array([1 if rl else spec.contribution.max_rows_per_unit_per_partition])
     else:
         l0s = np.asarray([x for x in l0_grid if x <= hist.n_partitions] or [1], dtype=np.int64)
-        linfs = np.asarray(linf_grid, dtype=np.int64)
-    model = row_model(hist, l0s, linfs, declared_l0=int(l0s[0]), declared_linf=int(linfs[0]))
+        # without ``pairs`` (unit_count only) Linf changes neither noise nor bias: the declared one stays
+        linfs = np.asarray(linf_grid if hist.pairs is not None else
+                           [spec.contribution.max_rows_per_unit_per_partition], dtype=np.int64)
+    model = row_model(hist, l0s, linfs)
     mse = metric_mse(spec, model, l0s, linfs, hist.v_grid, columns)
     if not mse:
         raise InvalidParameter(f"estimate --method {METHOD}: {spec.source} has no count, unit_count, sum or mean "
@@ -633,5 +643,5 @@ def choose(spec: ReleaseSpec, hist: BoundHistograms, *, l0_grid: np.ndarray, lin
 
 
 __all__ = ["METHOD", "BoundHistograms", "BoundChoice", "RowModel", "MetricNoise", "exact_histograms",
-           "noisy_histograms", "histogram_events", "l1_sensitivity", "row_model", "release_noise", "metric_mse",
+           "noisy_histograms", "histogram_shares", "l1_sensitivity", "row_model", "release_noise", "metric_mse",
            "value_candidates", "choose", "row_edges", "coarse_k_edges", "WEIGHT_SCALE"]

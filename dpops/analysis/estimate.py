@@ -268,7 +268,8 @@ def _public_partition_count(spec: ReleaseSpec) -> int:
 
 def error_histogram_names(spec: ReleaseSpec, config: EstimateConfig) -> list[str]:
     """The histograms error/1 draws (``dpops.analysis.bound_choice``), in order: ``units`` and ``pairs`` when
-    the contribution bounds are estimated, ``partitions``, then ``values:<col>`` per estimated column."""
+    the contribution bounds are estimated (``pairs`` only for a count, sum or mean: a unit_count's error does
+    not depend on Linf), ``partitions``, then ``values:<col>`` per estimated column."""
     from dpops.analysis.bound_choice import COUNT_TYPES
 
     if not any(m.type in COUNT_TYPES for m in spec.metrics):
@@ -277,21 +278,24 @@ def error_histogram_names(spec: ReleaseSpec, config: EstimateConfig) -> list[str
                                "nothing was charged")
     value_names = [n.split(":", 1)[1] for n in _names(spec, config) if n.startswith("upper:")]
     contrib = config.contribution and not spec.privacy_unit.record_level
-    return [*(["units", "pairs"] if contrib else []), "partitions", *(f"values:{c}" for c in value_names)]
+    rows_matter = any(m.type in ("count", "sum", "mean") for m in spec.metrics)  # unit_count: L0 only
+    return [*(["units"] if contrib else []), *(["pairs"] if contrib and rows_matter else []), "partitions",
+            *(f"values:{c}" for c in value_names)]
 
 
 def _histogram_mechanisms(spec: ReleaseSpec, config: EstimateConfig) -> list[Mechanism]:
-    """error/1's mechanisms: one noisy histogram each, at equal shares of the epsilon (``bound_choice``)."""
+    """error/1's mechanisms: one noisy histogram each, at its share of the epsilon
+    (``bound_choice.histogram_shares``)."""
     from dpops.analysis import bound_choice as B
 
     P = _public_partition_count(spec)
     names = error_histogram_names(spec, config)
-    share = float(config.epsilon) * SAFETY / len(names)
+    shares = B.histogram_shares(names, float(config.epsilon) * SAFETY)
     k_cells = B.coarse_k_edges(P).size
     r_cells = B.row_edges(contribution_grid(config.max_linf)).size
     cells = {"units": P, "pairs": k_cells * r_cells, "partitions": P}
     sens = B.l1_sensitivity(spec.privacy_unit.adjacency)
-    return [Mechanism(f"hist:{n}", share, 0.0, int(cells.get(n, value_grid().size + 1)), B.WEIGHT_SCALE, sens,
+    return [Mechanism(f"hist:{n}", shares[n], 0.0, int(cells.get(n, value_grid().size + 1)), B.WEIGHT_SCALE, sens,
                       kind="noisy_histogram") for n in names]
 
 
@@ -469,15 +473,23 @@ class Estimate:
                 "manifest": self.manifest, "choice": self.choice, "targets": self.targets()}
 
 
-def target_check(spec: ReleaseSpec, result: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """``dpops.analysis.targets.evaluate_spec`` of the spec patched with ``result`` (the bounds a release made
-    from the estimation would run with): every accuracy target, met or not, at the release's own epsilon."""
-    from dpops.analysis.targets import evaluate_spec
+def target_check(spec: ReleaseSpec, result: Mapping[str, Any],
+                 declared: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """``dpops.analysis.targets.evaluate`` of the spec's accuracy targets (or ``declared``, the targets a
+    manifest's ``accuracy.declared`` recorded: the embedded spec leaves them out, as they are not part of the
+    spec hash) against the plan of the spec patched with ``result``, the bounds a release made from the
+    estimation would run with: every target, met or not, at the release's own epsilon."""
+    from dpops.analysis.targets import evaluate
     from dpops.analysis.tuning import load_patched
+    from dpops.release_plan import plan_release
+    from dpops.spec import AccuracySpec
 
+    accuracy = AccuracySpec.model_validate(dict(declared)) if declared is not None else spec.accuracy
+    if accuracy is None:
+        return []
     patch = spec_patch(spec, result, None)
     patched = load_patched(spec, patch) if patch else spec
-    return [t.to_dict() for t in evaluate_spec(patched)]
+    return [t.to_dict() for t in evaluate(plan_release(patched), accuracy)]
 
 
 def patch_document(est: Estimate) -> dict[str, Any]:
@@ -597,7 +609,7 @@ def _estimate_by_error(spec: ReleaseSpec, rows: Mapping[str, np.ndarray], config
     contrib = "units" in names
     exact = B.exact_histograms(ucode.astype(np.int64), np.asarray(pcode, np.int64),
                                {c: np.asarray(rows[f"v:{c}"], dtype=np.float64)[inside] for c in cols},
-                               n_partitions=len(pub), linf_grid=linf_grid, v_grid=value_grid(), contribution=contrib)
+                               n_partitions=len(pub), linf_grid=linf_grid, v_grid=value_grid(), names=names)
     noisy = B.noisy_histograms(exact, {n: m.epsilon for n, m in zip(names, plan, strict=True)},
                                spec.privacy_unit.adjacency, rng.child("estimate", ERROR_METHOD))
     choice = choose_from_histograms(spec, config, noisy)
@@ -979,7 +991,8 @@ def recompute_section(manifest: Mapping[str, Any]) -> tuple[dict[str, Any], list
                                       choice["max_rows_per_unit_per_partition"] if contrib else None,
                                   "bounds": choice["bounds"]}
         section |= {"result": result, "patch": spec_patch(spec, result, manifest["run_id"]), "histograms": hist,
-                    "choice": choice, "targets": target_check(spec, result)}
+                    "choice": choice,
+                    "targets": target_check(spec, result, (manifest.get("accuracy") or {}).get("declared"))}
     return section, [event_to_dict(e) for e in events(spec, config)]
 
 
