@@ -27,15 +27,21 @@ any contribution bound, and why the weights are fractions of the unit's own tota
 - ``partitions``: per public partition p, floor(S / R_u) for each of u's R_u rows in p (sum <= S).
 - ``values:<col>``: per value bin, floor(S / R_u) for each of u's rows with its value there (sum <= S).
 
-Each histogram gets discrete Laplace noise of L1 sensitivity S (add/remove) or 2 S (replace) at its share of
-the estimation's epsilon (``HISTOGRAM_WEIGHTS``, public) (``dpops.noise.mechanisms.laplace_mechanism`` and ``add_noise``, the release's own
-sampler): each is epsilon_i-DP, and the shares compose to the estimation's epsilon (basic composition of
-pure-DP events; the ledger's accountant composes the recorded events). The joint (k, r) histogram is what
-makes the rows dropped by a JOINT (L0, Linf) choice computable: per unit the expected kept rows are
-min(1, L0/k_u) sum_p min(r_up, Linf) (the release keeps L0 of a unit's partitions uniformly at random, then
-Linf rows of each), and weighting each pair by 1/k_u makes min(k, L0) times the pair-weighted histogram
-exactly that sum. ``units`` refines k inside a coarse bin (within a bin, the rows-per-pair profile is assumed
-not to depend on the exact k).
+Why the sensitivity holds: a unit's weights are functions of its OWN rows only (its k_u, R_u and r_up), so
+adding, removing or replacing one unit leaves every other unit's weights unchanged; the histogram changes by
+the unit's own weights, at most S in L1 (add/remove), or by one unit's weights out and another's in, at most
+2 S (replace). Rows outside the public partitions never reach the histograms (the release's reader drops
+them, a function of the row alone). Each histogram gets discrete Laplace noise of L1 sensitivity S
+(add/remove) or 2 S (replace) at its share of the estimation's epsilon (``HISTOGRAM_WEIGHTS``, public), drawn
+by the release's own ``dpops.noise.mechanisms.laplace_mechanism`` and ``add_noise``: each histogram is
+epsilon_i-DP, and the shares sum to the estimation's epsilon (basic composition of pure-DP events; the
+ledger's accountant composes the recorded events).
+
+The joint (k, r) histogram is what makes the rows dropped by a JOINT (L0, Linf) choice computable: per unit
+the expected kept rows are min(1, L0/k_u) sum_p min(r_up, Linf) (the release keeps L0 of a unit's partitions
+uniformly at random, then Linf rows of each), and weighting each pair by 1/k_u makes min(k, L0) times the
+pair-weighted histogram exactly that sum. ``units`` refines k inside a coarse bin (within a bin, the
+rows-per-pair profile is assumed not to depend on the exact k).
 
 The choice (post-processing: no extra charge)
 ---------------------------------------------
