@@ -89,7 +89,7 @@ def test_one_unit_moves_every_histogram_by_at_most_its_charged_sensitivity(other
 def test_the_row_model_gives_the_expected_kept_rows_of_a_joint_choice():
     """Where the bins are exact (units with 1 or 2 partitions: coarse k bins of one value each; up to 16 rows
     per pair), K(L0, Linf) is the release's expected kept rows: sum_u min(1, L0/k_u) sum_p min(r_up, Linf),
-    rows, not pairs; and N, the pairs, and the pairs kept are exact."""
+    rows, not pairs; N and the pairs L0 drops are exact, and the per-partition split adds up to them."""
     g = np.random.default_rng(3)
     rows = []
     truth = []
@@ -106,9 +106,16 @@ def test_the_row_model_gives_the_expected_kept_rows_of_a_joint_choice():
         for j, Li in enumerate(linfs):
             want = sum(min(1.0, L0 / k) * float(np.minimum(rs, Li).sum()) for k, rs in truth)
             assert m.kept_rows[i, j] == pytest.approx(want, rel=1e-5), (L0, Li)
-        assert m.kept_pairs[i] == pytest.approx(sum(min(k, L0) for k, _ in truth), rel=1e-5)
+            assert m.part_kept[i, j].sum() == pytest.approx(want, rel=1e-5)
+        dropped_pairs = sum(max(0, k - L0) for k, _ in truth)
+        assert m.part_pairs_dropped[i].sum() == pytest.approx(dropped_pairs, rel=1e-5, abs=1e-6)
     assert m.rows == pytest.approx(len(rows), rel=1e-5)
-    assert m.pairs == pytest.approx(sum(k for k, _ in truth), rel=1e-5)
+    # per partition: each partition's rows, split as the pairs of each k bin fall
+    per_part = np.bincount([p for _, p, _ in rows], minlength=P)
+    assert m.part_rows.sum() == pytest.approx(len(rows), rel=1e-5)
+    # rows are taken to follow pairs within a k bin: right on average (about 50 random pairs per partition and
+    # bin here, so within 15%)
+    assert m.part_rows == pytest.approx(per_part, rel=0.15)
 
 
 def test_denoise_keeps_a_monotone_tail_and_drops_noise_far_out():

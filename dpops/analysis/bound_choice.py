@@ -24,7 +24,9 @@ any contribution bound, and why the weights are fractions of the unit's own tota
 - ``units``: per k = 1..P (P public partitions), S for each unit with exactly k partitions (its one item).
 - ``pairs``: per (coarse k bin A, row bin b), floor(S / k_u) for each of unit u's (unit, partition) pairs
   with r rows in bin b, u's k_u in A. A unit's pairs sum to k_u floor(S / k_u) <= S.
-- ``partitions``: per public partition p, floor(S / R_u) for each of u's R_u rows in p (sum <= S).
+- ``partitions``: per (coarse k bin A, public partition p), floor(S / k_u) for each of u's pairs in p, u's k_u
+  in A (sum <= S): where the pairs of units with few and with many partitions fall, so the objective knows
+  each partition's share of what a bound drops (units with many partitions spread over more of them).
 - ``values:<col>``: per value bin, floor(S / R_u) for each of u's rows with its value there (sum <= S).
 
 Why the sensitivity holds: a unit's weights are functions of its OWN rows only (its k_u, R_u and r_up), so
@@ -48,15 +50,17 @@ The choice (post-processing: no extra charge)
 
 ``choose`` reads only the noisy histograms and public parameters (the spec, the candidate grids), so it
 is post-processing of DP outputs and charges nothing more. Per metric and candidate c it predicts the
-release's root mean square error over its P partitions, assuming each partition holds its share s_p of
-the rows dropped or clipped (the bias of partition p is s_p B(c)) and that values do not depend on how
-many rows a unit has:
+release's mean squared error over its P public partitions, E(released_p - true_p)^2 = noise variance +
+bias_p^2, averaged over p. Per coarse k bin A the histograms give the pairs, the rows and the expected kept
+rows K_A(c); ``partitions`` gives where bin A's pairs fall (profile prof_A, rows following pairs within a
+bin), so partition p keeps K_p(c) = sum_A prof_A[p] K_A(c) of its N_p rows. Values are taken not to depend on
+how many rows or partitions a unit has.
 
-- count: sigma(c)^2 + (sum_p s_p^2 / P) B^2 with B = N - K(c), N the rows and K(c) the expected kept rows;
-- unit_count: the same with (unit, partition) pairs instead of rows (B = pairs dropped by L0);
-- sum: B = -(N - K) vbar - K (c_hi - c_lo), with c_hi = E(v - hi)+ and c_lo = E(lo - v)+ per row;
-- mean: (sigma_nsum^2 + d^2 sigma_count^2) / K^2 * mean_p(1 / s_p^2) + (c_hi - c_lo)^2 +
-  var_clip (1/K - 1/N) mean_p(1 / s_p): the first-order mean error at s_p K rows
+- count: sigma(c)^2 + mean_p (N_p - K_p)^2;
+- unit_count: the same with the (unit, partition) pairs L0 drops in p;
+- sum: bias_p = -(N_p - K_p) vbar - K_p (c_hi - c_lo), with c_hi = E(v - hi)+ and c_lo = E(lo - v)+ per row;
+- mean: (sigma_nsum^2 + d^2 sigma_count^2) mean_p(1 / K_p^2) + (c_hi - c_lo)^2 +
+  var_clip mean_p(1/K_p - 1/N_p): the first-order mean error at K_p rows
   (``accuracy.mean_std_first_order``), the clipping bias, and the sampling error of keeping a random subset
   of the partition's rows (random drops do not bias a mean, but they move it).
 
@@ -154,7 +158,7 @@ class BoundHistograms:
     v_grid: np.ndarray
     units: np.ndarray | None  # (P,) per k = 1..P
     pairs: np.ndarray | None  # (len(k_edges), len(r_edges))
-    partitions: np.ndarray  # (P,)
+    partitions: np.ndarray  # (len(k_edges), P)
     values: dict[str, np.ndarray] = field(default_factory=dict)  # (len(v_grid) + 1,) per column
     noise_scale: dict[str, float] = field(default_factory=dict)
 
@@ -213,29 +217,27 @@ def exact_histograms(ucode: np.ndarray, pcode: np.ndarray, values: Mapping[str, 
     n_units = int(u.max()) + 1 if u.size else 0
     rows_per_unit = np.bincount(u, minlength=n_units).astype(np.int64)
     w_row = np.where(rows_per_unit > 0, S // np.maximum(rows_per_unit, 1), 0)[u]  # floor(S / R_u) per row
-    parts = np.bincount(p, weights=w_row, minlength=P).astype(np.int64)
     vgrid = np.asarray(v_grid, dtype=np.float64)
+    k_edges = coarse_k_edges(P)
+    r_edges = row_edges(np.asarray(linf_grid))
     vals = {}
     for col, v in values.items():
         if f"values:{col}" not in names:
             continue
         idx = np.searchsorted(vgrid, np.asarray(v, dtype=np.float64), side="left")  # bin (g[j-1], g[j]]
         vals[col] = np.bincount(idx, weights=w_row, minlength=vgrid.size + 1).astype(np.int64)
-    k_edges = coarse_k_edges(P)
-    r_edges = row_edges(np.asarray(linf_grid))
-    units = pairs = None
-    if "units" in names or "pairs" in names:
-        pair_code = u * P + p
-        pk, r = np.unique(pair_code, return_counts=True)
-        pu = pk // P
-        k_u = np.bincount(pu, minlength=n_units).astype(np.int64)
-        units = np.bincount(k_u[k_u > 0] - 1, minlength=P).astype(np.int64) * S
-        kp = k_u[pu]
-        a = _bin_index(kp, k_edges)
-        b = _bin_index(r, r_edges)
-        pairs = np.bincount(a * r_edges.size + b, weights=S // kp,
-                            minlength=k_edges.size * r_edges.size).astype(np.int64).reshape(k_edges.size,
-                                                                                              r_edges.size)
+    pk, r = np.unique(u * P + p, return_counts=True)  # the (unit, partition) pairs and their rows
+    pu, pp = pk // P, pk % P
+    k_u = np.bincount(pu, minlength=n_units).astype(np.int64)
+    units = np.bincount(k_u[k_u > 0] - 1, minlength=P).astype(np.int64) * S
+    kp = k_u[pu]
+    a = _bin_index(kp, k_edges)
+    b = _bin_index(r, r_edges)
+    w_pair = S // np.maximum(kp, 1)  # floor(S / k_u) per pair
+    pairs = np.bincount(a * r_edges.size + b, weights=w_pair,
+                        minlength=k_edges.size * r_edges.size).astype(np.int64).reshape(k_edges.size, r_edges.size)
+    parts = np.bincount(a * P + pp, weights=w_pair, minlength=k_edges.size * P).astype(np.int64).reshape(
+        k_edges.size, P)
     return BoundHistograms(S, P, k_edges, r_edges, vgrid, units if "units" in names else None,
                            pairs if "pairs" in names else None, parts, vals)
 
@@ -283,6 +285,8 @@ def _mass(h: BoundHistograms, name: str) -> np.ndarray:
     x = np.asarray(h.get(name), dtype=np.float64)
     b = float(h.noise_scale.get(name, 0.0))
     cut = name.startswith("values:")  # only the value grid's cells stand for unbounded values
+    if name == "partitions":  # no order along the partitions: as drawn (``row_model`` shrinks its profiles)
+        return x / float(h.scale)
     if b > 0:
         x = np.vstack([denoise(row, b, cut_tails=cut) for row in x]) if x.ndim == 2 else denoise(x, b, cut_tails=cut)
     return np.maximum(x, 0.0) / float(h.scale)
@@ -368,52 +372,77 @@ def _geometric_tail(side: np.ndarray, last: int, at_last: float) -> np.ndarray:
 
 @dataclass(frozen=True)
 class RowModel:
-    """What the objective needs, read off the (noisy) histograms: kept rows and pairs per candidate, partition
-    shares, per-row value moments. All post-processing."""
+    """What the objective needs, read off the (noisy) histograms, per candidate and per public partition: rows
+    kept and dropped, pairs dropped, per-row value moments. All post-processing."""
 
     rows: float  # N
-    pairs: float
-    shares: np.ndarray  # (P,) s_p, summing to 1
-    kept_rows: np.ndarray  # (len(l0), len(linf)) K(L0, Linf)
-    kept_pairs: np.ndarray  # (len(l0),)
+    kept_rows: np.ndarray  # (len(l0), len(linf)) K(L0, Linf), all partitions
+    part_rows: np.ndarray  # (P,) rows per partition
+    part_kept: np.ndarray  # (len(l0), len(linf), P) expected kept rows per partition
+    part_pairs_dropped: np.ndarray  # (len(l0), P) (unit, partition) pairs L0 drops per partition
     value_mean: dict[str, float]
     clip_hi: dict[str, np.ndarray]  # per candidate upper bound (value grid): E(v - hi)+ per row
     clip_lo: dict[str, np.ndarray]  # per candidate lower bound: E(lo - v)+ per row
     value_bins: dict[str, np.ndarray]  # per column: the value distribution per row (sums to 1), on the grid's bins
 
 
-def row_model(h: BoundHistograms, l0: np.ndarray, linf: np.ndarray) -> RowModel:
-    """``RowModel`` at candidate grids ``l0`` x ``linf``. Without ``units`` (contribution bounds not estimated) no
-    pair is taken as dropped, without ``pairs`` (no count, sum or mean) no row."""
+def _partition_profiles(h: BoundHistograms) -> np.ndarray:
+    """(A, P): where the pairs of each coarse k bin fall, each row summing to 1. A row with little mass is
+    shrunk toward the overall profile by the noise's own mass (b P): post-processing that keeps a noisy, nearly
+    empty bin from giving one partition all of its drops."""
+    H = _mass(h, "partitions")
     P = h.n_partitions
-    part = _mass(h, "partitions")
-    floor = 1.0 / (10.0 * P)  # a partition the noise left empty still holds some rows (its mean is defined)
-    tot = part.sum()
-    shares = np.full(P, 1.0 / P) if tot <= 0 else np.maximum(part / tot, floor)
-    shares = shares / shares.sum()
+    b = float(h.noise_scale.get("partitions", 0.0)) / float(h.scale)
+    Hc = np.maximum(H, 0.0)
+    tot = Hc.sum(axis=0)
+    overall = tot / tot.sum() if tot.sum() > 0 else np.full(P, 1.0 / P)
+    overall = np.maximum(overall, 1.0 / (10.0 * P))  # a partition the noise left empty still holds some rows
+    overall = overall / overall.sum()
+    lam = b * P
+    w = Hc.sum(axis=1, keepdims=True)
+    prof = (Hc + lam * overall[None, :]) / np.maximum(w + lam, 1e-300)
+    prof = np.where(w + lam > 0, prof, overall[None, :])
+    prof = np.maximum(prof, overall[None, :] / 10.0)
+    return prof / prof.sum(axis=1, keepdims=True)
+
+
+def row_model(h: BoundHistograms, l0: np.ndarray, linf: np.ndarray) -> RowModel:
+    """``RowModel`` at candidate grids ``l0`` x ``linf`` (module docstring). Without ``units`` (contribution bounds
+    not estimated) nothing is taken as dropped, without ``pairs`` (no count, sum or mean) no row."""
+    P = h.n_partitions
     l0 = np.asarray(l0, dtype=np.float64)
     linf = np.asarray(linf, dtype=np.float64)
-    rows = pairs = max(1.0, float(part.sum()))  # only ratios to rows matter when nothing is dropped
-    kept_rows = np.full((l0.size, linf.size), rows)
-    kept_pairs = np.full(l0.size, pairs)
+    prof = _partition_profiles(h)  # (A, P)
+    A = h.k_edges.size
+    a_of_k = _bin_index(np.arange(1, P + 1), h.k_edges)
+    onehot = np.zeros((P, A))
+    onehot[np.arange(P), a_of_k] = 1.0  # k = 1..P -> its coarse bin
     if h.units is not None:
         U = _mass(h, "units")  # per k = 1..P
         k = np.arange(1, P + 1, dtype=np.float64)
-        min_k = np.minimum(k[None, :], l0[:, None]) * U[None, :]  # (len(l0), P) pairs kept per k
-        pairs = float(U @ k)
-        kept_pairs = min_k.sum(axis=1)
+        kept_k = np.minimum(k[None, :], l0[:, None]) * U[None, :]  # (len(l0), P) pairs kept per k
+        pairs_a = (U * k) @ onehot  # (A,)
+        kept_pairs_a = kept_k @ onehot  # (len(l0), A)
+    else:
+        pairs_a = np.maximum(_mass(h, "partitions").sum(axis=1), 0.0)
+        kept_pairs_a = np.broadcast_to(pairs_a, (l0.size, A))
     if h.units is not None and h.pairs is not None:
         H = _mass(h, "pairs")
         r_mid = _integer_midpoints(h.r_edges)
-        a_of_k = _bin_index(np.arange(1, P + 1), h.k_edges)
         w_all = H.sum(axis=0)
         prof_all = w_all / w_all.sum() if w_all.sum() > 0 else np.eye(1, r_mid.size)[0]
         w = H.sum(axis=1, keepdims=True)
-        prof = np.where(w > 0, H / np.where(w > 0, w, 1.0), prof_all[None, :])  # rows-per-pair profile per bin
-        kept_per_pair = prof @ np.minimum(r_mid[:, None], linf[None, :])  # (A, len(linf))
-        rows_per_pair = prof @ r_mid  # (A,)
-        kept_rows = min_k @ kept_per_pair[a_of_k]  # (len(l0), len(linf))
-        rows = float((U * k) @ rows_per_pair[a_of_k])
+        rprof = np.where(w > 0, H / np.where(w > 0, w, 1.0), prof_all[None, :])  # rows-per-pair profile per bin
+        kept_per_pair = rprof @ np.minimum(r_mid[:, None], linf[None, :])  # (A, len(linf))
+        rows_per_pair = rprof @ r_mid  # (A,)
+    else:  # rows are not dropped by any candidate: one row per pair is as good as any count for the shares
+        kept_per_pair = np.ones((A, linf.size))
+        rows_per_pair = np.ones(A)
+    rows_a = pairs_a * rows_per_pair  # (A,)
+    kept_a = kept_pairs_a[:, None, :] * kept_per_pair.T[None, :, :]  # (len(l0), len(linf), A)
+    part_rows = rows_a @ prof  # (P,)
+    part_kept = kept_a @ prof  # (len(l0), len(linf), P)
+    part_pairs_dropped = (pairs_a[None, :] - kept_pairs_a) @ prof  # (len(l0), P)
     vmean: dict[str, float] = {}
     chi: dict[str, np.ndarray] = {}
     clo: dict[str, np.ndarray] = {}
@@ -427,7 +456,8 @@ def row_model(h: BoundHistograms, l0: np.ndarray, linf: np.ndarray) -> RowModel:
         chi[col] = np.maximum(mids[None, :] - h.v_grid[:, None], 0.0) @ q
         clo[col] = np.maximum(h.v_grid[:, None] - mids[None, :], 0.0) @ q
         qs[col] = q
-    return RowModel(rows, pairs, shares, kept_rows, kept_pairs, vmean, chi, clo, qs)
+    return RowModel(float(rows_a.sum()), kept_a.sum(axis=2), part_rows, part_kept, part_pairs_dropped, vmean, chi,
+                    clo, qs)
 
 
 def clipped_variance(model: RowModel, col: str, v_grid: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -512,62 +542,65 @@ class BoundChoice:
 
 def metric_mse(spec: ReleaseSpec, model: RowModel, l0: np.ndarray, linf: np.ndarray, v_grid: np.ndarray,
                columns: Sequence[str]) -> dict[str, np.ndarray]:
-    """Per metric key, the predicted mean squared error over partitions (module docstring) as an array over
-    (L0 index, Linf index) for count and unit_count, and (L0 index, Linf index, lower index, upper index)
-    flattened to (L0, Linf, candidate) with the column's candidate list of ``value_candidates`` for sum and
-    mean."""
-    P = model.shares.size
-    # mean over partitions of (s_p B)^2 = B^2 sum_p s_p^2 / P
-    kappa = float(np.sum(model.shares ** 2)) / P
-    inv_s2 = float(np.mean(1.0 / model.shares ** 2))
-    inv_s = float(np.mean(1.0 / model.shares))
-    K = np.maximum(model.kept_rows, 1e-9)
+    """Per metric key, the predicted mean squared error over the partitions (module docstring): an array over
+    (L0 index, Linf index) for count and unit_count, over (L0 index, Linf index, candidate) with the column's
+    candidates of ``value_candidates`` for sum and mean."""
+    n_all = np.maximum(model.part_rows, 1e-9)  # (P,)
+    kept = model.part_kept  # (L0, Linf, P)
+    drop = np.maximum(model.part_rows[None, None, :] - kept, 0.0)
+    kept_n = np.maximum(kept, 1.0)
     out: dict[str, np.ndarray] = {}
     noise = {(i, j): release_noise(spec, int(a), int(b)) for i, a in enumerate(l0) for j, b in enumerate(linf)}
     declared = spec.declared_value_bounds()
+
+    def grid_of(key: str, what: str) -> np.ndarray:
+        return np.array([[getattr(noise[(i, j)][key], what) for j in range(len(linf))] for i in range(len(l0))])
+
     for m in spec.metrics:
         key = m.key
         if m.type not in COUNT_TYPES:
             continue
-        std = np.array([[noise[(i, j)][key].std for j in range(len(linf))] for i in range(len(l0))])
+        std = grid_of(key, "std")
         if m.type == "count":
-            out[key] = std ** 2 + kappa * (model.rows - model.kept_rows) ** 2
+            out[key] = std ** 2 + np.mean(drop ** 2, axis=2)
             continue
         if m.type == "unit_count":
-            out[key] = std ** 2 + kappa * ((model.pairs - model.kept_pairs) ** 2)[:, None]
+            out[key] = std ** 2 + np.mean(model.part_pairs_dropped ** 2, axis=1)[:, None]
             continue
         col = getattr(m, "column", None)
         if col is None or col not in declared:  # bounds: estimate (the option estimates with quantile/1)
             continue
         lo_c, hi_c = value_candidates(v_grid, declared[col], col in columns)
-        scale = np.array([[noise[(i, j)][key].bound_scale for j in range(len(linf))] for i in range(len(l0))])
+        scale = grid_of(key, "bound_scale")
         chi = model.clip_hi.get(col)
         clo = model.clip_lo.get(col)
-        if chi is None or clo is None:  # not estimated: the declared bounds, no clipping known
+        if chi is None or clo is None or col not in columns:  # not estimated: the declared bounds, no clipping known
             chi_c = np.zeros(lo_c.size)
             clo_c = np.zeros(lo_c.size)
-            vbar = 0.0
+            vbar = model.value_mean.get(col, 0.0)
         else:
-            chi_c = chi[np.searchsorted(v_grid, hi_c)] if col in columns else np.zeros(lo_c.size)
-            clo_c = clo[np.searchsorted(v_grid, lo_c)] if (col in columns and declared[col][0] < 0) else \
-                np.zeros(lo_c.size)
+            chi_c = chi[np.searchsorted(v_grid, hi_c)]
+            clo_c = clo[np.searchsorted(v_grid, lo_c)] if declared[col][0] < 0 else np.zeros(lo_c.size)
             vbar = model.value_mean[col]
         net_clip = chi_c - clo_c  # per kept row, how much clipping lowers the value
         if m.type == "sum":
-            s = (std / scale)[:, :, None] * np.maximum(np.abs(lo_c), np.abs(hi_c))[None, None, :]
-            bias = -(model.rows - model.kept_rows)[:, :, None] * vbar - model.kept_rows[:, :, None] * net_clip
-            out[key] = s ** 2 + kappa * bias ** 2
+            # bias_p = -(drop_p vbar + kept_p net_clip): its mean square from three moments over the partitions
+            dd, dk, kk = (np.mean(drop ** 2, axis=2), np.mean(drop * kept, axis=2), np.mean(kept ** 2, axis=2))
+            s_ = (std / scale)[:, :, None] * np.maximum(np.abs(lo_c), np.abs(hi_c))[None, None, :]
+            bias2 = (vbar ** 2 * dd[:, :, None] + 2.0 * vbar * dk[:, :, None] * net_clip[None, None, :]
+                     + kk[:, :, None] * (net_clip ** 2)[None, None, :])
+            out[key] = s_ ** 2 + bias2
         else:
-            c_std = np.array([[noise[(i, j)][key].count_std for j in range(len(linf))] for i in range(len(l0))])
+            c_std = grid_of(key, "count_std")
             half = (hi_c - lo_c) / 2.0
-            s = (std / scale)[:, :, None] * half[None, None, :]
-            d = (vbar - net_clip) - (lo_c + hi_c) / 2.0
-            d = np.clip(d, -half, half)
-            var = (s ** 2 + (d[None, None, :] * c_std[:, :, None]) ** 2) / K[:, :, None] ** 2 * inv_s2
+            s_ = (std / scale)[:, :, None] * half[None, None, :]
+            d = np.clip((vbar - net_clip) - (lo_c + hi_c) / 2.0, -half, half)
+            inv_n2 = np.mean(1.0 / kept_n ** 2, axis=2)  # (L0, Linf)
+            var = (s_ ** 2 + (d[None, None, :] * c_std[:, :, None]) ** 2) * inv_n2[:, :, None]
             # the kept rows are a random subset of the partition's: their clipped mean moves from all rows'
-            # by the sampling variance sigma_clip^2 (1/n_kept - 1/n), n = s_p N rows in partition p
-            samp = clipped_variance(model, col, v_grid, lo_c, hi_c)[None, None, :] * inv_s * \
-                np.maximum(1.0 / K - 1.0 / max(model.rows, 1e-9), 0.0)[:, :, None]
+            # by the sampling variance sigma_clip^2 (1/n_kept - 1/n) (random drops move a mean, never bias it)
+            samp_w = np.mean(np.maximum(1.0 / kept_n - 1.0 / n_all[None, None, :], 0.0), axis=2)
+            samp = clipped_variance(model, col, v_grid, lo_c, hi_c)[None, None, :] * samp_w[:, :, None]
             out[key] = var + samp + (net_clip ** 2)[None, None, :]
     return out
 
