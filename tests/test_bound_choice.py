@@ -313,3 +313,37 @@ def test_the_noise_is_the_release_samplers_and_seeded_in_test_mode():
     assert sum(shares.values()) <= 1.0
     for n in ALL:
         assert a.noise_scale[n] == pytest.approx(B.WEIGHT_SCALE / shares[n], rel=1e-6)
+
+
+@settings(deadline=None, max_examples=examples(40))
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3), st.floats(-1e12, 1e12)), max_size=8),
+       st.integers(0, 2**32), st.sampled_from(["count", "unit_count", "sum", "mean"]))
+def test_error_method_outputs_grid_bounds_on_any_small_input_including_none(items, seed, metric):
+    """Nothing data-dependent may fail after the charge: on any input (no row, one unit, extreme values, rows
+    outside the public partitions) error/1 returns grid bounds with lo < hi and raises nothing."""
+    from dpops.spec import parse_spec
+    from pipelines.bounding import pair_priority
+    from pipelines.io import hash_partition_tuples
+
+    m = {"type": metric} | ({"column": "amount", "bounds": [-10, 10]} if metric in ("sum", "mean") else {})
+    spec = parse_spec({"name": "prop", "input": {"path": "x.parquet", "format": "parquet",
+                                                 "columns": {"user_id": "string", "region": "string",
+                                                             "amount": "float"}},
+                       "privacy_unit": {"column": "user_id", "description": "u", "adjacency": "replace"},
+                       "budget": {"scope": "s", "epsilon": 1.0},
+                       "contribution": {"max_partitions_per_unit": 2, "max_rows_per_unit_per_partition": 2},
+                       "partitions": {"columns": ["region"], "public": ["a", "b", "c"]},
+                       "metrics": [m]}, source="prop")
+    pub = hash_partition_tuples([("a",), ("b",), ("c",), ("z",)], ("region",), {"region": "string"})
+    u = np.asarray([i for i, _, _ in items], dtype=np.uint64) * np.uint64(2654435761) + np.uint64(1)
+    p = pub[np.asarray([j for _, j, _ in items], dtype=np.int64)] if items else np.zeros(0, np.uint64)
+    g = np.random.default_rng(seed)
+    rows = {"u": u, "p": p, "prio": g.integers(0, 2**63, len(items)).astype(np.uint64),
+            "pp": pair_priority(u, p, (1, 2)), "v:amount": np.asarray([v for _, _, v in items], dtype=np.float64)}
+    cfg = E.EstimateConfig(epsilon=0.5, method=E.ERROR_METHOD)
+    est = E.estimate_rows(spec, rows, cfg, test_random(seed, ("prop",)))
+    assert est.l0 in set(E.contribution_grid(E.DEFAULT_MAX_L0).tolist()) and est.l0 <= 3
+    assert est.linf in set(E.contribution_grid(E.DEFAULT_MAX_LINF).tolist()) | {2}
+    for lo, hi in est.bounds.values():
+        assert lo < hi and hi in set(E.value_grid().tolist())
+    assert est.choice is not None and all(np.isfinite(v) for v in est.choice["predicted_rmse"].values())

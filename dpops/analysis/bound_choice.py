@@ -270,7 +270,9 @@ def noisy_histograms(exact: BoundHistograms, shares: Mapping[str, float], adjace
     out: dict[str, np.ndarray] = {}
     scales: dict[str, float] = {}
     for name in exact.names():
-        h = exact.get(name)
+        # a cell above 2^51 (more than 2^31 units at S = 2^20) is clipped there so the noised value stays exact
+        # in a double (``add_noise`` refuses 2^52); clipping a coordinate never raises the sensitivity
+        h = np.minimum(exact.get(name), np.int64(1) << 51)
         params = laplace_mechanism(float(shares[name]), float(sens), integer_valued=True, max_coords=max(1, h.size))
         out[name] = add_noise(h.reshape(-1), params, rng.child("bound_choice", name)).reshape(h.shape)
         scales[name] = float(params.scale)
@@ -615,6 +617,8 @@ def value_candidates(v_grid: np.ndarray, declared: tuple[float, float], estimate
         return np.array([lo]), np.array([hi])
     if lo >= 0:
         up = v_grid[v_grid > lo]
+        if not up.size:  # a declared lower bound above the grid: nothing to choose (public, spec-only)
+            return np.array([lo]), np.array([hi])
         return np.full(up.size, lo), up
     pos = v_grid[v_grid > 0]
     return -pos, pos
@@ -658,6 +662,7 @@ def choose(spec: ReleaseSpec, hist: BoundHistograms, *, l0_grid: np.ndarray, lin
         assert isinstance(per, np.ndarray)
         pick[col] = np.argmin(per, axis=2)
         total = total + np.min(per, axis=2)
+    total = np.where(np.isfinite(total), total, np.inf)  # NaN never wins; all infinite: the first candidate
     i, j = np.unravel_index(int(np.argmin(total)), total.shape)
     bounds: dict[str, tuple[float, float]] = {}
     clipped: dict[str, float] = {}
