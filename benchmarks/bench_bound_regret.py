@@ -236,7 +236,7 @@ def run(users: int, draws: int, epsilons: list[float], est_epsilon: float, seed:
                     picks.append(pick)
                 key = f"{metric} eps={eps:g} {method}"
                 med = float(np.median(regrets))
-                common = max(set(picks), key=picks.count)
+                common = max(sorted(set(picks), key=str), key=picks.count)  # ties: the first in a fixed order
                 out[key] = {"metric": metric, "epsilon": eps, "method": method, "median_regret": med,
                             "p90_regret": float(np.percentile(regrets, 90)), "oracle_rmse": best,
                             "typical_choice": list(common)}

@@ -233,8 +233,13 @@ def test_error_method_commits_and_verify_recomputes_the_choice_from_its_histogra
         # a result the recorded histograms do not give, or histograms edited to give it, fail
         for edit in ("result", "histograms", "sensitivity"):
             bad = json.loads(json.dumps(m))
-            if edit == "result":
-                bad["estimation"]["result"]["max_rows_per_unit_per_partition"] += 1
+            if edit == "result":  # another upper bound, written consistently into the result and the patch
+                sec_bad = bad["estimation"]
+                lo, hi = sec_bad["result"]["bounds"]["amount"]
+                sec_bad["result"]["bounds"]["amount"] = [lo, hi * 2]
+                for mm in sec_bad["patch"]["metrics"]:
+                    if mm.get("column") == "amount":
+                        mm["bounds"] = [lo, hi * 2]
             elif edit == "histograms":
                 h = bad["estimation"]["histograms"]["histograms"]["values:amount"]
                 h[-2] += 10**9  # mass far in the tail: the choice moves
