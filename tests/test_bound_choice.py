@@ -106,16 +106,30 @@ def test_the_row_model_gives_the_expected_kept_rows_of_a_joint_choice():
         for j, Li in enumerate(linfs):
             want = sum(min(1.0, L0 / k) * float(np.minimum(rs, Li).sum()) for k, rs in truth)
             assert m.kept_rows[i, j] == pytest.approx(want, rel=1e-5), (L0, Li)
-            assert m.part_kept[i, j].sum() == pytest.approx(want, rel=1e-5)
+            assert (m.kept_a[i, j] @ m.profiles).sum() == pytest.approx(want, rel=1e-5)
         dropped_pairs = sum(max(0, k - L0) for k, _ in truth)
-        assert m.part_pairs_dropped[i].sum() == pytest.approx(dropped_pairs, rel=1e-5, abs=1e-6)
+        assert (m.pairs_dropped_a[i] @ m.profiles).sum() == pytest.approx(dropped_pairs, rel=1e-5, abs=1e-6)
     assert m.rows == pytest.approx(len(rows), rel=1e-5)
     # per partition: each partition's rows, split as the pairs of each k bin fall
     per_part = np.bincount([p for _, p, _ in rows], minlength=P)
-    assert m.part_rows.sum() == pytest.approx(len(rows), rel=1e-5)
+    part_rows = m.rows_a @ m.profiles
+    assert part_rows.sum() == pytest.approx(len(rows), rel=1e-5)
     # rows are taken to follow pairs within a k bin: right on average (about 50 random pairs per partition and
     # bin here, so within 15%)
-    assert m.part_rows == pytest.approx(per_part, rel=0.15)
+    assert part_rows == pytest.approx(per_part, rel=0.15)
+
+
+def test_the_partition_means_are_the_same_in_chunks(monkeypatch):
+    """``partition_moments`` bounds its memory by summing over chunks of partitions (it runs after the charge,
+    on releases with any number of public partitions): chunks of one partition give the same means."""
+    g = np.random.default_rng(5)
+    rows = [(int(u), int(g.integers(0, P)), float(g.lognormal())) for u in g.integers(0, 200, 2_000)]
+    m = B.row_model(_hist(rows), np.array([1, 2, 3]), np.array([1, 4, 16]))
+    whole = B.partition_moments(m)
+    monkeypatch.setattr(B, "_CHUNK_CELLS", 1)
+    chunked = B.partition_moments(m)
+    for name in ("drop2", "drop_kept", "kept2", "inv_kept2", "sampling", "pairs_drop2"):
+        assert getattr(chunked, name) == pytest.approx(getattr(whole, name), rel=1e-12), name
 
 
 def test_denoise_keeps_a_monotone_tail_and_drops_noise_far_out():

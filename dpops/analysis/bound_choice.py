@@ -379,9 +379,10 @@ class RowModel:
 
     rows: float  # N
     kept_rows: np.ndarray  # (len(l0), len(linf)) K(L0, Linf), all partitions
-    part_rows: np.ndarray  # (P,) rows per partition
-    part_kept: np.ndarray  # (len(l0), len(linf), P) expected kept rows per partition
-    part_pairs_dropped: np.ndarray  # (len(l0), P) (unit, partition) pairs L0 drops per partition
+    rows_a: np.ndarray  # (A,) rows of the units of each coarse k bin
+    kept_a: np.ndarray  # (len(l0), len(linf), A) their expected kept rows
+    pairs_dropped_a: np.ndarray  # (len(l0), A) their (unit, partition) pairs L0 drops
+    profiles: np.ndarray  # (A, P) where each bin's pairs fall (rows sum to 1)
     value_mean: dict[str, float]
     clip_hi: dict[str, np.ndarray]  # per candidate upper bound (value grid): E(v - hi)+ per row
     clip_lo: dict[str, np.ndarray]  # per candidate lower bound: E(lo - v)+ per row
@@ -442,9 +443,6 @@ def row_model(h: BoundHistograms, l0: np.ndarray, linf: np.ndarray) -> RowModel:
         rows_per_pair = np.ones(A)
     rows_a = pairs_a * rows_per_pair  # (A,)
     kept_a = kept_pairs_a[:, None, :] * kept_per_pair.T[None, :, :]  # (len(l0), len(linf), A)
-    part_rows = rows_a @ prof  # (P,)
-    part_kept = kept_a @ prof  # (len(l0), len(linf), P)
-    part_pairs_dropped = (pairs_a[None, :] - kept_pairs_a) @ prof  # (len(l0), P)
     vmean: dict[str, float] = {}
     chi: dict[str, np.ndarray] = {}
     clo: dict[str, np.ndarray] = {}
@@ -458,8 +456,48 @@ def row_model(h: BoundHistograms, l0: np.ndarray, linf: np.ndarray) -> RowModel:
         chi[col] = np.maximum(mids[None, :] - h.v_grid[:, None], 0.0) @ q
         clo[col] = np.maximum(h.v_grid[:, None] - mids[None, :], 0.0) @ q
         qs[col] = q
-    return RowModel(float(rows_a.sum()), kept_a.sum(axis=2), part_rows, part_kept, part_pairs_dropped, vmean, chi,
-                    clo, qs)
+    return RowModel(float(rows_a.sum()), kept_a.sum(axis=2), rows_a, kept_a, pairs_a[None, :] - kept_pairs_a, prof,
+                    vmean, chi, clo, qs)
+
+
+_CHUNK_CELLS = 1 << 22  # (L0, Linf, partition) cells per chunk of the per-partition means: bounded memory
+
+
+@dataclass(frozen=True)
+class PartitionMoments:
+    """Means over the public partitions of what the objective needs, per (L0, Linf) (``partition_moments``)."""
+
+    drop2: np.ndarray  # mean_p (N_p - K_p)^2
+    drop_kept: np.ndarray  # mean_p (N_p - K_p) K_p
+    kept2: np.ndarray  # mean_p K_p^2
+    inv_kept2: np.ndarray  # mean_p 1 / max(K_p, 1)^2
+    sampling: np.ndarray  # mean_p max(1 / max(K_p, 1) - 1 / N_p, 0)
+    pairs_drop2: np.ndarray  # (len(l0),) mean_p (pairs L0 drops in p)^2
+
+
+def partition_moments(model: RowModel) -> PartitionMoments:
+    """The per-partition means of the module docstring, with partition p keeping K_p = sum_A prof_A[p] K_A of
+    its N_p = sum_A prof_A[p] N_A rows; computed over chunks of partitions so that a release with many public
+    partitions never holds all (L0, Linf, partition) cells at once (this runs after the charge)."""
+    L, M, _ = model.kept_a.shape
+    P = model.profiles.shape[1]
+    step = max(1, _CHUNK_CELLS // max(1, L * M))
+    acc = {k: np.zeros((L, M)) for k in ("drop2", "drop_kept", "kept2", "inv_kept2", "sampling")}
+    pairs2 = np.zeros(L)
+    for a in range(0, P, step):
+        prof = model.profiles[:, a:a + step]
+        n_p = model.rows_a @ prof  # (chunk,)
+        k_p = model.kept_a @ prof  # (L, M, chunk)
+        d_p = np.maximum(n_p[None, None, :] - k_p, 0.0)
+        kn = np.maximum(k_p, 1.0)
+        acc["drop2"] += (d_p ** 2).sum(axis=2)
+        acc["drop_kept"] += (d_p * k_p).sum(axis=2)
+        acc["kept2"] += (k_p ** 2).sum(axis=2)
+        acc["inv_kept2"] += (1.0 / kn ** 2).sum(axis=2)
+        acc["sampling"] += np.maximum(1.0 / kn - 1.0 / np.maximum(n_p, 1e-9)[None, None, :], 0.0).sum(axis=2)
+        pairs2 += ((model.pairs_dropped_a @ prof) ** 2).sum(axis=1)
+    n = float(max(P, 1))
+    return PartitionMoments(**{k: v / n for k, v in acc.items()}, pairs_drop2=pairs2 / n)
 
 
 def clipped_variance(model: RowModel, col: str, v_grid: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -547,10 +585,7 @@ def metric_mse(spec: ReleaseSpec, model: RowModel, l0: np.ndarray, linf: np.ndar
     """Per metric key, the predicted mean squared error over the partitions (module docstring): an array over
     (L0 index, Linf index) for count and unit_count, over (L0 index, Linf index, candidate) with the column's
     candidates of ``value_candidates`` for sum and mean."""
-    n_all = np.maximum(model.part_rows, 1e-9)  # (P,)
-    kept = model.part_kept  # (L0, Linf, P)
-    drop = np.maximum(model.part_rows[None, None, :] - kept, 0.0)
-    kept_n = np.maximum(kept, 1.0)
+    mom = partition_moments(model)
     out: dict[str, np.ndarray] = {}
     noise = {(i, j): release_noise(spec, int(a), int(b)) for i, a in enumerate(l0) for j, b in enumerate(linf)}
     declared = spec.declared_value_bounds()
@@ -564,10 +599,10 @@ def metric_mse(spec: ReleaseSpec, model: RowModel, l0: np.ndarray, linf: np.ndar
             continue
         std = grid_of(key, "std")
         if m.type == "count":
-            out[key] = std ** 2 + np.mean(drop ** 2, axis=2)
+            out[key] = std ** 2 + mom.drop2
             continue
         if m.type == "unit_count":
-            out[key] = std ** 2 + np.mean(model.part_pairs_dropped ** 2, axis=1)[:, None]
+            out[key] = std ** 2 + mom.pairs_drop2[:, None]
             continue
         col = getattr(m, "column", None)
         if col is None or col not in declared:  # bounds: estimate (the option estimates with quantile/1)
@@ -587,7 +622,7 @@ def metric_mse(spec: ReleaseSpec, model: RowModel, l0: np.ndarray, linf: np.ndar
         net_clip = chi_c - clo_c  # per kept row, how much clipping lowers the value
         if m.type == "sum":
             # bias_p = -(drop_p vbar + kept_p net_clip): its mean square from three moments over the partitions
-            dd, dk, kk = (np.mean(drop ** 2, axis=2), np.mean(drop * kept, axis=2), np.mean(kept ** 2, axis=2))
+            dd, dk, kk = mom.drop2, mom.drop_kept, mom.kept2
             s_ = (std / scale)[:, :, None] * np.maximum(np.abs(lo_c), np.abs(hi_c))[None, None, :]
             bias2 = (vbar ** 2 * dd[:, :, None] + 2.0 * vbar * dk[:, :, None] * net_clip[None, None, :]
                      + kk[:, :, None] * (net_clip ** 2)[None, None, :])
@@ -597,11 +632,11 @@ def metric_mse(spec: ReleaseSpec, model: RowModel, l0: np.ndarray, linf: np.ndar
             half = (hi_c - lo_c) / 2.0
             s_ = (std / scale)[:, :, None] * half[None, None, :]
             d = np.clip((vbar - net_clip) - (lo_c + hi_c) / 2.0, -half, half)
-            inv_n2 = np.mean(1.0 / kept_n ** 2, axis=2)  # (L0, Linf)
+            inv_n2 = mom.inv_kept2  # (L0, Linf)
             var = (s_ ** 2 + (d[None, None, :] * c_std[:, :, None]) ** 2) * inv_n2[:, :, None]
             # the kept rows are a random subset of the partition's: their clipped mean moves from all rows'
             # by the sampling variance sigma_clip^2 (1/n_kept - 1/n) (random drops move a mean, never bias it)
-            samp_w = np.mean(np.maximum(1.0 / kept_n - 1.0 / n_all[None, None, :], 0.0), axis=2)
+            samp_w = mom.sampling
             samp = clipped_variance(model, col, v_grid, lo_c, hi_c)[None, None, :] * samp_w[:, :, None]
             out[key] = var + samp + (net_clip ** 2)[None, None, :]
     return out
@@ -688,4 +723,5 @@ def choose(spec: ReleaseSpec, hist: BoundHistograms, *, l0_grid: np.ndarray, lin
 
 __all__ = ["METHOD", "BoundHistograms", "BoundChoice", "RowModel", "MetricNoise", "exact_histograms",
            "noisy_histograms", "histogram_shares", "l1_sensitivity", "row_model", "release_noise", "metric_mse",
-           "value_candidates", "choose", "row_edges", "coarse_k_edges", "WEIGHT_SCALE"]
+           "value_candidates", "choose", "PartitionMoments", "partition_moments", "row_edges", "coarse_k_edges",
+           "WEIGHT_SCALE"]
