@@ -392,3 +392,32 @@ def test_an_accountant_calibrated_spec_is_priced_by_one_common_factor(metric):
         plan = plan_release(exact_spec)
         want = plan.metrics[0].vectors[0].params.std
         assert got.std == pytest.approx(want, rel=0.01), (l0, linf)
+
+
+def test_a_candidate_the_plan_refuses_is_skipped_and_a_target_failure_is_reported(monkeypatch):
+    """After the charge nothing may raise: a candidate whose plan is refused (public parameters only) is never
+    chosen, and targets that cannot be evaluated at the chosen bounds are reported as such, not raised."""
+    import dpops.release_plan as RP
+    from dpops import analysis
+
+    real = RP.plan_release
+
+    def refusing(spec, *a, **k):
+        if spec.contribution.max_partitions_per_unit > 2:
+            raise InvalidParameter("planted: this candidate cannot be planned")
+        return real(spec, *a, **k)
+
+    spec = BENCH.release_spec("count", 1.0)
+    data = BENCH.heavy_tailed(3_000, 1)
+    monkeypatch.setattr(B, "_PLAN_CACHE", {})
+    monkeypatch.setattr(RP, "plan_release", refusing)
+    l0s, linfs = BENCH.grids()
+    names = E.error_histogram_names(spec, E.EstimateConfig(epsilon=1.0, method=E.ERROR_METHOD))
+    h = B.exact_histograms(data.u, data.p, {}, n_partitions=30, linf_grid=linfs, v_grid=E.value_grid(), names=names)
+    c = B.choose(spec, h, l0_grid=l0s, linf_grid=linfs, columns=[], contribution=True)
+    assert c.l0 <= 2
+    doc = spec.model_dump(mode="json", exclude_none=True)
+    doc["accuracy"] = {"targets": [{"kind": "error", "metric": "count", "max_error": 10, "at_units": 100}]}
+    targets = E.target_check(analysis.load(doc), {"max_partitions_per_unit": 5, "max_rows_per_unit_per_partition": 1,
+                                                  "bounds": {}})
+    assert len(targets) == 1 and targets[0]["kind"] == "error" and "could not be evaluated" in targets[0]["description"]

@@ -83,7 +83,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dpops.errors import InvalidParameter
+from dpops.errors import DpopsError, InvalidParameter
 
 if TYPE_CHECKING:
     from dpops.noise.randomness import RandomSource
@@ -561,11 +561,15 @@ def _planned_noise(spec: ReleaseSpec, l0: int, linf: int) -> dict[str, MetricNoi
     key = (spec.spec_hash, int(l0), int(linf))
     if key in _PLAN_CACHE:
         return _PLAN_CACHE[key]
-    cspec = spec if (l0, linf) == (spec.contribution.max_partitions_per_unit,
-                                   spec.contribution.max_rows_per_unit_per_partition) else \
-        candidate_spec(spec, Candidate(int(l0), int(linf)))
-    plan: ReleasePlan = plan_release(cspec)
     out: dict[str, MetricNoise] = {}
+    try:
+        cspec = spec if (l0, linf) == (spec.contribution.max_partitions_per_unit,
+                                       spec.contribution.max_rows_per_unit_per_partition) else \
+            candidate_spec(spec, Candidate(int(l0), int(linf)))
+        plan: ReleasePlan = plan_release(cspec)
+    except DpopsError:  # a candidate the plan refuses (public parameters only) is never chosen; this runs
+        _PLAN_CACHE[key] = out  # after the charge, so it must not fail the run
+        return out
     for m in plan.metrics:
         if m.type in ("count", "unit_count"):
             out[m.key] = MetricNoise(float(m.vectors[0].params.std))
@@ -615,7 +619,9 @@ def metric_mse(spec: ReleaseSpec, model: RowModel, l0: np.ndarray, linf: np.ndar
     declared = spec.declared_value_bounds()
 
     def grid_of(key: str, what: str) -> np.ndarray:
-        return np.array([[getattr(noise[(i, j)][key], what) for j in range(len(linf))] for i in range(len(l0))])
+        """One noise field over the candidates (infinite where the plan refused the candidate)."""
+        return np.array([[getattr(noise[(i, j)][key], what) if key in noise[(i, j)] else math.inf
+                          for j in range(len(linf))] for i in range(len(l0))])
 
     for m in spec.metrics:
         key = m.key

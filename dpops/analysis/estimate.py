@@ -481,15 +481,21 @@ def target_check(spec: ReleaseSpec, result: Mapping[str, Any],
     estimation would run with: every target, met or not, at the release's own epsilon."""
     from dpops.analysis.targets import evaluate
     from dpops.analysis.tuning import load_patched
+    from dpops.errors import DpopsError, public_message
     from dpops.release_plan import plan_release
     from dpops.spec import AccuracySpec
 
     accuracy = AccuracySpec.model_validate(dict(declared)) if declared is not None else spec.accuracy
     if accuracy is None:
         return []
-    patch = spec_patch(spec, result, None)
-    patched = load_patched(spec, patch) if patch else spec
-    return [t.to_dict() for t in evaluate(plan_release(patched), accuracy)]
+    try:
+        patch = spec_patch(spec, result, None)
+        patched = load_patched(spec, patch) if patch else spec
+        return [t.to_dict() for t in evaluate(plan_release(patched), accuracy)]
+    except DpopsError as exc:  # runs after the charge: a plan refusal is reported, never raised
+        return [{"index": -1, "kind": "error", "metric": "", "measure": "", "target": 0.0, "predicted": None,
+                 "met": False, "shortfall": None,
+                 "description": f"the targets could not be evaluated at the estimated bounds: {public_message(exc)}"}]
 
 
 def patch_document(est: Estimate) -> dict[str, Any]:
