@@ -24,6 +24,7 @@ from dpops.cli.common import (
     json_option,
     key_file_option,
     ledger_option,
+    ledger_url,
     open_cli_ledger,
     print_table,
 )
@@ -170,6 +171,41 @@ def init(ctx: click.Context, app_roles, reader_roles, print_sql, as_json) -> Non
                 click.echo(f"role {role}: {rights}")
     if as_json:
         echo_ok({"ledger": url, "schema_version": version, "app_roles": granted, "reader_roles": readers})
+
+
+@cli.command("install-cap-check")
+@click.option("--owner-role", required=True, metavar="ROLE",
+              help="The ledger owner role (the one that runs `dpops ledger init`): the only role granted EXECUTE.")
+@click.option("--site-dir", "site_dirs", multiple=True, metavar="DIR",
+              help="Where the database server's Python finds dpops and its dependencies (repeatable; default: this "
+                   "dpops' own directory and site-packages, right when the server runs on this machine).")
+@ledger_option
+@json_option
+@click.pass_context
+def install_cap_check(ctx: click.Context, owner_role, site_dirs, as_json) -> None:
+    """PostgreSQL, as a superuser: make the database refuse any reservation over the cap (schema version 5).
+
+    Installs the PL/Python function the owner's trigger calls on every reservation an application role
+    writes, so that one written around dpops is refused by the database, with the same rule dpops applies.
+    Run once per ledger schema, before or after `dpops ledger init`; idempotent."""
+    from dpops.errors import InvalidParameter
+    from dpops.ledger import db_cap
+    from dpops.ledger.backend import postgres_target, redact
+
+    url = str(ledger_url(ctx))
+    if url.split("://", 1)[0].lower().startswith("sqlite"):
+        raise InvalidParameter(f"install-cap-check applies to PostgreSQL ledgers only, not {redact(url)}: a SQLite "
+                               "ledger has no roles (its file's permissions decide who may write it)")
+    conninfo, schema = postgres_target(url)
+    probe = db_cap.install(conninfo, schema=schema or "public", owner_role=owner_role,
+                           site_dirs=list(site_dirs) or None)
+    if as_json:
+        echo_ok({"ledger": redact(url), **probe})
+        return
+    click.echo(f"cap check {probe['check']} installed in schema {schema} of {redact(url)}: the database runs "
+               f"dpops {probe['dpops']} on Python {probe['python']} from {', '.join(probe['site_dirs'])}; EXECUTE "
+               f"granted to {owner_role} only. Reservations by any other role are now checked against the cap by "
+               "the database.")
 
 
 @cli.command()
