@@ -233,6 +233,9 @@ def _forged_entries(conn: psycopg.Connection, role: str) -> list[tuple[str, Call
     key = _key(1)
     reserve_data = {"run_key": key.to_dict(), "events": [_laplace_dict(1.0)],
                     "restates": None, "details": {}, "accountant": "basic/1"}
+    fresh = _key(20)
+    fresh_data = {**reserve_data, "run_key": fresh.to_dict(), "interval_start": fresh.start_utc,
+                  "interval_end": fresh.end_utc, "epsilon": 1.0}
     return [
         ("refund a started run", forge("released", started, {"reason": "x"})),
         ("refund a committed run", forge("released", committed, {"reason": "x"})),
@@ -243,6 +246,10 @@ def _forged_entries(conn: psycopg.Connection, role: str) -> list[tuple[str, Call
         ("reservation on another scope's accountant", forge("reserved", key.run_id,
                                                            {**reserve_data, "accountant": "rdp/1"})),
         ("step a run naming other buckets", forge("spent_unpublished", started, {"reason": "x"}, buckets=[])),
+        # exactly what dpops would write, only too large (schema version 5: the database composes it and refuses)
+        ("a well-formed reservation over the cap", forge("reserved", fresh.run_id, fresh_data)),
+        ("a well-formed reservation on a forged bucket label", forge(
+            "reserved", fresh.run_id, fresh_data, buckets=["2024-03-20"], column_buckets=["2024-03-20"])),
     ]
 
 
