@@ -19,8 +19,9 @@ By role:
 - words for a reviewer: ``explain``
 
 - tuning on a sample (not private): ``tune``, ``Candidate``, ``TuneResult``
-- private bound estimation, charged to the ledger (``dpops estimate``): ``estimate_bounds``,
-  ``EstimateConfig``, ``Estimate``; its L0 building block ``estimate_l0``
+- private bound estimation's mechanisms: ``EstimateConfig``, ``Estimate``; the L0 mechanism alone over given
+  per-unit counts, ``estimate_l0``. The charged run over an interval's private data is a release, so it
+  lives in ``dpops.release``: ``dpops.release.estimate_bounds`` (the notebook form of ``dpops estimate``)
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpops.analysis.accuracy import (
@@ -41,6 +41,7 @@ from dpops.analysis.accuracy import (
 )
 from dpops.analysis.estimate import Estimate, EstimateConfig, estimate_l0
 from dpops.analysis.horizon import ACCOUNTANTS, Horizon, HorizonRow
+from dpops.analysis.loading import load
 from dpops.analysis.solver import FitCheck, Solution
 from dpops.analysis.solver import solve as solve_spec
 from dpops.analysis.targets import TargetResult, evaluate
@@ -51,34 +52,14 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from dpops.events import PrivacyEvent
-    from dpops.ledger import Ledger
     from dpops.spec import ReleaseSpec
 
 __all__ = [
     "load", "plan", "predictions", "keep_curve", "check_targets", "solve", "Solution", "horizon_of",
     "Horizon", "HorizonRow", "explain", "Prediction", "TargetResult", "ACCOUNTANTS", "FitCheck",
     "DEFAULT_CONFIDENCE", "DEFAULT_UNITS", "DEFAULT_GAP", "tune", "Candidate", "TuneResult",
-    "estimate_bounds", "estimate_l0", "EstimateConfig", "Estimate",
+    "estimate_l0", "EstimateConfig", "Estimate",
 ]
-
-
-
-def load(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], *,
-         base_dir: str | os.PathLike[str] | None = None) -> ReleaseSpec:
-    """A validated ``ReleaseSpec`` from a YAML path, a dict (as the YAML would parse) or a spec itself.
-
-    A dict's relative paths start at ``base_dir`` (default the working directory). Errors are the same
-    ``SpecError`` (exit class 3) the CLI prints.
-    """
-    from dpops.spec import ReleaseSpec, load_spec, parse_spec
-
-    if isinstance(spec, ReleaseSpec):
-        return spec
-    if isinstance(spec, Mapping):
-        return parse_spec(dict(spec), source="<dict>", base_dir=Path(base_dir) if base_dir is not None else None)
-    if isinstance(spec, (str, os.PathLike)):
-        return load_spec(spec)
-    raise InvalidParameter(f"a spec is a path, a dict or a ReleaseSpec, got {type(spec).__name__}")
 
 
 def predictions(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], *,
@@ -150,29 +131,3 @@ def explain(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], *,
     s = load(spec)
     p = plan_release(s)
     return lines(s, p, predict(p), accountant)
-
-
-def estimate_bounds(spec_path: str | os.PathLike[str], interval: str, *, epsilon: float,
-                    ledger: Ledger | str | None = None, quantile: float = 0.99, contribution: bool = True,
-                    columns: Sequence[str] | None = None, randomness: str = "keyed", key_path: str | None = None,
-                    test_seed: int | None = None, actor: str | None = None) -> Estimate:
-    """``dpops estimate``: estimate L0, Linf and value bounds under DP over one interval of the spec's input,
-    charged to its scope like a release (the same function the CLI calls; ``dpops.analysis.estimate``).
-
-    ``interval``: ``START/END`` or the start of one period; ``ledger``: a ``Ledger``, a URL, or None for
-    ``$DPOPS_LEDGER_URL`` / the default file. ``Estimate.patch()`` is the spec patch (with ``estimated_from``).
-    """
-    from dpops.analysis.estimate import estimate as run_estimate
-    from dpops.ledger import Ledger as LedgerClass
-    from dpops.release.context import open_run_ledger
-    from dpops.release.preparation import requested_interval
-
-    iv = requested_interval(spec_path, interval)
-    config = EstimateConfig(epsilon=epsilon, quantile=quantile, contribution=contribution,
-                            columns=tuple(columns) if columns is not None else None)
-    if isinstance(ledger, LedgerClass):
-        return run_estimate(spec_path, iv.start, iv.end, config=config, ledger=ledger, randomness=randomness,
-                            key_path=key_path, test_seed=test_seed, actor=actor)
-    with open_run_ledger(ledger) as led:
-        return run_estimate(spec_path, iv.start, iv.end, config=config, ledger=led, randomness=randomness,
-                            key_path=key_path, test_seed=test_seed, actor=actor)

@@ -1,7 +1,8 @@
 """``dpops estimate SPEC --interval I --epsilon E``: private bound estimation, charged like a release.
 
 Estimates L0, Linf and each bounded column's value bounds under differential privacy
-(``dpops.analysis.estimate``), charges the spec's budget scope in the ledger (reserved, started, committed),
+(the mechanisms of ``dpops.analysis.estimate``, run as the release kind ``dpops.release.estimation``), charges
+the spec's budget scope in the ledger (reserved, started, committed),
 writes the estimation's manifest and a spec patch carrying ``estimated_from: <run id>``. The same request
 again serves the committed result and charges nothing.
 """
@@ -48,8 +49,9 @@ def cli(spec_path: str, interval: str, epsilon: float, quantile: float, contribu
         max_l0: int, max_linf: int, out_dir: str, spec_out: str | None, randomness: str, test_seed: int | None,
         key_file: str | None, actor: str | None, as_json: bool) -> None:
     """Estimate contribution and value bounds under DP; charge the scope; write a spec patch."""
-    from dpops.analysis.estimate import EstimateConfig, estimate, patch_document
+    from dpops.analysis.estimate import EstimateConfig, patch_document
     from dpops.analysis.tune_output import apply_patch_document
+    from dpops.release.execute import estimate
     from dpops.release.preparation import requested_interval
     from dpops.spec import load_spec, parse_spec, read_spec_document
 

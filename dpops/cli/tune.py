@@ -1,8 +1,8 @@
 """``dpops tune SPEC --sample PATH``: evaluate candidate settings on a sample; write a spec patch and a page.
 
-Not differentially private (see ``dpops.analysis.tuning`` and ``dpops.analysis.sample_access``): the sample
-must be under the operator's public roots, or the operator passes
-``--i-understand-this-reads-private-data`` with ``--reason``, and the ledger records the access first.
+Not differentially private (see ``dpops.analysis.tuning``, ``dpops.analysis.sample_access`` and
+``dpops.release.private_reads``): the sample must be under the operator's public roots, or the operator
+passes ``--i-understand-this-reads-private-data`` with ``--reason``, and the ledger records the access first.
 """
 
 from __future__ import annotations
@@ -67,10 +67,11 @@ def cli(spec_path: str, sample: str, grid_path: str | None, l0: str | None, linf
         seed: int | None, as_json: bool) -> None:
     """Evaluate a grid of L0, Linf, value bounds and epsilon splits on a sample in one pass; recommend one."""
     from dpops.analysis import load
-    from dpops.analysis.sample_access import is_private_path, open_sample, private_twin
+    from dpops.analysis.sample_access import is_private_path, private_twin
     from dpops.analysis.tune_output import html_page, patch_yaml
     from dpops.analysis.tuning import default_grid, grid_from_doc, tune
     from dpops.release.context import default_actor
+    from dpops.release.private_reads import open_sample
 
     spec = load(spec_path)
     if grid_path is not None:

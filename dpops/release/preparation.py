@@ -147,7 +147,7 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
 
     A spec with ``bounds: estimate`` is the one exception to "writes nothing": given the ``ledger``,
     ``prepare`` first runs (or, once committed, serves) the interval's bound estimation through
-    ``dpops.analysis.estimate.estimate``, the function ``dpops estimate`` runs, and the context's spec is
+    ``dpops.release.estimation.run_estimation``, the steps ``dpops estimate`` runs, and the context's spec is
     ``spec.with_estimated_bounds``: the declared bounds replaced by the charged estimate, ``estimated_from``
     set, the release's epsilon the declared total minus the estimation's share. Without a ledger such a
     spec is refused (its bounds are not known yet). ``estimation="serve"``: only a committed estimation is
@@ -229,7 +229,8 @@ def _estimated_spec(spec: ReleaseSpec, spec_path: str | os.PathLike[str], interv
     the declared share): a retry serves the committed one and charges nothing. The release's events
     (planned at the fallback bounds: they do not depend on value bounds) go along so that nothing is
     reserved unless both fit the scope. Returns the spec, the bounds and what this call charged."""
-    from dpops.analysis.estimate import estimate, option_config
+    from dpops.analysis.estimate import option_config
+    from dpops.release.estimation import run_estimation
 
     if ledger is None:
         raise InvalidParameter(f"{spec.source}: metric(s) {spec.estimated_metric_keys} have bounds: estimate, so "
@@ -238,9 +239,11 @@ def _estimated_spec(spec: ReleaseSpec, spec_path: str | os.PathLike[str], interv
         raise InvalidParameter(f"{spec.source}: bounds: estimate needs keyed randomness (its estimation must be "
                                "free to retry); os randomness cannot reproduce it; nothing was reserved")
     release_events = list((planner or _default_planner)(spec).events)
-    est = estimate(spec_path, interval_start, interval_end, config=option_config(spec), ledger=ledger,
-                   randomness=randomness, key_path=key_path, test_seed=test_seed, actor=actor,
-                   then_charges=release_events, serve_only=serve_only, for_release=not restate)
+    # the estimation's own prepare: the spec as written, at its fallback bounds (nothing is written here)
+    est_ctx = prepare(spec_path, interval_start, interval_end, randomness=randomness, key_path=key_path,
+                      test_seed=test_seed, actor=actor, for_estimation=True)
+    est = run_estimation(est_ctx, option_config(spec), ledger, then_charges=release_events, serve_only=serve_only,
+                         for_release=not restate)
     assert est.run_id is not None  # estimate returns a committed (or served) run
     bounds = {c: est.bounds[c] for c in spec.estimated_columns}
     return spec.with_estimated_bounds(est.run_id, bounds), bounds, float(est.epsilon_charged)
