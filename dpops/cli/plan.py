@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
@@ -12,6 +13,7 @@ from dpops.cli.common import (
     ledger_option,
     open_cli_ledger,
     print_table,
+    say,
     terminal_width,
     wrap_words,
 )
@@ -56,6 +58,16 @@ def _action(st) -> tuple[str, bool]:
     if st.status == "spent_unpublished" and last in ("started", "committed"):
         return "retry: already charged, a keyed retry costs nothing", False
     return "run", True
+
+
+def plan_json(doc: dict[str, Any], cap: float, figures: tuple[str, ...]) -> dict[str, Any]:
+    """A plan's JSON with its budget figures as the table shows them and the exact ones under ``exact``
+    (``dpops.ledger.budget.budget_json``): a run's cost alone, scope totals and what is left at the cap's precision."""
+    from dpops.ledger.budget import budget_json
+
+    items = [budget_json(it, {"cost": None, "total_after": cap, "remaining_after": cap}) for it in doc["items"]]
+    scales: dict[str, float | None] = {f: (None if f == "per_run_cost" else cap) for f in figures}
+    return budget_json({**doc, "items": items}, {**scales, "cap": None})
 
 
 @click.command()
@@ -127,9 +139,10 @@ def cli(target, plan_file, start, end, manifests, as_json, check, at_units, valu
         refused_error = BudgetExceeded(f"{len(result.items) - result.admitted} planned run(s) would not fit on "
                                        f"scope {scope!r}")
     if as_json:
+        doc = plan_json(result.to_dict(), result.cap, ("per_run_cost", "scope_total_before", "scope_total_after"))
         if refused_error is not None:
-            raise attach(refused_error, result.to_dict())
-        echo_json(result.to_dict())
+            raise attach(refused_error, doc)
+        echo_json(doc)
     else:
         unit = "ε" if result.unit == "epsilon" else "ρ"
         # Short headers so the two whole dates and the figures fit 80 columns; the caption says what they are.
@@ -141,7 +154,7 @@ def cli(target, plan_file, start, end, manifests, as_json, check, at_units, valu
                     right=(unit, f"scope {unit} after", "left after"),
                     caption=f"{unit}: the run alone; scope {unit} after: the scope total after it, all runs composed; "
                             "left after: cap minus that total")
-        click.echo(f"{result.admitted} of {len(result.items)} planned runs fit")
+        say(f"{result.admitted} of {len(result.items)} planned runs fit")
     if refused_error is not None:
         raise refused_error
 
@@ -193,6 +206,7 @@ def _plan_spec(spec_path: str, start: str, end: str, manifests: str | None, as_j
         refused_error = BudgetExceeded(f"{spec.name}: {len(refused)} interval(s) of the backfill would be refused "
                                        f"by scope {scope!r}'s cap")
     if as_json:
+        doc = plan_json(doc, result.cap, ("per_run_cost", "scope_total_before", "scope_total_after"))
         if refused_error is not None:
             raise attach(refused_error, doc)
         echo_json(doc)

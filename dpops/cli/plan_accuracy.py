@@ -14,9 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-import click
-
-from dpops.cli.common import attach, echo_ok, echo_wrapped, ledger_url, print_table
+from dpops.cli.common import attach, echo_ok, echo_wrapped, ledger_url, print_table, say
 from dpops.errors import DpopsError, InvalidParameter
 from dpops.ledger.model import CHARGED_STATES as CHARGED  # the one owner of the charged states
 
@@ -145,12 +143,15 @@ def _compute(spec: ReleaseSpec, plan: Any, opts: AccuracyOptions, confidence: fl
     from dpops import analysis
     from dpops.analysis.document import accuracy_document
     from dpops.analysis.horizon import horizon
+    from dpops.ledger.budget import budget_json
 
     acct = sdef.accountant if sdef is not None else None
     doc: dict[str, Any] = {
         "release": spec.name, "spec_hash": spec.spec_hash, "scope": spec.budget.scope,
-        "ledger": {"reachable": sdef is not None, "note": note, "accountant": acct,
-                   "remaining": remaining, "cap_unit": sdef.cap_unit if sdef is not None else None},
+        # the scope's remaining budget as ``ledger status`` shows it, the exact float under ``exact`` (budget_json)
+        "ledger": budget_json({"reachable": sdef is not None, "note": note, "accountant": acct,
+                               "remaining": remaining, "cap_unit": sdef.cap_unit if sdef is not None else None},
+                              {"remaining": sdef.cap if sdef is not None else None}),
         "accuracy": accuracy_document(spec, plan, confidence=confidence, at_units=at_units, at_values=at_values,
                                       gap=gap, accountant=acct),
         "solution": None,
@@ -243,7 +244,7 @@ def _print(doc: dict[str, Any]) -> None:
     for r in h["rows"]:
         if r["note"] and r["per_interval"] is None:  # a row the table cannot show: why it is empty
             echo_wrapped(f"{r['accountant']}: {r['note']}", indent=2)
-    click.echo("for a reviewer:")
+    say("for a reviewer:")
     for line in acc["explain"]:
         echo_wrapped(line, indent=2)
 
