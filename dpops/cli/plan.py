@@ -89,8 +89,16 @@ def plan_json(doc: dict[str, Any], cap: float, figures: tuple[str, ...]) -> dict
               help="accuracy view: top-k lead (rows) for the top-pick probability [10]")
 @click.option("--intervals", type=int, default=365, show_default=True,
               help="horizon: total epsilon after this many intervals")
-@click.option("--cap", type=float, default=None,
-              help="horizon: a hypothetical scope cap (epsilon) when the ledger or the scope is not reachable")
+@click.option("--scope-cap", "scope_cap", type=float, default=None, metavar="EPSILON",
+              help="the scope's cap (epsilon) when the ledger or the scope is not reachable: the horizon counts "
+                   "intervals against it and --solve fits one interval in it (nothing assumed spent)")
+@click.option("--run-cap", "run_cap", type=float, default=None, metavar="EPSILON",
+              help="with --solve: the most one interval may cost (epsilon under the scope's accountant), on top of "
+                   "what remains of the scope")
+@click.option("--cap", "old_cap", type=float, default=None, hidden=True, expose_value=True,
+              help="removed: it meant the scope cap in the horizon and the run's cap with --solve")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None, metavar="PATCH.yaml",
+              help="with --solve: write the solved split as a patch for `dpops spec apply-patch` (never overwrites)")
 @click.option("--scope-delta", type=float, default=None,
               help="horizon: the scope's delta when the ledger is not reachable [the spec's delta x --intervals]")
 @click.option("--accountants", default="basic,zcdp,rdp,pld", show_default=True,
@@ -100,16 +108,18 @@ def plan_json(doc: dict[str, Any], cap: float, figures: tuple[str, ...]) -> dict
               help="exit 3 if an accuracy target is not met (by the declared budget, or with --solve by any split "
                    "that fits)")
 def cli(target, plan_file, start, end, manifests, as_json, check, at_units, values, confidence, gap, intervals,
-        cap, scope_delta, accountants, solve, require_targets) -> None:
-    """Plan before spending: predicted accuracy and the horizon, or what a backfill would cost. Writes nothing.
+        scope_cap, run_cap, old_cap, out_path, scope_delta, accountants, solve, require_targets) -> None:
+    """Plan before spending: predicted accuracy and the horizon, or what a backfill would cost. Writes nothing
+    (but the --out patch).
 
     \b
-    dpops plan SPEC [--at N] [--value KEY=V] [--solve] [--require-targets]
+    dpops plan SPEC [--at N] [--value KEY=V] [--solve [--run-cap E] [--out PATCH.yaml]] [--require-targets]
         the accuracy view, from the spec alone (no data read, nothing charged): per metric the noise
         actually drawn, its std and exact interval, errors at a partition size, keep probabilities,
-        the spec's accuracy targets (met or not; --solve finds the least-epsilon split meeting them),
-        the horizon (intervals that still fit the scope's cap under basic, zCDP, RDP and PLD
-        composition, the date the cap is reached), and plain-language lines for a reviewer.
+        the spec's accuracy targets (met or not; --solve finds the least-epsilon split meeting them,
+        --out writes it for dpops spec apply-patch), the horizon (intervals that still fit the scope's
+        cap under basic, zCDP, RDP and PLD composition, the date the cap is reached; of the solved
+        split with --solve), and plain-language lines for a reviewer.
     dpops plan SPEC --from DATE --to DATE
         the spec's intervals starting in [FROM, TO) (its unit period or cron schedule), each costing
         the spec's per-run privacy events, composed by the scope's accountant on top of the ledger's
@@ -119,6 +129,15 @@ def cli(target, plan_file, start, end, manifests, as_json, check, at_units, valu
 
     A run that fits is counted as charged for the runs after it.
     """
+    if old_cap is not None:  # one spelling, two meanings: refuse it, naming both (issue 26 section 4)
+        raise click.UsageError("--cap is gone: it was the horizon's scope cap and, with --solve, the cap on one "
+                               f"interval's cost. Say which: --scope-cap {old_cap:g} (the scope's cap when the ledger "
+                               f"is not reachable) or --run-cap {old_cap:g} (with --solve: the most one interval may "
+                               "cost)")
+    if out_path is not None and not solve:
+        raise click.UsageError("--out writes the solved split: give --solve too")
+    if run_cap is not None and not solve:
+        raise click.UsageError("--run-cap caps the solved run's cost: give --solve too")
     if start is not None or end is not None:
         if plan_file is not None or start is None or end is None:
             raise InvalidParameter("dpops plan SPEC needs both --from and --to (and no PLAN.json)")
@@ -127,8 +146,9 @@ def cli(target, plan_file, start, end, manifests, as_json, check, at_units, valu
         from dpops.cli.plan_accuracy import AccuracyOptions, run
 
         return run(target, AccuracyOptions(
-            at_units=at_units, values=tuple(values), confidence=confidence, gap=gap, intervals=intervals, cap=cap,
-            scope_delta=scope_delta, solve=solve, require_targets=require_targets,
+            at_units=at_units, values=tuple(values), confidence=confidence, gap=gap, intervals=intervals,
+            scope_cap=scope_cap, run_cap=run_cap, out=out_path, scope_delta=scope_delta, solve=solve,
+            require_targets=require_targets,
             accountants=tuple(a.strip() for a in accountants.split(",") if a.strip())), as_json)
     scope = target
     runs = load_plan(plan_file, getattr(plan_file, "name", "PLAN"))

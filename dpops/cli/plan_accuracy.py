@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from dpops.cli.common import attach, echo_ok, echo_wrapped, ledger_url, print_table, say
@@ -19,9 +18,11 @@ from dpops.errors import DpopsError, InvalidParameter
 from dpops.ledger.model import CHARGED_STATES as CHARGED  # the one owner of the charged states
 
 if TYPE_CHECKING:
+    from dpops.analysis.solver import Solution
     from dpops.events import PrivacyEvent
     from dpops.ledger.model import ScopeDefinition
     from dpops.ledger.store import Ledger
+    from dpops.release_plan import ReleasePlan
     from dpops.spec import ReleaseSpec
 
 
@@ -34,7 +35,9 @@ class AccuracyOptions:
     confidence: float | None = None
     gap: int | None = None
     intervals: int = 365
-    cap: float | None = None
+    scope_cap: float | None = None  # the scope's cap when the ledger is not reachable (horizon and solve)
+    run_cap: float | None = None  # with solve: the most one interval may cost
+    out: str | None = None  # with solve: where the patch is written
     scope_delta: float | None = None
     solve: bool = False
     require_targets: bool = False
@@ -62,15 +65,6 @@ def _fmt(x: Any, digits: int = 4) -> str:
     if isinstance(x, float):
         return f"{x:.{digits}g}"
     return str(x)
-
-
-def _next_interval(spec: ReleaseSpec) -> tuple[str, str]:
-    from dpops.spec import aligned_bounds
-
-    now = datetime.now(UTC)
-    b = aligned_bounds(spec, now)
-    s, e = b if b is not None else (now, now + timedelta(days=1))
-    return s.strftime("%Y-%m-%dT%H:%M:%SZ"), e.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _scope_info(led: Ledger, spec: ReleaseSpec) -> tuple[ScopeDefinition, list[PrivacyEvent], float]:
@@ -137,13 +131,14 @@ def run(spec_path: str, opts: AccuracyOptions, as_json: bool) -> None:
         raise err
 
 
-def _compute(spec: ReleaseSpec, plan: Any, opts: AccuracyOptions, confidence: float, at_units: int,
+def _compute(spec: ReleaseSpec, plan: ReleasePlan, opts: AccuracyOptions, confidence: float, at_units: int,
              at_values: dict[str, float], gap: int, led: Ledger | None, sdef: ScopeDefinition | None,
              spent: list[PrivacyEvent], remaining: float | None, note: str) -> dict[str, Any]:
     from dpops import analysis
     from dpops.analysis.document import accuracy_document
     from dpops.analysis.horizon import horizon
     from dpops.ledger.budget import budget_json
+    from dpops.release_plan import plan_release
 
     acct = sdef.accountant if sdef is not None else None
     doc: dict[str, Any] = {
@@ -161,29 +156,49 @@ def _compute(spec: ReleaseSpec, plan: Any, opts: AccuracyOptions, confidence: fl
                               "estimation_epsilon": spec.estimation_epsilon()}
                              for m in spec.metrics if getattr(m, "estimates_bounds", False)],
     }
+    priced, priced_plan, priced_what = spec, plan, "the declared budget"
     if opts.solve:
         if led is not None and sdef is not None:
-            start, end = _next_interval(spec)
-            name = sdef.name
-
-            def fits(events: Sequence[PrivacyEvent]) -> bool:
-                return bool(led.plan(name, [(start, end, list(events))]).items[0].fits)
-
-            sol = analysis.solve(spec, accountant=sdef.accountant, fits=fits)
-        else:
-            sol = analysis.solve(spec, available=opts.cap)
+            # the run over the interval containing now must fit what the ledger says remains, and --run-cap
+            sol = analysis.solve(spec, ledger=led, available=opts.run_cap)
+        else:  # nothing known spent: one interval may cost the scope's cap, and --run-cap
+            caps = [c for c in (opts.scope_cap, opts.run_cap) if c is not None]
+            sol = analysis.solve(spec, available=min(caps) if caps else None)
         doc["solution"] = sol.to_dict()
+        # The horizon prices what --solve proposes (the patch's rounded split), not the budget it replaces.
+        priced = sol.patched_spec()
+        priced_plan = plan_release(priced)
+        priced_what = f"the solved split (epsilon {float(priced.budget.epsilon):.4g} per interval)"
+        if opts.out is not None:
+            doc["solution"]["patch_file"] = write_patch(sol, opts.out)
     if sdef is not None:
         cap: float | None = sdef.cap
         cap_unit, delta, bucket, source = sdef.cap_unit, sdef.delta, sdef.bucket, "ledger"
     else:
-        cap, cap_unit, bucket = opts.cap, "epsilon", None
+        cap, cap_unit, bucket = opts.scope_cap, "epsilon", None
         delta = opts.scope_delta if opts.scope_delta is not None else min(0.5, spec.budget.delta * opts.intervals)
         source = "not reachable: nothing assumed spent"
-    h = horizon(spec, plan, cap=cap, cap_unit=cap_unit, delta=delta, spent=spent, spent_source=source,
-                         intervals=opts.intervals, accountants=opts.accountants, scope_accountant=acct, bucket=bucket)
-    doc["horizon"] = h.to_dict()
+    h = horizon(priced, priced_plan, cap=cap, cap_unit=cap_unit, delta=delta, spent=spent, spent_source=source,
+                intervals=opts.intervals, accountants=opts.accountants, scope_accountant=acct, bucket=bucket)
+    doc["horizon"] = {**h.to_dict(), "priced": priced_what}
     return doc
+
+
+def write_patch(sol: Solution, path: str) -> str:
+    """Write ``sol``'s patch (``Solution.patch_yaml``) to ``path``, a new file: ``--out spec.yaml`` by mistake must
+    not replace the spec it patches. Returns the path written."""
+    from pathlib import Path
+
+    out = Path(path)
+    if out.exists():
+        raise InvalidParameter(f"--out {path}: already exists; the patch is written to a new file, never over one "
+                               "(remove it or name another file)")
+    try:
+        with out.open("x", encoding="utf-8") as fh:
+            fh.write(sol.patch_yaml())
+    except OSError as exc:
+        raise InvalidParameter(f"--out {path}: cannot write the patch ({exc.strerror}): name a writable file") from None
+    return str(out)
 
 
 def _failing(doc: dict[str, Any], opts: AccuracyOptions) -> list[str]:
@@ -222,18 +237,23 @@ def _print(doc: dict[str, Any]) -> None:
                       f"NO (off by {t['shortfall']:.1%})"] for t in acc["targets"]])
     sol = doc["solution"]
     if sol is not None:
-        split = ", ".join(f"{k}: {v:.4g}" for k, v in sol["split"].items())
+        budget = sol["spec_patch"]["budget"]  # the rounded split the patch writes (solver.rounded_split)
+        split = ", ".join(f"{k}: {v:g}" for k, v in budget["split"].items())
         state = "meets every target" if sol["feasible"] else "does NOT meet every target"
-        echo_wrapped(f"solved split ({state}): epsilon {sol['epsilon']:.4g} per interval (basic view), "
-                   f"{sol['cost']:.4g} under {sol['accountant']}; split {{{split}}}")
+        echo_wrapped(f"solved split ({state}): epsilon {budget['epsilon']:g} per interval (basic view), "
+                     f"{sol['cost']:.4g} under {sol['accountant']}; split {{{split}}}")
         if sol["limited_by"]:
-            echo_wrapped("the least-cost split does not fit the remaining budget: scaled down to fit", indent=2)
+            echo_wrapped("the least-cost split does not fit the budget: this is the split that fits with the smallest "
+                         f"largest shortfall ({sol['max_shortfall']:.1%}), every target missing by at most that",
+                         indent=2)
         for t in sol["targets"]:
             if not t["met"]:
                 echo_wrapped(f"fails: {t['description']}: predicted {_fmt(t['predicted'])} "
                              f"(off by {t['shortfall']:.1%})", indent=2)
+    if sol is not None and sol.get("patch_file"):
+        echo_wrapped(f"wrote {sol['patch_file']}: apply with dpops spec apply-patch SPEC {sol['patch_file']}", indent=2)
     h = doc["horizon"]
-    echo_wrapped(f"horizon on scope {h['scope']} ({doc['ledger']['note']})")
+    echo_wrapped(f"horizon of {h['priced']} on scope {h['scope']} ({doc['ledger']['note']})")
     unit = "ε" if h["cap_unit"] == "epsilon" else "ρ"
     print_table(f"horizon ({h['schedule'] or 'no schedule'}; cap {unit}={_fmt(h['cap'])}, delta {h['delta']:.3g})",
                 ["accountant", f"{unit} per interval", f"{unit} after {h['intervals']}", "intervals that fit",

@@ -230,13 +230,13 @@ def _prediction_text(p: dict[str, Any]) -> str:
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.argument("patch_path", metavar="PATCH", type=click.Path(exists=True, dir_okay=False))
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
-              help="where to write the patched spec (default FILE's stem + .tuned.yaml, or .estimated.yaml for an "
-                   "estimate patch, beside FILE; never overwritten)")
+              help="where to write the patched spec (default FILE's stem + .tuned.yaml, .estimated.yaml for an "
+                   "estimate patch or .solved.yaml for a plan --solve patch, beside FILE; never overwritten)")
 @click.option("--json", "as_json", is_flag=True, help="print the written file as JSON")
 def apply_patch_cmd(file: str, patch_path: str, out_path: str | None, as_json: bool) -> None:
     """Apply the patch.yaml of `dpops tune` (the recommended bounds, and the spec's `tuning` block saying where
-    they came from) or of `dpops estimate` (the estimated bounds and `estimated_from`) to FILE. Writes a new,
-    validated spec."""
+    they came from), of `dpops estimate` (the estimated bounds and `estimated_from`) or of `dpops plan --solve
+    --out` (budget.epsilon and budget.split) to FILE. Writes a new, validated spec."""
     from pathlib import Path
 
     import yaml
@@ -252,9 +252,11 @@ def apply_patch_cmd(file: str, patch_path: str, out_path: str | None, as_json: b
         raise SpecError(f"{patch_path}: not valid YAML; use the patch.yaml that dpops tune or dpops estimate "
                         "wrote") from None
     from dpops.analysis.estimate import PATCH_SCHEMA as ESTIMATE_PATCH_SCHEMA
+    from dpops.analysis.solver import PATCH_SCHEMA as SOLVE_PATCH_SCHEMA
 
-    estimated = isinstance(patch_doc, dict) and patch_doc.get("schema") == ESTIMATE_PATCH_SCHEMA
-    out = Path(out_path) if out_path else src.with_name(src.stem + (".estimated.yaml" if estimated else ".tuned.yaml"))
+    schema = patch_doc.get("schema") if isinstance(patch_doc, dict) else None
+    suffix = {ESTIMATE_PATCH_SCHEMA: ".estimated.yaml", SOLVE_PATCH_SCHEMA: ".solved.yaml"}.get(schema, ".tuned.yaml")
+    out = Path(out_path) if out_path else src.with_name(src.stem + suffix)
     if out.resolve().parent != src.resolve().parent:
         raise SpecError(f"--out {out}: write the patched spec beside {src} (its relative paths start there)")
     if out.exists():
@@ -264,7 +266,9 @@ def apply_patch_cmd(file: str, patch_path: str, out_path: str | None, as_json: b
         raise SpecError(f"{src}: a release spec is a YAML mapping")
     patched = apply_patch_document(doc, patch_doc, source=patch_path)
     spec = parse_spec(patched, source=out.name, base_dir=out.resolve().parent)  # refuses an invalid result
-    out.write_text(yaml.safe_dump(patched, sort_keys=False), encoding="utf-8")
+    from dpops.analysis.tune_output import dump_patch
+
+    out.write_text(dump_patch(patched), encoding="utf-8")  # no YAML anchors: every value where it applies
     statement = spec.tuning.statement if spec.tuning is not None else None
     if as_json:
         from dpops.cli.common import echo_ok
