@@ -168,3 +168,25 @@ def test_the_python_api_takes_one_start_like_the_cli(tmp_path, monkeypatch, caps
     assert h.start == "2024-01-03T00:00:00Z" and h.rows[0].intervals_fit == 10
     with pytest.raises(InvalidParameter, match="ledger="):
         analysis.solve(spec, interval="2024-01-03")
+
+
+def test_the_documented_solve_patch_commands_run(tmp_path, monkeypatch, capsys):
+    """docs/accuracy.md's ``plan --solve --out`` block, line by line as written, on a spec with targets."""
+    import shlex
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "accuracy.md").read_text()
+    block = re.search(r"```bash\n(  # spec\.yaml: .*?)```", docs, re.S)
+    assert block, "the documented block is gone from docs/accuracy.md"
+    lines = [ln.split("  #")[0].strip() for ln in block.group(1).splitlines()]
+    commands = [shlex.split(ln) for ln in lines if ln and not ln.startswith("#")]
+    assert [c[:3] for c in commands] == [["dpops", "plan", "spec.yaml"], ["dpops", "spec", "apply-patch"],
+                                         ["dpops", "spec", "check"], ["dpops", "plan", "spec.solved.yaml"]]
+    env = make_env(tmp_path, monkeypatch, planner_fn=plan_release)
+    _with_targets(env)
+    monkeypatch.chdir(tmp_path)
+    for argv in commands:
+        code, out, err = _run(capsys, *argv[1:])
+        assert code == 0, (argv, out, err)
+    assert (tmp_path / "solve-patch.yaml").is_file() and (tmp_path / "spec.solved.yaml").is_file()
+    assert "horizon of the declared budget" in " ".join(out.split())  # the solved spec's own budget now

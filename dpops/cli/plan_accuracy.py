@@ -2,8 +2,14 @@
 
 Thin: every number comes from ``dpops.analysis`` (the same functions a notebook calls). This module
 only gathers what the ledger knows about the spec's scope -- its cap, accountant, bucket and what is
-already charged -- and prints. Nothing is written and no data is read; if the ledger is not
-reachable the view says so and uses ``--cap``/``--scope-delta`` instead.
+already charged -- and prints. No data is read and nothing is written but the ``--out`` patch; if the ledger is
+not reachable the view says so and uses ``--scope-cap``/``--scope-delta`` instead.
+
+Two caps, two options (issue 26 section 4: ``--cap`` was the horizon's scope cap and, with ``--solve``, the run's
+cap, in the same output): ``--scope-cap`` stands for the scope's cap when the ledger cannot say it (the horizon
+counts intervals against it; the solve fits one interval in it, nothing assumed spent); ``--run-cap`` caps one
+interval's cost in the solve, with or without a ledger. With ``--solve`` the horizon prices the solved split (the
+patch's rounded shares), since that is the budget the operator is about to declare.
 """
 
 from __future__ import annotations
