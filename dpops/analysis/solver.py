@@ -122,12 +122,19 @@ class Solution:
     def patch_document(self) -> dict[str, Any]:
         """What ``dpops plan --solve --out`` writes and ``dpops spec apply-patch`` applies: the spec's ``budget``
         patch, and (never copied into the spec) what the solver found at that split."""
-        release = self.spec.name if self.spec is not None else None
-        return {"schema": PATCH_SCHEMA, "spec": release, "patch": self.spec_patch(),
-                "solve": {"feasible": self.feasible, "accountant": self.accountant, "cost": self.cost,
+        patch = self.spec_patch()
+        cost, targets = self.cost, self.targets
+        if self.spec is not None and self.patch_split is not None:  # the figures of the split written, not the exact
+            patched = self.patched_spec()
+            cost = interval_cost(self.spec, dict(patch["budget"]["split"]), self.accountant)
+            from dpops.release_plan import plan_release
+
+            targets = evaluate(plan_release(patched), patched.accuracy)
+        return {"schema": PATCH_SCHEMA, "spec": self.spec.name if self.spec is not None else None, "patch": patch,
+                "solve": {"feasible": all(t.met for t in targets), "accountant": self.accountant, "cost": cost,
                           "limited_by": self.limited_by, "available": self.available,
-                          "max_shortfall": self.max_shortfall,
-                          "failing": [t.description for t in self.failing]}}
+                          "max_shortfall": max_shortfall(targets),
+                          "failing": [t.description for t in targets if not t.met]}}
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form (without the solved spec object)."""

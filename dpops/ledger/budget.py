@@ -95,7 +95,7 @@ def within_cap(value: float, cap: float) -> bool:
 # a 1e-9 safety margin, dpops.release_plan.SAFETY), so a scope at its cap can hold 4.499999995497694 committed and
 # 4.50231e-09 remaining. Those digits mean nothing: privacy parameters are decided to a few significant digits.
 # Every figure a person reads (CLI tables and lines, refusals, outcome lines, the report) goes through
-# ``format_budget``; JSON keeps the exact numbers for machines.
+# ``format_budget``; JSON carries the same figures and the exact numbers beside them (``budget_json`` below).
 DISPLAY_DIGITS = 6
 
 
