@@ -168,6 +168,15 @@ def test_the_python_api_takes_one_start_like_the_cli(tmp_path, monkeypatch, caps
     assert h.start == "2024-01-03T00:00:00Z" and h.rows[0].intervals_fit == 10
     with pytest.raises(InvalidParameter, match="ledger="):
         analysis.solve(spec, interval="2024-01-03")
+    # the release API too: one START is the spec's day starting there, as `dpops release run --interval 2024-01-02`
+    from dpops import release
+    from dpops.ledger import open_ledger
+
+    with open_ledger(env.url) as led:
+        out = release.execute_release(str(env.spec), "2024-01-02", ledger=led, key_path=str(env.key))
+        assert out.state == "published" and out.interval == "2024-01-02T00:00:00+00:00/2024-01-03T00:00:00+00:00"
+        st = release.status(str(env.spec), "2024-01-02", ledger=led)
+        assert st["published_run"] == out.run_id
 
 
 def test_the_documented_solve_patch_commands_run(tmp_path, monkeypatch, capsys):

@@ -77,6 +77,15 @@ def requested_interval(spec_path: str | os.PathLike[str] | ReleaseSpec, text: st
     return Interval(*one_period_interval(spec, start))
 
 
+def named_interval(spec: ReleaseSpec, interval_start: IntervalBound, interval_end: IntervalBound = None) -> Interval:
+    """The interval the Python API is given, named as on the command line: ``(START, END)``, ``"START/END"``, or one
+    ``START`` (``"2024-01-03"``, alone) for the spec's period starting there (``requested_interval``), so
+    ``execute_release(spec, "2024-01-03", ...)`` releases the day ``dpops release run --interval 2024-01-03`` does."""
+    if interval_end is None and isinstance(interval_start, str):
+        return requested_interval(spec, interval_start)
+    return parse_interval(interval_start, interval_end)
+
+
 REMOVED_KEY_ENV = "DPOPS_NOISE_KEY"
 # Builds the run's plan from its spec (default ``dpops.release_plan.plan_release``; tests inject their own).
 Planner = Callable[[ReleaseSpec], "ReleasePlan"]
@@ -181,6 +190,8 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
 
         check_pinned_key_id(key_id, key_path)  # the operator's $DPOPS_NOISE_KEY_ID, before anything is reserved
     spec = load_spec(spec_path)
+    named = named_interval(spec, interval_start, interval_end)  # one START, as the CLI takes it
+    interval_start, interval_end = named.start, named.end
     estimated: dict[str, tuple[float, float]] | None = None
     estimation_charged = 0.0
     if spec.estimated_metric_keys and not for_estimation:
