@@ -8,11 +8,12 @@ manifest and the report call these same functions; a notebook calls them directl
     spec = analysis.load("examples/daily_purchases.yaml")      # or a dict
     analysis.plan(spec, at_units=500)                          # pandas DataFrame, one row per quantity
     sol = analysis.solve(spec)                                 # least-epsilon split meeting spec.accuracy
+    sol.spec_patch()                                           # the rounded split to declare (plan --solve --out)
     analysis.horizon_of(spec, cap=10.0).rows                   # intervals that fit, per accountant
 
 By role:
 
-- loading: ``load``
+- loading: ``load``; intervals named as on the command line (one START or START/END): ``interval_of``
 - prediction: ``plan`` (DataFrame), ``predictions`` (rows), ``keep_curve``
 - targets: ``check_targets``, ``solve``, ``Solution``
 - budget over time: ``horizon_of``, ``Horizon``
