@@ -80,6 +80,10 @@ def test_cap_has_one_meaning(tmp_path, monkeypatch, capsys):
     assert code == 2 and "--scope-cap 5" in err and "--run-cap 5" in err, err
     code, out, _ = _run(capsys, "plan", str(env.spec), "--scope-cap", "5", "--accountants", "basic", "--json")
     assert code == 0 and json.loads(out)["horizon"]["rows"][0]["intervals_fit"] == 10  # 0.5 per interval
+    code, out, _ = _run(capsys, "plan", str(env.spec), "--scope-cap", "5", "--ledger", env.url, "--accountants",
+                        "basic", "--json")  # the ledger's cap binds, and the output says the option was not used
+    doc = json.loads(out)
+    assert code == 0 and doc["horizon"]["cap"] == 1.2 and "--scope-cap 5 not used" in doc["ledger"]["note"]
     code, _, err = _run(capsys, "plan", str(env.spec), "--run-cap", "1")
     assert code == 2 and "--solve" in err
     free = json.loads(_run(capsys, "plan", str(env.spec), "--solve", "--accountants", "basic", "--json")[1])

@@ -113,6 +113,8 @@ def run(spec_path: str, opts: AccuracyOptions, as_json: bool) -> None:
             led = open_ledger(url)
             sdef, spent, remaining = _scope_info(led, spec)
             note = f"read from the ledger, {len(spent)} charged event(s) so far"
+            if opts.scope_cap is not None:  # said, not silently dropped: the ledger's cap is the one that binds
+                note += f"; --scope-cap {opts.scope_cap:g} not used: the scope's cap in the ledger is {sdef.cap:g}"
         except DpopsError as exc:
             note = f"the ledger or scope is not reachable ({exc}): the scope's cap and spending are unknown"
             if led is not None:
