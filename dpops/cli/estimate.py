@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 import yaml
 
-from dpops.cli.common import dumps, echo_ok, json_option, key_file_option, ledger_option, open_cli_ledger
+from dpops.cli.common import dumps, echo_ok, json_option, key_file_option, ledger_option, open_cli_ledger, say
 from dpops.errors import InvalidParameter
 
 
@@ -88,14 +88,14 @@ def cli(spec_path: str, interval: str, epsilon: float, quantile: float, contribu
         return
     charged = ("nothing charged: served the committed estimation" if est.state == "already_committed"
                else f"charged epsilon={est.epsilon_charged:g} to scope {est.spec.budget.scope}")
-    click.echo(f"estimation run {est.run_id}: {charged}")
+    say(f"estimation run {est.run_id}: {charged}")
     if est.state == "test_only":
-        click.echo("  test mode (seeded noise): never published, no manifest written; a release naming it is "
+        say("  test mode (seeded noise): never published, no manifest written; a release naming it is "
                    "refused unless it runs in test mode too")
     r = est.result()
     if r["max_partitions_per_unit"] is not None:
-        click.echo(f"  max_partitions_per_unit (L0): {r['max_partitions_per_unit']}")
-        click.echo(f"  max_rows_per_unit_per_partition (Linf): {r['max_rows_per_unit_per_partition']}")
+        say(f"  max_partitions_per_unit (L0): {r['max_partitions_per_unit']}")
+        say(f"  max_rows_per_unit_per_partition (Linf): {r['max_rows_per_unit_per_partition']}")
     for col, (lo, hi) in r["bounds"].items():
-        click.echo(f"  bounds of {col}: [{lo:g}, {hi:g}]")
-    click.echo(f"wrote {', '.join(files.values())}" + (f"; manifest {est.manifest}" if est.manifest else ""))
+        say(f"  bounds of {col}: [{lo:g}, {hi:g}]")
+    say(f"wrote {', '.join(files.values())}" + (f"; manifest {est.manifest}" if est.manifest else ""))

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from dpops.errors import BudgetExceeded, DpopsError, LedgerError, NeedsOperator, public_message
-from dpops.inputs import HmacKey, parse_interval
+from dpops.inputs import HmacKey
 from dpops.keyref import KeyRing
 from dpops.release.computation import RunRelease, check_runner, compute_staged
 from dpops.release.context import (
@@ -44,7 +44,7 @@ from dpops.release.context import (
 )
 from dpops.release.estimation import refuse_os_randomness, run_estimation
 from dpops.release.manifests import ensure_manifest, spec_manifests_dir
-from dpops.release.preparation import Planner, prepare
+from dpops.release.preparation import Planner, named_interval, prepare
 from dpops.release.publication import publish
 from dpops.release.refusals import budget_refusal_reason, record_refusal
 from dpops.release.reservation import reserve
@@ -246,7 +246,7 @@ def status(spec_path: str | os.PathLike[str], interval_start: IntervalBound, int
     ``published_files``: the published run's files compared with the ledger's commit entry and, given
     the noise ``key``, with the manifest's keyed fingerprints (``ok`` False names each changed file)."""
     spec = load_spec(spec_path)
-    iv = parse_interval(interval_start, interval_end)
+    iv = named_interval(spec, interval_start, interval_end)  # one START, as the CLI takes it
     store = open_store(spec.output_root, spec.name)
     runs = ledger.runs(release=spec.name, interval_start=iv.start_iso, interval_end=iv.end_iso)
     published = ledger.published(spec.name, iv.start_iso, iv.end_iso)
