@@ -166,15 +166,19 @@ def test_the_python_api_takes_one_start_like_the_cli(tmp_path, monkeypatch, caps
     assert analysis.interval_of(spec, "2024-01-03/2024-01-04") == ("2024-01-03T00:00:00Z", "2024-01-04T00:00:00Z")
     with pytest.raises(InvalidParameter, match="not the start of a period"):
         analysis.interval_of(spec, "2024-01-03T05:00:00Z")  # inside a day of this spec: says which day it is in
-    sol = analysis.solve(str(env.spec), ledger=env.url, interval="2024-01-03")
+    from dpops.ledger import open_ledger
+
+    with open_ledger(env.url) as led:
+        sol = analysis.solve(str(env.spec), ledger=led, interval="2024-01-03")
     assert sol.accountant == "basic/1" and sol.feasible and sol.cost <= 1.2
+    with pytest.raises(InvalidParameter, match="takes an open ledger"):  # analysis/ opens no ledger itself
+        analysis.solve(str(env.spec), ledger=env.url, interval="2024-01-03")
     h = analysis.horizon_of(spec, cap=5.0, start="2024-01-03", accountants=["basic"])
     assert h.start == "2024-01-03T00:00:00Z" and h.rows[0].intervals_fit == 10
     with pytest.raises(InvalidParameter, match="ledger="):
         analysis.solve(spec, interval="2024-01-03")
     # the release API too: one START is the spec's day starting there, as `dpops release run --interval 2024-01-02`
     from dpops import release
-    from dpops.ledger import open_ledger
 
     with open_ledger(env.url) as led:
         out = release.execute_release(str(env.spec), "2024-01-02", ledger=led, key_path=str(env.key))

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dpops.analysis.targets import TargetResult, evaluate, target_key, target_met
+from dpops.analysis.tune_output import SOLVE_PATCH_SCHEMA as PATCH_SCHEMA  # one name per patch kind
 from dpops.errors import InvalidParameter
 from dpops.spec import BOUNDS_SHARE_SUFFIX
 
@@ -60,7 +61,6 @@ if TYPE_CHECKING:
     from dpops.release_plan import ReleasePlan
     from dpops.spec import ReleaseSpec
 
-PATCH_SCHEMA = "dpops.solve-patch/1"
 PATCH_DIGITS = 4  # significant digits of a written share (more when fewer would change a verdict)
 MIN_SHARE = 1e-4  # below this a share is not planned (selection tables grow as 1/epsilon)
 MAX_SHARE = 100.0  # epsilon per key beyond which a target is called unreachable

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from dpops.analysis.tuning import TuneResult
 
 PATCH_SCHEMA = "dpops.tune-patch/1"
+# The solver's patch (``Solution.patch_document``): named here, beside the reader that accepts every patch kind,
+# so that the solver imports this module (``dump_patch``) and this module never imports the solver.
+SOLVE_PATCH_SCHEMA = "dpops.solve-patch/1"
 
 
 def patch_document(result: TuneResult, provenance: Mapping[str, Any]) -> dict[str, Any]:
@@ -105,7 +108,6 @@ def apply_patch_document(spec_doc: Mapping[str, Any], patch_doc: Any, *, source:
     one. The result is not validated here
     (``dpops.spec.parse_spec`` does that)."""
     from dpops.analysis.estimate import PATCH_SCHEMA as ESTIMATE_PATCH_SCHEMA
-    from dpops.analysis.solver import PATCH_SCHEMA as SOLVE_PATCH_SCHEMA
     from dpops.analysis.tuning import apply_patch
     from dpops.errors import SpecError
 
