@@ -96,10 +96,15 @@ def test_release_outcome_and_refusal_json_at_the_cap(slack_env, capsys):
     env = slack_env
     u = ["--ledger", env.url, "--publish", "--no-gx-checks", "--json"]
     assert env.json(capsys, "release", "run", str(env.spec), *env.base("2024-01-01"), *u)[0] == 0
+    code, doc, _ = env.json(capsys, "ledger", "reserve", str(env.spec), *env.base("2024-01-02"), "--ledger", env.url,
+                            "--json")  # the reservation's line and JSON read the same figures
+    assert code == 0 and doc["state"] == "reserved" and doc["scope_total"] == 1.0 and doc["scope_remaining"] == 0, doc
+    assert 0 < 1.0 - doc["exact"]["scope_total"] < 1e-8
     code, doc, _ = env.json(capsys, "release", "run", str(env.spec), *env.base("2024-01-02"), *u)
     assert code == 0 and doc["state"] == "published"
-    assert doc["scope_remaining"] == 0 and doc["scope_total"] == 1.0 and doc["epsilon_charged"] == 0.5, doc
-    assert 0 < doc["exact"]["scope_remaining"] < 1e-8 and 0.5 * (1 - 2e-9) < doc["exact"]["epsilon_charged"] < 0.5
+    # charged when `ledger reserve` reserved it: the run's own ε is the figure that carries the slack
+    assert doc["scope_remaining"] == 0 and doc["scope_total"] == 1.0 and doc["run_epsilon"] == 0.5, doc
+    assert 0 < doc["exact"]["scope_remaining"] < 1e-8 and 0.5 * (1 - 2e-9) < doc["exact"]["run_epsilon"] < 0.5
     assert "remaining=0:" in doc["budget"] or "remaining" not in doc["budget"]
     code, doc, _ = env.json(capsys, "release", "run", str(env.spec), *env.base("2024-01-03"), *u)
     assert code == 5 and doc["scope_remaining"] == 0 and doc["exact"]["scope_remaining"] > 0, doc

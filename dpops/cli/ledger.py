@@ -641,7 +641,7 @@ def reserve_cmd(spec, interval, key_file, randomness, test_seed, do_start, do_co
     scope's accountant, and the run key is idempotent (the same input, spec and key reserve once).
     For operators (hold budget for a run, close a stuck one) and tests."""
     from dpops import release
-    from dpops.cli.release import parse_interval_option
+    from dpops.cli.release import parse_interval_option, scope_figures_json
     from dpops.errors import InvalidParameter, LedgerError
 
     if do_release and (do_start or do_commit):
@@ -671,7 +671,7 @@ def reserve_cmd(spec, interval, key_file, randomness, test_seed, do_start, do_co
                                  details={"note": "committed by dpops ledger reserve --commit (no Beam job)"})
             out = release.context.make_outcome(ctx, led, rec.state, record=rec, charged=charged)
     if as_json:
-        echo_ok(out.as_dict())
+        echo_ok(scope_figures_json(out.as_dict()))  # the figures the line shows, exact under "exact"
     else:
         say(out.line())
 
