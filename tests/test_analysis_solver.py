@@ -83,6 +83,9 @@ def test_solution_meets_targets_and_no_cheaper_grid_split_does(noise, l0, linf, 
     assert sol.feasible and sol.spec is not None
     # every solution meets its targets, re-checked from the solved spec's own plan
     assert all(r.met for r in analysis.check_targets(sol.spec))
+    # the split written by plan --solve --out (4 significant digits, rounded up) meets them too
+    assert all(r.met for r in analysis.check_targets(sol.patched_spec()))
+    assert all(sol.patch_split[k] >= v for k, v in sol.split.items())
     assert _grid_check(spec, sol, ["count", "sum_x"]) > 0
 
 
