@@ -32,6 +32,7 @@ from dpops.cli.main import main
 from dpops.errors import InvalidParameter
 from dpops.ledger import ScopeDefinition, open_ledger
 from dpops.noise.randomness import NoiseKey, test_random
+from dpops.release.execute import estimate as run_estimate
 
 ROOT = Path(__file__).resolve().parent.parent
 P = 4
@@ -219,8 +220,8 @@ def env(tmp_path, monkeypatch):
 
 def _estimate(spec, url, key, eps=1.0):
     with open_ledger(url) as led:
-        return E.estimate(spec, *DAY, config=E.EstimateConfig(epsilon=eps, method=E.ERROR_METHOD), ledger=led,
-                          key_path=str(key))
+        return run_estimate(spec, *DAY, config=E.EstimateConfig(epsilon=eps, method=E.ERROR_METHOD), ledger=led,
+                            key_path=str(key))
 
 
 def _total(url):

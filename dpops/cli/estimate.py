@@ -1,7 +1,8 @@
 """``dpops estimate SPEC --interval I --epsilon E``: private bound estimation, charged like a release.
 
 Estimates L0, Linf and each bounded column's value bounds under differential privacy
-(``dpops.analysis.estimate``), charges the spec's budget scope in the ledger (reserved, started, committed),
+(the mechanisms of ``dpops.analysis.estimate``, run as the release kind ``dpops.release.estimation``), charges
+the spec's budget scope in the ledger (reserved, started, committed),
 writes the estimation's manifest and a spec patch carrying ``estimated_from: <run id>``. The same request
 again serves the committed result and charges nothing.
 """
@@ -13,7 +14,7 @@ from pathlib import Path
 import click
 import yaml
 
-from dpops.cli.common import dumps, echo_ok, json_option, key_file_option, ledger_option, open_cli_ledger
+from dpops.cli.common import dumps, echo_ok, json_option, key_file_option, ledger_option, open_cli_ledger, say
 from dpops.errors import InvalidParameter
 
 
@@ -52,8 +53,9 @@ def cli(spec_path: str, interval: str, epsilon: float, method: str, quantile: fl
         columns: tuple[str, ...], max_l0: int, max_linf: int, out_dir: str, spec_out: str | None, randomness: str,
         test_seed: int | None, key_file: str | None, actor: str | None, as_json: bool) -> None:
     """Estimate contribution and value bounds under DP; charge the scope; write a spec patch."""
-    from dpops.analysis.estimate import EstimateConfig, estimate, patch_document
+    from dpops.analysis.estimate import EstimateConfig, patch_document
     from dpops.analysis.tune_output import apply_patch_document
+    from dpops.release.execute import estimate
     from dpops.release.preparation import requested_interval
     from dpops.spec import load_spec, parse_spec, read_spec_document
 
@@ -90,26 +92,26 @@ def cli(spec_path: str, interval: str, epsilon: float, method: str, quantile: fl
         return
     charged = ("nothing charged: served the committed estimation" if est.state == "already_committed"
                else f"charged epsilon={est.epsilon_charged:g} to scope {est.spec.budget.scope}")
-    click.echo(f"estimation run {est.run_id}: {charged}")
+    say(f"estimation run {est.run_id}: {charged}")
     if est.state == "test_only":
-        click.echo("  test mode (seeded noise): never published, no manifest written; a release naming it is "
+        say("  test mode (seeded noise): never published, no manifest written; a release naming it is "
                    "refused unless it runs in test mode too")
     r = est.result()
     if r["max_partitions_per_unit"] is not None:
-        click.echo(f"  max_partitions_per_unit (L0): {r['max_partitions_per_unit']}")
-        click.echo(f"  max_rows_per_unit_per_partition (Linf): {r['max_rows_per_unit_per_partition']}")
+        say(f"  max_partitions_per_unit (L0): {r['max_partitions_per_unit']}")
+        say(f"  max_rows_per_unit_per_partition (Linf): {r['max_rows_per_unit_per_partition']}")
     for col, (lo, hi) in r["bounds"].items():
-        click.echo(f"  bounds of {col}: [{lo:g}, {hi:g}]")
+        say(f"  bounds of {col}: [{lo:g}, {hi:g}]")
     if est.choice is not None:
-        click.echo(f"  chosen by {est.config.method}: rows kept {est.choice['kept_row_share']:.1%}; predicted RMSE "
-                   + ", ".join(f"{k} {v:.4g}" for k, v in est.choice["predicted_rmse"].items()))
+        say(f"  chosen by {est.config.method}: rows kept {est.choice['kept_row_share']:.1%}; predicted RMSE "
+            + ", ".join(f"{k} {v:.4g}" for k, v in est.choice["predicted_rmse"].items()))
     targets = est.targets()
     if targets:
         met = sum(1 for t in targets if t["met"])
-        click.echo(f"  accuracy targets with these bounds, at the release's epsilon: {met} of {len(targets)} met")
+        say(f"  accuracy targets with these bounds, at the release's epsilon: {met} of {len(targets)} met")
         for t in targets:
             pred = "inf" if t["predicted"] is None else f"{t['predicted']:.4g}"
-            click.echo(f"    [{'met' if t['met'] else 'NOT MET'}] {t['description']} (predicted {pred})")
+            say(f"    [{'met' if t['met'] else 'NOT MET'}] {t['description']} (predicted {pred})")
     else:
-        click.echo("  accuracy targets: the spec declares none")
-    click.echo(f"wrote {', '.join(files.values())}" + (f"; manifest {est.manifest}" if est.manifest else ""))
+        say("  accuracy targets: the spec declares none")
+    say(f"wrote {', '.join(files.values())}" + (f"; manifest {est.manifest}" if est.manifest else ""))
