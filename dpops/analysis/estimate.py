@@ -79,6 +79,7 @@ import numpy as np
 from dpops.errors import InvalidParameter
 
 if TYPE_CHECKING:
+    from dpops.analysis.bound_choice import BoundChoice, BoundHistograms
     from dpops.events import PrivacyEvent
     from dpops.noise.randomness import RandomSource
     from dpops.spec import ReleaseSpec
@@ -87,6 +88,14 @@ ESTIMATION_SCHEMA = "dpops.estimation/1"
 PATCH_SCHEMA = "dpops.estimate-patch/1"  # patch.yaml, applied by ``dpops spec apply-patch``
 RELEASE_SUFFIX = "__estimate"  # an estimation's run key names the release <spec name>__estimate
 MECHANISM = "estimate/quantile_exponential_mechanism"
+# The rule that turns the data into bounds (``EstimateConfig.method``, recorded in the manifest's
+# estimation.config; a method's meaning never changes, so a manifest recomputes with the rule it names):
+# quantile/1: one exponential mechanism per bound at ``quantile`` (this module's docstring), whatever the
+# release's epsilon; error/1: noisy histograms and the bounds minimising the release's predicted error at its
+# own epsilon (``dpops.analysis.bound_choice``, issue 26 item 3). A config without the field is quantile/1.
+QUANTILE_METHOD = "quantile/1"
+ERROR_METHOD = "error/1"
+METHODS = (QUANTILE_METHOD, ERROR_METHOD)
 DEFAULT_QUANTILE = 0.99
 DEFAULT_MAX_L0 = 256
 DEFAULT_MAX_LINF = 256
@@ -111,11 +120,14 @@ class EstimateConfig:
     columns: tuple[str, ...] | None = None  # bounded columns to estimate (None: every bounded column)
     max_l0: int = DEFAULT_MAX_L0
     max_linf: int = DEFAULT_MAX_LINF
+    method: str = QUANTILE_METHOD  # METHODS; quantile/1 is what every configuration without the field meant
 
     def __post_init__(self) -> None:
         from dpops.param_checks import check_epsilon
 
         check_epsilon(self.epsilon)
+        if self.method not in METHODS:
+            raise InvalidParameter(f"estimate: method must be one of {', '.join(METHODS)}, got {self.method!r}")
         q = self.quantile
         if isinstance(q, bool) or not isinstance(q, (int, float)) or not (0.5 <= q < 1.0):
             raise InvalidParameter(f"estimate: quantile must be in [0.5, 1), got {q!r} (0.99 keeps 99% of the "
@@ -131,6 +143,8 @@ class EstimateConfig:
         d["epsilon"] = float(self.epsilon)
         d["quantile"] = float(self.quantile)
         d["columns"] = None if self.columns is None else list(self.columns)
+        if self.method == QUANTILE_METHOD:  # absent, as before the field existed: old run keys stay the same
+            del d["method"]
         return d
 
     @classmethod
@@ -139,7 +153,7 @@ class EstimateConfig:
         cols = d.get("columns")
         return cls(epsilon=float(d["epsilon"]), quantile=float(d["quantile"]), contribution=bool(d["contribution"]),
                    columns=None if cols is None else tuple(str(c) for c in cols), max_l0=int(d["max_l0"]),
-                   max_linf=int(d["max_linf"]))
+                   max_linf=int(d["max_linf"]), method=str(d.get("method", QUANTILE_METHOD)))
 
 
 @dataclass(frozen=True)
@@ -150,18 +164,25 @@ class Mechanism:
     epsilon: float
     quantile: float
     candidates: int
-    max_items_per_unit: int  # m of the module docstring's lemma
-    utility_sensitivity: int  # S * m
+    max_items_per_unit: int  # m of the module docstring's lemma (a histogram: the weight one unit spreads)
+    utility_sensitivity: int  # S * m (a histogram: its L1 sensitivity, in weight units)
+    kind: str = "exponential_mechanism"  # or "noisy_histogram" (error/1: ``dpops.analysis.bound_choice``)
 
     def event(self) -> PrivacyEvent:
         """The pure-DP event this mechanism spends."""
+        from dpops.analysis.bound_choice import HISTOGRAM_MECHANISM
         from dpops.events import PureDP
 
-        return PureDP(self.epsilon, mechanism=MECHANISM)
+        return PureDP(self.epsilon, mechanism=MECHANISM if self.kind == "exponential_mechanism"
+                      else HISTOGRAM_MECHANISM)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form (the manifest's ``estimation.mechanisms``)."""
-        return asdict(self)
+        """JSON form (the manifest's ``estimation.mechanisms``; ``kind`` only when not the default, so manifests
+        written before it existed recompute to what they recorded)."""
+        d = asdict(self)
+        if self.kind == "exponential_mechanism":
+            del d["kind"]
+        return d
 
 
 def _names(spec: ReleaseSpec, config: EstimateConfig) -> list[str]:
@@ -197,6 +218,8 @@ def mechanisms(spec: ReleaseSpec, config: EstimateConfig, l0: int | None = None,
     ledger charges) do not depend on them, only the recorded sensitivities do."""
     from dpops.noise.selection import QUANTILE_Q_BITS
 
+    if config.method == ERROR_METHOD:
+        return _histogram_mechanisms(spec, config)
     names = _names(spec, config)
     share = float(config.epsilon) * SAFETY / len(names)
     rl = bool(spec.privacy_unit.record_level)
@@ -214,6 +237,52 @@ def mechanisms(spec: ReleaseSpec, config: EstimateConfig, l0: int | None = None,
             q = config.quantile if n.startswith("upper:") else 1.0 - config.quantile
         out.append(Mechanism(n, share, float(q), int(cands), int(m), int(m) << QUANTILE_Q_BITS))
     return out
+
+
+def _public_partition_count(spec: ReleaseSpec) -> int:
+    """How many public partitions the release has; error/1 refuses private partitions (before any charge)."""
+    from dpops.release_plan import plan_release
+
+    pub = plan_release(spec).public_partitions
+    if pub is None:
+        raise InvalidParameter(f"estimate --method {ERROR_METHOD}: {spec.source} selects its partitions privately; "
+                               "the error objective needs the public partition list (partitions.public or "
+                               f"public_file) to weigh each partition's error. Use --method {QUANTILE_METHOD}; "
+                               "nothing was charged")
+    return len(pub)
+
+
+def error_histogram_names(spec: ReleaseSpec, config: EstimateConfig) -> list[str]:
+    """The histograms error/1 draws (``dpops.analysis.bound_choice``), in order: ``units`` and ``pairs`` when
+    the contribution bounds are estimated (``pairs`` only for a count, sum or mean: a unit_count's error does
+    not depend on Linf), ``partitions``, then ``values:<col>`` per estimated column."""
+    from dpops.analysis.bound_choice import COUNT_TYPES
+
+    if not any(m.type in COUNT_TYPES for m in spec.metrics):
+        raise InvalidParameter(f"estimate --method {ERROR_METHOD}: {spec.source} has no count, unit_count, sum or "
+                               f"mean metric whose error could be minimised; use --method {QUANTILE_METHOD}; "
+                               "nothing was charged")
+    value_names = [n.split(":", 1)[1] for n in _names(spec, config) if n.startswith("upper:")]
+    contrib = config.contribution and not spec.privacy_unit.record_level
+    rows_matter = any(m.type in ("count", "sum", "mean") for m in spec.metrics)  # unit_count: L0 only
+    return [*(["units"] if contrib else []), *(["pairs"] if contrib and rows_matter else []), "partitions",
+            *(f"values:{c}" for c in value_names)]
+
+
+def _histogram_mechanisms(spec: ReleaseSpec, config: EstimateConfig) -> list[Mechanism]:
+    """error/1's mechanisms: one noisy histogram each, at its share of the epsilon
+    (``bound_choice.histogram_shares``)."""
+    from dpops.analysis import bound_choice as B
+
+    P = _public_partition_count(spec)
+    names = error_histogram_names(spec, config)
+    shares = B.histogram_shares(names, float(config.epsilon) * SAFETY)
+    k_cells = B.coarse_k_edges(P).size
+    r_cells = B.row_edges(contribution_grid(config.max_linf)).size
+    cells = {"units": P, "pairs": k_cells * r_cells, "partitions": P}
+    sens = B.l1_sensitivity(spec.privacy_unit.adjacency)
+    return [Mechanism(f"hist:{n}", shares[n], 0.0, int(cells.get(n, value_grid().size + 1)), B.WEIGHT_SCALE, sens,
+                      kind="noisy_histogram") for n in names]
 
 
 def events(spec: ReleaseSpec, config: EstimateConfig) -> list[PrivacyEvent]:
@@ -344,6 +413,14 @@ class Estimate:
     epsilon_charged: float = 0.0
     manifest: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    # error/1 only: the noisy histograms (DP outputs) and what the objective predicted for the choice
+    histograms: dict[str, Any] | None = None
+    choice: dict[str, Any] | None = None
+
+    def targets(self) -> list[dict[str, Any]]:
+        """The spec's accuracy targets checked against the release with the estimated bounds (issue 26 item 3):
+        a function of the spec and the result only (public), so a served estimation gives the same."""
+        return target_check(self.spec, self.result())
 
     def result(self) -> dict[str, Any]:
         """The estimated bounds as JSON (the manifest's ``estimation.result``)."""
@@ -359,7 +436,32 @@ class Estimate:
         return {"run_id": self.run_id, "state": self.state, "epsilon_charged": self.epsilon_charged,
                 "epsilon": float(self.config.epsilon), "config": self.config.to_dict(), "result": self.result(),
                 "mechanisms": [m.to_dict() for m in self.mechanisms], "patch": self.patch(),
-                "manifest": self.manifest}
+                "manifest": self.manifest, "choice": self.choice, "targets": self.targets()}
+
+
+def target_check(spec: ReleaseSpec, result: Mapping[str, Any],
+                 declared: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """``dpops.analysis.targets.evaluate`` of the spec's accuracy targets (or ``declared``, the targets a
+    manifest's ``accuracy.declared`` recorded: the embedded spec leaves them out, as they are not part of the
+    spec hash) against the plan of the spec patched with ``result``, the bounds a release made from the
+    estimation would run with: every target, met or not, at the release's own epsilon."""
+    from dpops.analysis.targets import evaluate
+    from dpops.analysis.tuning import load_patched
+    from dpops.errors import DpopsError, public_message
+    from dpops.release_plan import plan_release
+    from dpops.spec import AccuracySpec
+
+    accuracy = AccuracySpec.model_validate(dict(declared)) if declared is not None else spec.accuracy
+    if accuracy is None:
+        return []
+    try:
+        patch = spec_patch(spec, result, None)
+        patched = load_patched(spec, patch) if patch else spec
+        return [t.to_dict() for t in evaluate(plan_release(patched), accuracy)]
+    except DpopsError as exc:  # runs after the charge: a plan refusal is reported, never raised
+        return [{"index": -1, "kind": "error", "metric": "", "measure": "", "target": 0.0, "predicted": None,
+                 "met": False, "shortfall": None,
+                 "description": f"the targets could not be evaluated at the estimated bounds: {public_message(exc)}"}]
 
 
 def patch_document(est: Estimate) -> dict[str, Any]:
@@ -571,7 +673,10 @@ def estimate_rows(spec: ReleaseSpec, rows: Mapping[str, np.ndarray], config: Est
     """The estimation's mechanisms over checked, hashed rows (``pipelines.io.prepare_batch``'s output:
     "u", "p", "prio", "pp", "v:<col>"). Every random choice comes from ``rng``; the estimation release
     (``dpops.release.estimation.compute_estimation``) passes the run's source, the auditor a seeded one.
-    The same as ``estimate_counts`` over ``RowCounts(rows)``."""
+    ``config.method`` picks the rule (``METHODS``): quantile/1 is ``estimate_counts`` over ``RowCounts(rows)``,
+    error/1 the noisy histograms of ``_estimate_by_error``."""
+    if config.method == ERROR_METHOD:
+        return _estimate_by_error(spec, rows, config, rng)
     return estimate_counts(spec, RowCounts(rows), config, rng)
 
 
@@ -582,7 +687,8 @@ def estimate_counts(spec: ReleaseSpec, counts: EstimationCounts, config: Estimat
     Each mechanism sees only its public-grid counts, so the result depends on the data through them alone:
     counts computed by workers and summed give the same bounds, bit for bit, as counts of all rows at once.
     L0 first; Linf over the pairs kept under the L0 just chosen; value bounds over the rows kept under both
-    (or the spec's declared ones where not estimated): adaptive composition, covered by basic composition."""
+    (or the spec's declared ones where not estimated): adaptive composition, covered by basic composition.
+    quantile/1 only (error/1 reads the rows: ``estimate_rows``)."""
     plan = mechanisms(spec, config)
     rl = bool(spec.privacy_unit.record_level)
     l0 = linf = None
@@ -628,6 +734,54 @@ def estimate_counts(spec: ReleaseSpec, counts: EstimationCounts, config: Estimat
     return Estimate(spec, config, l0, linf, bounds, plan)
 
 
+def _estimate_by_error(spec: ReleaseSpec, rows: Mapping[str, np.ndarray], config: EstimateConfig,
+                       rng: RandomSource) -> Estimate:
+    """error/1 (``dpops.analysis.bound_choice``): the exact histograms of the rows (every unit's weights sum to
+    at most S, so no bounding is needed for the sensitivity), each noised at its share by the release's own
+    discrete Laplace, then the bounds minimising the release's predicted error, chosen from the noisy
+    histograms alone (post-processing). Runs after the charge: an empty interval gives zero histograms and
+    the choice still returns grid points."""
+    import pandas as pd
+
+    from dpops.analysis import bound_choice as B
+    from dpops.release_plan import plan_release
+    from pipelines.io import hash_partition_tuples
+
+    plan = mechanisms(spec, config)
+    plan_r = plan_release(spec)
+    pub_keys: list[Any] = list(plan_r.public_partitions or [])
+    types = {k: str(v) for k, v in spec.input.columns.items()}
+    pub = hash_partition_tuples([tuple(x) for x in pub_keys], tuple(plan_r.partition_columns), types)
+    order = np.argsort(pub, kind="stable")
+    p = np.asarray(rows["p"], dtype=np.uint64)
+    pos = np.minimum(np.searchsorted(pub[order], p), max(len(pub) - 1, 0))
+    inside = (pub[order][pos] == p) if len(pub) else np.zeros(p.size, bool)  # the reader keeps public ones only
+    ucode, _ = pd.factorize(np.asarray(rows["u"])[inside], sort=False)
+    pcode = order[pos[inside]] if len(pub) else np.zeros(0, np.int64)
+    names = [m.name.split(":", 1)[1] for m in plan]
+    cols = [n.split(":", 1)[1] for n in names if n.startswith("values:")]
+    linf_grid = contribution_grid(config.max_linf)
+    contrib = "units" in names
+    exact = B.exact_histograms(ucode.astype(np.int64), np.asarray(pcode, np.int64),
+                               {c: np.asarray(rows[f"v:{c}"], dtype=np.float64)[inside] for c in cols},
+                               n_partitions=len(pub), linf_grid=linf_grid, v_grid=value_grid(), names=names)
+    noisy = B.noisy_histograms(exact, {n: m.epsilon for n, m in zip(names, plan, strict=True)},
+                               spec.privacy_unit.adjacency, rng.child("estimate", ERROR_METHOD))
+    choice = choose_from_histograms(spec, config, noisy)
+    return Estimate(spec, config, choice.l0 if contrib else None, choice.linf if contrib else None,
+                    {c: choice.bounds[c] for c in cols}, plan, histograms=noisy.to_dict(), choice=choice.to_dict())
+
+
+def choose_from_histograms(spec: ReleaseSpec, config: EstimateConfig, noisy: BoundHistograms) -> BoundChoice:
+    """error/1's choice from its noisy histograms (``bound_choice.choose`` on this configuration's public
+    grids): what the run computes and what ``manifest verify`` recomputes from the recorded histograms."""
+    from dpops.analysis import bound_choice as B
+
+    cols = [n.split(":", 1)[1] for n in noisy.names() if n.startswith("values:")]
+    return B.choose(spec, noisy, l0_grid=contribution_grid(config.max_l0), linf_grid=contribution_grid(config.max_linf),
+                    columns=cols, contribution=noisy.units is not None)
+
+
 def _proper(lo: float, hi: float, grid: np.ndarray) -> tuple[float, float]:
     """(lo, hi) with lo < hi (post-processing of the two DP outputs): hi moves up to the next grid point."""
     if lo < hi:
@@ -638,8 +792,12 @@ def _proper(lo: float, hi: float, grid: np.ndarray) -> tuple[float, float]:
 
 def manifest_section(est: Estimate) -> dict[str, Any]:
     """The manifest's ``estimation`` object: configuration, mechanisms, result and patch (all public)."""
-    return {"schema": ESTIMATION_SCHEMA, "config": est.config.to_dict(),
-            "mechanisms": [m.to_dict() for m in est.mechanisms], "result": est.result(), "patch": est.patch()}
+    out: dict[str, Any] = {"schema": ESTIMATION_SCHEMA, "config": est.config.to_dict(),
+                           "mechanisms": [m.to_dict() for m in est.mechanisms], "result": est.result(),
+                           "patch": est.patch()}
+    if est.config.method == ERROR_METHOD:
+        out |= {"histograms": est.histograms, "choice": est.choice, "targets": est.targets()}
+    return out
 
 
 def option_config(spec: ReleaseSpec) -> EstimateConfig:
@@ -670,8 +828,24 @@ def recompute_section(manifest: Mapping[str, Any], spec: ReleaseSpec) -> tuple[d
     config = EstimateConfig.from_dict(est["config"])
     res = est["result"]
     mech = mechanisms(spec, config, res.get("max_partitions_per_unit"), res.get("max_rows_per_unit_per_partition"))
-    section = {"schema": ESTIMATION_SCHEMA, "config": config.to_dict(), "mechanisms": [m.to_dict() for m in mech],
-               "result": dict(res), "patch": spec_patch(spec, res, manifest["run_id"])}
+    section: dict[str, Any] = {"schema": ESTIMATION_SCHEMA, "config": config.to_dict(),
+                               "mechanisms": [m.to_dict() for m in mech], "result": dict(res),
+                               "patch": spec_patch(spec, res, manifest["run_id"])}
+    if config.method == ERROR_METHOD:
+        # the choice is post-processing of the recorded noisy histograms: recomputed from them, and the result
+        # must be the choice's bounds (a result no histogram supports is a bound no DP mechanism chose)
+        from dpops.analysis.bound_choice import BoundHistograms
+
+        hist = est.get("histograms") or {}
+        choice = choose_from_histograms(spec, config, BoundHistograms.from_dict(hist, value_grid())).to_dict()
+        contrib = "units" in hist.get("histograms", {})
+        result: dict[str, Any] = {"max_partitions_per_unit": choice["max_partitions_per_unit"] if contrib else None,
+                                  "max_rows_per_unit_per_partition":
+                                      choice["max_rows_per_unit_per_partition"] if contrib else None,
+                                  "bounds": choice["bounds"]}
+        section |= {"result": result, "patch": spec_patch(spec, result, manifest["run_id"]), "histograms": hist,
+                    "choice": choice,
+                    "targets": target_check(spec, result, (manifest.get("accuracy") or {}).get("declared"))}
     return section, [event_to_dict(e) for e in events(spec, config)]
 
 
@@ -685,4 +859,5 @@ __all__ = ["EstimateConfig", "Estimate", "Mechanism", "option_config", "option_e
            "patch_document", "PATCH_SCHEMA", "estimate_l0",
            "estimate_rows", "events", "mechanisms", "value_grid", "contribution_grid", "estimation_hash",
            "quantile_choice", "spec_patch", "is_test_key_id", "recompute_section", "manifest_section",
-           "RELEASE_SUFFIX", "ESTIMATION_SCHEMA"]
+           "QUANTILE_METHOD", "ERROR_METHOD", "METHODS", "choose_from_histograms", "target_check",
+           "error_histogram_names", "RELEASE_SUFFIX", "ESTIMATION_SCHEMA"]

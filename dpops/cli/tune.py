@@ -15,7 +15,7 @@ import click
 import yaml
 
 from dpops.analysis.sample_access import PRIVATE_FLAG
-from dpops.cli.common import echo_ok, echo_wrapped, json_option, ledger_option, open_cli_ledger, print_table
+from dpops.cli.common import echo_ok, echo_wrapped, json_option, ledger_option, open_cli_ledger, print_table, say
 from dpops.errors import InvalidParameter
 
 
@@ -113,14 +113,14 @@ def cli(spec_path: str, sample: str, grid_path: str | None, l0: str | None, linf
         echo_ok({**results, "files": files})
         return
     if access.private:
-        click.echo(f"WARNING: {prov['statement']}; recorded in the ledger as entry {access.entry_id}", err=True)
+        say(f"WARNING: {prov['statement']}; recorded in the ledger as entry {access.entry_id}", err=True)
     cols = ["candidate", "loss", "rows dropped L0", "rows dropped Linf", "partitions kept"]
     print_table("dpops tune: candidates (not differentially private)", cols,
                 [[c["candidate"], f"{c['loss']:.4g}", f"{c['rows_dropped_l0']:.1%}", f"{c['rows_dropped_linf']:.1%}",
                   f"{c['expected_partitions_kept']:.1f}"] for c in result.candidates], keep=["candidate"])
-    click.echo(f"recommended: {result.recommended.label}")
+    say(f"recommended: {result.recommended.label}")
     for w in result.warnings():
         echo_wrapped(f"WARNING: {w}")
     if result.not_evaluated:
-        click.echo(f"not evaluated by tune: {', '.join(result.not_evaluated)}")
-    click.echo(f"wrote {files['patch']}, {files['html']}, {files['results']}")
+        say(f"not evaluated by tune: {', '.join(result.not_evaluated)}")
+    say(f"wrote {files['patch']}, {files['html']}, {files['results']}")

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from dpops.errors import BudgetExceeded, DpopsError, LedgerError, NeedsOperator, public_message
-from dpops.inputs import HmacKey, parse_interval
+from dpops.inputs import HmacKey
 from dpops.keyref import KeyRing
 from dpops.release.computation import RunRelease, check_runner, compute_staged
 from dpops.release.context import (
@@ -44,7 +44,7 @@ from dpops.release.context import (
 )
 from dpops.release.estimation import refuse_os_randomness, run_estimation
 from dpops.release.manifests import ensure_manifest, spec_manifests_dir
-from dpops.release.preparation import Planner, prepare
+from dpops.release.preparation import Planner, named_interval, prepare
 from dpops.release.publication import publish
 from dpops.release.refusals import budget_refusal_reason, record_refusal
 from dpops.release.reservation import reserve
@@ -246,7 +246,7 @@ def status(spec_path: str | os.PathLike[str], interval_start: IntervalBound, int
     ``published_files``: the published run's files compared with the ledger's commit entry and, given
     the noise ``key``, with the manifest's keyed fingerprints (``ok`` False names each changed file)."""
     spec = load_spec(spec_path)
-    iv = parse_interval(interval_start, interval_end)
+    iv = named_interval(spec, interval_start, interval_end)  # one START, as the CLI takes it
     store = open_store(spec.output_root, spec.name)
     runs = ledger.runs(release=spec.name, interval_start=iv.start_iso, interval_end=iv.end_iso)
     published = ledger.published(spec.name, iv.start_iso, iv.end_iso)
@@ -290,9 +290,11 @@ def estimate(spec_path: str | os.PathLike[str], interval_start: IntervalBound, i
 def estimate_bounds(spec_path: str | os.PathLike[str], interval: str, *, epsilon: float,
                     ledger: Ledger | str | None = None, quantile: float = 0.99, contribution: bool = True,
                     columns: Sequence[str] | None = None, randomness: str = "keyed", key_path: str | None = None,
-                    test_seed: int | None = None, actor: str | None = None) -> Estimate:
+                    test_seed: int | None = None, actor: str | None = None, method: str = "error/1") -> Estimate:
     """The notebook form of ``dpops estimate``: L0, Linf and value bounds under DP over one interval of the spec's
-    input, charged to its scope like a release (``estimate``, the function the CLI calls).
+    input, charged to its scope like a release (``estimate``, the function the CLI calls). ``method``: ``error/1``
+    (the bounds minimising the release's predicted error, the CLI's default) or ``quantile/1`` (each bound at
+    ``quantile``).
 
     ``interval``: ``START/END`` or the start of one period; ``ledger``: a ``Ledger``, a URL, or None for
     ``$DPOPS_LEDGER_URL`` / the default file. ``Estimate.patch()`` is the spec patch (with ``estimated_from``).
@@ -305,7 +307,7 @@ def estimate_bounds(spec_path: str | os.PathLike[str], interval: str, *, epsilon
 
     iv = requested_interval(spec_path, interval)
     config = EstimateConfig(epsilon=epsilon, quantile=quantile, contribution=contribution,
-                            columns=tuple(columns) if columns is not None else None)
+                            columns=tuple(columns) if columns is not None else None, method=method)
     if isinstance(ledger, LedgerClass):
         return estimate(spec_path, iv.start, iv.end, config=config, ledger=ledger, randomness=randomness,
                         key_path=key_path, test_seed=test_seed, actor=actor)

@@ -39,6 +39,7 @@ from dpops.release.context import (
     default_actor,
     report_stage,
 )
+from dpops.run_interval import requested_interval
 from dpops.spec import ReleaseSpec, interval_problems, load_spec
 from dpops.storage import Sealer, open_store
 
@@ -47,32 +48,13 @@ if TYPE_CHECKING:
     from dpops.noise.randomness import NoiseKey
     from dpops.release_plan import ReleasePlan
 
-def requested_interval(spec_path: str | os.PathLike[str], text: str) -> Interval:
-    """An interval named by an operator: ``START/END`` as given, or one ``START`` (e.g. ``2024-01-03``) for the
-    one period / schedule interval of the spec starting there. The one convention for naming a day, shared
-    by ``dpops release run --interval`` and the Airflow DAG's ``interval`` param (a REST trigger with
-    ``logical_date: null`` and ``conf: {"interval": "2024-01-03"}``). ``prepare`` still checks the interval
-    is releasable (one period, on the spec's grid)."""
-    from dpops.ledger.model import parse_utc  # a value parser; no database is touched
-
-    text = str(text).strip()
-    # Both forms are accepted, so an error names both (issue 28 item 15: "must be START/END" misled).
-    both = (f"interval {text!r}: give START/END (ISO-8601 UTC, e.g. 2024-01-01/2024-01-02) or the start of one "
-            "period of the spec (e.g. 2024-01-03)")
-    if "/" in text:
-        try:
-            return parse_interval(text)
-        except InvalidParameter as exc:
-            if text.count("/") != 1:
-                raise InvalidParameter(both) from None
-            raise InvalidParameter(f"interval {text!r}: {exc}") from None  # e.g. its start is not before its end
-    from dpops.spec import one_period_interval
-
-    try:
-        start = parse_utc(text, "interval start")
-    except InvalidParameter:
-        raise InvalidParameter(both) from None
-    return Interval(*one_period_interval(load_spec(spec_path), start))
+def named_interval(spec: ReleaseSpec, interval_start: IntervalBound, interval_end: IntervalBound = None) -> Interval:
+    """The interval the Python API is given, named as on the command line: ``(START, END)``, ``"START/END"``, or one
+    ``START`` (``"2024-01-03"``, alone) for the spec's period starting there (``requested_interval``), so
+    ``execute_release(spec, "2024-01-03", ...)`` releases the day ``dpops release run --interval 2024-01-03`` does."""
+    if interval_end is None and isinstance(interval_start, str):
+        return requested_interval(spec, interval_start)
+    return parse_interval(interval_start, interval_end)
 
 
 REMOVED_KEY_ENV = "DPOPS_NOISE_KEY"
@@ -179,6 +161,8 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
 
         check_pinned_key_id(key_id, key_path)  # the operator's $DPOPS_NOISE_KEY_ID, before anything is reserved
     spec = load_spec(spec_path)
+    named = named_interval(spec, interval_start, interval_end)  # one START, as the CLI takes it
+    interval_start, interval_end = named.start, named.end
     estimated: dict[str, tuple[float, float]] | None = None
     estimation_charged = 0.0
     if spec.estimated_metric_keys and not for_estimation:
