@@ -148,8 +148,9 @@ def test_a_charged_estimation_on_the_beam_engine_commits_what_the_driver_compute
 
 def test_an_engine_that_could_only_fail_after_the_charge_is_refused_before_anything_is_reserved(tmp_path,
                                                                                                   monkeypatch):
-    """An unknown engine, Beam missing, or keyed mode without a key reference for the workers: each would fail
-    after ``ledger.start`` (charged, never published), so each is refused before the reservation."""
+    """An unknown engine, the error/1 method (it needs rows), Beam missing, or keyed mode without a key reference
+    for the workers: each would fail (or choose by another rule) after ``ledger.start``, so each is refused
+    before the reservation."""
     from dpops.errors import InvalidParameter
     from dpops.release import pipeline_seam
 
@@ -162,6 +163,9 @@ def test_an_engine_that_could_only_fail_after_the_charge_is_refused_before_anyth
         config = EstimateConfig(epsilon=1.0)
         with pytest.raises(InvalidParameter, match="engine must be one of"):
             estimate(spec, *DAY, config=config, ledger=led, key_path=str(key), engine="spark")
+        with pytest.raises(InvalidParameter, match="reads the rows"):  # error/1 needs rows, not counts
+            estimate(spec, *DAY, config=EstimateConfig(epsilon=1.0, method="error/1"), ledger=led,
+                     key_path=str(key), engine="beam")
 
         def no_beam():
             raise ModuleNotFoundError("No module named 'apache_beam'", name="apache_beam")
@@ -188,7 +192,8 @@ def test_the_cli_engine_option_runs_the_beam_counts(tmp_path, monkeypatch):
                                          epsilon=3.0, delta=1e-6, rho=None, accountant="basic/1",
                                          adjacency="add_remove"), actor="test")
     assert main(["--ledger", url, "estimate", str(spec), "--interval", "2024-01-01", "--epsilon", "0.6",
-                 "--key-file", str(key), "--engine", "beam", "--out", str(tmp_path / "out")]) == 0
+                 "--key-file", str(key), "--method", "quantile/1", "--engine", "beam",
+                 "--out", str(tmp_path / "out")]) == 0
     done = json.loads((tmp_path / "out" / "result.json").read_text())
     assert done["state"] == "committed"
     config = EstimateConfig(epsilon=0.6)

@@ -689,6 +689,8 @@ def estimate_counts(spec: ReleaseSpec, counts: EstimationCounts, config: Estimat
     L0 first; Linf over the pairs kept under the L0 just chosen; value bounds over the rows kept under both
     (or the spec's declared ones where not estimated): adaptive composition, covered by basic composition.
     quantile/1 only (error/1 reads the rows: ``estimate_rows``)."""
+    if config.method != QUANTILE_METHOD:  # the callers check before the charge; this is the rule's own guard
+        raise InvalidParameter(f"estimate_counts: method {config.method} needs the rows (estimate_rows), not counts")
     plan = mechanisms(spec, config)
     rl = bool(spec.privacy_unit.record_level)
     l0 = linf = None

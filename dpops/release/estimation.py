@@ -61,6 +61,7 @@ import numpy as np
 
 from dpops.analysis import estimate as estimator
 from dpops.analysis.estimate import (
+    QUANTILE_METHOD,
     RELEASE_SUFFIX,
     Estimate,
     EstimateConfig,
@@ -520,14 +521,20 @@ def _write_result(path: Path, est: Estimate) -> None:
 # --------------------------------------------------------------------------- the whole run
 
 
-def check_engine(ctx: RunContext, engine: str) -> None:
-    """Refuse, before anything is reserved, an engine that could only fail after ``ledger.start``: an unknown
-    name; ``beam`` without Beam installed (the pipeline is imported here); ``beam`` in keyed mode without a key
-    reference for the workers (a key object handed to ``prepare`` cannot be shipped, by design)."""
+def check_engine(ctx: RunContext, engine: str, config: EstimateConfig) -> None:
+    """Refuse, before anything is reserved, an engine that could only fail (or choose otherwise) after
+    ``ledger.start``: an unknown name; ``beam`` with ``--method error/1``, whose noisy histograms need the rows
+    themselves (the Beam passes return only the public-grid counts of quantile/1); ``beam`` without Beam
+    installed (the pipeline is imported here); ``beam`` in keyed mode without a key reference for the workers
+    (a key object handed to ``prepare`` cannot be shipped, by design)."""
     if engine not in ENGINES:
         raise InvalidParameter(f"estimation engine must be one of {ENGINES}, got {engine!r}; nothing was reserved")
     if engine != "beam":
         return
+    if config.method != QUANTILE_METHOD:
+        raise InvalidParameter(f"estimate --engine beam computes the counts of --method {QUANTILE_METHOD} only; "
+                               f"--method {config.method} reads the rows: use --engine driver or --method "
+                               f"{QUANTILE_METHOD}; nothing was reserved")
     if ctx.randomness == "keyed" and not ctx.key_path:
         raise InvalidParameter("estimate --engine beam: the workers resolve the noise key from its reference, and "
                                "this run has none (pass --key-file); nothing was reserved")
@@ -547,7 +554,7 @@ def run_estimation(ctx: RunContext, config: EstimateConfig, ledger: Ledger, *,
     compute, commit. A failure before ``start`` refunds the reservation; after it the run stays started
     (charged) and a retry recomputes the same result for free. Keywords as ``reserve_estimation``; ``engine``
     as ``compute_estimation`` (both engines give the same bounds, so a retry may use either)."""
-    check_engine(ctx, engine)  # before anything is reserved
+    check_engine(ctx, engine, config)  # before anything is reserved
     reserved = reserve_estimation(ctx, config, ledger, then_charges=then_charges, serve_only=serve_only,
                                   for_release=for_release)
     if isinstance(reserved, Estimate):
