@@ -201,6 +201,7 @@ def test_the_cli_engine_option_runs_the_beam_counts(tmp_path, monkeypatch):
     assert done["result"] == R.compute_estimation(run, config, R.random_source(run.ctx, run.key)).result()
 
 
+@pytest.mark.slow
 def test_the_estimation_benchmark_runs_both_engines_and_they_agree(tmp_path, monkeypatch, capsys):
     """``benchmarks/bench_estimate.py`` (benchmarks/README.md "Estimation benchmark") at 20k rows, value bounds
     only: both engines exit 0 and print that they chose the same bounds."""
