@@ -21,7 +21,9 @@ plain values (this module is Airflow-free), which of them the publication settle
 
 Privacy reason: notes and DAG-run states are display only; nothing here reads data, reserves or charges.
 What is settled is decided from the ledger's record of the commit (run id, commit time), never from the
-orchestrator's metadata, which Op/Admin users can edit.
+orchestrator's metadata, which Op/Admin users can edit. The commit time (the ledger writer's clock) is compared
+with the DAG run's start (the scheduler's clock): with skewed clocks, a run begun within the skew of the commit
+can be misjudged either way; that only changes a display, never a charge or a publication.
 """
 
 from __future__ import annotations
