@@ -57,6 +57,7 @@ def postgres_url() -> str:
 # workers finish together (xdist's default order, by number of tests, put the 1-test Airflow files last).
 # Seconds each file took in the full suite (2 workers, shared 2-core machine, 2026-12-01); only the order matters.
 SLOWEST_FIRST = (
+    "test_year_in_the_life_airflow.py",  # ~510 s alone: one Airflow stack, ~25 DAG runs, a scheduler restart
     "test_airflow_operations.py",  # 335 s: one Airflow stack, ~10 DAG runs
     "test_backfill.py",  # 221 s
     "test_dags_airflow.py",  # 161 s
