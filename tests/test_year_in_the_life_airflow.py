@@ -102,6 +102,13 @@ def _role_sql(postgres_url: str, db: str, tmp: Path, owner: str, app: str, reade
          "-v", f"app_password_file={pw / 'app'}", "-v", f"reader_password_file={pw / 'reader'}",
          "-f", str(REPO / "deploy" / "ledger-roles.sql")], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    # ... then the database's own cap check, as the superuser (schema version 5: without it the database refuses
+    # every app-role reservation); this tree's dpops is what the server imports (it runs on this machine)
+    proc = subprocess.run(
+        [str(VENV_BIN / "dpops"), "ledger", "--ledger", f"{base}/{db}?schema=dpops", "install-cap-check",
+         "--owner-role", owner], capture_output=True, text=True, timeout=120, check=False,
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def cli(year: Year, *args: str, owner: bool = False, check: bool = True, **env_over: str) -> subprocess.CompletedProcess:
