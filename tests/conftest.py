@@ -7,6 +7,10 @@ import os
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("SCARF_ANALYTICS", "false")
 os.environ.setdefault("DO_NOT_TRACK", "true")
+# pytest-xdist's workers inherit COLUMNS=80 (xdist sets it for its own terminal reporting), which the CLI's prose
+# honours (dpops.cli.common.prose_width): every message would then wrap at 80 under `make test` (-n 3) and not in
+# a single process. Tests run as a pipe does, lines whole; a test that checks a width sets COLUMNS itself.
+os.environ.pop("COLUMNS", None)
 # The private run log (exact counts) goes to the state directory, never under an output root: keep the
 # tests' logs out of the real ~/.local/state/dpops.
 if "DPOPS_STATE_DIR" not in os.environ:
