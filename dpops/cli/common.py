@@ -248,26 +248,26 @@ class HelpGroup(click.Group):
 # --------------------------------------------------------------------------- tables
 
 
-def terminal_width() -> int:
-    """``$COLUMNS`` or the terminal's width (80 when neither is known)."""
+def columns_env() -> int | None:
+    """``$COLUMNS`` when it is a positive integer, else None."""
     try:
         cols = int(os.environ.get("COLUMNS", ""))
-        if cols > 0:
-            return cols
     except ValueError:
-        pass
-    return shutil.get_terminal_size((80, 24)).columns
+        return None
+    return cols if cols > 0 else None
+
+
+def terminal_width() -> int:
+    """``$COLUMNS`` or the terminal's width (80 when neither is known)."""
+    return columns_env() or shutil.get_terminal_size((80, 24)).columns
 
 
 def prose_width(err: bool = False) -> int | None:
     """The width prose wraps at: ``$COLUMNS``, else the terminal's when the stream is one; None (lines whole) for a
     pipe or a log without ``$COLUMNS``, where a reader greps whole lines. Tables always need a width (80 then)."""
-    try:
-        cols = int(os.environ.get("COLUMNS", ""))
-        if cols > 0:
-            return cols
-    except ValueError:
-        pass
+    cols = columns_env()
+    if cols is not None:
+        return cols
     stream = click.get_text_stream("stderr" if err else "stdout")
     try:
         tty = stream.isatty()
