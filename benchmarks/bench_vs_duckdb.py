@@ -18,7 +18,7 @@ median CPU seconds (user + sys of the child and its descendants, ``wait4``), the
 the child's ``ru_maxrss`` and the summed RSS of its process tree sampled every 50 ms), and the median of
 the per-pair ratios dpops / DuckDB (the quantity issue 27 targets at <= 1.0).
 
-    python benchmarks/bench_vs_duckdb.py --sizes 1e7 [--runs 5] [--out DIR]
+    python benchmarks/bench_vs_duckdb.py --sizes 1e7 [--runs 5] [--out DIR] [--code-root OTHER_CHECKOUT]
 """
 
 from __future__ import annotations
@@ -130,8 +130,8 @@ def _fmt(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
 
 
-def compare(n: int, runs: int, out: Path, threads: int) -> dict:
-    """``runs`` interleaved pairs at n rows; the summary dict (also printed)."""
+def compare(n: int, runs: int, out: Path, threads: int, code_root: Path = bench_scale.ROOT) -> dict:
+    """``runs`` interleaved pairs at n rows (dpops from the tree ``code_root``); the summary dict (also printed)."""
     bench_scale.ensure_data(n, "csv", out)
     pairs = []
     for i in range(runs):
@@ -139,7 +139,7 @@ def compare(n: int, runs: int, out: Path, threads: int) -> dict:
         got = {}
         for side in order:
             if side == "dpops":
-                r = bench_scale.run_one(n, "csv", [], out=out)
+                r = bench_scale.run_one(n, "csv", [], code_root=code_root, out=out)
                 got["dpops"] = {"seconds": r["seconds"], "cpu_s": r["cpu_s"], "peak_mb": r["peak_tree_rss_mb"],
                                 "exit": r["exit"], **({"error": r["error"]} if "error" in r else {})}
             else:
@@ -151,7 +151,8 @@ def compare(n: int, runs: int, out: Path, threads: int) -> dict:
         print(f"  pair {i + 1}: dpops {got['dpops']['seconds']:.2f} s ({got['dpops']['peak_mb']} MB), duckdb "
               f"{got['duckdb']['seconds']:.2f} s ({got['duckdb']['peak_mb']} MB), ratio {got['ratio']:.2f}", flush=True)
         pairs.append(got)
-    summary = {"rows": n, "runs": runs, "threads": threads, "loadavg": [round(x, 2) for x in os.getloadavg()]}
+    summary = {"rows": n, "runs": runs, "threads": threads, "code": str(code_root),
+               "loadavg": [round(x, 2) for x in os.getloadavg()]}
     for side in ("dpops", "duckdb"):
         summary[side] = {"seconds_median": statistics.median(p[side]["seconds"] for p in pairs),
                          "seconds_min": min(p[side]["seconds"] for p in pairs),
@@ -176,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=5, help="interleaved pairs per size")
     ap.add_argument("--threads", type=int, default=2, help="DuckDB threads (the machine's cores)")
     ap.add_argument("--out", default=str(bench_scale.OUT), help="data and run directory")
+    ap.add_argument("--code-root", default=str(bench_scale.ROOT),
+                    help="run dpops from the tree at this path (e.g. a checkout of the code before a change)")
     ap.add_argument("--duckdb-child", nargs=2, metavar=("CSV", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.duckdb_child:
@@ -183,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    results = [compare(int(float(s)), args.runs, out, args.threads) for s in args.sizes.split(",") if s.strip()]
+    results = [compare(int(float(s)), args.runs, out, args.threads, Path(args.code_root))
+               for s in args.sizes.split(",") if s.strip()]
     with open(out / "vs_duckdb.jsonl", "a") as fh:
         for r in results:
             fh.write(json.dumps(r) + "\n")

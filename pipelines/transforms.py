@@ -242,7 +242,7 @@ class BoundRowsFn(beam.CombineFn):
         return acc
 
     def add_input(self, acc: _Buffer, block: RowBlock) -> _Buffer:
-        rows = RowBlock(*block).rows() if not isinstance(block, dict) else block
+        rows = block.rows() if isinstance(block, RowBlock) else block
         acc.chunks.append(rows)
         acc.n += len(rows["u"])
         return self._maybe_compact(acc)
