@@ -47,13 +47,16 @@ def make_scope(led, name: str, accountant: str) -> None:
                                      delta=1e-9, rho=None, accountant=accountant), actor="bench")
 
 
-def latency(url: str, big: int, samples: int, accountant: str) -> dict[int, dict]:
-    """Scopes with ~10 and ~``big`` prior entries, sampled alternately so machine load hits both alike."""
+def latency(url: str, big: int, samples: int, accountant: str, owner_url: str | None = None) -> dict[int, dict]:
+    """Scopes with ~10 and ~``big`` prior entries, sampled alternately so machine load hits both alike.
+
+    ``owner_url``: where scopes are created (the ledger owner), when ``url`` is an application role's."""
     led = open_ledger(url)
+    owner = open_ledger(owner_url) if owner_url else led
     scopes = {}
     for prior in (10, big):
         scope = f"lat{prior}_{uuid.uuid4().hex[:6]}"
-        make_scope(led, scope, accountant)
+        make_scope(owner, scope, accountant)
         for i in range(max(0, (prior - 1) // 3)):  # scope_created + 3 entries per run
             cycle(led, scope, f"{scope}-prefill", i)
         scopes[prior] = scope
@@ -79,8 +82,8 @@ def _client(args) -> int:
     return n
 
 
-def throughput(url: str, clients: int, per_client: int, accountant: str) -> dict:
-    led = open_ledger(url)
+def throughput(url: str, clients: int, per_client: int, accountant: str, owner_url: str | None = None) -> dict:
+    led = open_ledger(owner_url or url)
     scope = f"tp_{uuid.uuid4().hex[:6]}"
     make_scope(led, scope, accountant)
     with mp.get_context("fork").Pool(clients) as pool:
@@ -93,10 +96,35 @@ def throughput(url: str, clients: int, per_client: int, accountant: str) -> dict
     return {"clients": clients, "cycles": done, "seconds": wall, "cycles_per_s": done / wall, "verify_ok": report.ok}
 
 
+def _app_role_ledger(schema: str) -> tuple[str, str, list[str]]:
+    """A ledger in ``schema`` set up as deploy/ does: fresh owner and app roles, the database's cap check
+    installed by the superuser, ``ledger init --app-role`` as the owner. Returns (owner URL, app URL, roles)."""
+    import psycopg
+
+    from dpops.ledger.backend import postgres_target
+    from dpops.ledger.db_cap import install
+    from dpops.ledger.roles import grant_app_role
+
+    tag = uuid.uuid4().hex[:8]
+    owner, app = f"bench_owner_{tag}", f"bench_app_{tag}"
+    with psycopg.connect(PG_BASE, autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{owner}" LOGIN')
+        conn.execute(f'CREATE ROLE "{app}" LOGIN NOINHERIT')
+        conn.execute(f'GRANT CREATE, CONNECT ON DATABASE "{PG_BASE.rsplit("/", 1)[1]}" TO "{owner}", "{app}"')
+    install(postgres_target(f"{PG_BASE}?schema={schema}")[0], schema=schema, owner_role=owner)
+    owner_url = PG_BASE.replace("postgres@", f"{owner}@") + f"?schema={schema}"
+    with open_ledger(owner_url) as led:
+        grant_app_role(led, app)
+    return owner_url, PG_BASE.replace("postgres@", f"{app}@") + f"?schema={schema}", [app, owner]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="1,000 instead of 10,000 prior entries; fewer samples")
-    ap.add_argument("--backends", default="sqlite,postgres", help="comma list of sqlite, sqlite-normal, postgres")
+    ap.add_argument("--backends", default="sqlite,postgres,postgres-app",
+                    help="comma list of sqlite, sqlite-normal, postgres (the owner role: no database-side cap "
+                         "check), postgres-app (an application role: every reservation also checked by the "
+                         "database, schema version 5)")
     ap.add_argument("--accountant", default="basic")
     ap.add_argument("--json", dest="json_out", default=None)
     args = ap.parse_args(argv)
@@ -113,16 +141,22 @@ def main(argv: list[str] | None = None) -> int:
         else:
             schema = f"bench_{uuid.uuid4().hex[:8]}"
             url = f"{PG_BASE}?schema={schema}"
+        owner_url = None
+        if backend == "postgres-app":
+            owner_url, url, roles = _app_role_ledger(schema)
         row = {"backend": backend, "accountant": args.accountant}
-        for prior, stats in latency(url, big, samples, args.accountant).items():
+        for prior, stats in latency(url, big, samples, args.accountant, owner_url).items():
             row[f"latency_{prior}"] = stats
-        row["throughput"] = throughput(url, 8, per_client, args.accountant)
+        row["throughput"] = throughput(url, 8, per_client, args.accountant, owner_url)
         results.append(row)
-        if backend == "postgres":
+        if backend.startswith("postgres"):
             import psycopg
 
             with psycopg.connect(PG_BASE, autocommit=True) as conn:
                 conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+                for role in (roles if backend == "postgres-app" else ()):
+                    conn.execute(f'DROP OWNED BY "{role}"')
+                    conn.execute(f'DROP ROLE "{role}"')
         lat_small, lat_big, tp = row["latency_10"], row[f"latency_{big}"], row["throughput"]
         print(f"{backend:13s} reserve+start+commit  prior={lat_small['prior_entries']:>6}: p50 {lat_small['p50_ms']:6.2f} ms"
               f"  p99 {lat_small['p99_ms']:6.2f} ms")

@@ -50,13 +50,14 @@ output: {{root: "{ROOT}"}}
 """
 
 
-def data_dir(n: int, fmt: str, out: Path = OUT) -> Path:
-    """Where the n-row input of format ``fmt`` is cached under ``out``."""
-    return out / "data" / f"n{n}-{fmt}"
+def data_dir(n: int, fmt: str, out: Path | None = None) -> Path:
+    """Where the n-row input of format ``fmt`` is cached under ``out`` (default: ``OUT``, read at call time)."""
+    return (OUT if out is None else out) / "data" / f"n{n}-{fmt}"
 
 
-def ensure_data(n: int, fmt: str, out: Path = OUT) -> Path:
+def ensure_data(n: int, fmt: str, out: Path | None = None) -> Path:
     """The n-row input (generated once: Parquet first, the CSV from it)."""
+    out = OUT if out is None else out
     d = data_dir(n, fmt, out)
     path = d / f"2024-01-01.{fmt}"
     if path.exists():
@@ -110,8 +111,9 @@ def tree_rss_kb(pid: int) -> int:
     return total
 
 
-def run_one(n: int, fmt: str, runner_options: list[str], code_root: Path = ROOT, out: Path = OUT) -> dict:
+def run_one(n: int, fmt: str, runner_options: list[str], code_root: Path = ROOT, out: Path | None = None) -> dict:
     """One timed ``dpops release run --publish`` of the n-row input, in a fresh key, ledger and output root."""
+    out = OUT if out is None else out
     work = out / "runs" / f"n{n}-{fmt}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)

@@ -38,7 +38,10 @@ run publishes), the task log has the one ``dpops release=... outcome=refused``
 line and a ``DPOPS_ALERT`` line (event ``dpops.refused``) goes to the alert hook. Skipped, not
 failed, because a refusal is dpops working as intended (nothing charged, nothing published) and
 a failed task is always rendered with a traceback; operators find refusals by the note, the
-alert, and ``dpops gaps`` (intervals without publication and why). Errors a retry cannot fix
+alert, and ``dpops gaps`` (intervals without publication and why). A run that publishes or serves a day
+settles the day's earlier failed or refused DAG runs (``settle_earlier_runs``, ``dpops.run_notes``): a failed
+one becomes success with a ``PUBLISHED:`` note (its tasks keep their states), a ``REFUSED:`` note is replaced
+by one naming the ledger run that published the day. Errors a retry cannot fix
 (invalid spec or parameter, an output that fails its checks) fail the task at once
 (``AirflowFailException``); the rest (ledger unreachable, a worker lost) are retried.
 """
@@ -238,39 +241,121 @@ def set_dag_run_note(context: Any, note: str) -> bool:
     return _dag_run_note(context, note)
 
 
-def _dag_run_note(context: Any, note: str, *, only_if_prefix: str | None = None) -> bool:
+@contextmanager
+def _api_client() -> Iterator[Any]:
+    """An ``httpx.Client`` logged in to the api-server as connection ``dpops_airflow_api`` (Airflow 3 tasks have
+    no metadata-database access; the public REST API is the supported path), or None when there is no such
+    connection or the login fails (logged: notes are best effort, the ledger, log and alert hold the facts)."""
     from airflow.sdk import Connection
 
     try:
         conn = Connection.get(API_CONN_ID)
     except Exception as exc:  # noqa: BLE001
         log.warning("DAG-run note not set: no Airflow connection %r (%s)", API_CONN_ID, type(exc).__name__)
-        return False
+        yield None
+        return
     import httpx
 
     scheme = "https" if (conn.conn_type or "").lower() == "https" else "http"
     base = f"{scheme}://{conn.host}" + (f":{conn.port}" if conn.port else "") + (f"/{conn.schema}" if conn.schema else "")
-    dag_run = context.get("dag_run")
-    dag_id = getattr(dag_run, "dag_id", None) or getattr(context.get("dag"), "dag_id", None)
-    run_id = getattr(dag_run, "run_id", None) or context.get("run_id")
-    try:
-        with httpx.Client(base_url=base, timeout=20) as client:
+    with httpx.Client(base_url=base, timeout=20) as client:
+        try:
             tok = client.post("/auth/token", json={"username": conn.login, "password": conn.password})
             tok.raise_for_status()
-            headers = {"Authorization": f"Bearer {tok.json()['access_token']}"}
+        except Exception as exc:  # noqa: BLE001
+            log.warning("DAG-run note not set: the api-server at %s answered %s", base, type(exc).__name__)
+            yield None
+            return
+        client.headers["Authorization"] = f"Bearer {tok.json()['access_token']}"
+        yield client
+
+
+def _run_ids(context: Any) -> tuple[str | None, str | None]:
+    dag_run = context.get("dag_run")
+    dag_id = getattr(dag_run, "dag_id", None) or getattr(context.get("dag"), "dag_id", None)
+    return dag_id, getattr(dag_run, "run_id", None) or context.get("run_id")
+
+
+def _dag_run_note(context: Any, note: str, *, only_if_prefix: str | None = None) -> bool:
+    dag_id, run_id = _run_ids(context)
+    with _api_client() as client:
+        if client is None:
+            return False
+        try:
             url = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}"
             if only_if_prefix is not None:
-                got = client.get(url, headers=headers)
+                got = client.get(url)
                 got.raise_for_status()
                 current = got.json().get("note")
                 if not (isinstance(current, str) and current.startswith(only_if_prefix)):
                     return False
-            resp = client.patch(url, json={"note": note[:1000]}, params={"update_mask": "note"}, headers=headers)
+            resp = client.patch(url, json={"note": note[:1000]}, params={"update_mask": "note"})
             resp.raise_for_status()
-    except Exception as exc:  # noqa: BLE001
-        log.warning("DAG-run note not set: the api-server at %s answered %s", base, type(exc).__name__)
-        return False
+        except Exception as exc:  # noqa: BLE001
+            log.warning("DAG-run note not set: the api-server answered %s", type(exc).__name__)
+            return False
     return True
+
+
+def _when(value: Any) -> datetime | None:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")) if isinstance(value, str) and value else None
+
+
+def settle_earlier_runs(context: Any, spec_path: str, interval: tuple[str, str], *, ledger_run_id: str,
+                        committed_at: str, publisher: str | None) -> list[str]:
+    """Mark the earlier DAG runs of ``interval`` that the publication ``ledger_run_id`` settles (issue 28 item 8):
+    a failed one becomes ``success`` with a ``PUBLISHED:`` note (its tasks keep their states), a ``REFUSED:``
+    note is replaced by one naming the run that published the day (``dpops.run_notes.settled_runs`` decides
+    which, from the ledger's commit). Runs are listed through the REST API: those whose logical date is the
+    interval's start (scheduled, backfill) and those whose conf names it (REST ``conf.interval``). Best effort,
+    like every note: returns the DAG-run ids marked."""
+    from dpops.run_notes import OrchestratorRun, settled_runs
+
+    dag_id, own = _run_ids(context)
+    marked: list[str] = []
+    with _api_client() as client:
+        if client is None:
+            return marked
+        try:
+            url = f"/api/v2/dags/{dag_id}/dagRuns"
+            seen: dict[str, dict[str, Any]] = {}
+            for params in ({"logical_date_gte": interval[0], "logical_date_lte": interval[0], "limit": 100},
+                           {"conf_contains": interval[0][:10], "limit": 100}):
+                got = client.get(url, params=params)
+                got.raise_for_status()
+                seen.update({r["dag_run_id"]: r for r in got.json().get("dag_runs", [])})
+            runs = [OrchestratorRun(run_id=r["dag_run_id"], state=str(r.get("state")), note=r.get("note"),
+                                    started=_when(r.get("start_date")),
+                                    data_interval_start=r.get("data_interval_start"),
+                                    data_interval_end=r.get("data_interval_end"), logical_date=r.get("logical_date"),
+                                    named_interval=(r.get("conf") or {}).get("interval"))
+                    for r in seen.values()]
+            for s in settled_runs(runs, spec_path=spec_path, interval=interval, ledger_run_id=ledger_run_id,
+                                  committed_at=datetime.fromisoformat(committed_at), own_run_id=str(own),
+                                  publisher=publisher):
+                body: dict[str, Any] = {"note": s.note}
+                mask = ["note"]
+                if s.mark_success:  # Airflow 3.3 keeps every finished task's state: the failure stays visible
+                    body["state"] = "success"
+                    mask.append("state")
+                resp = client.patch(f"{url}/{s.run_id}", json=body, params={"update_mask": mask})
+                resp.raise_for_status()
+                marked.append(s.run_id)
+                log.info("DAG run %s of %s settled: %s", s.run_id, dag_id, s.note)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("earlier DAG runs of %s/%s not marked: the api-server answered %s", *interval,
+                        type(exc).__name__)
+    return marked
+
+
+def _settle(context: Any, step: Any, *, publisher: str | None) -> None:
+    """``settle_earlier_runs`` for the interval's committed publication, as the ledger records it."""
+    from dpops.orchestration import committed_publication
+
+    pub = committed_publication(step)
+    if pub is not None:
+        settle_earlier_runs(context, step.spec_path, (step.interval_start, step.interval_end), ledger_run_id=pub[0],
+                            committed_at=pub[1], publisher=publisher)
 
 
 # -------------------------------------------------------------------- operators
@@ -515,6 +600,7 @@ def _tasks(spec_path: str, release: str) -> None:
             raise AirflowSkipException(f"REFUSED: {out.message}")
         if out.state == "already_published":
             log.info(orch.summary_line(out))
+            _settle(context, step, publisher=None)  # e.g. the runbook's REST trigger after a CLI fill
             raise AirflowSkipException(f"{out.interval} is already published by run {out.run_id}: "
                                        "served, nothing computed or charged")
         return out.as_dict()
@@ -545,6 +631,7 @@ def _tasks(spec_path: str, release: str) -> None:
         }
         replace_refused_note(context, f"PUBLISHED: run {out.run_id} ({out.message or out.state}); an earlier try "
                                       "of this DAG run was refused")
+        _settle(context, step, publisher=_run_ids(context)[1] if out.state == "published" else None)
         return {**out.as_dict(), "checks": validated.get("checks")}
 
     @task

@@ -41,6 +41,7 @@ from dpops.storage import files
 from dpops.storage.location import Location, is_uri
 
 if TYPE_CHECKING:
+    from dpops.ledger import TimeRule
     from dpops.spec import ReleaseSpec
 
 _CHUNK = 1 << 20
@@ -407,7 +408,26 @@ def input_fingerprint(paths: Iterable[str], key: HmacKey,
     return key.hmac(doc).hex()
 
 
+def time_rule_of(spec: ReleaseSpec) -> TimeRule | None:
+    """The time rule ``spec``'s run applies (None: it filters no rows by time).
+
+    The one place that turns a spec into the rule a scope records: the column ``input.time_column``,
+    its declared type, and the zone rule and row filter this code implements (``pipelines.io.outside_window``:
+    naive times are UTC, keep ``start <= t < end``, an unreadable time drops its row). It lives with the input
+    rules because it says which rows a run reads; the reservation (before anything is reserved) and
+    ``manifest verify`` (the manifest's recorded scope definition) both apply it from here.
+    """
+    from dpops.ledger.model import CURRENT_TIME_FILTER, CURRENT_TIME_ZONE_RULE, TimeRule
+
+    tc = spec.input.time_column
+    if tc is None:
+        return None
+    return TimeRule(column=tc, type=spec.input.columns.get(tc, "timestamp"), zone=CURRENT_TIME_ZONE_RULE,
+                    filter=CURRENT_TIME_FILTER)
+
+
 __all__ = [
     "Interval", "parse_interval", "resolve_input_paths", "check_input", "input_fingerprint", "TestFingerprintKey",
     "public_file_rows", "missing_input_files", "stored_type_ok", "stored_all_missing", "columns_of_any_type",
+    "time_rule_of",
 ]

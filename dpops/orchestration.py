@@ -288,6 +288,23 @@ def record_step(step: Step, *, charged: float) -> release.RunOutcome:
     return out
 
 
+def committed_publication(step: Step) -> tuple[str, str] | None:
+    """(ledger run id, commit time ISO) of the interval's committed publication (the newest version), or None.
+
+    What ``dpops.run_notes.settled_runs`` decides from: the ledger's record, never the orchestrator's metadata.
+    Reads only the ledger (no data); None also when the ledger cannot be read (the notes are best effort)."""
+    try:
+        with step.ledger() as ledger:
+            from dpops.spec import load_spec
+
+            spec_name = load_spec(step.spec_path).name
+            rec = ledger.published(spec_name, step.interval_start, step.interval_end)
+    except Exception as exc:  # noqa: BLE001 - display only; the run's own outcome is already decided
+        log.warning("the interval's publication could not be read for the DAG-run notes: %s", public_message(exc))
+        return None
+    return None if rec is None else (rec.run_id, rec.updated_at)
+
+
 def summary_line(outcome: release.RunOutcome) -> str:
     """The one ``dpops release=...`` line every outcome (published, served, refused, failed) emits."""
     return f"dpops {outcome.line()}"
@@ -355,7 +372,8 @@ def cancel_running_jobs() -> list[str]:
     return done
 
 
-__all__ = ["FATAL_ERRORS", "Settings", "Step", "cancel_running_jobs", "check_input_step", "compute_step",
+__all__ = ["FATAL_ERRORS", "Settings", "Step", "cancel_running_jobs", "check_input_step", "committed_publication",
+           "compute_step",
            "failure_outcome", "input_timed_out", "is_fatal", "missing_inputs",
            "requested_interval", "publish_step", "quiet_third_party_loggers",
            "record_step", "reserve_step", "summary_line", "track_job", "validate_step"]

@@ -343,9 +343,7 @@ def plan_release(spec) -> ReleasePlan:  # spec: dpops.spec.ReleaseSpec (typing i
             d_run = d_ps / (1.0 + math.exp(e_run))
         else:
             e_run, d_run = e_ps, d_ps
-        ps = selection.PartitionSelection(
-            strategy=spec.partitions.private.strategy, epsilon=e_run, delta=d_run,
-            max_partitions_per_unit=int(c.max_partitions_per_unit))
+        ps = partition_selection(spec.partitions.private.strategy, e_run, d_run, int(c.max_partitions_per_unit))
         if unit.adjacency == "replace":
             # group privacy, k = 2: (2 e, (1 + e^e) d)
             ps_event = ApproxDP(2.0 * e_run, d_run * (1.0 + math.exp(e_run)),
@@ -454,6 +452,21 @@ def _group_events(layout, wg: float, rho_group: float) -> list[PrivacyEvent]:
         charged = coordinate_event(params, sens) if per_coordinate else None
         out.append(charged if charged is not None else params.event())
     return out
+
+
+@lru_cache(maxsize=64)
+def partition_selection(strategy: str, epsilon: float, delta: float, max_partitions_per_unit: int
+                        ) -> PartitionSelection:
+    """``selection.PartitionSelection`` for these public parameters, built once per process: its keep table (a
+    truncated-geometric table at a small epsilon has millions of entries and takes ~80 ms) is a pure function of
+    them, and ``dpops plan --solve`` plans the release hundreds of times with the selection's share unchanged while
+    another key's share is searched. The object is frozen and its table is written only in its own
+    ``__post_init__``, so sharing it between plans cannot let one plan change another's; what a run draws is
+    unaffected (the table is the same either way)."""
+    from dpops.noise import selection
+
+    return selection.PartitionSelection(strategy=strategy, epsilon=epsilon, delta=delta,
+                                        max_partitions_per_unit=max_partitions_per_unit)
 
 
 @lru_cache(maxsize=256)  # plan_release runs many times per spec (plan, analysis, pipeline, verify): search once

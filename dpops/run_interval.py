@@ -18,8 +18,13 @@ from __future__ import annotations
 
 import os
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from dpops.errors import DpopsError, InvalidParameter, public_message
+
+if TYPE_CHECKING:
+    from dpops.inputs import Interval
+    from dpops.spec import ReleaseSpec
 
 Instant = datetime | str | None
 
@@ -44,8 +49,6 @@ def resolve_run_interval(spec_path: str | os.PathLike[str] | None, *, data_inter
     """
     start, end = _utc(data_interval_start, "data interval start"), _utc(data_interval_end, "data interval end")
     if named not in (None, ""):
-        from dpops.release.preparation import requested_interval
-
         if spec_path is None and "/" not in str(named):
             raise InvalidParameter(f"param interval {named!r}: the release spec is needed to expand one START to "
                                    "its period, and none was found")
@@ -83,3 +86,35 @@ def resolve_run_interval(spec_path: str | os.PathLike[str] | None, *, data_inter
 
 
 __all__ = ["resolve_run_interval"]
+
+
+def requested_interval(spec_path: str | os.PathLike[str] | ReleaseSpec, text: str) -> Interval:
+    """An interval named by an operator: ``START/END`` as given, or one ``START`` (e.g. ``2024-01-03``) for the
+    one period / schedule interval of the spec starting there. The one convention for naming a day, shared
+    by ``dpops release run --interval``, the Airflow DAG's ``interval`` param (a REST trigger with
+    ``logical_date: null`` and ``conf: {"interval": "2024-01-03"}``) and the Python API (``dpops.analysis``
+    takes the spec itself, hence a ``ReleaseSpec`` too). ``prepare`` still checks the interval is releasable
+    (one period, on the spec's grid)."""
+    from dpops.inputs import Interval, parse_interval
+    from dpops.ledger.model import parse_utc  # a value parser; no database is touched
+    from dpops.spec import ReleaseSpec, load_spec
+
+    text = str(text).strip()
+    # Both forms are accepted, so an error names both (issue 28 item 15: "must be START/END" misled).
+    both = (f"interval {text!r}: give START/END (ISO-8601 UTC, e.g. 2024-01-01/2024-01-02) or the start of one "
+            "period of the spec (e.g. 2024-01-03)")
+    if "/" in text:
+        try:
+            return parse_interval(text)
+        except InvalidParameter as exc:
+            if text.count("/") != 1:
+                raise InvalidParameter(both) from None
+            raise InvalidParameter(f"interval {text!r}: {exc}") from None  # e.g. its start is not before its end
+    from dpops.spec import one_period_interval
+
+    try:
+        start = parse_utc(text, "interval start")
+    except InvalidParameter:
+        raise InvalidParameter(both) from None
+    spec = spec_path if isinstance(spec_path, ReleaseSpec) else load_spec(spec_path)
+    return Interval(*one_period_interval(spec, start))

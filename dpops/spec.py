@@ -448,10 +448,11 @@ class OutputSpec(_Strict):
 class ErrorTarget(_Strict):
     """|released - true| <= max_error (or max_relative_error * true) with probability >= confidence.
 
-    ``at_units``: the partition size the claim is about (a partition with that many units has at least
-    that many rows; errors only shrink with more rows, so the prediction is for the smallest partition
-    of that size). ``at_value``: the true value a relative error is measured against; for count and
-    unit_count it defaults to ``at_units`` (the smallest count such a partition can have).
+    ``at_units``: the partition size the claim is about, in units. ``rows_per_unit``: how many rows each of
+    them has in the partition (default 1: the smallest partition of that size, where errors are largest;
+    bounding keeps at most ``max_rows_per_unit_per_partition`` of them, so the prediction uses
+    ``at_units * min(rows_per_unit, Linf)`` rows). ``at_value``: the true value a relative error is measured
+    against; for count it defaults to that number of rows, for unit_count to ``at_units``.
     """
 
     kind: Literal["error"]
@@ -459,6 +460,7 @@ class ErrorTarget(_Strict):
     max_error: Number | None = Field(default=None, gt=0)
     max_relative_error: Number | None = Field(default=None, gt=0)
     at_units: Integer = Field(default=1000, ge=1)
+    rows_per_unit: Number = Field(default=1, ge=1)
     at_value: Number | None = None
     confidence: Number | None = Field(default=None, gt=0, lt=1)
 
@@ -480,12 +482,14 @@ class KeepTarget(_Strict):
 
 
 class RankTarget(_Strict):
-    """A quantile's expected rank error is at most ``max_rank_error`` (a fraction of the partition's rows)."""
+    """A quantile's expected rank error is at most ``max_rank_error`` (a fraction of the partition's rows: ``at_units``
+    units with ``rows_per_unit`` rows each, at most Linf of them kept)."""
 
     kind: Literal["rank_error"]
     metric: str
     max_rank_error: Number = Field(gt=0, lt=1)
     at_units: Integer = Field(default=1000, ge=1)
+    rows_per_unit: Number = Field(default=1, ge=1)
 
 
 class TopPickTarget(_Strict):

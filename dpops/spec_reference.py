@@ -96,6 +96,10 @@ _BOUNDED = {
 }
 _TARGET_AT_UNITS = ("The partition size (in units) the claim is about; errors only shrink with more rows, so "
                     "the prediction is for the smallest partition of that size.")
+_TARGET_ROWS_PER_UNIT = ("Rows each of those units has in the partition (default 1, the worst case). The prediction "
+                         "uses `at_units * min(rows_per_unit, max_rows_per_unit_per_partition)` rows: bounding "
+                         "keeps at most Linf of a unit's rows. Changes the mean's and variance's denominator, a "
+                         "count's default true value and a quantile's rank scale; never a mechanism.")
 
 # What each field changes, by (section title, field name). The test checks this covers every field.
 FIELD_DOCS: dict[tuple[str, str], str] = {
@@ -184,8 +188,10 @@ FIELD_DOCS: dict[tuple[str, str], str] = {
     ("accuracy.targets[]: error", "metric"): "The metric key (count, unit_count, sum, mean or variance).",
     ("accuracy.targets[]: error", "max_error"): "The absolute error bound (give this or `max_relative_error`).",
     ("accuracy.targets[]: error", "max_relative_error"): "The error bound as a fraction of the true value "
-                                                          "(`at_value`; for counts by default `at_units`).",
+                                                          "(`at_value`; for count by default the partition's rows, "
+                                                          "for unit_count `at_units`).",
     ("accuracy.targets[]: error", "at_units"): _TARGET_AT_UNITS,
+    ("accuracy.targets[]: error", "rows_per_unit"): _TARGET_ROWS_PER_UNIT,
     ("accuracy.targets[]: error", "at_value"): "The true value a relative error is measured against (needed for "
                                                 "sum, mean and variance).",
     ("accuracy.targets[]: error", "confidence"): "This target's probability (default `accuracy.confidence`).",
@@ -196,6 +202,7 @@ FIELD_DOCS: dict[tuple[str, str], str] = {
     ("accuracy.targets[]: rank_error", "metric"): "The quantiles metric's key.",
     ("accuracy.targets[]: rank_error", "max_rank_error"): "The largest expected rank error, a fraction of n.",
     ("accuracy.targets[]: rank_error", "at_units"): _TARGET_AT_UNITS,
+    ("accuracy.targets[]: rank_error", "rows_per_unit"): _TARGET_ROWS_PER_UNIT,
     ("accuracy.targets[]: top_pick", "kind"): "`top_pick`.",
     ("accuracy.targets[]: top_pick", "metric"): "The top_k metric's key.",
     ("accuracy.targets[]: top_pick", "at_gap"): "The lead (in rows) of the true top item over the second.",

@@ -59,6 +59,10 @@ sol = analysis.solve(spec)
 print("feasible:", sol.feasible, "epsilon per interval:", round(sol.epsilon, 4))
 print("split:", {k: round(v, 4) for k, v in sol.split.items()})
 assert sol.feasible and all(t.met for t in analysis.check_targets(sol.spec))
+# what to declare: the shares rounded to 4 significant digits and checked again (dpops plan --solve --out writes it
+# as a patch for dpops spec apply-patch)
+print("declare:", sol.spec_patch()["budget"])
+assert all(t.met for t in analysis.check_targets(sol.patched_spec()))
 
 # %% [markdown]
 # ## Error against partition size, and the keep curve
@@ -82,10 +86,13 @@ fig.savefig(os.path.join(OUT, "planning.png"))
 print("wrote", os.path.join(OUT, "planning.png"))
 
 # %% [markdown]
-# ## How long does a daily release last on a scope capped at epsilon = 30?
+# ## How long does a daily release last on a scope capped at epsilon = 30, from 2024-01-01?
 
 # %%
-h = analysis.horizon_of(sol.spec, cap=30.0, delta=1e-5, intervals=365, accountants=["basic", "zcdp", "rdp"])
+# an interval is named as the CLI names one: a START ("2024-01-01") is the spec's period starting there
+h = analysis.horizon_of(sol.patched_spec(), cap=30.0, delta=1e-5, intervals=365, start="2024-01-01",
+                        accountants=["basic", "zcdp", "rdp"])
+assert h.start == "2024-01-01T00:00:00Z"
 for r in h.rows:
     print(f"{r.accountant}: {r.intervals_fit} intervals fit, cap reached on {r.cap_reached_on}")
 

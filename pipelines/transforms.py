@@ -96,6 +96,9 @@ def _withhold_data_in_errors(process):
     return wrapper
 
 
+withhold_data_in_errors = _withhold_data_in_errors  # the public name, for other pipelines' DoFns
+
+
 def _add(total: dict[str, int], more: dict[str, int]) -> dict[str, int]:
     for k, v in more.items():
         total[k] = total.get(k, 0) + int(v)

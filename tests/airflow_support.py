@@ -304,7 +304,8 @@ class Stack:
         self.env, self.port, self.home, self.ws, self.procs, self.meta_url = env, port, home, ws, procs, meta_url
         self._token: str | None = None
 
-    def client(self):
+    def token(self) -> str:
+        """The admin login's bearer token (fetched once)."""
         import httpx
 
         if self._token is None:
@@ -312,8 +313,13 @@ class Stack:
                            json={"username": "dpops", "password": self.env["_PW"]}, timeout=30)
             r.raise_for_status()
             self._token = r.json()["access_token"]
+        return self._token
+
+    def client(self):
+        import httpx
+
         return httpx.Client(base_url=f"http://127.0.0.1:{self.port}/api/v2",
-                            headers={"Authorization": f"Bearer {self._token}"}, timeout=30)
+                            headers={"Authorization": f"Bearer {self.token()}"}, timeout=30)
 
     def alive(self) -> None:
         for p in self.procs:
@@ -349,11 +355,14 @@ class Stack:
 
 
 def start_stack(es, tmp: Path, meta_url: str, ws, *, dags_folder: Path | None = None,
-                more_dags: tuple[str, ...] = (), **extra: str) -> Stack:
+                more_dags: tuple[str, ...] = (), triggerer: bool = False, api_env: dict[str, str] | None = None,
+                **extra: str) -> Stack:
     """Migrate a metadata DB and start api-server, scheduler and dag-processor (LocalExecutor, PARALLELISM=4)
-    for the workspace ``ws``; every process is stopped by its own id when ``es`` (an ExitStack) closes. The
-    REST login is ``dpops`` (admin); ``AIRFLOW_CONN_DPOPS_AIRFLOW_API`` lets tasks set DAG-run notes. Returns
-    once the dag-processor registered ``ws.dag_id`` and the ``more_dags`` of ``dags_folder``."""
+    for the workspace ``ws``, and the triggerer with ``triggerer``; every process is stopped by its own id when
+    ``es`` (an ExitStack) closes. ``api_env`` overrides the api-server's environment only (deploy/ gives it the
+    ledger's reader role, never the application role). The REST login is ``dpops`` (admin);
+    ``AIRFLOW_CONN_DPOPS_AIRFLOW_API`` lets tasks set DAG-run notes. Returns once the dag-processor registered
+    ``ws.dag_id`` and the ``more_dags`` of ``dags_folder``."""
     import json
     import secrets
     import time
@@ -388,9 +397,11 @@ def start_stack(es, tmp: Path, meta_url: str, ws, *, dags_folder: Path | None = 
     )
     env["_PW"] = pw
     airflow_cli(env, "db", "migrate", timeout=300)
-    procs = [start_airflow(env, home, es, "api-server", "--port", str(port)),
+    procs = [start_airflow({**env, **(api_env or {})}, home, es, "api-server", "--port", str(port)),
              start_airflow(env, home, es, "scheduler"),
              start_airflow(env, home, es, "dag-processor")]
+    if triggerer:
+        procs.append(start_airflow(env, home, es, "triggerer"))
     wait_health(port, procs)
     stack = Stack(env, port, home, ws, procs, meta_url)
     deadline = time.monotonic() + 180

@@ -7,6 +7,10 @@ import os
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("SCARF_ANALYTICS", "false")
 os.environ.setdefault("DO_NOT_TRACK", "true")
+# pytest-xdist's workers inherit COLUMNS=80 (xdist sets it for its own terminal reporting), which the CLI's prose
+# honours (dpops.cli.common.prose_width): every message would then wrap at 80 under `make test` (-n 3) and not in
+# a single process. Tests run as a pipe does, lines whole; a test that checks a width sets COLUMNS itself.
+os.environ.pop("COLUMNS", None)
 # The private run log (exact counts) goes to the state directory, never under an output root: keep the
 # tests' logs out of the real ~/.local/state/dpops.
 if "DPOPS_STATE_DIR" not in os.environ:
@@ -57,6 +61,7 @@ def postgres_url() -> str:
 # workers finish together (xdist's default order, by number of tests, put the 1-test Airflow files last).
 # Seconds each file took in the full suite (2 workers, shared 2-core machine, 2026-12-01); only the order matters.
 SLOWEST_FIRST = (
+    "test_year_in_the_life_airflow.py",  # ~510 s alone: one Airflow stack, ~25 DAG runs, a scheduler restart
     "test_airflow_operations.py",  # 335 s: one Airflow stack, ~10 DAG runs
     "test_backfill.py",  # 221 s
     "test_dags_airflow.py",  # 161 s

@@ -44,6 +44,17 @@ def catalog_execute(admin: psycopg.Connection, sql: str) -> None:
             time.sleep(0.05 * (attempt + 1))
 
 
+def install_cap_check(superuser_url: str, owner: str) -> None:
+    """``dpops ledger install-cap-check`` as the superuser (deploy/ledger-db-init.sh's second step): the database
+    refuses app-role reservations without it (schema version 5). Creates the schema, owned by ``owner``, if
+    missing. This dpops is what the database server imports (it runs on this machine)."""
+    from dpops.ledger.backend import postgres_target
+    from dpops.ledger.db_cap import install
+
+    conninfo, schema = postgres_target(superuser_url)
+    install(conninfo, schema=schema or "public", owner_role=owner)
+
+
 @contextmanager
 def ledger_roles(postgres_url: str, prefix: str, *, schema: str | None = None,
                  app_inherit: bool = False) -> Iterator[LedgerRoles]:
@@ -56,6 +67,7 @@ def ledger_roles(postgres_url: str, prefix: str, *, schema: str | None = None,
         admin.execute(f'CREATE ROLE "{owner}" LOGIN NOSUPERUSER')
         admin.execute(f'CREATE ROLE "{app}" LOGIN NOSUPERUSER{"" if app_inherit else " NOINHERIT"}')
         catalog_execute(admin, f'GRANT CREATE ON DATABASE test TO "{owner}"')
+        install_cap_check(f"{postgres_url}?schema={schema}", owner)
         yield LedgerRoles(postgres_url.replace("postgres@", f"{owner}@") + f"?schema={schema}",
                           postgres_url.replace("postgres@", f"{app}@") + f"?schema={schema}",
                           owner, app, admin, schema)

@@ -64,7 +64,7 @@ def test_plan_accuracy_view_reads_the_scope_from_the_ledger(tmp_path, monkeypatc
 
 def test_plan_without_ledger_says_so_and_uses_cap(tmp_path, monkeypatch, capsys):
     env = make_env(tmp_path, monkeypatch, planner_fn=plan_release)
-    code, out, _ = _run(capsys, "plan", str(env.spec), "--cap", "5", "--accountants", "basic", "--json")
+    code, out, _ = _run(capsys, "plan", str(env.spec), "--scope-cap", "5", "--accountants", "basic", "--json")
     doc = json.loads(out)
     assert code == 0 and not doc["ledger"]["reachable"] and "no ledger" in doc["ledger"]["note"]
     assert doc["horizon"]["rows"][0]["intervals_fit"] == 10  # 5 / 0.5
@@ -109,7 +109,7 @@ def test_plan_solve_finds_a_split_and_require_targets_respects_the_remaining_bud
     code, out, err = _run(capsys, "plan", str(env.spec), "--solve", "--require-targets", "--ledger", env.url,
                           "--accountants", "basic")
     assert code == 3 and "accuracy target(s) not met" in err and "count" in err
-    assert "scaled down to fit" in out
+    assert "the split that fits with the smallest largest shortfall" in " ".join(out.split())
 
 
 def test_accuracy_schema_is_strict_and_outside_the_spec_hash(tmp_path, monkeypatch):
@@ -226,6 +226,7 @@ def test_plan_on_a_pure_dp_scope_names_what_zcdp_cannot_certify(tmp_path, monkey
     assert z["intervals_fit"] is None and z["cap_reached_on"] is None and "pure DP" in z["note"]
     monkeypatch.setenv("COLUMNS", "80")
     code, out, _ = _run(capsys, "plan", str(env.spec), "--ledger", url, "--accountants", "basic,zcdp")
-    assert code == 0 and "horizon on scope shop (read from the ledger, 0 charged event(s) so far)" in out
+    assert code == 0 and ("horizon of the declared budget on scope shop (read from the ledger, 0 charged event(s) so "
+                          "far)") in " ".join(out.split())
     assert "zcdp/1: the scope is pure DP (delta = 0)" in " ".join(out.split())
     assert max(len(line) for line in out.splitlines()) <= 80

@@ -18,6 +18,8 @@ import yaml
 from scipy.stats import binom
 
 from dpops.analysis import estimate as E
+from dpops.release import estimation as R
+from dpops.release.execute import estimate as run_estimate
 from dpops.cli.main import main
 from dpops.errors import BudgetExceeded, SpecError
 from dpops.ledger import ScopeDefinition, open_ledger
@@ -69,7 +71,7 @@ def env(tmp_path, monkeypatch):
 
 def _run(spec, url, key, eps=1.0, **kw):
     with open_ledger(url) as led:
-        return E.estimate(spec, *DAY, config=E.EstimateConfig(epsilon=eps, **kw), ledger=led, key_path=str(key))
+        return run_estimate(spec, *DAY, config=E.EstimateConfig(epsilon=eps, **kw), ledger=led, key_path=str(key))
 
 
 def _entries(url):
@@ -128,9 +130,9 @@ def _recompute(spec, key, est):
     from dpops.release.preparation import prepare
 
     ctx = prepare(spec, *DAY, key_path=str(key))
-    k = E.run_key_of(ctx, est.config)
-    rng = E.random_source(ctx, k)
-    return E.estimate_rows(ctx.spec, E.read_rows(ctx, rng.child("estimate", "read")), est.config, rng).result()
+    k = R.run_key_of(ctx, est.config)
+    rng = R.random_source(ctx, k)
+    return E.estimate_rows(ctx.spec, R.read_rows(ctx, rng.child("estimate", "read")), est.config, rng).result()
 
 
 def test_manifest_verifies_and_tampering_fails(env):
@@ -331,14 +333,14 @@ def analysis_l0(counts, seed):
 
 
 def test_python_api_estimate_bounds_is_the_cli_path(env):
-    from dpops import analysis
+    from dpops import release
 
     root, spec, url, key = env
-    est = analysis.estimate_bounds(spec, "2024-01-01", epsilon=0.6, ledger=url, key_path=str(key))
+    est = release.estimate_bounds(spec, "2024-01-01", epsilon=0.6, ledger=url, key_path=str(key))
     assert est.state == "committed" and set(est.bounds) == {"amount"}
     lo, hi = est.bounds["amount"]
     assert lo == 0.0 and hi > lo  # a declared lower bound >= 0 is public and kept
-    again = analysis.estimate_bounds(spec, "2024-01-01", epsilon=0.6, ledger=url, key_path=str(key))
+    again = release.estimate_bounds(spec, "2024-01-01", epsilon=0.6, ledger=url, key_path=str(key))
     assert again.state == "already_committed" and again.result() == est.result()
 
 
@@ -348,7 +350,7 @@ def test_readme_procedure_on_the_shipped_example(tmp_path, capsys, monkeypatch):
     patched spec checks, and the estimation's manifest verifies against the ledger."""
     import shutil
 
-    from dpops.release.reservation import time_rule_of
+    from dpops.inputs import time_rule_of
     from dpops.spec import load_spec
 
     for var in ("DPOPS_DATA_ROOTS", "DPOPS_MANIFESTS_DIR", "DPOPS_LEDGER_URL", "DPOPS_NOISE_KEY_FILE"):

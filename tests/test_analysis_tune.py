@@ -375,7 +375,7 @@ def test_a_link_or_copy_of_the_private_input_under_a_public_root_is_private(tmp_
     data = bytearray(src.read_bytes())
     data[len(data) // 2] ^= 1
     other.write_bytes(bytes(data))
-    from dpops.analysis.sample_access import open_sample
+    from dpops.release.private_reads import open_sample
 
     assert open_sample(tune_api.load(spec), other).private is False
 
@@ -385,7 +385,7 @@ def test_the_python_api_refuses_a_private_path_and_a_foreign_private_file(tmp_pa
     the CLI checked paths). A path is now checked as a public sample. And a flagged read of a file under a data
     root that is not the spec's own input is refused: it would be recorded on the spec's scope, not the scope
     of the data read."""
-    from dpops.analysis.sample_access import open_sample
+    from dpops.release.private_reads import open_sample
     from dpops.errors import SpecError
     from dpops.noise.randomness import load_key
 

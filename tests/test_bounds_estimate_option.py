@@ -380,4 +380,10 @@ def test_plan_solve_counts_the_estimation_and_its_written_spec_runs_within_the_c
     code, out, err = e.run(capsys, "release", "run", str(e.spec), *e.base("2024-01-01"), "--ledger", e.url,
                            "--publish", "--no-gx-checks")
     assert code == 0, out + err
-    assert math.isclose(_status(e)[0], sol["cost"], rel_tol=1e-6)
+    # the spec declares the patch's split, rounded to PATCH_DIGITS (dpops.analysis.solver.rounded_split; down here,
+    # where the cap limits the solve): the run charges that declared epsilon (basic: the interval's whole charge,
+    # estimation included), within the cap and within a rounding of the exact solution's cost
+    declared = float(sol["spec_patch"]["budget"]["epsilon"])
+    charged = _status(e)[0]
+    assert math.isclose(charged, declared, rel_tol=1e-6) and charged <= 1.2 * (1 + 1e-12), (charged, declared)
+    assert math.isclose(charged, sol["cost"], rel_tol=1e-3), (sol["cost"], charged)

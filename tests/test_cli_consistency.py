@@ -58,6 +58,7 @@ def ledger_args(e, tmp_path) -> dict[tuple[str, ...], list[str]]:
     spec, key = str(e.spec), str(e.key)
     return {
         ("ledger", "init"): [],
+        ("ledger", "install-cap-check"): ["--owner-role", "owner"],
         ("ledger", "checkpoint"): ["--dir", str(tmp_path / "cp"), "--signing-key", str(tmp_path / "none.pem")],
         ("ledger", "scope", "create"): ["x", "--unit", "u", "--unit-column", "user_id", "--epsilon", "1", "--delta",
                                         "1e-7", "--accountant", "basic", "--adjacency", "add_remove"],

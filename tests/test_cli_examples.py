@@ -17,7 +17,7 @@ import pytest
 from dpops import release
 from dpops.cli.main import main
 from dpops.ledger import ScopeDefinition, open_ledger
-from dpops.release.reservation import time_rule_of
+from dpops.inputs import time_rule_of
 from dpops.spec import load_spec
 
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.yaml"))

@@ -394,7 +394,8 @@ def test_auth_manager_is_fab_not_simple(compose):
 
 def test_airflow_metadata_and_ledger_are_separate_databases(compose):
     s = compose["services"]
-    assert s["airflow-db"]["image"].startswith("postgres:") and s["ledger-db"]["image"].startswith("postgres:")
+    assert s["airflow-db"]["image"].startswith("postgres:") and s["ledger-db"]["build"]["dockerfile"] == \
+        "deploy/ledger-db.Dockerfile"
     vols = {s["airflow-db"]["volumes"][0].split(":")[0], s["ledger-db"]["volumes"][0].split(":")[0]}
     assert len(vols) == 2 and vols <= set(compose["volumes"])
     env = service(compose, "airflow-scheduler").env
@@ -430,6 +431,30 @@ def test_example_spec_loads_under_the_compose_allow_lists(compose, monkeypatch):
     gen = service(compose, "example-data").argv
     assert example["input"]["path"].startswith(gen[gen.index("--root") + 1] + "/")
     assert example["partitions"]["public"] == [f"p{i}" for i in range(4)]
+
+
+def test_ledger_db_image_and_first_start_install_the_databases_cap_check(compose):
+    """Schema version 5: the ledger database refuses app-role reservations until a superuser installed
+    ``dpops_cap_check`` (PL/Python running dpops' cap rule). The compose stack does it on the database's first
+    start: the image has PL/Python for its PostgreSQL major and dpops in a root-owned venv at the path the init
+    script calls, built with the same constraints as the worker image; the init script runs the roles SQL, then
+    ``install-cap-check`` for the owner role and schema the roles SQL created."""
+    text = (DEPLOY / "ledger-db.Dockerfile").read_text()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    major = re.match(r"FROM postgres:(\d+)-bookworm$", lines[0]).group(1)
+    assert f"postgresql-plpython3-{major}" in text
+    assert "python3 -m venv /opt/dpops-ledger" in text and "-c /src/deploy/constraints-py3.11.txt" in text
+    assert "chmod -R go-w /opt/dpops-ledger" in text
+    init = (DEPLOY / "ledger-db-init.sh").read_text()
+    roles_at, install_at = init.index("-f /opt/dpops/ledger-roles.sql"), init.rindex("install-cap-check --owner-role")
+    assert roles_at < install_at
+    assert '${DPOPS_LEDGER_BIN:-/opt/dpops-ledger/bin}/dpops" ledger' in init
+    assert "schema=$LEDGER_SCHEMA" in init and '--owner-role "$OWNER_ROLE"' in init
+    owner_default = re.search(r"OWNER_ROLE=\"\$\{DPOPS_LEDGER_OWNER_ROLE:-(\w+)\}\"", init).group(1)
+    schema_default = re.search(r"LEDGER_SCHEMA=\"\$\{DPOPS_LEDGER_SCHEMA:-(\w+)\}\"", init).group(1)
+    owner_url = service(compose, "ledger-init").env["DPOPS_LEDGER_URL"]
+    assert owner_url.startswith(f"postgresql://{owner_default}@") and owner_url.endswith(f"?schema={schema_default}")
+    assert compose["services"]["ledger-db"]["build"]["context"] == ".."
 
 
 def test_dockerfile_installs_with_constraints_and_report_extra():

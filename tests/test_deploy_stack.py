@@ -361,6 +361,12 @@ def test_compose_stack_publishes_the_example_as_uid_50000(stack: Stack):
          "-v", f"app_password_file={pw_dir / 'ledger_app_password'}",
          "-f", str(REPO / "deploy" / "ledger-roles.sql")], check=False, capture_output=True, text=True, timeout=60)
     assert psql.returncode == 0, psql.stderr[-2000:]
+    # ... then installs the database's cap check as the superuser (this dpops: the server runs on this machine)
+    install = subprocess.run(
+        [sys.executable, "-m", "dpops.cli.main", "ledger", "--ledger",
+         f"{stack.pg_base}/{stack.ledger_db}?schema=dpops", "install-cap-check", "--owner-role", stack.owner_role],
+        check=False, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert install.returncode == 0, install.stderr[-2000:]
 
     for name in ONE_SHOT_SERVICES:
         _run_one_shot(stack, services[name])

@@ -26,7 +26,7 @@ from dpops.ledger.checkpoint import DIR_ENV, KEY_ENV, PUBLIC_KEY_ENV, checkpoint
 from dpops.ledger.schema import GENESIS_HASH
 from dpops.ledger.verify import verify_export
 
-from pg_roles_support import ledger_roles
+from pg_roles_support import install_cap_check, ledger_roles
 from dpops.manifest.sign import generate_signing_key
 
 DAY = "2024-03-{:02d}T00:00:00Z"
@@ -405,6 +405,7 @@ def test_deploy_roles_sql_then_init_app_role(postgres_url, capsys, tmp_path):
         subprocess.run(["psql", f"{base}/{db}", "-q", "-v", f"owner_role={owner}", "-v", f"app_role={app}",
                         "-v", f"owner_password_file={pw}", "-v", f"app_password_file={pw}", "-f", str(sql)],
                        check=True, capture_output=True, timeout=60)
+        install_cap_check(f"{base}/{db}?schema=dpops", owner)  # deploy/ledger-db-init.sh's second step
         for role in (owner, app):  # the passwords were read from the files
             assert admin.execute("SELECT rolpassword IS NOT NULL AND NOT rolsuper FROM pg_authid WHERE rolname = %s",
                                  (role,)).fetchone() == (True,)

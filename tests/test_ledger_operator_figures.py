@@ -141,7 +141,8 @@ def test_figures_at_the_cap_show_no_float_crumbs(tmp_path, capsys, monkeypatch):
     cells = [c.strip() for c in row.strip("│ ").split("│")]
     assert cells[1] == "4.5" and cells[8] == "0", cells  # committed, remaining
     code, out, _ = cli(capsys, "ledger", "--ledger", url, "status", "s", "--json")
-    assert json.loads(out)["remaining"] == st.remaining  # machines keep the exact figure
+    doc = json.loads(out)  # the figure people read (issue 28 item 13); machines keep the exact one under "exact"
+    assert doc["remaining"] == 0 and doc["exact"]["remaining"] == st.remaining
     code, out, _ = cli(capsys, "ledger", "--ledger", url, "runs")
     assert "0.5 " in out and "0.4999" not in out
     # the refusal: every number at one precision, and they agree (0 left - 0.5 asked = -0.5)

@@ -34,6 +34,8 @@ from dpops.events import Laplace
 from dpops.ledger import RunKey, ScopeDefinition, open_ledger
 from dpops.ledger.roles import READER_TABLES, session_write_privileges
 
+from pg_roles_support import install_cap_check
+
 pytestmark = pytest.mark.postgres
 
 ROLES_SQL = Path(__file__).resolve().parent.parent / "deploy" / "ledger-roles.sql"
@@ -55,11 +57,15 @@ def _cli(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def _psql(url: str, pw: Path, roles: dict[str, str], *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    """deploy/ledger-db-init.sh: the roles SQL, then (when it succeeded) the database's cap check."""
+    proc = subprocess.run(
         ["psql", "-X", "-v", "ON_ERROR_STOP=1", url, "-v", f"owner_role={roles['owner']}",
          "-v", f"app_role={roles['app']}", "-v", f"reader_role={roles['reader']}",
          "-v", f"owner_password_file={pw}", "-v", f"app_password_file={pw}", *extra, "-f", str(ROLES_SQL)],
         check=False, capture_output=True, text=True, timeout=60)
+    if proc.returncode == 0:
+        install_cap_check(f"{url}?schema=dpops", roles["owner"])
+    return proc
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ committed run (0.4) and one started run (0.2) written by the app role.
   equals the composition of the hashed entries (nothing hidden); dpops' reservation of "what is left + 0.05"
   is refused (no cap exceeded through dpops' check); ``verify`` passes. Hypothesis then chains attacks.
 - What PostgreSQL does not let the owner restrict (documented in docs/threat-model.md): a role may change its own
-  password and its own session defaults; a raw INSERT of a reservation over the cap is recorded, shown and
-  flagged by verify, not refused (the database cannot compose privacy events: ``test_a_hand_written_...``).
+  password and its own session defaults. A raw INSERT of a reservation over the cap is refused by the database
+  itself (schema version 5, ``dpops.ledger.db_cap``: ``test_a_hand_written_...``).
 """
 
 from __future__ import annotations
@@ -98,6 +98,10 @@ def deployed(postgres_url, tmp_path, monkeypatch, capsys):
             check=False, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
         urls = {r: _url(base, db, n) for r, n in names.items()}
+        # as deploy/ledger-db-init.sh does after the roles: the database's own cap check, as the superuser
+        code = main(["ledger", "--ledger", _url(base, db, "postgres"), "install-cap-check",
+                     "--owner-role", names["owner"]])
+        assert code == 0, capsys.readouterr().err
         code = main(["ledger", "--ledger", urls["owner"], "init", "--app-role", names["app"],
                      "--reader-role", names["reader"]])
         assert code == 0, capsys.readouterr().err
@@ -229,6 +233,9 @@ def _forged_entries(conn: psycopg.Connection, role: str) -> list[tuple[str, Call
     key = _key(1)
     reserve_data = {"run_key": key.to_dict(), "events": [_laplace_dict(1.0)],
                     "restates": None, "details": {}, "accountant": "basic/1"}
+    fresh = _key(20)
+    fresh_data = {**reserve_data, "run_key": fresh.to_dict(), "interval_start": fresh.start_utc,
+                  "interval_end": fresh.end_utc, "epsilon": 1.0}
     return [
         ("refund a started run", forge("released", started, {"reason": "x"})),
         ("refund a committed run", forge("released", committed, {"reason": "x"})),
@@ -239,6 +246,10 @@ def _forged_entries(conn: psycopg.Connection, role: str) -> list[tuple[str, Call
         ("reservation on another scope's accountant", forge("reserved", key.run_id,
                                                            {**reserve_data, "accountant": "rdp/1"})),
         ("step a run naming other buckets", forge("spent_unpublished", started, {"reason": "x"}, buckets=[])),
+        # exactly what dpops would write, only too large (schema version 5: the database composes it and refuses)
+        ("a well-formed reservation over the cap", forge("reserved", fresh.run_id, fresh_data)),
+        ("a well-formed reservation on a forged bucket label", forge(
+            "reserved", fresh.run_id, fresh_data, buckets=["2024-03-20"], column_buckets=["2024-03-20"])),
     ]
 
 
@@ -421,33 +432,73 @@ def test_reader_and_app_connection_limits(deployed):
             c.close()
 
 
-def test_a_hand_written_reservation_over_the_cap_is_recorded_shown_and_flagged(deployed):
-    """What the database cannot refuse: it cannot compose privacy events (the accountants are Python), so a
-    reservation the app role writes by hand with a correct chain is stored. It is counted by status and the page
-    (no hiding), dpops refuses everything after it, and verify names it."""
+def _hand_written_reservation(url: str, app: str, key: RunKey, eps: float, *, buckets: list[str] | None = None,
+                              recorded_eps: float | None = None) -> None:
+    """INSERT, as ``app`` over a raw connection, the reservation entry dpops itself would write (correct chain,
+    body and columns), for a Laplace run of ``eps``; raises what the database raises."""
+    conn = _raw(url)
+    try:
+        last_id, last_hash = conn.execute("SELECT last_id, last_hash FROM chain_head").fetchone()
+        ts = "2024-03-20T00:00:00.000000+00:00"
+        labels = buckets if buckets is not None else ["*"]
+        body = canonical_json({"id": last_id + 1, "ts": ts, "kind": "reserved", "scope": "s", "run_id": key.run_id,
+                               "buckets": labels, "actor": "mallory", "writer": app, "data": {
+                                   "run_key": key.to_dict(), "restates": None, "details": {},
+                                   "accountant": "basic/1", "events": [_laplace_dict(1.0 / eps)],
+                                   "interval_start": key.start_utc, "interval_end": key.end_utc,
+                                   "epsilon": eps if recorded_eps is None else recorded_eps}})
+        digest = entry_hash(last_hash, body)
+        conn.execute("INSERT INTO entries (id, ts, kind, scope, run_id, buckets, actor, body, prev_hash, hash, writer) "
+                     "VALUES (%s, %s, 'reserved', 's', %s, %s, 'mallory', %s, %s, %s, %s)",
+                     (last_id + 1, ts, key.run_id, json.dumps(labels), body, last_hash, digest, app))
+        conn.execute("UPDATE chain_head SET last_id = %s, last_hash = %s", (last_id + 1, digest))
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def test_a_hand_written_reservation_over_the_cap_is_refused_by_the_database(deployed):
+    """Issue 25 item 8, closed by construction (schema version 5): the app role INSERTs, around dpops, the exact
+    reservation entry dpops would write (correct hash chain, body, columns). The database runs dpops' cap rule
+    itself (``dpops.ledger.db_cap``) and refuses it when it does not fit, or when it forges what the check relies
+    on (a bucket label, the recorded epsilon); one that fits is admitted (the check is not a blanket refusal).
+    On schema version 4 the over-cap entry was stored (status 2.6 on a cap of 1, flagged only by verify)."""
     urls, names, _admin = deployed
-    conn = _raw(urls["app"])
-    key = _key(9)
-    last_id, last_hash = conn.execute("SELECT last_id, last_hash FROM chain_head").fetchone()
-    ts = "2024-03-20T00:00:00.000000+00:00"
-    body = canonical_json({"id": last_id + 1, "ts": ts, "kind": "reserved", "scope": "s", "run_id": key.run_id,
-                           "buckets": ["*"], "actor": "mallory", "writer": names["app"], "data": {
-                               "run_key": key.to_dict(), "restates": None, "details": {}, "accountant": "basic/1",
-                               "events": [_laplace_dict(0.5)]}})
-    digest = entry_hash(last_hash, body)
-    conn.execute("INSERT INTO entries (id, ts, kind, scope, run_id, buckets, actor, body, prev_hash, hash, writer) "
-                 "VALUES (%s, %s, 'reserved', 's', %s, '[\"*\"]', 'mallory', %s, %s, %s, %s)",
-                 (last_id + 1, ts, key.run_id, body, last_hash, digest, names["app"]))
-    conn.execute("UPDATE chain_head SET last_id = %s, last_hash = %s", (last_id + 1, digest))
-    conn.commit()
-    conn.close()
+    with pytest.raises(psycopg.errors.CheckViolation, match="dpops cap check: .*budget refused on scope 's'"):
+        _hand_written_reservation(urls["app"], names["app"], _key(9), 2.0)
+    with pytest.raises(psycopg.errors.CheckViolation, match="names buckets"):
+        _hand_written_reservation(urls["app"], names["app"], _key(9), 0.1, buckets=["2024-03-09"])
+    with pytest.raises(psycopg.errors.CheckViolation, match="records epsilon"):
+        _hand_written_reservation(urls["app"], names["app"], _key(9), 2.0, recorded_eps=0.001)
+    with open_ledger(urls["owner"]) as owner:
+        assert owner.status("s").total == pytest.approx(0.6)  # nothing of the refused entries is recorded
+        assert owner.verify().ok
+    _hand_written_reservation(urls["app"], names["app"], _key(10), 0.3)  # fits: 0.6 + 0.3 <= 1
     with open_ledger(urls["owner"]) as owner, open_ledger(urls["reader"]) as reader:
-        assert owner.status("s").total == pytest.approx(2.6)
-        assert [s.total for s in budget_page(reader, None, []).scopes] == pytest.approx([2.6])
-        report = owner.verify()
-        assert not report.ok and "over the cap" in report.problems[0]
+        assert owner.status("s").total == pytest.approx(0.9)
+        assert [s.total for s in budget_page(reader, None, []).scopes] == pytest.approx([0.9])
+        assert owner.verify().ok
+    with pytest.raises(psycopg.errors.CheckViolation, match="budget refused"):
+        _hand_written_reservation(urls["app"], names["app"], _key(11), 0.2)  # 0.9 + 0.2 > 1
     with open_ledger(urls["app"]) as app, pytest.raises(ScopeBudgetExceeded):
+        app.reserve(_key(12), "s", _lap(0.2), actor="op")
+
+
+def test_without_the_databases_cap_check_no_app_role_reservation_is_admitted(deployed):
+    """By construction: if the PL/Python function is dropped (or was never installed), the owner's trigger refuses
+    every reservation a non-owner session writes, dpops' own included, with the fix named; granting an app role on
+    such a database is refused up front."""
+    urls, names, _admin = deployed
+    superuser_url = urls["owner"].replace(f"{names['owner']}@", "postgres@").split("?")[0]
+    with psycopg.connect(superuser_url, autocommit=True) as su:
+        su.execute("DROP FUNCTION dpops.dpops_cap_check(text, text)")
+    with open_ledger(urls["app"]) as app, pytest.raises(LedgerError, match="install-cap-check"):
         app.reserve(_key(12), "s", _lap(0.01), actor="op")
+    code = main(["ledger", "--ledger", urls["owner"], "init", "--app-role", names["app"]])
+    assert code != 0
+    with open_ledger(urls["owner"]) as owner:
+        assert owner.status("s").total == pytest.approx(0.6)
+        assert owner.verify().ok
 
 
 V3_COMMIT = "a842927"  # schema v3: the app role could still write the buckets and runs caches

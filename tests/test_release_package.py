@@ -7,7 +7,7 @@ import types
 import dpops.release as release
 
 MODULES = ("context", "preparation", "reservation", "computation", "pipeline_seam", "output_checks", "gx_checks",
-           "manifests", "publication", "served", "execute")
+           "manifests", "publication", "served", "estimation", "execute")
 
 
 def test_package_exports_the_step_functions():

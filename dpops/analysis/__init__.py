@@ -8,19 +8,21 @@ manifest and the report call these same functions; a notebook calls them directl
     spec = analysis.load("examples/daily_purchases.yaml")      # or a dict
     analysis.plan(spec, at_units=500)                          # pandas DataFrame, one row per quantity
     sol = analysis.solve(spec)                                 # least-epsilon split meeting spec.accuracy
+    sol.spec_patch()                                           # the rounded split to declare (plan --solve --out)
     analysis.horizon_of(spec, cap=10.0).rows                   # intervals that fit, per accountant
 
 By role:
 
-- loading: ``load``
+- loading: ``load``; intervals named as on the command line (one START or START/END): ``interval_of``
 - prediction: ``plan`` (DataFrame), ``predictions`` (rows), ``keep_curve``
 - targets: ``check_targets``, ``solve``, ``Solution``
 - budget over time: ``horizon_of``, ``Horizon``
 - words for a reviewer: ``explain``
 
 - tuning on a sample (not private): ``tune``, ``Candidate``, ``TuneResult``
-- private bound estimation, charged to the ledger (``dpops estimate``): ``estimate_bounds``,
-  ``EstimateConfig``, ``Estimate``; its L0 building block ``estimate_l0``
+- private bound estimation's mechanisms: ``EstimateConfig``, ``Estimate``; the L0 mechanism alone over given
+  per-unit counts, ``estimate_l0``. The charged run over an interval's private data is a release, so it
+  lives in ``dpops.release``: ``dpops.release.estimate_bounds`` (the notebook form of ``dpops estimate``)
 """
 
 from __future__ import annotations
@@ -28,8 +30,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dpops.analysis.accuracy import (
     DEFAULT_CONFIDENCE,
@@ -41,6 +42,7 @@ from dpops.analysis.accuracy import (
 )
 from dpops.analysis.estimate import Estimate, EstimateConfig, estimate_l0
 from dpops.analysis.horizon import ACCOUNTANTS, Horizon, HorizonRow
+from dpops.analysis.loading import load
 from dpops.analysis.solver import FitCheck, Solution
 from dpops.analysis.solver import solve as solve_spec
 from dpops.analysis.targets import TargetResult, evaluate
@@ -51,34 +53,53 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from dpops.events import PrivacyEvent
-    from dpops.ledger import Ledger
     from dpops.spec import ReleaseSpec
 
+class ScopeView(Protocol):
+    """What ``solve`` reads of a ledger scope: its name and the accountant that composes its charges."""
+
+    @property
+    def name(self) -> str:
+        """The scope's name."""
+
+    @property
+    def accountant(self) -> str:
+        """The accountant ref, e.g. ``pld/1``."""
+
+
+class FitItemView(Protocol):
+    """One item of a ledger plan: does the run fit what the scope has left."""
+
+    @property
+    def fits(self) -> bool:
+        """True when the run fits every bucket it touches."""
+
+
+class PlanView(Protocol):
+    """What ``solve`` reads of ``Ledger.plan``: one item per planned run."""
+
+    @property
+    def items(self) -> Sequence[FitItemView]:
+        """The planned runs, in order."""
+
+
+class LedgerView(Protocol):
+    """The read-only part of ``dpops.ledger.Ledger`` that ``solve(ledger=...)`` uses. analysis/ never opens or
+    writes a ledger itself (it reads nothing and charges nothing); the caller passes an open one in."""
+
+    def scope(self, name: str) -> ScopeView:
+        """The scope's definition."""
+
+    def plan(self, scope: str, runs: Sequence[tuple[str, str, list[PrivacyEvent]]]) -> PlanView:
+        """Would these runs fit the scope now (composed with what it holds, nothing written)."""
+
+
 __all__ = [
-    "load", "plan", "predictions", "keep_curve", "check_targets", "solve", "Solution", "horizon_of",
-    "Horizon", "HorizonRow", "explain", "Prediction", "TargetResult", "ACCOUNTANTS", "FitCheck",
+    "load", "interval_of", "plan", "predictions", "keep_curve", "check_targets", "solve", "Solution", "horizon_of",
+    "Horizon", "HorizonRow", "explain", "Prediction", "TargetResult", "ACCOUNTANTS", "FitCheck", "LedgerView",
     "DEFAULT_CONFIDENCE", "DEFAULT_UNITS", "DEFAULT_GAP", "tune", "Candidate", "TuneResult",
-    "estimate_bounds", "estimate_l0", "EstimateConfig", "Estimate",
+    "estimate_l0", "EstimateConfig", "Estimate",
 ]
-
-
-
-def load(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], *,
-         base_dir: str | os.PathLike[str] | None = None) -> ReleaseSpec:
-    """A validated ``ReleaseSpec`` from a YAML path, a dict (as the YAML would parse) or a spec itself.
-
-    A dict's relative paths start at ``base_dir`` (default the working directory). Errors are the same
-    ``SpecError`` (exit class 3) the CLI prints.
-    """
-    from dpops.spec import ReleaseSpec, load_spec, parse_spec
-
-    if isinstance(spec, ReleaseSpec):
-        return spec
-    if isinstance(spec, Mapping):
-        return parse_spec(dict(spec), source="<dict>", base_dir=Path(base_dir) if base_dir is not None else None)
-    if isinstance(spec, (str, os.PathLike)):
-        return load_spec(spec)
-    raise InvalidParameter(f"a spec is a path, a dict or a ReleaseSpec, got {type(spec).__name__}")
 
 
 def predictions(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], *,
@@ -108,11 +129,64 @@ def plan(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], *,
     return pd.DataFrame([r.to_dict() for r in rows])
 
 
-def solve(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], *, accountant: str = "basic/1",
-          available: float | None = None, fits: FitCheck | None = None) -> Solution:
+def interval_of(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any],
+                interval: str | datetime | None = None) -> tuple[str, str]:
+    """(start, end) as ISO-8601 UTC text of an interval named as the CLI names one (``--interval``): ``START/END``,
+    or one ``START`` (``"2024-01-03"``) for the spec's period or schedule interval starting there
+    (``dpops.release.preparation.requested_interval``, the one convention); a ``datetime`` is a START. None: the
+    interval containing now (what ``dpops plan --solve`` checks against the ledger)."""
+    from dpops.spec import aligned_bounds
+
+    s = load(spec)
+    if interval is None:
+        from datetime import UTC, timedelta
+
+        now = datetime.now(UTC)
+        b = aligned_bounds(s, now)
+        lo, hi = b if b is not None else (now, now + timedelta(days=1))
+        return lo.strftime("%Y-%m-%dT%H:%M:%SZ"), hi.strftime("%Y-%m-%dT%H:%M:%SZ")
+    from dpops.run_interval import requested_interval
+
+    text = interval.isoformat() if isinstance(interval, datetime) else str(interval)
+    iv = requested_interval(s, text)
+    return iv.start.strftime("%Y-%m-%dT%H:%M:%SZ"), iv.end.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def solve(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], *, accountant: str | None = None,
+          available: float | None = None, fits: FitCheck | None = None, ledger: LedgerView | None = None,
+          interval: str | datetime | None = None) -> Solution:
     """The least-cost split meeting every accuracy target (``dpops.analysis.solver.solve``); ``spec`` is a path,
-    a dict or a ``ReleaseSpec``, as for ``plan`` and ``tune`` (issue 26 section 4)."""
-    return solve_spec(load(spec), accountant=accountant, available=available, fits=fits)
+    a dict or a ``ReleaseSpec``, as for ``plan`` and ``tune`` (issue 26 section 4).
+
+    ``available``: the most one interval may cost (epsilon under the accountant), a cap on the run.
+    ``ledger`` (an open ``dpops.ledger.Ledger``: ``LedgerView``): also fit what remains of the spec's scope, as
+    ``dpops plan --solve`` does: the run over ``interval`` (``interval_of``: ``START/END`` or one ``START`` like
+    ``"2024-01-03"``; default the interval containing now) must fit the ledger's own ``plan`` (buckets, open
+    reservations), priced by the scope's accountant. ``accountant`` defaults to the scope's with a ledger,
+    else basic/1."""
+    s = load(spec)
+    if ledger is None:
+        if interval is not None:
+            raise InvalidParameter("analysis.solve: interval= names the run checked against the ledger's remaining "
+                                   "budget; give ledger= too (a Ledger or a URL), or leave interval out")
+        return solve_spec(s, accountant=accountant or "basic/1", available=available, fits=fits)
+    if isinstance(ledger, (str, os.PathLike)):
+        # analysis/ opens no ledger (it reads nothing, charges nothing: tests/test_import_graph.py); the caller
+        # opens it and passes it in, read only here
+        raise InvalidParameter("analysis.solve: ledger= takes an open ledger (dpops.ledger.open_ledger(URL)), "
+                               "not a URL; use it in a with block so it is closed")
+    start, end = interval_of(s, interval)
+    scope = ledger.scope(s.budget.scope)
+    if accountant is not None and accountant != scope.accountant:
+        raise InvalidParameter(f"analysis.solve: scope {scope.name!r} composes with {scope.accountant}, not "
+                               f"{accountant}: leave accountant= out (the ledger's is used)")
+
+    def within(events: Sequence[PrivacyEvent]) -> bool:
+        if fits is not None and not fits(events):
+            return False
+        return bool(ledger.plan(scope.name, [(start, end, list(events))]).items[0].fits)
+
+    return solve_spec(s, accountant=scope.accountant, available=available, fits=within)
 
 
 def check_targets(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any]) -> list[TargetResult]:
@@ -125,10 +199,12 @@ def check_targets(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any]
 
 def horizon_of(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], *, cap: float | None,
                cap_unit: str = "epsilon", delta: float | None = None, spent: Sequence[PrivacyEvent] = (),
-               spent_source: str = "given", intervals: int = 365, start: datetime | None = None,
+               spent_source: str = "given", intervals: int = 365, start: str | datetime | None = None,
                accountants: Sequence[str] = ACCOUNTANTS, bucket: str | None = None) -> Horizon:
     """The horizon view of the spec's schedule on a scope with ``cap`` (see ``dpops.analysis.horizon``).
 
+    ``start``: the first interval, named as the CLI names one (``"2024-01-03"``, ``START/END`` or a datetime;
+    ``interval_of``); default now.
     (The function lives in the submodule of the same name, which is why it is not re-exported here:
     importing the submodule would rebind ``dpops.analysis.horizon`` to the module.)
     """
@@ -136,6 +212,8 @@ def horizon_of(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], *
     from dpops.release_plan import plan_release
 
     s = load(spec)
+    if isinstance(start, str):
+        start = datetime.fromisoformat(interval_of(s, start)[0].replace("Z", "+00:00"))
     return horizon(s, plan_release(s), cap=cap, cap_unit=cap_unit, delta=delta, spent=spent,
                    spent_source=spent_source, intervals=intervals, start=start, accountants=accountants,
                    bucket=bucket)
@@ -150,29 +228,3 @@ def explain(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], *,
     s = load(spec)
     p = plan_release(s)
     return lines(s, p, predict(p), accountant)
-
-
-def estimate_bounds(spec_path: str | os.PathLike[str], interval: str, *, epsilon: float,
-                    ledger: Ledger | str | None = None, quantile: float = 0.99, contribution: bool = True,
-                    columns: Sequence[str] | None = None, randomness: str = "keyed", key_path: str | None = None,
-                    test_seed: int | None = None, actor: str | None = None) -> Estimate:
-    """``dpops estimate``: estimate L0, Linf and value bounds under DP over one interval of the spec's input,
-    charged to its scope like a release (the same function the CLI calls; ``dpops.analysis.estimate``).
-
-    ``interval``: ``START/END`` or the start of one period; ``ledger``: a ``Ledger``, a URL, or None for
-    ``$DPOPS_LEDGER_URL`` / the default file. ``Estimate.patch()`` is the spec patch (with ``estimated_from``).
-    """
-    from dpops.analysis.estimate import estimate as run_estimate
-    from dpops.ledger import Ledger as LedgerClass
-    from dpops.release.context import open_run_ledger
-    from dpops.release.preparation import requested_interval
-
-    iv = requested_interval(spec_path, interval)
-    config = EstimateConfig(epsilon=epsilon, quantile=quantile, contribution=contribution,
-                            columns=tuple(columns) if columns is not None else None)
-    if isinstance(ledger, LedgerClass):
-        return run_estimate(spec_path, iv.start, iv.end, config=config, ledger=ledger, randomness=randomness,
-                            key_path=key_path, test_seed=test_seed, actor=actor)
-    with open_run_ledger(ledger) as led:
-        return run_estimate(spec_path, iv.start, iv.end, config=config, ledger=led, randomness=randomness,
-                            key_path=key_path, test_seed=test_seed, actor=actor)

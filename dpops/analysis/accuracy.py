@@ -359,6 +359,20 @@ def mean_halfwidth(plan: ReleasePlan, m: MetricPlan, n: int, offset: float | Non
     return half + dist.ps.resolution / 2.0 / n, float(dist.coverage(half)[0])
 
 
+def mean_noise_stds(plan: ReleasePlan, m: MetricPlan) -> tuple[float, float]:
+    """(std of the mean's normalized-sum noise, std of the count noise it divides by): the two noises of
+    ``_MeanError``, for callers that need the mean's error at first order over many sizes at once
+    (``dpops.analysis.bound_choice``)."""
+    return float(_vec(m, "normalized_sum").std), float(_count_vector(plan, m).std)
+
+
+def mean_std_first_order(plan: ReleasePlan, m: MetricPlan, n: int, offset: float) -> float:
+    """The first-order std of a mean over n rows whose true mean is mid + offset: hypot(sd_nsum, offset sd_count)
+    / n. Exact only as n grows (``mean_error`` is exact at every n); it is the scale ``mean_error`` starts from."""
+    s_std, c_std = mean_noise_stds(plan, m)
+    return math.hypot(s_std, float(offset) * c_std) / n
+
+
 def mean_error(plan: ReleasePlan, m: MetricPlan, n: int, offset: float | None, confidence: float
                ) -> tuple[float, float, float, str]:
     """(std, half-width, coverage, method) of a mean over n rows whose true mean is mid + offset.
@@ -369,7 +383,7 @@ def mean_error(plan: ReleasePlan, m: MetricPlan, n: int, offset: float | None, c
     """
     dist, half = _mean_distribution(plan, m, n, offset, confidence)
     pc = _count_vector(plan, m)
-    first_order = math.hypot(dist.ps.std, float(dist.d[0]) * pc.std) / n
+    first_order = mean_std_first_order(plan, m, n, float(dist.d[0]))
     method = ("exact: the noisy count in the denominator and the clipping to the bounds included"
               + ("" if dist.bin == pc.resolution else f" (count noise in bins of {dist.bin:g})"))
     return dist.std(first_order), half + dist.ps.resolution / 2.0 / n, float(dist.coverage(half)[0]), method
@@ -523,7 +537,8 @@ def keep_curve(plan: ReleasePlan, units: Sequence[int]) -> list[tuple[int, float
 
 
 __all__ = [
-    "Prediction", "predict", "vector_error", "mean_error", "mean_halfwidth",
+    "Prediction", "predict", "vector_error", "mean_error", "mean_halfwidth", "mean_noise_stds",
+    "mean_std_first_order",
     "first_order_mean_halfwidth", "variance_error", "linear_halfwidth",
     "quantile_rank_error", "quantile_typical_rank_error", "top_pick", "selection_row", "keep_curve",
     "distribution_name",

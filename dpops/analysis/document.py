@@ -47,13 +47,14 @@ def manifest_section(spec: ReleaseSpec, plan: ReleasePlan) -> dict[str, Any] | N
             "targets": [t.to_dict() for t in evaluate(plan, spec.accuracy)]}
 
 
-def recompute_manifest_section(spec_document: Mapping[str, Any], recorded: Mapping[str, Any]) -> dict[str, Any]:
-    """The section recomputed from the manifest's embedded spec and its recorded ``declared`` targets."""
-    from dpops.manifest.verify import parse_embedded_spec
+def recompute_manifest_section(spec: ReleaseSpec, recorded: Mapping[str, Any]) -> dict[str, Any]:
+    """The section recomputed from the manifest's embedded spec and its recorded ``declared`` targets.
+
+    ``spec``: the embedded spec as the verifier re-reads it (``dpops.manifest.verify.parse_embedded_spec``, the
+    manifest's own rule for a spec it carries); taking it parsed keeps this module free of the manifest."""
     from dpops.release_plan import plan_release
     from dpops.spec import AccuracySpec
 
-    spec = parse_embedded_spec(spec_document)
     declared = AccuracySpec.model_validate(dict(recorded["declared"]))
     plan = plan_release(spec)
     schema = str(recorded.get("schema", ""))

@@ -1,14 +1,17 @@
-"""Private bound estimation (issue 20 section 4): contribution bounds and value bounds chosen under DP.
+"""Private bound estimation (issue 20 section 4): the mechanisms that choose contribution and value bounds under DP.
 
-docs/semantics.md section 1: "a bound learned from data must itself be a charged DP release". This module
-is that release. ``dpops estimate SPEC --interval I --epsilon E`` reads the interval's input through the
-release's own reading code (``pipelines.io.prepare_batch``: type checks, null/NaN drops, hashing, public
-partitions, the time filter), bounds it with the release's own ``pipelines.bounding.bound_contributions``
-and runs one exponential mechanism per estimated bound. It is reserved, started and committed in the
-ledger like a release, on the spec's budget scope, and gets a manifest of its own that ``manifest
-verify`` recomputes. Its output is a spec patch carrying ``estimated_from: <run id>``; a release made
-from the patched spec names the estimation in its manifest (``dependencies``), and verifying that
-manifest verifies the estimation's too.
+docs/semantics.md section 1: "a bound learned from data must itself be a charged DP release". That release
+is ``dpops.release.estimation`` (prepare, reserve, start, compute, commit, like any release; ``dpops
+estimate``): it reads the interval's input through the release's own reading code
+(``pipelines.io.prepare_batch``: type checks, null/NaN drops, hashing, public partitions, the time filter)
+after ``ledger.start`` and hands the rows to ``estimate_rows`` here. This module is pure: it sees only the
+rows (or, for ``estimate_l0``, the per-unit counts) it is given, draws from the source it is given, reads
+no file and writes nothing to the ledger. What it owns is what a reviewer recomputes: the configuration and
+its hash in the run key (``estimation_hash``), the mechanisms with their shares and sensitivities, the
+events the ledger charges (``events``, a function of spec and configuration only), the manifest's
+``estimation`` section and the spec patch carrying ``estimated_from: <run id>``; a release made from the
+patched spec names the estimation in its manifest (``dependencies``), and verifying that manifest verifies
+the estimation's too.
 
 The mechanisms
 --------------
@@ -56,20 +59,8 @@ events themselves).
 Record-level specs (every row its own unit) have L0 = Linf = 1 by definition: only value bounds are
 estimated.
 
-Randomness, retries and the ledger
-----------------------------------
-
-Noise comes from the run's randomness source exactly as a release's: ``keyed`` (the default) is the
-CSPRNG stream of the noise key and the estimation's run key (``keyed_random``), so a retry of the same
-run key over the same input draws the same values, reveals nothing new and is not charged again;
-``test`` is seeded and never feeds a published release: the run ends spent_unpublished, writes no manifest
-and no result under output.root (its fingerprint is keyed with the public test key), and ``check_dependency``
-refuses it to a keyed or os release (``_test_only``). ``os`` randomness cannot be reproduced, so a
-retry could not be free: it is refused for estimation. The run key is the release's (spec hash,
-interval, keyed input fingerprint, key id) under the release name ``<name>__estimate`` and a spec hash
-field that also covers the estimation's configuration (``estimation_hash``): the same request is the
-same run, a different epsilon or quantile a new one. A committed estimation is served from its
-manifest: no charge, the same result.
+Randomness, retries and the ledger: ``dpops.release.estimation`` (keyed or test randomness, never os;
+the run key ``<name>__estimate``; a committed estimation is served from its manifest, uncharged).
 
 What is public: the estimates themselves (DP outputs) and the configuration. The manifest records
 them, the mechanisms and their sensitivities; nothing else about the data.
@@ -79,28 +70,32 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from dpops.errors import BudgetExceeded, InvalidParameter, LedgerError, SpecError
+from dpops.errors import InvalidParameter
 
 if TYPE_CHECKING:
+    from dpops.analysis.bound_choice import BoundChoice, BoundHistograms
     from dpops.events import PrivacyEvent
-    from dpops.ledger import Ledger, RunKey, RunRecord
     from dpops.noise.randomness import RandomSource
-    from dpops.release.context import IntervalBound, RunContext
     from dpops.spec import ReleaseSpec
 
 ESTIMATION_SCHEMA = "dpops.estimation/1"
 PATCH_SCHEMA = "dpops.estimate-patch/1"  # patch.yaml, applied by ``dpops spec apply-patch``
 RELEASE_SUFFIX = "__estimate"  # an estimation's run key names the release <spec name>__estimate
 MECHANISM = "estimate/quantile_exponential_mechanism"
+# The rule that turns the data into bounds (``EstimateConfig.method``, recorded in the manifest's
+# estimation.config; a method's meaning never changes, so a manifest recomputes with the rule it names):
+# quantile/1: one exponential mechanism per bound at ``quantile`` (this module's docstring), whatever the
+# release's epsilon; error/1: noisy histograms and the bounds minimising the release's predicted error at its
+# own epsilon (``dpops.analysis.bound_choice``, issue 26 item 3). A config without the field is quantile/1.
+QUANTILE_METHOD = "quantile/1"
+ERROR_METHOD = "error/1"
+METHODS = (QUANTILE_METHOD, ERROR_METHOD)
 DEFAULT_QUANTILE = 0.99
 DEFAULT_MAX_L0 = 256
 DEFAULT_MAX_LINF = 256
@@ -125,11 +120,14 @@ class EstimateConfig:
     columns: tuple[str, ...] | None = None  # bounded columns to estimate (None: every bounded column)
     max_l0: int = DEFAULT_MAX_L0
     max_linf: int = DEFAULT_MAX_LINF
+    method: str = QUANTILE_METHOD  # METHODS; quantile/1 is what every configuration without the field meant
 
     def __post_init__(self) -> None:
         from dpops.param_checks import check_epsilon
 
         check_epsilon(self.epsilon)
+        if self.method not in METHODS:
+            raise InvalidParameter(f"estimate: method must be one of {', '.join(METHODS)}, got {self.method!r}")
         q = self.quantile
         if isinstance(q, bool) or not isinstance(q, (int, float)) or not (0.5 <= q < 1.0):
             raise InvalidParameter(f"estimate: quantile must be in [0.5, 1), got {q!r} (0.99 keeps 99% of the "
@@ -145,6 +143,8 @@ class EstimateConfig:
         d["epsilon"] = float(self.epsilon)
         d["quantile"] = float(self.quantile)
         d["columns"] = None if self.columns is None else list(self.columns)
+        if self.method == QUANTILE_METHOD:  # absent, as before the field existed: old run keys stay the same
+            del d["method"]
         return d
 
     @classmethod
@@ -153,7 +153,7 @@ class EstimateConfig:
         cols = d.get("columns")
         return cls(epsilon=float(d["epsilon"]), quantile=float(d["quantile"]), contribution=bool(d["contribution"]),
                    columns=None if cols is None else tuple(str(c) for c in cols), max_l0=int(d["max_l0"]),
-                   max_linf=int(d["max_linf"]))
+                   max_linf=int(d["max_linf"]), method=str(d.get("method", QUANTILE_METHOD)))
 
 
 @dataclass(frozen=True)
@@ -164,18 +164,25 @@ class Mechanism:
     epsilon: float
     quantile: float
     candidates: int
-    max_items_per_unit: int  # m of the module docstring's lemma
-    utility_sensitivity: int  # S * m
+    max_items_per_unit: int  # m of the module docstring's lemma (a histogram: the weight one unit spreads)
+    utility_sensitivity: int  # S * m (a histogram: its L1 sensitivity, in weight units)
+    kind: str = "exponential_mechanism"  # or "noisy_histogram" (error/1: ``dpops.analysis.bound_choice``)
 
     def event(self) -> PrivacyEvent:
         """The pure-DP event this mechanism spends."""
+        from dpops.analysis.bound_choice import HISTOGRAM_MECHANISM
         from dpops.events import PureDP
 
-        return PureDP(self.epsilon, mechanism=MECHANISM)
+        return PureDP(self.epsilon, mechanism=MECHANISM if self.kind == "exponential_mechanism"
+                      else HISTOGRAM_MECHANISM)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form (the manifest's ``estimation.mechanisms``)."""
-        return asdict(self)
+        """JSON form (the manifest's ``estimation.mechanisms``; ``kind`` only when not the default, so manifests
+        written before it existed recompute to what they recorded)."""
+        d = asdict(self)
+        if self.kind == "exponential_mechanism":
+            del d["kind"]
+        return d
 
 
 def _names(spec: ReleaseSpec, config: EstimateConfig) -> list[str]:
@@ -211,6 +218,8 @@ def mechanisms(spec: ReleaseSpec, config: EstimateConfig, l0: int | None = None,
     ledger charges) do not depend on them, only the recorded sensitivities do."""
     from dpops.noise.selection import QUANTILE_Q_BITS
 
+    if config.method == ERROR_METHOD:
+        return _histogram_mechanisms(spec, config)
     names = _names(spec, config)
     share = float(config.epsilon) * SAFETY / len(names)
     rl = bool(spec.privacy_unit.record_level)
@@ -228,6 +237,52 @@ def mechanisms(spec: ReleaseSpec, config: EstimateConfig, l0: int | None = None,
             q = config.quantile if n.startswith("upper:") else 1.0 - config.quantile
         out.append(Mechanism(n, share, float(q), int(cands), int(m), int(m) << QUANTILE_Q_BITS))
     return out
+
+
+def _public_partition_count(spec: ReleaseSpec) -> int:
+    """How many public partitions the release has; error/1 refuses private partitions (before any charge)."""
+    from dpops.release_plan import plan_release
+
+    pub = plan_release(spec).public_partitions
+    if pub is None:
+        raise InvalidParameter(f"estimate --method {ERROR_METHOD}: {spec.source} selects its partitions privately; "
+                               "the error objective needs the public partition list (partitions.public or "
+                               f"public_file) to weigh each partition's error. Use --method {QUANTILE_METHOD}; "
+                               "nothing was charged")
+    return len(pub)
+
+
+def error_histogram_names(spec: ReleaseSpec, config: EstimateConfig) -> list[str]:
+    """The histograms error/1 draws (``dpops.analysis.bound_choice``), in order: ``units`` and ``pairs`` when
+    the contribution bounds are estimated (``pairs`` only for a count, sum or mean: a unit_count's error does
+    not depend on Linf), ``partitions``, then ``values:<col>`` per estimated column."""
+    from dpops.analysis.bound_choice import COUNT_TYPES
+
+    if not any(m.type in COUNT_TYPES for m in spec.metrics):
+        raise InvalidParameter(f"estimate --method {ERROR_METHOD}: {spec.source} has no count, unit_count, sum or "
+                               f"mean metric whose error could be minimised; use --method {QUANTILE_METHOD}; "
+                               "nothing was charged")
+    value_names = [n.split(":", 1)[1] for n in _names(spec, config) if n.startswith("upper:")]
+    contrib = config.contribution and not spec.privacy_unit.record_level
+    rows_matter = any(m.type in ("count", "sum", "mean") for m in spec.metrics)  # unit_count: L0 only
+    return [*(["units"] if contrib else []), *(["pairs"] if contrib and rows_matter else []), "partitions",
+            *(f"values:{c}" for c in value_names)]
+
+
+def _histogram_mechanisms(spec: ReleaseSpec, config: EstimateConfig) -> list[Mechanism]:
+    """error/1's mechanisms: one noisy histogram each, at its share of the epsilon
+    (``bound_choice.histogram_shares``)."""
+    from dpops.analysis import bound_choice as B
+
+    P = _public_partition_count(spec)
+    names = error_histogram_names(spec, config)
+    shares = B.histogram_shares(names, float(config.epsilon) * SAFETY)
+    k_cells = B.coarse_k_edges(P).size
+    r_cells = B.row_edges(contribution_grid(config.max_linf)).size
+    cells = {"units": P, "pairs": k_cells * r_cells, "partitions": P}
+    sens = B.l1_sensitivity(spec.privacy_unit.adjacency)
+    return [Mechanism(f"hist:{n}", shares[n], 0.0, int(cells.get(n, value_grid().size + 1)), B.WEIGHT_SCALE, sens,
+                      kind="noisy_histogram") for n in names]
 
 
 def events(spec: ReleaseSpec, config: EstimateConfig) -> list[PrivacyEvent]:
@@ -313,26 +368,6 @@ def _at_or_below_int(values: np.ndarray, grid: np.ndarray) -> np.ndarray:
     return np.searchsorted(np.sort(np.asarray(values, dtype=np.int64)), grid, side="right").astype(np.int64)
 
 
-def _per_unit_partitions(u: np.ndarray, p: np.ndarray) -> np.ndarray:
-    """Distinct partitions of each unit (one value per unit present)."""
-    import pandas as pd
-
-    if not len(u):
-        return np.zeros(0, np.int64)
-    pairs = pd.DataFrame({"u": u, "p": p}).drop_duplicates()
-    return pairs.groupby("u", sort=False).size().to_numpy(np.int64)
-
-
-def _per_unit_max_rows(u: np.ndarray, p: np.ndarray) -> np.ndarray:
-    """Each unit's largest number of rows in one partition (one value per unit present)."""
-    import pandas as pd
-
-    if not len(u):
-        return np.zeros(0, np.int64)
-    per_pair = pd.DataFrame({"u": u, "p": p}).groupby(["u", "p"], sort=False).size()
-    return per_pair.groupby(level=0, sort=False).max().to_numpy(np.int64)
-
-
 def estimate_l0(per_unit_partitions: Sequence[int] | np.ndarray, epsilon: float, rng: RandomSource | None = None, *,
                 seed: int | None = None, quantile: float = DEFAULT_QUANTILE, max_l0: int = DEFAULT_MAX_L0,
                 declared: int = 1) -> int:
@@ -378,6 +413,14 @@ class Estimate:
     epsilon_charged: float = 0.0
     manifest: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    # error/1 only: the noisy histograms (DP outputs) and what the objective predicted for the choice
+    histograms: dict[str, Any] | None = None
+    choice: dict[str, Any] | None = None
+
+    def targets(self) -> list[dict[str, Any]]:
+        """The spec's accuracy targets checked against the release with the estimated bounds (issue 26 item 3):
+        a function of the spec and the result only (public), so a served estimation gives the same."""
+        return target_check(self.spec, self.result())
 
     def result(self) -> dict[str, Any]:
         """The estimated bounds as JSON (the manifest's ``estimation.result``)."""
@@ -393,7 +436,32 @@ class Estimate:
         return {"run_id": self.run_id, "state": self.state, "epsilon_charged": self.epsilon_charged,
                 "epsilon": float(self.config.epsilon), "config": self.config.to_dict(), "result": self.result(),
                 "mechanisms": [m.to_dict() for m in self.mechanisms], "patch": self.patch(),
-                "manifest": self.manifest}
+                "manifest": self.manifest, "choice": self.choice, "targets": self.targets()}
+
+
+def target_check(spec: ReleaseSpec, result: Mapping[str, Any],
+                 declared: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """``dpops.analysis.targets.evaluate`` of the spec's accuracy targets (or ``declared``, the targets a
+    manifest's ``accuracy.declared`` recorded: the embedded spec leaves them out, as they are not part of the
+    spec hash) against the plan of the spec patched with ``result``, the bounds a release made from the
+    estimation would run with: every target, met or not, at the release's own epsilon."""
+    from dpops.analysis.targets import evaluate
+    from dpops.analysis.tuning import load_patched
+    from dpops.errors import DpopsError, public_message
+    from dpops.release_plan import plan_release
+    from dpops.spec import AccuracySpec
+
+    accuracy = AccuracySpec.model_validate(dict(declared)) if declared is not None else spec.accuracy
+    if accuracy is None:
+        return []
+    try:
+        patch = spec_patch(spec, result, None)
+        patched = load_patched(spec, patch) if patch else spec
+        return [t.to_dict() for t in evaluate(plan_release(patched), accuracy)]
+    except DpopsError as exc:  # runs after the charge: a plan refusal is reported, never raised
+        return [{"index": -1, "kind": "error", "metric": "", "measure": "", "target": 0.0, "predicted": None,
+                 "met": False, "shortfall": None,
+                 "description": f"the targets could not be evaluated at the estimated bounds: {public_message(exc)}"}]
 
 
 def patch_document(est: Estimate) -> dict[str, Any]:
@@ -427,57 +495,293 @@ def spec_patch(spec: ReleaseSpec, result: Mapping[str, Any], run_id: str | None)
     return patch
 
 
+# --------------------------------------------------------------------------- what the mechanisms see
+
+
+@dataclass(frozen=True)
+class GridCounts:
+    """What one L0 or Linf mechanism sees: r(c) = #{items <= c} per candidate c of a public grid, and n items.
+
+    Exact counts of private data, not DP: they go only into ``quantile_choice`` (the estimation release keeps
+    them in its process or its private staging directory, never in a manifest or a log). Additive over
+    disjoint sets of units, so workers may count their buckets and the sums are the whole input's counts."""
+
+    at_or_below: np.ndarray  # int64, one per candidate
+    n: int
+
+    def __add__(self, other: GridCounts) -> GridCounts:
+        return GridCounts(self.at_or_below + other.at_or_below, self.n + other.n)
+
+
+@dataclass(frozen=True)
+class ValueCounts:
+    """What one column's value mechanisms see over the bounded rows: #{v < c} and #{v <= c} per candidate c of
+    ``value_grid()``, and the number of rows n. Private and additive, as ``GridCounts``."""
+
+    below: np.ndarray  # int64
+    at_or_below: np.ndarray  # int64
+    n: int
+
+    def __add__(self, other: ValueCounts) -> ValueCounts:
+        return ValueCounts(self.below + other.below, self.at_or_below + other.at_or_below, self.n + other.n)
+
+
+@dataclass(frozen=True)
+class PassCounts:
+    """What one counting pass over the input returns (``pipelines.estimation.count_estimation``): the L0 counts
+    and the Linf counts at each candidate L0 (a ``pairs`` pass), or the value counts per column (``values``)."""
+
+    l0: GridCounts | None = None
+    linf: dict[int, GridCounts] = field(default_factory=dict)
+    values: dict[str, ValueCounts] = field(default_factory=dict)
+
+
+class EstimationCounts(Protocol):
+    """The counts the mechanisms ask for, in their order (each later request names the earlier DP outputs).
+
+    ``RowCounts`` answers from rows in memory; ``dpops.release.estimation`` may answer from Beam passes over
+    the input (``pipelines.estimation``), which count each unit bucket with the same functions and sum."""
+
+    def l0_counts(self, grid: np.ndarray) -> GridCounts:
+        """Per unit its number of distinct partitions, counted at or below each candidate L0."""
+        ...
+
+    def linf_counts(self, l0: int, grid: np.ndarray) -> GridCounts:
+        """Per unit its largest row count in one of the pairs it keeps under ``l0``, at or below each candidate."""
+        ...
+
+    def value_counts(self, l0: int, linf: int, columns: Sequence[str], grid: np.ndarray) -> dict[str, ValueCounts]:
+        """Per column the values of the rows bounding keeps at (``l0``, ``linf``), below and at or below each c."""
+        ...
+
+
+@dataclass(frozen=True)
+class PairTable:
+    """One entry per distinct (unit, partition) pair: unit hash, partition hash, pair priority, row count.
+
+    The L0 and Linf mechanisms need no more than this: bounding's L0 step orders a unit's pairs by (pair
+    priority, partition hash) only (``pipelines.bounding.contribution_ranks``), and without a row limit a kept
+    pair keeps all its rows. Tables of several batches merge by adding the row counts of equal pairs."""
+
+    u: np.ndarray  # uint64
+    p: np.ndarray  # uint64
+    pp: np.ndarray  # uint64, equal for all rows of a pair
+    rows: np.ndarray  # int64
+
+    @classmethod
+    def of(cls, u: np.ndarray, p: np.ndarray, pp: np.ndarray, rows: np.ndarray | None = None) -> PairTable:
+        """The table of rows (u, p, pp) (``rows``: each entry's row count, default one row each)."""
+        import pandas as pd
+
+        u, p, pp = (np.asarray(x, dtype=np.uint64) for x in (u, p, pp))
+        if not len(u):
+            z = np.zeros(0, np.uint64)
+            return cls(z, z, z, np.zeros(0, np.int64))
+        ucode, _ = pd.factorize(u, sort=False)
+        pcode, uniq_p = pd.factorize(p, sort=False)
+        pair, _ = pd.factorize(ucode.astype(np.int64) * len(uniq_p) + pcode, sort=False)
+        m = int(pair.max()) + 1
+        first = np.empty(m, np.int64)
+        first[pair[::-1]] = np.arange(len(u) - 1, -1, -1)
+        weights = np.ones(len(u), np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
+        counts = np.zeros(m, np.int64)
+        np.add.at(counts, pair, weights)  # exact integers (a bincount with weights would go through float64)
+        return cls(u[first], p[first], pp[first], counts)
+
+    @classmethod
+    def merge(cls, tables: Sequence[PairTable]) -> PairTable:
+        """One table of the union (the row counts of a pair seen in several tables added)."""
+        if len(tables) == 1:
+            return tables[0]
+        return cls.of(*(np.concatenate([getattr(t, f) for t in tables]) for f in ("u", "p", "pp", "rows")))
+
+    def l0_counts(self, grid: np.ndarray) -> GridCounts:
+        """``EstimationCounts.l0_counts``: one item per unit, its number of pairs."""
+        import pandas as pd
+
+        if not len(self.u):
+            return GridCounts(_at_or_below_int(np.zeros(0, np.int64), grid), 0)
+        ucode, uniq = pd.factorize(self.u, sort=False)
+        per_unit = np.bincount(ucode, minlength=len(uniq)).astype(np.int64)
+        return GridCounts(_at_or_below_int(per_unit, grid), int(per_unit.size))
+
+    def linf_counts_at(self, l0s: Sequence[int], grid: np.ndarray) -> dict[int, GridCounts]:
+        """``linf_counts`` at each L0 of ``l0s`` from one ranking of the pairs (``ContributionRanks``: exact for
+        every L0 >= 1, so each is the pair set ``bound_contributions`` keeps at that L0)."""
+        from pipelines.bounding import contribution_ranks
+
+        if not len(self.u):
+            return {int(k): GridCounts(_at_or_below_int(np.zeros(0, np.int64), grid), 0) for k in l0s}
+        r = contribution_ranks(self.u, self.p, np.zeros(len(self.u), np.uint64), self.pp, l0_floor=1,
+                               linf_floor=_NO_ROW_LIMIT)
+        out = {}
+        for k in l0s:
+            kept = r.pair_mask(int(k))  # one table entry per pair, so pairs and entries coincide
+            per_unit = np.zeros(r.n_units, np.int64)
+            np.maximum.at(per_unit, r.pair_unit[kept], self.rows[r.first[kept]])
+            out[int(k)] = GridCounts(_at_or_below_int(per_unit, grid), int(per_unit.size))
+        return out
+
+
+def value_counts_of(rows: Mapping[str, np.ndarray], l0: int, linf: int, columns: Sequence[str],
+                    grid: np.ndarray) -> dict[str, ValueCounts]:
+    """``EstimationCounts.value_counts`` over ``rows`` (bounded here at (l0, linf); bounding is idempotent, so
+    rows already bounded at the same bounds give the same counts)."""
+    from pipelines.bounding import bound_contributions
+
+    kept, _, _ = bound_contributions(np.asarray(rows["u"]), np.asarray(rows["p"]), rows["prio"], l0, linf,
+                                     rows["pp"])
+    out = {}
+    for col in columns:
+        v = np.sort(np.asarray(rows[f"v:{col}"], dtype=np.float64)[kept])
+        out[col] = ValueCounts(np.searchsorted(v, grid, side="left").astype(np.int64),  # r(c) = #{v < c}
+                               np.searchsorted(v, grid, side="right").astype(np.int64),  # r(c) = #{v <= c}
+                               int(v.size))
+    return out
+
+
+class RowCounts:
+    """``EstimationCounts`` from checked, hashed rows in memory (``pipelines.io.prepare_batch``'s output)."""
+
+    def __init__(self, rows: Mapping[str, np.ndarray]):
+        self.rows = rows
+        self._pairs: PairTable | None = None
+
+    def _pair_table(self) -> PairTable:
+        if self._pairs is None:
+            self._pairs = PairTable.of(self.rows["u"], self.rows["p"], self.rows["pp"])
+        return self._pairs
+
+    def l0_counts(self, grid: np.ndarray) -> GridCounts:
+        """Per unit its number of distinct partitions (``PairTable.l0_counts``)."""
+        return self._pair_table().l0_counts(grid)
+
+    def linf_counts(self, l0: int, grid: np.ndarray) -> GridCounts:
+        """Per unit its largest kept pair (``PairTable.linf_counts_at``)."""
+        return self._pair_table().linf_counts_at([l0], grid)[int(l0)]
+
+    def value_counts(self, l0: int, linf: int, columns: Sequence[str], grid: np.ndarray) -> dict[str, ValueCounts]:
+        """``value_counts_of`` the rows."""
+        return value_counts_of(self.rows, l0, linf, columns, grid)
+
+
+# --------------------------------------------------------------------------- the mechanisms in order
+
+
 def estimate_rows(spec: ReleaseSpec, rows: Mapping[str, np.ndarray], config: EstimateConfig,
                   rng: RandomSource) -> Estimate:
     """The estimation's mechanisms over checked, hashed rows (``pipelines.io.prepare_batch``'s output:
-    "u", "p", "prio", "pp", "v:<col>"). Every random choice comes from ``rng``; ``estimate`` passes the
-    run's source, the auditor a seeded one."""
-    from pipelines.bounding import bound_contributions
+    "u", "p", "prio", "pp", "v:<col>"). Every random choice comes from ``rng``; the estimation release
+    (``dpops.release.estimation.compute_estimation``) passes the run's source, the auditor a seeded one.
+    ``config.method`` picks the rule (``METHODS``): quantile/1 is ``estimate_counts`` over ``RowCounts(rows)``,
+    error/1 the noisy histograms of ``_estimate_by_error``."""
+    if config.method == ERROR_METHOD:
+        return _estimate_by_error(spec, rows, config, rng)
+    return estimate_counts(spec, RowCounts(rows), config, rng)
 
+
+def estimate_counts(spec: ReleaseSpec, counts: EstimationCounts, config: EstimateConfig,
+                    rng: RandomSource) -> Estimate:
+    """The estimation's mechanisms, in order, over the counts they ask ``counts`` for (module docstring).
+
+    Each mechanism sees only its public-grid counts, so the result depends on the data through them alone:
+    counts computed by workers and summed give the same bounds, bit for bit, as counts of all rows at once.
+    L0 first; Linf over the pairs kept under the L0 just chosen; value bounds over the rows kept under both
+    (or the spec's declared ones where not estimated): adaptive composition, covered by basic composition.
+    quantile/1 only (error/1 reads the rows: ``estimate_rows``)."""
+    if config.method != QUANTILE_METHOD:  # the callers check before the charge; this is the rule's own guard
+        raise InvalidParameter(f"estimate_counts: method {config.method} needs the rows (estimate_rows), not counts")
     plan = mechanisms(spec, config)
     rl = bool(spec.privacy_unit.record_level)
     l0 = linf = None
     L0 = 1 if rl else int(spec.contribution.max_partitions_per_unit)
     LI = 1 if rl else int(spec.contribution.max_rows_per_unit_per_partition)
-    u, p = np.asarray(rows["u"]), np.asarray(rows["p"])
     by_name = {m.name: m for m in plan}
     if "l0" in by_name:
         m = by_name["l0"]
-        l0 = estimate_l0(_per_unit_partitions(u, p), m.epsilon, rng.child("estimate", "l0"),
-                         quantile=m.quantile, max_l0=config.max_l0, declared=L0)
-        L0 = l0
+        grid_l0 = contribution_grid(config.max_l0)
+        c = counts.l0_counts(grid_l0)
+        # estimate_l0's own call (units each count 1 item): the same mechanism, the same stream
+        idx = quantile_choice(c.at_or_below, c.n, m.quantile, m.epsilon, 1, rng.child("estimate", "l0"),
+                              anchor=_anchor(grid_l0, L0))
+        l0 = L0 = int(grid_l0[idx])
     if "linf" in by_name:
         m = by_name["linf"]
-        kept, _, _ = bound_contributions(u, p, rows["prio"], L0, _NO_ROW_LIMIT, rows["pp"])
-        per_unit = _per_unit_max_rows(u[kept], p[kept])
         grid_linf = contribution_grid(config.max_linf)
-        idx = quantile_choice(_at_or_below_int(per_unit, grid_linf), int(per_unit.size), m.quantile, m.epsilon,
-                              m.max_items_per_unit, rng.child("estimate", "linf"), anchor=_anchor(grid_linf, LI))
+        c = counts.linf_counts(L0, grid_linf)
+        idx = quantile_choice(c.at_or_below, c.n, m.quantile, m.epsilon, m.max_items_per_unit,
+                              rng.child("estimate", "linf"), anchor=_anchor(grid_linf, LI))
         linf = LI = int(grid_linf[idx])
     plan = mechanisms(spec, config, L0, LI)  # the value mechanisms' sensitivity uses the bounds just chosen
     by_name = {m.name: m for m in plan}
     grid = value_grid()
     bounds: dict[str, tuple[float, float]] = {}
-    if any(n.startswith(("upper:", "lower:")) for n in by_name):
-        kept, _, _ = bound_contributions(u, p, rows["prio"], L0, LI, rows["pp"])
+    columns = list(dict.fromkeys(n.split(":", 1)[1] for n in by_name if ":" in n))
+    if columns:
         declared = spec.declared_value_bounds()
-        for col in dict.fromkeys(n.split(":", 1)[1] for n in by_name if ":" in n):
-            v = np.sort(np.asarray(rows[f"v:{col}"], dtype=np.float64)[kept])
-            n_rows = int(v.size)
+        per_col = counts.value_counts(L0, LI, columns, grid)
+        for col in columns:
+            vc = per_col[col]
             lo = declared[col][0]
             if f"lower:{col}" in by_name:
                 m = by_name[f"lower:{col}"]
-                below = np.searchsorted(v, grid, side="left")  # r(c) = #{v < c}
-                lo = float(grid[quantile_choice(below, n_rows, m.quantile, m.epsilon, m.max_items_per_unit,
+                lo = float(grid[quantile_choice(vc.below, vc.n, m.quantile, m.epsilon, m.max_items_per_unit,
                                                 rng.child("estimate", "lower", col), prefer="high",
                                                 anchor=_anchor(grid, declared[col][0]))])
             m = by_name[f"upper:{col}"]
-            at_or_below = np.searchsorted(v, grid, side="right")  # r(c) = #{v <= c}
-            hi = float(grid[quantile_choice(at_or_below, n_rows, m.quantile, m.epsilon, m.max_items_per_unit,
+            hi = float(grid[quantile_choice(vc.at_or_below, vc.n, m.quantile, m.epsilon, m.max_items_per_unit,
                                             rng.child("estimate", "upper", col),
                                             anchor=_anchor(grid, declared[col][1]))])
             bounds[col] = _proper(lo, hi, grid)
     return Estimate(spec, config, l0, linf, bounds, plan)
+
+
+def _estimate_by_error(spec: ReleaseSpec, rows: Mapping[str, np.ndarray], config: EstimateConfig,
+                       rng: RandomSource) -> Estimate:
+    """error/1 (``dpops.analysis.bound_choice``): the exact histograms of the rows (every unit's weights sum to
+    at most S, so no bounding is needed for the sensitivity), each noised at its share by the release's own
+    discrete Laplace, then the bounds minimising the release's predicted error, chosen from the noisy
+    histograms alone (post-processing). Runs after the charge: an empty interval gives zero histograms and
+    the choice still returns grid points."""
+    import pandas as pd
+
+    from dpops.analysis import bound_choice as B
+    from dpops.release_plan import plan_release
+    from pipelines.io import hash_partition_tuples
+
+    plan = mechanisms(spec, config)
+    plan_r = plan_release(spec)
+    pub_keys: list[Any] = list(plan_r.public_partitions or [])
+    types = {k: str(v) for k, v in spec.input.columns.items()}
+    pub = hash_partition_tuples([tuple(x) for x in pub_keys], tuple(plan_r.partition_columns), types)
+    order = np.argsort(pub, kind="stable")
+    p = np.asarray(rows["p"], dtype=np.uint64)
+    pos = np.minimum(np.searchsorted(pub[order], p), max(len(pub) - 1, 0))
+    inside = (pub[order][pos] == p) if len(pub) else np.zeros(p.size, bool)  # the reader keeps public ones only
+    ucode, _ = pd.factorize(np.asarray(rows["u"])[inside], sort=False)
+    pcode = order[pos[inside]] if len(pub) else np.zeros(0, np.int64)
+    names = [m.name.split(":", 1)[1] for m in plan]
+    cols = [n.split(":", 1)[1] for n in names if n.startswith("values:")]
+    linf_grid = contribution_grid(config.max_linf)
+    contrib = "units" in names
+    exact = B.exact_histograms(ucode.astype(np.int64), np.asarray(pcode, np.int64),
+                               {c: np.asarray(rows[f"v:{c}"], dtype=np.float64)[inside] for c in cols},
+                               n_partitions=len(pub), linf_grid=linf_grid, v_grid=value_grid(), names=names)
+    noisy = B.noisy_histograms(exact, {n: m.epsilon for n, m in zip(names, plan, strict=True)},
+                               spec.privacy_unit.adjacency, rng.child("estimate", ERROR_METHOD))
+    choice = choose_from_histograms(spec, config, noisy)
+    return Estimate(spec, config, choice.l0 if contrib else None, choice.linf if contrib else None,
+                    {c: choice.bounds[c] for c in cols}, plan, histograms=noisy.to_dict(), choice=choice.to_dict())
+
+
+def choose_from_histograms(spec: ReleaseSpec, config: EstimateConfig, noisy: BoundHistograms) -> BoundChoice:
+    """error/1's choice from its noisy histograms (``bound_choice.choose`` on this configuration's public
+    grids): what the run computes and what ``manifest verify`` recomputes from the recorded histograms."""
+    from dpops.analysis import bound_choice as B
+
+    cols = [n.split(":", 1)[1] for n in noisy.names() if n.startswith("values:")]
+    return B.choose(spec, noisy, l0_grid=contribution_grid(config.max_l0), linf_grid=contribution_grid(config.max_linf),
+                    columns=cols, contribution=noisy.units is not None)
 
 
 def _proper(lo: float, hi: float, grid: np.ndarray) -> tuple[float, float]:
@@ -488,168 +792,14 @@ def _proper(lo: float, hi: float, grid: np.ndarray) -> tuple[float, float]:
     return lo, float(above[0]) if above.size else lo + 1.0
 
 
-# --------------------------------------------------------------------------- reading
-
-
-def read_rows(ctx: RunContext, rng: RandomSource) -> dict[str, np.ndarray]:
-    """The interval's rows, checked and hashed by the release's own ``prepare_batch`` (one pair salt). An
-    interval without data rows gives empty columns, never an error (it runs after the charge)."""
-    from pipelines.bounding import metric_layout, pair_salt
-    from pipelines.io import ReadConfig, hash_partition_tuples, iter_record_batches, prepare_batch, work_items
-
-    spec, plan = ctx.spec, ctx.plan
-    types = {k: str(v) for k, v in spec.input.columns.items()}
-    pub = None
-    if plan.public_partitions is not None:
-        pub = np.sort(hash_partition_tuples([tuple(x) for x in plan.public_partitions],
-                                            tuple(plan.partition_columns), types))
-    window = None
-    if spec.input.time_column is not None:
-        epoch = datetime(1970, 1, 1, tzinfo=UTC)
-
-        def ns(t: datetime) -> int:
-            d = t - epoch
-            return (d.days * 86_400 + d.seconds) * 1_000_000_000 + d.microseconds * 1_000
-
-        window = (ns(ctx.interval.start), ns(ctx.interval.end))
-    cfg = ReadConfig(format=spec.input.format, types=types,
-                     unit_column=None if spec.privacy_unit.record_level else spec.privacy_unit.column,
-                     partition_columns=tuple(plan.partition_columns), value_columns=metric_layout(plan)[0],
-                     category_columns={}, public_hashes=pub, time_column=spec.input.time_column,
-                     time_window_ns=window)
-    salt = pair_salt(rng)
-    parts: list[dict[str, np.ndarray]] = []
-    for item in work_items(list(ctx.input_paths), spec.input.format):
-        for j, (batch, offset) in enumerate(iter_record_batches(item, cfg)):
-            rows, _, _ = prepare_batch(batch, item[0], offset, cfg, rng.child("read", item[0], item[2] or 0, j),
-                                       pair_salt=salt)
-            parts.append(rows)
-    if not parts:
-        # n = 0 is data (issue 25 item 3): this runs after ledger.start, so refusing an interval without rows
-        # would be a data-dependent abort that leaves it charged and never published. An empty batch of the
-        # declared types goes through the same prepare_batch, so the mechanisms get the same (empty) columns
-        # and still output DP bounds (every count is zero; the public tail preference picks the candidate).
-        import pyarrow as pa
-
-        from pipelines.io import ARROW_TYPES
-
-        empty = pa.RecordBatch.from_pydict({c: pa.array([], type=ARROW_TYPES[cfg.types[c]]) for c in cfg.needed})
-        rows, _, _ = prepare_batch(empty, 0, 0, cfg, rng.child("read", "empty"), pair_salt=salt)
-        parts.append(rows)
-    return {k: np.concatenate([x[k] for x in parts]) for k in parts[0]}
-
-
-# --------------------------------------------------------------------------- the charged run
-
-
-@dataclass
-class _EstimationRun:
-    """What ``dpops.manifest.run_hook.write_run_manifest`` reads from a run, for an estimation."""
-
-    ctx: RunContext
-    key: RunKey
-
-    @property
-    def spec(self) -> ReleaseSpec:
-        return self.ctx.spec
-
-    @property
-    def run_key(self) -> RunKey:
-        return self.key
-
-    @property
-    def plan(self) -> Any:
-        return self.ctx.plan
-
-    @property
-    def randomness(self) -> str:
-        return self.ctx.randomness
-
-
-def run_key_of(ctx: RunContext, config: EstimateConfig) -> RunKey:
-    """The estimation's run key (module docstring): the release's, under ``<name>__estimate`` and the
-    estimation hash."""
-    from dpops.ledger import RunKey
-
-    name = ctx.spec.name
-    if name.endswith(RELEASE_SUFFIX) or len(name) + len(RELEASE_SUFFIX) > 64:
-        raise SpecError(f"{ctx.spec.source}: release name {name!r}: an estimation runs as {name + RELEASE_SUFFIX!r} "
-                        f"in the ledger, which must be at most 64 characters and not end twice in {RELEASE_SUFFIX!r}; "
-                        "shorten the name; nothing was reserved")
-    return RunKey(release=name + RELEASE_SUFFIX, spec_hash=estimation_hash(ctx.spec.spec_hash, config),
-                  interval_start=ctx.interval.start_iso, interval_end=ctx.interval.end_iso,
-                  input_fingerprint=ctx.input_fingerprint, key_id=ctx.key_id)
-
-
-def random_source(ctx: RunContext, key: RunKey) -> RandomSource:
-    """The run's source: keyed by the noise key and the run key's label, or seeded in test mode."""
-    from dpops.noise.randomness import NoiseKey, keyed_random, test_random
-
-    label = {"kind": "estimation", **{k: str(v) for k, v in key.to_dict().items() if k != "key_id"}}
-    if ctx.randomness == "test":
-        assert ctx.test_seed is not None  # prepare refuses test mode without a seed
-        return test_random(int(ctx.test_seed), label)
-    nk = ctx.fingerprint_key  # keyed mode: prepare loads the noise key and keys fingerprints with it
-    if not isinstance(nk, NoiseKey):
-        raise InvalidParameter("estimate: keyed randomness needs the noise key (--key-file)")
-    return keyed_random(nk, label)
-
-
-def _manifests_dir(spec: ReleaseSpec) -> Path:
-    from dpops.release.manifests import spec_manifests_dir
-
-    d = spec_manifests_dir(spec)
-    if not isinstance(d, Path):
-        raise InvalidParameter(f"estimate: manifests under an object store ({d}) are not supported yet; set "
-                               "DPOPS_MANIFESTS_DIR to a local directory")
-    return d
-
-
-def _result_path(spec: ReleaseSpec, run_id: str) -> Path:
-    """Where the committed result is written: ``<output.root>/estimates/<release>/<run id>.json`` (not in the
-    manifests directory, whose every ``*.json`` is a manifest to the report)."""
-    root = spec.output_root
-    if not root.is_local:
-        raise InvalidParameter(f"estimate: an object-store output root ({root.uri}) is not supported yet for "
-                               "estimations; use a local output.root")
-    return Path(root.local_path) / "estimates" / spec.name / f"{run_id}.json"
-
-
-def _served(spec: ReleaseSpec, config: EstimateConfig, rec: RunRecord) -> Estimate:
-    """A committed estimation: its result read back from its manifest (nothing recomputed or charged).
-
-    The manifest read is the file the ledger's commit entry names, and its sha256 must be the one that
-    entry recorded (issue 25 item 7c): the served bounds become a release's sensitivity, so a manifest
-    edited after the commit (e.g. [0, 32] made [0, 1e6]) would set a release's bounds that no DP
-    mechanism chose. A mismatch is an IntegrityError (exit 7) before anything is reserved."""
-    from dpops.errors import IntegrityError
-    from dpops.manifest.io import file_sha256, read_manifest
-    from dpops.manifest.verify import committed_manifest_problems
-
-    folder = _manifests_dir(spec)
-    recorded = ((rec.details or {}).get("commit") or {}).get("manifest")
-    name = recorded.get("file") if isinstance(recorded, dict) else None
-    path = folder / str(name) if isinstance(name, str) and name and Path(name).name == name else None
-    problems = (committed_manifest_problems(rec, path.name, file_sha256(path), required=True)
-                if path is not None and path.is_file() else
-                [f"the manifest file the ledger's commit entry names ({name!r}) is not in {folder}"])
-    if problems or path is None:
-        raise IntegrityError(f"{spec.name}: refusing to serve committed estimation {rec.run_id}: " + "; ".join(problems)
-                             + ". Restore the manifest from a backup and investigate who changed it; nothing was "
-                             "reserved or charged")
-    m = read_manifest(path)
-    est = m.get("estimation") or {}
-    res = est.get("result") or {}
-    return Estimate(spec, config, res.get("max_partitions_per_unit"), res.get("max_rows_per_unit_per_partition"),
-                    {c: (float(b[0]), float(b[1])) for c, b in (res.get("bounds") or {}).items()},
-                    [Mechanism(**x) for x in est.get("mechanisms", [])], run_id=rec.run_id,
-                    state="already_committed", manifest=str(path))
-
-
 def manifest_section(est: Estimate) -> dict[str, Any]:
     """The manifest's ``estimation`` object: configuration, mechanisms, result and patch (all public)."""
-    return {"schema": ESTIMATION_SCHEMA, "config": est.config.to_dict(),
-            "mechanisms": [m.to_dict() for m in est.mechanisms], "result": est.result(), "patch": est.patch()}
+    out: dict[str, Any] = {"schema": ESTIMATION_SCHEMA, "config": est.config.to_dict(),
+                           "mechanisms": [m.to_dict() for m in est.mechanisms], "result": est.result(),
+                           "patch": est.patch()}
+    if est.config.method == ERROR_METHOD:
+        out |= {"histograms": est.histograms, "choice": est.choice, "targets": est.targets()}
+    return out
 
 
 def option_config(spec: ReleaseSpec) -> EstimateConfig:
@@ -667,165 +817,37 @@ def option_events(spec: ReleaseSpec) -> list[PrivacyEvent]:
     return events(spec, option_config(spec)) if spec.estimated_metric_keys else []
 
 
-def estimate(spec_path: str | os.PathLike[str], interval_start: IntervalBound, interval_end: IntervalBound = None, *,
-             config: EstimateConfig, ledger: Ledger, randomness: str = "keyed", key_path: str | None = None,
-             test_seed: int | None = None, actor: str | None = None,
-             then_charges: Sequence[PrivacyEvent] = (), serve_only: bool = False,
-             for_release: bool = False) -> Estimate:
-    """``dpops estimate``: prepare (as a release), reserve, start, estimate, write the manifest, commit.
-
-    The same request again (same spec, interval, input, key and configuration) is the same run key: a
-    committed one is served from its manifest, a started one is recomputed with the same keyed noise;
-    neither is charged again. Over the cap the ledger refuses (``BudgetExceeded``) and nothing changes.
-    A failure before ``start`` refunds the reservation.
-
-    ``then_charges``: the events of the release that runs right after (``bounds: estimate``): a new
-    estimation is reserved only if the estimation and that release fit the scope together
-    (``ledger.plan``), so an interval whose declared total is over the cap is refused with the ledger
-    unchanged instead of charging the estimation and refusing the release. ``serve_only``: return the
-    committed estimation or raise LedgerError; never reserve (callers that must not charge). ``for_release``:
-    the estimation of a plain release run (not a restatement): a new one is refused, before anything is
-    reserved, when the release's interval is already published (``refuse_new_estimation_of_published``)."""
-    from dpops.errors import public_message
-    from dpops.ledger.budget import format_budget
-    from dpops.release.key_continuity import check_key_continuity
-    from dpops.release.preparation import prepare
-    from dpops.release.reservation import check_scope
-
-    if randomness == "os":
-        raise InvalidParameter("estimate: os randomness cannot be reproduced, so a retry would be charged again; "
-                               "use keyed randomness (the default), whose retries are free")
-    ctx = prepare(spec_path, interval_start, interval_end, randomness=randomness, key_path=key_path,
-                  test_seed=test_seed, actor=actor, for_estimation=True)
-    spec = ctx.spec
-    evs = events(spec, config)  # refuses a request with nothing to estimate before anything is written
-    key = run_key_of(ctx, config)
-    check_scope(ctx, ledger)  # the release's own checks: the scope exists and protects this unit definition
-    check_key_continuity(ctx, ledger)
-    rec = ledger.run(key.run_id)
-    if rec is not None and rec.state == "committed":
-        return _served(spec, config, rec)
-    # a test-mode run is never committed: once charged (spent_unpublished) its seeded result is recomputed, free
-    test_mode = ctx.randomness == "test"
-    test_again = test_mode and rec is not None and rec.state == "spent_unpublished"
-    if serve_only and not test_again:
-        raise LedgerError(f"{spec.name} {ctx.interval}: its bounds: estimate estimation has not been committed "
-                          f"(run {key.run_id} is {rec.state if rec is not None else 'not in the ledger'}); run the "
-                          "release (dpops release run, or the DAG's reserve task) first; nothing was charged")
-    if rec is not None and rec.state in ("released", "spent_unpublished") and not test_again:
-        raise LedgerError(f"estimation run {key.run_id} is {rec.state}; change the request (e.g. --epsilon) for a "
-                          "new run")
-    charged = 0.0
-    if rec is None and for_release:
-        from dpops.release.reservation import refuse_new_estimation_of_published
-
-        refuse_new_estimation_of_published(ctx, ledger.published(spec.name, ctx.interval.start_iso,
-                                                                 ctx.interval.end_iso))
-    if rec is None and then_charges:
-        fit = ledger.plan(spec.budget.scope, [(ctx.interval.start_iso, ctx.interval.end_iso,
-                                               list(evs) + list(then_charges))])
-        if not fit.fits_all:
-            left = ledger.status(spec.budget.scope).remaining
-            raise BudgetExceeded(
-                f"{spec.name} {ctx.interval}: the estimation (bounds: estimate, epsilon {config.epsilon:g}) and the "
-                f"release together cost {fit.items[0].cost:g} {fit.unit}, more than scope {spec.budget.scope!r} has "
-                f"left ({left:g} of cap {fit.cap:g}); nothing was reserved")
-    if rec is None:
-        # Another estimation of this interval (another configuration, spec or input) is committed already: the
-        # ledger keeps one current publication per (release, interval), so the new one restates it (linked,
-        # charged afresh); the earlier one stays committed and usable by the releases that name it.
-        published = ledger.published(key.release, ctx.interval.start_iso, ctx.interval.end_iso)
-        rec = ledger.reserve(key, spec.budget.scope, evs, actor=ctx.actor,
-                             restates=published.run_id if published is not None else None,
-                             details={"randomness": ctx.randomness, "spec": spec.source, "kind": "estimation"})
-        charged = float(rec.epsilon or 0.0)
-    if rec.state == "reserved":
-        try:  # everything that can fail without drawing anything happens before start, and is refunded
-            rng = random_source(ctx, key)
-            folder = _manifests_dir(spec)
-            _result_path(spec, key.run_id)
-        except BaseException as exc:
-            ledger.release(key.run_id, reason=f"failed before any mechanism ran: {public_message(exc)}"[:500],
-                           actor=ctx.actor)
-            raise
-        ledger.start(key.run_id, actor=ctx.actor)  # from here on the charge stays
-    else:  # started earlier and interrupted (or a test-mode run again): the same noise, the same result, no charge
-        rng = random_source(ctx, key)
-        folder = _manifests_dir(spec)
-    rows = read_rows(ctx, rng.child("estimate", "read"))  # a failure now leaves the run started (charged)
-    est = estimate_rows(spec, rows, config, rng)
-    est.run_id = key.run_id
-    if test_mode:
-        return _test_only(ctx, ledger, key, est, charged)
-    from dpops.manifest.run_hook import write_run_manifest
-
-    result_path = _result_path(spec, key.run_id)
-    result_uri = result_path.resolve().as_uri()
-    path = write_run_manifest(_EstimationRun(ctx, key), ledger, {"state": "published", "output_uri": result_uri},
-                              manifests_dir=folder, estimation=manifest_section(est))
-    _write_result(result_path, est)
-    from dpops.manifest.io import file_sha256
-
-    # the commit entry records the manifest's sha256 (as a release's does): an edit after the commit shows
-    ledger.commit(key.run_id, output_uri=result_uri, actor=ctx.actor,
-                  details={"kind": "estimation", "manifest": {"file": Path(path).name, "sha256": file_sha256(path)}})
-    est.state = "committed"
-    est.epsilon_charged = charged
-    est.manifest = path
-    est.details = {"scope": spec.budget.scope, "charged": format_budget(charged)}
-    return est
-
-
-def _test_only(ctx: RunContext, ledger: Ledger, key: RunKey, est: Estimate, charged: float) -> Estimate:
-    """A test-mode (seeded) estimation: charged, never published (issue 25 item 4).
-
-    Privacy reasons, as for a test-mode release (``dpops.release.publication``): seeded noise is not secret,
-    so its output is never a DP release; the run is marked spent_unpublished (the charge stays, nothing is
-    committed), and ``check_dependency`` refuses it to any keyed or os release before reservation. No
-    manifest and no result file is written under output.root: the run key's input fingerprint is keyed with
-    the PUBLIC test key, so a reviewer holding it could recompute it for "alice in" and "alice out" and
-    confirm membership. The caller gets the result (the operator's own output directory)."""
-    from dpops.ledger.budget import format_budget
-
-    rec = ledger.run(key.run_id)
-    if rec is not None and rec.state == "started":
-        ledger.mark_spent_unpublished(key.run_id, actor=ctx.actor,
-                                      reason="test-mode (seeded) estimation: never published, never feeds a release "
-                                             "with keyed or os randomness")
-    est.state = "test_only"
-    est.epsilon_charged = charged
-    est.manifest = None
-    est.details = {"scope": ctx.spec.budget.scope, "charged": format_budget(charged), "randomness": "test"}
-    return est
-
-
-def _write_result(path: Path, est: Estimate) -> None:
-    import json
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"run_id": est.run_id, "result": est.result(), "patch": est.patch()}, indent=2,
-                              sort_keys=True) + "\n",
-                   encoding="utf-8")
-    os.replace(tmp, path)
-
-
 # --------------------------------------------------------------------------- verification
 
 
-def recompute_section(manifest: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def recompute_section(manifest: Mapping[str, Any], spec: ReleaseSpec) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(the ``estimation`` section's mechanisms and patch, the events) recomputed from the manifest's embedded
-    spec, configuration and result alone: what ``manifest verify`` compares with the recorded ones."""
+    spec (``spec``: parsed by the verifier, ``dpops.manifest.verify.parse_embedded_spec``), configuration and
+    result alone: what ``manifest verify`` compares with the recorded ones."""
     from dpops.events import event_to_dict
-    from dpops.manifest.verify import parse_embedded_spec
 
     est = manifest["estimation"]
-    spec = parse_embedded_spec(manifest["spec"])
     config = EstimateConfig.from_dict(est["config"])
     res = est["result"]
     mech = mechanisms(spec, config, res.get("max_partitions_per_unit"), res.get("max_rows_per_unit_per_partition"))
-    section = {"schema": ESTIMATION_SCHEMA, "config": config.to_dict(), "mechanisms": [m.to_dict() for m in mech],
-               "result": dict(res), "patch": spec_patch(spec, res, manifest["run_id"])}
+    section: dict[str, Any] = {"schema": ESTIMATION_SCHEMA, "config": config.to_dict(),
+                               "mechanisms": [m.to_dict() for m in mech], "result": dict(res),
+                               "patch": spec_patch(spec, res, manifest["run_id"])}
+    if config.method == ERROR_METHOD:
+        # the choice is post-processing of the recorded noisy histograms: recomputed from them, and the result
+        # must be the choice's bounds (a result no histogram supports is a bound no DP mechanism chose)
+        from dpops.analysis.bound_choice import BoundHistograms
+
+        hist = est.get("histograms") or {}
+        choice = choose_from_histograms(spec, config, BoundHistograms.from_dict(hist, value_grid())).to_dict()
+        contrib = "units" in hist.get("histograms", {})
+        result: dict[str, Any] = {"max_partitions_per_unit": choice["max_partitions_per_unit"] if contrib else None,
+                                  "max_rows_per_unit_per_partition":
+                                      choice["max_rows_per_unit_per_partition"] if contrib else None,
+                                  "bounds": choice["bounds"]}
+        section |= {"result": result, "patch": spec_patch(spec, result, manifest["run_id"]), "histograms": hist,
+                    "choice": choice,
+                    "targets": target_check(spec, result, (manifest.get("accuracy") or {}).get("declared"))}
     return section, [event_to_dict(e) for e in events(spec, config)]
 
 
@@ -834,43 +856,10 @@ def is_test_key_id(key_id: str) -> bool:
     return str(key_id).startswith("test/")
 
 
-def check_dependency(spec: ReleaseSpec, ledger: Ledger, randomness: str = "keyed") -> list[str]:
-    """Why ``spec.estimated_from`` is not a usable estimation in ``ledger`` for a release with ``randomness``
-    (empty: it is). The one rule ``release run``/``restate``/the DAG's reserve (``check_scope``, before
-    reservation) and ``manifest verify`` (``dependencies``) apply.
-
-    A release whose bounds came from an estimation must name a committed estimation of the same release
-    on the same scope: a bound learned from the data without a charged estimation is a leak
-    (semantics.md section 1), and an estimation charged to another scope was charged to other people. A
-    test-mode (seeded) estimation is not a DP release (its noise is public): it feeds only a test-mode
-    release, itself never published (issue 25 item 4)."""
-    run_id = getattr(spec, "estimated_from", None)
-    if run_id is None:
-        return []
-    rec = ledger.run(run_id)
-    if rec is None:
-        return [f"estimated_from: run {run_id} is not in this ledger: run dpops estimate with this ledger first"]
-    out = []
-    test_run = is_test_key_id(rec.key.key_id)
-    if test_run and randomness != "test":
-        out.append(f"estimated_from: estimation {run_id} used test-mode (seeded) randomness, so it is not a DP "
-                   f"release and never feeds a release with {randomness} randomness: estimate again with keyed "
-                   "randomness (dpops estimate without --randomness test)")
-        return out
-    if rec.key.release != spec.name + RELEASE_SUFFIX:
-        out.append(f"estimated_from: run {run_id} is a run of {rec.key.release!r}, not an estimation of "
-                   f"{spec.name!r}")
-    if rec.scope != spec.budget.scope:
-        out.append(f"estimated_from: estimation {run_id} was charged to scope {rec.scope!r}, the release uses "
-                   f"{spec.budget.scope!r}")
-    if rec.state != "committed" and not (test_run and rec.state == "spent_unpublished"):
-        out.append(f"estimated_from: estimation {run_id} is {rec.state}, not committed")
-    return out
-
-
-__all__ = ["EstimateConfig", "Estimate", "Mechanism", "estimate", "option_config", "option_events",
+__all__ = ["EstimateConfig", "Estimate", "Mechanism", "option_config", "option_events", "EstimationCounts",
+           "GridCounts", "ValueCounts", "PassCounts", "PairTable", "RowCounts", "estimate_counts", "value_counts_of",
            "patch_document", "PATCH_SCHEMA", "estimate_l0",
            "estimate_rows", "events", "mechanisms", "value_grid", "contribution_grid", "estimation_hash",
-           "quantile_choice", "spec_patch", "check_dependency", "is_test_key_id", "recompute_section",
-           "manifest_section",
-           "random_source", "read_rows", "run_key_of", "RELEASE_SUFFIX", "ESTIMATION_SCHEMA"]
+           "quantile_choice", "spec_patch", "is_test_key_id", "recompute_section", "manifest_section",
+           "QUANTILE_METHOD", "ERROR_METHOD", "METHODS", "choose_from_histograms", "target_check",
+           "error_histogram_names", "RELEASE_SUFFIX", "ESTIMATION_SCHEMA"]

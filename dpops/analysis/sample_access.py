@@ -34,12 +34,10 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from dpops import dataroots
-from dpops.errors import InvalidParameter, SpecError
+from dpops.errors import SpecError
 from dpops.storage.location import Location, LocationError
 
 if TYPE_CHECKING:
-    from dpops.inputs import HmacKey
-    from dpops.ledger import Ledger
     from dpops.spec import ReleaseSpec
 
 PRIVATE_FLAG = "--i-understand-this-reads-private-data"
@@ -124,58 +122,76 @@ def is_private_path(spec: ReleaseSpec, path: str | os.PathLike[str]) -> bool:
     return any(resolved.is_under(r) for r in dataroots.data_root_locations(spec.base_dir))
 
 
-def open_sample(spec: ReleaseSpec, path: str | os.PathLike[str], *, allow_private: bool = False,
-                ledger: Ledger | None = None, actor: str | None = None, reason: str | None = None,
-                fingerprint_key: HmacKey | None = None,
-                key_path: str | os.PathLike[str] | None = None) -> SampleAccess:
-    """Check ``path`` for tuning; for private data (allowed explicitly) record the access first."""
+@dataclass(frozen=True)
+class PrivateSample:
+    """A sample that is private data (under a data root, or the spec's input in disguise): ``path`` as given,
+    ``twin`` the spec's input file it is when it sits under a public root. Reading it needs the ledger entry
+    of ``dpops.release.private_reads.open_sample`` first."""
+
+    path: str
+    twin: str | None
+
+
+def classify_sample(spec: ReleaseSpec, path: str | os.PathLike[str], *,
+                    key_path: str | os.PathLike[str] | None = None) -> SampleAccess | PrivateSample:
+    """A public sample's ``SampleAccess`` (checked against ``$DPOPS_PUBLIC_ROOTS``), or the ``PrivateSample`` it is.
+
+    Reads no row and writes nothing: file identity and, for a same-size file, its bytes' sha256 (compared, never
+    kept) decide whether a public path is the spec's private input in disguise (``private_twin``)."""
     when = datetime.now(UTC).replace(microsecond=0).isoformat()
-    twin: str | None = None
-    if not is_private_path(spec, path):
-        check_public = getattr(dataroots, "check_public_path", None)
-        if check_public is None:  # a dpops without the public-roots allow-list: nothing is known to be public
-            raise SpecError(f"{FIELD} ({os.fspath(path)}): this dpops has no public-roots allow-list "
-                            "(dpops.dataroots.check_public_path), so no sample is known to be public data")
-        pub = check_public(path, FIELD, source=spec.source, spec_dir=spec.base_dir, key_path=key_path)
-        location = str(getattr(pub, "location", pub))
-        twin = private_twin(spec, location)
-        if twin is None:
-            return SampleAccess(location, False, when)
-    if not allow_private:
-        if twin is not None:
-            raise SpecError(
-                f"{FIELD} ({os.fspath(path)}) is under a public root, but it is the spec's private input {twin} "
-                f"(the same file, or the same bytes): reading it is reading private data. Tune on public or "
-                f"synthetic data, or pass {PRIVATE_FLAG} with --reason: the ledger will record the access for the "
-                "spec's scope and the spec patch will say so")
-        raise SpecError(
-            f"{FIELD} ({os.fspath(path)}) resolves under a data root, where private inputs live. Tuning is not "
-            f"differentially private: its output is an exact function of the rows it reads. Tune on public or "
-            f"synthetic data under $DPOPS_PUBLIC_ROOTS, or, if you must look at the private data, pass {PRIVATE_FLAG} "
-            "with --reason: the ledger will record the access for the spec's scope and the spec patch will say so")
-    # Same checks as a release's input (under a data root, away from the noise key), then the entry, then the read.
-    resolved = dataroots.check_data_path(twin or path, FIELD, source=spec.source, spec_dir=spec.base_dir,
-                                         key_path=key_path)
+    if is_private_path(spec, path):
+        return PrivateSample(os.fspath(path), None)
+    check_public = getattr(dataroots, "check_public_path", None)
+    if check_public is None:  # a dpops without the public-roots allow-list: nothing is known to be public
+        raise SpecError(f"{FIELD} ({os.fspath(path)}): this dpops has no public-roots allow-list "
+                        "(dpops.dataroots.check_public_path), so no sample is known to be public data")
+    pub = check_public(path, FIELD, source=spec.source, spec_dir=spec.base_dir, key_path=key_path)
+    location = str(getattr(pub, "location", pub))
+    twin = private_twin(spec, location)
+    if twin is None:
+        return SampleAccess(location, False, when)
+    return PrivateSample(os.fspath(path), twin)
+
+
+def refuse_private(sample: PrivateSample) -> SpecError:
+    """The refusal of a private sample read without ``PRIVATE_FLAG`` (names the path and the setting, no content)."""
+    if sample.twin is not None:
+        return SpecError(
+            f"{FIELD} ({sample.path}) is under a public root, but it is the spec's private input {sample.twin} "
+            f"(the same file, or the same bytes): reading it is reading private data. Tune on public or "
+            f"synthetic data, or pass {PRIVATE_FLAG} with --reason: the ledger will record the access for the "
+            "spec's scope and the spec patch will say so")
+    return SpecError(
+        f"{FIELD} ({sample.path}) resolves under a data root, where private inputs live. Tuning is not "
+        f"differentially private: its output is an exact function of the rows it reads. Tune on public or "
+        f"synthetic data under $DPOPS_PUBLIC_ROOTS, or, if you must look at the private data, pass {PRIVATE_FLAG} "
+        "with --reason: the ledger will record the access for the spec's scope and the spec patch will say so")
+
+
+def check_private_sample(spec: ReleaseSpec, sample: PrivateSample, *,
+                         key_path: str | os.PathLike[str] | None = None) -> str:
+    """The resolved file a flagged private read may read: a release's input checks (under a data root, away from
+    the noise key), and one of the spec's own input files, since the read is recorded on the spec's scope."""
+    resolved = dataroots.check_data_path(sample.twin or sample.path, FIELD, source=spec.source,
+                                         spec_dir=spec.base_dir, key_path=key_path)
     if "://" not in resolved and os.path.realpath(resolved) not in spec_input_files(spec):
         # the entry goes on this spec's scope: only data of this scope (the spec's own input) may be read under it
         raise SpecError(
-            f"{FIELD} ({os.fspath(path)}) is under a data root but is not an input file of {spec.source} "
+            f"{FIELD} ({sample.path}) is under a data root but is not an input file of {spec.source} "
             f"(input.path {spec.input.path!r}): a private read is recorded on the scope of the spec, which would "
             f"not be the scope of this data; tune the spec whose input it is; nothing was recorded")
-    if ledger is None or fingerprint_key is None or not actor:
-        raise InvalidParameter(f"reading private data for tuning needs a ledger, a fingerprint key (--key-file) "
-                               f"and an actor, so that the access is recorded ({PRIVATE_FLAG})")
-    if not reason or not reason.strip():
-        raise InvalidParameter(f"{PRIVATE_FLAG} needs --reason: why the private data must be looked at "
-                               "(kept in the ledger forever)")
-    from dpops.inputs import input_fingerprint
-
-    fp = "hmac-sha256:" + input_fingerprint([resolved], fingerprint_key)
-    eid = ledger.record_private_access(spec.budget.scope, actor=actor, fingerprint=fp, reason=reason,
-                                       purpose=f"tune {spec.name}")
-    # the entry's own time is the read's date of record (manifest verify --ledger compares the two)
-    ts = next(e.ts for e in reversed(ledger.history(spec.budget.scope)) if int(e.id) == int(eid))
-    return SampleAccess(resolved, True, ts, fp, eid, spec.budget.scope)
+    return resolved
 
 
-__all__ = ["PRIVATE_FLAG", "SampleAccess", "open_sample", "is_private_path", "private_twin", "spec_input_files"]
+def check_public_sample(spec: ReleaseSpec, path: str | os.PathLike[str], *,
+                        key_path: str | os.PathLike[str] | None = None) -> SampleAccess:
+    """``path`` as a public sample, or the refusal (``SpecError``) when it is private data: what ``tune`` applies
+    to a path, so the Python API never reads private data without the ledger entry."""
+    checked = classify_sample(spec, path, key_path=key_path)
+    if isinstance(checked, PrivateSample):
+        raise refuse_private(checked)
+    return checked
+
+
+__all__ = ["PRIVATE_FLAG", "FIELD", "PrivateSample", "SampleAccess", "check_private_sample", "check_public_sample",
+           "classify_sample", "is_private_path", "private_twin", "refuse_private", "spec_input_files"]

@@ -76,6 +76,26 @@ def _metric(plan: ReleasePlan, key: str) -> MetricPlan:
     raise InvalidParameter(f"accuracy target names metric {key!r}, which the release plan does not have")
 
 
+def rows_at(plan: ReleasePlan, t: ErrorTarget | RankTarget) -> int:
+    """Rows of the partition a target is about: ``at_units`` units with ``rows_per_unit`` rows each, of which
+    bounding keeps at most Linf (``max_rows_per_unit_per_partition``); never fewer than ``at_units``."""
+    per_unit = min(float(t.rows_per_unit), float(plan.max_rows_per_unit_per_partition))
+    return max(int(t.at_units), int(math.floor(t.at_units * per_unit * (1 + 1e-12))))
+
+
+def _rows_text(plan: ReleasePlan, t: ErrorTarget | RankTarget) -> str:
+    rows = rows_at(plan, t)
+    return f"{t.at_units} units" if rows == t.at_units else f"{t.at_units} units, {rows} rows"
+
+
+def _default_value(plan: ReleasePlan, m: MetricPlan, t: ErrorTarget) -> float:
+    """The true value a relative error is measured against when the target gives none: the partition's rows
+    for a count, its units for everything else (unit_count; sums need ``at_value``, which the spec requires)."""
+    if t.at_value is not None:
+        return float(t.at_value)
+    return float(rows_at(plan, t)) if m.type == "count" else float(t.at_units)
+
+
 def evaluate_one(plan: ReleasePlan, t: Target, confidence: float, index: int = 0,
                  version: int = CURRENT_PREDICTION) -> TargetResult:
     """Evaluate one target against ``plan`` (see ``dpops.spec.ErrorTarget`` and friends for the meaning) with
@@ -90,9 +110,9 @@ def evaluate_one(plan: ReleasePlan, t: Target, confidence: float, index: int = 0
     if isinstance(t, RankTarget):
         if version not in PREDICTION_VERSIONS:
             raise InvalidParameter(f"unknown accuracy prediction version {version!r}; known: {PREDICTION_VERSIONS}")
-        frac = (quantile_rank_error(m) if version == 1 else quantile_typical_rank_error(m)) / t.at_units
+        frac = (quantile_rank_error(m) if version == 1 else quantile_typical_rank_error(m)) / rows_at(plan, t)
         return _lower(index, "rank_error", m.key, "rank_error_fraction", t.max_rank_error, frac,
-                      f"{m.key}: expected rank error <= {t.max_rank_error:g} of {t.at_units} rows")
+                      f"{m.key}: expected rank error <= {t.max_rank_error:g} of {rows_at(plan, t)} rows")
     if isinstance(t, TopPickTarget):
         p = top_pick(m, t.at_gap)
         return _higher(index, "top_pick", m.key, "top_pick_probability", t.min_probability, p,
@@ -101,12 +121,12 @@ def evaluate_one(plan: ReleasePlan, t: Target, confidence: float, index: int = 0
     half = error_halfwidth(plan, m, t, conf, version)
     if t.max_error is not None:
         return _lower(index, "error", m.key, "abs_error", t.max_error, half,
-                      f"{m.key}: |error| <= {t.max_error:g} at {t.at_units} units with {conf:.0%} confidence")
-    value = t.at_value if t.at_value is not None else float(t.at_units)
+                      f"{m.key}: |error| <= {t.max_error:g} at {_rows_text(plan, t)} with {conf:.0%} confidence")
+    value = _default_value(plan, m, t)
     rel = half / abs(value)
     return _lower(index, "error", m.key, "rel_error", float(t.max_relative_error or 0.0), rel,
                   f"{m.key}: relative error <= {t.max_relative_error:g} at true value {value:g} "
-                  f"({t.at_units} units) with {conf:.0%} confidence")
+                  f"({_rows_text(plan, t)}) with {conf:.0%} confidence")
 
 
 def target_met(plan: ReleasePlan, t: Target, confidence: float) -> bool:
@@ -122,7 +142,7 @@ def target_met(plan: ReleasePlan, t: Target, confidence: float) -> bool:
             p = m.vectors[0].params
             conf = float(t.confidence if t.confidence is not None else confidence)
             x = t.max_error if t.max_error is not None else float(t.max_relative_error or 0.0) * abs(
-                t.at_value if t.at_value is not None else float(t.at_units))
+                _default_value(plan, m, t))
             room = float(x) - (0.0 if p.integer_valued else p.resolution / 2)
             if room < 0:
                 return False
@@ -148,11 +168,11 @@ def error_halfwidth(plan: ReleasePlan, m: MetricPlan, t: ErrorTarget, confidence
     if m.type == "mean":
         offset = None if t.at_value is None else t.at_value - mid
         if version == 1:
-            return first_order_mean_halfwidth(plan, m, t.at_units, offset, confidence)
-        return mean_halfwidth(plan, m, t.at_units, offset, confidence)[0]
+            return first_order_mean_halfwidth(plan, m, rows_at(plan, t), offset, confidence)
+        return mean_halfwidth(plan, m, rows_at(plan, t), offset, confidence)[0]
     if m.type == "variance":
         m2 = h * h if t.at_value is None else max(0.0, min(h * h, float(t.at_value)))
-        return variance_error(plan, m, t.at_units, 0.0, m2, confidence)[1]
+        return variance_error(plan, m, rows_at(plan, t), 0.0, m2, confidence)[1]
     raise InvalidParameter(f"an error target does not apply to a {m.type} metric")
 
 

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from dpops.analysis.tuning import TuneResult
 
 PATCH_SCHEMA = "dpops.tune-patch/1"
+# The solver's patch (``Solution.patch_document``): named here, beside the reader that accepts every patch kind,
+# so that the solver imports this module (``dump_patch``) and this module never imports the solver.
+SOLVE_PATCH_SCHEMA = "dpops.solve-patch/1"
 
 
 def patch_document(result: TuneResult, provenance: Mapping[str, Any]) -> dict[str, Any]:
@@ -44,6 +47,19 @@ def patch_document(result: TuneResult, provenance: Mapping[str, Any]) -> dict[st
     }
 
 
+class _NoAliasDumper(yaml.SafeDumper):
+    """A safe dumper that writes a value seen twice twice, never as an ``&id001`` anchor and ``*id001`` alias: a
+    patch is read and edited by people, who should see every value where it applies."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def dump_patch(doc: Mapping[str, Any]) -> str:
+    """A patch document (tune's, estimate's, solve's) as YAML: keys in order, no anchors."""
+    return yaml.dump(dict(doc), Dumper=_NoAliasDumper, sort_keys=False, allow_unicode=True)
+
+
 def _finite(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
@@ -54,7 +70,7 @@ def patch_yaml(result: TuneResult, provenance: Mapping[str, Any]) -> str:
     head = "# dpops tune recommendation (not differentially private: computed from the sample's exact rows)\n"
     if provenance.get("source") == "private":
         head += f"# {provenance.get('statement')} (ledger entry {provenance.get('ledger_entry')})\n"
-    return head + yaml.safe_dump(doc, sort_keys=False)
+    return head + dump_patch(doc)
 
 
 def _source(block: Any) -> str | None:
@@ -96,9 +112,10 @@ def apply_patch_document(spec_doc: Mapping[str, Any], patch_doc: Any, *, source:
     from dpops.errors import SpecError
 
     schema = patch_doc.get("schema") if isinstance(patch_doc, Mapping) else None
-    if schema not in (PATCH_SCHEMA, ESTIMATE_PATCH_SCHEMA):
-        raise SpecError(f"{source}: not a dpops tune patch (schema {PATCH_SCHEMA!r}) or estimate patch (schema "
-                        f"{ESTIMATE_PATCH_SCHEMA!r}); use the patch.yaml that dpops tune or dpops estimate wrote")
+    if schema not in (PATCH_SCHEMA, ESTIMATE_PATCH_SCHEMA, SOLVE_PATCH_SCHEMA):
+        raise SpecError(f"{source}: not a dpops tune patch (schema {PATCH_SCHEMA!r}), estimate patch (schema "
+                        f"{ESTIMATE_PATCH_SCHEMA!r}) or solve patch (schema {SOLVE_PATCH_SCHEMA!r}); use the patch "
+                        "file that dpops tune, dpops estimate or dpops plan --solve --out wrote")
     assert isinstance(patch_doc, Mapping)
     if patch_doc.get("spec") != spec_doc.get("name"):
         raise SpecError(f"{source}: the patch was made for release {patch_doc.get('spec')!r}, this spec is "
@@ -106,6 +123,13 @@ def apply_patch_document(spec_doc: Mapping[str, Any], patch_doc: Any, *, source:
     patch = patch_doc.get("patch")
     if not isinstance(patch, Mapping):
         raise SpecError(f"{source}: 'patch' must be a mapping of spec sections")
+    if schema == SOLVE_PATCH_SCHEMA:
+        # A data-free budget split: only budget.epsilon and budget.split may change (no bounds, no provenance).
+        budget = patch.get("budget")
+        if set(patch) != {"budget"} or not isinstance(budget, Mapping) or not set(budget) <= {"epsilon", "split"}:
+            raise SpecError(f"{source}: a solve patch changes budget.epsilon and budget.split only; this one "
+                            f"names {sorted(patch)}: write it again with dpops plan --solve --out")
+        return apply_patch(dict(spec_doc), patch)
     if schema == ESTIMATE_PATCH_SCHEMA:
         # A private estimation's bounds and ``estimated_from``; a ``tuning`` block for the parameters the
         # estimation did not set stays (it is provenance, and the estimation names itself).
@@ -214,4 +238,5 @@ def html_page(result: TuneResult, provenance: Mapping[str, Any]) -> str:
         "</body></html>")
 
 
-__all__ = ["PATCH_SCHEMA", "patch_document", "patch_yaml", "apply_patch_document", "provenance_downgrade", "html_page"]
+__all__ = ["PATCH_SCHEMA", "patch_document", "patch_yaml", "dump_patch", "apply_patch_document", "provenance_downgrade",
+           "html_page"]

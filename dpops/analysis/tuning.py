@@ -745,20 +745,21 @@ def tune(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any],
     when the spec has targets tune can judge), ``mean_relative_rmse`` (the default otherwise) or
     ``max_relative_rmse``. ``seed`` makes the bounding's random choices reproducible (tests).
 
-    A *path* is checked by ``dpops.analysis.sample_access.open_sample`` as a public sample (issue 25 item
-    7a: a path under a data root, or a link or copy of the spec's private input, is refused here; the
-    private read, recorded in the ledger first, goes through ``open_sample(..., allow_private=True)``,
+    A *path* is checked by ``dpops.analysis.sample_access.check_public_sample`` as a public sample (issue 25
+    item 7a: a path under a data root, or a link or copy of the spec's private input, is refused here; the
+    private read, recorded in the ledger first, goes through ``dpops.release.private_reads.open_sample(...,
+    allow_private=True)``,
     whose ``SampleAccess`` is then passed as ``sample``, as the CLI does). A caller passing a table, or a
     ``SampleAccess`` it built, vouches that it is public data.
     """
-    from dpops.analysis import load
-    from dpops.analysis.sample_access import SampleAccess, open_sample
+    from dpops.analysis.loading import load
+    from dpops.analysis.sample_access import SampleAccess, check_public_sample
     from dpops.release_plan import plan_release
     from pipelines.bounding import contribution_ranks, metric_layout
 
     s = load(spec)
     if isinstance(sample, (str, os.PathLike)):
-        sample = open_sample(s, sample)  # public only: never a private read without its ledger entry
+        sample = check_public_sample(s, sample)  # public only: never a private read without its ledger entry
     if isinstance(sample, SampleAccess):
         sample = sample.location
     grid = list(default_grid(s) if grid is None else grid)

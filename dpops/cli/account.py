@@ -9,6 +9,7 @@ import sys
 import click
 
 from dpops.accounting import get_accountant, known_accountants
+from dpops.cli.common import say
 from dpops.errors import InvalidParameter
 from dpops.events import PrivacyEvent, event_from_dict
 
@@ -106,6 +107,6 @@ def cli(events_json: str, accountant_ref: str, delta: float | None, epsilon: flo
         v = r["value"]
         shown = f"{v:.6g}" if math.isfinite(v) else "inf (no finite epsilon: delta is not above the events' own delta)"
         prefix = "" if i == 0 else "  "
-        click.echo(f"{prefix}{r['accountant']}: {asked} = {shown} at {label} ({len(events)} event(s))")
+        say(f"{prefix}{r['accountant']}: {asked} = {shown} at {label} ({len(events)} event(s))")
         if i == 0 and compare and len(rows) > 1:
-            click.echo("compared with:")
+            say("compared with:")

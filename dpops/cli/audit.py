@@ -10,7 +10,7 @@ import json
 
 import click
 
-from dpops.cli.common import HelpGroup, ledger_option, ledger_url, mark_json_printed
+from dpops.cli.common import HelpGroup, ledger_option, ledger_url, mark_json_printed, say
 from dpops.errors import IntegrityError, InvalidParameter
 
 
@@ -147,7 +147,7 @@ def scope_cmd(spec_path: str, rows_per_unit: int, trials: int, seed: int, as_jso
                                "results": [r.to_dict() for r in res.results]}, indent=2, sort_keys=True))
         mark_json_printed()
     else:
-        click.echo(f"scope {scope.name!r}: " + ("REFUSED by dpops release run:\n  " + "\n  ".join(res.reasons)
+        say(f"scope {scope.name!r}: " + ("REFUSED by dpops release run:\n  " + "\n  ".join(res.reasons)
                                                 if res.refused else "the release's unit definition matches"))
         if res.results:
             _render(res.results, f"dpops audit scope {spec.name} (the scope's unit)", False)

@@ -259,6 +259,23 @@ def terminal_width() -> int:
     return shutil.get_terminal_size((80, 24)).columns
 
 
+def prose_width(err: bool = False) -> int | None:
+    """The width prose wraps at: ``$COLUMNS``, else the terminal's when the stream is one; None (lines whole) for a
+    pipe or a log without ``$COLUMNS``, where a reader greps whole lines. Tables always need a width (80 then)."""
+    try:
+        cols = int(os.environ.get("COLUMNS", ""))
+        if cols > 0:
+            return cols
+    except ValueError:
+        pass
+    stream = click.get_text_stream("stderr" if err else "stdout")
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    return shutil.get_terminal_size((80, 24)).columns if tty else None
+
+
 def _words(text: str) -> list[str]:
     return [w for line in text.split("\n") for w in line.split()] or [""]
 
@@ -274,17 +291,32 @@ def wrap_words(text: str, width: int) -> list[str]:
 
 
 def echo_wrapped(text: str, *, indent: int = 0, err: bool = False) -> None:
-    """Print prose wrapped to the terminal (``$COLUMNS``) at whitespace only, continuation lines indented
-    two more than the first: the same rule as the tables, so a sentence around a run id, a date or a path
-    reads at 80 columns and the token stays whole for copying."""
+    """Print prose wrapped to the terminal (``$COLUMNS``, ``prose_width``) at whitespace only, continuation lines
+    indented two more than the first: the same rule as the tables, so a sentence around a run id, a date or a path
+    reads at 80 columns and the token stays whole for copying. Without a known width (a pipe, a log) each line is
+    printed whole."""
     import textwrap
 
-    width = terminal_width()
+    width = prose_width(err)
     first, rest = " " * indent, " " * (indent + 2)
     for part in text.split("\n"):
+        if width is None:
+            click.echo(first + part, err=err)
+            continue
         lines = textwrap.wrap(part, max(width, len(rest) + 1), initial_indent=first, subsequent_indent=rest,
                               break_long_words=False, break_on_hyphens=False)
         click.echo("\n".join(lines or [""]), err=err)
+
+
+def say(text: str, *, err: bool = False) -> None:
+    """Print prose (a message, an outcome line, a list item) wrapped to ``$COLUMNS`` (``echo_wrapped``) at
+    whitespace only: each line of ``text`` keeps its own leading indentation and its continuation lines are indented
+    two more, so an item reads as one item; an id, a date, a hash or a URI longer than the line stays whole on a
+    line of its own, for copying. Every non-table output of the CLI goes through it or through ``print_table``
+    (issue 28 item 13: lines of up to 582 characters ignored ``COLUMNS``); JSON never does."""
+    for line in text.split("\n"):
+        body = line.lstrip(" ")
+        echo_wrapped(body, indent=len(line) - len(body), err=err)
 
 
 def _labelled(label: str, text: str, width: int, indent: int) -> list[str]:

@@ -1,7 +1,8 @@
 """``dpops estimate SPEC --interval I --epsilon E``: private bound estimation, charged like a release.
 
 Estimates L0, Linf and each bounded column's value bounds under differential privacy
-(``dpops.analysis.estimate``), charges the spec's budget scope in the ledger (reserved, started, committed),
+(the mechanisms of ``dpops.analysis.estimate``, run as the release kind ``dpops.release.estimation``), charges
+the spec's budget scope in the ledger (reserved, started, committed),
 writes the estimation's manifest and a spec patch carrying ``estimated_from: <run id>``. The same request
 again serves the committed result and charges nothing.
 """
@@ -13,7 +14,7 @@ from pathlib import Path
 import click
 import yaml
 
-from dpops.cli.common import dumps, echo_ok, json_option, key_file_option, ledger_option, open_cli_ledger
+from dpops.cli.common import dumps, echo_ok, json_option, key_file_option, ledger_option, open_cli_ledger, say
 from dpops.errors import InvalidParameter
 
 
@@ -24,8 +25,12 @@ from dpops.errors import InvalidParameter
 @click.option("--epsilon", "epsilon", type=float, required=True,
               help="the estimation's own epsilon, charged to the spec's budget scope (split equally over its "
                    "mechanisms)")
+@click.option("--method", type=click.Choice(["error/1", "quantile/1"]), default="error/1", show_default=True,
+              help="error/1: the bounds minimising the release's predicted error at its own epsilon, from noisy "
+                   "histograms (public partitions); quantile/1: each bound at --quantile, whatever the release's "
+                   "epsilon (the rule before issue 26)")
 @click.option("--quantile", type=float, default=0.99, show_default=True,
-              help="share of units (L0, Linf) and of bounded rows (value bounds) the estimated bounds keep whole")
+              help="quantile/1: share of units (L0, Linf) and of bounded rows (value bounds) the bounds keep whole")
 @click.option("--contribution/--no-contribution", default=True, show_default=True,
               help="also estimate L0 and Linf (max_partitions_per_unit, max_rows_per_unit_per_partition)")
 @click.option("--column", "columns", multiple=True,
@@ -37,6 +42,10 @@ from dpops.errors import InvalidParameter
 @click.option("--spec-out", "spec_out", type=click.Path(dir_okay=False), default=None,
               help="also write the patched spec here, as dpops spec apply-patch would (relative paths in it start "
                    "at its own directory: write it next to SPEC)")
+@click.option("--engine", type=click.Choice(["driver", "beam"]), default="driver", show_default=True,
+              help="where the counts the mechanisms see are computed: driver (the interval's rows read into this "
+                   "process) or beam (a Beam pipeline on the in-process runner; only public-grid counts come back). "
+                   "Both choose the same bounds")
 @click.option("--randomness", type=click.Choice(["keyed", "test"]), default="keyed", show_default=True,
               help="keyed: the noise key's CSPRNG stream (retries free); test: seeded, never for publication")
 @click.option("--test-seed", "test_seed", type=int, default=None, help="the seed of --randomness test")
@@ -44,12 +53,13 @@ from dpops.errors import InvalidParameter
 @click.option("--actor", default=None, help="who the ledger records (default dpops:<OS user>)")
 @ledger_option
 @json_option
-def cli(spec_path: str, interval: str, epsilon: float, quantile: float, contribution: bool, columns: tuple[str, ...],
-        max_l0: int, max_linf: int, out_dir: str, spec_out: str | None, randomness: str, test_seed: int | None,
-        key_file: str | None, actor: str | None, as_json: bool) -> None:
+def cli(spec_path: str, interval: str, epsilon: float, method: str, quantile: float, contribution: bool,
+        columns: tuple[str, ...], max_l0: int, max_linf: int, out_dir: str, spec_out: str | None, engine: str,
+        randomness: str, test_seed: int | None, key_file: str | None, actor: str | None, as_json: bool) -> None:
     """Estimate contribution and value bounds under DP; charge the scope; write a spec patch."""
-    from dpops.analysis.estimate import EstimateConfig, estimate, patch_document
+    from dpops.analysis.estimate import EstimateConfig, patch_document
     from dpops.analysis.tune_output import apply_patch_document
+    from dpops.release.execute import estimate
     from dpops.release.preparation import requested_interval
     from dpops.spec import load_spec, parse_spec, read_spec_document
 
@@ -60,11 +70,12 @@ def cli(spec_path: str, interval: str, epsilon: float, quantile: float, contribu
                                "time (dpops release run); a patched spec would need that option and its "
                                "budget.split share removed by hand: --spec-out is refused, nothing was charged")
     config = EstimateConfig(epsilon=epsilon, quantile=quantile, contribution=contribution,
-                            columns=tuple(columns) or None, max_l0=max_l0, max_linf=max_linf)
+                            columns=tuple(columns) or None, max_l0=max_l0, max_linf=max_linf, method=method)
     iv = requested_interval(spec_path, interval)
     with open_cli_ledger() as led:
         est = estimate(spec_path, iv.start, iv.end, config=config, ledger=led, randomness=randomness,
-                       key_path=key_file, test_seed=test_seed if randomness == "test" else None, actor=actor)
+                       key_path=key_file, test_seed=test_seed if randomness == "test" else None, actor=actor,
+                       engine=engine)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = patch_document(est)
@@ -86,14 +97,26 @@ def cli(spec_path: str, interval: str, epsilon: float, quantile: float, contribu
         return
     charged = ("nothing charged: served the committed estimation" if est.state == "already_committed"
                else f"charged epsilon={est.epsilon_charged:g} to scope {est.spec.budget.scope}")
-    click.echo(f"estimation run {est.run_id}: {charged}")
+    say(f"estimation run {est.run_id}: {charged}")
     if est.state == "test_only":
-        click.echo("  test mode (seeded noise): never published, no manifest written; a release naming it is "
+        say("  test mode (seeded noise): never published, no manifest written; a release naming it is "
                    "refused unless it runs in test mode too")
     r = est.result()
     if r["max_partitions_per_unit"] is not None:
-        click.echo(f"  max_partitions_per_unit (L0): {r['max_partitions_per_unit']}")
-        click.echo(f"  max_rows_per_unit_per_partition (Linf): {r['max_rows_per_unit_per_partition']}")
+        say(f"  max_partitions_per_unit (L0): {r['max_partitions_per_unit']}")
+        say(f"  max_rows_per_unit_per_partition (Linf): {r['max_rows_per_unit_per_partition']}")
     for col, (lo, hi) in r["bounds"].items():
-        click.echo(f"  bounds of {col}: [{lo:g}, {hi:g}]")
-    click.echo(f"wrote {', '.join(files.values())}" + (f"; manifest {est.manifest}" if est.manifest else ""))
+        say(f"  bounds of {col}: [{lo:g}, {hi:g}]")
+    if est.choice is not None:
+        say(f"  chosen by {est.config.method}: rows kept {est.choice['kept_row_share']:.1%}; predicted RMSE "
+            + ", ".join(f"{k} {v:.4g}" for k, v in est.choice["predicted_rmse"].items()))
+    targets = est.targets()
+    if targets:
+        met = sum(1 for t in targets if t["met"])
+        say(f"  accuracy targets with these bounds, at the release's epsilon: {met} of {len(targets)} met")
+        for t in targets:
+            pred = "inf" if t["predicted"] is None else f"{t['predicted']:.4g}"
+            say(f"    [{'met' if t['met'] else 'NOT MET'}] {t['description']} (predicted {pred})")
+    else:
+        say("  accuracy targets: the spec declares none")
+    say(f"wrote {', '.join(files.values())}" + (f"; manifest {est.manifest}" if est.manifest else ""))

@@ -10,6 +10,7 @@ from dpops.cli.common import (
     ledger_option,
     open_cli_ledger,
     print_table,
+    say,
 )
 
 WORDS = {"never_run": "never run", "input_missing": "input missing",
@@ -64,16 +65,16 @@ def cli(spec: str, start: str, end: str, manifests: str | None, show_all: bool, 
         return
     shown = rows if show_all else gaps
     if not shown:  # a table of headers alone reads as "something is missing here" (issue 28 item 15)
-        click.echo(f"{sp.name}: no gaps: every one of the {len(rows)} interval(s) in [{start}, {end}) is published"
+        say(f"{sp.name}: no gaps: every one of the {len(rows)} interval(s) in [{start}, {end}) is published"
                    if rows else f"{sp.name}: no interval of the spec's grid in [{start}, {end})")
         if not rows:
             return
-        click.echo(", ".join(f"{WORDS[k]}: {v}" for k, v in counts.items() if v))
+        say(", ".join(f"{WORDS[k]}: {v}" for k, v in counts.items() if v))
         return
     print_table(f"{sp.name}: {len(gaps)} of {len(rows)} interval(s) in [{start}, {end}) have no publication",
                 ["interval start", "interval end", "status", "run", "why"],
                 [[r.interval_start, r.interval_end, WORDS[r.status], r.run_id or "-", r.detail] for r in shown],
                 keep=("interval start", "interval end", "status"), below=("run", "why"))
-    click.echo(", ".join(f"{WORDS[k]}: {v}" for k, v in counts.items() if v) or "no intervals in range")
+    say(", ".join(f"{WORDS[k]}: {v}" for k, v in counts.items() if v) or "no intervals in range")
     if (check and gaps) or forged:
         raise failure()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from dpops.cli.common import HelpGroup, echo_ok
+from dpops.cli.common import HelpGroup, echo_ok, say
 from dpops.noise.randomness import NoiseKey, convert_legacy_key_file
 
 
@@ -23,7 +23,7 @@ def generate(path: str, as_json: bool) -> None:
     if as_json:
         echo_ok({"path": path, "key_id": key.key_id})
     else:
-        click.echo(f"wrote new noise key to {path} (key id {key.key_id}); keep it secret and backed up")
+        say(f"wrote new noise key to {path} (key id {key.key_id}); keep it secret and backed up")
 
 
 @cli.command("id")
@@ -51,5 +51,5 @@ def convert(old: str, new: str, as_json: bool) -> None:
     if as_json:
         echo_ok({"path": new, "key_id": key.key_id, "converted_from": old})
     else:
-        click.echo(f"wrote {new} (key id {key.key_id}, the same key as {old}); mount it in place of {old} and "
+        say(f"wrote {new} (key id {key.key_id}, the same key as {old}); mount it in place of {old} and "
                    f"delete {old}")

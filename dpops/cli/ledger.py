@@ -12,7 +12,7 @@ import getpass
 import json
 import math
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -24,12 +24,14 @@ from dpops.cli.common import (
     json_option,
     key_file_option,
     ledger_option,
+    ledger_url,
     open_cli_ledger,
     print_table,
+    say,
 )
 from dpops.errors import IntegrityError
 from dpops.ledger import ScopeDefinition, TimeRule
-from dpops.ledger.budget import format_budget
+from dpops.ledger.budget import budget_json, format_budget
 from dpops.ledger import model
 from dpops.ledger.model import RUN_STATES, ScopeStatus
 
@@ -101,6 +103,25 @@ def status_table(st: ScopeStatus, sums: dict[str, float] | None = None) -> tuple
     return f"{title} ({st.accountant} accountant)", cols, rows, composition_note(st, sums)
 
 
+STATUS_FIGURES = ("committed", "spent_unpublished", "started", "reserved", "total", "remaining", "sum_of_runs")
+
+
+def status_json(st: ScopeStatus, sums: dict[str, float]) -> dict[str, Any]:
+    """``ledger status --json``: the figures the table shows (``budget_json``: rounded as people read them,
+    ``remaining`` exactly 0 at the cap), the exact ones under ``exact``, per bucket too."""
+    doc = st.to_dict()
+    top = max(st.buckets, key=lambda b: b.total).bucket if st.buckets else None
+    doc["sum_of_runs"] = sums.get(top, 0.0) if top else 0.0
+    doc["composition"] = composition_note(st, sums)
+    scales: dict[str, float | None] = {f: st.cap for f in STATUS_FIGURES}
+    buckets = []
+    for b in doc["buckets"]:
+        b["sum_of_runs"] = sums.get(b["bucket"])
+        buckets.append(budget_json(b, scales))
+    doc["buckets"] = buckets
+    return budget_json(doc, {**scales, "cap": None})
+
+
 def writer_lines(writers: dict) -> list[str]:
     """What ``verify`` knows of who wrote the entries (issue 19 item 10), in words."""
     out = []
@@ -154,7 +175,7 @@ def init(ctx: click.Context, app_roles, reader_roles, print_sql, as_json) -> Non
         require_owner(led.db, "initialise or migrate the ledger and grant roles (`dpops ledger init`)")
         url, version = redact(led.url), led.schema_version
         if not as_json:
-            click.echo(f"ledger ready at {url} (schema version {version})")
+            say(f"ledger ready at {url} (schema version {version})")
         grants = ((app_roles, grant_app_role, granted,
                    "may append entries (the database derives the run cache from them); cannot UPDATE, DELETE "
                    "or TRUNCATE entries or write any cache, nor drop or disable triggers"),
@@ -167,9 +188,44 @@ def init(ctx: click.Context, app_roles, reader_roles, print_sql, as_json) -> Non
                     continue
                 if print_sql:
                     click.echo(";\n".join(statements) + ";")
-                click.echo(f"role {role}: {rights}")
+                say(f"role {role}: {rights}")
     if as_json:
         echo_ok({"ledger": url, "schema_version": version, "app_roles": granted, "reader_roles": readers})
+
+
+@cli.command("install-cap-check")
+@click.option("--owner-role", required=True, metavar="ROLE",
+              help="The ledger owner role (the one that runs `dpops ledger init`): the only role granted EXECUTE.")
+@click.option("--site-dir", "site_dirs", multiple=True, metavar="DIR",
+              help="Where the database server's Python finds dpops and its dependencies (repeatable; default: this "
+                   "dpops' own directory and site-packages, right when the server runs on this machine).")
+@ledger_option
+@json_option
+@click.pass_context
+def install_cap_check(ctx: click.Context, owner_role, site_dirs, as_json) -> None:
+    """PostgreSQL, as a superuser: make the database refuse any reservation over the cap (schema version 5).
+
+    Installs the PL/Python function the owner's trigger calls on every reservation an application role
+    writes, so that one written around dpops is refused by the database, with the same rule dpops applies.
+    Run once per ledger schema, before or after `dpops ledger init`; idempotent."""
+    from dpops.errors import InvalidParameter
+    from dpops.ledger import db_cap
+    from dpops.ledger.backend import postgres_target, redact
+
+    url = str(ledger_url(ctx))
+    if url.split("://", 1)[0].lower().startswith("sqlite"):
+        raise InvalidParameter(f"install-cap-check applies to PostgreSQL ledgers only, not {redact(url)}: a SQLite "
+                               "ledger has no roles (its file's permissions decide who may write it)")
+    conninfo, schema = postgres_target(url)
+    probe = db_cap.install(conninfo, schema=schema or "public", owner_role=owner_role,
+                           site_dirs=list(site_dirs) or None)
+    if as_json:
+        echo_ok({"ledger": redact(url), **probe})
+        return
+    click.echo(f"cap check {probe['check']} installed in schema {schema} of {redact(url)}: the database runs "
+               f"dpops {probe['dpops']} on Python {probe['python']} from {', '.join(probe['site_dirs'])}; EXECUTE "
+               f"granted to {owner_role} only. Reservations by any other role are now checked against the cap by "
+               "the database.")
 
 
 @cli.command()
@@ -197,7 +253,7 @@ def checkpoint(ctx, directory, signing_key, as_json) -> None:
     if as_json:
         echo_json({"file": str(path), "entries": doc["entries"], "head_hash": doc["head_hash"]})
     else:
-        click.echo(f"checkpoint {path}: {doc['entries']} entries, head {doc['head_hash']}")
+        say(f"checkpoint {path}: {doc['entries']} entries, head {doc['head_hash']}")
 
 
 @cli.group()
@@ -253,13 +309,13 @@ def scope_create(ctx, name, unit, unit_column, epsilon, rho, delta, accountant, 
     desc = (f"cap {created.cap_unit}={fmt_budget(created.cap)}, delta={created.delta:g}, accountant "
             f"{created.accountant}" + (f", per {created.bucket}" if created.bucket else ""))
     if not existed:
-        click.echo(f"scope {created.name} created: {desc}")
+        say(f"scope {created.name} created: {desc}")
     elif cap_changed:
-        click.echo(f"scope {created.name} exists as created; its cap was changed since through `dpops ledger cap` "
+        say(f"scope {created.name} exists as created; its cap was changed since through `dpops ledger cap` "
                    f"(created with {asked.cap_unit}={fmt_budget(asked.cap)}, delta={asked.delta:g}; now {desc}): "
                    f"left as it is (history: `dpops ledger history {created.name}`)")
     else:
-        click.echo(f"scope {created.name} exists with this definition: {desc}; nothing to do")
+        say(f"scope {created.name} exists with this definition: {desc}; nothing to do")
 
 
 @scope.command("show")
@@ -317,7 +373,7 @@ def scope_pin_time(ctx, name, time_column, reason, actor, as_json) -> None:
     if as_json:
         echo_ok({"scope": new.to_dict(), "time_rule": rule.to_dict(), "reason": reason})
     else:
-        click.echo(f"scope {new.name}: time rule {rule.describe()}")
+        say(f"scope {new.name}: time rule {rule.describe()}")
 
 
 @cli.command()
@@ -337,7 +393,7 @@ def cap(ctx, name, epsilon, rho, delta, reason, actor, as_json) -> None:
     if as_json:
         echo_ok({"scope": new.to_dict(), "cap_unit": new.cap_unit, "cap": new.cap, "reason": reason})
     else:
-        click.echo(f"scope {new.name}: cap {new.cap_unit}={fmt(new.cap)}, delta={new.delta:g}")
+        say(f"scope {new.name}: cap {new.cap_unit}={fmt(new.cap)}, delta={new.delta:g}")
 
 
 @cli.command()
@@ -357,13 +413,7 @@ def status(ctx, scope_name, as_json) -> None:
         st = led.status(scope_name)
         sums = per_run_sums(led, st)
     if as_json:
-        doc = st.to_dict()
-        for b in doc["buckets"]:
-            b["sum_of_runs"] = sums.get(b["bucket"])
-        top = max(st.buckets, key=lambda b: b.total).bucket if st.buckets else None
-        doc["sum_of_runs"] = sums.get(top, 0.0) if top else 0.0
-        doc["composition"] = composition_note(st, sums)
-        echo_json(doc)
+        echo_json(status_json(st, sums))
     else:
         title, cols, rows, note = status_table(st, sums)
         print_table(title, cols, rows, keep=[c for c in cols if c != "runs"], caption=note,
@@ -413,7 +463,7 @@ def keygen(private_key, public_key, as_json) -> None:
     if as_json:
         echo_ok({"key_id": kid, "private_key": private_key, "public_key": public_key})
     else:
-        click.echo(f"Ed25519 key {kid}: private {private_key}, public {public_key}")
+        say(f"Ed25519 key {kid}: private {private_key}, public {public_key}")
 
 
 def _checkpoints(checkpoints_dir: str | None, public_key: str | None) -> list[Checkpoint] | None:
@@ -467,23 +517,23 @@ def verify(ctx, export_file, checkpoints_dir, public_key, expect_heads, as_json)
             echo_json(report.to_dict())
     elif report.ok:
         what = "export" if export_file is not None else "ledger"
-        click.echo(f"{what} OK: {report.entries} entries, head {report.head_hash}")
+        say(f"{what} OK: {report.entries} entries, head {report.head_hash}")
         if report.anchors.get("checkpoints"):
-            click.echo(f"extends {report.anchors['checkpoints']} signed checkpoint(s), latest at entry "
+            say(f"extends {report.anchors['checkpoints']} signed checkpoint(s), latest at entry "
                        f"{report.anchors['latest_entries']} (key {report.anchors['public_key_id']})")
         if report.anchors.get("expect_head"):
-            click.echo(f"contains the expected head(s) {', '.join(report.anchors['expect_head'])}")
+            say(f"contains the expected head(s) {', '.join(report.anchors['expect_head'])}")
         if not report.anchors:
-            click.echo("not anchored: give --checkpoints DIR --public-key PEM (or --expect-head) to show the chain "
+            say("not anchored: give --checkpoints DIR --public-key PEM (or --expect-head) to show the chain "
                        "was not rebuilt by someone with database write access")
         for line in writer_lines(report.writers):
-            click.echo(line)
+            say(line)
         for scope_name, t in sorted(report.totals.items()):
             spent = ", ".join(f"{b}: {fmt(v['settled'], t['cap'])}" for b, v in sorted(t["buckets"].items()))
-            click.echo(f"scope {scope_name}: cap {t['unit']}={fmt(t['cap'])}; settled {spent}")
+            say(f"scope {scope_name}: cap {t['unit']}={fmt(t['cap'])}; settled {spent}")
     else:
         for p in report.problems:
-            click.echo(f"FAILED: {p}")
+            say(f"FAILED: {p}")
     if not report.ok:
         where = f" at entry {report.first_bad_entry}" if report.first_bad_entry is not None else ""
         raise attach(IntegrityError(f"ledger verification failed{where}: {report.problems[0]}"), report.to_dict())
@@ -510,7 +560,7 @@ def export(ctx, file, as_json) -> None:
     if as_json:
         echo_ok({"file": file, "entries": n})
     else:
-        click.echo(f"exported {n} entries", err=True)
+        say(f"exported {n} entries", err=True)
 
 
 @cli.command()
@@ -528,8 +578,8 @@ def recover(ctx, older_than, actor, as_json) -> None:
         echo_ok({"recovered": [{"run_id": r.run_id, "scope": r.scope, "state": r.state} for r in recs]})
         return
     for r in recs:
-        click.echo(f"{r.run_id} ({r.scope}, {r.key.release} {r.key.interval_start}): {r.state}")
-    click.echo(f"recovered {len(recs)} run(s)")
+        say(f"{r.run_id} ({r.scope}, {r.key.release} {r.key.interval_start}): {r.state}")
+    say(f"recovered {len(recs)} run(s)")
 
 
 @cli.command()
@@ -544,15 +594,17 @@ def runs(ctx, scope_name, release, states, as_json) -> None:
     with _ledger(ctx) as led:
         recs = led.runs(scope=scope_name, release=release, states=list(states) or None)
     if as_json:
-        echo_ok({"runs": [{"run_id": r.run_id, "scope": r.scope, "state": r.state, "key": r.key.to_dict(),
-                    "buckets": r.buckets, "restates": r.restates, "output_uri": r.output_uri,
-                    "epsilon": r.epsilon if math.isfinite(r.epsilon) else None, "entry_ids": r.entry_ids,
-                    "created_at": r.created_at, "updated_at": r.updated_at} for r in recs]})
+        # each run's ε as the table shows it (``budget_json``), the accountant's float under ``exact``
+        echo_ok({"runs": [budget_json({
+            "run_id": r.run_id, "scope": r.scope, "state": r.state, "key": r.key.to_dict(), "buckets": r.buckets,
+            "restates": r.restates, "output_uri": r.output_uri,
+            "epsilon": r.epsilon if math.isfinite(r.epsilon) else None, "entry_ids": r.entry_ids,
+            "created_at": r.created_at, "updated_at": r.updated_at}, {"epsilon": None}) for r in recs]})
         return
     if not recs:  # an empty table reads like a failure to load; say what was asked and that none match
         asked = [f"in state {' or '.join(states)}" if states else "",
                  f"on scope {scope_name}" if scope_name else "", f"of release {release}" if release else ""]
-        click.echo(" ".join(["no runs", *[a for a in asked if a]]))
+        say(" ".join(["no runs", *[a for a in asked if a]]))
         return
     # Fits 80 columns: the interval's two instants stack in one cell (never shortened), the run id, what
     # it restates and its output URI go on their own lines under the row, whole for copying; so does a
@@ -589,7 +641,7 @@ def reserve_cmd(spec, interval, key_file, randomness, test_seed, do_start, do_co
     scope's accountant, and the run key is idempotent (the same input, spec and key reserve once).
     For operators (hold budget for a run, close a stuck one) and tests."""
     from dpops import release
-    from dpops.cli.release import parse_interval_option
+    from dpops.cli.release import parse_interval_option, scope_figures_json
     from dpops.errors import InvalidParameter, LedgerError
 
     if do_release and (do_start or do_commit):
@@ -619,9 +671,9 @@ def reserve_cmd(spec, interval, key_file, randomness, test_seed, do_start, do_co
                                  details={"note": "committed by dpops ledger reserve --commit (no Beam job)"})
             out = release.context.make_outcome(ctx, led, rec.state, record=rec, charged=charged)
     if as_json:
-        echo_ok(out.as_dict())
+        echo_ok(scope_figures_json(out.as_dict()))  # the figures the line shows, exact under "exact"
     else:
-        click.echo(out.line())
+        say(out.line())
 
 
 @cli.command("import")
@@ -658,8 +710,8 @@ def import_(ctx, file, expect_heads, checkpoints_dir, public_key, as_json) -> No
         echo_ok(result.to_dict())
         return
     states = ", ".join(f"{k} {v}" for k, v in result.runs_by_state.items())
-    click.echo(f"imported {result.entries} entries from {source} into {result.ledger}: {len(result.scopes)} "
+    say(f"imported {result.entries} entries from {source} into {result.ledger}: {len(result.scopes)} "
                f"scope(s), {result.runs} run(s)" + (f" ({states})" if states else ""))
-    click.echo(f"ledger OK: head {result.head}")
+    say(f"ledger OK: head {result.head}")
     if result.anchors.get("checkpoints"):
-        click.echo(f"extends {result.anchors['checkpoints']} signed checkpoint(s) of the old ledger")
+        say(f"extends {result.anchors['checkpoints']} signed checkpoint(s) of the old ledger")

@@ -22,6 +22,7 @@ from dpops.cli.common import (
     json_printed,
     ledger_option,
     reset,
+    say,
     wants_json,
 )
 from dpops.errors import DEBUG_ENV, DpopsError, public_message
@@ -89,7 +90,7 @@ def _fail(exc: BaseException, code: int, message: str, as_json: bool, *, stderr_
     """One clear line on stderr; with ``--json`` also one JSON object on stdout (unless the command
     already printed its own)."""
     if stderr_line is not None:
-        click.echo(stderr_line, err=True)
+        say(stderr_line, err=True)
     if as_json and not json_printed():
         click.echo(dumps(error_object(exc, code, message)))
     return code

@@ -22,6 +22,7 @@ from dpops.cli.common import (
     ledger_url,
     load_keys,
     previous_keys_option,
+    say,
 )
 from dpops.errors import IntegrityError
 from dpops.ledger.budget import format_budget
@@ -84,7 +85,7 @@ def keygen_cmd(private_key: str, public_key: str) -> None:
     from dpops.manifest.sign import generate_signing_key
 
     kid = generate_signing_key(private_key, public_key)
-    click.echo(f"wrote signing key {private_key} and public key {public_key} (public key id {kid})")
+    say(f"wrote signing key {private_key} and public key {public_key} (public key id {kid})")
 
 
 @cli.command("show")
@@ -108,30 +109,30 @@ def show_cmd(run_or_file: str, manifests: str | None, spec: str | None, as_json:
 
     width = terminal_width()
 
-    def say(text: str) -> None:
+    def show(text: str) -> None:
         # $COLUMNS wide, wrapped at spaces only: a run id, a date or a path longer than the line stays whole
         # (escaped like every table cell: a manifest is read from storage another party may write)
         for line in wrap_words(printable(re.sub(r"\[/?(bold|red)\]", "", text)), width):
             click.echo(line)
 
     k, p, u, c = m["run_key"], m["privacy"], m["privacy_unit"], m["contribution_bounds"]
-    say(f"[bold]{k['release']}[/bold]  [{k['interval_start']}, {k['interval_end']})  run {m['run_id']}")
-    say(f"file: {path}")
-    say(f"outcome: [bold]{m['outcome']['state']}[/bold] ({_ledger_words(m)})"
+    show(f"[bold]{k['release']}[/bold]  [{k['interval_start']}, {k['interval_end']})  run {m['run_id']}")
+    show(f"file: {path}")
+    show(f"outcome: [bold]{m['outcome']['state']}[/bold] ({_ledger_words(m)})"
                   + (f" - {m['outcome']['reason']}" if m["outcome"]["reason"] else ""))
     if m["restates"]:
-        say(f"restates run {m['restates']['run_id']}")
+        show(f"restates run {m['restates']['run_id']}")
     if m.get("replaces_spent"):
         fresh = m["replaces_spent"]
         # why the interval was charged twice (the spent run's charge stays): issue 28 item 10
-        say(f"fresh attempt: replaces the spent_unpublished run {fresh['run_id']} (fresh noise, charged again); "
+        show(f"fresh attempt: replaces the spent_unpublished run {fresh['run_id']} (fresh noise, charged again); "
             f"reason: {fresh.get('reason') or 'none recorded'}")
-    say(f"protects: {u['description']} (unit column {u['column']}, adjacency {u['adjacency']}"
+    show(f"protects: {u['description']} (unit column {u['column']}, adjacency {u['adjacency']}"
                   f"{', record-level' if u['record_level'] else ''})")
-    say(f"contribution: at most {c['max_partitions_per_unit']} partitions per unit, "
+    show(f"contribution: at most {c['max_partitions_per_unit']} partitions per unit, "
                   f"{c['max_rows_per_unit_per_partition']} rows per unit per partition; value bounds {m['value_bounds']}")
     eps = p["run"]["epsilon"]
-    say(f"privacy: this run eps={_fmt(eps)} at delta={p['run']['delta']:g} with {m['accountant']['ref']} "
+    show(f"privacy: this run eps={_fmt(eps)} at delta={p['run']['delta']:g} with {m['accountant']['ref']} "
                   f"(requested eps={p['requested']['epsilon']:g}, delta={p['requested']['delta']:g}; "
                   f"charged: {p['run']['charged']})")
     if p["scope"]:
@@ -139,11 +140,11 @@ def show_cmd(run_or_file: str, manifests: str | None, spec: str | None, as_json:
         for b in s["buckets"]:
             # every group the total composes (dpops.manifest.scope.GROUPS), so the parts account for the total
             parts = ", ".join(f"{g.replace('_', ' ')} {_cap(b[g], s)}" for g in GROUPS if g in b)
-            say(f"scope {s['name']} [{b['bucket']}]: cap {s['cap']['unit']}={s['cap']['value']:g}, "
+            show(f"scope {s['name']} [{b['bucket']}]: cap {s['cap']['unit']}={s['cap']['value']:g}, "
                 f"total {_cap(b['total'], s)} composing {parts} (each group alone), remaining "
                 f"{_cap(b['remaining'], s)}")
     r = m["randomness"]
-    say(f"randomness: {r['mode']} (key id {r['key_id']}){'  [red]TEST MODE[/red]' if r['test_mode'] else ''}")
+    show(f"randomness: {r['mode']} (key id {r['key_id']}){'  [red]TEST MODE[/red]' if r['test_mode'] else ''}")
     rows = []
     for metric in m["release_plan"].get("metrics", []):
         for v in metric.get("vectors") or []:
@@ -157,8 +158,8 @@ def show_cmd(run_or_file: str, manifests: str | None, spec: str | None, as_json:
                 keep=("metric", "vector", "mechanism"))
     if m["validation"]:
         checks = ", ".join(f"{c['name']}:{'ok' if c['passed'] else 'FAILED'}" for c in m["validation"]["checks"])
-        say(f"checks: {checks or 'none'}; proceeded: {m['validation']['proceeded']}")
-    say(f"code: dpops {m['code']['dpops']} ({m['code']['git_commit'] or 'no git commit'})")
+        show(f"checks: {checks or 'none'}; proceeded: {m['validation']['proceeded']}")
+    show(f"code: dpops {m['code']['dpops']} ({m['code']['git_commit'] or 'no git commit'})")
 
 
 def _ledger_words(m: dict) -> str:
@@ -234,12 +235,12 @@ def verify_cmd(run_or_file: str, manifests: str | None, spec: str | None, public
     else:
         for c in result.checks:
             mark = "skip" if c.skipped else ("ok" if c.ok else "FAIL")
-            click.echo(f"{mark:4}  {c.name}" + (f"  ({c.skipped})" if c.skipped else "")
+            say(f"{mark:4}  {c.name}" + (f"  ({c.skipped})" if c.skipped else "")
                        + (f"  ({c.note})" if c.note else ""))
             for p in c.problems:
-                click.echo(f"      {p}")
+                say(f"      {p}")
     if not result.ok:
         raise attach(IntegrityError(f"{path}: verification failed: {len(result.problems)} problem(s); first: "
                                     f"{result.problems[0]}"), result.to_dict())
     if not as_json:
-        click.echo(f"verified: run {result.run_id}" + (f" (not checked: {', '.join(skipped)})" if skipped else ""))
+        say(f"verified: run {result.run_id}" + (f" (not checked: {', '.join(skipped)})" if skipped else ""))

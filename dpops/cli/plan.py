@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
@@ -12,6 +13,7 @@ from dpops.cli.common import (
     ledger_option,
     open_cli_ledger,
     print_table,
+    say,
     terminal_width,
     wrap_words,
 )
@@ -58,6 +60,16 @@ def _action(st) -> tuple[str, bool]:
     return "run", True
 
 
+def plan_json(doc: dict[str, Any], cap: float, figures: tuple[str, ...]) -> dict[str, Any]:
+    """A plan's JSON with its budget figures as the table shows them and the exact ones under ``exact``
+    (``dpops.ledger.budget.budget_json``): a run's cost alone, scope totals and what is left at the cap's precision."""
+    from dpops.ledger.budget import budget_json
+
+    items = [budget_json(it, {"cost": None, "total_after": cap, "remaining_after": cap}) for it in doc["items"]]
+    scales: dict[str, float | None] = {f: (None if f == "per_run_cost" else cap) for f in figures}
+    return budget_json({**doc, "items": items}, {**scales, "cap": None})
+
+
 @click.command()
 @click.argument("target", metavar="SPEC|SCOPE")
 @click.argument("plan_file", type=click.File("r"), metavar="[PLAN.json]", required=False)
@@ -77,8 +89,16 @@ def _action(st) -> tuple[str, bool]:
               help="accuracy view: top-k lead (rows) for the top-pick probability [10]")
 @click.option("--intervals", type=int, default=365, show_default=True,
               help="horizon: total epsilon after this many intervals")
-@click.option("--cap", type=float, default=None,
-              help="horizon: a hypothetical scope cap (epsilon) when the ledger or the scope is not reachable")
+@click.option("--scope-cap", "scope_cap", type=float, default=None, metavar="EPSILON",
+              help="the scope's cap (epsilon) when the ledger or the scope is not reachable: the horizon counts "
+                   "intervals against it and --solve fits one interval in it (nothing assumed spent)")
+@click.option("--run-cap", "run_cap", type=float, default=None, metavar="EPSILON",
+              help="with --solve: the most one interval may cost (epsilon under the scope's accountant), on top of "
+                   "what remains of the scope")
+@click.option("--cap", "old_cap", type=float, default=None, hidden=True, expose_value=True,
+              help="removed: it meant the scope cap in the horizon and the run's cap with --solve")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None, metavar="PATCH.yaml",
+              help="with --solve: write the solved split as a patch for `dpops spec apply-patch` (never overwrites)")
 @click.option("--scope-delta", type=float, default=None,
               help="horizon: the scope's delta when the ledger is not reachable [the spec's delta x --intervals]")
 @click.option("--accountants", default="basic,zcdp,rdp,pld", show_default=True,
@@ -88,16 +108,18 @@ def _action(st) -> tuple[str, bool]:
               help="exit 3 if an accuracy target is not met (by the declared budget, or with --solve by any split "
                    "that fits)")
 def cli(target, plan_file, start, end, manifests, as_json, check, at_units, values, confidence, gap, intervals,
-        cap, scope_delta, accountants, solve, require_targets) -> None:
-    """Plan before spending: predicted accuracy and the horizon, or what a backfill would cost. Writes nothing.
+        scope_cap, run_cap, old_cap, out_path, scope_delta, accountants, solve, require_targets) -> None:
+    """Plan before spending: predicted accuracy and the horizon, or what a backfill would cost. Writes nothing
+    (but the --out patch).
 
     \b
-    dpops plan SPEC [--at N] [--value KEY=V] [--solve] [--require-targets]
+    dpops plan SPEC [--at N] [--value KEY=V] [--solve [--run-cap E] [--out PATCH.yaml]] [--require-targets]
         the accuracy view, from the spec alone (no data read, nothing charged): per metric the noise
         actually drawn, its std and exact interval, errors at a partition size, keep probabilities,
-        the spec's accuracy targets (met or not; --solve finds the least-epsilon split meeting them),
-        the horizon (intervals that still fit the scope's cap under basic, zCDP, RDP and PLD
-        composition, the date the cap is reached), and plain-language lines for a reviewer.
+        the spec's accuracy targets (met or not; --solve finds the least-epsilon split meeting them,
+        --out writes it for dpops spec apply-patch), the horizon (intervals that still fit the scope's
+        cap under basic, zCDP, RDP and PLD composition, the date the cap is reached; of the solved
+        split with --solve), and plain-language lines for a reviewer.
     dpops plan SPEC --from DATE --to DATE
         the spec's intervals starting in [FROM, TO) (its unit period or cron schedule), each costing
         the spec's per-run privacy events, composed by the scope's accountant on top of the ledger's
@@ -107,6 +129,15 @@ def cli(target, plan_file, start, end, manifests, as_json, check, at_units, valu
 
     A run that fits is counted as charged for the runs after it.
     """
+    if old_cap is not None:  # one spelling, two meanings: refuse it, naming both (issue 26 section 4)
+        raise click.UsageError("--cap is gone: it was the horizon's scope cap and, with --solve, the cap on one "
+                               f"interval's cost. Say which: --scope-cap {old_cap:g} (the scope's cap when the ledger "
+                               f"is not reachable) or --run-cap {old_cap:g} (with --solve: the most one interval may "
+                               "cost)")
+    if out_path is not None and not solve:
+        raise click.UsageError("--out writes the solved split: give --solve too")
+    if run_cap is not None and not solve:
+        raise click.UsageError("--run-cap caps the solved run's cost: give --solve too")
     if start is not None or end is not None:
         if plan_file is not None or start is None or end is None:
             raise InvalidParameter("dpops plan SPEC needs both --from and --to (and no PLAN.json)")
@@ -115,8 +146,9 @@ def cli(target, plan_file, start, end, manifests, as_json, check, at_units, valu
         from dpops.cli.plan_accuracy import AccuracyOptions, run
 
         return run(target, AccuracyOptions(
-            at_units=at_units, values=tuple(values), confidence=confidence, gap=gap, intervals=intervals, cap=cap,
-            scope_delta=scope_delta, solve=solve, require_targets=require_targets,
+            at_units=at_units, values=tuple(values), confidence=confidence, gap=gap, intervals=intervals,
+            scope_cap=scope_cap, run_cap=run_cap, out=out_path, scope_delta=scope_delta, solve=solve,
+            require_targets=require_targets,
             accountants=tuple(a.strip() for a in accountants.split(",") if a.strip())), as_json)
     scope = target
     runs = load_plan(plan_file, getattr(plan_file, "name", "PLAN"))
@@ -127,9 +159,10 @@ def cli(target, plan_file, start, end, manifests, as_json, check, at_units, valu
         refused_error = BudgetExceeded(f"{len(result.items) - result.admitted} planned run(s) would not fit on "
                                        f"scope {scope!r}")
     if as_json:
+        doc = plan_json(result.to_dict(), result.cap, ("per_run_cost", "scope_total_before", "scope_total_after"))
         if refused_error is not None:
-            raise attach(refused_error, result.to_dict())
-        echo_json(result.to_dict())
+            raise attach(refused_error, doc)
+        echo_json(doc)
     else:
         unit = "ε" if result.unit == "epsilon" else "ρ"
         # Short headers so the two whole dates and the figures fit 80 columns; the caption says what they are.
@@ -141,7 +174,7 @@ def cli(target, plan_file, start, end, manifests, as_json, check, at_units, valu
                     right=(unit, f"scope {unit} after", "left after"),
                     caption=f"{unit}: the run alone; scope {unit} after: the scope total after it, all runs composed; "
                             "left after: cap minus that total")
-        click.echo(f"{result.admitted} of {len(result.items)} planned runs fit")
+        say(f"{result.admitted} of {len(result.items)} planned runs fit")
     if refused_error is not None:
         raise refused_error
 
@@ -193,6 +226,7 @@ def _plan_spec(spec_path: str, start: str, end: str, manifests: str | None, as_j
         refused_error = BudgetExceeded(f"{spec.name}: {len(refused)} interval(s) of the backfill would be refused "
                                        f"by scope {scope!r}'s cap")
     if as_json:
+        doc = plan_json(doc, result.cap, ("per_run_cost", "scope_total_before", "scope_total_after"))
         if refused_error is not None:
             raise attach(refused_error, doc)
         echo_json(doc)

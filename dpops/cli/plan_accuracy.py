@@ -2,8 +2,14 @@
 
 Thin: every number comes from ``dpops.analysis`` (the same functions a notebook calls). This module
 only gathers what the ledger knows about the spec's scope -- its cap, accountant, bucket and what is
-already charged -- and prints. Nothing is written and no data is read; if the ledger is not
-reachable the view says so and uses ``--cap``/``--scope-delta`` instead.
+already charged -- and prints. No data is read and nothing is written but the ``--out`` patch; if the ledger is
+not reachable the view says so and uses ``--scope-cap``/``--scope-delta`` instead.
+
+Two caps, two options (issue 26 section 4: ``--cap`` was the horizon's scope cap and, with ``--solve``, the run's
+cap, in the same output): ``--scope-cap`` stands for the scope's cap when the ledger cannot say it (the horizon
+counts intervals against it; the solve fits one interval in it, nothing assumed spent); ``--run-cap`` caps one
+interval's cost in the solve, with or without a ledger. With ``--solve`` the horizon prices the solved split (the
+patch's rounded shares), since that is the budget the operator is about to declare.
 """
 
 from __future__ import annotations
@@ -11,19 +17,18 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-import click
-
-from dpops.cli.common import attach, echo_ok, echo_wrapped, ledger_url, print_table
+from dpops.cli.common import attach, echo_ok, echo_wrapped, ledger_url, print_table, say
 from dpops.errors import DpopsError, InvalidParameter
 from dpops.ledger.model import CHARGED_STATES as CHARGED  # the one owner of the charged states
 
 if TYPE_CHECKING:
+    from dpops.analysis.solver import Solution
     from dpops.events import PrivacyEvent
     from dpops.ledger.model import ScopeDefinition
     from dpops.ledger.store import Ledger
+    from dpops.release_plan import ReleasePlan
     from dpops.spec import ReleaseSpec
 
 
@@ -36,7 +41,9 @@ class AccuracyOptions:
     confidence: float | None = None
     gap: int | None = None
     intervals: int = 365
-    cap: float | None = None
+    scope_cap: float | None = None  # the scope's cap when the ledger is not reachable (horizon and solve)
+    run_cap: float | None = None  # with solve: the most one interval may cost
+    out: str | None = None  # with solve: where the patch is written
     scope_delta: float | None = None
     solve: bool = False
     require_targets: bool = False
@@ -64,15 +71,6 @@ def _fmt(x: Any, digits: int = 4) -> str:
     if isinstance(x, float):
         return f"{x:.{digits}g}"
     return str(x)
-
-
-def _next_interval(spec: ReleaseSpec) -> tuple[str, str]:
-    from dpops.spec import aligned_bounds
-
-    now = datetime.now(UTC)
-    b = aligned_bounds(spec, now)
-    s, e = b if b is not None else (now, now + timedelta(days=1))
-    return s.strftime("%Y-%m-%dT%H:%M:%SZ"), e.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _scope_info(led: Ledger, spec: ReleaseSpec) -> tuple[ScopeDefinition, list[PrivacyEvent], float]:
@@ -115,6 +113,8 @@ def run(spec_path: str, opts: AccuracyOptions, as_json: bool) -> None:
             led = open_ledger(url)
             sdef, spent, remaining = _scope_info(led, spec)
             note = f"read from the ledger, {len(spent)} charged event(s) so far"
+            if opts.scope_cap is not None:  # said, not silently dropped: the ledger's cap is the one that binds
+                note += f"; --scope-cap {opts.scope_cap:g} not used: the scope's cap in the ledger is {sdef.cap:g}"
         except DpopsError as exc:
             note = f"the ledger or scope is not reachable ({exc}): the scope's cap and spending are unknown"
             if led is not None:
@@ -139,18 +139,22 @@ def run(spec_path: str, opts: AccuracyOptions, as_json: bool) -> None:
         raise err
 
 
-def _compute(spec: ReleaseSpec, plan: Any, opts: AccuracyOptions, confidence: float, at_units: int,
+def _compute(spec: ReleaseSpec, plan: ReleasePlan, opts: AccuracyOptions, confidence: float, at_units: int,
              at_values: dict[str, float], gap: int, led: Ledger | None, sdef: ScopeDefinition | None,
              spent: list[PrivacyEvent], remaining: float | None, note: str) -> dict[str, Any]:
     from dpops import analysis
     from dpops.analysis.document import accuracy_document
     from dpops.analysis.horizon import horizon
+    from dpops.ledger.budget import budget_json
+    from dpops.release_plan import plan_release
 
     acct = sdef.accountant if sdef is not None else None
     doc: dict[str, Any] = {
         "release": spec.name, "spec_hash": spec.spec_hash, "scope": spec.budget.scope,
-        "ledger": {"reachable": sdef is not None, "note": note, "accountant": acct,
-                   "remaining": remaining, "cap_unit": sdef.cap_unit if sdef is not None else None},
+        # the scope's remaining budget as ``ledger status`` shows it, the exact float under ``exact`` (budget_json)
+        "ledger": budget_json({"reachable": sdef is not None, "note": note, "accountant": acct,
+                               "remaining": remaining, "cap_unit": sdef.cap_unit if sdef is not None else None},
+                              {"remaining": sdef.cap if sdef is not None else None}),
         "accuracy": accuracy_document(spec, plan, confidence=confidence, at_units=at_units, at_values=at_values,
                                       gap=gap, accountant=acct),
         "solution": None,
@@ -160,29 +164,49 @@ def _compute(spec: ReleaseSpec, plan: Any, opts: AccuracyOptions, confidence: fl
                               "estimation_epsilon": spec.estimation_epsilon()}
                              for m in spec.metrics if getattr(m, "estimates_bounds", False)],
     }
+    priced, priced_plan, priced_what = spec, plan, "the declared budget"
     if opts.solve:
         if led is not None and sdef is not None:
-            start, end = _next_interval(spec)
-            name = sdef.name
-
-            def fits(events: Sequence[PrivacyEvent]) -> bool:
-                return bool(led.plan(name, [(start, end, list(events))]).items[0].fits)
-
-            sol = analysis.solve(spec, accountant=sdef.accountant, fits=fits)
-        else:
-            sol = analysis.solve(spec, available=opts.cap)
+            # the run over the interval containing now must fit what the ledger says remains, and --run-cap
+            sol = analysis.solve(spec, ledger=led, available=opts.run_cap)
+        else:  # nothing known spent: one interval may cost the scope's cap, and --run-cap
+            caps = [c for c in (opts.scope_cap, opts.run_cap) if c is not None]
+            sol = analysis.solve(spec, available=min(caps) if caps else None)
         doc["solution"] = sol.to_dict()
+        # The horizon prices what --solve proposes (the patch's rounded split), not the budget it replaces.
+        priced = sol.patched_spec()
+        priced_plan = plan_release(priced)
+        priced_what = f"the solved split (epsilon {float(priced.budget.epsilon):.4g} per interval)"
+        if opts.out is not None:
+            doc["solution"]["patch_file"] = write_patch(sol, opts.out)
     if sdef is not None:
         cap: float | None = sdef.cap
         cap_unit, delta, bucket, source = sdef.cap_unit, sdef.delta, sdef.bucket, "ledger"
     else:
-        cap, cap_unit, bucket = opts.cap, "epsilon", None
+        cap, cap_unit, bucket = opts.scope_cap, "epsilon", None
         delta = opts.scope_delta if opts.scope_delta is not None else min(0.5, spec.budget.delta * opts.intervals)
         source = "not reachable: nothing assumed spent"
-    h = horizon(spec, plan, cap=cap, cap_unit=cap_unit, delta=delta, spent=spent, spent_source=source,
-                         intervals=opts.intervals, accountants=opts.accountants, scope_accountant=acct, bucket=bucket)
-    doc["horizon"] = h.to_dict()
+    h = horizon(priced, priced_plan, cap=cap, cap_unit=cap_unit, delta=delta, spent=spent, spent_source=source,
+                intervals=opts.intervals, accountants=opts.accountants, scope_accountant=acct, bucket=bucket)
+    doc["horizon"] = {**h.to_dict(), "priced": priced_what}
     return doc
+
+
+def write_patch(sol: Solution, path: str) -> str:
+    """Write ``sol``'s patch (``Solution.patch_yaml``) to ``path``, a new file: ``--out spec.yaml`` by mistake must
+    not replace the spec it patches. Returns the path written."""
+    from pathlib import Path
+
+    out = Path(path)
+    if out.exists():
+        raise InvalidParameter(f"--out {path}: already exists; the patch is written to a new file, never over one "
+                               "(remove it or name another file)")
+    try:
+        with out.open("x", encoding="utf-8") as fh:
+            fh.write(sol.patch_yaml())
+    except OSError as exc:
+        raise InvalidParameter(f"--out {path}: cannot write the patch ({exc.strerror}): name a writable file") from None
+    return str(out)
 
 
 def _failing(doc: dict[str, Any], opts: AccuracyOptions) -> list[str]:
@@ -221,18 +245,23 @@ def _print(doc: dict[str, Any]) -> None:
                       f"NO (off by {t['shortfall']:.1%})"] for t in acc["targets"]])
     sol = doc["solution"]
     if sol is not None:
-        split = ", ".join(f"{k}: {v:.4g}" for k, v in sol["split"].items())
+        budget = sol["spec_patch"]["budget"]  # the rounded split the patch writes (solver.rounded_split)
+        split = ", ".join(f"{k}: {v:g}" for k, v in budget["split"].items())
         state = "meets every target" if sol["feasible"] else "does NOT meet every target"
-        echo_wrapped(f"solved split ({state}): epsilon {sol['epsilon']:.4g} per interval (basic view), "
-                   f"{sol['cost']:.4g} under {sol['accountant']}; split {{{split}}}")
+        echo_wrapped(f"solved split ({state}): epsilon {budget['epsilon']:g} per interval (basic view), "
+                     f"{sol['cost']:.4g} under {sol['accountant']}; split {{{split}}}")
         if sol["limited_by"]:
-            echo_wrapped("the least-cost split does not fit the remaining budget: scaled down to fit", indent=2)
+            echo_wrapped("the least-cost split does not fit the budget: this is the split that fits with the smallest "
+                         f"largest shortfall ({sol['max_shortfall']:.1%}), every target missing by at most that",
+                         indent=2)
         for t in sol["targets"]:
             if not t["met"]:
                 echo_wrapped(f"fails: {t['description']}: predicted {_fmt(t['predicted'])} "
                              f"(off by {t['shortfall']:.1%})", indent=2)
+    if sol is not None and sol.get("patch_file"):
+        echo_wrapped(f"wrote {sol['patch_file']}: apply with dpops spec apply-patch SPEC {sol['patch_file']}", indent=2)
     h = doc["horizon"]
-    echo_wrapped(f"horizon on scope {h['scope']} ({doc['ledger']['note']})")
+    echo_wrapped(f"horizon of {h['priced']} on scope {h['scope']} ({doc['ledger']['note']})")
     unit = "ε" if h["cap_unit"] == "epsilon" else "ρ"
     print_table(f"horizon ({h['schedule'] or 'no schedule'}; cap {unit}={_fmt(h['cap'])}, delta {h['delta']:.3g})",
                 ["accountant", f"{unit} per interval", f"{unit} after {h['intervals']}", "intervals that fit",
@@ -243,7 +272,7 @@ def _print(doc: dict[str, Any]) -> None:
     for r in h["rows"]:
         if r["note"] and r["per_interval"] is None:  # a row the table cannot show: why it is empty
             echo_wrapped(f"{r['accountant']}: {r['note']}", indent=2)
-    click.echo("for a reviewer:")
+    say("for a reviewer:")
     for line in acc["explain"]:
         echo_wrapped(line, indent=2)
 

@@ -23,6 +23,7 @@ from dpops.cli.common import (
     ledger_url,
     load_keys,
     previous_keys_option,
+    say,
 )
 from dpops.errors import DEBUG_ENV, DpopsError, public_message
 
@@ -37,7 +38,7 @@ def _internal_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except DpopsError as exc:
             failed = getattr(exc, "dpops_outcome", None)  # the run's refused/failed outcome (dpops.release)
             if failed is not None and not getattr(exc, "json_payload", None):
-                attach(exc, failed.as_dict())
+                attach(exc, scope_figures_json(failed.as_dict()))
             raise
         except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
@@ -81,11 +82,25 @@ def _compute_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def scope_figures_json(doc: dict[str, Any]) -> dict[str, Any]:
+    """An outcome's or a status's budget figures as its line shows them (``dpops.ledger.budget.budget_json``: the
+    scope's at its cap's precision, remaining exactly 0 at the cap; a run's own ε alone), exact under ``exact``."""
+    from dpops.ledger.budget import budget_json
+
+    cap = doc.get("scope_cap")
+    scale = float(cap) if isinstance(cap, (int, float)) else None
+    out = budget_json(doc, {"epsilon_charged": None, "run_epsilon": None, "scope_remaining": scale,
+                            "scope_total": scale, "scope_cap": None})
+    if isinstance(out.get("runs"), list):
+        out["runs"] = [budget_json(r, {"epsilon": scale}) if isinstance(r, dict) else r for r in out["runs"]]
+    return out
+
+
 def _emit(outcome: Any, as_json: bool) -> None:
     if as_json:
-        echo_ok(outcome.as_dict())
+        echo_ok(scope_figures_json(outcome.as_dict()))
     else:
-        click.echo(outcome.line())
+        say(outcome.line())
 
 
 @click.group("release", cls=HelpGroup)
@@ -178,7 +193,7 @@ def status_cmd(spec: str, interval: str, as_json: bool, key_file: str | None,
         raise attach(IntegrityError(f"{st['release']} {st['interval']}: the published output changed after "
                                     "publication: " + "; ".join(files["problems"])), st)
     if as_json:
-        echo_ok(st)
+        echo_ok(scope_figures_json(st))
     else:
         _print_status(st)
 
@@ -225,17 +240,17 @@ def check_pointer_cmd(root: str, release_name: str, interval: str, public_key: s
     if res.problems:
         if not as_json:
             for p in res.problems:
-                click.echo(f"  {p}")
+                say(f"  {p}")
         raise attach(IntegrityError(f"{release_name} {iv}: the current pointer does not name a version dpops "
                                     "published: " + "; ".join(res.problems)), doc)
     if as_json:
         echo_ok(doc)
     else:
         assert res.current is not None
-        click.echo(f"current: v{res.current.version} (run {res.current.run_id}) at {res.current.uri}: "
+        say(f"current: v{res.current.version} (run {res.current.run_id}) at {res.current.uri}: "
                    f"binding verified ({', '.join(res.checked)})")
         for p in res.not_checked:
-            click.echo(f"  not checked: {p}")
+            say(f"  not checked: {p}")
 
 
 @cli.command("check-staged-access")
@@ -257,12 +272,12 @@ def check_staged_access_cmd(root: str, as_json: bool) -> None:
     if problems:
         if not as_json:
             for p in problems:
-                click.echo(f"  {p}")
+                say(f"  {p}")
         raise attach(IntegrityError(f"{root}: staged/ is reachable: " + "; ".join(problems)), doc)
     if as_json:
         echo_ok(doc)
     else:
-        click.echo(f"{root}: staged/ is closed to these credentials")
+        say(f"{root}: staged/ is closed to these credentials")
 
 
 def _position(ledger: Any, st: dict) -> dict:

@@ -15,6 +15,7 @@ from dpops.cli.common import (
     ledger_url,
     load_keys,
     previous_keys_option,
+    say,
 )
 
 
@@ -63,7 +64,7 @@ def cli(scope: str, start: str | None, end: str | None, specs: tuple[str, ...], 
     doc = {"report": path, "scope": scope, "manifests_failed": [c.path for c in failed], "ledger_verified": ledger_ok,
            "gaps": data.backfill_gaps, "warnings": data.warnings}
     if not as_json:
-        click.echo(f"report written: {path}")
+        say(f"report written: {path}")
     elif not failed and ledger_ok:
         echo_ok(doc)
     if failed or not ledger_ok:

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from dpops.cli.common import HelpGroup, key_file_option
+from dpops.cli.common import HelpGroup, key_file_option, say
 
 
 def _plan_summary(spec: Any) -> tuple[dict[str, Any] | None, str | None, Any]:
@@ -146,55 +146,55 @@ def check_cmd(file: str, as_json: bool, key_file: str | None, require_targets: b
         echo_ok(doc)
         return
     u = spec.privacy_unit
-    click.echo(f"{doc['file']}: valid release spec {spec.name!r} (spec hash {spec.spec_hash[:16]})")
-    click.echo(f"  unit: {u.column} ({u.description}), adjacency {u.adjacency}"
+    say(f"{doc['file']}: valid release spec {spec.name!r} (spec hash {spec.spec_hash[:16]})")
+    say(f"  unit: {u.column} ({u.description}), adjacency {u.adjacency}"
                f"{', record level' if u.record_level else ''}{', per ' + u.period if u.period else ''}")
     c = spec.contribution
-    click.echo(f"  contribution: at most {c.max_partitions_per_unit} partition(s) per unit, "
+    say(f"  contribution: at most {c.max_partitions_per_unit} partition(s) per unit, "
                f"{c.max_rows_per_unit_per_partition} row(s) per unit and partition")
     p = doc["partitions"]
-    click.echo(f"  partitions by {', '.join(p['columns'])}: {p['strategy']}"
+    say(f"  partitions by {', '.join(p['columns'])}: {p['strategy']}"
                + (f" ({p['public_count']} listed)" if p["public_count"] is not None else ""))
-    click.echo(f"  budget: scope {doc['scope']}, epsilon {doc['epsilon']}, delta {doc['delta']}, {doc['noise']} noise"
+    say(f"  budget: scope {doc['scope']}, epsilon {doc['epsilon']}, delta {doc['delta']}, {doc['noise']} noise"
                + (f"; Gaussian noise calibrated so that {doc['accountant']} composes the run to epsilon "
                   f"{doc['epsilon']} (the scope must use {doc['accountant']})" if doc.get("accountant") else ""))
     for m in doc["metrics"]:
         extra = f" of {m['column']}" if m["column"] else ""
         extra += f" in [{m['bounds'][0]}, {m['bounds'][1]}]" if m["bounds"] else ""
-        click.echo(f"  - {m['key']}: {m['type']}{extra}, epsilon share {doc['epsilon_split'][m['key']]:.4g}")
+        say(f"  - {m['key']}: {m['type']}{extra}, epsilon share {doc['epsilon_split'][m['key']]:.4g}")
         est = m.get("bounds_estimated")
         if est is not None:
             lo, hi = est["fallback_bounds"]
-            click.echo(f"      bounds {ESTIMATED_AT_RUN_TIME} (DP estimation, epsilon share "
+            say(f"      bounds {ESTIMATED_AT_RUN_TIME} (DP estimation, epsilon share "
                        f"{doc['epsilon_split'][est['share_key']]:.4g} of the estimation's "
                        f"{est['estimation_epsilon']:.4g}); the plan below is at the fallback bounds [{lo}, {hi}]")
     if "partition_selection" in doc["epsilon_split"]:
-        click.echo(f"  - partition selection: epsilon share {doc['epsilon_split']['partition_selection']:.4g}")
+        say(f"  - partition selection: epsilon share {doc['epsilon_split']['partition_selection']:.4g}")
     if plan is not None:
-        click.echo("  plan (from dpops.release_plan; --json for every parameter):")
+        say("  plan (from dpops.release_plan; --json for every parameter):")
         for m in plan.get("metrics", []):
-            click.echo(f"  - {m.get('key')}: epsilon {m.get('epsilon_share', 0):.4g}, delta {m.get('delta_share', 0):.3g}")
+            say(f"  - {m.get('key')}: epsilon {m.get('epsilon_share', 0):.4g}, delta {m.get('delta_share', 0):.3g}")
             for v in m.get("vectors", []) or []:
                 sens = v.get("sensitivity") or {}
-                click.echo(f"      {v.get('name')}: {v.get('mechanism')} std {v.get('std', float('nan')):.4g}, "
+                say(f"      {v.get('name')}: {v.get('mechanism')} std {v.get('std', float('nan')):.4g}, "
                            f"sensitivity L1 {sens.get('l1')} L2 {sens.get('l2', 0):.4g}"
                            + (f", charged L1 {v['l1_sensitivity_charged']:.6g}" if v.get("l1_sensitivity_charged") else "")
                            + (f", charged L2 {v['l2_sensitivity_charged']:.6g}" if v.get("l2_sensitivity_charged") else ""))
         ps = (plan.get("partitions") or {}).get("selection") if isinstance(plan.get("partitions"), dict) else None
         if ps:
-            click.echo(f"  - partition selection: {json.dumps(ps, sort_keys=True, default=str)}")
-        click.echo(f"  privacy events reserved per run: {len(plan.get('events', []))}")
+            say(f"  - partition selection: {json.dumps(ps, sort_keys=True, default=str)}")
+        say(f"  privacy events reserved per run: {len(plan.get('events', []))}")
     acc = doc["accuracy"]
     if acc is not None:
-        click.echo(f"  predicted accuracy ({acc['confidence']:.0%}, partitions of {acc['at_units']} units; "
+        say(f"  predicted accuracy ({acc['confidence']:.0%}, partitions of {acc['at_units']} units; "
                    "dpops plan for the full view):")
         for p in acc["predictions"]:
-            click.echo(f"  - {p['metric']} {p['quantity']}: {_prediction_text(p)}")
+            say(f"  - {p['metric']} {p['quantity']}: {_prediction_text(p)}")
         for t in acc["targets"]:
-            click.echo(f"  target {'met' if t['met'] else 'NOT MET'}: {t['description']}: predicted "
+            say(f"  target {'met' if t['met'] else 'NOT MET'}: {t['description']}: predicted "
                        f"{t['predicted']:.4g}" + ("" if t["met"] else f" (off by {t['shortfall']:.1%})"))
     for w in doc["warnings"]:
-        click.echo(f"  warning: {w}")
+        say(f"  warning: {w}")
     if err is not None:
         raise err
 
@@ -230,13 +230,13 @@ def _prediction_text(p: dict[str, Any]) -> str:
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.argument("patch_path", metavar="PATCH", type=click.Path(exists=True, dir_okay=False))
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
-              help="where to write the patched spec (default FILE's stem + .tuned.yaml, or .estimated.yaml for an "
-                   "estimate patch, beside FILE; never overwritten)")
+              help="where to write the patched spec (default FILE's stem + .tuned.yaml, .estimated.yaml for an "
+                   "estimate patch or .solved.yaml for a plan --solve patch, beside FILE; never overwritten)")
 @click.option("--json", "as_json", is_flag=True, help="print the written file as JSON")
 def apply_patch_cmd(file: str, patch_path: str, out_path: str | None, as_json: bool) -> None:
     """Apply the patch.yaml of `dpops tune` (the recommended bounds, and the spec's `tuning` block saying where
-    they came from) or of `dpops estimate` (the estimated bounds and `estimated_from`) to FILE. Writes a new,
-    validated spec."""
+    they came from), of `dpops estimate` (the estimated bounds and `estimated_from`) or of `dpops plan --solve
+    --out` (budget.epsilon and budget.split) to FILE. Writes a new, validated spec."""
     from pathlib import Path
 
     import yaml
@@ -252,9 +252,11 @@ def apply_patch_cmd(file: str, patch_path: str, out_path: str | None, as_json: b
         raise SpecError(f"{patch_path}: not valid YAML; use the patch.yaml that dpops tune or dpops estimate "
                         "wrote") from None
     from dpops.analysis.estimate import PATCH_SCHEMA as ESTIMATE_PATCH_SCHEMA
+    from dpops.analysis.solver import PATCH_SCHEMA as SOLVE_PATCH_SCHEMA
 
-    estimated = isinstance(patch_doc, dict) and patch_doc.get("schema") == ESTIMATE_PATCH_SCHEMA
-    out = Path(out_path) if out_path else src.with_name(src.stem + (".estimated.yaml" if estimated else ".tuned.yaml"))
+    schema = patch_doc.get("schema") if isinstance(patch_doc, dict) else None
+    suffix = {ESTIMATE_PATCH_SCHEMA: ".estimated.yaml", SOLVE_PATCH_SCHEMA: ".solved.yaml"}.get(schema, ".tuned.yaml")
+    out = Path(out_path) if out_path else src.with_name(src.stem + suffix)
     if out.resolve().parent != src.resolve().parent:
         raise SpecError(f"--out {out}: write the patched spec beside {src} (its relative paths start there)")
     if out.exists():
@@ -264,7 +266,9 @@ def apply_patch_cmd(file: str, patch_path: str, out_path: str | None, as_json: b
         raise SpecError(f"{src}: a release spec is a YAML mapping")
     patched = apply_patch_document(doc, patch_doc, source=patch_path)
     spec = parse_spec(patched, source=out.name, base_dir=out.resolve().parent)  # refuses an invalid result
-    out.write_text(yaml.safe_dump(patched, sort_keys=False), encoding="utf-8")
+    from dpops.analysis.tune_output import dump_patch
+
+    out.write_text(dump_patch(patched), encoding="utf-8")  # no YAML anchors: every value where it applies
     statement = spec.tuning.statement if spec.tuning is not None else None
     if as_json:
         from dpops.cli.common import echo_ok
@@ -272,9 +276,9 @@ def apply_patch_cmd(file: str, patch_path: str, out_path: str | None, as_json: b
         echo_ok({"spec": file, "patch": patch_path, "written": str(out), "spec_hash": spec.spec_hash,
                  "tuning": statement})
         return
-    click.echo(f"wrote {out} (spec hash {spec.spec_hash})")
+    say(f"wrote {out} (spec hash {spec.spec_hash})")
     if statement:
-        click.echo(f"its releases will say: {statement}")
+        say(f"its releases will say: {statement}")
 
 
 @cli.command("reference")
@@ -291,7 +295,7 @@ def reference_cmd(out_path: str | None) -> None:
         return
     with open(out_path, "w", encoding="utf-8") as fh:
         fh.write(text)
-    click.echo(f"wrote {out_path}")
+    say(f"wrote {out_path}")
 
 
 @cli.command("synth")
@@ -317,4 +321,4 @@ def synth_cmd(file: str, start: str, end: str, rows: int, users: int, partitions
         echo_ok({"spec": file, "files": paths})
     else:
         for p in paths:
-            click.echo(f"wrote synthetic input {p}")
+            say(f"wrote synthetic input {p}")

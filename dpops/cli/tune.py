@@ -1,8 +1,8 @@
 """``dpops tune SPEC --sample PATH``: evaluate candidate settings on a sample; write a spec patch and a page.
 
-Not differentially private (see ``dpops.analysis.tuning`` and ``dpops.analysis.sample_access``): the sample
-must be under the operator's public roots, or the operator passes
-``--i-understand-this-reads-private-data`` with ``--reason``, and the ledger records the access first.
+Not differentially private (see ``dpops.analysis.tuning``, ``dpops.analysis.sample_access`` and
+``dpops.release.private_reads``): the sample must be under the operator's public roots, or the operator
+passes ``--i-understand-this-reads-private-data`` with ``--reason``, and the ledger records the access first.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import click
 import yaml
 
 from dpops.analysis.sample_access import PRIVATE_FLAG
-from dpops.cli.common import echo_ok, echo_wrapped, json_option, ledger_option, open_cli_ledger, print_table
+from dpops.cli.common import echo_ok, echo_wrapped, json_option, ledger_option, open_cli_ledger, print_table, say
 from dpops.errors import InvalidParameter
 
 
@@ -67,10 +67,11 @@ def cli(spec_path: str, sample: str, grid_path: str | None, l0: str | None, linf
         seed: int | None, as_json: bool) -> None:
     """Evaluate a grid of L0, Linf, value bounds and epsilon splits on a sample in one pass; recommend one."""
     from dpops.analysis import load
-    from dpops.analysis.sample_access import is_private_path, open_sample, private_twin
+    from dpops.analysis.sample_access import is_private_path, private_twin
     from dpops.analysis.tune_output import html_page, patch_yaml
     from dpops.analysis.tuning import default_grid, grid_from_doc, tune
     from dpops.release.context import default_actor
+    from dpops.release.private_reads import open_sample
 
     spec = load(spec_path)
     if grid_path is not None:
@@ -112,14 +113,14 @@ def cli(spec_path: str, sample: str, grid_path: str | None, l0: str | None, linf
         echo_ok({**results, "files": files})
         return
     if access.private:
-        click.echo(f"WARNING: {prov['statement']}; recorded in the ledger as entry {access.entry_id}", err=True)
+        say(f"WARNING: {prov['statement']}; recorded in the ledger as entry {access.entry_id}", err=True)
     cols = ["candidate", "loss", "rows dropped L0", "rows dropped Linf", "partitions kept"]
     print_table("dpops tune: candidates (not differentially private)", cols,
                 [[c["candidate"], f"{c['loss']:.4g}", f"{c['rows_dropped_l0']:.1%}", f"{c['rows_dropped_linf']:.1%}",
                   f"{c['expected_partitions_kept']:.1f}"] for c in result.candidates], keep=["candidate"])
-    click.echo(f"recommended: {result.recommended.label}")
+    say(f"recommended: {result.recommended.label}")
     for w in result.warnings():
         echo_wrapped(f"WARNING: {w}")
     if result.not_evaluated:
-        click.echo(f"not evaluated by tune: {', '.join(result.not_evaluated)}")
-    click.echo(f"wrote {files['patch']}, {files['html']}, {files['results']}")
+        say(f"not evaluated by tune: {', '.join(result.not_evaluated)}")
+    say(f"wrote {files['patch']}, {files['html']}, {files['results']}")

@@ -366,6 +366,8 @@ class PostgresBackend(Backend):
             raise self._privilege_error(exc) from None
         except self._psycopg.errors.LockNotAvailable as exc:
             raise self._lock_timeout(exc) from None
+        except self._psycopg.errors.CheckViolation as exc:
+            raise self._check_refusal(exc) from None
         except self._psycopg.IntegrityError as exc:
             # e.g. the same run key reserved at the same moment on two different scopes
             raise LedgerError(f"ledger {redact(self.url)}: conflicting concurrent write ({str(exc).strip()}); "
@@ -387,6 +389,20 @@ class PostgresBackend(Backend):
                               "retry") from None
         except self._psycopg.OperationalError as exc:
             raise LedgerError(f"PostgreSQL ledger {redact(self.url)} failed: {str(exc).strip()}") from None
+
+    def _check_refusal(self, exc: Exception) -> LedgerError:
+        """The database's own cap check refused a reservation (schema version 5, ``db_cap.py``).
+
+        dpops checks the cap before it writes, with the same rule, so this means the two disagree: most likely the
+        database server runs another dpops version than this process, or the cap check is not installed."""
+        from dpops.ledger.db_cap import refusal_from
+
+        reason = refusal_from(exc) or str(exc).strip().splitlines()[0]
+        return LedgerError(
+            f"ledger {redact(self.url)}: {reason}. dpops' own check had admitted it, so the database and this "
+            "process disagree (a different dpops on the database server, or its cap check is not installed: "
+            "`dpops ledger install-cap-check`); nothing was charged"
+        )
 
     def _lock_timeout(self, exc: Exception) -> LedgerError:
         """A lock wait that hit ``lock_timeout``: say who to look for, never hang (the statement was cancelled)."""
@@ -453,19 +469,27 @@ def connect(url: str | None) -> Backend:
                               "(relative) or sqlite:////var/lib/dpops/ledger.sqlite (absolute)")
         return SqliteBackend(url, path, synchronous)
     if scheme in ("postgresql", "postgres", "postgresql+psycopg"):
-        check_authority(url)
-        try:
-            parts = urlsplit(url)
-            parts.port  # noqa: B018 - raises ValueError on a bad port
-        except ValueError as exc:
-            raise LedgerError(f"malformed ledger URL {redact(url)}: {exc}") from None
-        if not parts.hostname and not parts.path.strip("/"):
-            raise LedgerError(f"malformed ledger URL {redact(url)}: expected postgresql://user@host:port/database")
-        pg_options = dict(parse_qsl(parts.query))
-        schema = pg_options.pop("schema", None)  # dpops extension: keep the ledger in its own PostgreSQL schema
-        if schema is not None and not _SCHEMA_RE.match(schema):
-            raise LedgerError(f"ledger URL: schema must be a lower-case SQL identifier, got {schema!r}")
-        pg_options.setdefault("connect_timeout", "5")
-        conninfo = urlunsplit(parts._replace(scheme="postgresql", query=urlencode(pg_options)))
+        conninfo, schema = postgres_target(url)
         return PostgresBackend(url, conninfo, schema)
     raise LedgerError(f"unsupported ledger URL scheme {scheme!r} in {redact(url)}: use sqlite:/// or postgresql://")
+
+
+def postgres_target(url: str) -> tuple[str, str | None]:
+    """(libpq conninfo, schema or None) of a PostgreSQL ledger URL; LedgerError when malformed."""
+    if url.split("://", 1)[0].lower() not in ("postgresql", "postgres", "postgresql+psycopg"):
+        raise LedgerError(f"{redact(url)} is not a PostgreSQL ledger URL (postgresql://user@host:port/database)")
+    check_authority(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as exc:
+        raise LedgerError(f"malformed ledger URL {redact(url)}: {exc}") from None
+    if not parts.hostname and not parts.path.strip("/"):
+        raise LedgerError(f"malformed ledger URL {redact(url)}: expected postgresql://user@host:port/database")
+    pg_options = dict(parse_qsl(parts.query))
+    schema = pg_options.pop("schema", None)  # dpops extension: keep the ledger in its own PostgreSQL schema
+    if schema is not None and not _SCHEMA_RE.match(schema):
+        raise LedgerError(f"ledger URL: schema must be a lower-case SQL identifier, got {schema!r}")
+    pg_options.setdefault("connect_timeout", "5")
+    conninfo = urlunsplit(parts._replace(scheme="postgresql", query=urlencode(pg_options)))
+    return conninfo, schema

@@ -95,7 +95,7 @@ def within_cap(value: float, cap: float) -> bool:
 # a 1e-9 safety margin, dpops.release_plan.SAFETY), so a scope at its cap can hold 4.499999995497694 committed and
 # 4.50231e-09 remaining. Those digits mean nothing: privacy parameters are decided to a few significant digits.
 # Every figure a person reads (CLI tables and lines, refusals, outcome lines, the report) goes through
-# ``format_budget``; JSON keeps the exact numbers for machines.
+# ``format_budget``; JSON carries the same figures and the exact numbers beside them (``budget_json`` below).
 DISPLAY_DIGITS = 6
 
 
@@ -119,3 +119,43 @@ def format_budget(value: float | None, scale: float | None = None) -> str:
         return "0"
     text = f"{v:.{DISPLAY_DIGITS}g}"
     return "0" if text in ("-0", "0") else text
+
+
+# --- the same figures for machines (issue 28 item 13) ----------------------------------------------------------
+# ``--json`` used to keep the accountant's slack (committed 16.999999982991294, remaining 1.0005e-08 at a cap of 17)
+# where the tables, the report and the Privacy budget page show 17 and 0. A script reading ``remaining`` then
+# decided "budget left" where every person was told there is none. The rule, owned here beside ``format_budget``:
+# every budget figure of a JSON document is the number a person reads (``format_budget``'s digits, so a crumb below
+# the cap's resolution is exactly 0), and the exact float the ledger composed is kept, unrounded, under the
+# document's ``exact`` mapping for whoever recomputes. The resolution, 10**-DISPLAY_DIGITS of the cap, is the
+# accountant-calibrated plan's own tolerance (``dpops.release_plan.CALIBRATION_REL_TOL``, 1e-6: a run may charge
+# that much less than it declares, never more) and far above the cap check's float allowance
+# (``CAP_RELATIVE_TOLERANCE``): a remainder smaller than it is calibration slack, not budget anyone planned.
+# Nothing here changes what the ledger records or admits (``within_cap`` decides on the exact floats).
+EXACT_FIELD = "exact"
+
+
+def budget_figure(value: float | None, scale: float | None = None) -> float | None:
+    """``format_budget(value, scale)`` as a JSON number: the figure a person reads; None where it reads "inf"."""
+    text = format_budget(value, scale)
+    if text in ("inf", "-inf", "nan"):
+        return None
+    return float(text)
+
+
+def budget_json(doc: dict[str, object], scales: dict[str, float | None]) -> dict[str, object]:
+    """``doc`` with each field named in ``scales`` that holds a number replaced by ``budget_figure(value, scale)``
+    (the scale it is read against: the scope's cap, or None for a figure read alone, such as a run's own epsilon),
+    and the exact numbers under ``doc["exact"]`` (merged with an ``exact`` already there). A field that is absent
+    or not a number is left as it is."""
+    out = dict(doc)
+    prior = out.get(EXACT_FIELD)
+    exact: dict[str, float | None] = dict(prior) if isinstance(prior, dict) else {}
+    for name, scale in scales.items():
+        v = out.get(name)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            exact[name] = float(v) if math.isfinite(float(v)) else None
+            out[name] = budget_figure(float(v), scale)
+    if exact:
+        out[EXACT_FIELD] = exact
+    return out

@@ -198,6 +198,18 @@ def grant_app_role(ledger: Ledger, role: str) -> list[str]:
     """
     schema = _checked_role(ledger, role, "--app-role")
     db = ledger.db
+    from dpops.ledger import db_cap
+
+    if not db_cap.installed(db):
+        # Privacy reason (schema version 5): the database refuses every app-role reservation while it cannot check
+        # them against the cap; granting the role now would only defer that refusal to the first release.
+        owner = table_owner(db)
+        raise LedgerError(
+            f"the database cannot enforce the cap for role {role!r}: {db_cap.FUNCTION} is not installed in schema "
+            f"{schema!r}. Ask the database superuser to run `dpops ledger --ledger <superuser URL with "
+            f"?schema={schema}> install-cap-check --owner-role {owner}` (deploy/ledger-db-init.sh does it on the "
+            "ledger database's first start), then run this again; nothing was changed"
+        )
     statements = app_role_sql(role, schema)
     with db.transaction():
         for sql in statements:

@@ -28,6 +28,7 @@ Append a new migration to MIGRATIONS; never edit an applied one.
 from __future__ import annotations
 
 from dpops.errors import LedgerError, PermissionRefused
+from dpops.ledger import db_cap
 from dpops.ledger.backend import Backend, redact
 from dpops.ledger.model import TRANSITIONS, utc_now
 
@@ -417,7 +418,49 @@ def _v4(db: Backend) -> None:
         db.execute(sql.replace("%", "%%"))
 
 
-MIGRATIONS = [(1, _v1), (2, _v2), (3, _v3), (4, _v4)]
+# --- version 5: the database refuses a reservation over the cap, whoever writes it (issue 25 item 8) ---------------
+# Why: version 4 left the cap check in the client, so the app role could INSERT an over-cap reservation by hand
+# (recorded and flagged by ``verify``, not refused). Decision (``db_cap.py``, docs/threat-model.md): a
+# superuser-installed PL/Python function runs dpops' own cap rule (``store.check_cap``) inside the database; this
+# owner-owned SECURITY DEFINER trigger calls it before every reservation entry a non-owner session inserts, and
+# refuses every such reservation while the function is missing (a database that cannot check the cap admits no
+# app-role reservation). Owner sessions are not checked here: the owner can drop triggers anyway, and
+# ``dpops ledger import`` copies verified history verbatim. SQLite has no roles: dpops checks, as before.
+_V5_POSTGRES = [
+    f"""CREATE OR REPLACE FUNCTION dpops_entries_cap_guard() RETURNS trigger
+       LANGUAGE plpgsql SECURITY DEFINER SET search_path = {{schema}}, pg_temp AS $$
+       DECLARE owner_name name;
+       BEGIN
+         SELECT pg_get_userbyid(relowner) INTO owner_name FROM pg_class WHERE oid = TG_RELID;
+         IF pg_has_role(session_user, owner_name, 'MEMBER') THEN
+           RETURN NEW;
+         END IF;
+         IF to_regprocedure(quote_ident(TG_TABLE_SCHEMA) || '.{db_cap.SIGNATURE}') IS NULL THEN
+           RAISE EXCEPTION USING ERRCODE = '{db_cap.REFUSAL_SQLSTATE}', MESSAGE = format(
+             '{db_cap.REFUSAL_PREFIX}: ledger entry %s refused by the database: it cannot check reservations '
+             'against the cap because {db_cap.FUNCTION} is not installed in schema %s; a superuser must run '
+             '`dpops ledger install-cap-check --owner-role %s` (deploy/ledger-db-init.sh does)',
+             NEW.id, TG_TABLE_SCHEMA, owner_name);
+         END IF;
+         PERFORM {db_cap.FUNCTION}(NEW.body, NEW.buckets);
+         RETURN NEW;
+       END; $$""",
+    "REVOKE ALL ON FUNCTION dpops_entries_cap_guard() FROM PUBLIC",
+    "DROP TRIGGER IF EXISTS entries_cap_guard ON entries",
+    """CREATE TRIGGER entries_cap_guard BEFORE INSERT ON entries
+       FOR EACH ROW WHEN (NEW.kind = 'reserved') EXECUTE FUNCTION dpops_entries_cap_guard()""",
+]
+
+
+def _v5(db: Backend) -> None:
+    if db.dialect == "sqlite":
+        return
+    schema = str(db.row("SELECT quote_ident(current_schema())")[0])
+    for sql in _V5_POSTGRES:
+        db.execute(sql.replace("{schema}", schema).replace("%", "%%"))
+
+
+MIGRATIONS = [(1, _v1), (2, _v2), (3, _v3), (4, _v4), (5, _v5)]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 

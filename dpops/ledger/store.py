@@ -28,7 +28,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator, Sequence
 
-from dpops.accounting import get_accountant
+from dpops.accounting import Accountant, get_accountant
 from dpops.errors import BudgetExceeded, DpopsError, InvalidParameter, LedgerError, SpecError
 from dpops.events import PrivacyEvent, SelfComposed, canonical_json, event_from_dict, event_to_dict
 from dpops.ledger import budget
@@ -87,6 +87,40 @@ class ScopeBudgetExceeded(BudgetExceeded):
             f"{f(self.left)} left, requested {format_budget(requested)}, would remain {f(would_remain)} (composed by "
             "the scope's accountant); nothing was charged"
         )
+
+
+def open_runs(db: Backend, scope: str) -> list[tuple[str, str, list[str], list[PrivacyEvent]]]:
+    """(run_id, state, buckets, events) of every reserved or started run of ``scope``: charged until settled."""
+    rows = db.all("SELECT run_id, state, buckets, events FROM runs WHERE scope = ? AND state IN (?, ?)",
+                  (scope, *OPEN_STATES))
+    return [(r[0], r[1], json.loads(r[2]), [event_from_dict(d) for d in json.loads(r[3])]) for r in rows]
+
+
+def check_cap(db: Backend, sdef: ScopeDefinition, acct: Accountant, buckets: Sequence[str],
+              events: Sequence[PrivacyEvent]) -> None:
+    """Raise ScopeBudgetExceeded unless ``events``, on top of every settled and open run of each of ``buckets``,
+    composed by the scope's accountant, fit the scope's cap.
+
+    The one cap rule, with two callers: ``Ledger.reserve`` (before it writes the reservation) and, on
+    PostgreSQL, the database itself (``dpops.ledger.db_cap``: a trigger runs this same function on every
+    reservation entry a non-owner role inserts, so a reservation written around dpops is refused too). Both read
+    only what the application role cannot write (``runs`` and ``run_charges``, derived by the owner's trigger)
+    under the scope row's lock, so both see the same history and reach the same answer.
+    """
+    states = Ledger._bucket_states(db, sdef.name, buckets, acct)
+    in_flight = open_runs(db, sdef.name)
+    evs = list(events)
+    for b in buckets:
+        open_events = [e for _, _, rb, revs in in_flight if b in rb for e in revs]
+        total = budget.measure(acct, sdef, acct.add_events(states[b]["settled"], open_events + evs))
+        if not budget.within_cap(total, sdef.cap):
+            spent = budget.measure(acct, sdef, states[b]["settled"])
+            before = budget.measure(acct, sdef, acct.add_events(states[b]["settled"], open_events)) \
+                if open_events else spent
+            raise ScopeBudgetExceeded(
+                sdef.name, b, sdef.cap_unit, sdef.cap, spent, budget.measure_events(acct, sdef, open_events),
+                budget.measure_events(acct, sdef, evs), sdef.cap - total, left=sdef.cap - before,
+            )
 
 
 def _check_actor(actor: Any) -> str:
@@ -455,10 +489,9 @@ class Ledger:
                       "spent": spent}
         return out
 
-    def _open_runs(self, db: Backend, scope: str) -> list[tuple[str, str, list[str], list[PrivacyEvent]]]:
-        rows = db.all("SELECT run_id, state, buckets, events FROM runs WHERE scope = ? AND state IN (?, ?)",
-                      (scope, *OPEN_STATES))
-        return [(r[0], r[1], json.loads(r[2]), [event_from_dict(d) for d in json.loads(r[3])]) for r in rows]
+    @staticmethod
+    def _open_runs(db: Backend, scope: str) -> list[tuple[str, str, list[str], list[PrivacyEvent]]]:
+        return open_runs(db, scope)
 
     def _published_row(self, db: Backend, release: str, start: str, end: str) -> tuple | None:
         return db.one(
@@ -505,19 +538,7 @@ class Ledger:
             start, end = key.start_utc, key.end_utc
             self._check_restatement(db, key, start, end, restates)
             buckets = bucket_labels(sdef.bucket, start, end)
-            states = self._bucket_states(db, scope, buckets, acct)
-            open_runs = self._open_runs(db, scope)
-            for b in buckets:
-                open_events = [e for _, _, rb, revs in open_runs if b in rb for e in revs]
-                total = budget.measure(acct, sdef, acct.add_events(states[b]["settled"], open_events + evs))
-                if not budget.within_cap(total, sdef.cap):
-                    spent = budget.measure(acct, sdef, states[b]["settled"])
-                    before = budget.measure(acct, sdef, acct.add_events(states[b]["settled"], open_events)) \
-                        if open_events else spent
-                    raise ScopeBudgetExceeded(
-                        scope, b, sdef.cap_unit, sdef.cap, spent, budget.measure_events(acct, sdef, open_events),
-                        budget.measure_events(acct, sdef, evs), sdef.cap - total, left=sdef.cap - before,
-                    )
+            check_cap(db, sdef, acct, buckets, evs)
             hook("reserve:locked")
             eps = budget.epsilon_of(acct, sdef, evs)
             # interval_start/end (normalised) and epsilon: what the run cache holds, in the hashed body, so the

@@ -119,7 +119,7 @@ def write_run_manifest(
     report object with the same attributes) -- never statistics. ``output_fingerprints``: file name ->
     ``"hmac-sha256:<hex>"`` keyed fingerprints of the published files. ``signing_key``: Ed25519 private
     key (PEM) to sign with; default ``$DPOPS_MANIFEST_SIGNING_KEY`` (unset: unsigned). ``estimation``: the
-    run is a private bound estimation (``dpops.analysis.estimate``), recorded in its own sub-object. A spec
+    run is a private bound estimation (``dpops.release.estimation``), recorded in its own sub-object. A spec
     with ``estimated_from`` gets a ``dependencies`` sub-object naming that estimation run.
     """
     spec = _get(ctx, "spec")

@@ -199,7 +199,7 @@ def _check_spec(m: dict[str, Any]) -> list[str]:
     want_hash, want_release = m["spec_hash"], m["spec"].get("name")
     if m.get("estimation") is not None:
         # An estimation's run key names <release>.estimate and hashes the spec with the estimation's
-        # configuration (dpops.analysis.estimate.run_key_of): an edited configuration shows here.
+        # configuration (dpops.release.estimation.run_key_of): an edited configuration shows here.
         from dpops.analysis.estimate import RELEASE_SUFFIX, estimation_hash
 
         want_hash = estimation_hash(m["spec_hash"], m["estimation"]["config"])
@@ -227,7 +227,7 @@ def _check_unit_definition(m: dict[str, Any]) -> list[str]:
     either edited or admitted by a dpops that did not check; both make its claim unsupported. The
     ledger check then compares the recorded definition with the ledger's.
     """
-    from dpops.release.reservation import time_rule_of
+    from dpops.inputs import time_rule_of
 
     scope = m["privacy"]["scope"]
     if scope is None or "definition" not in scope:
@@ -273,7 +273,7 @@ def _check_plan(m: dict[str, Any]) -> list[str]:
     if m.get("estimation") is not None:  # an estimation charges its own mechanisms, not the release plan's
         from dpops.analysis.estimate import recompute_section
 
-        recomputed_events = recompute_section(m)[1]
+        recomputed_events = recompute_section(m, spec)[1]
     recorded = [event_to_dict(event_from_dict(e)) for e in m["events"]]
     out.extend(diff(recorded, recomputed_events, "events"))
     return out
@@ -325,7 +325,8 @@ def _check_accuracy(m: dict[str, Any]) -> list[str]:
     """The recorded targets' predictions recompute from the embedded spec's plan (issue 20)."""
     from dpops.analysis.document import recompute_manifest_section
 
-    return diff(m["accuracy"], _jsonable(recompute_manifest_section(m["spec"], m["accuracy"])), "accuracy")
+    spec = parse_embedded_spec(m["spec"])
+    return diff(m["accuracy"], _jsonable(recompute_manifest_section(spec, m["accuracy"])), "accuracy")
 
 
 def _check_estimation(m: dict[str, Any]) -> list[str]:
@@ -335,7 +336,7 @@ def _check_estimation(m: dict[str, Any]) -> list[str]:
     most the requested epsilon."""
     from dpops.analysis.estimate import recompute_section
 
-    section, _ = recompute_section(m)
+    section, _ = recompute_section(m, parse_embedded_spec(m["spec"]))
     out = diff(m["estimation"], _jsonable(section), "estimation")
     total = sum(float(x["epsilon"]) for x in m["estimation"]["mechanisms"])
     if total > float(m["estimation"]["config"]["epsilon"]) * (1 + REL_TOL):
@@ -362,7 +363,7 @@ def _check_dependencies(m: dict[str, Any], ledger: Ledger | None, manifests_dir:
         return []
     out: list[str] = []
     if ledger is not None:  # the rule release run applies before reservation (issue 25 item 4): one owner
-        from dpops.analysis.estimate import check_dependency
+        from dpops.manifest.dependencies import check_dependency
 
         out.extend(check_dependency(parse_embedded_spec(m["spec"]), ledger, str(m["randomness"]["mode"])))
     if manifests_dir is None:

@@ -474,7 +474,11 @@ def _truncated_geometric_table(eps: float, delta: float) -> np.ndarray:
         table.append(p)
         if len(table) > _MAX_TABLE:
             raise InvalidParameter("partition selection: epsilon/delta per partition too small (keep table too long)")
-    return np.array(table)
+    out = np.array(table)
+    # read-only: plans share one selection per public parameters (release_plan.partition_selection's cache), so no
+    # caller may change the keep probabilities another plan (or the run) reads
+    out.flags.writeable = False
+    return out
 
 
 def _threshold(tail: Callable[[int], float], delta_per_partition: float, scale: float) -> int:

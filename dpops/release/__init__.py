@@ -14,7 +14,11 @@ The package by role (each module's docstring gives the privacy/ledger reason for
 - ``publication``    step 4, ``publish``: checks, manifest, ledger commit, atomic versioned publish.
 - ``served``         serving a published interval: make it visible, refuse changed files.
 - ``refusals``       a budget refusal's reason and its refusal manifest (the ledger keeps no entry for it).
-- ``execute``        the whole run (``execute_release``), ``restate``, ``abandon``, ``status``.
+- ``estimation``     the estimation release kind (a private bound estimation, ``dpops estimate``): the same
+                     steps over the ledger (reserve or serve, start, compute, commit) around the pure
+                     mechanisms of ``dpops.analysis.estimate``.
+- ``execute``        the whole run (``execute_release``), ``restate``, ``abandon``, ``status``; ``estimate``
+                     (``dpops estimate``) and its notebook form ``estimate_bounds``.
 
 Modules are nouns and the step functions verbs, so ``dpops.release.prepare`` is always the function and
 ``dpops.release.preparation`` its module. ``from dpops.release import execute_release, RunContext`` for
@@ -35,7 +39,15 @@ from dpops.release.context import (
     scope_position,
     step_summary,
 )
-from dpops.release.execute import abandon, execute_release, execute_restatement, restate, status
+from dpops.release.execute import (
+    abandon,
+    estimate,
+    estimate_bounds,
+    execute_release,
+    execute_restatement,
+    restate,
+    status,
+)
 from dpops.release.manifests import ensure_manifest, manifests_dir, spec_manifests_dir
 from dpops.release.output_checks import check_noisy_output
 from dpops.release.preparation import prepare, requested_interval
@@ -44,7 +56,8 @@ from dpops.release.reservation import reserve, unit_definition_mismatches
 
 __all__ = [
     "STAGES", "RunContext", "RunOutcome", "ScopePosition", "abandon", "check_noisy_output", "check_runner", "compute",
-    "compute_staged", "ensure_manifest", "execute_release", "execute_restatement", "manifests_dir",
+    "compute_staged", "ensure_manifest", "estimate", "estimate_bounds", "execute_release", "execute_restatement",
+    "manifests_dir",
     "open_run_ledger", "pick_attempt", "prepare", "publish", "requested_interval", "reserve",
     "restate", "scope_position", "spec_manifests_dir",
     "status", "step_summary", "unit_definition_mismatches",

@@ -10,6 +10,9 @@ The Airflow DAG calls the steps one by one (each task re-runs ``prepare``, which
 5. ``restate``  the explicit operator action for a published interval whose input changed:
                 a new run key, a fresh charge, linked to the run it corrects.
 
+``estimate`` chains the same steps for the estimation release kind (``estimation``: a private bound
+estimation, ``dpops estimate``); ``estimate_bounds`` is its notebook form.
+
 A failure before any noise was drawn refunds the reservation (semantics.md section 4); after
 ``start`` the charge stays. ``abandon`` gives up an unpublished run the same way; a publication is
 never withdrawn. Every run logs ONE outcome line (the steps' own lines are DEBUG inside a run).
@@ -23,7 +26,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypedDict, Unpack
 
 from dpops.errors import BudgetExceeded, DpopsError, LedgerError, NeedsOperator, public_message
-from dpops.inputs import HmacKey, parse_interval
+from dpops.inputs import HmacKey
 from dpops.keyref import KeyRing
 from dpops.release.computation import RunRelease, check_runner, compute_staged
 from dpops.release.context import (
@@ -39,8 +42,9 @@ from dpops.release.context import (
     pick_attempt,
     report_stage,
 )
+from dpops.release.estimation import refuse_os_randomness, run_estimation
 from dpops.release.manifests import ensure_manifest, spec_manifests_dir
-from dpops.release.preparation import Planner, prepare
+from dpops.release.preparation import Planner, named_interval, prepare
 from dpops.release.publication import publish
 from dpops.release.refusals import budget_refusal_reason, record_refusal
 from dpops.release.reservation import reserve
@@ -49,6 +53,8 @@ from dpops.spec import load_spec
 from dpops.storage import open_store
 
 if TYPE_CHECKING:
+    from dpops.analysis.estimate import Estimate, EstimateConfig
+    from dpops.events import PrivacyEvent
     from dpops.inputs import Interval
     from dpops.ledger import Ledger
     from dpops.storage import Store
@@ -240,7 +246,7 @@ def status(spec_path: str | os.PathLike[str], interval_start: IntervalBound, int
     ``published_files``: the published run's files compared with the ledger's commit entry and, given
     the noise ``key``, with the manifest's keyed fingerprints (``ok`` False names each changed file)."""
     spec = load_spec(spec_path)
-    iv = parse_interval(interval_start, interval_end)
+    iv = named_interval(spec, interval_start, interval_end)  # one START, as the CLI takes it
     store = open_store(spec.output_root, spec.name)
     runs = ledger.runs(release=spec.name, interval_start=iv.start_iso, interval_end=iv.end_iso)
     published = ledger.published(spec.name, iv.start_iso, iv.end_iso)
@@ -261,6 +267,53 @@ def status(spec_path: str | os.PathLike[str], interval_start: IntervalBound, int
             store, iv.slug, published, spec_manifests_dir(spec), key, ledger=ledger).to_dict()
         if published is not None else _uncommitted_versions(store, iv, spec.name, ledger),
     }
+
+
+def estimate(spec_path: str | os.PathLike[str], interval_start: IntervalBound, interval_end: IntervalBound = None, *,
+             config: EstimateConfig, ledger: Ledger, randomness: str = "keyed", key_path: str | None = None,
+             test_seed: int | None = None, actor: str | None = None,
+             then_charges: Sequence[PrivacyEvent] = (), serve_only: bool = False,
+             for_release: bool = False, engine: str = "driver") -> Estimate:
+    """``dpops estimate``: prepare the spec as written (``for_estimation``), then reserve, start, compute and
+    commit the estimation (``dpops.release.estimation.run_estimation``; keywords as ``reserve_estimation``;
+    ``engine``: ``driver`` or ``beam``, as ``compute_estimation``).
+
+    os randomness is refused before anything is read: its noise cannot be reproduced, so a retry would be
+    charged again."""
+    refuse_os_randomness(randomness)
+    ctx = prepare(spec_path, interval_start, interval_end, randomness=randomness, key_path=key_path,
+                  test_seed=test_seed, actor=actor, for_estimation=True)
+    return run_estimation(ctx, config, ledger, then_charges=then_charges, serve_only=serve_only,
+                          for_release=for_release, engine=engine)
+
+
+def estimate_bounds(spec_path: str | os.PathLike[str], interval: str, *, epsilon: float,
+                    ledger: Ledger | str | None = None, quantile: float = 0.99, contribution: bool = True,
+                    columns: Sequence[str] | None = None, randomness: str = "keyed", key_path: str | None = None,
+                    test_seed: int | None = None, actor: str | None = None, method: str = "error/1") -> Estimate:
+    """The notebook form of ``dpops estimate``: L0, Linf and value bounds under DP over one interval of the spec's
+    input, charged to its scope like a release (``estimate``, the function the CLI calls). ``method``: ``error/1``
+    (the bounds minimising the release's predicted error, the CLI's default) or ``quantile/1`` (each bound at
+    ``quantile``).
+
+    ``interval``: ``START/END`` or the start of one period; ``ledger``: a ``Ledger``, a URL, or None for
+    ``$DPOPS_LEDGER_URL`` / the default file. ``Estimate.patch()`` is the spec patch (with ``estimated_from``).
+    It lives here, not in ``dpops.analysis``, because it reads private data and charges the ledger; the
+    analysis package keeps the pure mechanisms (``dpops.analysis.estimate_l0``, ``EstimateConfig``)."""
+    from dpops.analysis.estimate import EstimateConfig
+    from dpops.ledger import Ledger as LedgerClass
+    from dpops.release.context import open_run_ledger
+    from dpops.release.preparation import requested_interval
+
+    iv = requested_interval(spec_path, interval)
+    config = EstimateConfig(epsilon=epsilon, quantile=quantile, contribution=contribution,
+                            columns=tuple(columns) if columns is not None else None, method=method)
+    if isinstance(ledger, LedgerClass):
+        return estimate(spec_path, iv.start, iv.end, config=config, ledger=ledger, randomness=randomness,
+                        key_path=key_path, test_seed=test_seed, actor=actor)
+    with open_run_ledger(ledger) as led:
+        return estimate(spec_path, iv.start, iv.end, config=config, ledger=led, randomness=randomness,
+                        key_path=key_path, test_seed=test_seed, actor=actor)
 
 
 def _uncommitted_versions(store: Store, iv: Interval, release: str, ledger: Ledger) -> dict[str, object] | None:

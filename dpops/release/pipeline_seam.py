@@ -14,9 +14,13 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from dpops.analysis.estimate import PassCounts
     from dpops.spec import ReleaseSpec
+    from pipelines.io import ReadConfig
 
 RUN_RELEASE = "pipelines.release_pipeline:run_release"
+# The estimation's counting passes (``dpops.release.estimation.PipelineCounts``): ``count_estimation(request)``
+COUNT_ESTIMATION = "pipelines.estimation:count_estimation"
 RANDOMNESS_MODES = ("keyed", "os", "test")
 
 
@@ -73,6 +77,42 @@ class ComputeResult:
     partitions_released: int
     # rows read, dropped by reason, clamped...: INTERNAL run log only, never published
     internal: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EstimationCountsRequest:
+    """One counting pass of an estimation (``pipelines.estimation``): read the interval's input on workers with
+    the estimation's own streams and return only public-grid counts (``GridCounts``/``ValueCounts``).
+
+    ``stage``: ``"pairs"`` (the L0 counts, and the Linf counts at every candidate L0 of ``grid_l0``) or
+    ``"values"`` (each column of ``columns`` over the rows bounding keeps at (``l0``, ``linf``)). The request
+    carries the key's REFERENCE and id, never the key; the counts come back through ``staging_dir``, a private
+    directory the caller made (0700) and removes."""
+
+    stage: str
+    read: ReadConfig  # built by dpops.release.estimation.read_config (the driver path's own)
+    work_items: tuple[tuple[int, str, int | None, int], ...]
+    label: tuple[tuple[str, str], ...]  # the estimation's randomness label (dpops.release.estimation.random_source)
+    randomness: str  # "keyed" | "test"
+    key_ref: str | None
+    key_id: str | None
+    test_seed: int | None
+    staging_dir: str
+    grid_l0: tuple[int, ...] = ()
+    grid_linf: tuple[int, ...] = ()
+    l0: int = 1
+    linf: int = 1
+    columns: tuple[str, ...] = ()
+    runner: str = "FnApiRunner"
+    runner_options: tuple[str, ...] = ()
+    n_buckets: int = 256
+
+
+def load_count_estimation() -> Callable[[EstimationCountsRequest], PassCounts]:
+    """``pipelines.estimation:count_estimation``, imported lazily (dpops never imports Beam itself)."""
+    mod_name, func = COUNT_ESTIMATION.split(":")
+    fn: Callable[[EstimationCountsRequest], PassCounts] = getattr(import_pipeline_module(mod_name), func)
+    return fn
 
 
 def load_run_release() -> Callable[[ComputeRequest], ComputeResult]:

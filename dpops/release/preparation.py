@@ -39,6 +39,7 @@ from dpops.release.context import (
     default_actor,
     report_stage,
 )
+from dpops.run_interval import requested_interval
 from dpops.spec import ReleaseSpec, interval_problems, load_spec
 from dpops.storage import Sealer, open_store
 
@@ -47,32 +48,13 @@ if TYPE_CHECKING:
     from dpops.noise.randomness import NoiseKey
     from dpops.release_plan import ReleasePlan
 
-def requested_interval(spec_path: str | os.PathLike[str], text: str) -> Interval:
-    """An interval named by an operator: ``START/END`` as given, or one ``START`` (e.g. ``2024-01-03``) for the
-    one period / schedule interval of the spec starting there. The one convention for naming a day, shared
-    by ``dpops release run --interval`` and the Airflow DAG's ``interval`` param (a REST trigger with
-    ``logical_date: null`` and ``conf: {"interval": "2024-01-03"}``). ``prepare`` still checks the interval
-    is releasable (one period, on the spec's grid)."""
-    from dpops.ledger.model import parse_utc  # a value parser; no database is touched
-
-    text = str(text).strip()
-    # Both forms are accepted, so an error names both (issue 28 item 15: "must be START/END" misled).
-    both = (f"interval {text!r}: give START/END (ISO-8601 UTC, e.g. 2024-01-01/2024-01-02) or the start of one "
-            "period of the spec (e.g. 2024-01-03)")
-    if "/" in text:
-        try:
-            return parse_interval(text)
-        except InvalidParameter as exc:
-            if text.count("/") != 1:
-                raise InvalidParameter(both) from None
-            raise InvalidParameter(f"interval {text!r}: {exc}") from None  # e.g. its start is not before its end
-    from dpops.spec import one_period_interval
-
-    try:
-        start = parse_utc(text, "interval start")
-    except InvalidParameter:
-        raise InvalidParameter(both) from None
-    return Interval(*one_period_interval(load_spec(spec_path), start))
+def named_interval(spec: ReleaseSpec, interval_start: IntervalBound, interval_end: IntervalBound = None) -> Interval:
+    """The interval the Python API is given, named as on the command line: ``(START, END)``, ``"START/END"``, or one
+    ``START`` (``"2024-01-03"``, alone) for the spec's period starting there (``requested_interval``), so
+    ``execute_release(spec, "2024-01-03", ...)`` releases the day ``dpops release run --interval 2024-01-03`` does."""
+    if interval_end is None and isinstance(interval_start, str):
+        return requested_interval(spec, interval_start)
+    return parse_interval(interval_start, interval_end)
 
 
 REMOVED_KEY_ENV = "DPOPS_NOISE_KEY"
@@ -147,7 +129,7 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
 
     A spec with ``bounds: estimate`` is the one exception to "writes nothing": given the ``ledger``,
     ``prepare`` first runs (or, once committed, serves) the interval's bound estimation through
-    ``dpops.analysis.estimate.estimate``, the function ``dpops estimate`` runs, and the context's spec is
+    ``dpops.release.estimation.run_estimation``, the steps ``dpops estimate`` runs, and the context's spec is
     ``spec.with_estimated_bounds``: the declared bounds replaced by the charged estimate, ``estimated_from``
     set, the release's epsilon the declared total minus the estimation's share. Without a ledger such a
     spec is refused (its bounds are not known yet). ``estimation="serve"``: only a committed estimation is
@@ -179,6 +161,8 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
 
         check_pinned_key_id(key_id, key_path)  # the operator's $DPOPS_NOISE_KEY_ID, before anything is reserved
     spec = load_spec(spec_path)
+    named = named_interval(spec, interval_start, interval_end)  # one START, as the CLI takes it
+    interval_start, interval_end = named.start, named.end
     estimated: dict[str, tuple[float, float]] | None = None
     estimation_charged = 0.0
     if spec.estimated_metric_keys and not for_estimation:
@@ -229,7 +213,8 @@ def _estimated_spec(spec: ReleaseSpec, spec_path: str | os.PathLike[str], interv
     the declared share): a retry serves the committed one and charges nothing. The release's events
     (planned at the fallback bounds: they do not depend on value bounds) go along so that nothing is
     reserved unless both fit the scope. Returns the spec, the bounds and what this call charged."""
-    from dpops.analysis.estimate import estimate, option_config
+    from dpops.analysis.estimate import option_config
+    from dpops.release.estimation import run_estimation
 
     if ledger is None:
         raise InvalidParameter(f"{spec.source}: metric(s) {spec.estimated_metric_keys} have bounds: estimate, so "
@@ -238,9 +223,11 @@ def _estimated_spec(spec: ReleaseSpec, spec_path: str | os.PathLike[str], interv
         raise InvalidParameter(f"{spec.source}: bounds: estimate needs keyed randomness (its estimation must be "
                                "free to retry); os randomness cannot reproduce it; nothing was reserved")
     release_events = list((planner or _default_planner)(spec).events)
-    est = estimate(spec_path, interval_start, interval_end, config=option_config(spec), ledger=ledger,
-                   randomness=randomness, key_path=key_path, test_seed=test_seed, actor=actor,
-                   then_charges=release_events, serve_only=serve_only, for_release=not restate)
+    # the estimation's own prepare: the spec as written, at its fallback bounds (nothing is written here)
+    est_ctx = prepare(spec_path, interval_start, interval_end, randomness=randomness, key_path=key_path,
+                      test_seed=test_seed, actor=actor, for_estimation=True)
+    est = run_estimation(est_ctx, option_config(spec), ledger, then_charges=release_events, serve_only=serve_only,
+                         for_release=not restate)
     assert est.run_id is not None  # estimate returns a committed (or served) run
     bounds = {c: est.bounds[c] for c in spec.estimated_columns}
     return spec.with_estimated_bounds(est.run_id, bounds), bounds, float(est.epsilon_charged)

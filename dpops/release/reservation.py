@@ -23,13 +23,14 @@ from dpops.errors import (
     SpecError,
     StorageError,
 )
+from dpops.inputs import time_rule_of
 from dpops.release.context import RunContext, RunOutcome, make_outcome, pick_attempt
 from dpops.release.key_continuity import check_key_continuity
 from dpops.release.served import check_served_files, make_visible
 from dpops.spec import ReleaseSpec
 
 if TYPE_CHECKING:
-    from dpops.ledger import Ledger, RunRecord, ScopeDefinition, TimeRule
+    from dpops.ledger import Ledger, RunRecord, ScopeDefinition
 
 
 def unit_definition_mismatches(spec: ReleaseSpec, scope: ScopeDefinition) -> list[str]:
@@ -86,22 +87,6 @@ def unit_definition_mismatches(spec: ReleaseSpec, scope: ScopeDefinition) -> lis
         out.append(f"privacy_unit.period {unit.period!r} differs from scope {name!r}'s unit period "
                    f"{scope_period!r}: releases on one scope must protect the same unit")
     return out
-
-
-def time_rule_of(spec: ReleaseSpec) -> TimeRule | None:
-    """The time rule ``spec``'s run applies (None: it filters no rows by time).
-
-    The one place that turns a spec into the rule a scope records: the column ``input.time_column``,
-    its declared type, and the zone rule and row filter this code implements (``pipelines.io.outside_window``:
-    naive times are UTC, keep ``start <= t < end``, an unreadable time drops its row).
-    """
-    from dpops.ledger.model import CURRENT_TIME_FILTER, CURRENT_TIME_ZONE_RULE, TimeRule
-
-    tc = spec.input.time_column
-    if tc is None:
-        return None
-    return TimeRule(column=tc, type=spec.input.columns.get(tc, "timestamp"), zone=CURRENT_TIME_ZONE_RULE,
-                    filter=CURRENT_TIME_FILTER)
 
 
 def _time_rule_mismatches(spec: ReleaseSpec, scope: ScopeDefinition) -> list[str]:
@@ -172,7 +157,7 @@ def _check_scope(ctx: RunContext, ledger: Ledger) -> ScopeDefinition:
         raise SpecError("\n".join(f"{ctx.spec.source}: {p}" for p in problems) + "\nnothing was reserved")
     # Bounds learned from the data are only sound through a charged estimation on this scope (issue 20
     # section 4): a spec naming one must name a committed estimation of this release in this ledger.
-    from dpops.analysis.estimate import check_dependency
+    from dpops.manifest.dependencies import check_dependency
 
     problems = check_dependency(ctx.spec, ledger, ctx.randomness)
     if problems:
