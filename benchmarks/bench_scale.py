@@ -50,12 +50,15 @@ output: {{root: "{ROOT}"}}
 """
 
 
-def data_dir(n: int, fmt: str) -> Path:
-    return OUT / "data" / f"n{n}-{fmt}"
+def data_dir(n: int, fmt: str, out: Path | None = None) -> Path:
+    """Where the n-row input of format ``fmt`` is cached under ``out`` (default: ``OUT``, read at call time)."""
+    return (OUT if out is None else out) / "data" / f"n{n}-{fmt}"
 
 
-def ensure_data(n: int, fmt: str) -> Path:
-    d = data_dir(n, fmt)
+def ensure_data(n: int, fmt: str, out: Path | None = None) -> Path:
+    """The n-row input (generated once: Parquet first, the CSV from it)."""
+    out = OUT if out is None else out
+    d = data_dir(n, fmt, out)
     path = d / f"2024-01-01.{fmt}"
     if path.exists():
         return path
@@ -63,7 +66,7 @@ def ensure_data(n: int, fmt: str) -> Path:
     from dpops.testing.synthetic import generate_events
 
     t = time.time()
-    pq_dir = data_dir(n, "parquet")
+    pq_dir = data_dir(n, "parquet", out)
     pq_path = pq_dir / "2024-01-01.parquet"
     if not pq_path.exists():
         generate_events(str(pq_dir / "{start:%Y-%m-%d}.parquet"), n, N_USERS, N_PARTITIONS, seed=n % 1000)
@@ -108,16 +111,18 @@ def tree_rss_kb(pid: int) -> int:
     return total
 
 
-def run_one(n: int, fmt: str, runner_options: list[str], code_root: Path = ROOT) -> dict:
-    work = OUT / "runs" / f"n{n}-{fmt}"
+def run_one(n: int, fmt: str, runner_options: list[str], code_root: Path = ROOT, out: Path | None = None) -> dict:
+    """One timed ``dpops release run --publish`` of the n-row input, in a fresh key, ledger and output root."""
+    out = OUT if out is None else out
+    work = out / "runs" / f"n{n}-{fmt}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     spec = work / "spec.yaml"
-    spec.write_text(SPEC.format(DATA=data_dir(n, fmt), FMT=fmt, ROOT="out"))
+    spec.write_text(SPEC.format(DATA=data_dir(n, fmt, out), FMT=fmt, ROOT="out"))
     keydir = work / "keys"
     keydir.mkdir(mode=0o700)
     env = {**os.environ, "GX_ANALYTICS_ENABLED": "false", "SCARF_ANALYTICS": "false", "DO_NOT_TRACK": "true",
-           "PYTHONPATH": str(code_root), "DPOPS_DATA_ROOTS": str(OUT / "data")}
+           "PYTHONPATH": str(code_root), "DPOPS_DATA_ROOTS": str(out / "data")}
     subprocess.run([sys.executable, "-m", "dpops.cli.main", "key", "generate", str(keydir / "noise.key")],
                    env=env, check=True, capture_output=True)
     ledger = f"sqlite:///{work / 'ledger.db'}"
@@ -132,8 +137,8 @@ def run_one(n: int, fmt: str, runner_options: list[str], code_root: Path = ROOT)
         cmd += ["--runner-option", o]
     peak = [0]
     t0 = time.time()
-    with open(work / "stdout", "wb") as out, open(work / "stderr", "wb") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=str(code_root))
+    with open(work / "stdout", "wb") as stdout, open(work / "stderr", "wb") as err:
+        proc = subprocess.Popen(cmd, stdout=stdout, stderr=err, env=env, cwd=str(code_root))
         done = threading.Event()
 
         def sample():
@@ -150,6 +155,7 @@ def run_one(n: int, fmt: str, runner_options: list[str], code_root: Path = ROOT)
     code = os.waitstatus_to_exitcode(status)
     res = {"rows": n, "format": fmt, "seconds": round(seconds, 2), "rows_per_s": round(n / seconds),
            "peak_tree_rss_mb": round(max(peak[0], usage.ru_maxrss) / 1024), "child_maxrss_mb": round(usage.ru_maxrss / 1024),
+           "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
            "exit": code, "loadavg": [round(x, 2) for x in os.getloadavg()]}
     if code != 0:
         res["error"] = (work / "stderr").read_text()[-1500:]

@@ -131,7 +131,7 @@ class MergePairTables(beam.CombineFn):
 
     def add_input(self, acc: list[PairTable], block: RowBlock) -> list[PairTable]:
         """One batch's table added; merged into one every 16 tables (memory: the bucket's distinct pairs)."""
-        acc.append(PairTable(**RowBlock(*block).rows()))
+        acc.append(PairTable(**block.rows()))
         return [PairTable.merge(acc)] if len(acc) > 4 else acc
 
     def merge_accumulators(self, accs: Iterable[list[PairTable]]) -> list[PairTable]:

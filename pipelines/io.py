@@ -228,6 +228,7 @@ def iter_record_batches(item: tuple[int, str, int | None, int], cfg: ReadConfig,
 MAX_LINE_BYTES = 16 << 20  # a longer line is malformed (and is never held in memory whole)
 CSV_READ_BYTES = 16 << 20  # bytes read at a time (<= MAX_LINE_BYTES); blocks hold whole lines only
 _BOM = b"\xef\xbb\xbf"
+_CSV_DICT = pa.dictionary(pa.int32(), pa.binary())  # how the CSV parser hands over a declared string column
 # A line whose quoted fields all close on it (pyarrow's quoting state machine, as a regular language):
 # field = quoted part ('"', then non-quotes or doubled quotes, then '"') optionally followed by a literal
 # tail that does not start with '"' (a '"' right after the closing one would have been a doubled quote),
@@ -346,25 +347,27 @@ def _csv_batches(path: str, cfg: ReadConfig, counters: dict[str, int] | None) ->
         convert = pcsv.ConvertOptions(
             include_columns=needed,
             # Bytes, converted by us cell by cell: a bad cell (even invalid UTF-8) drops its row, not the file.
-            column_types={c: pa.binary() for c in needed},
+            # String columns arrive dictionary-encoded (bytes values), so each distinct value is checked and
+            # hashed once (``_convert_dictionary_cells``, ``hash_column``); a cell is still read alone.
+            column_types={c: _CSV_DICT if cfg.types.get(c) == "string" else pa.binary() for c in needed},
             null_values=[""], strings_can_be_null=True, quoted_strings_can_be_null=False,
         )
         tables = (_parse_block(buf, start, end, names, parse, convert, skipped, malformed)
                   for buf, start, end in blocks)
-        with _Prefetch(tables) as parsed:
+        with Prefetch(tables) as parsed:
             for table in parsed:
                 for batch in table.to_batches(max_chunksize=cfg.batch_rows):
                     yield batch, offset
                     offset += batch.num_rows
     finally:
-        stream.close()  # after _Prefetch has joined its thread: nothing reads the stream any more
+        stream.close()  # after Prefetch has joined its thread: nothing reads the stream any more
         if counters is not None:
             n = malformed[0] + skipped.count
             if n:
                 counters[MALFORMED_LINES] = counters.get(MALFORMED_LINES, 0) + n
 
 
-class _Prefetch:
+class Prefetch:
     """Run an iterator one item ahead in a background thread, yielding its items in order.
 
     Speed only: the CSV reader reads, cuts and parses block k+1 (pyarrow's parser releases the GIL) while
@@ -378,11 +381,11 @@ class _Prefetch:
 
     _DONE = object()
 
-    def __init__(self, source: Iterator[Any], depth: int = 1):
+    def __init__(self, source: Iterator[Any], depth: int = 1, name: str = "dpops-csv-prefetch"):
         self._source = source
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="dpops-csv-prefetch", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def _put(self, item: Any) -> bool:
         while not self._stop.is_set():
@@ -401,6 +404,12 @@ class _Prefetch:
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread, re-raised there
             self._put((False, exc))
             return
+        finally:
+            # A generator source is closed here, in this thread, before __exit__'s join returns: its own
+            # cleanup (an inner Prefetch's thread, an open file) is done when the caller leaves the block.
+            close = getattr(self._source, "close", None)
+            if close is not None:
+                close()
         self._put((True, self._DONE))
 
     def __enter__(self) -> Iterator[Any]:
@@ -610,6 +619,9 @@ def _convert_column(arr: pa.Array, want: str) -> tuple[pa.Array, np.ndarray]:
     if n == 0:  # no cell, no type to check: a row-less file may store any type (dpops.inputs.columns_of_any_type)
         return pa.nulls(0, target), ok_mask
     if pa.types.is_dictionary(arr.type):
+        if want == "string" and (pa.types.is_binary(arr.type.value_type) or
+                                 pa.types.is_large_binary(arr.type.value_type)):
+            return _convert_dictionary_cells(arr)
         arr = arr.cast(arr.type.value_type)
     if want == "string" and (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
         try:
@@ -725,6 +737,24 @@ def _decode_cells(arr: pa.Array) -> tuple[pa.Array, np.ndarray]:
             out.append(None)
             bad[i] = True
     return pa.array(out, type=pa.string()), bad
+
+
+def _convert_dictionary_cells(arr: pa.DictionaryArray) -> tuple[pa.Array, np.ndarray]:
+    """Dictionary-encoded CSV cells of a declared string column (bytes values, null index = empty cell) ->
+    the same cells as UTF-8 text, still dictionary-encoded; returns (array, mask of cells that do not decode).
+
+    Each distinct byte string is decoded once (``_decode_cells``) and every cell takes its own value's result,
+    so a cell's text, or its being dropped as ``wrong_type``, is a function of its own bytes alone, exactly as
+    when every cell is decoded on its own: the dictionary only saves repeating the work (speed), it never
+    lets one line's bytes change how another is read. A value that is not UTF-8 becomes a null dictionary
+    entry; its rows are dropped by the caller (``wrong_type`` is marked before any other reason)."""
+    text, bad_values = _decode_cells(arr.dictionary)
+    idx = arr.indices
+    if not len(bad_values) or not bad_values.any():
+        return pa.DictionaryArray.from_arrays(idx, text), np.zeros(len(arr), bool)
+    valid = idx.is_valid().to_numpy(zero_copy_only=False)
+    bad = bad_values[idx.fill_null(0).to_numpy(zero_copy_only=False)] & valid
+    return pa.DictionaryArray.from_arrays(idx, text), bad
 
 
 def _convert_cells(arr: pa.Array, want: str) -> tuple[pa.Array, np.ndarray]:
@@ -859,11 +889,23 @@ def prepare_batch(
         # int32: a domain may exceed int16 (32,767 values); index_in returns int32 codes already
         rows[f"c:{c}"] = codes.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int32)[idx]
 
-    kept_p = rows["p"]
-    uniq, first = np.unique(kept_p, return_index=True)
+    uniq, first = _first_occurrences(rows["p"])
     take = pa.array(idx[first])
     name_values = [cols[c].take(take).to_pylist() for c in cfg.partition_columns]
     return rows, (uniq, name_values), stats
+
+
+def _first_occurrences(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted distinct values, index of each one's first occurrence): ``np.unique(values, return_index=True)``
+    computed by hashing (``pd.factorize``, O(n)) instead of sorting all n values; only the few distinct
+    partition hashes are sorted. Speed only: the result is the same arrays."""
+    if not len(values):
+        return values[:0].copy(), np.zeros(0, np.int64)
+    codes, uniq = pd.factorize(values, sort=False)
+    first = np.empty(len(uniq), np.int64)
+    first[codes[::-1]] = np.arange(len(values) - 1, -1, -1)  # the last write per code is its first row
+    order = np.argsort(uniq, kind="stable")
+    return np.asarray(uniq, dtype=values.dtype)[order], first[order]
 
 
 def outside_window(arr: pa.Array, window_ns: tuple[int, int] | None) -> np.ndarray:

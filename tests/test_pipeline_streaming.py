@@ -3,6 +3,7 @@ composite transforms one by one (TestPipeline / assert_that); worker-side key re
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import pickle
 import subprocess
@@ -482,3 +483,46 @@ def test_fast_group_order_equals_lexsort_also_with_ties():
             assert np.array_equal(group[got], group[want]) and np.array_equal(key[got], key[want])
             if t is not None:
                 assert np.array_equal(t[got], t[want])
+
+
+def test_the_read_stage_draws_every_batch_s_priorities_from_the_reference_stream(tmp_path):
+    """The read DoFn (checking, hashing and pre-bounding in its Prefetch stage) emits exactly the rows the
+    reference path (``bounded_truth``'s loop: ``prepare_batch`` with the stream ("bounding", file, row group,
+    batch), then ``bound_rows``) keeps, with the same priorities: the runs-against-runs tests above cannot see
+    a stream label shifted in the pipeline alone."""
+    from pipelines.bounding import bound_rows, pair_salt
+    from pipelines.elements import WorkItem
+    from pipelines.io import iter_record_batches, prepare_batch, work_items
+    from dpops.release_plan import plan_release
+
+    spec = write_spec(tmp_path, COUNT_SUM, {"columns": ["region"], "private": {"strategy": "truncated_geometric"}},
+                      l0=3, linf=2, epsilon=4.0, delta=1e-5)
+    inp = _input(tmp_path)
+    req = request(spec, [inp], tmp_path / "s")
+    sp = req.spec_of()
+    ctx = release_pipeline.build_context(sp, plan_release(sp), req, "")
+    ctx = release_pipeline.PipelineContext(dataclasses.replace(ctx.read, batch_rows=300), ctx.agg, ctx.plan,
+                                           ctx.randomness, ctx.parts_dir, ctx.public_names)
+    items = work_items([str(inp)], "parquet")
+    fn = transforms._ReadBatches(ctx)
+    fn.setup()
+    got = [blk.rows() for it in items for el in fn.process(WorkItem(*it))
+           if not isinstance(el, beam.pvalue.TaggedOutput) for blk in [el[1]]]
+    source = ctx.randomness.source()
+    salt = pair_salt(source)
+    want = []
+    for it in items:
+        for seq, (batch, offset) in enumerate(iter_record_batches(it, ctx.read)):
+            rng = source.child("bounding", it[0], -1 if it[2] is None else it[2], seq)
+            rows, _, _ = prepare_batch(batch, it[0], offset, ctx.read, rng, pair_salt=salt)
+            want.append(bound_rows(rows, ctx.agg.l0, ctx.agg.linf)[0])
+
+    def flat(chunks):
+        cols = {k: np.concatenate([c[k] for c in chunks]) for k in ("u", "p", "prio", "pp")}
+        order = np.lexsort((cols["prio"], cols["u"]))
+        return {k: v[order] for k, v in cols.items()}
+
+    g, w = flat(got), flat(want)
+    assert len(w["u"]) > 1000 and sum(len(c["u"]) for c in want) < 6000  # several batches, and the bound dropped rows
+    for k in w:
+        assert np.array_equal(g[k], w[k]), k
