@@ -108,8 +108,12 @@ def audit_plan(spec: ReleaseSpec, plan: ReleasePlan | None = None, *, metrics: l
     vector it reuses). Metrics are audited over fixed partitions; private partition selection is
     audited on its own against its (ε, δ).
     """
-    from dpops.release_plan import PARTITION_SELECTION_KEY, plan_release
+    from dpops.release_plan import PARTITION_SELECTION_KEY, partition_selection, plan_release
 
+    # An audit tests the mechanisms as the code builds them now: plans share one partition selection per public
+    # parameters (an lru_cache for the solver), and one built earlier in this process (before a planted bug, a
+    # reload, a patched table) must not stand in for the selection under audit.
+    partition_selection.cache_clear()
     plan = plan if plan is not None else plan_release(spec)
     keys = [m.key for m in plan.metrics]
     if plan.partition_selection is not None:
