@@ -181,10 +181,13 @@ def check_entry(db: Backend, body_text: str, buckets_text: str) -> None:
 def check_in_database(plpy: Any, body_text: str, buckets_text: str) -> str:
     """The body of ``dpops_cap_check``: ``check_entry`` over the trigger's session; refuse with SQLSTATE 23514.
 
-    ``body_text`` ``{"probe": true}`` only answers which dpops the database runs (``install`` asks it once, so a
-    wrong site directory is found at install time, not at the first reservation).
+    ``body_text`` ``{"probe": true}`` from a superuser session only answers which dpops the database runs (``install``
+    asks it once, so a wrong site directory is found at install time, not at the first reservation).
     """
-    if body_text == '{"probe": true}':
+    # The probe is answered only to a superuser session (the installer): an entry whose body is the probe text,
+    # inserted by any other role, is checked like every entry (and refused as unreadable), never waved through.
+    if body_text == '{"probe": true}' and plpy.execute(
+            "SELECT rolsuper FROM pg_roles WHERE rolname = session_user")[0]["rolsuper"]:
         import dpops
 
         return json.dumps({"check": CHECK_ID, "dpops": dpops.__version__, "python": sys.version.split()[0],
