@@ -203,3 +203,46 @@ def test_the_checks_see_function_level_and_type_checking_imports_and_name_the_ci
     bad = analysis_problems(edges)
     assert any("dpops.analysis.est -> dpops.ledger (dpops/analysis/est.py:3)" in b for b in bad), bad
     assert any("-> dpops.release.prep" in b for b in bad), bad
+
+
+def module_circles(edges: Iterable[Edge]) -> list[str]:
+    """One line per set of modules that import each other (directly or around a loop), anywhere in the tree."""
+    graph: dict[str, set[str]] = {}
+    at: dict[tuple[str, str], Edge] = {}
+    for e in edges:
+        graph.setdefault(e.source, set()).add(e.target)
+        at.setdefault((e.source, e.target), e)
+    out = []
+    for comp in strongly_connected(graph):
+        cycle = _one_cycle({m: graph.get(m, set()) & comp for m in comp}) or []
+        hops = [str(at[(x, y)]) for x, y in zip(cycle, cycle[1:], strict=False)]
+        out.append(f"module circle of {len(comp)} files ({', '.join(sorted(comp))}): " + "; ".join(hops))
+    return out
+
+
+def test_no_module_circle_anywhere_in_dpops_pipelines_dags_or_plugins():
+    """No two modules of our code depend on each other, in any package (not only the three above).
+
+    Why: a circle is where a rule stops having one owner. The last one was inside the ledger: the database's cap
+    check imported the ledger's store for the cap rule while the store's schema installed the check, and the
+    checkpoint, role and verify modules imported the Ledger that calls them. The rule now sits in
+    ``dpops.ledger.cap`` and those modules take ``backend.OpenLedger``.
+    """
+    problems = [p for top in ("dpops", "pipelines", "dags", "plugins") for p in module_circles(import_edges(ROOT, top))]
+    assert not problems, "import circles:\n" + "\n".join(problems)
+
+
+def test_the_whole_tree_check_names_a_circle_inside_any_package(tmp_path):
+    """It can fail: a function-level circle between two ledger modules, as store.py and db_cap.py had."""
+    pkg = tmp_path / "dpops" / "ledger"
+    pkg.mkdir(parents=True)
+    (tmp_path / "dpops" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "store.py").write_text("from dpops.ledger.schema import migrate\n")
+    (pkg / "schema.py").write_text("from dpops.ledger import db_cap\n")
+    (pkg / "db_cap.py").write_text("def check():\n    from dpops.ledger.store import check_cap\n")
+    circles = module_circles(import_edges(tmp_path))
+    assert len(circles) == 1, circles
+    assert circles[0].startswith("module circle of 3 files (dpops.ledger.db_cap, dpops.ledger.schema, "
+                                 "dpops.ledger.store)"), circles
+    assert "dpops/ledger/db_cap.py:2" in circles[0], circles

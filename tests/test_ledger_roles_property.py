@@ -46,7 +46,7 @@ from dpops.events import Laplace, canonical_json, event_to_dict
 from dpops.ledger import RunKey, ScopeDefinition, open_ledger
 from dpops.ledger import backend as backend_mod
 from dpops.ledger.schema import entry_hash
-from dpops.ledger.store import ScopeBudgetExceeded
+from dpops.ledger.cap import ScopeBudgetExceeded
 
 pytestmark = pytest.mark.postgres
 

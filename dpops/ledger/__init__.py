@@ -12,6 +12,7 @@ accountant composes everything charged plus the request and refuses over the cap
 from __future__ import annotations
 
 from dpops.ledger.backend import DEFAULT_URL
+from dpops.ledger.cap import ScopeBudgetExceeded
 from dpops.ledger.model import (
     Adjacency,
     BucketSize,
@@ -28,7 +29,7 @@ from dpops.ledger.model import (
     VerifyReport,
     bucket_labels,
 )
-from dpops.ledger.store import Ledger, ScopeBudgetExceeded
+from dpops.ledger.store import Ledger
 
 
 def open_ledger(url: str | None = None) -> Ledger:

@@ -19,7 +19,7 @@ import sqlite3
 import time
 from abc import abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -59,6 +59,20 @@ def hook(point: str) -> None:
 
 # libpq connection parameters that carry a secret (or point at one) and may be given in a URL's query string
 # (postgresql://host/db?password=...): never shown, never stored in an artifact.
+# The database's own cap check (``db_cap.py``, schema version 5) refuses with this SQLSTATE and message prefix;
+# defined here, where driver errors are translated, so the translation needs no import of the check itself.
+REFUSAL_SQLSTATE = "23514"  # check_violation: a reservation that violates the cap is a violated constraint
+REFUSAL_PREFIX = "dpops cap check"
+
+
+def refusal_from(exc: BaseException) -> str | None:
+    """The database's cap-check refusal in a driver error's text, or None when ``exc`` is not one."""
+    text = str(exc)
+    if REFUSAL_PREFIX not in text:
+        return None
+    return text[text.index(REFUSAL_PREFIX):].strip().splitlines()[0]
+
+
 CREDENTIAL_PARAMS = frozenset({"password", "passfile", "sslpassword", "sslkey"})
 
 
@@ -395,8 +409,6 @@ class PostgresBackend(Backend):
 
         dpops checks the cap before it writes, with the same rule, so this means the two disagree: most likely the
         database server runs another dpops version than this process, or the cap check is not installed."""
-        from dpops.ledger.db_cap import refusal_from
-
         reason = refusal_from(exc) or str(exc).strip().splitlines()[0]
         return LedgerError(
             f"ledger {redact(self.url)}: {reason}. dpops' own check had admitted it, so the database and this "
@@ -444,6 +456,27 @@ class PostgresBackend(Backend):
     def close(self) -> None:
         """Close the connection."""
         self.conn.close()
+
+
+class OpenLedger(Protocol):
+    """What the ledger's own tools need of an open ``dpops.ledger.Ledger``: its URL, its connection and a read
+    snapshot.
+
+    ``checkpoint.py``, ``roles.py`` and ``verify.py`` take this instead of ``Ledger`` itself, so they do not
+    import the module that calls them (``store.py`` signs checkpoints after commits, checks roles and verifies
+    through them): the ledger package's import graph has no circle.
+    """
+
+    @property
+    def url(self) -> str:
+        """The ledger's URL (credentials are redacted wherever it is shown)."""
+
+    @property
+    def db(self) -> Backend:
+        """The open connection."""
+
+    def snapshot(self) -> AbstractContextManager[Backend]:
+        """One consistent read transaction."""
 
 
 def connect(url: str | None) -> Backend:

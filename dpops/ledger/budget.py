@@ -4,7 +4,7 @@ Per bucket the ledger composes three states at each reservation: ``settled``
 (committed + spent-unpublished runs), ``committed`` and ``spent``, then the open runs
 (reserved or started) and the request on top. They are composed from the ``runs``
 rows every time, not kept as running states in a cache (issue 25 item 8: the
-application role could reset such a cache; ``Ledger._bucket_states``). The price:
+application role could reset such a cache; ``cap.bucket_states``). The price:
 a check costs the composition of the bucket's history (measured in the issue's
 report at 10 and 10,000 entries).
 """

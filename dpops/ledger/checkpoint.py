@@ -39,7 +39,7 @@ from dpops.ledger.backend import redact
 from dpops.ledger.model import utc_now
 
 if TYPE_CHECKING:
-    from dpops.ledger.store import Ledger
+    from dpops.ledger.backend import OpenLedger
 
 log = logging.getLogger(__name__)
 
@@ -83,15 +83,15 @@ def write_checkpoint(directory: str | os.PathLike[str], doc: dict) -> Path:
     return target
 
 
-def checkpoint_ledger(ledger: Ledger, directory: str | os.PathLike[str],
+def checkpoint_ledger(ledger: OpenLedger, directory: str | os.PathLike[str],
                       private_key_path: str | os.PathLike[str]) -> Path:
     """Sign the ledger's current chain head (read in one snapshot) into ``directory``."""
-    with ledger._read() as db:
+    with ledger.snapshot() as db:
         head = db.row("SELECT last_id, last_hash FROM chain_head WHERE singleton = 1")
     return write_checkpoint(directory, make_checkpoint(int(head[0]), head[1], ledger.url, private_key_path))
 
 
-def auto_checkpoint(ledger: Ledger) -> Path | None:
+def auto_checkpoint(ledger: OpenLedger) -> Path | None:
     """After a commit: checkpoint if DPOPS_LEDGER_CHECKPOINTS_DIR and DPOPS_LEDGER_CHECKPOINT_KEY are both set.
 
     A failure is logged, not raised: the commit is already durable, and the next checkpoint covers it.

@@ -10,7 +10,7 @@ same Python:
 - ``dpops_cap_check(body, buckets)`` is a PL/Python (``plpython3u``) function, created by a **superuser**
   (``dpops ledger install-cap-check``; only superusers may create functions in an untrusted language, so neither
   the app role nor the ledger owner can replace its body). It imports this module from the site directories named
-  when it was installed and calls ``check_in_database``, which runs ``dpops.ledger.store.check_cap``: the very
+  when it was installed and calls ``check_in_database``, which runs ``dpops.ledger.cap.check_cap``: the very
   function ``Ledger.reserve`` calls, over the same tables (``runs``, ``run_charges``: derived by the owner's
   trigger, never writable by the app role) under the same scope-row lock. One rule, two callers.
 - The owner's trigger ``entries_cap_guard`` (schema version 5, ``schema.py``) calls it before every reservation
@@ -46,13 +46,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from dpops.errors import DpopsError, LedgerError
-from dpops.ledger.backend import Backend, Cursor
+from dpops.ledger.backend import REFUSAL_PREFIX, REFUSAL_SQLSTATE, Backend, Cursor
 
 CHECK_ID = "dpops.db-cap-check/1"
 FUNCTION = "dpops_cap_check"
 SIGNATURE = f"{FUNCTION}(text, text)"
-REFUSAL_SQLSTATE = "23514"  # check_violation: a reservation that violates the cap is a violated constraint
-REFUSAL_PREFIX = "dpops cap check"
 _IDENT_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
@@ -139,8 +137,8 @@ def check_entry(db: Backend, body_text: str, buckets_text: str) -> None:
     hand-written, are checked one after the other against the history each commits.
     """
     from dpops.ledger import budget
+    from dpops.ledger.cap import check_cap, coerce_events
     from dpops.ledger.model import RunKey, ScopeDefinition, bucket_labels, check_scope_name
-    from dpops.ledger.store import check_cap, coerce_events
 
     try:
         body = json.loads(body_text)
@@ -314,11 +312,3 @@ def installed(db: Backend) -> bool:
         return False
     row = db.one("SELECT to_regprocedure(quote_ident(current_schema()) || '.' || ?) IS NOT NULL", (SIGNATURE,))
     return bool(row and row[0])
-
-
-def refusal_from(exc: BaseException) -> str | None:
-    """The database's cap-check refusal in a driver error's text, or None when ``exc`` is not one."""
-    text = str(exc)
-    if REFUSAL_PREFIX not in text:
-        return None
-    return text[text.index(REFUSAL_PREFIX):].strip().splitlines()[0]

@@ -46,8 +46,7 @@ from typing import TYPE_CHECKING
 from dpops.errors import LedgerError, PermissionRefused
 
 if TYPE_CHECKING:
-    from dpops.ledger.backend import Backend
-    from dpops.ledger.store import Ledger
+    from dpops.ledger.backend import Backend, OpenLedger
 
 _ROLE_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
@@ -152,7 +151,7 @@ def reader_role_sql(role: str, schema: str) -> list[str]:
     ]
 
 
-def _checked_role(ledger: Ledger, role: str, option: str) -> str:
+def _checked_role(ledger: OpenLedger, role: str, option: str) -> str:
     """The schema ``role`` may be granted on, after the checks both grants share (run as the owner).
 
     Refuses a role that could undo the guards: a superuser, the tables' owner, or a member of the owner role."""
@@ -182,7 +181,7 @@ def _checked_role(ledger: Ledger, role: str, option: str) -> str:
     return str(db.row("SELECT current_schema()")[0])
 
 
-def grant_reader_role(ledger: Ledger, role: str) -> list[str]:
+def grant_reader_role(ledger: OpenLedger, role: str) -> list[str]:
     """Grant SELECT-only rights on the ledger to an existing ``role``; run as the owner. Returns the SQL it ran."""
     statements = reader_role_sql(role, _checked_role(ledger, role, "--reader-role"))
     with ledger.db.transaction():
@@ -191,7 +190,7 @@ def grant_reader_role(ledger: Ledger, role: str) -> list[str]:
     return statements
 
 
-def grant_app_role(ledger: Ledger, role: str) -> list[str]:
+def grant_app_role(ledger: OpenLedger, role: str) -> list[str]:
     """Grant the application rights to an existing ``role``; run as the owner. Returns the SQL it ran.
 
     Refuses a role that could undo the guards: a superuser, the tables' owner, or a member of the owner role.

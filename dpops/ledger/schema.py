@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dpops.errors import LedgerError, PermissionRefused
 from dpops.ledger import db_cap
-from dpops.ledger.backend import Backend, redact
+from dpops.ledger.backend import REFUSAL_PREFIX, REFUSAL_SQLSTATE, Backend, redact
 from dpops.ledger.model import TRANSITIONS, utc_now
 
 GENESIS_HASH = "0" * 64
@@ -421,7 +421,7 @@ def _v4(db: Backend) -> None:
 # --- version 5: the database refuses a reservation over the cap, whoever writes it (issue 25 item 8) ---------------
 # Why: version 4 left the cap check in the client, so the app role could INSERT an over-cap reservation by hand
 # (recorded and flagged by ``verify``, not refused). Decision (``db_cap.py``, docs/threat-model.md): a
-# superuser-installed PL/Python function runs dpops' own cap rule (``store.check_cap``) inside the database; this
+# superuser-installed PL/Python function runs dpops' own cap rule (``cap.check_cap``) inside the database; this
 # owner-owned SECURITY DEFINER trigger calls it before every reservation entry a non-owner session inserts, and
 # refuses every such reservation while the function is missing (a database that cannot check the cap admits no
 # app-role reservation). Owner sessions are not checked here: the owner can drop triggers anyway, and
@@ -436,8 +436,8 @@ _V5_POSTGRES = [
            RETURN NEW;
          END IF;
          IF to_regprocedure(quote_ident(TG_TABLE_SCHEMA) || '.{db_cap.SIGNATURE}') IS NULL THEN
-           RAISE EXCEPTION USING ERRCODE = '{db_cap.REFUSAL_SQLSTATE}', MESSAGE = format(
-             '{db_cap.REFUSAL_PREFIX}: ledger entry %s refused by the database: it cannot check reservations '
+           RAISE EXCEPTION USING ERRCODE = '{REFUSAL_SQLSTATE}', MESSAGE = format(
+             '{REFUSAL_PREFIX}: ledger entry %s refused by the database: it cannot check reservations '
              'against the cap because {db_cap.FUNCTION} is not installed in schema %s; a superuser must run '
              '`dpops ledger install-cap-check --owner-role %s` (deploy/ledger-db-init.sh does)',
              NEW.id, TG_TABLE_SCHEMA, owner_name);

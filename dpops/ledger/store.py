@@ -28,12 +28,12 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterator, Sequence
 
-from dpops.accounting import Accountant, get_accountant
-from dpops.errors import BudgetExceeded, DpopsError, InvalidParameter, LedgerError, SpecError
-from dpops.events import PrivacyEvent, SelfComposed, canonical_json, event_from_dict, event_to_dict
+from dpops.accounting import get_accountant
+from dpops.errors import DpopsError, InvalidParameter, LedgerError, SpecError
+from dpops.events import PrivacyEvent, canonical_json, event_from_dict, event_to_dict
 from dpops.ledger import budget
 from dpops.ledger.backend import Backend, connect, hook
-from dpops.ledger.budget import format_budget
+from dpops.ledger.cap import bucket_states, check_cap, coerce_events, open_runs
 from dpops.ledger.model import (
     CHARGED_STATES,
     OPEN_STATES,
@@ -68,59 +68,6 @@ _ENTRY_COLS = "id, ts, kind, scope, run_id, buckets, actor, body, prev_hash, has
 # Connections inherited over fork() must never be closed by the child (a PostgreSQL
 # terminate message would kill the parent's session): the child keeps them here, unused.
 _ORPHANED: list[Backend] = []
-
-
-class ScopeBudgetExceeded(BudgetExceeded):
-    """A reservation refused by the cap; the numbers are in the scope's cap unit (epsilon or rho)."""
-
-    def __init__(self, scope: str, bucket: str, unit: str, cap: float, spent: float, reserved: float,
-                 requested: float, would_remain: float, left: float | None = None) -> None:
-        self.scope, self.bucket, self.unit = scope, bucket, unit
-        self.cap, self.spent, self.reserved = cap, spent, reserved
-        self.requested, self.would_remain = requested, would_remain
-        # cap - (everything charged or in flight on THIS bucket, composed): what was left before this request
-        self.left = cap - spent - reserved if left is None else left
-        where = f"scope {scope!r}" + (f" bucket {bucket}" if bucket != UNBUCKETED else "")
-        f = lambda x: format_budget(x, cap)  # noqa: E731 - one precision for every number of the message
-        super().__init__(
-            f"budget refused on {where}: cap {unit}={format_budget(cap)}, spent {f(spent)}, reserved {f(reserved)}, "
-            f"{f(self.left)} left, requested {format_budget(requested)}, would remain {f(would_remain)} (composed by "
-            "the scope's accountant); nothing was charged"
-        )
-
-
-def open_runs(db: Backend, scope: str) -> list[tuple[str, str, list[str], list[PrivacyEvent]]]:
-    """(run_id, state, buckets, events) of every reserved or started run of ``scope``: charged until settled."""
-    rows = db.all("SELECT run_id, state, buckets, events FROM runs WHERE scope = ? AND state IN (?, ?)",
-                  (scope, *OPEN_STATES))
-    return [(r[0], r[1], json.loads(r[2]), [event_from_dict(d) for d in json.loads(r[3])]) for r in rows]
-
-
-def check_cap(db: Backend, sdef: ScopeDefinition, acct: Accountant, buckets: Sequence[str],
-              events: Sequence[PrivacyEvent]) -> None:
-    """Raise ScopeBudgetExceeded unless ``events``, on top of every settled and open run of each of ``buckets``,
-    composed by the scope's accountant, fit the scope's cap.
-
-    The one cap rule, with two callers: ``Ledger.reserve`` (before it writes the reservation) and, on
-    PostgreSQL, the database itself (``dpops.ledger.db_cap``: a trigger runs this same function on every
-    reservation entry a non-owner role inserts, so a reservation written around dpops is refused too). Both read
-    only what the application role cannot write (``runs`` and ``run_charges``, derived by the owner's trigger)
-    under the scope row's lock, so both see the same history and reach the same answer.
-    """
-    states = Ledger._bucket_states(db, sdef.name, buckets, acct)
-    in_flight = open_runs(db, sdef.name)
-    evs = list(events)
-    for b in buckets:
-        open_events = [e for _, _, rb, revs in in_flight if b in rb for e in revs]
-        total = budget.measure(acct, sdef, acct.add_events(states[b]["settled"], open_events + evs))
-        if not budget.within_cap(total, sdef.cap):
-            spent = budget.measure(acct, sdef, states[b]["settled"])
-            before = budget.measure(acct, sdef, acct.add_events(states[b]["settled"], open_events)) \
-                if open_events else spent
-            raise ScopeBudgetExceeded(
-                sdef.name, b, sdef.cap_unit, sdef.cap, spent, budget.measure_events(acct, sdef, open_events),
-                budget.measure_events(acct, sdef, evs), sdef.cap - total, left=sdef.cap - before,
-            )
 
 
 def _check_actor(actor: Any) -> str:
@@ -162,19 +109,6 @@ def _require_time_rule(scope: ScopeDefinition) -> None:
         )
 
 
-def coerce_events(events: Any) -> list[PrivacyEvent]:
-    """Privacy events (objects or their JSON dicts), validated; at least one."""
-    if isinstance(events, (str, bytes)) or not isinstance(events, Sequence) or not events:
-        raise InvalidParameter("events must be a non-empty list of privacy events (dpops.events)")
-    out = []
-    for i, ev in enumerate(events):
-        try:
-            out.append(event_from_dict(ev) if isinstance(ev, dict) else event_from_dict(event_to_dict(ev)))
-        except InvalidParameter as exc:
-            raise InvalidParameter(f"events[{i}]: {exc}") from None
-    return out
-
-
 class Ledger:
     """The global privacy-budget ledger. Open with ``dpops.ledger.open_ledger(url)``."""
 
@@ -214,7 +148,8 @@ class Ledger:
                 yield db
 
     @contextmanager
-    def _read(self) -> Iterator[Backend]:
+    def snapshot(self) -> Iterator[Backend]:
+        """One consistent read transaction (under the Ledger's lock): what status, plan, verify and checkpoints read."""
         with self._lock:
             db = self.db
             with db.transaction(write=False):
@@ -446,53 +381,6 @@ class Ledger:
             epsilon=math.inf if eps is None else float(eps), details=json.loads(details),
         )
 
-    @staticmethod
-    def _bucket_states(db: Backend, scope: str, buckets: Sequence[str], acct, parts: bool = False
-                       ) -> dict[str, dict]:
-        """Per bucket, the accountant states of its settled runs (``settled`` = ``committed`` + ``spent``), composed
-        from the ``runs`` rows on every call.
-
-        Privacy reason (issue 25 item 8): the cap check, ``status`` and ``plan`` read nothing the application role
-        can write. On PostgreSQL ``runs`` is written only by the owner's trigger from the hashed entries (schema
-        version 4); the running-state cache ``buckets`` that the app role could reset is gone. Rows with equal
-        events are kept grouped by the database in ``run_charges`` (on PostgreSQL by the same owner trigger),
-        parsed once and composed as one ``SelfComposed`` event (the n-fold
-        composition, exactly what n runs charge), so the cost grows with the number of distinct event lists of
-        the bucket, not with its history. The caller
-        holds the scope row lock (write transactions) or a snapshot (reads). ``parts``: also ``committed`` and
-        ``spent`` on their own (``status``); the cap check needs only ``settled``, one composition.
-        """
-        wanted = set(buckets)
-        parsed: dict[str, list[PrivacyEvent]] = {}
-        events: dict[str, dict[str, list[PrivacyEvent]]] = {b: {"committed": [], "spent": []} for b in wanted}
-        # grouped by the database as runs settle (schema version 4: the owner's trigger on PostgreSQL)
-        rows = db.all("SELECT state, buckets, events, runs FROM run_charges WHERE scope = ? ORDER BY state, digest",
-                      (scope,))
-        for state, bjson, ejson, n in rows:
-            hit = wanted.intersection(json.loads(bjson))
-            if not hit:
-                continue
-            if ejson not in parsed:
-                parsed[ejson] = [event_from_dict(d) for d in json.loads(ejson)]
-            # n runs with these same events: their n-fold composition, which every accountant composes at once
-            group = parsed[ejson] if int(n) == 1 else [SelfComposed(event=e, count=int(n)) for e in parsed[ejson]]
-            for b in hit:
-                events[b]["committed" if state == "committed" else "spent"].extend(group)
-        out = {}
-        for b in sorted(wanted):
-            if not parts:
-                out[b] = {"settled": acct.add_events(acct.empty_state(), events[b]["committed"] + events[b]["spent"])}
-                continue
-            committed = acct.add_events(acct.empty_state(), events[b]["committed"])
-            spent = acct.add_events(acct.empty_state(), events[b]["spent"])
-            out[b] = {"settled": acct.add_events(committed, events[b]["spent"]), "committed": committed,
-                      "spent": spent}
-        return out
-
-    @staticmethod
-    def _open_runs(db: Backend, scope: str) -> list[tuple[str, str, list[str], list[PrivacyEvent]]]:
-        return open_runs(db, scope)
-
     def _published_row(self, db: Backend, release: str, start: str, end: str) -> tuple | None:
         return db.one(
             f"SELECT {_RUN_COLS} FROM runs WHERE release = ? AND interval_start = ? AND interval_end = ? "
@@ -712,7 +600,7 @@ class Ledger:
         return None if row is None else self._record(row)
 
     def status(self, scope: str) -> ScopeStatus:
-        with self._read() as db:
+        with self.snapshot() as db:
             sdef = self._scope_row(db, scope, lock=False)
             acct = budget.accountant_for(sdef)
             # Runs per bucket and state; the buckets any run of the scope ever named are the status's rows.
@@ -725,12 +613,12 @@ class Ledger:
             if not names and sdef.bucket is None:
                 names = [UNBUCKETED]
                 counts[UNBUCKETED] = {}
-            states = self._bucket_states(db, scope, names, acct, parts=True)
-            open_runs = self._open_runs(db, scope)
+            states = bucket_states(db, scope, names, acct, parts=True)
+            in_flight = open_runs(db, scope)
         m = lambda st: budget.measure(acct, sdef, st)  # noqa: E731
         rows = []
         for b in names:
-            by_state = {s: [e for _, st, rb, evs in open_runs if st == s and b in rb for e in evs] for s in OPEN_STATES}
+            by_state = {s: [e for _, st, rb, evs in in_flight if st == s and b in rb for e in evs] for s in OPEN_STATES}
             total = m(acct.add_events(states[b]["settled"], by_state["reserved"] + by_state["started"]))
             rows.append(BucketStatus(
                 bucket=b, committed=m(states[b]["committed"]), spent_unpublished=m(states[b]["spent"]),
@@ -773,7 +661,7 @@ class Ledger:
 
         A planned run that fits is assumed charged for the runs after it; one that does not is skipped.
         """
-        with self._read() as db:
+        with self.snapshot() as db:
             sdef = self._scope_row(db, scope, lock=False)
             acct = budget.accountant_for(sdef)
             parsed = []
@@ -791,9 +679,9 @@ class Ledger:
                     raise InvalidParameter(f"planned run #{i}: {exc}") from None
                 parsed.append((start, end, bucket_labels(sdef.bucket, s, e), evs))
             all_buckets = sorted({b for *_, bs, _ in parsed for b in bs})
-            states = self._bucket_states(db, scope, all_buckets, acct)
-            open_runs = self._open_runs(db, scope)
-        pending = {b: [e for _, _, rb, evs in open_runs if b in rb for e in evs] for b in all_buckets}
+            states = bucket_states(db, scope, all_buckets, acct)
+            in_flight = open_runs(db, scope)
+        pending = {b: [e for _, _, rb, evs in in_flight if b in rb for e in evs] for b in all_buckets}
         items = []
         for start, end, buckets, evs in parsed:
             totals = {b: budget.measure(acct, sdef, acct.add_events(states[b]["settled"], pending[b] + evs))

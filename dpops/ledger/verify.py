@@ -29,9 +29,8 @@ from dpops.ledger.model import TRANSITIONS, RunKey, ScopeDefinition, VerifyRepor
 from dpops.ledger.schema import GENESIS_HASH, entry_hash
 
 if TYPE_CHECKING:
-    from dpops.ledger.backend import Backend
+    from dpops.ledger.backend import Backend, OpenLedger
     from dpops.ledger.checkpoint import Checkpoint
-    from dpops.ledger.store import Ledger
 
 _REL_TOL = 1e-9
 _ONE_SHOT_REL_TOL = 1e-6  # incremental vs one-shot composition may differ by accountant numerics
@@ -284,10 +283,10 @@ def _anchor(report: VerifyReport, hashes: list[str], checkpoints: Sequence[Check
     return report
 
 
-def verify_ledger(ledger: Ledger, checkpoints: Sequence[Checkpoint] | None = None,
+def verify_ledger(ledger: OpenLedger, checkpoints: Sequence[Checkpoint] | None = None,
                   expect_heads: Sequence[str] = ()) -> VerifyReport:
     """Chain, state machine, caches; then (if given) that the chain extends every signed checkpoint and head."""
-    with ledger._read() as db:  # one consistent snapshot
+    with ledger.snapshot() as db:  # one consistent snapshot
         return verify_tables(db, checkpoints, expect_heads)
 
 
