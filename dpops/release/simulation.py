@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dpops.analysis.simulation import MARKER, SCORED_TYPES, SimulationScore
+from dpops.analysis.simulation import MARKER, SCORED_TYPES, MetricTruth, SimulationScore
 from dpops.errors import InvalidParameter, SpecError
 
 if TYPE_CHECKING:
@@ -62,6 +62,10 @@ class Simulation:
     partitions: int
     score: SimulationScore
     bounding: dict[str, int]
+    # per partition of the sample (same order): its column values and each scored metric's exact bounded and
+    # unbounded values (a public sample's; kept on the object for a notebook, not written to simulation.json)
+    names: list[tuple[object, ...]]
+    truths: dict[str, MetricTruth]
     seconds: float  # wall time (not part of ``to_dict``: the same seed gives the same document)
 
     @property
@@ -70,9 +74,10 @@ class Simulation:
         return self.score.holds
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON document (``simulation.json``), marked as a simulation, not publishable."""
+        """The JSON document (``simulation.json``), marked as a simulation, not publishable; no clock time in it, so
+        the same spec, sample, draws and seed give the same document."""
         return {"marker": MARKER, "publishable": False, "simulation": True, "release": self.spec.name,
-                "spec_hash": self.spec.spec_hash, "sample": self.sample.location, "sample_checked_at": self.sample.when,
+                "spec_hash": self.spec.spec_hash, "sample": self.sample.location,
                 "randomness": RANDOMNESS, "seed": self.seed, "draws": self.draws, "partitions": self.partitions,
                 "bounding": self.bounding, **self.score.to_dict()}
 
@@ -93,6 +98,25 @@ def _check_args(draws: int, seed: int, randomness: str) -> None:
         raise InvalidParameter(f"--draws must be an integer >= 1, got {draws!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise InvalidParameter(f"--seed must be an integer, got {seed!r}")
+
+
+def public_sample(spec: ReleaseSpec, sample: str | os.PathLike[str]) -> SampleAccess:
+    """``sample`` checked as public data (``dpops.analysis.sample_access.classify_sample``), or the refusal.
+
+    Privacy reason: a simulation prints the exact errors of the sample's aggregates, so a sample under a data root,
+    or a link or copy of the spec's input under a public root, is refused; unlike tune there is no flag to allow it
+    (``SpecError``, exit 3, naming the path and what to do, never the file's content)."""
+    from dpops.analysis.sample_access import FIELD, PrivateSample, classify_sample
+
+    checked = classify_sample(spec, sample)
+    if not isinstance(checked, PrivateSample):
+        return checked
+    what = (f"is under a public root, but it is the spec's private input {checked.twin} (the same file, or the same "
+            "bytes)" if checked.twin is not None else "resolves under a data root, where private inputs live")
+    raise SpecError(f"{FIELD} ({checked.path}) {what}. dpops simulate prints exact functions of the rows it reads, so "
+                    "it runs on public or synthetic data under $DPOPS_PUBLIC_ROOTS only and has no flag to read "
+                    "private data: simulate on a public or synthetic sample (dpops spec synth writes one); private "
+                    "data is released, charged, by dpops release run")
 
 
 def _format(path: str, spec: ReleaseSpec) -> str:
@@ -117,7 +141,6 @@ def simulate(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], sam
     the family-wise false-failure rate of the checks (``dpops.analysis.simulation``). Same spec, sample, draws and
     seed: the same numbers. Refuses a sample that is not public data, and any randomness but ``test``."""
     from dpops.analysis.loading import load
-    from dpops.analysis.sample_access import check_public_sample
     from dpops.analysis.simulation import Tally, metric_truths, predict_partitions, score
     from dpops.release.pipeline_seam import SampleTruthRequest, load_sample_truth
     from dpops.release_plan import plan_release
@@ -125,7 +148,7 @@ def simulate(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], sam
     t0 = time.time()
     _check_args(draws, seed, randomness)
     s = load(spec)
-    access = check_public_sample(s, sample)  # refused before a row is read: not public, or the input in disguise
+    access = public_sample(s, sample)  # refused before a row is read: not public, or the input in disguise
     conf = float(confidence if confidence is not None else (s.accuracy.confidence if s.accuracy else 0.95))
     plan = plan_release(s)
     truth = load_sample_truth()(SampleTruthRequest(s, access.location, _format(access.location, s), int(seed)))
@@ -148,7 +171,7 @@ def simulate(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], sam
                 "rows_dropped_l0": int(st.get("rows_dropped_l0", 0)),
                 "rows_dropped_linf": int(st.get("rows_dropped_linf", 0)),
                 "values_clamped": int(st.get("values_clamped", 0))}
-    return Simulation(s, access, draws, int(seed), P, result, bounding, time.time() - t0)
+    return Simulation(s, access, draws, int(seed), P, result, bounding, list(truth.names), truths, time.time() - t0)
 
 
 def _draw(plan: ReleasePlan, bounded: Mapping[str, np.ndarray], P: int, draws: int, seed: int, name: str,
@@ -176,6 +199,12 @@ def _draw(plan: ReleasePlan, bounded: Mapping[str, np.ndarray], P: int, draws: i
         sink(reps, released, {k: _as_float(out[k]) for k in keys})
         done += reps
         block += 1
+
+
+def check_out_dir(spec: ReleaseSpec, out_dir: str | os.PathLike[str]) -> None:
+    """Refuse ``out_dir`` under the spec's ``output.root`` (``SpecError``): a simulation is not publishable, so it
+    writes nothing where releases are staged and published. The CLI calls it before the simulation runs."""
+    _refuse_under_output_root(spec, Path(out_dir))
 
 
 def _refuse_under_output_root(spec: ReleaseSpec, out_dir: Path) -> None:
@@ -209,4 +238,5 @@ def write_outputs(sim: Simulation, out_dir: str | os.PathLike[str]) -> dict[str,
     return files
 
 
-__all__ = ["BLOCK_ROWS", "DEFAULT_ALPHA", "DEFAULT_DRAWS", "RANDOMNESS", "Simulation", "simulate", "write_outputs"]
+__all__ = ["BLOCK_ROWS", "DEFAULT_ALPHA", "DEFAULT_DRAWS", "RANDOMNESS", "Simulation", "check_out_dir", "public_sample",
+           "simulate", "write_outputs"]
