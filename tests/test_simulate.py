@@ -207,13 +207,13 @@ def test_the_same_seed_gives_the_same_numbers(env):
 
 
 def test_observed_coverage_std_and_keep_rate_match_the_predictions(env):
-    """2,000 draws on the synthetic public sample (fixed seed): every check holds at the family-wise false-failure
+    """5,000 draws on the synthetic public sample (fixed seed): every check holds at the family-wise false-failure
     rate ALPHA = 1e-4 (binomial bands for coverage and keep, exact-conservative; the std ratio a normal
     approximation, see dpops.analysis.simulation). Non-vacuous: every scored metric has a two-sided coverage check
-    on >= 2,000 observations, and the keep rate is checked in the bucket where it is near 1/2."""
+    on >= 10,000 observations, and the keep rate is checked in the bucket where it is near 1/2."""
     from dpops.release.simulation import simulate
 
-    sim = simulate(env.spec, env.public / "sample.csv", draws=2000, seed=11, alpha=ALPHA)
+    sim = simulate(env.spec, env.public / "sample.csv", draws=5000, seed=11, alpha=ALPHA)
     assert sim.holds, [c for c in sim.score.failed()]
     for key in ("count", "sum_amount", "mean_amount"):
         cov = [c for c in sim.score.checks if c.metric == key and c.what == "coverage" and c.sides == "two-sided"]
