@@ -219,6 +219,8 @@ def test_observed_coverage_std_and_keep_rate_match_the_predictions(env):
         cov = [c for c in sim.score.checks if c.metric == key and c.what == "coverage" and c.sides == "two-sided"]
         assert cov and all(0.93 < c.observed < 0.97 for c in cov), (key, cov)
         assert any(c.what == "std_ratio" and c.metric == key for c in sim.score.checks)
+    big = [r for r in sim.score.rows if r.bucket == "[1000,10000)" and r.metric != "partition_selection"]
+    assert len(big) == 3 and all(r.observations == 10_000 for r in big), big
     keep = [c for c in sim.score.checks if c.what == "keep" and 0.2 < c.predicted < 0.8]
     assert keep, sim.score.checks
     assert {r.metric for r in sim.score.rows} >= {"count", "sum_amount", "mean_amount", "partition_selection"}
