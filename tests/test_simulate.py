@@ -254,6 +254,20 @@ def test_the_truth_is_the_bounded_aggregate(env):
     assert r.bounding_relative_bias == pytest.approx(2 / 3)  # bounded = unbounded / 3
 
 
+def test_public_partitions(env):
+    """Public partitions: every partition of the list with rows in the sample is simulated, none is selected
+    (no keep rows), and the predictions hold (ALPHA)."""
+    from dpops.release.simulation import simulate
+
+    text = SPEC.replace("LINF", "3").replace("private: {strategy: truncated_geometric}", "public: [r0, r1, r2, r9]")
+    (env.spec.parent / "spec.yaml").write_text(text, encoding="utf-8")
+    sim = simulate(env.spec, env.public / "sample.csv", draws=300, seed=8, alpha=ALPHA)
+    assert sorted(n[0] for n in sim.names) == ["r0", "r1", "r2"]  # r9 has no rows in the sample; r3, r4 not public
+    assert sim.holds, sim.score.failed()
+    assert not [r for r in sim.score.rows if r.metric == "partition_selection"]
+    assert sim.bounding["rows_dropped_by_checks"] > 0  # the rows of r3 and r4 are outside the public list
+
+
 def test_a_truth_from_elsewhere_is_caught(env, monkeypatch):
     """Planted bug: the draws scored against the unbounded truth (the sample's rows before bounding and
     clamping) instead of the bounded aggregates the release noised. The checks must fail, on coverage of the
