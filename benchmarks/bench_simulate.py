@@ -8,7 +8,7 @@ user, COUNT + SUM + MEAN of ``amount``, L0 = 2, Linf = 3, private partition sele
   of ONE draw if simulate ran the whole job per draw;
 - simulate: ``dpops.release.simulate(..., draws=N)``: the read and bounding once (``sample_truth``), the
   per-partition predictions (a mean's exact error distribution is evaluated per distinct partition size and
-  offset, about 0.25 s each on this machine: the part that grows with the number of partitions), and N draws
+  offset: the part that grows with the number of partitions), and N draws
   through ``select_and_noise``.
 
 Each case runs in its own subprocess after its imports (Beam included in both); wall time of the call.

@@ -135,6 +135,15 @@ def test_keyed_and_os_randomness_are_refused(env, capsys, monkeypatch, mode):
     assert not (env.root / "o").exists()
 
 
+@pytest.mark.parametrize("args,what", [(["--draws", "0"], "--draws"), (["--alpha", "1.5"], "--alpha"),
+                                       (["--confidence", "1"], "--confidence")])
+def test_bad_parameters_are_refused_before_the_read(env, capsys, monkeypatch, args, what):
+    _no_read(monkeypatch)
+    code, _, err = _run(capsys, "simulate", str(env.spec), "--sample", str(env.public / "sample.csv"), *args,
+                        "--out", "o")
+    assert code == 3 and what in err, err
+
+
 def test_the_pipeline_pass_refuses_a_private_sample_itself(env):
     """Defence in depth: ``sample_truth`` (the only producer of the exact aggregates) checks the path again,
     whoever calls it, and takes only an integer test seed."""

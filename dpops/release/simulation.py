@@ -88,7 +88,7 @@ class Simulation:
         return pd.DataFrame(self.score.to_dict()["rows"])
 
 
-def _check_args(draws: int, seed: int, randomness: str) -> None:
+def _check_args(draws: int, seed: int, randomness: str, alpha: float, confidence: float | None) -> None:
     if randomness != RANDOMNESS:
         raise InvalidParameter(
             f"dpops simulate runs with test randomness only (got {randomness!r}): its draws are seeded and never "
@@ -98,6 +98,10 @@ def _check_args(draws: int, seed: int, randomness: str) -> None:
         raise InvalidParameter(f"--draws must be an integer >= 1, got {draws!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise InvalidParameter(f"--seed must be an integer, got {seed!r}")
+    if not (0.0 < alpha < 1.0):
+        raise InvalidParameter(f"--alpha (the checks' false-failure rate) must be in (0, 1), got {alpha!r}")
+    if confidence is not None and not (0.0 < confidence < 1.0):
+        raise InvalidParameter(f"--confidence must be in (0, 1), got {confidence!r}")
 
 
 def public_sample(spec: ReleaseSpec, sample: str | os.PathLike[str]) -> SampleAccess:
@@ -146,7 +150,7 @@ def simulate(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], sam
     from dpops.release_plan import plan_release
 
     t0 = time.time()
-    _check_args(draws, seed, randomness)
+    _check_args(draws, seed, randomness, alpha, confidence)
     s = load(spec)
     access = public_sample(s, sample)  # refused before a row is read: not public, or the input in disguise
     conf = float(confidence if confidence is not None else (s.accuracy.confidence if s.accuracy else 0.95))
