@@ -119,8 +119,9 @@ def public_sample(spec: ReleaseSpec, sample: str | os.PathLike[str]) -> SampleAc
             "bytes)" if checked.twin is not None else "resolves under a data root, where private inputs live")
     raise SpecError(f"{FIELD} ({checked.path}) {what}. dpops simulate prints exact functions of the rows it reads, so "
                     "it runs on public or synthetic data under $DPOPS_PUBLIC_ROOTS only and has no flag to read "
-                    "private data: simulate on a public or synthetic sample (dpops spec synth writes one for a copy of the "
-                    "spec placed under a public root); private data is released, charged, by dpops release run")
+                    "private data: simulate on a public or synthetic sample (dpops spec synth writes one for a copy "
+                    "of the spec placed under a public root); private data is released, charged, by dpops release "
+                    "run")
 
 
 def _format(path: str, spec: ReleaseSpec) -> str:
