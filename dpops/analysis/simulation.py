@@ -19,8 +19,8 @@ quantiles and top_k are not scored (``NOT_SCORED``): their outputs are selection
 The checks, per (metric, partition-size bucket), at a family-wise false-failure rate ``alpha`` split equally
 (Bonferroni) over every check made:
 - coverage: draws within the predicted half-width of the truth, K of n observations; under the predictions K is a
-  sum of Bernoulli(c_i) (Poisson-binomial), whose tails are no heavier than Binomial(n, mean c_i)'s, so the
-  central binomial band is a conservative acceptance region;
+  sum of Bernoulli(c_i) (Poisson-binomial), whose tails beyond a unit from its mean are no heavier than
+  Binomial(n, mean c_i)'s (Hoeffding 1956), so the central binomial band is a conservative acceptance region;
 - std: the squared errors standardised by each partition's predicted variance, summed: S, whose predicted mean
   is the number of observations N; z = (S - N) / sqrt(V) with V the observed variance of the standardised
   squares, never below the noise family's own (5 N for the Laplace, 2 N for the Gaussian). A normal

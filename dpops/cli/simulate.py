@@ -68,13 +68,15 @@ def cli(spec_path: str, sample: str, draws: int, seed: int, randomness: str, alp
         echo_ok(doc)
         return
     say(f"WARNING: {MARKER}", err=True)
-    cols = ["metric", "bucket", "partitions", "pred. std", "obs. std", "pred. coverage", "obs. coverage",
-            "pred. keep", "obs. keep", "bounding bias"]
+    def pair(a: object, b: object, pct: bool = False) -> str:
+        return "-" if a is None and b is None else f"{_num(a, pct)}/{_num(b, pct)}"
+
+    cols = ["metric", "units", "parts", "std pred/obs", "coverage pred/obs", "keep pred/obs", "bounding bias"]
     print_table(f"dpops simulate {sim.spec.name}: {draws} draws, seed {seed}", cols,
-                [[r.metric, r.bucket, str(r.partitions), _num(r.predicted_std), _num(r.observed_std),
-                  _num(r.predicted_coverage, True), _num(r.observed_coverage, True), _num(r.predicted_keep, True),
-                  _num(r.observed_keep, True), _num(r.bounding_bias)] for r in sim.score.rows],
-                keep=["metric", "bucket"])
+                [[r.metric, r.bucket, str(r.partitions), pair(r.predicted_std, r.observed_std),
+                  pair(r.predicted_coverage, r.observed_coverage, True), pair(r.predicted_keep, r.observed_keep, True),
+                  _num(r.bounding_bias)] for r in sim.score.rows],
+                keep=["metric", "units"])
     b = sim.bounding
     say(f"bounding: {b['rows_kept']} of {b['rows_to_bounding']} checked rows kept (L0 dropped {b['rows_dropped_l0']}, "
         f"Linf {b['rows_dropped_linf']}), {b['values_clamped']} values clamped; {b['rows_dropped_by_checks']} rows "
