@@ -40,7 +40,7 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 
-from dpops.release.pipeline_seam import ComputeRequest, ComputeResult
+from dpops.release.pipeline_seam import ComputeRequest, ComputeResult, SampleTruth, SampleTruthRequest
 from dpops.errors import DpopsError, InputDataError, InvalidParameter, StorageError
 from dpops.release_plan import plan_release
 from pipelines import fs
@@ -151,7 +151,10 @@ def _window_ns(request: ComputeRequest) -> tuple[int, int]:
     return ns(iv.start), ns(iv.end)
 
 
-def build_context(spec, plan, request: ComputeRequest, parts_dir: str, n_buckets: int | None = None) -> PipelineContext:
+def build_context(spec, plan, request: ComputeRequest, parts_dir: str, n_buckets: int | None = None, *,
+                  time_filter: bool = True) -> PipelineContext:
+    """The workers' configuration of one run. ``time_filter=False`` (``sample_truth`` only): no event-time
+    filter, as a sample is not an interval's input."""
     types = dict(spec.input.columns)
     unit_col = None if spec.privacy_unit.record_level else spec.privacy_unit.column
     value_cols, cats, sums, hists, catspecs = metric_layout(plan)
@@ -167,7 +170,8 @@ def build_context(spec, plan, request: ComputeRequest, parts_dir: str, n_buckets
         format=spec.input.format, types=types, unit_column=unit_col,
         partition_columns=tuple(plan.partition_columns), value_columns=value_cols,
         category_columns=cats, public_hashes=public_hashes, n_buckets=n_buckets or N_BUCKETS, n_shards=N_SHARDS,
-        time_column=spec.input.time_column, time_window_ns=_window_ns(request))
+        time_column=spec.input.time_column if time_filter else None,
+        time_window_ns=_window_ns(request) if time_filter else None)
     agg = AggregationSpec(
         l0=plan.max_partitions_per_unit, linf=plan.max_rows_per_unit_per_partition,
         sums=sums, hists=hists, cats=catspecs)
@@ -431,24 +435,118 @@ def bounded_truth(request: ComputeRequest, n_buckets: int | None = None) -> tupl
     spec = request.spec_of()  # the file, with the estimated bounds of a bounds: estimate spec
     plan = plan_release(spec)
     ctx = build_context(spec, plan, request, "", n_buckets=n_buckets)
-    source = ctx.randomness.source()
-    salt = ctx.randomness.pair_salt(source)
-    buckets: dict[int, list[dict]] = {}
-    names: dict[int, tuple[Any, ...]] = dict(ctx.public_names or {})
-    for item in work_items([fs.normalize(x) for x in request.input_paths], spec.input.format):
-        for seq, (batch, offset) in enumerate(iter_record_batches(item, ctx.read)):
-            rng = source.child("bounding", item[0], -1 if item[2] is None else item[2], seq)
-            rows, (uniq, values), _ = prepare_batch(batch, item[0], offset, ctx.read, rng, pair_salt=salt)
-            for j, h in enumerate(uniq):
-                names.setdefault(int(h), tuple(col[j] for col in values))
-            for bucket, chunk in split_by_key(rows, ctx.read.n_buckets):
-                buckets.setdefault(bucket, []).append(chunk)
+    names, buckets, _ = _read_buckets(ctx, [fs.normalize(x) for x in request.input_paths], spec.input.format)
     partials = []
     for bucket in sorted(buckets):
         parts, acc, _ = aggregate_bucket(concat_rows(buckets.pop(bucket)), ctx.agg)
         partials.append((parts, acc))
     parts, acc = merge_partials(partials)
     return [names[int(h)] for h in parts], acc
+
+
+def _read_buckets(ctx: PipelineContext, paths: list[str], fmt: str
+                  ) -> tuple[dict[int, tuple[Any, ...]], dict[int, list[dict]], dict[str, int]]:
+    """The read of ``ReadPrivateBatches`` in one process: every work item's batches through ``prepare_batch`` with
+    the run's bounding streams and pair salt, grouped by unit-hash bucket (partition names, read counters)."""
+    source = ctx.randomness.source()
+    salt = ctx.randomness.pair_salt(source)
+    buckets: dict[int, list[dict]] = {}
+    names: dict[int, tuple[Any, ...]] = dict(ctx.public_names or {})
+    stats: dict[str, int] = {}
+    for item in work_items(paths, fmt):
+        for seq, (batch, offset) in enumerate(iter_record_batches(item, ctx.read)):
+            rng = source.child("bounding", item[0], -1 if item[2] is None else item[2], seq)
+            rows, (uniq, values), st = prepare_batch(batch, item[0], offset, ctx.read, rng, pair_salt=salt)
+            for k, v in st.items():
+                stats[k] = stats.get(k, 0) + int(v)
+            for j, h in enumerate(uniq):
+                names.setdefault(int(h), tuple(col[j] for col in values))
+            for bucket, chunk in split_by_key(rows, ctx.read.n_buckets):
+                buckets.setdefault(bucket, []).append(chunk)
+    return names, buckets, stats
+
+
+def _unbounded(rows: dict[str, np.ndarray], value_cols: tuple[str, ...]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Per partition of one bucket's checked rows, before bounding and clamping: rows, distinct units, raw sums."""
+    parts, pidx = np.unique(rows["p"], return_inverse=True)
+    n = len(parts)
+    pairs = np.unique(np.stack([rows["u"], rows["p"]], axis=1), axis=0)
+    out = {"count": np.bincount(pidx, minlength=n).astype(np.int64),
+           "unit_count": np.bincount(np.searchsorted(parts, pairs[:, 1]), minlength=n).astype(np.int64)}
+    for c in value_cols:
+        v = rows[f"v:{c}"]
+        out[f"sum:{c}"] = np.bincount(pidx, weights=v, minlength=n)
+        out[f"sq:{c}"] = np.bincount(pidx, weights=v * v, minlength=n)
+    return parts, out
+
+
+def sample_truth(request: SampleTruthRequest) -> SampleTruth:
+    """``dpops simulate``'s one pass (``dpops.release.pipeline_seam.SampleTruthRequest``): the sample read, checked
+    and bounded by the release's own steps in test mode, and its exact per-partition aggregates, bounded (what
+    the release noises) and unbounded (what bounding changed).
+
+    Privacy: exact aggregates are not differentially private, so this function refuses what is not public data
+    itself (``check_public_sample``: under ``$DPOPS_PUBLIC_ROOTS``, not under a data root, not the spec's input
+    in disguise), whoever calls it, and runs only on the test seed. It has no private flag: a private sample
+    has no path here. No event-time filter: a sample is not an interval's input (the whole sample is read).
+    """
+    import dataclasses
+
+    from dpops.analysis.sample_access import check_public_sample
+    from dpops.errors import InvalidParameter as _Invalid
+
+    spec = request.spec
+    if isinstance(request.test_seed, bool) or not isinstance(request.test_seed, int):
+        raise _Invalid(f"sample_truth runs on a test seed only (an integer), got {request.test_seed!r}")
+    access = check_public_sample(spec, request.sample_path)
+    plan = plan_release(spec)
+    compute = ComputeRequest(spec_path=spec.source, interval_start="", interval_end="",
+                             input_paths=(access.location,), noise_label={"release": spec.name, "purpose": "simulate"},
+                             randomness="test", test_seed=request.test_seed, staging_dir="-")
+    ctx = build_context(spec, plan, compute, "", time_filter=False)
+    ctx = dataclasses.replace(ctx, read=dataclasses.replace(ctx.read, format=request.sample_format))
+    names, buckets, stats = _read_buckets(ctx, [access.location], request.sample_format)
+    value_cols = ctx.read.value_columns
+    partials = []
+    for bucket in sorted(buckets):
+        rows = concat_rows(buckets.pop(bucket))
+        raw_parts, raw = _unbounded(rows, value_cols)
+        parts, acc, st = aggregate_bucket(rows, ctx.agg)
+        for k, v in st.items():
+            stats[k] = stats.get(k, 0) + int(v)
+        # the bounded accumulators aligned on the bucket's partitions before bounding (a partition whose
+        # every pair the L0 step dropped keeps zeros): one partition list for both truths
+        idx = np.searchsorted(raw_parts, parts)
+        merged = {f"raw:{k}": v for k, v in raw.items()}
+        for k, v in acc.items():
+            z = np.zeros((len(raw_parts),) + v.shape[1:], dtype=v.dtype)
+            z[idx] = v
+            merged[k] = z
+        partials.append((raw_parts, merged))
+    if not partials:
+        raise InputDataError(f"--sample ({request.sample_path}): no row of the sample survives the release's input "
+                             "checks (types, nulls, public partitions); nothing to simulate")
+    parts, acc = _merge_float_partials(partials)
+    bounded = {k: v for k, v in acc.items() if not k.startswith("raw:")}
+    unbounded = {k[4:]: v for k, v in acc.items() if k.startswith("raw:")}
+    return SampleTruth([names[int(h)] for h in parts], bounded, unbounded, stats)
+
+
+def _merge_float_partials(partials: list[tuple[np.ndarray, dict]]) -> tuple[np.ndarray, dict]:
+    """``merge_partials`` for the integer accumulators; the raw float sums are added per partition alike."""
+    ints = [(p, {k: v for k, v in a.items() if v.dtype.kind != "f"}) for p, a in partials]
+    parts, out = merge_partials(ints)
+    all_parts = np.concatenate([p for p, _ in partials])
+    inv = np.searchsorted(parts, all_parts)
+    offset = 0
+    for p, a in partials:
+        idx = inv[offset: offset + len(p)]
+        offset += len(p)
+        for k, v in a.items():
+            if v.dtype.kind == "f":
+                out.setdefault(k, np.zeros(len(parts)))
+                out[k][idx] += v
+    return parts, out
 
 
 # --------------------------------------------------------------------------- CLI

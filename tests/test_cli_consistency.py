@@ -157,6 +157,8 @@ def json_error_cases(e, tmp_path) -> dict[tuple[str, ...], tuple[list[str], int]
     cases[("spec", "check")] = ([str(tmp_path / "nope.yaml")], 3)
     cases[("spec", "synth")] = ([str(tmp_path / "nope.yaml"), "--from", "2024-01-01", "--to", "2024-01-02"], 3)
     cases[("spec", "apply-patch")] = ([str(e.spec), str(e.spec)], 3)  # a spec is not a tune patch
+    # simulate opens no ledger: a sample outside every public root is refused (3) before anything is read
+    cases[("simulate",)] = ([str(e.spec), "--sample", str(tmp_path / "nope.csv"), "--out", str(tmp_path / "sim")], 3)
     cases[("account",)] = ([str(tmp_path / "nope.json"), "--delta", "1e-6"], 3)
     cases[("key", "generate")] = ([str(e.key)], 3)  # refuses to overwrite
     cases[("key", "id")] = ([str(tmp_path / "nope.key")], None)

@@ -40,6 +40,7 @@ SUBCOMMANDS = [
     ("key", "key"),
     ("gaps", "gaps"),
     ("tune", "tune"),
+    ("simulate", "simulate"),
     ("estimate", "estimate"),
 ]
 

@@ -53,8 +53,10 @@ from dpops.release.output_checks import check_noisy_output
 from dpops.release.preparation import prepare, requested_interval
 from dpops.release.publication import publish
 from dpops.release.reservation import reserve, unit_definition_mismatches
+from dpops.release.simulation import Simulation, simulate, write_outputs
 
 __all__ = [
+    "Simulation", "simulate", "write_outputs",
     "STAGES", "RunContext", "RunOutcome", "ScopePosition", "abandon", "check_noisy_output", "check_runner", "compute",
     "compute_staged", "ensure_manifest", "estimate", "estimate_bounds", "execute_release", "execute_restatement",
     "manifests_dir",

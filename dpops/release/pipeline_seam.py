@@ -14,6 +14,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from dpops.analysis.estimate import PassCounts
     from dpops.spec import ReleaseSpec
     from pipelines.io import ReadConfig
@@ -21,6 +23,8 @@ if TYPE_CHECKING:
 RUN_RELEASE = "pipelines.release_pipeline:run_release"
 # The estimation's counting passes (``dpops.release.estimation.PipelineCounts``): ``count_estimation(request)``
 COUNT_ESTIMATION = "pipelines.estimation:count_estimation"
+# dpops simulate's one pass over a PUBLIC sample (``dpops.release.simulation``): ``sample_truth(request)``
+SAMPLE_TRUTH = "pipelines.release_pipeline:sample_truth"
 RANDOMNESS_MODES = ("keyed", "os", "test")
 
 
@@ -106,6 +110,46 @@ class EstimationCountsRequest:
     runner: str = "FnApiRunner"
     runner_options: tuple[str, ...] = ()
     n_buckets: int = 256
+
+
+@dataclass(frozen=True)
+class SampleTruthRequest:
+    """``dpops simulate``'s one pipeline pass over a public sample: read, check and bound it with the release's
+    own code in test mode, and return the exact per-partition aggregates (``SampleTruth``).
+
+    Exact aggregates are not differentially private, so the pipeline side (``pipelines.release_pipeline.
+    sample_truth``) checks again what ``dpops.release.simulation`` checked: the sample must be public data
+    (``dpops.analysis.sample_access.check_public_sample``: under ``$DPOPS_PUBLIC_ROOTS``, not under a data root,
+    not the spec's input in disguise) and the randomness is the test seed, never a key. The spec travels as the
+    parsed object: this pass runs in the calling process, never on remote workers."""
+
+    spec: ReleaseSpec
+    sample_path: str
+    sample_format: str  # "csv" | "parquet"
+    test_seed: int
+
+
+@dataclass(frozen=True)
+class SampleTruth:
+    """The exact aggregates of a public sample, per partition present in it (same order in every array).
+
+    ``bounded``: the accumulators the release noises (``pipelines.bounding.aggregate_bucket`` after contribution
+    bounding and clamping: sums in fixed-point units of ``sum_unit``). ``unbounded``: the same partitions before
+    bounding and clamping: ``count`` (rows), ``unit_count`` (distinct units), ``sum:<col>`` and ``sq:<col>`` (raw
+    sums of values and of squares). ``names``: each partition's column values; ``stats``: the read's counters
+    (rows read, dropped by reason, kept by the bounding, values clamped). Simulation only, never published."""
+
+    names: list[tuple[object, ...]]
+    bounded: dict[str, np.ndarray]  # accumulator name -> array aligned with ``names``
+    unbounded: dict[str, np.ndarray]
+    stats: dict[str, int]
+
+
+def load_sample_truth() -> Callable[[SampleTruthRequest], SampleTruth]:
+    """``pipelines.release_pipeline:sample_truth``, imported lazily (dpops never imports Beam itself)."""
+    mod_name, func = SAMPLE_TRUTH.split(":")
+    fn: Callable[[SampleTruthRequest], SampleTruth] = getattr(import_pipeline_module(mod_name), func)
+    return fn
 
 
 def load_count_estimation() -> Callable[[EstimationCountsRequest], PassCounts]:
