@@ -79,7 +79,22 @@ process of this script that answers in JSON on stdout.
    For each: the median and range of 20 independent draws, and the share of (unit, partition) pairs
    the median estimate drops; the exact quantiles of the partition counts are the reference.
 
+4-6. Issue 26's Done-when, dpops alone (no PipelineDP needed), each case with its criterion, folded into the
+   exit status (docs/accuracy.md, "Issue 26's acceptance table", carries the table ``--update-doc`` writes):
+   4. coverage of the predicted 95% half-width (``dpops.analysis.accuracy``) for count, unit_count, sum, mean and
+      variance at 100, 300, 1,000 and 20,000 rows, Laplace and Gaussian, over CAL_DRAWS releases through
+      ``pipelines.aggregate.select_and_noise`` (the Beam job's noise and post-processing, test-mode randomness):
+      0.95 +- 0.01. Binomial sd at 0.95 with 20,000 draws: 0.0015, so sampling alone fails a case whose exact
+      coverage is 0.95 with probability < 1e-9 (printed per case from its exact predicted coverage).
+   5. quantile expected excess rank error: the exact figure for the case's data
+      (``accuracy.quantile_rank_error_for_histogram``, permute-and-flip's law on the release's own utilities)
+      against the mean over releases, dense and heavy-tailed data: within 1.25x either way; draws from the exact
+      law's sd so that the lower margin is RANK_Z standard errors (false failure 1e-5 per case).
+   6. regret of the estimated (L0, Linf, value bound): ``bench_bound_regret.run`` (imported), error/1 at estimation
+      epsilon 1, release epsilon 0.25 and 1: median <= 5%.
+
     python benchmarks/bench_vs_pipelinedp_analysis.py --rows 1e5,1e6 [--l0-draws 20] [--pipelinedp-python PY]
+                                                      [--dpops-only] [--quick] [--update-doc]
 
 Exit status: 0 all checks pass, 1 a check failed, 2 PipelineDP could not be set up.
 """
