@@ -24,7 +24,6 @@ parameters only:
 
 from __future__ import annotations
 
-from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -55,7 +54,7 @@ def select_and_noise(
 ) -> dict[str, list | np.ndarray]:
     """Columns (partition columns first, then metrics) of one shard's released partitions."""
     from dpops.noise.mechanisms import add_noise, add_noise_fixed
-    from dpops.noise.selection import exponential_mechanism, top_k
+    from dpops.noise.selection import exponential_mechanism, histogram_quantile_utility, top_k
 
     parts, acc = _align(parts, acc, public_hashes, plan)
     if plan.partition_selection is not None and len(parts):
@@ -106,15 +105,12 @@ def select_and_noise(
             cand = quantile_candidates(lo, hi, m.n_bins)
             hist = acc[f"hist:{m.key}"]
             out = np.empty((n, len(m.quantiles)))
-            # q = a/d exactly as written in the spec (Fraction of its decimal form): integer utilities
-            # -|d rank - a n| with sensitivity d * Delta give the exact (integer) permute-and-flip path.
-            fracs = [Fraction(repr(q)).limit_denominator(10**9) for q in m.quantiles]
+            # integer utilities -|d rank - a n| with sensitivity d * Delta (histogram_quantile_utility, the
+            # owner the prediction shares): the exact (integer) permute-and-flip path.
             for i in range(n):
-                ranks = np.cumsum(hist[i])
-                total = int(ranks[-1])
-                for jq, f in enumerate(fracs):
-                    util = -np.abs(f.denominator * ranks - f.numerator * total)
-                    pick = exponential_mechanism(util, m.per_run_epsilon, m.utility_sensitivity * f.denominator, mrng)
+                for jq, q in enumerate(m.quantiles):
+                    util, d = histogram_quantile_utility(hist[i], q)
+                    pick = exponential_mechanism(util, m.per_run_epsilon, m.utility_sensitivity * d, mrng)
                     out[i, jq] = cand[int(pick)]
             out.sort(axis=1)
             for jq, suffix in enumerate(m.quantile_suffixes):

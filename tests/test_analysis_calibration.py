@@ -283,3 +283,47 @@ def test_quantile_rank_error_prediction_for_dense_data(epsilon, per_bin, dense):
     pred = next(p for p in predict(plan, at_units=n) if p.type == "quantiles")
     assert pred.expected_rank_error == predicted and pred.rank_error_bound is not None
     assert pred.rank_error_bound > 6 * predicted  # the bound stays visible, and it is 6.5x the typical error
+
+
+def _heavy_hist(rows: int, n_cells: int, seed: int) -> np.ndarray:
+    """Lognormal(3, 1) amounts with a Pareto(1.5) tail on 5% of the rows, on the grid of [LO, HI]."""
+    g = np.random.default_rng(seed)
+    v = g.lognormal(3.0, 1.0, rows)
+    tail = g.random(rows) < 0.05
+    v[tail] = 60.0 * (1.0 + g.pareto(1.5, int(tail.sum())))
+    cell = np.floor(np.clip(v, LO, HI) / (HI - LO) * (n_cells - 1)).astype(np.int64)
+    return np.bincount(np.clip(cell, 0, n_cells - 1), minlength=n_cells).astype(np.int64)
+
+
+RANK_CASES = [("dense", 2, 0.5, 1.0), ("dense", 80, 0.5, 0.2), ("heavy", 1000, 0.9, 0.2), ("heavy", 300, 0.5, 1.0)]
+A3 = ALPHA / len(RANK_CASES)  # these checks together at the file's ALPHA
+Z3 = float(stats.norm.ppf(1 - A3 / 2))
+
+
+@pytest.mark.parametrize("shape,size,q,epsilon", RANK_CASES, ids=lambda c: str(c))
+def test_exact_rank_error_for_the_data_matches_the_release_path(shape, size, q, epsilon):
+    """``quantile_rank_error_for_histogram`` (permute-and-flip's exact law on the release's own utilities)
+    against 1,000 releases through select_and_noise: the sample mean of the excess rank error within
+    Z3 standard errors of the prediction, the standard error from the same exact law (two-sided)."""
+    from dpops.analysis.accuracy import quantile_rank_error_for_histogram
+    from dpops.noise.selection import histogram_quantile_utility, permute_and_flip_pmf
+
+    spec = _spec("laplace", [{"type": "quantiles", "column": "x", "bounds": [LO, HI], "quantiles": [q]}],
+                 epsilon=epsilon)
+    plan = plan_release(spec)
+    m = plan.metrics[0]
+    one = np.full(m.n_bins + 1, size, np.int64) if shape == "dense" else _heavy_hist(size, m.n_bins + 1, 26 + size)
+    predicted = quantile_rank_error_for_histogram(m, one, q)
+    util, d = histogram_quantile_utility(one, q)
+    excess = np.abs(util.astype(np.float64)) / d
+    excess -= excess.min()
+    pmf = permute_and_flip_pmf(util, m.per_run_epsilon, m.utility_sensitivity * d)
+    sd = math.sqrt(float(pmf @ excess**2) - predicted**2)
+    hist = np.tile(one, (P_QUANTILES, 1))
+    out = _run(plan, {"count": hist.sum(axis=1), "unit_count": hist.sum(axis=1), f"hist:{m.key}": hist},
+               seed=300 + size)
+    cand = LO + (HI - LO) * np.arange(m.n_bins + 1) / m.n_bins
+    idx = np.searchsorted(cand, np.asarray(out[f"{m.key}_{m.quantile_suffixes[0]}"]))
+    mean = float(excess[idx].mean())
+    assert abs(mean - predicted) <= Z3 * sd / math.sqrt(P_QUANTILES), (mean, predicted, sd)
+    assert predicted > 0.5  # a regime where a wrong law would show

@@ -63,6 +63,10 @@ def _py_sources() -> list[tuple[str, str]]:
     out = []
     for top in ("dpops", "pipelines", "dags", "plugins", "benchmarks", "tests"):
         for p in sorted((ROOT / top).rglob("*.py")):
+            # benchmarks/.venv-pipelinedp (git-ignored, created by bench_pipeline.setup_pipelinedp) holds other
+            # projects' code, whose citations are theirs; so does any other virtualenv or output directory
+            if any(part.startswith(".venv") or part == "out" for part in p.relative_to(ROOT).parts[1:]):
+                continue
             out.append((str(p.relative_to(ROOT)), _py_texts(p)))
     return out
 

@@ -10,6 +10,9 @@ import math
 
 import numpy as np
 import pytest
+from fuzz_support import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 from dpops.errors import InvalidParameter
@@ -250,3 +253,37 @@ def test_exponential_mechanism_bad_input():
         exponential_mechanism([1, 2], 0.0, 1.0, src)
     with pytest.raises(InvalidParameter):
         exponential_mechanism([1, 2], 1.0, -1.0, src)
+
+
+# --------------------------------------------------------------------------- the exact pmf (a prediction)
+
+
+@pytest.mark.parametrize("u,eps,sens", [([0, -1, -3, -3, -10], 1.0, 1.0), ([5, 5, 4, 0, -2, 7], 0.3, 2.0),
+                                        ([0.0, -0.5, -2.25, -7.0], 2.0, 1.0), ([3], 1.0, 1.0)])
+def test_permute_and_flip_pmf_is_the_enumerated_distribution(u, eps, sens):
+    """``permute_and_flip_pmf`` (Gauss-Legendre over arrival times) against every order enumerated, on integer
+    (exact, dyadic-rounded rate: 30 bits, so 1e-7 relative) and float utilities."""
+    from dpops.noise.selection import permute_and_flip_pmf
+
+    got = permute_and_flip_pmf(np.asarray(u), eps, sens)
+    assert np.allclose(got, pf_distribution(u, eps / (2 * sens)), rtol=1e-7, atol=1e-15)
+    assert got.sum() == pytest.approx(1.0, abs=1e-12)
+
+
+def test_permute_and_flip_pmf_over_a_full_quantile_grid():
+    """257 candidates with ties (the quantile grid): against the elementary-symmetric formula."""
+    from dpops.noise.selection import permute_and_flip_pmf
+
+    u = -np.abs(np.arange(257) // 3 - 40)
+    got = permute_and_flip_pmf(u, 0.5, 4.0)
+    assert np.allclose(got, pf_distribution_formula(u, 0.5 / 8.0), rtol=1e-7, atol=1e-15)
+
+
+@settings(max_examples=examples(60))
+@given(u=st.lists(st.integers(-50, 50), min_size=1, max_size=6), eps=st.floats(0.01, 5.0), sens=st.integers(1, 8))
+def test_permute_and_flip_pmf_property(u, eps, sens):
+    """Any integer utilities the data could give: the pmf is the enumerated permute-and-flip law."""
+    from dpops.noise.selection import permute_and_flip_pmf
+
+    got = permute_and_flip_pmf(np.asarray(u, dtype=np.int64), eps, float(sens))
+    assert np.allclose(got, pf_distribution(u, eps / (2 * sens)), rtol=1e-6, atol=1e-12)

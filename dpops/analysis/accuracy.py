@@ -499,6 +499,29 @@ def quantile_typical_rank_error(m: MetricPlan) -> float:
     return 2.0 * sens / eps
 
 
+def quantile_rank_error_for_histogram(m: MetricPlan, hist: Sequence[int] | np.ndarray, q: float) -> float:
+    """The exact expected excess rank error (rows) of the release's pick of the ``q``-quantile of ``m`` for a
+    partition whose grid histogram is ``hist`` (``m.n_bins + 1`` counts, the release's ``hist:`` accumulator).
+
+    Excess rank error of candidate j: |rank_j - q n| - min_i |rank_i - q n|, the rows the pick is off by
+    beyond what the grid itself forces. The pick's distribution is permute-and-flip's, computed exactly
+    (``selection.permute_and_flip_pmf``) on the utilities the release computes
+    (``selection.histogram_quantile_utility``, the one owner), at the plan's per-run epsilon and utility
+    sensitivity: the mechanism actually used, not a bound. It reads the histogram, so it is a statement
+    about data (what a benchmark or an analyst holding the data may compute), never something a plan or a
+    manifest may derive from a partition's rows; the data-free predictions are
+    ``quantile_typical_rank_error`` and the bound ``quantile_rank_error``."""
+    from dpops.noise.selection import histogram_quantile_utility, permute_and_flip_pmf
+
+    h = np.asarray(hist, dtype=np.int64)
+    if h.shape != (m.n_bins + 1,):
+        raise InvalidParameter(f"the histogram of {m.key} needs {m.n_bins + 1} counts, got shape {h.shape}")
+    util, d = histogram_quantile_utility(h, q)
+    pmf = permute_and_flip_pmf(util, float(m.per_run_epsilon or 0.0), float(m.utility_sensitivity or 1.0) * d)
+    err = np.abs(util.astype(np.float64)) / d  # |rank - q n| in rows
+    return float(pmf @ (err - err.min()))
+
+
 def quantile_rank_error(m: MetricPlan) -> float:
     """Upper bound on the expected excess rank error (rows) of one quantile pick of ``m``, for any data."""
     eps = float(m.per_run_epsilon or 0.0)
@@ -540,7 +563,8 @@ __all__ = [
     "Prediction", "predict", "vector_error", "mean_error", "mean_halfwidth", "mean_noise_stds",
     "mean_std_first_order",
     "first_order_mean_halfwidth", "variance_error", "linear_halfwidth",
-    "quantile_rank_error", "quantile_typical_rank_error", "top_pick", "selection_row", "keep_curve",
+    "quantile_rank_error", "quantile_typical_rank_error",
+    "quantile_rank_error_for_histogram", "top_pick", "selection_row", "keep_curve",
     "distribution_name",
     "DEFAULT_CONFIDENCE", "DEFAULT_UNITS", "DEFAULT_GAP",
 ]

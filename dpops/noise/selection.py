@@ -177,6 +177,59 @@ def exponential_mechanism(utilities: npt.ArrayLike, epsilon: float, sensitivity:
     return _permute_and_flip(u, exact, _rate(epsilon, sensitivity, monotonic), np.arange(u.size), rng)
 
 
+def permute_and_flip_pmf(utilities: npt.ArrayLike, epsilon: float, sensitivity: float,
+                        monotonic: bool = False) -> np.ndarray:
+    """The exact output distribution of ``exponential_mechanism`` on these utilities (a prediction: it
+    draws nothing and spends nothing; the utilities are whatever the caller may look at).
+
+    Permute-and-flip accepts candidate r, when visited, with probability p_r = exp(-rate (u* - u_r)).
+    Give every candidate an independent uniform arrival time T_s (a uniform random order); r is the
+    output iff it is accepted and every candidate arriving before it is rejected, so
+    P(r) = p_r E[prod_{s != r} (1 - p_s 1{T_s < T_r})] = p_r int_0^1 prod_{s != r} (1 - p_s t) dt.
+    The integrand is a polynomial of degree C - 1 in t; Gauss-Legendre with ceil(C/2) + 1 nodes
+    integrates it exactly (all weights positive, all terms in [0, 1]: no cancellation). Integer utilities
+    use the dyadic rate the sampler uses (rounded down: ``_dyadic_rate_down``), others the float rate.
+    """
+    epsilon = check_epsilon(epsilon)
+    sensitivity = check_positive(sensitivity, "sensitivity")
+    u, exact = _utilities(utilities)
+    rate = _rate(epsilon, sensitivity, monotonic)
+    if exact:
+        best = max(int(x) for x in u.tolist())
+        diff_int = [best - int(x) for x in u.tolist()]
+        num, k = _dyadic_rate_down(rate, max(diff_int))
+        r = math.ldexp(num, -k)
+        diff = np.asarray(diff_int, dtype=np.float64)
+    else:
+        diff = float(np.max(u)) - u.astype(np.float64)
+        r = float(rate)
+    p = np.exp(-r * diff)
+    nodes, weights = np.polynomial.legendre.leggauss(u.size // 2 + 2)
+    t = (nodes + 1.0) / 2.0
+    w = weights / 2.0
+    log_all = np.log1p(-np.outer(p, t)).sum(axis=0)  # log prod_s (1 - p_s t), per node
+    # prod_{s != r}: divide out r's own factor (t < 1 at every node, so 1 - p_r t > 0)
+    per = np.exp(log_all[None, :] - np.log1p(-np.outer(p, t)))
+    return np.asarray(p * (per @ w), dtype=np.float64)
+
+
+def histogram_quantile_utility(hist: npt.ArrayLike, q: float) -> tuple[np.ndarray, int]:
+    """Integer utilities of the grid candidates for the q-quantile of one partition's histogram, and the
+    factor d their sensitivity carries (the mechanism runs at sensitivity d·Delta).
+
+    q = a/d exactly as written in the spec (the Fraction of its decimal form), rank(c_j) = rows in cells
+    <= j (the cumulative histogram), utility -|d rank - a n|: one unit moves rank and n by at most Delta
+    rows each, so the utility by at most d·Delta (|d Δrank - a Δn| <= d Delta as 0 <= a <= d and both
+    moves have the same sign under add/remove). Integer utilities keep the mechanism on its exact path.
+    One owner: the release (``pipelines.aggregate``) and the prediction (``dpops.analysis.accuracy``) both
+    call this.
+    """
+    f = Fraction(repr(float(q))).limit_denominator(10**9)
+    ranks = np.cumsum(np.asarray(hist, dtype=np.int64))
+    total = int(ranks[-1])
+    return -np.abs(f.denominator * ranks - f.numerator * total), int(f.denominator)
+
+
 def exponential_mechanism_event(epsilon: float) -> PrivacyEvent:
     """The event of one ``exponential_mechanism`` call (ε-DP)."""
     return PureDP(check_epsilon(epsilon), mechanism="exponential_mechanism/permute_and_flip")
@@ -499,6 +552,8 @@ def _threshold(tail: Callable[[int], float], delta_per_partition: float, scale: 
 __all__ = [
     "exponential_mechanism",
     "exponential_mechanism_event",
+    "permute_and_flip_pmf",
+    "histogram_quantile_utility",
     "top_k",
     "top_k_event",
     "top_pick_probability",
