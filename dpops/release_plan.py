@@ -64,6 +64,20 @@ Budget split (documented in the manifest through ``describe()``):
   replace (a removal plus an addition) group privacy of size 2 is used: the
   selection runs at (eps/2, delta / (1 + e^(eps/2))) and is charged (eps, delta).
 
+- per-metric contribution bounds (``metrics[].contribution``, issue 26 item 3): a metric with its own
+  (L0, Linf) has every vector's sensitivity, its EM runs per unit (m from its own L0) and its utility
+  sensitivity (its own Linf) computed from them, so each of its events is exactly the event of a release of
+  that metric alone with those bounds (at the same share). Why that is sound: its vectors are computed on
+  the rows bounded with its own bounds, a function of each unit's own rows and the run's priorities only
+  (``pipelines.bounding``, "Per-metric bounds"); conditional on the priorities, adding or removing one unit
+  moves that metric's vectors by at most its own sensitivity, and the mechanisms' noises are independent, so
+  the events compose as before (each carries its own sensitivity; the charge is their composition, nothing
+  else changes). Partition selection keeps the release's L0 (a metric may only narrow it, ``dpops.spec``):
+  every metric's partitions are among the release's, which the selection covers. A mean or variance reuses
+  a count metric's noisy vector only when the two are bounded alike (else it noises its own count). A metric
+  bounded otherwise than the release records ``contribution`` in ``describe()`` and names its accumulators
+  with ``bound_set_suffix``; a spec without overrides plans, describes and hashes exactly as before.
+
 Every share is multiplied by (1 - 1e-9) so float rounding can never make the
 composed total exceed the spec; ``plan_release`` re-checks the total with the
 basic accountant (or the spec's ``budget.accountant``) and refuses a plan that does not certify.

@@ -1070,6 +1070,17 @@ def _estimate_option_problems(spec: ReleaseSpec) -> list[tuple[str, str]]:
     return out
 
 
+def refuse_metric_contributions(spec: ReleaseSpec, what: str, instead: str) -> None:
+    """Raise SpecError when a spec with per-metric contribution bounds reaches a procedure (``what``) that
+    models one bound set for the whole release (the private bound estimation, ``dpops tune``, the planted-bug
+    audit): its answer would be about bounds some metrics do not use. Names the first such metric's field and
+    ``instead`` (what to do)."""
+    for i, m in enumerate(spec.metrics):
+        if m.contribution is not None:
+            raise SpecError(f"{spec.source}: metrics[{i}].contribution: {what} does not support per-metric "
+                            f"contribution bounds (it models one bound set for the release); {instead}")
+
+
 def _metric_contribution_problems(spec: ReleaseSpec) -> list[tuple[str, str]]:
     """``metrics[].contribution`` (per-metric bounds): what dpops makes correct, and an honest refusal otherwise.
 

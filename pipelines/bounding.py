@@ -32,6 +32,23 @@ random subset; the kept rows of a pair are a uniform random subset of min(Linf, 
 two row priorities within a pair (probability ~r^2/2^65 for r rows) is broken by input order: it
 may make the choice depend on arrival order, never the bound.
 
+Per-metric bounds (issue 26 item 3). A metric may have its own (L0, Linf) (``metrics[].contribution``), its L0
+at most the release's. The rows are bounded ONCE, streaming, at (the release's L0, the largest Linf of any bound
+set) (``aggregation_spec``), then each narrower set keeps of those rows what bounding at its own (L0, Linf) with
+the SAME priorities keeps (``ContributionRanks.keep_mask``): the k smallest of the K >= k smallest are the k
+smallest, so that equals bounding the raw rows at the narrower set directly, and metrics sharing a set share
+its accumulators. Same priorities rather than independent ones (a choice; both are sound): each set's rows are
+a function of the unit's own rows and the run's salt and row priorities only, which is all the sensitivity
+argument above needs, per set; sharing them keeps one salt and one row stream (reproducible from the key or
+the test seed like today), makes a metric's kept partitions a subset of the release's (so partition selection,
+on the release's unit counts, covers every metric), and gives one release with two bound sets exactly the
+numbers of two releases with one each (same key and label). The composition does not need the sets to be
+independent: for any fixed priorities (i.i.d. uniform, whatever the data) each set's bounding is a
+deterministic function of each unit's own rows, so each metric's mechanism is DP with its own sensitivity; the
+noises are independent of each other and of the priorities, so for fixed priorities the metrics' events
+compose as usual, and averaging over priorities that do not depend on the data keeps the guarantee. A spec
+without per-metric bounds has no subsets: today's path.
+
 Exact sums (issue 11 item 4). The noise is charged for Δ + r·m (``dpops.noise.mechanisms``): the
 sensitivity Δ of the *exact* sum, plus the rounding to the noise grid r. A float64 running sum
 is not that function: its rounding error depends on the order of the rows and on the other

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dpops.errors import DpopsError, SpecError
+from dpops.spec import refuse_metric_contributions
 
 if TYPE_CHECKING:
     from dpops.noise.randomness import RandomSource
@@ -73,6 +74,10 @@ class Harness:
         from pipelines.bounding import aggregation_spec, metric_layout
         from pipelines.io import ReadConfig
 
+        # The scenarios build neighbours at the release's (L0, Linf); a metric with its own bounds would be
+        # audited at bounds it does not use, so the audit refuses it rather than report a meaningless pass.
+        refuse_metric_contributions(spec, "the planted-bug audit", "audit each bound set as its own release "
+                                                                   "(a spec whose contribution is that metric's)")
         self.spec = spec
         self.plan = dataclasses.replace(plan, postprocess={**plan.postprocess, **AUDIT_POSTPROCESS})
         self.types = dict(spec.input.columns)
