@@ -201,6 +201,20 @@ class AggregationSpec:
     cats: tuple[tuple[str, str, int], ...] = ()  # (accumulator, column, domain size)
     subsets: tuple[tuple[str, int, int], ...] = ()  # (accumulator suffix, L0, Linf), "" = the release's set
 
+    @property
+    def first_suffix(self) -> str:
+        """The accumulator suffix of the rows kept by the first bound (``l0``, ``linf``) itself: the release's
+        (``""``) unless the release's set is one of the subsets (a metric's Linf exceeds the release's), then
+        ``bound_set_suffix(l0, linf)``."""
+        from dpops.release_plan import bound_set_suffix
+
+        return "" if "" not in {sfx for sfx, _, _ in self.subsets} else bound_set_suffix(self.l0, self.linf)
+
+    @property
+    def set_suffixes(self) -> tuple[str, ...]:
+        """Every bound set's accumulator suffix, the first bound's first."""
+        return (self.first_suffix,) + tuple(sfx for sfx, _, _ in self.subsets)
+
 
 def aggregation_spec(plan) -> AggregationSpec:
     """The ``AggregationSpec`` of a release plan: its layout (``metric_layout``) and its bound sets.
@@ -518,14 +532,9 @@ def _accumulate_subsets(rows: dict[str, np.ndarray], kept: np.ndarray, pidx: np.
     bound). The first bound's set is the rows ``kept``; each subset (suffix, L0, Linf) keeps of them what
     ``contribution_ranks`` at that (L0, Linf) keeps, by the rows' own priorities (module doc). A partition
     where a narrower set keeps no row gets zeros there: every accumulator is a function of its set's rows."""
-    from dpops.release_plan import bound_set_suffix
-
     k_p, k_pp = rows["p"][kept], _pp(rows)[kept]
     r = contribution_ranks(rows["u"][kept], k_p, rows["prio"][kept], k_pp, l0_floor=1, linf_floor=1)
-    # The first bound's own set: the release's ("") unless the release's set is itself a subset (a metric's Linf
-    # exceeds the release's), then the set of that metric, named by its suffix.
-    first = "" if "" not in {sfx for sfx, _, _ in spec.subsets} else bound_set_suffix(spec.l0, spec.linf)
-    sets = [(first, np.ones(len(kept), bool), np.ones(len(r.first), bool))]
+    sets = [(spec.first_suffix, np.ones(len(kept), bool), np.ones(len(r.first), bool))]
     sets += [(sfx, r.keep_mask(l0, linf), r.pair_mask(l0)) for sfx, l0, linf in spec.subsets]
     acc: dict[str, np.ndarray] = {}
     clamped_total = 0
