@@ -171,6 +171,23 @@ def test_the_ledger_charges_the_sum_of_the_per_metric_events(tmp_path):
         ledger.close()
 
 
+def test_predictions_use_a_metrics_own_linf():
+    """An accuracy target's rows (``at_units * min(rows_per_unit, Linf)``) use the target metric's own Linf, and
+    its predicted error is that of the metric's own noise."""
+    from dpops.analysis.targets import rows_at
+    from dpops.spec import ErrorTarget
+
+    mean = {"type": "mean", "column": "amount", "bounds": [0, 100]}
+    plan = plan_release(_spec([{"type": "count", "name": "wide"}, {"type": "count", "name": "narrow",
+                                                                   "contribution": {"max_rows_per_unit_per_partition": 2}},
+                               mean], linf=5))
+    t = {"kind": "error", "max_error": 10, "at_units": 100, "rows_per_unit": 4}
+    assert rows_at(plan, ErrorTarget(**t, metric="wide")) == 400
+    assert rows_at(plan, ErrorTarget(**t, metric="narrow")) == 200
+    wide, narrow = plan.metrics[0].vectors[0].params, plan.metrics[1].vectors[0].params
+    assert narrow.std < wide.std  # Linf 2 against 5, the same share
+
+
 # --------------------------------------------------------------------------- pipeline (numpy core)
 
 
@@ -271,6 +288,41 @@ def test_one_release_with_two_bound_sets_is_the_union_of_two_releases(beam_rows,
         assert both[col].tolist() == b[col].tolist(), col
 
 
+def test_private_partitions_select_on_the_releases_bounds(beam_rows, tmp_path):
+    """Private partition selection runs on the unit counts under the release's L0 whatever a metric's own Linf:
+    with equal shares, one release of a count (Linf 5) and a sum (own Linf 2) keeps the partitions, and gives the
+    numbers, of the count released alone at (2, 5) and the sum alone at (2, 2)."""
+    private = {"columns": ["region"], "private": {"strategy": "truncated_geometric"}}
+    # and three one-unit regions the selection drops (kept with probability <= its delta share): the keep mask
+    # must be applied to every bound set's accumulators alike
+    rows = {k: v + (["tiny-a", "tiny-b", "tiny-c"] if k == "user_id" else ["t0", "t1", "t2"] if k == "region"
+                    else [1.0] * 3 if k == "amount" else ["books"] * 3) for k, v in beam_rows.items()}
+
+    def go(d, metrics, linf, epsilon):
+        import pyarrow.parquet as pq
+
+        from dpops.release.pipeline_seam import ComputeRequest
+        from pipelines.release_pipeline import run_release
+
+        d.mkdir(parents=True, exist_ok=True)
+        spec = write_spec(d, metrics, private, l0=2, linf=linf, epsilon=epsilon)
+        label = {"release": "t", "interval_start": START, "interval_end": END, "input_fingerprint": "fp"}
+        req = ComputeRequest(spec_path=str(spec), interval_start=START, interval_end=END,
+                             input_paths=(str(write_input(d, rows)),), noise_label=label, randomness="test",
+                             key_ref=None, test_seed=11, staging_dir=str(d / "stage"), runner="FnApiRunner",
+                             runner_options=())
+        return pq.read_table(run_release(req).output_file).to_pandas().sort_values("region").reset_index(drop=True)
+
+    # weights 1 each: every share (count, sum, partition_selection) is epsilon 1 in all three releases
+    both = go(tmp_path / "both", [{"type": "count"}, {**SUM, "contribution": {"max_rows_per_unit_per_partition": 2}}],
+              5, 3.0)
+    a = go(tmp_path / "a", [{"type": "count"}], 5, 2.0)
+    b = go(tmp_path / "b", [SUM], 2, 2.0)
+    assert list(both["region"]) == list(a["region"]) == list(b["region"])
+    assert not {"t0", "t1", "t2"} & set(both["region"])
+    assert both["count"].tolist() == a["count"].tolist() and both["sum_amount"].tolist() == b["sum_amount"].tolist()
+
+
 # --------------------------------------------------------------------------- manifest
 
 
@@ -291,7 +343,7 @@ def manifest(tmp_path):
                              manifests_dir=tmp_path / "manifests",
                              validation={"checks": [{"name": "input_schema", "passed": True}], "proceeded": True},
                              output_fingerprints={})
-    yield SimpleNamespace(m=read_manifest(out), ledger=ledger)
+    yield SimpleNamespace(m=read_manifest(out), ledger=ledger, path=out, spec_path=path)
     ledger.close()
 
 
@@ -305,6 +357,18 @@ def test_manifest_records_each_metrics_bounds_and_verifies(manifest):
     assert m["release_plan"]["metrics"][1]["vectors"][0]["sensitivity"]["l1"] == 2 * 2 * 100.0
     r = verify_manifest(m, ledger=manifest.ledger)
     assert r.ok, r.problems
+
+
+def test_spec_check_and_manifest_show_name_each_metrics_own_bounds(manifest, capsys):
+    from dpops.cli.main import main
+
+    assert main(["spec", "check", str(manifest.spec_path)]) == 0
+    def out() -> str:  # the CLI wraps long lines to the terminal width
+        return " ".join(capsys.readouterr().out.split())
+
+    assert "sum_amount: its own bounds, at most 2 partition(s) per unit, 2 row(s) per unit and partition" in out()
+    assert main(["manifest", "show", str(manifest.path)]) == 0
+    assert "sum_amount: its own bounds, at most 2 partitions per unit, 2 rows per unit per partition" in out()
 
 
 def _set(path, value):
