@@ -188,6 +188,16 @@ def test_predictions_use_a_metrics_own_linf():
     assert narrow.std < wide.std  # Linf 2 against 5, the same share
 
 
+def test_the_reviewer_text_names_each_metrics_own_bounds():
+    from dpops.analysis.reviewer import lines
+
+    s = _spec([{"type": "count"}, {**SUM, "contribution": {"max_rows_per_unit_per_partition": 8}}])
+    text = " ".join(lines(s, plan_release(s)))
+    assert "sum_amount: at most 2 partition(s) and 8 row(s) per partition" in text
+    plain = _spec([{"type": "count"}, SUM])
+    assert "their own bounds" not in " ".join(lines(plain, plan_release(plain)))
+
+
 # --------------------------------------------------------------------------- pipeline (numpy core)
 
 
