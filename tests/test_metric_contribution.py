@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -25,7 +26,7 @@ from dpops.spec import load_spec, parse_spec
 from fuzz_support import examples
 from manifest_support import ACTOR, make_ledger, run_key
 from test_pipeline_helpers import END, START, write_input, write_spec
-from test_spec_property import spec_docs
+from test_spec_property import _write_input, numpy_core, spec_docs
 
 REPO = Path(__file__).resolve().parent.parent
 SUM = {"type": "sum", "column": "amount", "bounds": [0, 100]}
@@ -470,3 +471,64 @@ def test_without_overrides_nothing_changes_form(doc):
     same["metrics"] = [{**m, "contribution": dict(c)} for m in doc["metrics"]]
     d2 = plan_release(parse_spec(same)).describe()
     assert {**d2, "spec_hash": None} == {**d, "spec_hash": None}
+
+
+@st.composite
+def _docs_with_overrides(draw):
+    doc = draw(spec_docs())
+    doc["privacy_unit"]["record_level"] = False  # record-level units refuse overrides (tested above)
+    c = doc["contribution"]
+    for m in doc["metrics"]:
+        own = {}
+        if draw(st.booleans()):
+            own["max_partitions_per_unit"] = draw(st.integers(1, c["max_partitions_per_unit"]))
+        if draw(st.booleans()):
+            own["max_rows_per_unit_per_partition"] = draw(st.one_of(st.integers(1, 8), st.integers(1, 5000)))
+        if own:
+            m["contribution"] = own
+    if not any("contribution" in m for m in doc["metrics"]):
+        doc["metrics"][0]["contribution"] = {"max_rows_per_unit_per_partition": draw(st.integers(1, 8))}
+    return doc
+
+
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(doc=_docs_with_overrides(), seed=st.integers(0, 2**32 - 1))
+def test_accepted_specs_with_overrides_run_the_numpy_core(tmp_path, doc, seed):
+    """An adversary draws a spec with per-metric bounds (any types, noises, partitions, extreme bounds): if spec
+    check accepts it, the pipeline's numpy core runs it (every bound set's accumulators exist, also in empty
+    shards) and every metric's column is produced for every released partition; each metric's vectors carry the
+    sensitivity of its own bounds."""
+    import warnings
+
+    from dpops.errors import DpopsError
+
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            spec = load_spec(path)
+            plan = plan_release(spec)
+    except DpopsError:
+        assume(False)
+        return
+    from dpops.noise import sensitivity
+
+    for m in plan.metrics:
+        l0, linf = spec.metric_contribution(m.key)
+        assert (m.contribution is None) == ((l0, linf) == (plan.max_partitions_per_unit,
+                                                           plan.max_rows_per_unit_per_partition))
+        b = sensitivity.ContributionBounds(adjacency=spec.privacy_unit.adjacency, max_partitions=l0,
+                                           max_rows_per_partition=linf)
+        for v in m.vectors:
+            if v.name in ("count", "unit_count"):
+                want = sensitivity.count(b) if v.name == "count" else sensitivity.unit_count(b)
+                assert v.sensitivity == want, (m.key, v.name)
+    _write_input(tmp_path / "in.parquet", np.random.default_rng(seed), doc["input"]["columns"]["c"] == "int")
+    cols = numpy_core(path, tmp_path / "in.parquet")  # must not raise
+    n = len(cols["region"])
+    for m in doc["metrics"]:
+        key = m["type"] if m["type"] in ("count", "unit_count") else f"{m['type']}_{m['column']}"
+        produced = [c for c in cols if c == key or c.startswith(key + "_")]
+        assert produced and all(len(cols[c]) == n for c in produced)
