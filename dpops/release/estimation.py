@@ -73,6 +73,7 @@ from dpops.analysis.estimate import (
 )
 from dpops.errors import BudgetExceeded, IntegrityError, InvalidParameter, LedgerError, SpecError, public_message
 from dpops.release.context import RunContext
+from dpops.spec import refuse_metric_contributions
 
 if TYPE_CHECKING:
     from dpops.events import PrivacyEvent
@@ -189,6 +190,10 @@ def reserve_estimation(ctx: RunContext, config: EstimateConfig, ledger: Ledger, 
                        for_release: bool = False) -> Reserved | Estimate:
     """Serve the committed estimation of this request (an ``Estimate``), or reserve a new one (``Reserved``).
 
+    A spec with per-metric contribution bounds is refused first (``dpops.spec.refuse_metric_contributions``):
+    the estimation chooses one bound set for the release, so its result would not be the bounds those metrics
+    use; nothing is reserved.
+
     The same request again (same spec, interval, input, key and configuration) is the same run key: a
     committed one is served from its manifest, a started one is recomputed with the same keyed noise;
     neither is charged again. Over the cap the ledger refuses (``BudgetExceeded``) and nothing changes.
@@ -202,6 +207,9 @@ def reserve_estimation(ctx: RunContext, config: EstimateConfig, ledger: Ledger, 
     reserved, when the release's interval is already published (``refuse_new_estimation_of_published``)."""
     from dpops.release.key_continuity import check_key_continuity
     from dpops.release.reservation import check_scope, refuse_new_estimation_of_published
+
+    refuse_metric_contributions(ctx.spec, "dpops estimate",
+                                "remove metrics[].contribution to estimate the release's bounds, then add them back")
 
     spec = ctx.spec
     evs = estimator.events(spec, config)  # refuses a request with nothing to estimate before anything is written
