@@ -130,6 +130,20 @@ def delete_tree(dir_: str) -> None:
         _fs().delete(files)
 
 
+def delete_files(paths: list[str]) -> None:
+    """Remove these files (local paths or URIs). Missing is fine."""
+    paths = [normalize(x) for x in paths]
+    local = [x for x in paths if is_local(x)]
+    for x in local:
+        try:
+            os.remove(x)
+        except FileNotFoundError:
+            pass
+    remote = [x for x in paths if not is_local(x)]
+    if remote:
+        _fs().delete(remote)
+
+
 def make_dirs(dir_: str) -> None:
     dir_ = normalize(dir_)
     if is_local(dir_):
