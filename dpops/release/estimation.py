@@ -457,7 +457,7 @@ class PipelineCounts:
         try:
             return load_count_estimation()(request(staging))
         finally:
-            fs.delete_tree(staging)
+            fs.delete_everything_under(staging)  # a failed pass may leave scratch files of some buckets
 
     def _request(self, staging: str, stage: str, *, grid_l0: tuple[int, ...] = (), grid_linf: tuple[int, ...] = (),
                  l0: int = 1, linf: int = 1, columns: tuple[str, ...] = (), public_hashes: tuple[int, ...] = (),
