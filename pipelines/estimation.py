@@ -339,11 +339,21 @@ def counts_of_document(request: EstimationCountsRequest, doc: Mapping[str, Any])
 
 
 def count_estimation(request: EstimationCountsRequest) -> PassCounts:
-    """Run one counting pass (``dpops.release.pipeline_seam.COUNT_ESTIMATION``) and return its counts."""
+    """Run one counting pass (``dpops.release.pipeline_seam.COUNT_ESTIMATION``) and return its counts.
+
+    The pipeline is made first: it points Beam's FileSystems at the run's options (the S3 endpoint), which
+    listing the input's row groups (``work_items``) and reading the counts back need on this side too."""
+    import dataclasses
+
     from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipelines.io import work_items
 
     opts = fs.s3_options(list(request.runner_options))
     with beam.Pipeline(runner=request.runner, options=PipelineOptions(opts)) as p:
+        if request.input_paths:
+            request = dataclasses.replace(request, work_items=tuple(
+                work_items([fs.normalize(x) for x in request.input_paths], request.input_format)))
         (p | "EstimationCounts" >> EstimationCountsTransform(request)
            | "WriteCounts" >> beam.ParDo(_WriteCounts(request.staging_dir)))
     path = fs.join(request.staging_dir, COUNTS_FILE)

@@ -39,7 +39,7 @@ REGIONS = [f"r{i:02d}" for i in range(16)]
 METHODS = ("error/1", "quantile/1")
 
 
-def _spec_doc(root: Path) -> dict:
+def _spec_doc() -> dict:
     return {
         "name": "cluster_estimate",
         "input": {"path": f"s3://{BUCKET}/in/{{start:%Y-%m-%d}}.parquet", "format": "parquet",
@@ -49,7 +49,7 @@ def _spec_doc(root: Path) -> dict:
         "contribution": {"max_partitions_per_unit": 3, "max_rows_per_unit_per_partition": 2},
         "partitions": {"columns": ["region"], "public": REGIONS},
         "metrics": [{"type": "count"}, {"type": "sum", "column": "amount", "bounds": [-10, 100]}],
-        "output": {"root": str(root / "out")},  # an estimation's manifest and result stay on the driver
+        "output": {"root": "out"},  # next to the spec, on the driver: an estimation's manifest and result
     }
 
 
@@ -79,10 +79,10 @@ def _estimate(cwd: Path, key: Path, method: str, runner: str, options: list[str]
     run_dir = cwd / method.replace("/", "_")
     run_dir.mkdir(parents=True)
     spec = run_dir / "spec.yaml"
-    spec.write_text(yaml.safe_dump(_spec_doc(run_dir)))
-    args = ["estimate", str(spec), "--interval", "2024-01-01", "--epsilon", "1.0", "--method", method,
+    spec.write_text(yaml.safe_dump(_spec_doc()))
+    args = ["estimate", str(spec), "--interval", "2024-01-01/2024-01-02", "--epsilon", "1.0", "--method", method,
             "--ledger", _new_ledger(run_dir / "ledger.sqlite"), "--key-file", str(key), "--out", str(run_dir / "est"),
-            "--json", "--runner", runner, "--staging", f"s3://{BUCKET}/scratch/"]
+            "--json", "--runner", runner, "--staging", f"s3://{BUCKET}/scratch/", "--buckets", "3"]
     for o in options:
         args += ["--runner-option", o]
     proc = subprocess.run([sys.executable, "-m", "dpops.cli.main", *args], cwd=run_dir, env=env, capture_output=True,
@@ -109,7 +109,7 @@ def world(tmp_path_factory):
                           "region": pa.array([REGIONS[r] for r in (gen.zipf(1.3, N_ROWS) - 1) % len(REGIONS)]),
                           "amount": pa.array(np.round(gen.lognormal(2.0, 1.2, N_ROWS), 2))})
         local = base / "input.parquet"
-        pq.write_table(table, local, row_group_size=8_000)  # several work items
+        pq.write_table(table, local, row_group_size=20_000)  # several work items (x 3 buckets: S3 objects)
         client.upload_file(str(local), BUCKET, "in/2024-01-01.parquet")
         local.unlink()
         secrets = base / "secrets"

@@ -56,6 +56,9 @@ from dpops.errors import InvalidParameter
               help="--engine beam: a private location (local directory or s3:// prefix) that the workers and this "
                    "process both reach, for the workers' scratch files and the exact counts (removed after each "
                    "pass); default a fresh 0700 temporary directory here, which only in-process workers see")
+@click.option("--buckets", type=click.IntRange(1, 1 << 16), default=64, show_default=True,
+              help="--engine beam: unit-hash buckets between the read and the count (a worker holds about 1/N of "
+                   "the rows; each work item writes up to N scratch files: fewer suit small inputs on S3)")
 @click.option("--randomness", type=click.Choice(["keyed", "test"]), default="keyed", show_default=True,
               help="keyed: the noise key's CSPRNG stream (retries free); test: seeded, never for publication")
 @click.option("--test-seed", "test_seed", type=int, default=None, help="the seed of --randomness test")
@@ -65,7 +68,8 @@ from dpops.errors import InvalidParameter
 @json_option
 def cli(spec_path: str, interval: str, epsilon: float, method: str, quantile: float, contribution: bool,
         columns: tuple[str, ...], max_l0: int, max_linf: int, out_dir: str, spec_out: str | None, engine: str,
-        runner: str, runner_options: tuple[str, ...], staging: str | None, randomness: str, test_seed: int | None,
+        runner: str, runner_options: tuple[str, ...], staging: str | None, buckets: int, randomness: str,
+        test_seed: int | None,
         key_file: str | None, actor: str | None, as_json: bool) -> None:
     """Estimate contribution and value bounds under DP; charge the scope; write a spec patch."""
     from dpops.analysis.estimate import EstimateConfig, patch_document
@@ -87,7 +91,7 @@ def cli(spec_path: str, interval: str, epsilon: float, method: str, quantile: fl
     with open_cli_ledger() as led:
         est = estimate(spec_path, iv.start, iv.end, config=config, ledger=led, randomness=randomness,
                        key_path=key_file, test_seed=test_seed if randomness == "test" else None, actor=actor,
-                       engine=EstimationEngine(engine, runner, tuple(runner_options), staging))
+                       engine=EstimationEngine(engine, runner, tuple(runner_options), staging, buckets))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = patch_document(est)

@@ -321,12 +321,16 @@ class EstimationEngine:
     runner, as ``dpops release run --runner``. ``staging``: a private location the workers and this process
     both reach (a local directory or an object-store prefix) for the workers' scratch files and the counts;
     None: a fresh 0700 temporary directory on this machine, which only in-process workers see. Public
-    configuration: it changes where the counts are computed, never what they are (the same bounds)."""
+    configuration: it changes where the counts are computed, never what they are (the same bounds).
+    ``buckets``: how many unit-hash buckets the rows are split into between the read and the count: a worker
+    holds about 1/``buckets`` of the rows, and each work item writes up to ``buckets`` scratch files (fewer
+    suit small inputs on an object store, where each file is a request)."""
 
     name: str = DEFAULT_ENGINE
     runner: str = "FnApiRunner"
     runner_options: tuple[str, ...] = ()
     staging: str | None = None
+    buckets: int = 64
 
     @classmethod
     def of(cls, engine: str | EstimationEngine) -> EstimationEngine:
@@ -334,6 +338,9 @@ class EstimationEngine:
         e = cls(name=engine) if isinstance(engine, str) else engine
         if e.name not in ENGINES:
             raise InvalidParameter(f"estimation engine must be one of {ENGINES}, got {e.name!r}; nothing was reserved")
+        if isinstance(e.buckets, bool) or not isinstance(e.buckets, int) or not 1 <= e.buckets <= 1 << 16:
+            raise InvalidParameter(f"estimation buckets must be an integer in [1, 65536], got {e.buckets!r}; nothing "
+                                   "was reserved")
         return e
 
 
@@ -428,10 +435,7 @@ class PipelineCounts:
     counts come back through a private directory (``tempfile.mkdtemp``: 0700), removed after each pass."""
 
     def __init__(self, run: EstimationRun, config: EstimateConfig, engine: EstimationEngine | None = None):
-        from pipelines.io import work_items
-
         self.run, self.config, self.engine = run, config, engine or EstimationEngine()
-        self.items = tuple(work_items(list(run.ctx.input_paths), run.ctx.spec.input.format))
         self.read = read_config(run.ctx)
         self._pairs: PassCounts | None = None
 
@@ -466,11 +470,12 @@ class PipelineCounts:
 
         ctx, key = self.run.ctx, self.run.key
         return EstimationCountsRequest(
-            stage=stage, read=self.read, work_items=self.items, label=tuple(random_label(key).items()),
+            stage=stage, read=self.read, work_items=(), input_paths=tuple(str(x) for x in ctx.input_paths),
+            input_format=ctx.spec.input.format, label=tuple(random_label(key).items()),
             randomness=ctx.randomness, key_ref=ctx.key_path, key_id=ctx.key_id, test_seed=ctx.test_seed,
             staging_dir=staging, grid_l0=grid_l0, grid_linf=grid_linf, l0=l0, linf=linf, columns=columns,
             public_hashes=public_hashes, histograms=histograms, max_linf=int(self.config.max_linf),
-            runner=self.engine.runner, runner_options=self.engine.runner_options)
+            runner=self.engine.runner, runner_options=self.engine.runner_options, n_buckets=self.engine.buckets)
 
     def error_histograms(self) -> BoundHistograms:
         """One ``error`` pass: error/1's exact histograms (``estimate.error_exact_histograms``), summed per bucket."""

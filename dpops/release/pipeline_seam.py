@@ -94,6 +94,7 @@ class EstimationCountsRequest:
 
     stage: str
     read: ReadConfig  # built by dpops.release.estimation.read_config (the driver path's own)
+    # the read's units (pipelines.io.work_items); listed by count_estimation from input_paths when those are given
     work_items: tuple[tuple[int, str, int | None, int], ...]
     label: tuple[tuple[str, str], ...]  # the estimation's randomness label (dpops.release.estimation.random_source)
     randomness: str  # "keyed" | "test"
@@ -106,6 +107,8 @@ class EstimationCountsRequest:
     l0: int = 1
     linf: int = 1
     columns: tuple[str, ...] = ()
+    input_paths: tuple[str, ...] = ()  # the interval's input files (local paths or URIs), in the prepared order
+    input_format: str = "parquet"
     public_hashes: tuple[int, ...] = ()  # error: the public partitions' hashes in plan order (public)
     histograms: tuple[str, ...] = ()  # error: dpops.analysis.estimate.error_histogram_names
     max_linf: int = 256  # error: the Linf grid's top (EstimateConfig.max_linf)
