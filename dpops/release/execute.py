@@ -42,7 +42,7 @@ from dpops.release.context import (
     pick_attempt,
     report_stage,
 )
-from dpops.release.estimation import refuse_os_randomness, run_estimation
+from dpops.release.estimation import DEFAULT_ENGINE, EstimationEngine, refuse_os_randomness, run_estimation
 from dpops.release.manifests import ensure_manifest, spec_manifests_dir
 from dpops.release.pipeline_seam import warm_pipeline
 from dpops.release.preparation import Planner, named_interval, prepare
@@ -276,10 +276,10 @@ def estimate(spec_path: str | os.PathLike[str], interval_start: IntervalBound, i
              config: EstimateConfig, ledger: Ledger, randomness: str = "keyed", key_path: str | None = None,
              test_seed: int | None = None, actor: str | None = None,
              then_charges: Sequence[PrivacyEvent] = (), serve_only: bool = False,
-             for_release: bool = False, engine: str = "driver") -> Estimate:
+             for_release: bool = False, engine: str | EstimationEngine = DEFAULT_ENGINE) -> Estimate:
     """``dpops estimate``: prepare the spec as written (``for_estimation``), then reserve, start, compute and
     commit the estimation (``dpops.release.estimation.run_estimation``; keywords as ``reserve_estimation``;
-    ``engine``: ``driver`` or ``beam``, as ``compute_estimation``).
+    ``engine``: ``beam`` (default) or ``driver``, or an ``EstimationEngine``, as ``compute_estimation``).
 
     os randomness is refused before anything is read: its noise cannot be reproduced, so a retry would be
     charged again."""
