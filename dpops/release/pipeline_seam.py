@@ -175,18 +175,6 @@ def load_run_release() -> Callable[[ComputeRequest], ComputeResult]:
     return run_release
 
 
-def warm_pipeline() -> None:
-    """Import the release pipeline now (Beam: about 2.9 CPU s), for ``prepare``'s ``warm``: it runs while the
-    input files are hashed in another thread (``dpops.inputs.start_input_fingerprint``), so that wall time
-    stops being serial. Speed only. Imports stay in one thread (two threads importing Beam from different
-    entry points can see its modules half-initialised). A failure is dropped here: the compute step imports
-    the module again and reports it there, before anything is charged."""
-    try:
-        import_pipeline_module(RUN_RELEASE.split(":")[0])
-    except Exception:  # noqa: BLE001, S110 - reported by the compute step's own import
-        pass
-
-
 def import_pipeline_module(name: str) -> ModuleType:
     """Import a ``pipelines`` module (which imports Beam) with the noisy third-party loggers quieted first.
 
