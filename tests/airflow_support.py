@@ -17,7 +17,7 @@ import textwrap
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 REPO = Path(__file__).resolve().parent.parent
 DAGS_FOLDER = REPO / "dags"
@@ -251,6 +251,34 @@ def airflow_cli(env: dict, *args: str, timeout: float = 240, check: bool = True)
     if check:
         assert proc.returncode == 0, f"airflow {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
+
+
+def create_backfill(env: dict, meta_url: str, dag_id: str, *args: str, alive: Callable[[], None] | None = None,
+                    timeout: float = 90) -> None:
+    """``airflow backfill create --dag-id dag_id <args>`` (the runbook's command), once the scheduler has closed the
+    DAG's earlier backfill.
+
+    Airflow 3.3 accepts one open backfill per DAG (``AlreadyRunningBackfill`` while a ``backfill`` row of the DAG
+    has ``completed_at`` NULL) and its scheduler closes a finished one on a 30 s loop. Retrying the CLI until it is
+    accepted costs ~3 CPU s per refused call (a fresh ``airflow`` interpreter), so this waits on the row itself
+    (the condition the CLI checks) and then runs the command; a failure after that is retried, as before, until
+    ``timeout``. ``alive`` (e.g. ``Stack.alive``) fails fast when a stack process died while waiting."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        while pg_exec(meta_url, "SELECT count(*) FROM backfill WHERE dag_id = %s AND completed_at IS NULL",
+                      (dag_id,), fetch=True)[0][0]:
+            assert time.monotonic() < deadline, f"the scheduler did not close the earlier backfill of {dag_id}"
+            if alive is not None:
+                alive()
+            time.sleep(0.5)
+        proc = airflow_cli(env, "backfill", "create", "--dag-id", dag_id, *args, check=False)
+        if proc.returncode == 0:
+            return
+        assert time.monotonic() < deadline, (
+            f"airflow backfill create failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        time.sleep(1)
 
 
 def start_airflow(env: dict, logdir: Path, stack, *args: str) -> subprocess.Popen:
