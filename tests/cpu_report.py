@@ -5,7 +5,9 @@ not its wall time (which other files' load inflates). With ``DPOPS_TEST_CPU_REPO
 (each xdist worker) writes ``DIR/<worker>.json``: per test file, the wall seconds and the CPU seconds (user + sys)
 of the process and of the children it waited for (``os.times``: subprocesses, and the Airflow stacks a module
 fixture stops in the file's last teardown). ``python tests/cpu_report.py DIR`` adds the workers' files up and
-prints the files by CPU, with the total. Off (nothing measured or written) without the variable.
+prints the files by CPU, with the total. Not counted: each process's own start and collection (imports,
+conftest), a few CPU-s per process, and the children a test left running. Off (nothing measured or written)
+without the variable.
 """
 
 from __future__ import annotations
