@@ -34,6 +34,10 @@ def test_sleeps():
 def _run(pytester, monkeypatch, *env: tuple[str, str]):
     pytester.makepyfile(test_busy=BUSY, test_idle=IDLE)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    # Under `make test` this test itself runs in an xdist worker: its name must not reach the inner pytest, which
+    # runs as one process and names its report main.json.
+    for k in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+        monkeypatch.delenv(k, raising=False)
     for k, v in env:
         monkeypatch.setenv(k, v)
     return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "cpu_report")

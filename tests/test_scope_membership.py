@@ -237,6 +237,10 @@ CLAIMS: dict[str, Claim] = {
     "metrics[].bounds": Claim(reason="clamping bounds: part of the sensitivity, so of the charge; bounds: estimate "
                                      "makes the run first charge a DP estimation of them on the spec's own scope "
                                      "(its share budget.split['<key>.bounds']), then release with its result"),
+    "metrics[].contribution": Claim(reason="a metric's own L0/Linf (at most the release's L0): enforced on the unit "
+                                           "the scope pins, by the same keyed priorities, and part of that metric's "
+                                           "sensitivity, so of the charge; like contribution.*, it changes the "
+                                           "charge, not which unit or period a row belongs to"),
     "metrics[].fallback_bounds": Claim(reason="public bounds of bounds: estimate that the plan predicts accuracy at "
                                               "and the estimator anchors on (a data-independent preference, no "
                                               "sensitivity change); the release itself uses the charged estimate, "
