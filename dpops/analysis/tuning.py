@@ -23,10 +23,10 @@ true number of units in the sample): expected RMSE = sqrt(noise variance + squar
 from bounding (bounded unclipped minus true) and from clipping (clipped minus bounded), the relative
 RMSE, and, per candidate: the share of rows and of units dropped by the L0 and by the Linf step and
 the expected number of partitions kept. count, unit_count, sum and mean use the plan's noise (a mean's
-at 1,000 rows, scaled by 1/n); variance uses ``accuracy.first_order_variance_error`` (first order, fast) at each partition's bounded
-rows and clipped moments; quantiles the noiseless grid pick on the bounded, clipped rows (bias) and the
-plan's expected rank error (noise, in rows, as a fraction of the partition, and in value units on the
-sample's histogram); top_k whether bounding changed the leader and the plan's probability of returning
+at 1,000 rows, scaled by 1/n); variance uses ``accuracy.first_order_variance_error`` (first order, fast) at
+each partition's bounded rows and clipped moments; quantiles the noiseless grid pick on the bounded, clipped
+rows (bias) and the plan's expected rank error (noise, in rows, as a fraction of the partition, and in value units
+on the sample's histogram); top_k whether bounding changed the leader and the plan's probability of returning
 the true leader first at its bounded lead (no RMSE: the output is a category). ``TuneResult.not_evaluated``
 lists any metric type tune cannot judge (none of today's types).
 
