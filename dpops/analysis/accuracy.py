@@ -21,10 +21,18 @@ What each metric's prediction means (``confidence`` = 1 - alpha):
   is enumerated, the sum noise enters through its exact cdf, the
   clipping bounds the error (``_MeanError``); plus half a grid step of the sum's rounding over n. Its std
   is the exact root mean square of that error.
-- variance at partition size n: first-order error (E_nsq - 2 m1 E_nsum + (h^2/2 - m2 + 2 m1^2) E_count)/n
-  with m1, m2 the true centred moments (default: values at the two bounds, m1 = 0, m2 = h^2). With
-  m1 = 0 it is an exact two-noise convolution as for the mean; otherwise a normal approximation
-  (stated in ``method``).
+- sum with a true value (``--value``; version 3): where the release clamps it at 0 (``sum_clamped``), the exact
+  half-width and coverage of the clamped value (``sum_error``); without one, the raw noise as above.
+- variance at partition size n with true centred moments m1, m2 (default: values at the two bounds, m1 = 0,
+  m2 = h^2): the error of clip((Q + E_nsq)/D + h^2/2 - ((S + E_nsum)/D)^2, 0, h^2), D = max(n + E_count, 1),
+  the estimator the release computes (``_VarianceError``, version 3): the count noise enumerated, the
+  sum-of-squares noise through its exact cdf, the sum noise enumerated or, on fine grids, by a deterministic
+  256-node quantile quadrature. Versions 1-2 were first order in 1/n (``first_order_variance_error``).
+- intervals (version 3, ``mean_interval``, ``variance_interval``, ``sum_interval``): [-x, x] with x the smallest
+  symmetric half-width, unless x reaches a clip's error, where the coverage jumps past the confidence (an
+  atom: the clipped mass); the interval is then one-sided at that clip and its other end is the smallest
+  with coverage >= confidence, so it covers the confidence up to the lattice. ``abs_error`` stays the
+  symmetric half-width (what an error target is compared with), ``coverage`` its exact coverage.
 - quantiles: the expected excess rank error of the exponential mechanism (permute-and-flip) over its
   public grid for data dense around the quantile, 2 Delta / eps_run rows (``quantile_typical_rank_error``),
   as rows and as a fraction of n; beside it the bound (2 Delta / eps_run)(ln |C| + 1) that holds for any
@@ -465,7 +473,8 @@ def first_order_variance_error(plan: ReleasePlan, m: MetricPlan, n: int, m1: flo
 
 
 _VAR_COUNT_BINS = 1_000  # count-noise values (or bins of them) enumerated in the variance prediction
-_VAR_SUM_NODES = 256  # quantile nodes of the sum noise when its lattice support is wider than _VAR_SUM_EXACT
+_VAR_SUM_NODES = 256  # quadrature nodes of the sum noise when its lattice support is wider than _VAR_SUM_EXACT
+_VAR_Z_TOP = 8.3  # the nodes' normal scores span [-8.3, 8.3]: Phi(-8.3) = 5e-17, the pmf floor
 _VAR_SUM_EXACT = 2_049  # sum-noise supports up to this many lattice values are enumerated exactly
 
 
@@ -510,10 +519,13 @@ class _VarianceError:
     h^2 - v <= x): its probability is N_q's exact cdf. The count noise is enumerated (its pmf above 1e-17,
     in at most _VAR_COUNT_BINS bins of consecutive values when wider, as for the mean). The sum noise is
     enumerated exactly when its lattice support has at most _VAR_SUM_EXACT values; otherwise (sums on fine
-    grids: tens of thousands of lattice steps per std) it is a deterministic quadrature: _VAR_SUM_NODES
-    equal-probability nodes at its exact lattice quantiles (i + 1/2)/M. The integrand is smooth in N_s, so
-    the midpoint rule's error is O(1/M^2) (measured: coverage within 2e-5 of 8x the nodes on the
-    calibration cases). No Monte Carlo: the same plan gives the same numbers on every machine."""
+    grids: tens of thousands of lattice steps per std) it is a deterministic quadrature: E g(N_s) =
+    integral of g(F^-1(Phi(z))) phi(z) dz, F^-1 the exact lattice quantile function (``_lattice_quantiles``),
+    by the trapezoid rule at _VAR_SUM_NODES equally spaced normal scores z in [-8.3, 8.3] (weights phi(z),
+    normalised): the tails are resolved down to the pmf floor, and the integrand is smooth in z. Measured on
+    the bench's 16 variance cases (100-20,000 rows, m1 0 and 10, both noises) against 4,096 nodes: half-width
+    within 6e-7 relative, coverage within 1e-7.
+    No Monte Carlo: the same plan gives the same numbers on every machine."""
 
     def __init__(self, pq: NoiseParams, ps: NoiseParams, pc: NoiseParams, n: int, m1: float, m2: float,
                  h: float) -> None:
@@ -530,11 +542,14 @@ class _VarianceError:
             ws = lat_s.pmf(js)
             self.sum_method = "sum noise enumerated"
         else:
+            from scipy.special import ndtr
+
             table_s = _dg_table(lat_s) if isinstance(lat_s, DiscreteGaussianParam) else None
-            u = (np.arange(_VAR_SUM_NODES) + 0.5) / _VAR_SUM_NODES
-            js = _lattice_quantiles(lat_s, table_s, u)
-            ws = np.full(_VAR_SUM_NODES, 1.0 / _VAR_SUM_NODES)
-            self.sum_method = f"sum noise by {_VAR_SUM_NODES} quantile nodes"
+            z = np.linspace(-_VAR_Z_TOP, _VAR_Z_TOP, _VAR_SUM_NODES)
+            js = _lattice_quantiles(lat_s, table_s, np.asarray(ndtr(z)))
+            ws = np.exp(-0.5 * z * z)
+            ws /= ws.sum()
+            self.sum_method = f"sum noise by a {_VAR_SUM_NODES}-node quantile quadrature"
         es = js.astype(np.float64) * ps.resolution
         self.den = np.maximum(float(n) + kc, 1.0)[:, None]
         q_true, s_true = float(n) * (m2 - h * h / 2.0), float(n) * m1
@@ -711,10 +726,13 @@ def _metric_rows(plan: ReleasePlan, m: MetricPlan, confidence: float, n: int, at
     if m.type in ("count", "unit_count", "sum"):
         p = m.vectors[0].params
         std, half, cov = vector_error(p, confidence)
+        method = "exact (lattice pmf)"
+        if m.type == "sum":  # with a true value: the release's clamp at 0 (version 3)
+            std, half, cov, method = sum_error(plan, m, at_value, confidence)
         value = at_value if at_value is not None else (float(n) if m.type != "sum" else None)
         return [Prediction(**base, quantity=m.type, distribution=distribution_name(p), std=std, abs_error=half,
                            coverage=cov, at_units=n if m.type != "sum" else None, at_value=value,
-                           rel_error=_rel(half, value), method="exact (lattice pmf)")]
+                           rel_error=_rel(half, value), method=method)]
     if m.type == "mean":
         lo, hi = m.bounds or (0.0, 0.0)
         offset = None if at_value is None else at_value - (lo + hi) / 2.0
