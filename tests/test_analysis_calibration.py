@@ -332,9 +332,10 @@ def test_exact_rank_error_for_the_data_matches_the_release_path(shape, size, q, 
 # Prediction version 3 at small partitions: variance (m1 = 0 and m1 != 0) and a sum near 0, both noises, at a
 # metric's share of a five-metric release (epsilon 0.2), through select_and_noise. Each case checks the
 # interval's coverage (Binomial(P_SIZES, c) with c the exact predicted coverage, central 1 - A4 band) and the
-# std (the mean square error against std^2, normal approximation of its sample mean): 2 x (8 + 2) checks at the file's ALPHA together (false failure <= 1e-4).
+# std (the mean square error against std^2, normal approximation of its sample mean): 2 x (8 + 2) + 1 checks at
+# the file's ALPHA together (false failure <= 1e-4).
 V_CASES = [(noise, n, m1) for noise in ("laplace", "gaussian") for n in (100, 300) for m1 in (0.0, 10.0)]
-A4 = ALPHA / (2 * (len(V_CASES) + 2))
+A4 = ALPHA / (2 * (len(V_CASES) + 2) + 1)  # + the one-sided mean interval's band below
 Z4 = float(stats.norm.ppf(1 - A4 / 2))
 V_EPS = 0.2
 V_SPREAD = H / 2  # values at mid + m1 -+ V_SPREAD: centred moments m1, m2 = m1^2 + V_SPREAD^2
@@ -394,3 +395,26 @@ def test_sum_prediction_holds_near_zero(noise):
     err = np.asarray(out[m.key], np.float64) - n * value
     assert err.min() >= -n * value  # the clamp at 0 is in reach: the regime this is about
     _check_interval_and_std(err, low, high, cov, std, f"{noise} sum near 0")
+
+
+def test_gaussian_mean_interval_is_one_sided_at_the_clip():
+    """At 100 rows and epsilon 0.7 the Gaussian mean's smallest symmetric half-width reaches the upper clip,
+    where its coverage jumps to 0.98 (an atom: the clipped mass):
+    ``mean_interval`` (version 3) is one-sided there, and its exact coverage 0.95 holds for P_SIZES releases
+    (band at A4, counted in its budget).
+    Planted, the symmetric interval's predicted coverage (``mean_error``) fails the 0.95 +- 0.005 line."""
+    from dpops.analysis.accuracy import mean_interval
+
+    plan = plan_release(_spec("gaussian", [{"type": "mean", "column": "x", "bounds": [LO, HI]}], epsilon=0.7))
+    m = plan.metrics[0]
+    n = 100
+    low, high, cov = mean_interval(plan, m, n, D, 0.95)
+    _, half, sym_cov, _ = mean_error(plan, m, n, D, 0.95)
+    assert high == pytest.approx(H - D) and -low < half  # one-sided at the upper clip
+    assert sym_cov > 0.955  # the symmetric interval over-covers: why the rule exists
+    out = _run(plan, _mean_accumulators(plan, n, D, P_SIZES), seed=7700)
+    err = np.asarray(out[m.key], np.float64) - (MID + D)
+    k = int(((err >= low) & (err <= high)).sum())
+    lo, hi = int(stats.binom.ppf(A4 / 2, P_SIZES, cov)), int(stats.binom.isf(A4 / 2, P_SIZES, cov))
+    assert lo <= k <= hi, f"{k}/{P_SIZES} within [{low:.5g}, {high:.5g}], predicted {cov:.4f} ({lo}..{hi})"
+    assert abs(cov - 0.95) <= 0.005

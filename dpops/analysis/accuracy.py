@@ -634,7 +634,10 @@ def mean_interval(plan: ReleasePlan, m: MetricPlan, n: int, offset: float, confi
     symmetric interval covers 0.95 +- 0.01 there. The interval is then one-sided at that clip, [-u, b] with u
     the smallest for which P(error >= -u) >= confidence: the clip's side needs no bound (the release never
     errs beyond it), and the other side is continuous, so the coverage is the confidence up to the lattice.
-    Otherwise it is [-x, x]. Both ends add half a grid step of the sum's rounding over n."""
+    Otherwise it is [-x, x]. When the other clip's atom also holds more than 1 - confidence (the noise spans
+    the whole range: a Gaussian mean at 100 rows and epsilon 0.2-0.35, say), no interval short of the whole
+    range [a, b] covers the confidence, and that range is returned with its exact coverage 1. Both ends add
+    half a grid step of the sum's rounding over n."""
     lo, hi = m.bounds or (0.0, 0.0)
     h = (hi - lo) / 2.0
     d = max(-h, min(h, float(offset)))
