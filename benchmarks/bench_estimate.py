@@ -6,14 +6,19 @@ regions, Parquet, cached under benchmarks/out/scale/), the same spec (L0 = 5, Li
 keyed randomness, charged in a fresh SQLite ledger per run. Engines:
 
 - ``driver``: every row of the interval read into the driver process (``read_rows``), then counted;
-- ``beam``: the counts computed by ``pipelines.estimation`` on the in-process FnApiRunner (a ``pairs`` and a
-  ``values`` pass), only the public-grid counts returned.
+- ``beam`` (the default of ``dpops estimate``): the counts computed by ``pipelines.estimation`` on the
+  in-process FnApiRunner (a ``pairs`` and a ``values`` pass; the rows cross between the read and the per-bucket
+  count through private scratch files, not the runner's in-memory shuffle), only the public-grid counts returned.
+
+``--release`` also runs ``dpops release run`` on the same file (``bench_scale.run_one``: the release the
+estimation's memory bound is stated against, issue 27: estimation peak <= 1.5x the release's) and prints
+each engine's peak as a multiple of the release's.
 
 Each run is a child process (this file with ``--child``); reported: wall seconds and the peak RSS of the
 child's whole process tree (``bench_scale.tree_rss_kb``, sampled every 50 ms), and whether both engines
 chose the same bounds (they must: the same key, input and run key give the same keyed noise).
 
-    python benchmarks/bench_estimate.py --sizes 1e7 [--engines driver,beam]
+    python benchmarks/bench_estimate.py --sizes 1e7 [--engines driver,beam] [--release]
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
+import bench_scale  # noqa: E402
 from bench_scale import OUT, SPEC, data_dir, ensure_data, tree_rss_kb  # noqa: E402
 
 RUNS = OUT / "estimate"
@@ -103,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engines", default="driver,beam")
     ap.add_argument("--no-contribution", action="store_true",
                     help="value bounds only at the spec's L0 and Linf (what a bounds: estimate metric runs)")
+    ap.add_argument("--release", action="store_true",
+                    help="also run dpops release run on the same file and report each peak against the release's")
     ap.add_argument("--child", nargs=2, metavar=("ENGINE", "WORKDIR"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -118,10 +126,19 @@ def main(argv: list[str] | None = None) -> int:
             results.append(r)
         same = {json.dumps(r.get("result"), sort_keys=True) for r in results if r["rows"] == n}
         print(f"  same bounds on every engine: {len(same) == 1}", flush=True)
-    print(f"\n{'rows':>12} {'engine':>7} {'L0/Linf too':>11} {'seconds':>8} {'tree RSS MB':>11} {'exit':>4}")
+        if args.release:
+            r = bench_scale.run_one(n, "parquet", [])
+            r.update(engine="release", contribution=None)
+            print("  ", r, flush=True)
+            for e in results:
+                if e["rows"] == n and r["exit"] == 0:
+                    e["vs_release"] = round(e["peak_tree_rss_mb"] / max(r["peak_tree_rss_mb"], 1), 2)
+            results.append(r)
+    print(f"\n{'rows':>12} {'engine':>7} {'L0/Linf too':>11} {'seconds':>8} {'tree RSS MB':>11} {'x release':>9} "
+          f"{'exit':>4}")
     for r in results:
         print(f"{r['rows']:>12,} {r['engine']:>7} {str(r['contribution']):>11} {r['seconds']:>8.1f} "
-              f"{r['peak_tree_rss_mb']:>11,} {r['exit']:>4}")
+              f"{r['peak_tree_rss_mb']:>11,} {r.get('vs_release', ''):>9} {r['exit']:>4}")
     with open(RUNS / "results.jsonl", "a") as fh:
         for r in results:
             fh.write(json.dumps(r) + "\n")

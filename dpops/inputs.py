@@ -30,8 +30,6 @@ import io
 import os
 import posixpath
 import re
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime, timezone
 from typing import TYPE_CHECKING, Any, Iterable, Protocol, Sequence
@@ -46,9 +44,7 @@ if TYPE_CHECKING:
     from dpops.ledger import TimeRule
     from dpops.spec import ReleaseSpec
 
-# 8 MiB per read: hashing releases the GIL per update, so while Beam is imported in another thread
-# (``pipeline_seam.preload_pipeline``) fewer, larger updates mean fewer waits to take the GIL back.
-_CHUNK = 1 << 23
+_CHUNK = 1 << 20
 
 
 # --------------------------------------------------------------------------- intervals
@@ -395,59 +391,21 @@ def input_fingerprint(paths: Iterable[str], key: HmacKey,
     (``dpops.dataroots``), so a changed list must change the run key through this keyed value: a plain
     hash of the rows in the manifest would let a reader confirm a guess of them.
     """
-    return start_input_fingerprint(paths, key, public_partitions, background=False)()
-
-
-def start_input_fingerprint(paths: Iterable[str], key: HmacKey,
-                            public_partitions: Sequence[Sequence[Any]] | None = None, *,
-                            background: bool = True) -> Callable[[], str]:
-    """``input_fingerprint``, begun now; call the result for the fingerprint (it waits for the hashing).
-
-    With ``background``, local files are hashed in a thread while the caller goes on (sha256 releases the
-    GIL: a release imports Beam meanwhile, ``dpops.release.preparation.prepare``). Speed only: the same
-    bytes are hashed in the same order, an unreadable file raises the same InputDataError from the call,
-    and the thread does nothing but read and hash (no import, no key: the keyed HMAC is computed by the
-    caller's thread, so a key backed by a remote service is never used from two threads). Object-store
-    inputs are hashed by the call itself, in the caller's thread (their client may import lazily)."""
     paths = list(paths)
     if not paths:
         raise InputDataError("input: cannot fingerprint an empty list of input files")
     names = _canonical_names(paths)
     if len(set(names)) != len(names):
         raise InputDataError(f"input: the same file is listed twice in {paths}")
-    ordered = sorted(zip(names, paths))
-
-    def digests() -> list[tuple[int, str]]:
-        return [_file_digest(path) for _, path in ordered]
-
-    def keyed(found: list[tuple[int, str]]) -> str:
-        entries = [[name, size, digest] for (name, _), (size, digest) in zip(ordered, found, strict=True)]
-        content: dict[str, Any] = {"v": "dpops.input-fingerprint/1", "files": entries}
-        if public_partitions is not None:
-            content["public_file"] = [list(p) for p in public_partitions]
-        return key.hmac(canonical_json(content).encode()).hex()
-
-    if not background or any(is_uri(p) for p in paths):
-        return lambda: keyed(digests())
-    result: list[list[tuple[int, str]]] = []
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            result.append(digests())
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread by finish()
-            failure.append(exc)
-
-    thread = threading.Thread(target=run, name="dpops-input-fingerprint", daemon=True)
-    thread.start()
-
-    def finish() -> str:
-        thread.join()
-        if failure:
-            raise failure[0]
-        return keyed(result[0])
-
-    return finish
+    entries = []
+    for name, path in sorted(zip(names, paths)):
+        size, digest = _file_digest(path)
+        entries.append([name, size, digest])
+    content: dict[str, Any] = {"v": "dpops.input-fingerprint/1", "files": entries}
+    if public_partitions is not None:
+        content["public_file"] = [list(p) for p in public_partitions]
+    doc = canonical_json(content).encode()
+    return key.hmac(doc).hex()
 
 
 def time_rule_of(spec: ReleaseSpec) -> TimeRule | None:

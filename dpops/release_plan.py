@@ -64,6 +64,20 @@ Budget split (documented in the manifest through ``describe()``):
   replace (a removal plus an addition) group privacy of size 2 is used: the
   selection runs at (eps/2, delta / (1 + e^(eps/2))) and is charged (eps, delta).
 
+- per-metric contribution bounds (``metrics[].contribution``, issue 26 item 3): a metric with its own
+  (L0, Linf) has every vector's sensitivity, its EM runs per unit (m from its own L0) and its utility
+  sensitivity (its own Linf) computed from them, so each of its events is exactly the event of a release of
+  that metric alone with those bounds (at the same share). Why that is sound: its vectors are computed on
+  the rows bounded with its own bounds, a function of each unit's own rows and the run's priorities only
+  (``pipelines.bounding``, "Per-metric bounds"); conditional on the priorities, adding or removing one unit
+  moves that metric's vectors by at most its own sensitivity, and the mechanisms' noises are independent, so
+  the events compose as before (each carries its own sensitivity; the charge is their composition, nothing
+  else changes). Partition selection keeps the release's L0 (a metric may only narrow it, ``dpops.spec``):
+  every metric's partitions are among the release's, which the selection covers. A mean or variance reuses
+  a count metric's noisy vector only when the two are bounded alike (else it noises its own count). A metric
+  bounded otherwise than the release records ``contribution`` in ``describe()`` and names its accumulators
+  with ``bound_set_suffix``; a spec without overrides plans, describes and hashes exactly as before.
+
 Every share is multiplied by (1 - 1e-9) so float rounding can never make the
 composed total exceed the spec; ``plan_release`` re-checks the total with the
 basic accountant (or the spec's ``budget.accountant``) and refuses a plan that does not certify.
@@ -100,6 +114,13 @@ CALIBRATION_REL_TOL = 1e-6  # on the common rho factor; epsilon moves by about h
 # pld/1 uses the exact discrete-Gaussian PLD: the rounding charge grows by at most 2**-7 + one step, the analysis
 # becomes exact instead of the zCDP rho's RDP conversion (about 7% of sigma).
 PLD_EXACT_RESOLUTION_BITS = 7
+
+
+def bound_set_suffix(l0: int, linf: int) -> str:
+    """The accumulator-name suffix of a per-metric bound set (``count@2x5``, ``sum:spend@2x5``): rows bounded
+    with L0 = ``l0`` and Linf = ``linf``. The release's own bound set has no suffix, so plans and pipelines of
+    specs without per-metric bounds name every accumulator as before."""
+    return f"@{int(l0)}x{int(linf)}"
 
 
 @dataclass(frozen=True)
@@ -141,6 +162,16 @@ class MetricPlan:
     domain: tuple[Any, ...] = ()
     monotonic: bool = False  # top_k under add_remove: category counts only grow when a unit is added
     count_from: str | None = None  # mean/variance: key of the count metric whose noisy vector is reused
+    # (L0, Linf) the metric is bounded with when its own (``metrics[].contribution``) differ from the release's;
+    # None: the release's. Its sensitivities, EM runs and utility sensitivity are computed from these.
+    contribution: tuple[int, int] | None = None
+
+    @property
+    def bound_suffix(self) -> str:
+        """``""`` for a metric bounded with the release's contribution bounds, else ``bound_set_suffix(L0, Linf)``:
+        the suffix of its per-partition accumulators (``pipelines.bounding``), which are aggregated over the rows
+        bounded with its own bounds."""
+        return "" if self.contribution is None else bound_set_suffix(*self.contribution)
 
     def events(self) -> list[PrivacyEvent]:
         """What this metric spends: one event per noised vector, or the EM runs one unit can influence."""
@@ -202,6 +233,9 @@ class ReleasePlan:
             }
             if m.count_from:
                 d["count_reused_from"] = m.count_from
+            if m.contribution is not None:  # only when set: plans without per-metric bounds describe as before
+                d["contribution"] = {"max_partitions_per_unit": m.contribution[0],
+                                     "max_rows_per_unit_per_partition": m.contribution[1]}
             if m.vectors:
                 d["vectors"] = [
                     {
@@ -321,16 +355,24 @@ def plan_release(spec) -> ReleasePlan:  # spec: dpops.spec.ReleaseSpec (typing i
         wg = sum(weights[k] for k in g_keys)
         rho_share = {k: rho_g * weights[k] / wg for k in g_keys}
 
-    count_s = sensitivity.count(bounds)
-    m_coords = int(count_s.max_coords)  # partitions one unit can change
-    # A released count metric is reused (post-processing) as the denominator of means and variances.
-    count_key = next((m.key for m in spec.metrics if m.type == "count"), None)
+    # Each metric's own contribution bounds (``metrics[].contribution``, else the release's): every sensitivity
+    # of its vectors, its EM runs and its utility sensitivity come from these, so the charge of each event is
+    # that of a release of the metric alone with those bounds.
+    own = {m.key: spec.metric_contribution(m.key) for m in spec.metrics}
+    mbounds = {k: bounds if lb == (bounds.max_partitions, bounds.max_rows_per_partition) else
+               sensitivity.ContributionBounds(adjacency=unit.adjacency, max_partitions=lb[0],
+                                              max_rows_per_partition=lb[1])
+               for k, lb in own.items()}
+    # A released count metric is reused (post-processing) as the denominator of means and variances, only by
+    # those bounded like it: a count over other bounded rows is not the denominator of this metric's sum.
+    count_keys = {m.key: next((c.key for c in spec.metrics if c.type == "count" and own[c.key] == own[m.key]), None)
+                  for m in spec.metrics}
 
     acct_ref = spec.budget.accountant
 
     def build_metrics(rho_share: dict[str, float]) -> list[MetricPlan]:
-        return _build_metrics(spec, mechanisms, bounds, lambda m: gaussian(m), eps_share, delta_share, rho_share,
-                              m_coords, count_s, count_key, acct_ref)
+        return _build_metrics(spec, mechanisms, mbounds, bounds, lambda m: gaussian(m), eps_share, delta_share,
+                              rho_share, count_keys, acct_ref)
 
     metrics = build_metrics(rho_share)
 
@@ -357,7 +399,7 @@ def plan_release(spec) -> ReleasePlan:  # spec: dpops.spec.ReleaseSpec (typing i
         # group rho_G is (rho_G * w / wg) / n, the same expression build_metrics uses, so the events searched
         # are the events planned.
         layout = tuple((weights[m.key], n, sens, integer, resolution_bits(acct_ref, sens, integer), acct_ref == "pld/1")
-                       for m, n, sens, integer in _gaussian_vectors(spec, bounds, gaussian, count_key))
+                       for m, n, sens, integer in _gaussian_vectors(spec, mbounds, gaussian, count_keys))
         fixed = tuple(e for mp in metrics if mp.key not in rho_share for e in mp.events())
         fixed += (ps_event,) if ps_event is not None else ()
         rho_cal = calibrated_rho_group(acct_ref, eps, delta, fixed, layout, wg, rho_g)
@@ -381,19 +423,30 @@ def plan_release(spec) -> ReleasePlan:  # spec: dpops.spec.ReleaseSpec (typing i
     return plan
 
 
-def _build_metrics(spec, mechanisms, bounds, gaussian, eps_share: dict[str, float], delta_share: dict[str, float],
-                   rho_share: dict[str, float], m_coords: int, count_s, count_key: str | None,
+def _build_metrics(spec, mechanisms, mbounds, release_bounds, gaussian, eps_share: dict[str, float],
+                   delta_share: dict[str, float], rho_share: dict[str, float], count_keys: dict[str, str | None],
                    acct_ref: str | None) -> list[MetricPlan]:
-    """Every metric's plan at the given shares (the Gaussian ones at ``rho_share``); pure in its arguments."""
+    """Every metric's plan at the given shares (the Gaussian ones at ``rho_share``); pure in its arguments.
+
+    ``mbounds``: each metric key's ContributionBounds (its own, or ``release_bounds``)."""
     unit = spec.privacy_unit
     metrics = []
     for m in spec.metrics:
         key = m.key
+        bounds = mbounds[key]
+        count_s = sensitivity.count(bounds)
+        m_coords = int(count_s.max_coords)  # partitions one unit can change, under this metric's own L0
+        count_key = count_keys[key]
         lohi = tuple(float(x) for x in m.bounds) if getattr(m, "bounds", None) is not None else None
         base = dict(key=key, type=m.type, column=getattr(m, "column", None), bounds=lohi,
-                    epsilon=eps_share[key], delta=delta_share.get(key, 0.0), rho=rho_share.get(key))
+                    epsilon=eps_share[key], delta=delta_share.get(key, 0.0), rho=rho_share.get(key),
+                    contribution=None if bounds is release_bounds else
+                    (int(bounds.max_partitions), int(bounds.max_rows_per_partition)))
         if m.type in GAUSSIAN_ABLE:
             parts = _vector_layout(m.type, key, bounds, lohi)
+            if bounds is not release_bounds:  # aggregated over this metric's own bounded rows
+                sfx = bound_set_suffix(bounds.max_partitions, bounds.max_rows_per_partition)
+                parts = [(name, acc + sfx, sens, integer) for name, acc, sens, integer in parts]
             reuse = m.type in ("mean", "variance") and count_key is not None
             if reuse:
                 parts = [p for p in parts if p[0] != "count"]
@@ -429,15 +482,16 @@ def _build_metrics(spec, mechanisms, bounds, gaussian, eps_share: dict[str, floa
     return metrics
 
 
-def _gaussian_vectors(spec, bounds, gaussian, count_key: str | None):
-    """(metric, vectors in it, sensitivity, integer-valued) for each Gaussian vector, in plan order."""
+def _gaussian_vectors(spec, mbounds, gaussian, count_keys: dict[str, str | None]):
+    """(metric, vectors in it, sensitivity, integer-valued) for each Gaussian vector, in plan order (each at its
+    metric's own contribution bounds ``mbounds[key]``)."""
     out: list[tuple[Any, int, Sensitivity, bool]] = []
     for m in spec.metrics:
         if not gaussian(m):
             continue
         lohi = tuple(float(x) for x in m.bounds) if getattr(m, "bounds", None) is not None else None
-        parts = _vector_layout(m.type, m.key, bounds, lohi)
-        if m.type in ("mean", "variance") and count_key is not None:
+        parts = _vector_layout(m.type, m.key, mbounds[m.key], lohi)
+        if m.type in ("mean", "variance") and count_keys[m.key] is not None:
             parts = [p for p in parts if p[0] != "count"]
         out.extend((m, len(parts), sens, integer) for _, _, sens, integer in parts)
     return out

@@ -204,6 +204,34 @@ class ContributionSpec(_Strict):
     max_rows_per_unit_per_partition: Integer = Field(ge=1)
 
 
+class MetricContributionSpec(_Strict):
+    """A metric's own contribution bounds (``metrics[].contribution``, issue 26 item 3): either or both of the
+    release's two fields; a field left out is the release's (``contribution``).
+
+    Privacy reason: the metric's vectors are computed on the rows bounded by its own (L0, Linf), so their
+    sensitivity, and hence their noise and charge, follow from these bounds alone (``dpops.release_plan``);
+    composition over the metrics' events is unchanged (each event carries its own sensitivity). The metric's
+    L0 may not exceed the release's: the release's (L0, largest Linf) is the pipeline's first bound and partition
+    selection runs under the release's L0, so every metric's partitions must be a subset of the release's
+    (``_metric_contribution_problems``). The dumped form has only the fields given: a spec without any override
+    dumps, hashes and plans exactly as before."""
+
+    max_partitions_per_unit: Integer | None = Field(default=None, ge=1)
+    max_rows_per_unit_per_partition: Integer | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _some(self) -> "MetricContributionSpec":
+        if self.max_partitions_per_unit is None and self.max_rows_per_unit_per_partition is None:
+            raise ValueError("give max_partitions_per_unit and/or max_rows_per_unit_per_partition, or remove "
+                             "contribution: (the metric then uses the release's contribution bounds)")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        d: dict[str, Any] = handler(self)
+        return {k: v for k, v in d.items() if v is not None}
+
+
 class PrivatePartitionsSpec(_Strict):
     strategy: Literal["truncated_geometric", "laplace_threshold", "gaussian_threshold"]
 
@@ -235,6 +263,13 @@ class PartitionsSpec(_Strict):
 
 class _MetricBase(_Strict):
     name: str | None = None
+    # The metric's own contribution bounds (MetricContributionSpec); None: the release's.
+    contribution: MetricContributionSpec | None = None
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        d: dict[str, Any] = handler(self)
+        return _drop_absent_contribution(d)
 
     @field_validator("name")
     @classmethod
@@ -249,6 +284,14 @@ class _MetricBase(_Strict):
             return self.name
         column = getattr(self, "column", None)
         return f"{self.type}_{column}" if column else self.type  # type: ignore[attr-defined]
+
+
+def _drop_absent_contribution(d: dict[str, Any]) -> dict[str, Any]:
+    """A metric's dump without ``contribution`` when it has none: absent, not null, so a spec written before
+    per-metric bounds keeps its hash, its run keys and its manifests' form."""
+    if d.get("contribution") is None:
+        d.pop("contribution", None)
+    return d
 
 
 ESTIMATE_BOUNDS = "estimate"  # ``bounds: estimate``: the value bounds are estimated under DP at run time
@@ -293,7 +336,7 @@ class _Bounded(_MetricBase):
             d["bounds"] = ESTIMATE_BOUNDS
         else:  # absent, not null: a spec with declared bounds keeps its hash and its manifests their form
             d.pop("fallback_bounds", None)
-        return d
+        return _drop_absent_contribution(d)
 
     @property
     def estimates_bounds(self) -> bool:
@@ -665,6 +708,22 @@ class ReleaseSpec(_Strict):
                 return m
         raise KeyError(key)
 
+    def metric_contribution(self, key: str) -> tuple[int, int]:
+        """The (L0, Linf) metric ``key`` is bounded with: its ``contribution`` override merged onto the release's
+        ``contribution``. The one owner of that merge (plan, pipeline, manifest and predictions read it here)."""
+        c = self.contribution
+        l0, linf = int(c.max_partitions_per_unit), int(c.max_rows_per_unit_per_partition)
+        own = self.metric(key).contribution
+        if own is None:
+            return l0, linf
+        return (l0 if own.max_partitions_per_unit is None else int(own.max_partitions_per_unit),
+                linf if own.max_rows_per_unit_per_partition is None else int(own.max_rows_per_unit_per_partition))
+
+    @property
+    def has_metric_contributions(self) -> bool:
+        """Some metric declares its own ``contribution`` bounds."""
+        return any(m.contribution is not None for m in self.metrics)
+
     def split_weights(self) -> dict[str, float]:
         """Relative weight per metric key (and ``partition_selection`` when private); missing keys weigh 1."""
         given = self.budget.split or {}
@@ -964,6 +1023,7 @@ def _consistency_problems(spec: ReleaseSpec) -> list[tuple[str, str]]:
         out.append(("tuning.data.scope", f"the private read was recorded on scope {spec.tuning.data.scope!r}, but this "
                                          f"spec charges scope {b.scope!r}: tune the spec of this scope again"))
     out.extend(_estimate_option_problems(spec))
+    out.extend(_metric_contribution_problems(spec))
     if b.split is not None:
         allowed = list(keys) + ([] if spec.partitions.is_public else [PARTITION_SELECTION_KEY])
         estimating = {m.key + BOUNDS_SHARE_SUFFIX for m in spec.metrics if isinstance(m, _Bounded) and m.estimates_bounds}
@@ -1007,6 +1067,56 @@ def _estimate_option_problems(spec: ReleaseSpec) -> list[tuple[str, str]]:
     if spec.estimated_from is not None and any(True in k for k in by_column.values()):
         out.append(("estimated_from", "a spec with bounds: estimate runs its own estimation at run time; remove "
                                       "estimated_from (it names an estimation whose bounds are already declared)"))
+    return out
+
+
+def refuse_metric_contributions(spec: ReleaseSpec, what: str, instead: str) -> None:
+    """Raise SpecError when a spec with per-metric contribution bounds reaches a procedure (``what``) that
+    models one bound set for the whole release (the private bound estimation, ``dpops tune``, the planted-bug
+    audit): its answer would be about bounds some metrics do not use. Names the first such metric's field and
+    ``instead`` (what to do)."""
+    for i, m in enumerate(spec.metrics):
+        if m.contribution is not None:
+            raise SpecError(f"{spec.source}: metrics[{i}].contribution: {what} does not support per-metric "
+                            f"contribution bounds (it models one bound set for the release); {instead}")
+
+
+def _metric_contribution_problems(spec: ReleaseSpec) -> list[tuple[str, str]]:
+    """``metrics[].contribution`` (per-metric bounds): what dpops makes correct, and an honest refusal otherwise.
+
+    Privacy reasons: (1) a metric's L0 may not exceed the release's. The pipeline bounds every unit once at the
+    release's L0 (and the largest Linf), then narrows that set for each metric by the SAME keyed priorities
+    (``pipelines.bounding``), so a metric's partitions are a subset of the release's, and partition selection,
+    which runs on the unit counts under the release's L0, never sees a partition that only a wider metric kept.
+    (2) Record-level units contribute one row by definition: an override has nothing to bound. (3) The private
+    bound estimation (``bounds: estimate``, ``dpops estimate``, ``estimated_from``) chooses one bound set for
+    the whole release; it is not extended to per-metric bounds, so the combination is refused rather than
+    estimated for bounds the metric does not use."""
+    out: list[tuple[str, str]] = []
+    c = spec.contribution
+    estimating = any(isinstance(m, _Bounded) and m.estimates_bounds for m in spec.metrics)
+    for i, m in enumerate(spec.metrics):
+        own = m.contribution
+        if own is None:
+            continue
+        where = f"metrics[{i}].contribution"
+        if spec.privacy_unit.record_level:
+            out.append((where, "record_level: true means each row is its own unit (one row, one partition): remove "
+                               "the metric's contribution bounds"))
+            continue
+        if own.max_partitions_per_unit is not None and own.max_partitions_per_unit > c.max_partitions_per_unit:
+            out.append((f"{where}.max_partitions_per_unit",
+                        f"{own.max_partitions_per_unit} exceeds the release's contribution.max_partitions_per_unit "
+                        f"({c.max_partitions_per_unit}): a metric may only narrow the release's L0 (partition "
+                        "selection and the first bound use it); raise contribution.max_partitions_per_unit and give "
+                        "the other metrics their own lower L0"))
+        if estimating:
+            out.append((where, "per-metric contribution bounds cannot be combined with bounds: estimate (the "
+                               "estimation chooses one bound set for the release); declare the value bounds, or "
+                               "remove the metric's contribution"))
+        if spec.estimated_from is not None:
+            out.append((where, "per-metric contribution bounds cannot be combined with estimated_from (the "
+                               "estimation's bounds are the release's): remove one of them"))
     return out
 
 

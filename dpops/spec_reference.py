@@ -46,6 +46,14 @@ SECTIONS: tuple[tuple[str, str, type[BaseModel], str], ...] = (
     ("partitions.private", "partitions.private.", S.PrivatePartitionsSpec,
      "DP partition selection: a partition is released only if its noisy unit count passes the strategy "
      "(needs `budget.delta` > 0); it is charged its share of the budget (`budget.split.partition_selection`)."),
+    ("metrics[].contribution", "metrics[].contribution.", S.MetricContributionSpec,
+     "A metric's own contribution bounds (any metric type), overriding the release's `contribution` for that "
+     "metric only: give either or both fields; one left out is the release's. The metric's vectors are computed "
+     "on rows bounded by its own bounds and charged with the sensitivity they give; the others keep the "
+     "release's. `max_partitions_per_unit` may not exceed the release's (partition selection and the first bound "
+     "use the release's L0). Refused with `bounds: estimate`, `estimated_from`, record-level units, `dpops "
+     "estimate`, `dpops tune` and the planted-bug audit (they model one bound set). Absent: the release's "
+     "bounds, and the spec hashes and plans as before."),
     ("metrics[]: count", "metrics[].", S.CountMetric, "Rows per partition (after bounding), discrete noise."),
     ("metrics[]: unit_count", "metrics[].", S.UnitCountMetric, "Distinct units per partition, discrete noise."),
     ("metrics[]: sum", "metrics[].", S.SumMetric, "Sum of a numeric column, values clamped to `bounds`."),
@@ -84,6 +92,8 @@ _METRIC_COMMON = {
             "and unit_count, `<type>_<column>` otherwise (`sum_amount`). `budget.split` and targets name metrics "
             "by key.",
     "type": "The metric type (the discriminator of `metrics[]`).",
+    "contribution": "The metric's own contribution bounds (`metrics[].contribution`); absent: the release's "
+                    "`contribution`.",
 }
 _BOUNDED = {
     "column": "The numeric input column (declared `int` or `float`; not the unit column).",
@@ -197,6 +207,12 @@ FIELD_DOCS: dict[tuple[str, str], str] = {
     ("accuracy.targets[]: error", "confidence"): "This target's probability (default `accuracy.confidence`).",
     ("accuracy.targets[]: keep", "kind"): "`keep`.",
     ("accuracy.targets[]: keep", "at_units"): "The partition size in units.",
+    ("metrics[].contribution", "max_partitions_per_unit"): "The metric's L0: at most this many partitions per "
+                                                              "unit for this metric (<= the release's). Absent: the "
+                                                              "release's.",
+    ("metrics[].contribution", "max_rows_per_unit_per_partition"): "The metric's Linf: at most this many rows per "
+                                                                      "unit and partition for this metric. Absent: "
+                                                                      "the release's.",
     ("accuracy.targets[]: keep", "min_probability"): "The least keep probability.",
     ("accuracy.targets[]: rank_error", "kind"): "`rank_error`.",
     ("accuracy.targets[]: rank_error", "metric"): "The quantiles metric's key.",

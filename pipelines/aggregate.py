@@ -103,7 +103,7 @@ def select_and_noise(
             mrng = rng.child("quantile", m.key, shard)
             lo, hi = m.bounds
             cand = quantile_candidates(lo, hi, m.n_bins)
-            hist = acc[f"hist:{m.key}"]
+            hist = acc[f"hist:{m.key}{m.bound_suffix}"]
             out = np.empty((n, len(m.quantiles)))
             # integer utilities -|d rank - a n| with sensitivity d * Delta (histogram_quantile_utility, the
             # owner the prediction shares): the exact (integer) permute-and-flip path.
@@ -117,7 +117,7 @@ def select_and_noise(
                 cols[f"{m.key}_{suffix}"] = out[:, jq]
         elif m.type == "top_k":
             mrng = rng.child("top_k", m.key, shard)
-            cats = acc[f"cat:{m.key}"]
+            cats = acc[f"cat:{m.key}{m.bound_suffix}"]
             ranks = [[None] * n for _ in range(m.k)]
             for i in range(n):
                 picked = top_k(cats[i].astype(np.int64), m.k, m.per_run_epsilon, m.utility_sensitivity, mrng,

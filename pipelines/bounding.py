@@ -32,6 +32,23 @@ random subset; the kept rows of a pair are a uniform random subset of min(Linf, 
 two row priorities within a pair (probability ~r^2/2^65 for r rows) is broken by input order: it
 may make the choice depend on arrival order, never the bound.
 
+Per-metric bounds (issue 26 item 3). A metric may have its own (L0, Linf) (``metrics[].contribution``), its L0
+at most the release's. The rows are bounded ONCE, streaming, at (the release's L0, the largest Linf of any bound
+set) (``aggregation_spec``), then each narrower set keeps of those rows what bounding at its own (L0, Linf) with
+the SAME priorities keeps (``ContributionRanks.keep_mask``): the k smallest of the K >= k smallest are the k
+smallest, so that equals bounding the raw rows at the narrower set directly, and metrics sharing a set share
+its accumulators. Same priorities rather than independent ones (a choice; both are sound): each set's rows are
+a function of the unit's own rows and the run's salt and row priorities only, which is all the sensitivity
+argument above needs, per set; sharing them keeps one salt and one row stream (reproducible from the key or
+the test seed like today), makes a metric's kept partitions a subset of the release's (so partition selection,
+on the release's unit counts, covers every metric), and gives one release with two bound sets exactly the
+numbers of two releases with one each (same key and label). The composition does not need the sets to be
+independent: for any fixed priorities (i.i.d. uniform, whatever the data) each set's bounding is a
+deterministic function of each unit's own rows, so each metric's mechanism is DP with its own sensitivity; the
+noises are independent of each other and of the priorities, so for fixed priorities the metrics' events
+compose as usual, and averaging over priorities that do not depend on the data keeps the guarantee. A spec
+without per-metric bounds has no subsets: today's path.
+
 Exact sums (issue 11 item 4). The noise is charged for Δ + r·m (``dpops.noise.mechanisms``): the
 sensitivity Δ of the *exact* sum, plus the rounding to the noise grid r. A float64 running sum
 is not that function: its rounding error depends on the order of the rows and on the other
@@ -169,13 +186,54 @@ def exact_group_sum(pidx: np.ndarray, k: np.ndarray, n_parts: int) -> np.ndarray
 
 @dataclass(frozen=True)
 class AggregationSpec:
-    """What to accumulate per partition (derived from the release plan; picklable)."""
+    """What to accumulate per partition (derived from the release plan by ``aggregation_spec``; picklable).
+
+    ``l0``/``linf``: the bound every unit's rows get first (the streaming combiner's). ``subsets``: the
+    narrower bound sets of per-metric contribution bounds, as (accumulator suffix, L0, Linf): the accumulators
+    whose names end in the suffix (and ``count<suffix>``, ``unit_count<suffix>``) are aggregated over the rows
+    that bounding at that (L0, Linf) keeps, by the same priorities (see "Per-metric bounds" in the module doc).
+    Empty for a spec without per-metric bounds: one bound set, exactly the pipeline it always had."""
 
     l0: int
     linf: int
     sums: tuple[tuple[str, str, float, float, str], ...] = ()  # (accumulator, column, lo, hi, kind)
     hists: tuple[tuple[str, str, float, float, int], ...] = ()  # (accumulator, column, lo, hi, n_bins)
     cats: tuple[tuple[str, str, int], ...] = ()  # (accumulator, column, domain size)
+    subsets: tuple[tuple[str, int, int], ...] = ()  # (accumulator suffix, L0, Linf), "" = the release's set
+
+    @property
+    def first_suffix(self) -> str:
+        """The accumulator suffix of the rows kept by the first bound (``l0``, ``linf``) itself: the release's
+        (``""``) unless the release's set is one of the subsets (a metric's Linf exceeds the release's), then
+        ``bound_set_suffix(l0, linf)``."""
+        from dpops.release_plan import bound_set_suffix
+
+        return "" if "" not in {sfx for sfx, _, _ in self.subsets} else bound_set_suffix(self.l0, self.linf)
+
+    @property
+    def set_suffixes(self) -> tuple[str, ...]:
+        """Every bound set's accumulator suffix, the first bound's first."""
+        return (self.first_suffix,) + tuple(sfx for sfx, _, _ in self.subsets)
+
+
+def aggregation_spec(plan) -> AggregationSpec:
+    """The ``AggregationSpec`` of a release plan: its layout (``metric_layout``) and its bound sets.
+
+    One owner for the pipeline's context and the auditor's harness. Without per-metric bounds: the release's
+    (L0, Linf) and no subsets. With them: the first bound is (the release's L0, the largest Linf of any bound
+    set) -- every set's L0 is at most the release's (``dpops.spec`` refuses more) -- and each set narrower than
+    that, the release's own included, is a subset filtered from it."""
+    from dpops.release_plan import bound_set_suffix
+
+    _, _, sums, hists, catspecs = metric_layout(plan)
+    base = (int(plan.max_partitions_per_unit), int(plan.max_rows_per_unit_per_partition))
+    sets = [base] + [m.contribution for m in plan.metrics if m.contribution is not None]
+    sets = list(dict.fromkeys((int(a), int(b)) for a, b in sets))
+    l0, linf = base[0], max(b for _, b in sets)
+    if any(a > l0 for a, _ in sets):  # pragma: no cover - the spec refuses it (dpops.spec)
+        raise ValueError("a metric's own L0 exceeds the release's L0; the spec must have refused it")
+    subsets = tuple(("" if s == base else bound_set_suffix(*s), s[0], s[1]) for s in sets if s != (l0, linf))
+    return AggregationSpec(l0=l0, linf=linf, sums=sums, hists=hists, cats=catspecs, subsets=subsets)
 
 
 def pair_salt(source) -> tuple[int, int]:
@@ -412,9 +470,32 @@ def aggregate_bucket(rows: dict[str, np.ndarray], spec: AggregationSpec, bounded
     p = rows["p"][kept]
     parts, pidx = np.unique(p, return_inverse=True)
     n_parts = len(parts)
-    acc: dict[str, np.ndarray] = {"count": np.bincount(pidx, minlength=n_parts).astype(np.int64)}
+    if not spec.subsets:  # one bound set: every accumulator over the rows kept (today's path)
+        acc, clamped_rows = _accumulate(rows, kept, pidx, np.searchsorted(parts, pair_parts), n_parts, spec, "")
+    else:
+        acc, clamped_rows = _accumulate_subsets(rows, kept, pidx, parts, n_parts, spec)
+    stats["rows_kept"] = int(len(kept))
+    stats["values_clamped"] = clamped_rows
+    return parts, acc, stats
+
+
+def _suffix_of(name: str) -> str:
+    """The bound-set suffix of an accumulator name (``sum:spend@2x5`` -> ``@2x5``), ``""`` for the release's."""
+    i = name.rfind("@")
+    return "" if i < 0 else name[i:]
+
+
+def _accumulate(rows: dict[str, np.ndarray], kept: np.ndarray, pidx: np.ndarray, pair_pidx: np.ndarray,
+                n_parts: int, spec: AggregationSpec, suffix: str) -> tuple[dict, int]:
+    """The accumulators of one bound set (the names whose bound-set suffix is ``suffix``) over the rows ``kept``
+    (partition index ``pidx``; ``pair_pidx``: the partition index of each kept (unit, partition) pair).
+    Returns (accumulators, values clamped)."""
+    def mine(name: str) -> bool:
+        return _suffix_of(name) == suffix
+
+    acc: dict[str, np.ndarray] = {"count" + suffix: np.bincount(pidx, minlength=n_parts).astype(np.int64)}
     # distinct units per partition = kept (unit, partition) pairs per partition
-    acc["unit_count"] = np.bincount(np.searchsorted(parts, pair_parts), minlength=n_parts).astype(np.int64)
+    acc["unit_count" + suffix] = np.bincount(pair_pidx, minlength=n_parts).astype(np.int64)
 
     clamped_cache: dict[tuple[str, float, float], np.ndarray] = {}
     clamped_rows = 0
@@ -430,17 +511,40 @@ def aggregate_bucket(rows: dict[str, np.ndarray], spec: AggregationSpec, bounded
         return clamped_cache[key]
 
     for name, col, lo, hi, kind in spec.sums:
-        # exact fixed point (module doc): integer multiples of sum_unit(kind, lo, hi)
-        acc[name] = exact_group_sum(pidx, fixed_point_terms(clamped(col, lo, hi), kind, lo, hi), n_parts)
+        if mine(name):
+            # exact fixed point (module doc): integer multiples of sum_unit(kind, lo, hi)
+            acc[name] = exact_group_sum(pidx, fixed_point_terms(clamped(col, lo, hi), kind, lo, hi), n_parts)
     for name, col, lo, hi, n_bins in spec.hists:
-        acc[name] = _histogram(pidx, n_parts, clamped(col, lo, hi), lo, hi, n_bins)
+        if mine(name):
+            acc[name] = _histogram(pidx, n_parts, clamped(col, lo, hi), lo, hi, n_bins)
     for name, col, k in spec.cats:
-        codes = rows[f"c:{col}"][kept].astype(np.int64)
-        ok = codes >= 0  # values outside the declared domain do not count for top_k
-        acc[name] = np.bincount(pidx[ok] * k + codes[ok], minlength=n_parts * k).reshape(n_parts, k).astype(np.int64)
-    stats["rows_kept"] = int(len(kept))
-    stats["values_clamped"] = clamped_rows
-    return parts, acc, stats
+        if mine(name):
+            codes = rows[f"c:{col}"][kept].astype(np.int64)
+            ok = codes >= 0  # values outside the declared domain do not count for top_k
+            acc[name] = np.bincount(pidx[ok] * k + codes[ok], minlength=n_parts * k).reshape(n_parts, k
+                                                                                             ).astype(np.int64)
+    return acc, clamped_rows
+
+
+def _accumulate_subsets(rows: dict[str, np.ndarray], kept: np.ndarray, pidx: np.ndarray, parts: np.ndarray,
+                        n_parts: int, spec: AggregationSpec) -> tuple[dict, int]:
+    """Every bound set's accumulators, aligned with ``parts`` (the partitions of the rows kept at the first
+    bound). The first bound's set is the rows ``kept``; each subset (suffix, L0, Linf) keeps of them what
+    ``contribution_ranks`` at that (L0, Linf) keeps, by the rows' own priorities (module doc). A partition
+    where a narrower set keeps no row gets zeros there: every accumulator is a function of its set's rows."""
+    k_p, k_pp = rows["p"][kept], _pp(rows)[kept]
+    r = contribution_ranks(rows["u"][kept], k_p, rows["prio"][kept], k_pp, l0_floor=1, linf_floor=1)
+    sets = [(spec.first_suffix, np.ones(len(kept), bool), np.ones(len(r.first), bool))]
+    sets += [(sfx, r.keep_mask(l0, linf), r.pair_mask(l0)) for sfx, l0, linf in spec.subsets]
+    acc: dict[str, np.ndarray] = {}
+    clamped_total = 0
+    for sfx, row_mask, pair_mask in sets:
+        # a pair kept at L0 keeps >= 1 row (Linf >= 1): its partition is that of its first row
+        pair_pidx = np.searchsorted(parts, k_p[r.first[pair_mask]])
+        a, c = _accumulate(rows, kept[row_mask], pidx[row_mask], pair_pidx, n_parts, spec, sfx)
+        acc.update(a)
+        clamped_total += c
+    return acc, clamped_total
 
 
 def quantile_candidates(lo: float, hi: float, n_bins: int) -> np.ndarray:
@@ -509,11 +613,11 @@ def metric_layout(plan) -> tuple[tuple[str, ...], dict, tuple, tuple, tuple]:
             value_cols.append(m.column)
         if m.type == "top_k":
             cats[m.column] = m.domain
-            catspecs.append((f"cat:{m.key}", m.column, len(m.domain)))
+            catspecs.append((f"cat:{m.key}{m.bound_suffix}", m.column, len(m.domain)))
         for v in m.vectors:
             kind = v.accumulator.split(":")[0]
             if kind in ("sum", "nsum", "nsq"):
                 sums.append((v.accumulator, m.column, m.bounds[0], m.bounds[1], kind))
         if m.type == "quantiles":
-            hists.append((f"hist:{m.key}", m.column, m.bounds[0], m.bounds[1], m.n_bins))
+            hists.append((f"hist:{m.key}{m.bound_suffix}", m.column, m.bounds[0], m.bounds[1], m.n_bins))
     return (tuple(dict.fromkeys(value_cols)), cats, tuple(dict.fromkeys(sums)), tuple(hists), tuple(catspecs))

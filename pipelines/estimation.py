@@ -1,51 +1,80 @@
-"""The estimation's private read as a Beam pipeline: counts on public grids, combined on the workers.
+"""The estimation's private read as a Beam pipeline: public-grid counts per unit bucket, summed on the workers.
 
-A private bound estimation (``dpops.release.estimation``) needs, per mechanism, counts on a public grid
-(``dpops.analysis.estimate.GridCounts`` / ``ValueCounts``): how many units have at most k partitions, how
-many have at most k rows in their largest kept pair, how many kept values lie below each grid point. This
-module computes them where the data is, so the driver never holds a row:
+A private bound estimation (``dpops.release.estimation``) needs, per mechanism, counts on a public grid: for
+quantile/1 (``dpops.analysis.estimate.GridCounts`` / ``ValueCounts``) how many units have at most k
+partitions, how many have at most k rows in their largest kept pair, how many kept values lie below each grid
+point; for error/1 the exact histograms of ``dpops.analysis.bound_choice`` (units per partition count, pairs
+per (partition count, rows), weight per public partition, weight per value cell). This module computes them
+where the data is, so the driver never holds a row:
 
     counts = p | EstimationCountsTransform(request)    # one element: the pass's counts, summed
 
 ``expand`` is three steps:
 
-1. ``ReadForEstimation``: each work item (a CSV file or a Parquet row group) read and checked by the
+1. ``_ReadForEstimation``: each work item (a CSV file or a Parquet row group) read and checked by the
    release's own ``pipelines.io.iter_record_batches`` / ``prepare_batch``, with the estimation's own streams
    (the driver path's: ``rng.child("estimate", "read")``, one pair salt, a stream per (file, row group,
-   batch)), then reduced per batch (pairs: a ``PairTable``; values: ``bound_rows`` at (l0, linf)) and keyed
-   by unit-hash bucket (``split_by_key``), so all of a unit's rows meet in one key.
-2. Per key, the batches merged (a pair table's equal pairs add their rows; value rows go through the
-   release's mergeable ``BoundContributions`` combiner) and counted with the same functions the driver path
-   uses (``PairTable.l0_counts`` / ``linf_counts_at``, ``value_counts_of``).
-3. ``CombineGlobally`` adds the buckets' counts: counts are additive over disjoint sets of units, so the sum
-   equals the counts of all rows at once, bit for bit (integers), and the mechanisms choose the same bounds.
+   batch)), then reduced per batch to what the pass needs (``pairs``: a ``PairTable``; ``values``: the rows
+   ``bound_rows`` keeps at (l0, linf), each value replaced by its two cells on the public grid,
+   ``value_codes``; ``error``: unit, partition and the estimated columns' values), split by unit-hash bucket
+   (``split_by_key``, so all of a unit's rows meet in one bucket) and written to the request's private
+   staging location, one file per (work item, bucket); only (bucket, file name) pairs cross the shuffle.
+2. ``_CountBucket``: per bucket, its files read, merged and counted with the functions the driver path uses
+   (``PairTable.l0_counts`` / ``linf_counts_at``, ``value_counts_of``, ``exact_histograms_of_rows``), then
+   the files removed.
+3. ``CombineGlobally(SumCounts)`` adds the buckets' counts: every count and histogram cell is a sum over
+   units of a function of that unit's own rows, so over disjoint buckets of units the sum equals the counts
+   of all rows at once, bit for bit (integers), and the mechanisms choose the same bounds.
 
-Privacy. The counts are exact functions of private data, not DP: the last step writes them to the caller's
-private staging directory (created 0700, the file 0600, removed by the caller once read); they reach the
-driver only to be fed to the exponential mechanisms, and no log, metric or error carries them. Workers
-resolve the noise key from its reference and check its id, as the release's do. A DoFn's foreign error is
-reported by class and location only (``withhold_data_in_errors``).
+Memory. The shuffle of the in-process runners (FnApiRunner, and the job server of the isolated-worker
+PortableRunner) holds what crosses it in memory; the first version of this pass sent every kept row
+through a ``CombinePerKey`` and held them all ("the values pass still holds the kept rows"). Here the rows
+cross through files, so a worker holds one work item's reduced batches (step 1) or one bucket's rows (step
+2), about 1/``n_buckets`` of the input, and the driver holds grid-sized counts. A bucket is a set of whole
+units, and bounding genuinely needs all of a unit's rows before it can decide which it keeps (a later row
+may have a smaller priority); a bucket is the smallest such state.
+
+Privacy. The counts are exact functions of private data, not DP, and so are the scratch files (unit and
+partition hashes, row priorities, value cells): both live only under the caller's private staging location
+(``dpops.release.estimation.PipelineCounts``: a 0700 temporary directory, or a private prefix the operator
+names for workers that cannot see this machine), the files are removed by the bucket that read them and the
+whole location by the caller; the counts reach the driver only to be fed to the mechanisms, and no log,
+metric or error carries them. Workers resolve the noise key from its reference and check its id, as the
+release's do. A DoFn's foreign error is reported by class and location only (``withhold_data_in_errors``).
 """
 
 from __future__ import annotations
 
+import io
 import json
-import os
-from collections.abc import Iterable
-from pathlib import Path
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import apache_beam as beam
 import numpy as np
 
-from dpops.analysis.estimate import GridCounts, PairTable, PassCounts, ValueCounts, value_counts_of, value_grid
+from dpops.analysis.bound_choice import BoundHistograms
+from dpops.analysis.estimate import (
+    GridCounts,
+    PairTable,
+    PassCounts,
+    ValueCounts,
+    exact_histograms_of_rows,
+    value_codes,
+    value_counts_of,
+    value_grid,
+)
 from dpops.release.pipeline_seam import EstimationCountsRequest
+from pipelines import fs
 from pipelines.bounding import bound_rows
-from pipelines.elements import RowBlock
-from pipelines.transforms import BoundContributions, split_by_key, withhold_data_in_errors
+from pipelines.transforms import split_by_key, withhold_data_in_errors
 
 COUNTS_FILE = "counts.json"
-STAGES = ("pairs", "values")
+PARTS_DIR = "_parts"  # scratch under the staging location: <staging>/_parts/b<bucket>/<item>.npz
+STAGES = ("pairs", "values", "error")
+FLUSH_ROWS = 1 << 21  # a work item's reduced rows are written out per bucket at least this often (memory)
+
+Columns = dict[str, np.ndarray]
 
 
 # --------------------------------------------------------------------------- the counts as plain data
@@ -55,7 +84,7 @@ def _grid_json(c: GridCounts) -> dict[str, Any]:
     return {"at_or_below": [int(x) for x in c.at_or_below], "n": int(c.n)}
 
 
-def _grid_of(d: dict[str, Any]) -> GridCounts:
+def _grid_of(d: Mapping[str, Any]) -> GridCounts:
     return GridCounts(np.asarray(d["at_or_below"], dtype=np.int64), int(d["n"]))
 
 
@@ -63,16 +92,69 @@ def _value_json(c: ValueCounts) -> dict[str, Any]:
     return {"below": [int(x) for x in c.below], "at_or_below": [int(x) for x in c.at_or_below], "n": int(c.n)}
 
 
-def _value_of(d: dict[str, Any]) -> ValueCounts:
+def _value_of(d: Mapping[str, Any]) -> ValueCounts:
     return ValueCounts(np.asarray(d["below"], dtype=np.int64), np.asarray(d["at_or_below"], dtype=np.int64),
                        int(d["n"]))
 
 
-# --------------------------------------------------------------------------- step 1: read
+def _pack(cols: Columns) -> bytes:
+    """Columns as an .npz (no pickles: a scratch file is read back with ``allow_pickle=False``)."""
+    names = list(cols)
+    buf = io.BytesIO()
+    np.savez(buf, names=np.asarray(names, dtype=np.str_), **{f"a{i}": cols[n] for i, n in enumerate(names)})
+    return buf.getvalue()
+
+
+def _unpack(data: bytes) -> Columns:
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        return {str(n): z[f"a{i}"] for i, n in enumerate(z["names"])}
+
+
+def _concat(parts: list[Columns]) -> Columns:
+    return {k: np.concatenate([x[k] for x in parts]) for k in parts[0]} if len(parts) > 1 else parts[0]
+
+
+# --------------------------------------------------------------------------- step 1: read, reduce, write
+
+
+def reduce_batch(request: EstimationCountsRequest, rows: Columns) -> Columns:
+    """One checked batch reduced to what the pass counts (module docstring, step 1). Every reduction is a
+    function of each unit's own rows that the bucket's count repeats exactly: a pair table merges by adding
+    equal pairs' rows, bounding is idempotent and mergeable (``pipelines.bounding``), value cells are exact."""
+    if request.stage == "pairs":
+        t = PairTable.of(rows["u"], rows["p"], rows["pp"])
+        return {"u": t.u, "p": t.p, "pp": t.pp, "rows": t.rows}
+    if request.stage == "values":
+        bounded, _ = bound_rows({k: rows[k] for k in ("u", "p", "prio", "pp", *(f"v:{c}" for c in request.columns))},
+                                request.l0, request.linf)  # pre-bound: cuts what is written
+        out = {k: bounded[k] for k in ("u", "p", "prio", "pp")}
+        grid = value_grid()
+        for c in request.columns:
+            out[f"c:lo:{c}"], out[f"c:hi:{c}"] = value_codes(bounded[f"v:{c}"], grid)
+        return out
+    return {"u": rows["u"], "p": rows["p"], **{f"v:{c}": rows[f"v:{c}"] for c in request.columns}}
+
+
+def merge_reduced(request: EstimationCountsRequest, parts: list[Columns]) -> Columns:
+    """Reduced batches of the same units merged into one (the pair tables merged, the rows re-bounded)."""
+    rows = _concat(parts)
+    if request.stage == "pairs" and len(parts) > 1:
+        t = PairTable.merge([PairTable(**p) for p in parts])
+        return {"u": t.u, "p": t.p, "pp": t.pp, "rows": t.rows}
+    if request.stage == "values" and len(parts) > 1:
+        return bound_rows(rows, request.l0, request.linf)[0]
+    return rows
+
+
+def part_path(request: EstimationCountsRequest, bucket: int, item: tuple[int, str, int | None, int],
+              flush: int) -> str:
+    """The scratch file of one (bucket, work item, flush): a retried bundle rewrites the same names."""
+    return fs.join(request.staging_dir, PARTS_DIR, f"b{bucket:05d}",
+                   f"f{item[0]}-g{item[2] if item[2] is not None else 'all'}-{flush}.npz")
 
 
 class _ReadForEstimation(beam.DoFn):
-    """WorkItem -> (bucket, reduced batch): the driver path's read (same streams), reduced per batch."""
+    """WorkItem -> (bucket, scratch file): the driver path's read (same streams), reduced, written per bucket."""
 
     def __init__(self, request: EstimationCountsRequest):
         self.request = request
@@ -97,79 +179,78 @@ class _ReadForEstimation(beam.DoFn):
         self._salt = pair_salt(self._read_rng)
 
     @withhold_data_in_errors
-    def process(self, item: tuple[int, str, int | None, int]):
+    def process(self, item: tuple[int, str, int | None, int]) -> Iterator[tuple[int, str]]:
         import pipelines.io as pio  # module attribute lookups, as the release's reader (tests hook them)
 
         r = self.request
         item = (int(item[0]), str(item[1]), None if item[2] is None else int(item[2]), int(item[3]))
+        held: dict[int, list[Columns]] = {}
+        n_held = flush = 0
         for j, (batch, offset) in enumerate(pio.iter_record_batches(item, r.read)):
             rows, _, _ = pio.prepare_batch(batch, item[0], offset, r.read,
                                            self._read_rng.child("read", item[0], item[2] or 0, j), pair_salt=self._salt)
             if not len(rows["u"]):
                 continue
-            if r.stage == "pairs":
-                t = PairTable.of(rows["u"], rows["p"], rows["pp"])
-                table = {"u": t.u, "p": t.p, "pp": t.pp, "rows": t.rows}
-                for key, chunk in split_by_key(table, r.n_buckets):
-                    yield key, RowBlock.of(chunk)
-            else:
-                keep = ("u", "p", "prio", "pp", *(f"v:{c}" for c in r.columns))
-                bounded, _ = bound_rows({k: rows[k] for k in keep}, r.l0, r.linf)  # pre-bound: cuts the shuffle
-                for key, chunk in split_by_key(bounded, r.n_buckets):
-                    yield key, RowBlock.of(chunk)
+            for key, chunk in split_by_key(reduce_batch(r, rows), r.n_buckets):
+                held.setdefault(key, []).append(chunk)
+                n_held += len(chunk["u"])
+            if n_held >= FLUSH_ROWS:  # a large CSV file is one work item: its reduced rows go out in pieces
+                yield from self._write(held, item, flush)
+                held, n_held, flush = {}, 0, flush + 1
+        yield from self._write(held, item, flush)
+
+    def _write(self, held: dict[int, list[Columns]], item: tuple[int, str, int | None, int],
+               flush: int) -> Iterator[tuple[int, str]]:
+        for key in sorted(held):
+            path = part_path(self.request, key, item, flush)
+            fs.write_bytes(path, _pack(merge_reduced(self.request, held[key])))  # private staging (module doc)
+            yield key, path
 
 
-# --------------------------------------------------------------------------- step 2: per bucket
+# --------------------------------------------------------------------------- step 2: count per bucket
 
 
-class MergePairTables(beam.CombineFn):
-    """The pair tables of one bucket merged (equal pairs add their row counts); compacted as they arrive."""
-
-    def create_accumulator(self) -> list[PairTable]:
-        """No table yet."""
-        return []
-
-    def add_input(self, acc: list[PairTable], block: RowBlock) -> list[PairTable]:
-        """One batch's table added; merged into one every 16 tables (memory: the bucket's distinct pairs)."""
-        acc.append(PairTable(**block.rows()))
-        return [PairTable.merge(acc)] if len(acc) > 4 else acc
-
-    def merge_accumulators(self, accs: Iterable[list[PairTable]]) -> list[PairTable]:
-        """Partial tables (lifted combine) merged into one."""
-        tables = [t for a in accs for t in a]
-        return [PairTable.merge(tables)] if tables else []
-
-    def compact(self, acc: list[PairTable]) -> list[PairTable]:
-        """One table before a partial accumulator is shuffled (no pair twice in what crosses the shuffle)."""
-        return [PairTable.merge(acc)] if len(acc) > 1 else acc
-
-    def extract_output(self, acc: list[PairTable]) -> PairTable:
-        """The bucket's table."""
-        return PairTable.merge(acc) if acc else PairTable.of(np.zeros(0), np.zeros(0), np.zeros(0))
-
-
-def _pair_counts(request: EstimationCountsRequest, table: PairTable) -> dict[str, Any]:
-    grid_l0 = np.asarray(request.grid_l0, dtype=np.int64)
-    grid_linf = np.asarray(request.grid_linf, dtype=np.int64)
-    linf = table.linf_counts_at([int(k) for k in grid_l0], grid_linf)
-    return {"l0": _grid_json(table.l0_counts(grid_l0)), "linf": {str(k): _grid_json(c) for k, c in linf.items()}}
-
-
-def _value_counts(request: EstimationCountsRequest, rows: dict[str, np.ndarray]) -> dict[str, Any]:
-    if not rows:
-        return _empty_counts(request)
-    counts = value_counts_of(rows, request.l0, request.linf, request.columns, value_grid())
-    return {"values": {c: _value_json(v) for c, v in counts.items()}}
-
-
-def _empty_counts(request: EstimationCountsRequest) -> dict[str, Any]:
-    """The counts of no rows (an interval without data is data: every count is zero)."""
+def count_rows(request: EstimationCountsRequest, rows: Columns) -> dict[str, Any]:
+    """The pass's counts of the reduced rows of whole units (one bucket, or no rows), as JSON-shaped data."""
     if request.stage == "pairs":
-        return _pair_counts(request, PairTable.of(np.zeros(0), np.zeros(0), np.zeros(0)))
+        table = PairTable(rows["u"], rows["p"], rows["pp"], rows["rows"])
+        linf = table.linf_counts_at(list(request.grid_l0), np.asarray(request.grid_linf, dtype=np.int64))
+        return {"l0": _grid_json(table.l0_counts(np.asarray(request.grid_l0, dtype=np.int64))),
+                "linf": {str(k): _grid_json(c) for k, c in linf.items()}}
+    if request.stage == "values":
+        counts = value_counts_of(rows, request.l0, request.linf, request.columns, value_grid())
+        return {"values": {c: _value_json(v) for c, v in counts.items()}}
+    h = exact_histograms_of_rows(rows, np.asarray(request.public_hashes, dtype=np.uint64), request.histograms,
+                                 request.max_linf)
+    return {"error": h.to_dict()["histograms"]}
+
+
+def empty_rows(request: EstimationCountsRequest) -> Columns:
+    """The reduced columns of no rows (an interval without data is data: every count is zero)."""
     z = np.zeros(0, np.uint64)
-    rows = {"u": z, "p": z, "prio": z, "pp": z, **{f"v:{c}": np.zeros(0) for c in request.columns}}
-    return {"values": {c: _value_json(v) for c, v in value_counts_of(rows, 1, 1, request.columns,
-                                                                      value_grid()).items()}}
+    if request.stage == "pairs":
+        return {"u": z, "p": z, "pp": z, "rows": np.zeros(0, np.int64)}
+    if request.stage == "values":
+        return {"u": z, "p": z, "prio": z, "pp": z,
+                **{f"c:{s}:{c}": np.zeros(0, np.int16) for c in request.columns for s in ("lo", "hi")}}
+    return {"u": z, "p": z, **{f"v:{c}": np.zeros(0) for c in request.columns}}
+
+
+class _CountBucket(beam.DoFn):
+    """(bucket, scratch files) -> the bucket's counts; the files are removed once read."""
+
+    def __init__(self, request: EstimationCountsRequest):
+        self.request = request
+
+    @withhold_data_in_errors
+    def process(self, element: tuple[int, Iterable[str]]) -> Iterator[dict[str, Any]]:
+        _bucket, paths = element
+        files = sorted(set(paths))
+        rows = merge_reduced(self.request, [_unpack(fs.read_bytes(p)) for p in files])
+        counts = count_rows(self.request, rows)
+        del rows
+        fs.delete_files(files)
+        yield counts
 
 
 # --------------------------------------------------------------------------- step 3: the sum
@@ -187,26 +268,29 @@ class SumCounts(beam.CombineFn):
 
     def add_input(self, acc: dict[str, Any] | None, counts: dict[str, Any]) -> dict[str, Any]:
         """One bucket's counts added."""
-        return counts if acc is None else _add_counts(acc, counts)
+        return counts if acc is None else add_counts(acc, counts)
 
     def merge_accumulators(self, accs: Iterable[dict[str, Any] | None]) -> dict[str, Any] | None:
         """Partial sums added (integers: any order gives the same sum)."""
         out = None
         for a in accs:
             if a is not None:
-                out = a if out is None else _add_counts(out, a)
+                out = a if out is None else add_counts(out, a)
         return out
 
     def extract_output(self, acc: dict[str, Any] | None) -> dict[str, Any]:
         """The sum, or the counts of no rows when no bucket had any."""
-        return _empty_counts(self.request) if acc is None else acc
+        return count_rows(self.request, empty_rows(self.request)) if acc is None else acc
 
 
-def _add_counts(a: Any, b: Any) -> Any:
+def add_counts(a: Any, b: Any) -> Any:
+    """Two counts documents added leaf by leaf (dicts by key, lists element-wise, nested lists too)."""
     if isinstance(a, dict):
-        return {k: _add_counts(a[k], b[k]) for k in a}
+        if set(a) != set(b):
+            raise ValueError("estimation counts of two buckets have different fields")  # no data in the text
+        return {k: add_counts(a[k], b[k]) for k in a}
     if isinstance(a, list):
-        return [int(x) + int(y) for x, y in zip(a, b, strict=True)]
+        return [add_counts(x, y) for x, y in zip(a, b, strict=True)]
     return int(a) + int(b)
 
 
@@ -215,14 +299,10 @@ class _WriteCounts(beam.DoFn):
         self.staging_dir = staging_dir
 
     @withhold_data_in_errors
-    def process(self, counts: dict[str, Any]):
-        path = Path(self.staging_dir) / COUNTS_FILE
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # private: exact counts, not DP
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(counts, f)
-        os.replace(tmp, path)
-        yield str(path)
+    def process(self, counts: dict[str, Any]) -> Iterator[str]:
+        path = fs.join(self.staging_dir, COUNTS_FILE)
+        fs.write_bytes(path, json.dumps(counts).encode("utf-8"))  # private staging: exact counts, not DP
+        yield path
 
 
 class EstimationCountsTransform(beam.PTransform):
@@ -235,38 +315,52 @@ class EstimationCountsTransform(beam.PTransform):
         self.request = request
 
     def expand(self, pbegin):
-        """Read and reduce per batch, merge and count per unit bucket, sum the buckets (module docstring)."""
+        """Read, reduce and write per bucket; count per bucket; sum the buckets (module docstring)."""
         r = self.request
-        keyed = (pbegin
-                 | "WorkItems" >> beam.Create(list(r.work_items))
-                 | "ReadForEstimation" >> beam.ParDo(_ReadForEstimation(r)))           # (bucket, RowBlock)
-        if r.stage == "pairs":
-            per_bucket = (keyed
-                          | "MergePairTables" >> beam.CombinePerKey(MergePairTables())  # (bucket, PairTable)
-                          | "CountPairs" >> beam.Map(lambda kv: _pair_counts(r, kv[1])))
-        else:
-            per_bucket = (keyed
-                          | "BoundContributions" >> BoundContributions(r.l0, r.linf)    # (bucket, (rows, stats))
-                          | "CountValues" >> beam.Map(lambda kv: _value_counts(r, kv[1][0])))
-        return per_bucket | "SumBuckets" >> beam.CombineGlobally(SumCounts(r))
+        return (pbegin
+                | "WorkItems" >> beam.Create(list(r.work_items))
+                | "ReshuffleItems" >> beam.Reshuffle()          # spread the work items over the workers
+                | "ReadForEstimation" >> beam.ParDo(_ReadForEstimation(r))      # (bucket, scratch file)
+                | "FilesPerBucket" >> beam.GroupByKey()
+                | "CountBucket" >> beam.ParDo(_CountBucket(r))                  # the bucket's counts
+                | "SumBuckets" >> beam.CombineGlobally(SumCounts(r)))
+
+
+def counts_of_document(request: EstimationCountsRequest, doc: Mapping[str, Any]) -> PassCounts:
+    """The ``PassCounts`` of a counts document (the pass's output, or ``count_rows`` of some rows)."""
+    if request.stage == "pairs":
+        return PassCounts(l0=_grid_of(doc["l0"]), linf={int(k): _grid_of(v) for k, v in doc["linf"].items()})
+    if request.stage == "values":
+        return PassCounts(values={c: _value_of(v) for c, v in doc["values"].items()})
+    empty = exact_histograms_of_rows(empty_rows(request), np.asarray(request.public_hashes, dtype=np.uint64),
+                                     request.histograms, request.max_linf)
+    return PassCounts(histograms=BoundHistograms.from_dict({**empty.to_dict(), "histograms": doc["error"]},
+                                                           value_grid()))
 
 
 def count_estimation(request: EstimationCountsRequest) -> PassCounts:
-    """Run one counting pass (``dpops.release.pipeline_seam.COUNT_ESTIMATION``) and return its counts."""
+    """Run one counting pass (``dpops.release.pipeline_seam.COUNT_ESTIMATION``) and return its counts.
+
+    The pipeline is made first: it points Beam's FileSystems at the run's options (the S3 endpoint), which
+    listing the input's row groups (``work_items``) and reading the counts back need on this side too."""
+    import dataclasses
+
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from pipelines import fs
+    from pipelines.io import work_items
 
     opts = fs.s3_options(list(request.runner_options))
     with beam.Pipeline(runner=request.runner, options=PipelineOptions(opts)) as p:
+        if request.input_paths:
+            request = dataclasses.replace(request, work_items=tuple(
+                work_items([fs.normalize(x) for x in request.input_paths], request.input_format)))
         (p | "EstimationCounts" >> EstimationCountsTransform(request)
            | "WriteCounts" >> beam.ParDo(_WriteCounts(request.staging_dir)))
-    path = Path(request.staging_dir) / COUNTS_FILE
-    doc = json.loads(path.read_text(encoding="utf-8"))
-    path.unlink()
-    if request.stage == "pairs":
-        return PassCounts(l0=_grid_of(doc["l0"]), linf={int(k): _grid_of(v) for k, v in doc["linf"].items()})
-    return PassCounts(values={c: _value_of(v) for c, v in doc["values"].items()})
+    path = fs.join(request.staging_dir, COUNTS_FILE)
+    doc = json.loads(fs.read_bytes(path).decode("utf-8"))
+    fs.delete_files([path])
+    return counts_of_document(request, doc)
 
 
-__all__ = ["COUNTS_FILE", "EstimationCountsTransform", "MergePairTables", "SumCounts", "count_estimation"]
+__all__ = ["COUNTS_FILE", "EstimationCountsTransform", "SumCounts", "add_counts", "count_estimation", "count_rows",
+           "counts_of_document", "empty_rows", "merge_reduced", "reduce_batch"]

@@ -130,6 +130,36 @@ def delete_tree(dir_: str) -> None:
         _fs().delete(files)
 
 
+def delete_everything_under(dir_: str) -> None:
+    """Remove ``dir_`` and every file below it, at any depth (``delete_tree`` removes its direct files only on
+    object stores). Missing is fine."""
+    dir_ = normalize(dir_)
+    if is_local(dir_):
+        delete_tree(dir_)
+        return
+    try:
+        res = _fs().match([join(dir_, "**")])
+    except Exception:  # noqa: BLE001 - Beam raises BeamIOError for "nothing matched" on some filesystems
+        return
+    files = [m.path for r in res for m in r.metadata_list]
+    if files:
+        _fs().delete(files)
+
+
+def delete_files(paths: list[str]) -> None:
+    """Remove these files (local paths or URIs). Missing is fine."""
+    paths = [normalize(x) for x in paths]
+    local = [x for x in paths if is_local(x)]
+    for x in local:
+        try:
+            os.remove(x)
+        except FileNotFoundError:
+            pass
+    remote = [x for x in paths if not is_local(x)]
+    if remote:
+        _fs().delete(remote)
+
+
 def make_dirs(dir_: str) -> None:
     dir_ = normalize(dir_)
     if is_local(dir_):

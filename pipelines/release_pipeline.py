@@ -49,6 +49,7 @@ from pipelines.bounding import (
     AggregationSpec,
     aggregate_bucket,
     merge_partials,
+    aggregation_spec,
     metric_layout,
 )
 from pipelines.elements import WorkItem
@@ -157,7 +158,7 @@ def build_context(spec, plan, request: ComputeRequest, parts_dir: str, n_buckets
     filter, as a sample is not an interval's input."""
     types = dict(spec.input.columns)
     unit_col = None if spec.privacy_unit.record_level else spec.privacy_unit.column
-    value_cols, cats, sums, hists, catspecs = metric_layout(plan)
+    value_cols, cats, _, _, _ = metric_layout(plan)
     public_names = public_hashes = None
     if plan.public_partitions is not None:
         tuples = [tuple(p) for p in plan.public_partitions]
@@ -172,9 +173,7 @@ def build_context(spec, plan, request: ComputeRequest, parts_dir: str, n_buckets
         category_columns=cats, public_hashes=public_hashes, n_buckets=n_buckets or N_BUCKETS, n_shards=N_SHARDS,
         time_column=spec.input.time_column if time_filter else None,
         time_window_ns=_window_ns(request) if time_filter else None)
-    agg = AggregationSpec(
-        l0=plan.max_partitions_per_unit, linf=plan.max_rows_per_unit_per_partition,
-        sums=sums, hists=hists, cats=catspecs)
+    agg = aggregation_spec(plan)  # the release's bounds, and per-metric bound sets when the spec has them
     label = tuple(sorted((str(k), str(v)) for k, v in request.noise_label.items()))
     os_salt = None
     if request.randomness == "os":

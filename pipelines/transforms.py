@@ -363,7 +363,10 @@ class AggregatePerPartition(beam.PTransform):
 
 
 def empty_acc(agg: AggregationSpec) -> dict[str, np.ndarray]:
-    acc = {"count": np.zeros(0, np.int64), "unit_count": np.zeros(0, np.int64)}
+    acc: dict[str, np.ndarray] = {}
+    for sfx in agg.set_suffixes:  # "" alone without per-metric bound sets (pipelines.bounding.AggregationSpec)
+        acc["count" + sfx] = np.zeros(0, np.int64)
+        acc["unit_count" + sfx] = np.zeros(0, np.int64)
     for name, *_ in agg.sums:
         acc[name] = np.zeros(0, np.int64)  # exact fixed-point sums (pipelines.bounding)
     for name, _c, _lo, _hi, bins in agg.hists:

@@ -26,7 +26,8 @@ from fuzz_support import register_profiles
 register_profiles()
 
 # Keeps the suite running when a library closes pytest's own capture file (tests/capture_guard.py says how).
-pytest_plugins = ["capture_guard", "pytester"]  # pytester: tests/test_capture_guard.py runs pytest
+# cpu_report: wall and CPU per test file with DPOPS_TEST_CPU_REPORT=DIR (tests/cpu_report.py says why).
+pytest_plugins = ["capture_guard", "cpu_report", "pytester"]  # pytester: tests/test_capture_guard.py runs pytest
 
 # The S3 test server (session scope, started on first use) and a fresh bucket per test, for every module.
 from s3_support import moto_server, s3  # noqa: E402, F401
@@ -66,6 +67,7 @@ SLOWEST_FIRST = (
     "test_backfill.py",  # 221 s
     "test_dags_airflow.py",  # 161 s
     "test_demo.py",  # 133 s: make demo twice, real DAG runs
+    "test_cluster_estimate.py",  # ~410 s under load 8-25: two estimations on isolated workers, input on S3
     "test_cluster_release.py",  # 127 s
     "test_deploy_stack.py",  # 114 s
     "test_cluster_harness.py",  # 87 s

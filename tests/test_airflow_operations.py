@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_support import VENV_BIN, airflow_cli, make_workspace, pg_exec, start_stack
+from airflow_support import VENV_BIN, airflow_cli, create_backfill, make_workspace, pg_exec, start_stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(1500)]
 
@@ -91,17 +91,12 @@ def backfill(stack, day: int, *, reprocess: str | None = None) -> tuple[str, dic
     """``airflow backfill create`` of one day (retried while the previous backfill is being closed); waits
     for that day's backfill run to finish and returns (run_id, run)."""
     dag_id = stack.ws.dag_id
-    args = ["backfill", "create", "--dag-id", dag_id, "--from-date", DAY[day], "--to-date", DAY[day]]
+    args = ["--from-date", DAY[day], "--to-date", DAY[day]]
     if reprocess:
         args += ["--reprocess-behavior", reprocess]
     before = _backfill_run(stack, day)
-    deadline = time.monotonic() + 90
-    while True:
-        proc = airflow_cli(stack.env, *args, check=False)
-        if proc.returncode == 0:
-            break
-        assert time.monotonic() < deadline, proc.stdout[-2000:] + proc.stderr[-2000:]
-        time.sleep(1)  # the scheduler marks a finished backfill complete every 30 s (Airflow 3.3, fixed)
+    # once the scheduler has closed the previous backfill (it does every 30 s in Airflow 3.3)
+    create_backfill(stack.env, stack.meta_url, dag_id, *args, alive=stack.alive, timeout=90)
     deadline = time.monotonic() + 60
     while True:
         row = _backfill_run(stack, day)

@@ -108,17 +108,21 @@ def test_started_run_is_recomputed_with_the_same_noise(env, monkeypatch):
     """A crash after start (noise may be drawn): the retry recomputes the same keyed result, no new charge."""
     root, spec, url, key = env
     calls = {"n": 0}
-    real = E.estimate_rows
+    names = ("estimate_rows", "estimate_counts", "estimate_by_error")  # every engine's and method's mechanisms
+    real = {name: getattr(E, name) for name in names}
 
     def crash(*a, **k):
         calls["n"] += 1
         raise RuntimeError("worker lost")
 
-    monkeypatch.setattr(E, "estimate_rows", crash)
+    for name in names:
+        monkeypatch.setattr(E, name, crash)
     with pytest.raises(RuntimeError):
         _run(spec, url, key)
+    assert calls["n"] == 1
     n, total = _entries(url)
-    monkeypatch.setattr(E, "estimate_rows", real)
+    for name in names:
+        monkeypatch.setattr(E, name, real[name])
     est = _run(spec, url, key)
     assert est.state == "committed" and est.epsilon_charged == 0.0
     assert _entries(url)[1] == total

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_support import airflow_cli, make_workspace, metadata_db, pg_exec, start_stack
+from airflow_support import airflow_cli, create_backfill, make_workspace, metadata_db, pg_exec, start_stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(900)]
 
@@ -160,17 +160,9 @@ def test_backfill_through_scheduler_never_exceeds_cap_and_rerun_is_free(
         ledger.close()
 
         # The same backfill again, reprocessing completed runs: served, nothing charged, nothing changed.
-        deadline = time.monotonic() + 60
-        while True:  # the first backfill must be marked complete before another is accepted
-            try:
-                airflow_cli(env, "backfill", "create", "--dag-id", dag_id, "--from-date", "2024-01-01",
-                     "--to-date", f"2024-01-{DAYS:02d}", "--max-active-runs", "2",
-                     "--reprocess-behavior", "completed")
-                break
-            except AssertionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(1)  # the scheduler marks a backfill complete every 30 s
+        # once the scheduler has marked the first backfill complete (every 30 s): one is accepted at a time
+        create_backfill(env, airflow_pg_db, dag_id, "--from-date", "2024-01-01", "--to-date", f"2024-01-{DAYS:02d}",
+                        "--max-active-runs", "2", "--reprocess-behavior", "completed", alive=af.alive, timeout=60)
         phase("reprocessing backfill created")
         rows2 = _wait_runs(airflow_pg_db, dag_id, DAYS, procs, min_clear=1)
         phase("reprocessing backfill finished")

@@ -387,3 +387,33 @@ def test_plan_solve_counts_the_estimation_and_its_written_spec_runs_within_the_c
     charged = _status(e)[0]
     assert math.isclose(charged, declared, rel_tol=1e-6) and charged <= 1.2 * (1 + 1e-12), (charged, declared)
     assert math.isclose(charged, sol["cost"], rel_tol=1e-3), (sol["cost"], charged)
+
+
+def test_the_release_estimation_reads_through_the_beam_pipeline(tmp_path, monkeypatch, capsys):
+    """``bounds: estimate`` estimates on the Beam engine (issue 27 item 1): the driver's row reader is never
+    called, and the committed bounds are those the driver engine recomputes over the same prepared context
+    (the reference)."""
+    from dpops.analysis.estimate import option_config
+    from dpops.release import estimation as R
+    from dpops.release.preparation import prepare
+    from dpops.spec import load_spec
+
+    e = _option_env(tmp_path, monkeypatch)
+    real = R.read_rows
+
+    def no_driver_read(*a, **k):
+        raise AssertionError("the estimation read the rows into the driver")
+
+    monkeypatch.setattr(R, "read_rows", no_driver_read)
+    code, out, err = e.json(capsys, "release", "run", str(e.spec), *e.base(), "--ledger", e.url, "--publish",
+                            "--no-gx-checks", "--json")
+    assert code == 0, err
+    monkeypatch.setattr(R, "read_rows", real)
+    mdir = tmp_path / "out" / "manifests" / "purchases_test"
+    est = next(m for m in (json.loads(p.read_text()) for p in mdir.glob("*.json")) if m.get("estimation"))
+    config = option_config(load_spec(e.spec))
+    ctx = prepare(e.spec, "2024-01-01", key_path=str(e.key), for_estimation=True)
+    run = R.EstimationRun(ctx, R.run_key_of(ctx, config))
+    assert run.key.run_id == est["run_id"]
+    ref = R.compute_estimation(run, config, R.random_source(run.ctx, run.key), engine="driver")
+    assert est["estimation"]["result"] == ref.result()

@@ -31,6 +31,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(900)]
 
 SENTINEL = "SENTINEL-spec-Zq81xW"
 CONSUMER = "af_stack_consumer"
+# A DAG whose one task writes which modules its process has loaded before it imports anything itself: the probe of
+# the preload's premise (every LocalExecutor task is a fork of the scheduler, which imported them).
+PROBE = "af_stack_preload_probe"
+SETTINGS = Path(__file__).resolve().parent.parent / "deploy" / "airflow_config" / "airflow_local_settings.py"
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +53,23 @@ def stack(tmp_path_factory, postgres_url):
         "from airflow.providers.standard.operators.empty import EmptyOperator\n"
         f"with DAG('{CONSUMER}', schedule=[Asset(name='dpops_af_stack', uri='dpops://releases/af_stack')]):\n"
         "    EmptyOperator(task_id='read_release')\n")
+    (dags / f"{PROBE}.py").write_text(
+        "import json, os, sys\n"
+        "from airflow.sdk import DAG, task\n"
+        f"with DAG('{PROBE}', schedule=None):\n"
+        "    @task\n"
+        "    def loaded():\n"
+        "        ancestors, pid = [], os.getpid()\n"
+        "        while pid > 1:\n"
+        "            with open(f'/proc/{pid}/stat') as f:\n"
+        "                pid = int(f.read().rsplit(')', 1)[1].split()[1])\n"
+        "            ancestors.append(pid)\n"
+        f"        with open({str(tmp / 'probe.json')!r}, 'w') as f:\n"
+        "            json.dump({'modules': sorted(sys.modules), 'ancestors': ancestors}, f)\n"
+        "    loaded()\n")
     with metadata_db(postgres_url, "airflow_dag") as meta_url, ExitStack() as es:
         yield start_stack(
-            es, tmp, meta_url, ws, dags_folder=dags, more_dags=(CONSUMER,),
+            es, tmp, meta_url, ws, dags_folder=dags, more_dags=(CONSUMER, PROBE),
             DPOPS_TASK_RETRIES="2",
             # The scheduler's own run of the latest real interval has no input: it gives up after 20 s.
             DPOPS_INPUT_POKE_SECONDS="5",
@@ -219,3 +237,26 @@ def test_the_scheduler_preloads_the_task_code_and_the_api_server_does_not(stack)
     assert any(beam in f for f in _mapped_files(scheduler.pid)), "the scheduler did not preload apache_beam"
     assert not any(beam in f for f in _mapped_files(api.pid))
     assert not any(beam in f for f in _mapped_files(dag_processor.pid))
+
+
+def test_a_task_process_starts_with_the_preloaded_modules_loaded(stack):
+    """The premise of the preload: a LocalExecutor task is forked (not a fresh interpreter) from a worker forked from
+    the scheduler, so what the scheduler imported is loaded in the task before it imports anything. Airflow 3.3 on
+    Linux: the executor's workers are ``multiprocessing`` processes (``fork`` unless ``mp_start_method`` says
+    otherwise, the default before Python 3.14) and the task supervisor uses a bare ``os.fork`` (fork + exec only on
+    macOS). A spawned or fork-server task would re-import GX and Beam (5-6 CPU s each task) and fail here."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dpops_test_local_settings", SETTINGS)
+    assert spec is not None and spec.loader is not None
+    settings = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(settings)  # argv is pytest's: nothing is preloaded here
+    with stack.client() as c:
+        r = c.post(f"/dags/{PROBE}/dagRuns", json={"logical_date": None})
+        assert r.status_code in (200, 201), r.text
+        run_id = r.json()["dag_run_id"]
+    assert stack.wait_run(PROBE, run_id, timeout=180)["state"] == "success", stack.tis(PROBE, run_id)
+    probe = json.loads((stack.home.parent / "probe.json").read_text())
+    assert stack.procs[1].pid in probe["ancestors"], probe["ancestors"]  # procs[1]: the scheduler
+    missing = [m for m in settings.PRELOAD_MODULES if m not in probe["modules"]]
+    assert missing == [], f"the task process had not loaded {missing}"

@@ -110,6 +110,27 @@ def test_beam_counts_and_bounds_equal_the_driver_path(tmp_path, monkeypatch, fmt
     assert results["driver"]["max_partitions_per_unit"] is not None and set(results["driver"]["bounds"]) == {"amount"}
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_error_method_histograms_and_bounds_equal_the_driver_path(tmp_path, monkeypatch, fmt):
+    """error/1 (the CLI's default method) on the Beam engine: the exact histograms the workers sum equal the
+    driver's over all rows, cell for cell, and so do the noisy histograms, the choice and the bounds."""
+    from dpops.analysis import estimate as E
+
+    spec, key = _env(tmp_path, monkeypatch, fmt)
+    config = EstimateConfig(epsilon=1.0, method="error/1", max_l0=16, max_linf=64)
+    run = _run(spec, key, config)
+    rows = R.read_rows(run.ctx, R.random_source(run.ctx, run.key).child("estimate", "read"))
+    driver = E.error_exact_histograms(run.ctx.spec, rows, config, E.public_partition_hashes(run.ctx.spec))
+    beam = R.PipelineCounts(run, config).error_histograms()
+    assert beam.names() == driver.names() == ["units", "pairs", "partitions", "values:amount"]
+    for name in driver.names():
+        assert np.array_equal(beam.get(name), driver.get(name)), name
+    assert int(driver.get("partitions").sum()) > 0
+    out = {e: R.compute_estimation(run, config, R.random_source(run.ctx, run.key), engine=e) for e in ("beam", "driver")}
+    assert out["beam"].result() == out["driver"].result()
+    assert out["beam"].histograms == out["driver"].histograms and out["beam"].choice == out["driver"].choice
+
+
 def test_test_mode_and_an_empty_interval_agree(tmp_path, monkeypatch):
     spec, key = _env(tmp_path, monkeypatch, "parquet", users=50)
     config = EstimateConfig(epsilon=0.7, max_l0=16, max_linf=16)
@@ -143,12 +164,13 @@ def test_a_charged_estimation_on_the_beam_engine_commits_what_the_driver_compute
         assert est.state == "committed"
         assert verify_manifest(read_manifest(est.manifest), ledger=led).ok
     run = _run(spec, key, config)
-    assert est.result() == R.compute_estimation(run, config, R.random_source(run.ctx, run.key)).result()
+    assert est.result() == R.compute_estimation(run, config, R.random_source(run.ctx, run.key),
+                                                 engine="driver").result()
 
 
 def test_an_engine_that_could_only_fail_after_the_charge_is_refused_before_anything_is_reserved(tmp_path,
                                                                                                   monkeypatch):
-    """An unknown engine, the error/1 method (it needs rows), Beam missing, or keyed mode without a key reference
+    """An unknown engine, Beam missing, or keyed mode without a key reference
     for the workers: each would fail (or choose by another rule) after ``ledger.start``, so each is refused
     before the reservation."""
     from dpops.errors import InvalidParameter
@@ -163,9 +185,6 @@ def test_an_engine_that_could_only_fail_after_the_charge_is_refused_before_anyth
         config = EstimateConfig(epsilon=1.0)
         with pytest.raises(InvalidParameter, match="engine must be one of"):
             estimate(spec, *DAY, config=config, ledger=led, key_path=str(key), engine="spark")
-        with pytest.raises(InvalidParameter, match="reads the rows"):  # error/1 needs rows, not counts
-            estimate(spec, *DAY, config=EstimateConfig(epsilon=1.0, method="error/1"), ledger=led,
-                     key_path=str(key), engine="beam")
 
         def no_beam():
             raise ModuleNotFoundError("No module named 'apache_beam'", name="apache_beam")
@@ -198,7 +217,8 @@ def test_the_cli_engine_option_runs_the_beam_counts(tmp_path, monkeypatch):
     assert done["state"] == "committed"
     config = EstimateConfig(epsilon=0.6)
     run = _run(spec, key, config)
-    assert done["result"] == R.compute_estimation(run, config, R.random_source(run.ctx, run.key)).result()
+    assert done["result"] == R.compute_estimation(run, config, R.random_source(run.ctx, run.key),
+                                                  engine="driver").result()
 
 
 @pytest.mark.slow

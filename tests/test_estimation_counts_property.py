@@ -96,3 +96,63 @@ def test_counts_are_their_definitions_and_add_up_over_any_split_of_the_units(cas
     v = whole.value_counts(2, 3, ["x"], gv)["x"]
     assert total_v.n == v.n and np.array_equal(total_v.below, v.below) and np.array_equal(total_v.at_or_below,
                                                                                           v.at_or_below)
+
+
+def _request(stage: str, public: np.ndarray):
+    from dpops.release.pipeline_seam import EstimationCountsRequest
+    from pipelines.io import ReadConfig
+
+    read = ReadConfig(format="parquet", types={}, unit_column="u", partition_columns=(), value_columns=("x",))
+    return EstimationCountsRequest(stage=stage, read=read, work_items=(), label=(), randomness="test", key_ref=None,
+                                   key_id=None, test_seed=0, staging_dir="", grid_l0=tuple(int(x) for x in
+                                                                                            contribution_grid(16)),
+                                   grid_linf=tuple(int(x) for x in contribution_grid(16)), l0=2, linf=3,
+                                   columns=("x",), public_hashes=tuple(int(x) for x in public),
+                                   histograms=("units", "pairs", "partitions", "values:x"), max_linf=16)
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(rows_and_split())
+def test_the_workers_reduce_write_and_count_steps_sum_to_the_counts_of_all_rows(case):
+    """``pipelines.estimation``'s own steps (a batch reduced as the reader does, a bucket's reduced batches merged
+    and counted, the buckets' counts documents added, the document read back) give, for each pass, exactly what
+    the driver computes over all rows at once; and the value counts, computed from each value's two grid cells
+    (``value_codes``), are their definition over the rows bounding keeps (#{v < c} and #{v <= c})."""
+    from dpops.analysis.estimate import exact_histograms_of_rows
+    from pipelines.estimation import add_counts, count_rows, counts_of_document, empty_rows, merge_reduced, reduce_batch
+
+    rows, buckets, batches, seed = case
+    g0, g1, gv = contribution_grid(16), contribution_grid(16), value_grid()
+    public = np.unique(rows["p"])[::-1]  # plan order need not be sorted
+    g = np.random.default_rng(seed + 2)
+    bucket_of_unit = {int(x): int(g.integers(0, buckets)) for x in np.unique(rows["u"])}
+    key = np.array([bucket_of_unit[int(x)] for x in rows["u"]], dtype=np.int64)
+    batch = g.integers(0, batches, len(rows["u"]))
+    kept, _, _ = bound_contributions(rows["u"], rows["p"], rows["prio"], 2, 3, rows["pp"])
+    v = np.sort(rows["v:x"][kept])
+    for stage in ("pairs", "values", "error"):
+        req = _request(stage, public)
+        doc = None
+        for b in range(buckets):
+            reduced = [reduce_batch(req, {k: x[(key == b) & (batch == j)] for k, x in rows.items()})
+                       for j in range(batches)]
+            c = count_rows(req, merge_reduced(req, reduced))
+            doc = c if doc is None else add_counts(doc, c)
+        got = counts_of_document(req, doc if doc is not None else count_rows(req, empty_rows(req)))
+        whole = RowCounts(rows)
+        if stage == "pairs":
+            assert got.l0 is not None and got.l0.n == whole.l0_counts(g0).n
+            assert np.array_equal(got.l0.at_or_below, whole.l0_counts(g0).at_or_below)
+            for l0 in g0:
+                w = whole.linf_counts(int(l0), g1)
+                assert got.linf[int(l0)].n == w.n and np.array_equal(got.linf[int(l0)].at_or_below, w.at_or_below)
+        elif stage == "values":
+            vc = got.values["x"]
+            assert vc.n == v.size
+            assert np.array_equal(vc.below, np.searchsorted(v, gv, side="left"))
+            assert np.array_equal(vc.at_or_below, np.searchsorted(v, gv, side="right"))
+        else:
+            exact = exact_histograms_of_rows(rows, public, req.histograms, 16)
+            assert got.histograms is not None and got.histograms.names() == exact.names()
+            for name in exact.names():
+                assert np.array_equal(got.histograms.get(name), exact.get(name)), name

@@ -135,6 +135,16 @@ def test_keyed_and_os_randomness_are_refused(env, capsys, monkeypatch, mode):
     assert not (env.root / "o").exists()
 
 
+def test_per_metric_contribution_bounds_are_refused_before_the_read(env, capsys, monkeypatch):
+    """simulate scores every metric against the release's bound set: a metric with its own bounds is refused."""
+    _no_read(monkeypatch)
+    env.spec.write_text(SPEC.replace("LINF", "3").replace(
+        "{type: count}", "{type: count, contribution: {max_rows_per_unit_per_partition: 1}}"), encoding="utf-8")
+    code, _, err = _run(capsys, "simulate", str(env.spec), "--sample", str(env.public / "sample.csv"), "--out", "o")
+    assert code == 3 and "metrics[0].contribution" in err and "dpops simulate" in err, err
+    assert not (env.root / "o").exists()
+
+
 @pytest.mark.parametrize("args,what", [(["--draws", "0"], "--draws"), (["--alpha", "1.5"], "--alpha"),
                                        (["--confidence", "1"], "--confidence")])
 def test_bad_parameters_are_refused_before_the_read(env, capsys, monkeypatch, args, what):

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_support import (REPO, VENV_BIN, Stack, airflow_cli, make_workspace, metadata_db, pg_exec,
+from airflow_support import (REPO, VENV_BIN, Stack, airflow_cli, create_backfill, make_workspace, metadata_db, pg_exec,
                              start_airflow, start_stack, stop_process)
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(1500)]
@@ -163,11 +163,9 @@ def backfill(year: Year, first: int, last: int, *extra: str) -> dict[int, dict]:
     dag_id = f"dpops_{RELEASE}"
     meta = year.stack.meta_url
     before = pg_exec(meta, "SELECT coalesce(max(id), 0) FROM backfill WHERE dag_id = %s", (dag_id,), fetch=True)[0][0]
-    args = ["backfill", "create", "--dag-id", dag_id, "--from-date", DAY[first], "--to-date", DAY[last], *extra]
-    deadline = time.monotonic() + 90
-    while (proc := airflow_cli(year.stack.env, *args, check=False)).returncode != 0:
-        assert time.monotonic() < deadline, proc.stdout[-2000:] + proc.stderr[-2000:]
-        time.sleep(2)  # Airflow 3.3 marks a finished backfill complete on a 30 s loop
+    # once the scheduler has closed the earlier backfill (Airflow 3.3 does on a 30 s loop)
+    create_backfill(year.stack.env, meta, dag_id, "--from-date", DAY[first], "--to-date", DAY[last], *extra,
+                    alive=year.stack.alive, timeout=90)
     (bid,) = pg_exec(meta, "SELECT id FROM backfill WHERE dag_id = %s AND id > %s", (dag_id, before), fetch=True)[0]
     rows = pg_exec(meta, "SELECT run_id, logical_date, clear_number FROM dag_run WHERE backfill_id = %s", (bid,),
                    fetch=True)

@@ -529,11 +529,13 @@ class ValueCounts:
 @dataclass(frozen=True)
 class PassCounts:
     """What one counting pass over the input returns (``pipelines.estimation.count_estimation``): the L0 counts
-    and the Linf counts at each candidate L0 (a ``pairs`` pass), or the value counts per column (``values``)."""
+    and the Linf counts at each candidate L0 (a ``pairs`` pass), the value counts per column (``values``), or
+    error/1's exact histograms (``error``)."""
 
     l0: GridCounts | None = None
     linf: dict[int, GridCounts] = field(default_factory=dict)
     values: dict[str, ValueCounts] = field(default_factory=dict)
+    histograms: BoundHistograms | None = None  # an ``error`` pass: error/1's exact histograms (private, not DP)
 
 
 class EstimationCounts(Protocol):
@@ -623,20 +625,41 @@ class PairTable:
         return out
 
 
+def value_codes(v: np.ndarray, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each value's two cells on the public ``grid`` (int16): ``lo`` = #{grid points < v}, ``hi`` = #{grid points
+    <= v}. v <= c_j iff lo <= j, and v < c_j iff hi <= j (the grid is strictly increasing), so the codes carry
+    all the value mechanisms see of a row: a worker may keep two small integers instead of the value."""
+    x = np.asarray(v, dtype=np.float64)
+    return (np.searchsorted(grid, x, side="left").astype(np.int16),
+            np.searchsorted(grid, x, side="right").astype(np.int16))
+
+
+def value_counts_of_codes(lo: np.ndarray, hi: np.ndarray, grid_size: int) -> ValueCounts:
+    """``ValueCounts`` of rows given by their ``value_codes``: #{v < c_j} = #{hi <= j}, #{v <= c_j} = #{lo <= j}.
+    Exact integers; additive over disjoint sets of rows."""
+    n = int(np.asarray(lo).size)
+    below = np.cumsum(np.bincount(np.asarray(hi, np.int64), minlength=grid_size + 1))[:grid_size]
+    at_or_below = np.cumsum(np.bincount(np.asarray(lo, np.int64), minlength=grid_size + 1))[:grid_size]
+    return ValueCounts(below.astype(np.int64), at_or_below.astype(np.int64), n)
+
+
 def value_counts_of(rows: Mapping[str, np.ndarray], l0: int, linf: int, columns: Sequence[str],
                     grid: np.ndarray) -> dict[str, ValueCounts]:
     """``EstimationCounts.value_counts`` over ``rows`` (bounded here at (l0, linf); bounding is idempotent, so
-    rows already bounded at the same bounds give the same counts)."""
+    rows already bounded at the same bounds give the same counts). A row's value is read as its
+    ``value_codes`` (column ``c:lo:<col>``/``c:hi:<col>`` when the rows carry them, as the Beam workers' do,
+    else computed from ``v:<col>``): one counting rule for the driver and the workers."""
     from pipelines.bounding import bound_contributions
 
     kept, _, _ = bound_contributions(np.asarray(rows["u"]), np.asarray(rows["p"]), rows["prio"], l0, linf,
                                      rows["pp"])
     out = {}
     for col in columns:
-        v = np.sort(np.asarray(rows[f"v:{col}"], dtype=np.float64)[kept])
-        out[col] = ValueCounts(np.searchsorted(v, grid, side="left").astype(np.int64),  # r(c) = #{v < c}
-                               np.searchsorted(v, grid, side="right").astype(np.int64),  # r(c) = #{v <= c}
-                               int(v.size))
+        if f"c:lo:{col}" in rows:
+            lo, hi = np.asarray(rows[f"c:lo:{col}"])[kept], np.asarray(rows[f"c:hi:{col}"])[kept]
+        else:
+            lo, hi = value_codes(np.asarray(rows[f"v:{col}"], dtype=np.float64)[kept], grid)
+        out[col] = value_counts_of_codes(lo, hi, int(grid.size))
     return out
 
 
@@ -738,35 +761,84 @@ def estimate_counts(spec: ReleaseSpec, counts: EstimationCounts, config: Estimat
 
 def _estimate_by_error(spec: ReleaseSpec, rows: Mapping[str, np.ndarray], config: EstimateConfig,
                        rng: RandomSource) -> Estimate:
-    """error/1 (``dpops.analysis.bound_choice``): the exact histograms of the rows (every unit's weights sum to
-    at most S, so no bounding is needed for the sensitivity), each noised at its share by the release's own
-    discrete Laplace, then the bounds minimising the release's predicted error, chosen from the noisy
-    histograms alone (post-processing). Runs after the charge: an empty interval gives zero histograms and
-    the choice still returns grid points."""
-    import pandas as pd
+    """error/1 over rows in memory: ``error_exact_histograms`` of the rows, then ``estimate_by_error``."""
+    return estimate_by_error(spec, error_exact_histograms(spec, rows, config, public_partition_hashes(spec)),
+                             config, rng)
 
-    from dpops.analysis import bound_choice as B
+
+def public_partition_hashes(spec: ReleaseSpec) -> np.ndarray:
+    """The release's public partitions' hashes in plan order (partition code i = the plan's i-th partition):
+    what ``error_exact_histograms`` indexes its per-partition histogram by. Public (the spec's list)."""
     from dpops.release_plan import plan_release
     from pipelines.io import hash_partition_tuples
 
-    plan = mechanisms(spec, config)
     plan_r = plan_release(spec)
-    pub_keys: list[Any] = list(plan_r.public_partitions or [])
     types = {k: str(v) for k, v in spec.input.columns.items()}
-    pub = hash_partition_tuples([tuple(x) for x in pub_keys], tuple(plan_r.partition_columns), types)
+    return np.asarray(hash_partition_tuples([tuple(x) for x in (plan_r.public_partitions or [])],
+                                            tuple(plan_r.partition_columns), types), dtype=np.uint64)
+
+
+def error_exact_histograms(spec: ReleaseSpec, rows: Mapping[str, np.ndarray], config: EstimateConfig,
+                           pub: np.ndarray) -> BoundHistograms:
+    """error/1's exact histograms of ``rows`` (``exact_histograms_of_rows`` with this spec's histogram names and
+    this configuration's Linf grid; ``pub``: ``public_partition_hashes(spec)``)."""
+    names = [m.name.split(":", 1)[1] for m in mechanisms(spec, config)]
+    return exact_histograms_of_rows(rows, pub, names, int(config.max_linf))
+
+
+def exact_histograms_of_rows(rows: Mapping[str, np.ndarray], pub: np.ndarray, names: Sequence[str],
+                             max_linf: int) -> BoundHistograms:
+    """``bound_choice.exact_histograms`` of the rows of some units: ``names`` as ``error_histogram_names``,
+    ``pub`` the public partitions' hashes in plan order. Every histogram is a sum over units of each unit's
+    own weights, so the histograms of disjoint sets of units add up to those of their union, cell for cell
+    (integers): the Beam workers compute them per unit bucket and sum (``add_histograms``). Exact, private:
+    only ``estimate_by_error`` sees them. Dense unit codes are local to the call (a unit's weights depend on
+    its own rows only)."""
+    import pandas as pd
+
+    from dpops.analysis import bound_choice as B
+
+    pub = np.asarray(pub, dtype=np.uint64)
     order = np.argsort(pub, kind="stable")
     p = np.asarray(rows["p"], dtype=np.uint64)
     pos = np.minimum(np.searchsorted(pub[order], p), max(len(pub) - 1, 0))
     inside = (pub[order][pos] == p) if len(pub) else np.zeros(p.size, bool)  # the reader keeps public ones only
     ucode, _ = pd.factorize(np.asarray(rows["u"])[inside], sort=False)
     pcode = order[pos[inside]] if len(pub) else np.zeros(0, np.int64)
+    cols = [n.split(":", 1)[1] for n in names if n.startswith("values:")]
+    return B.exact_histograms(ucode.astype(np.int64), np.asarray(pcode, np.int64),
+                              {c: np.asarray(rows[f"v:{c}"], dtype=np.float64)[inside] for c in cols},
+                              n_partitions=len(pub), linf_grid=contribution_grid(max_linf),
+                              v_grid=value_grid(), names=list(names))
+
+
+def add_histograms(a: BoundHistograms, b: BoundHistograms) -> BoundHistograms:
+    """The exact histograms of two disjoint sets of units added cell by cell (``error_exact_histograms``)."""
+    import dataclasses
+
+    def plus(x: np.ndarray | None, y: np.ndarray | None) -> np.ndarray | None:
+        return None if x is None or y is None else np.asarray(x, np.int64) + np.asarray(y, np.int64)
+
+    parts = plus(a.partitions, b.partitions)
+    assert parts is not None
+    return dataclasses.replace(a, units=plus(a.units, b.units), pairs=plus(a.pairs, b.pairs), partitions=parts,
+                               values={c: a.values[c] + b.values[c] for c in a.values})
+
+
+def estimate_by_error(spec: ReleaseSpec, exact: BoundHistograms, config: EstimateConfig,
+                      rng: RandomSource) -> Estimate:
+    """error/1 (``dpops.analysis.bound_choice``): the exact histograms of the rows (every unit's weights sum to
+    at most S, so no bounding is needed for the sensitivity), each noised at its share by the release's own
+    discrete Laplace, then the bounds minimising the release's predicted error, chosen from the noisy
+    histograms alone (post-processing). Runs after the charge: an empty interval gives zero histograms and
+    the choice still returns grid points. The result depends on the data through ``exact`` alone, so exact
+    histograms summed by workers give the same bounds, bit for bit, as those of all rows at once."""
+    from dpops.analysis import bound_choice as B
+
+    plan = mechanisms(spec, config)
     names = [m.name.split(":", 1)[1] for m in plan]
     cols = [n.split(":", 1)[1] for n in names if n.startswith("values:")]
-    linf_grid = contribution_grid(config.max_linf)
     contrib = "units" in names
-    exact = B.exact_histograms(ucode.astype(np.int64), np.asarray(pcode, np.int64),
-                               {c: np.asarray(rows[f"v:{c}"], dtype=np.float64)[inside] for c in cols},
-                               n_partitions=len(pub), linf_grid=linf_grid, v_grid=value_grid(), names=names)
     noisy = B.noisy_histograms(exact, {n: m.epsilon for n, m in zip(names, plan, strict=True)},
                                spec.privacy_unit.adjacency, rng.child("estimate", ERROR_METHOD))
     choice = choose_from_histograms(spec, config, noisy)
@@ -862,4 +934,6 @@ __all__ = ["EstimateConfig", "Estimate", "Mechanism", "option_config", "option_e
            "estimate_rows", "events", "mechanisms", "value_grid", "contribution_grid", "estimation_hash",
            "quantile_choice", "spec_patch", "is_test_key_id", "recompute_section", "manifest_section",
            "QUANTILE_METHOD", "ERROR_METHOD", "METHODS", "choose_from_histograms", "target_check",
-           "error_histogram_names", "RELEASE_SUFFIX", "ESTIMATION_SCHEMA"]
+           "error_histogram_names", "RELEASE_SUFFIX", "ESTIMATION_SCHEMA", "value_codes", "value_counts_of_codes",
+           "error_exact_histograms", "estimate_by_error", "public_partition_hashes", "add_histograms",
+           "exact_histograms_of_rows"]

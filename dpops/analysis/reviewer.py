@@ -40,6 +40,11 @@ def lines(spec: ReleaseSpec, plan: ReleasePlan, predictions: list[Prediction] | 
         out.append(f"It covers the unit's whole contribution after bounding: at most {c.max_partitions_per_unit} "
                    f"partition(s) and {c.max_rows_per_unit_per_partition} row(s) per partition; rows beyond these "
                    "bounds are dropped before noise, so a unit with more data is protected by the same epsilon.")
+        own = [(m.key, *spec.metric_contribution(m.key)) for m in spec.metrics if m.contribution is not None]
+        if own:  # per-metric bounds: each such metric's vectors see the unit's rows bounded by its own bounds
+            out.append("Some metrics bound the unit's contribution with their own bounds, charged with the "
+                       "sensitivity those give: " + "; ".join(f"{k}: at most {a} partition(s) and {b} row(s) per "
+                                                             "partition" for k, a, b in own) + ".")
     if u.period:
         out.append(f"The unit is period-scoped ({u.description}; period: one {u.period}): the same person on "
                    f"another {u.period} is another unit, so the guarantee for a person over many periods composes "

@@ -83,8 +83,11 @@ def _metric(plan: ReleasePlan, key: str) -> MetricPlan:
 
 def rows_at(plan: ReleasePlan, t: ErrorTarget | RankTarget) -> int:
     """Rows of the partition a target is about: ``at_units`` units with ``rows_per_unit`` rows each, of which
-    bounding keeps at most Linf (``max_rows_per_unit_per_partition``); never fewer than ``at_units``."""
-    per_unit = min(float(t.rows_per_unit), float(plan.max_rows_per_unit_per_partition))
+    bounding keeps at most Linf (``max_rows_per_unit_per_partition``: the target metric's own when it has
+    per-metric bounds, ``MetricPlan.contribution``); never fewer than ``at_units``."""
+    own = _metric(plan, t.metric).contribution
+    linf = plan.max_rows_per_unit_per_partition if own is None else own[1]
+    per_unit = min(float(t.rows_per_unit), float(linf))
     return max(int(t.at_units), int(math.floor(t.at_units * per_unit * (1 + 1e-12))))
 
 

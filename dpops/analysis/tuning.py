@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dpops.errors import InputDataError, InvalidParameter
+from dpops.spec import refuse_metric_contributions
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -762,6 +763,8 @@ def tune(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any],
     from pipelines.bounding import contribution_ranks, metric_layout
 
     s = load(spec)
+    refuse_metric_contributions(s, "dpops tune", "tune a copy without metrics[].contribution, or choose those "
+                                                 "metrics' bounds with dpops plan")
     if isinstance(sample, (str, os.PathLike)):
         sample = check_public_sample(s, sample)  # public only: never a private read without its ledger entry
     if isinstance(sample, SampleAccess):

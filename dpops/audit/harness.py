@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dpops.errors import DpopsError, SpecError
+from dpops.spec import refuse_metric_contributions
 
 if TYPE_CHECKING:
     from dpops.noise.randomness import RandomSource
@@ -70,9 +71,13 @@ class Harness:
     # spec: a dpops.spec.ReleaseSpec; left untyped until pipelines.io takes Mapping[str, str] column types
     def __init__(self, spec: Any, plan: ReleasePlan, *, category_column: str | None = None,
                  category_domain: tuple = ()):
-        from pipelines.bounding import AggregationSpec, metric_layout
+        from pipelines.bounding import aggregation_spec, metric_layout
         from pipelines.io import ReadConfig
 
+        # The scenarios build neighbours at the release's (L0, Linf); a metric with its own bounds would be
+        # audited at bounds it does not use, so the audit refuses it rather than report a meaningless pass.
+        refuse_metric_contributions(spec, "the planted-bug audit", "audit each bound set as its own release "
+                                                                   "(a spec whose contribution is that metric's)")
         self.spec = spec
         self.plan = dataclasses.replace(plan, postprocess={**plan.postprocess, **AUDIT_POSTPROCESS})
         self.types = dict(spec.input.columns)
@@ -83,14 +88,13 @@ class Harness:
         if self.types[self.part_cols[0]] == "bool":
             raise SpecError(f"{spec.source}: audit needs a non-bool first partition column to lay out trials, "
                             f"{self.part_cols[0]!r} is bool")
-        value_cols, cats, sums, hists, catspecs = metric_layout(plan)  # the pipeline's own layout
+        value_cols, cats, _, _, _ = metric_layout(plan)  # the pipeline's own layout
         self.value_cols = value_cols
         self.cat_cols = cats
         self.read = ReadConfig(format="parquet", types=self.types, unit_column=self.unit_col,
                                partition_columns=self.part_cols, value_columns=self.value_cols,
                                category_columns=cats, public_hashes=None)
-        self.agg = AggregationSpec(l0=plan.max_partitions_per_unit, linf=plan.max_rows_per_unit_per_partition,
-                                   sums=sums, hists=hists, cats=catspecs)
+        self.agg = aggregation_spec(plan)
 
     # ------------------------------------------------------------------ layout
     def partition_values(self, n_parts: int) -> list[list[Any]]:

@@ -42,10 +42,23 @@ from dpops.errors import InvalidParameter
 @click.option("--spec-out", "spec_out", type=click.Path(dir_okay=False), default=None,
               help="also write the patched spec here, as dpops spec apply-patch would (relative paths in it start "
                    "at its own directory: write it next to SPEC)")
-@click.option("--engine", type=click.Choice(["driver", "beam"]), default="driver", show_default=True,
-              help="where the counts the mechanisms see are computed: driver (the interval's rows read into this "
-                   "process) or beam (a Beam pipeline on the in-process runner; only public-grid counts come back). "
-                   "Both choose the same bounds")
+@click.option("--engine", type=click.Choice(["beam", "driver"]), default="beam", show_default=True,
+              help="where the private read runs: beam (a Beam pipeline; only public-grid counts reach this process, "
+                   "so its memory does not grow with the input) or driver (every row of the interval read into this "
+                   "process: the reference the tests compare Beam with, for small inputs). Both choose the same "
+                   "bounds")
+@click.option("--runner", default="FnApiRunner", show_default=True,
+              help="--engine beam: the Beam runner (FnApiRunner in process; PortableRunner with --runner-option "
+                   "--job_endpoint=... for a cluster, as dpops release run)")
+@click.option("--runner-option", "runner_options", multiple=True,
+              help="--engine beam: a Beam pipeline option for the runner, repeatable (e.g. --job_endpoint=HOST:PORT)")
+@click.option("--staging", default=None,
+              help="--engine beam: a private location (local directory or s3:// prefix) that the workers and this "
+                   "process both reach, for the workers' scratch files and the exact counts (removed after each "
+                   "pass); default a fresh 0700 temporary directory here, which only in-process workers see")
+@click.option("--buckets", type=click.IntRange(1, 1 << 16), default=64, show_default=True,
+              help="--engine beam: unit-hash buckets between the read and the count (a worker holds about 1/N of "
+                   "the rows; each work item writes up to N scratch files: fewer suit small inputs on S3)")
 @click.option("--randomness", type=click.Choice(["keyed", "test"]), default="keyed", show_default=True,
               help="keyed: the noise key's CSPRNG stream (retries free); test: seeded, never for publication")
 @click.option("--test-seed", "test_seed", type=int, default=None, help="the seed of --randomness test")
@@ -55,10 +68,13 @@ from dpops.errors import InvalidParameter
 @json_option
 def cli(spec_path: str, interval: str, epsilon: float, method: str, quantile: float, contribution: bool,
         columns: tuple[str, ...], max_l0: int, max_linf: int, out_dir: str, spec_out: str | None, engine: str,
-        randomness: str, test_seed: int | None, key_file: str | None, actor: str | None, as_json: bool) -> None:
+        runner: str, runner_options: tuple[str, ...], staging: str | None, buckets: int, randomness: str,
+        test_seed: int | None,
+        key_file: str | None, actor: str | None, as_json: bool) -> None:
     """Estimate contribution and value bounds under DP; charge the scope; write a spec patch."""
     from dpops.analysis.estimate import EstimateConfig, patch_document
     from dpops.analysis.tune_output import apply_patch_document
+    from dpops.release.estimation import EstimationEngine
     from dpops.release.execute import estimate
     from dpops.release.preparation import requested_interval
     from dpops.spec import load_spec, parse_spec, read_spec_document
@@ -75,7 +91,7 @@ def cli(spec_path: str, interval: str, epsilon: float, method: str, quantile: fl
     with open_cli_ledger() as led:
         est = estimate(spec_path, iv.start, iv.end, config=config, ledger=led, randomness=randomness,
                        key_path=key_file, test_seed=test_seed if randomness == "test" else None, actor=actor,
-                       engine=engine)
+                       engine=EstimationEngine(engine, runner, tuple(runner_options), staging, buckets))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     doc = patch_document(est)

@@ -131,6 +131,9 @@ def show_cmd(run_or_file: str, manifests: str | None, spec: str | None, as_json:
                   f"{', record-level' if u['record_level'] else ''})")
     show(f"contribution: at most {c['max_partitions_per_unit']} partitions per unit, "
                   f"{c['max_rows_per_unit_per_partition']} rows per unit per partition; value bounds {m['value_bounds']}")
+    for key, own in (c.get("per_metric") or {}).items():
+        show(f"  {key}: its own bounds, at most {own['max_partitions_per_unit']} partitions per unit, "
+             f"{own['max_rows_per_unit_per_partition']} rows per unit per partition")
     eps = p["run"]["epsilon"]
     show(f"privacy: this run eps={_fmt(eps)} at delta={p['run']['delta']:g} with {m['accountant']['ref']} "
                   f"(requested eps={p['requested']['epsilon']:g}, delta={p['requested']['delta']:g}; "

@@ -152,6 +152,10 @@ def check_cmd(file: str, as_json: bool, key_file: str | None, require_targets: b
     c = spec.contribution
     say(f"  contribution: at most {c.max_partitions_per_unit} partition(s) per unit, "
                f"{c.max_rows_per_unit_per_partition} row(s) per unit and partition")
+    for m in spec.metrics:
+        if m.contribution is not None:
+            l0, linf = spec.metric_contribution(m.key)
+            say(f"    {m.key}: its own bounds, at most {l0} partition(s) per unit, {linf} row(s) per unit and partition")
     p = doc["partitions"]
     say(f"  partitions by {', '.join(p['columns'])}: {p['strategy']}"
                + (f" ({p['public_count']} listed)" if p["public_count"] is not None else ""))

@@ -112,6 +112,19 @@ def spec_sections(spec_document: Mapping[str, Any]) -> dict[str, Any]:
         strategy = "public"
         public_count = len(parts.get("public") or []) or None
     value_bounds = {}
+    release_bounds = {"max_partitions_per_unit": int(contribution["max_partitions_per_unit"]),
+                      "max_rows_per_unit_per_partition": int(contribution["max_rows_per_unit_per_partition"])}
+    # Per-metric contribution bounds (``metrics[].contribution``): each such metric's EFFECTIVE (L0, Linf), its
+    # override merged onto the release's, the same merge as ``ReleaseSpec.metric_contribution``. Only metrics
+    # bounded otherwise than the release appear, and the key only when one does: manifests of specs without
+    # overrides keep exactly their form. ``verify`` recomputes each such metric's sensitivities from these.
+    per_metric: dict[str, dict[str, int]] = {}
+    for m in spec_document["metrics"]:
+        own = m.get("contribution")
+        if own:
+            eff = {**release_bounds, **{k: int(v) for k, v in own.items() if v is not None}}
+            if eff != release_bounds:
+                per_metric[m.get("name") or (f"{m['type']}_{m['column']}" if m.get("column") else m["type"])] = eff
     for m in spec_document["metrics"]:
         if m.get("bounds") is not None:
             key = m.get("name") or f"{m['type']}_{m['column']}"
@@ -127,10 +140,7 @@ def spec_sections(spec_document: Mapping[str, Any]) -> dict[str, Any]:
             "period": unit.get("period"),
             "population": unit.get("population"),
         },
-        "contribution_bounds": {
-            "max_partitions_per_unit": int(contribution["max_partitions_per_unit"]),
-            "max_rows_per_unit_per_partition": int(contribution["max_rows_per_unit_per_partition"]),
-        },
+        "contribution_bounds": {**release_bounds, **({"per_metric": per_metric} if per_metric else {})},
         "value_bounds": value_bounds,
         "partitions": {"strategy": strategy, "columns": list(parts["columns"]), "public_count": public_count},
     }

@@ -3,7 +3,11 @@
 The inputs are the manifest's top-level ``privacy_unit.adjacency``,
 ``contribution_bounds`` and ``value_bounds`` (not the plan's copies), so a
 manifest whose summary was edited (say L0 lowered to make the claim look
-stronger) fails here even if the plan section was left alone. The mapping from
+stronger) fails here even if the plan section was left alone. A metric bounded with its own contribution
+bounds (``contribution_bounds.per_metric``, from ``metrics[].contribution``) is recomputed from those: its
+vectors were computed on rows bounded by them, so its sensitivity follows from them alone; the plan's copy
+(``release_plan.metrics[].contribution``) must agree, and a metric listed there but not in ``per_metric`` (or
+the reverse) is a mismatch. The mapping from
 a noised vector's name to its query is the documented layout of
 ``dpops.release_plan`` (mean = normalised sum + count; variance adds the
 normalised sum of centred squares over [0, ((hi-lo)/2)^2]).
@@ -20,8 +24,12 @@ from dpops.noise import sensitivity as S
 _TOL = 1e-9
 
 
-def _bounds(m: dict[str, Any]) -> Any:
+def _bounds(m: dict[str, Any], key: Any = None) -> Any:
+    """The contribution bounds of metric ``key`` (its ``per_metric`` entry, else the release's); of the release
+    when ``key`` is None."""
     c = m["contribution_bounds"]
+    if key is not None:
+        c = (c.get("per_metric") or {}).get(key, c)
     return S.ContributionBounds(
         adjacency=m["privacy_unit"]["adjacency"],
         max_partitions=int(c["max_partitions_per_unit"]),
@@ -78,12 +86,18 @@ def recompute_sensitivities(m: dict[str, Any]) -> list[str]:
     this check needs nothing but the manifest.
     """
     out: list[str] = []
-    b = _bounds(m)
+    release_b = _bounds(m)
     plan = m["release_plan"]
-    count_s = S.count(b)
+    per_metric = m["contribution_bounds"].get("per_metric") or {}
     for i, metric in enumerate(plan.get("metrics", [])):
         where = f"release_plan.metrics[{i}]"
         key = metric.get("key")
+        b = _bounds(m, key)
+        count_s = S.count(b)
+        own = per_metric.get(key)
+        if metric.get("contribution") != own:
+            out.append(f"{where}.contribution: {metric.get('contribution')!r}, but contribution_bounds.per_metric"
+                       f".{key} is {own!r} (absent: the release's bounds)")
         lohi = m["value_bounds"].get(key)
         if metric.get("bounds") is not None and lohi is not None and _ne(list(metric["bounds"]), list(lohi)):
             out.append(f"{where}.bounds: {metric['bounds']} but value_bounds.{key} says {lohi}")
@@ -144,8 +158,12 @@ def recompute_sensitivities(m: dict[str, Any]) -> list[str]:
                 out.append(f"{where}.runs_per_unit: manifest says {metric.get('runs_per_unit')!r}, "
                            f"a unit reaches {int(count_s.max_coords)} partitions")
     sel = (plan.get("partitions") or {}).get("selection")
-    if sel is not None and sel.get("max_partitions_per_unit") != b.max_partitions:
+    if sel is not None and sel.get("max_partitions_per_unit") != release_b.max_partitions:
         out.append("release_plan.partitions.selection.max_partitions_per_unit: "
                    f"{sel.get('max_partitions_per_unit')!r}, "
-                   f"but contribution_bounds.max_partitions_per_unit is {b.max_partitions}")
+                   f"but contribution_bounds.max_partitions_per_unit is {release_b.max_partitions}")
+    for key, own in per_metric.items():  # the spec refuses a metric L0 above the release's (dpops.spec)
+        if int(own["max_partitions_per_unit"]) > release_b.max_partitions:
+            out.append(f"contribution_bounds.per_metric.{key}.max_partitions_per_unit: {own['max_partitions_per_unit']}"
+                       f" exceeds the release's {release_b.max_partitions}: partition selection would not cover it")
     return out

@@ -15,11 +15,12 @@ The steps are a release's, with the same ledger semantics:
    source, the manifests directory, the result path) runs before ``ledger.start`` and is refunded; from
    ``start`` on the charge stays.
 4. **compute** (``compute_estimation``): the release's own reader (type checks, null/NaN drops, hashing, public
-   partitions, the time filter) and the pure mechanisms (``dpops.analysis.estimate.estimate_counts``), either
-   with the rows read into this process (``engine="driver"``: ``read_rows``, ``estimate_rows``) or with the
-   counts computed by Beam on the workers (``engine="beam"``: ``PipelineCounts``, ``pipelines.estimation``),
-   only public-grid counts coming back. Both give the same bounds. An interval without rows is data, never
-   an error: this runs after ``start``.
+   partitions, the time filter) and the pure mechanisms (``dpops.analysis.estimate.estimate_counts``; error/1:
+   ``estimate_by_error``), by default with the counts computed by Beam on the workers (``engine="beam"``:
+   ``PipelineCounts``, ``pipelines.estimation``), only public-grid counts coming back, so the driver's memory
+   does not grow with the input; or with the rows read into this process (``engine="driver"``: ``read_rows``,
+   ``estimate_rows``), the reference the tests hold the workers to. Both give the same bounds. An interval
+   without rows is data, never an error: this runs after ``start``.
 5. **commit** (``commit_estimation``): the manifest (``manifest verify`` recomputes it), the result file, then
    ``ledger.commit`` with the manifest's sha256; a test-mode run ends ``spent_unpublished`` instead
    (``end_test_mode``).
@@ -73,8 +74,10 @@ from dpops.analysis.estimate import (
 )
 from dpops.errors import BudgetExceeded, IntegrityError, InvalidParameter, LedgerError, SpecError, public_message
 from dpops.release.context import RunContext
+from dpops.spec import refuse_metric_contributions
 
 if TYPE_CHECKING:
+    from dpops.analysis.bound_choice import BoundHistograms
     from dpops.events import PrivacyEvent
     from dpops.ledger import Ledger, RunKey, RunRecord
     from dpops.noise.randomness import RandomSource
@@ -189,6 +192,10 @@ def reserve_estimation(ctx: RunContext, config: EstimateConfig, ledger: Ledger, 
                        for_release: bool = False) -> Reserved | Estimate:
     """Serve the committed estimation of this request (an ``Estimate``), or reserve a new one (``Reserved``).
 
+    A spec with per-metric contribution bounds is refused first (``dpops.spec.refuse_metric_contributions``):
+    the estimation chooses one bound set for the release, so its result would not be the bounds those metrics
+    use; nothing is reserved.
+
     The same request again (same spec, interval, input, key and configuration) is the same run key: a
     committed one is served from its manifest, a started one is recomputed with the same keyed noise;
     neither is charged again. Over the cap the ledger refuses (``BudgetExceeded``) and nothing changes.
@@ -202,6 +209,9 @@ def reserve_estimation(ctx: RunContext, config: EstimateConfig, ledger: Ledger, 
     reserved, when the release's interval is already published (``refuse_new_estimation_of_published``)."""
     from dpops.release.key_continuity import check_key_continuity
     from dpops.release.reservation import check_scope, refuse_new_estimation_of_published
+
+    refuse_metric_contributions(ctx.spec, "dpops estimate",
+                                "remove metrics[].contribution to estimate the release's bounds, then add them back")
 
     spec = ctx.spec
     evs = estimator.events(spec, config)  # refuses a request with nothing to estimate before anything is written
@@ -304,25 +314,64 @@ def start_estimation(ledger: Ledger, reserved: Reserved) -> RandomSource:
 # --------------------------------------------------------------------------- step 4: compute
 
 
-ENGINES = ("driver", "beam")  # how compute_estimation counts: rows in this process, or Beam passes on workers
+ENGINES = ("beam", "driver")  # how compute_estimation counts: Beam passes on workers (the default), or rows here
+DEFAULT_ENGINE = "beam"
 
 
-def compute_estimation(run: EstimationRun, config: EstimateConfig, rng: RandomSource, *, engine: str = "driver",
-                       runner: str = "FnApiRunner", runner_options: Sequence[str] = ()) -> Estimate:
-    """The interval's counts through the pure mechanisms (``dpops.analysis.estimate.estimate_counts``).
+@dataclass(frozen=True)
+class EstimationEngine:
+    """Where an estimation's private read runs (``compute_estimation``).
 
-    ``engine="driver"``: the rows read into this process (``read_rows``) and counted here; ``"beam"``: counted by
-    Beam passes on the workers (``PipelineCounts``), only the public-grid counts coming back. Both read with the
-    same streams and count with the same functions, so they give the same bounds, bit for bit. Runs after
-    ``ledger.start``: nothing here may depend on the data to fail (an empty interval is data)."""
-    if engine not in ENGINES:
-        raise InvalidParameter(f"estimation engine must be one of {ENGINES}, got {engine!r}")
-    if engine == "driver":
+    ``name``: ``beam`` (the default: Beam passes over the input, ``pipelines.estimation``; only public-grid
+    counts reach this process, and a worker holds about one unit bucket's rows, so memory does not grow with
+    the input) or ``driver`` (every row of the interval read into this process: the reference the tests
+    compare the workers with, bounded by this machine's memory). ``runner``/``runner_options``: the Beam
+    runner, as ``dpops release run --runner``. ``staging``: a private location the workers and this process
+    both reach (a local directory or an object-store prefix) for the workers' scratch files and the counts;
+    None: a fresh 0700 temporary directory on this machine, which only in-process workers see. Public
+    configuration: it changes where the counts are computed, never what they are (the same bounds).
+    ``buckets``: how many unit-hash buckets the rows are split into between the read and the count: a worker
+    holds about 1/``buckets`` of the rows, and each work item writes up to ``buckets`` scratch files (fewer
+    suit small inputs on an object store, where each file is a request)."""
+
+    name: str = DEFAULT_ENGINE
+    runner: str = "FnApiRunner"
+    runner_options: tuple[str, ...] = ()
+    staging: str | None = None
+    buckets: int = 64
+
+    @classmethod
+    def of(cls, engine: str | EstimationEngine) -> EstimationEngine:
+        """An engine from its name (``ENGINES``) or itself; an unknown name is refused."""
+        e = cls(name=engine) if isinstance(engine, str) else engine
+        if e.name not in ENGINES:
+            raise InvalidParameter(f"estimation engine must be one of {ENGINES}, got {e.name!r}; nothing was reserved")
+        if isinstance(e.buckets, bool) or not isinstance(e.buckets, int) or not 1 <= e.buckets <= 1 << 16:
+            raise InvalidParameter(f"estimation buckets must be an integer in [1, 65536], got {e.buckets!r}; nothing "
+                                   "was reserved")
+        return e
+
+
+def compute_estimation(run: EstimationRun, config: EstimateConfig, rng: RandomSource, *,
+                       engine: str | EstimationEngine = DEFAULT_ENGINE) -> Estimate:
+    """The interval's counts through the pure mechanisms (``dpops.analysis.estimate.estimate_counts``; error/1:
+    ``estimate_by_error`` over the exact histograms).
+
+    ``engine`` (``EstimationEngine``) ``beam``: counted by Beam passes on the workers (``PipelineCounts``), only
+    the public-grid counts (error/1: the exact histograms on the public bins) coming back; ``driver``: the rows
+    read into this process (``read_rows``) and counted here. Both read with the same streams and count with the
+    same functions, so they give the same bounds, bit for bit. Runs after ``ledger.start``: nothing here may
+    depend on the data to fail (an empty interval is data)."""
+    eng = EstimationEngine.of(engine)
+    if eng.name == "driver":
         rows = read_rows(run.ctx, rng.child("estimate", "read"))
         est = estimator.estimate_rows(run.ctx.spec, rows, config, rng)  # looked up at call time (tests plant faults)
     else:
-        counts = PipelineCounts(run, config, runner=runner, runner_options=runner_options)
-        est = estimator.estimate_counts(run.ctx.spec, counts, config, rng)
+        counts = PipelineCounts(run, config, eng)
+        if config.method == QUANTILE_METHOD:
+            est = estimator.estimate_counts(run.ctx.spec, counts, config, rng)
+        else:
+            est = estimator.estimate_by_error(run.ctx.spec, counts.error_histograms(), config, rng)
     est.run_id = run.key.run_id
     return est
 
@@ -393,38 +442,59 @@ class PipelineCounts:
     never the key; the workers rebuild the estimation's read stream from it (``random_source``'s label). The
     counts come back through a private directory (``tempfile.mkdtemp``: 0700), removed after each pass."""
 
-    def __init__(self, run: EstimationRun, config: EstimateConfig, *, runner: str = "FnApiRunner",
-                 runner_options: Sequence[str] = ()):
-        from pipelines.io import work_items
-
-        self.run, self.config = run, config
-        self.runner, self.runner_options = runner, tuple(runner_options)
-        self.items = tuple(work_items(list(run.ctx.input_paths), run.ctx.spec.input.format))
+    def __init__(self, run: EstimationRun, config: EstimateConfig, engine: EstimationEngine | None = None):
+        self.run, self.config, self.engine = run, config, engine or EstimationEngine()
         self.read = read_config(run.ctx)
         self._pairs: PassCounts | None = None
 
     def _pass(self, request: Callable[[str], EstimationCountsRequest]) -> PassCounts:
         import shutil
         import tempfile
+        import uuid
 
         from dpops.release.pipeline_seam import load_count_estimation
 
-        staging = tempfile.mkdtemp(prefix="dpops-estimate-")  # 0700: the counts are exact, not DP
+        if self.engine.staging is None:
+            staging = tempfile.mkdtemp(prefix="dpops-estimate-")  # 0700: the counts and scratch are exact, not DP
+            try:
+                return load_count_estimation()(request(staging))
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+        from pipelines import fs
+
+        # a fresh location per pass under the operator's private staging (workers on other machines reach it)
+        staging = fs.join(self.engine.staging, f"dpops-estimate-{uuid.uuid4().hex}")
+        if fs.is_local(staging):
+            os.makedirs(staging, mode=0o700)
         try:
             return load_count_estimation()(request(staging))
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            fs.delete_everything_under(staging)  # a failed pass may leave scratch files of some buckets
 
     def _request(self, staging: str, stage: str, *, grid_l0: tuple[int, ...] = (), grid_linf: tuple[int, ...] = (),
-                 l0: int = 1, linf: int = 1, columns: tuple[str, ...] = ()) -> EstimationCountsRequest:
+                 l0: int = 1, linf: int = 1, columns: tuple[str, ...] = (), public_hashes: tuple[int, ...] = (),
+                 histograms: tuple[str, ...] = ()) -> EstimationCountsRequest:
         from dpops.release.pipeline_seam import EstimationCountsRequest
 
         ctx, key = self.run.ctx, self.run.key
         return EstimationCountsRequest(
-            stage=stage, read=self.read, work_items=self.items, label=tuple(random_label(key).items()),
+            stage=stage, read=self.read, work_items=(), input_paths=tuple(str(x) for x in ctx.input_paths),
+            input_format=ctx.spec.input.format, label=tuple(random_label(key).items()),
             randomness=ctx.randomness, key_ref=ctx.key_path, key_id=ctx.key_id, test_seed=ctx.test_seed,
             staging_dir=staging, grid_l0=grid_l0, grid_linf=grid_linf, l0=l0, linf=linf, columns=columns,
-            runner=self.runner, runner_options=self.runner_options)
+            public_hashes=public_hashes, histograms=histograms, max_linf=int(self.config.max_linf),
+            runner=self.engine.runner, runner_options=self.engine.runner_options, n_buckets=self.engine.buckets)
+
+    def error_histograms(self) -> BoundHistograms:
+        """One ``error`` pass: error/1's exact histograms (``estimate.error_exact_histograms``), summed per bucket."""
+        spec = self.run.ctx.spec
+        names = tuple(m.name.split(":", 1)[1] for m in estimator.mechanisms(spec, self.config))
+        cols = tuple(n.split(":", 1)[1] for n in names if n.startswith("values:"))
+        pub = tuple(int(x) for x in estimator.public_partition_hashes(spec))
+        h = self._pass(lambda staging: self._request(staging, "error", columns=cols, public_hashes=pub,
+                                                     histograms=names)).histograms
+        assert h is not None
+        return h
 
     def _pairs_pass(self) -> PassCounts:
         from dpops.analysis.estimate import contribution_grid
@@ -521,20 +591,13 @@ def _write_result(path: Path, est: Estimate) -> None:
 # --------------------------------------------------------------------------- the whole run
 
 
-def check_engine(ctx: RunContext, engine: str, config: EstimateConfig) -> None:
-    """Refuse, before anything is reserved, an engine that could only fail (or choose otherwise) after
-    ``ledger.start``: an unknown name; ``beam`` with ``--method error/1``, whose noisy histograms need the rows
-    themselves (the Beam passes return only the public-grid counts of quantile/1); ``beam`` without Beam
-    installed (the pipeline is imported here); ``beam`` in keyed mode without a key reference for the workers
-    (a key object handed to ``prepare`` cannot be shipped, by design)."""
-    if engine not in ENGINES:
-        raise InvalidParameter(f"estimation engine must be one of {ENGINES}, got {engine!r}; nothing was reserved")
-    if engine != "beam":
-        return
-    if config.method != QUANTILE_METHOD:
-        raise InvalidParameter(f"estimate --engine beam computes the counts of --method {QUANTILE_METHOD} only; "
-                               f"--method {config.method} reads the rows: use --engine driver or --method "
-                               f"{QUANTILE_METHOD}; nothing was reserved")
+def check_engine(ctx: RunContext, engine: str | EstimationEngine, config: EstimateConfig) -> EstimationEngine:
+    """Refuse, before anything is reserved, an engine that could only fail after ``ledger.start``: an unknown
+    name; ``beam`` without Beam installed (the pipeline is imported here); ``beam`` in keyed mode without a key
+    reference for the workers (a key object handed to ``prepare`` cannot be shipped, by design)."""
+    eng = EstimationEngine.of(engine)
+    if eng.name != "beam":
+        return eng
     if ctx.randomness == "keyed" and not ctx.key_path:
         raise InvalidParameter("estimate --engine beam: the workers resolve the noise key from its reference, and "
                                "this run has none (pass --key-file); nothing was reserved")
@@ -544,23 +607,25 @@ def check_engine(ctx: RunContext, engine: str, config: EstimateConfig) -> None:
         load_count_estimation()
     except ImportError as exc:
         raise InvalidParameter(f"estimate --engine beam needs Apache Beam (pip install 'dpops[beam]'): {exc.name} "
-                               "is not installed; nothing was reserved") from None
+                               "is not installed (--engine driver reads the rows into this process instead); "
+                               "nothing was reserved") from None
+    return eng
 
 
 def run_estimation(ctx: RunContext, config: EstimateConfig, ledger: Ledger, *,
                    then_charges: Sequence[PrivacyEvent] = (), serve_only: bool = False,
-                   for_release: bool = False, engine: str = "driver") -> Estimate:
+                   for_release: bool = False, engine: str | EstimationEngine = DEFAULT_ENGINE) -> Estimate:
     """Steps 2-5 over a prepared context (``prepare(..., for_estimation=True)``): serve, or reserve, start,
     compute, commit. A failure before ``start`` refunds the reservation; after it the run stays started
     (charged) and a retry recomputes the same result for free. Keywords as ``reserve_estimation``; ``engine``
-    as ``compute_estimation`` (both engines give the same bounds, so a retry may use either)."""
-    check_engine(ctx, engine, config)  # before anything is reserved
+    as ``compute_estimation`` (every engine gives the same bounds, so a retry may use any)."""
+    eng = check_engine(ctx, engine, config)  # before anything is reserved
     reserved = reserve_estimation(ctx, config, ledger, then_charges=then_charges, serve_only=serve_only,
                                   for_release=for_release)
     if isinstance(reserved, Estimate):
         return reserved
     rng = start_estimation(ledger, reserved)
-    est = compute_estimation(reserved.run, config, rng, engine=engine)  # a failure now leaves the run started
+    est = compute_estimation(reserved.run, config, rng, engine=eng)  # a failure now leaves the run started
     return commit_estimation(ledger, reserved, est)
 
 
@@ -571,6 +636,7 @@ def refuse_os_randomness(randomness: str) -> None:
                                "use keyed randomness (the default), whose retries are free")
 
 
-__all__ = ["EstimationRun", "Reserved", "commit_estimation", "compute_estimation", "end_test_mode", "manifests_folder",
+__all__ = ["DEFAULT_ENGINE", "ENGINES", "EstimationEngine", "EstimationRun", "Reserved", "commit_estimation",
+           "compute_estimation", "end_test_mode", "manifests_folder",
            "random_source", "read_rows", "refuse_os_randomness", "reserve_estimation", "result_path",
            "run_estimation", "run_key_of", "served_estimation", "start_estimation"]

@@ -42,9 +42,8 @@ from dpops.release.context import (
     pick_attempt,
     report_stage,
 )
-from dpops.release.estimation import refuse_os_randomness, run_estimation
+from dpops.release.estimation import DEFAULT_ENGINE, EstimationEngine, refuse_os_randomness, run_estimation
 from dpops.release.manifests import ensure_manifest, spec_manifests_dir
-from dpops.release.pipeline_seam import warm_pipeline
 from dpops.release.preparation import Planner, named_interval, prepare
 from dpops.release.publication import publish
 from dpops.release.refusals import budget_refusal_reason, record_refusal
@@ -162,8 +161,7 @@ def execute_release(spec_path: str | os.PathLike[str], interval_start: IntervalB
     ``previous_key_paths``: noise keys of earlier rotations (default ``$DPOPS_PREVIOUS_NOISE_KEY_FILES``): an
     interval published under one of them is served when its input is unchanged under that key."""
     ctx = prepare(spec_path, interval_start, interval_end, randomness=randomness, key_path=key_path,
-                  test_seed=test_seed, key=key, planner=planner, actor=actor, progress=progress, ledger=ledger,
-                  warm=warm_pipeline if run_release is None else None)
+                  test_seed=test_seed, key=key, planner=planner, actor=actor, progress=progress, ledger=ledger)
     if previous_key_paths:
         ctx.previous_key_paths = tuple(previous_key_paths)
     return _run_steps(ctx, ledger, publish_output=publish_output, runner=runner, runner_options=runner_options,
@@ -205,8 +203,7 @@ def execute_restatement(spec_path: str | os.PathLike[str], interval_start: Inter
                         progress: Progress | None = None) -> RunOutcome:
     """``dpops release restate``: prepare, restate (reserve linked to the published run), compute, publish."""
     ctx = prepare(spec_path, interval_start, interval_end, randomness=randomness, key_path=key_path, key=key,
-                  planner=planner, actor=actor, progress=progress, ledger=ledger, restate=True,
-                  warm=warm_pipeline if run_release is None else None)
+                  planner=planner, actor=actor, progress=progress, ledger=ledger, restate=True)
     token = QUIET_RUNS.set(True)
     report_stage(progress, "reserve")
     try:
@@ -276,10 +273,10 @@ def estimate(spec_path: str | os.PathLike[str], interval_start: IntervalBound, i
              config: EstimateConfig, ledger: Ledger, randomness: str = "keyed", key_path: str | None = None,
              test_seed: int | None = None, actor: str | None = None,
              then_charges: Sequence[PrivacyEvent] = (), serve_only: bool = False,
-             for_release: bool = False, engine: str = "driver") -> Estimate:
+             for_release: bool = False, engine: str | EstimationEngine = DEFAULT_ENGINE) -> Estimate:
     """``dpops estimate``: prepare the spec as written (``for_estimation``), then reserve, start, compute and
     commit the estimation (``dpops.release.estimation.run_estimation``; keywords as ``reserve_estimation``;
-    ``engine``: ``driver`` or ``beam``, as ``compute_estimation``).
+    ``engine``: ``beam`` (default) or ``driver``, or an ``EstimationEngine``, as ``compute_estimation``).
 
     os randomness is refused before anything is read: its noise cannot be reproduced, so a retry would be
     charged again."""

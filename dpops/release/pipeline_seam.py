@@ -86,15 +86,19 @@ class ComputeResult:
 @dataclass(frozen=True)
 class EstimationCountsRequest:
     """One counting pass of an estimation (``pipelines.estimation``): read the interval's input on workers with
-    the estimation's own streams and return only public-grid counts (``GridCounts``/``ValueCounts``).
+    the estimation's own streams and return only public-grid counts (``GridCounts``/``ValueCounts``, or
+    error/1's ``BoundHistograms``).
 
-    ``stage``: ``"pairs"`` (the L0 counts, and the Linf counts at every candidate L0 of ``grid_l0``) or
-    ``"values"`` (each column of ``columns`` over the rows bounding keeps at (``l0``, ``linf``)). The request
-    carries the key's REFERENCE and id, never the key; the counts come back through ``staging_dir``, a private
-    directory the caller made (0700) and removes."""
+    ``stage``: ``"pairs"`` (the L0 counts, and the Linf counts at every candidate L0 of ``grid_l0``),
+    ``"values"`` (each column of ``columns`` over the rows bounding keeps at (``l0``, ``linf``)) or ``"error"``
+    (error/1's exact ``histograms`` over the public partitions ``public_hashes``, in plan order, and the Linf
+    grid up to ``max_linf``). The request carries the key's REFERENCE and id, never the key; the counts and the
+    workers' scratch files live under ``staging_dir``, a private location the caller made (a 0700 directory,
+    or a private prefix workers on other machines can reach) and removes."""
 
     stage: str
     read: ReadConfig  # built by dpops.release.estimation.read_config (the driver path's own)
+    # the read's units (pipelines.io.work_items); listed by count_estimation from input_paths when those are given
     work_items: tuple[tuple[int, str, int | None, int], ...]
     label: tuple[tuple[str, str], ...]  # the estimation's randomness label (dpops.release.estimation.random_source)
     randomness: str  # "keyed" | "test"
@@ -107,9 +111,14 @@ class EstimationCountsRequest:
     l0: int = 1
     linf: int = 1
     columns: tuple[str, ...] = ()
+    input_paths: tuple[str, ...] = ()  # the interval's input files (local paths or URIs), in the prepared order
+    input_format: str = "parquet"
+    public_hashes: tuple[int, ...] = ()  # error: the public partitions' hashes in plan order (public)
+    histograms: tuple[str, ...] = ()  # error: dpops.analysis.estimate.error_histogram_names
+    max_linf: int = 256  # error: the Linf grid's top (EstimateConfig.max_linf)
     runner: str = "FnApiRunner"
     runner_options: tuple[str, ...] = ()
-    n_buckets: int = 256
+    n_buckets: int = 64  # unit-hash buckets: one scratch file per (work item, bucket); the counts do not depend on it
 
 
 @dataclass(frozen=True)
@@ -164,18 +173,6 @@ def load_run_release() -> Callable[[ComputeRequest], ComputeResult]:
     mod_name, func = RUN_RELEASE.split(":")
     run_release: Callable[[ComputeRequest], ComputeResult] = getattr(import_pipeline_module(mod_name), func)
     return run_release
-
-
-def warm_pipeline() -> None:
-    """Import the release pipeline now (Beam: about 2.9 CPU s), for ``prepare``'s ``warm``: it runs while the
-    input files are hashed in another thread (``dpops.inputs.start_input_fingerprint``), so that wall time
-    stops being serial. Speed only. Imports stay in one thread (two threads importing Beam from different
-    entry points can see its modules half-initialised). A failure is dropped here: the compute step imports
-    the module again and reports it there, before anything is charged."""
-    try:
-        import_pipeline_module(RUN_RELEASE.split(":")[0])
-    except Exception:  # noqa: BLE001, S110 - reported by the compute step's own import
-        pass
 
 
 def import_pipeline_module(name: str) -> ModuleType:

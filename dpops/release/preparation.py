@@ -25,10 +25,10 @@ from dpops.inputs import (
     Interval,
     TestFingerprintKey,
     check_input,
+    input_fingerprint,
     parse_interval,
     public_file_rows,
     resolve_input_paths,
-    start_input_fingerprint,
 )
 from dpops.release.context import (
     RANDOMNESS,
@@ -121,12 +121,8 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
             randomness: str = "keyed", key_path: str | None = None, test_seed: int | None = None,
             key: NoiseKeyLike | None = None, planner: Planner | None = None,
             actor: str | None = None, progress: Progress | None = None, ledger: Ledger | None = None,
-            for_estimation: bool = False, estimation: str = "run", restate: bool = False,
-            warm: Callable[[], None] | None = None) -> RunContext:
+            for_estimation: bool = False, estimation: str = "run", restate: bool = False) -> RunContext:
     """Load and check everything a run needs, without touching the ledger.
-
-    ``warm``: called (in this thread) while the input files are hashed, e.g. to import the pipeline the run
-    will need (``pipeline_seam.warm_pipeline``); it must not raise.
 
     ``key`` (an object with ``key_id`` and ``hmac(bytes)``) overrides ``key_path`` (tests, embedding);
     ``planner`` overrides ``dpops.release_plan.plan_release``.
@@ -182,10 +178,7 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
     paths = resolve_input_paths(spec, interval.start, interval.end, key_path=key_path)
     report_stage(progress, "fingerprint")
     check_input(spec, paths)
-    fingerprint_of = start_input_fingerprint(paths, fp_key, public_file_rows(spec))
-    if warm is not None:
-        warm()  # while the input is hashed (speed only: ``start_input_fingerprint``)
-    fingerprint = fingerprint_of()
+    fingerprint = input_fingerprint(paths, fp_key, public_file_rows(spec))
     plan = (planner or _default_planner)(spec)
     if not list(plan.events):
         raise SpecError(f"{spec.source}: the plan has no privacy events; nothing to release")

@@ -37,6 +37,7 @@ import numpy as np
 
 from dpops.analysis.simulation import MARKER, SCORED_TYPES, MetricTruth, SimulationScore
 from dpops.errors import InvalidParameter, SpecError
+from dpops.spec import refuse_metric_contributions
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -153,6 +154,10 @@ def simulate(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], sam
     t0 = time.time()
     _check_args(draws, seed, randomness, alpha, confidence)
     s = load(spec)
+    # Its truths and partition sizes are the release's bound set's; a metric bounded by its own set would be
+    # scored against the wrong truth (a wrong answer, not a leak), so such specs are refused, as tune refuses them.
+    refuse_metric_contributions(s, "dpops simulate", "simulate a copy without metrics[].contribution, one per bound "
+                                "set")
     access = public_sample(s, sample)  # refused before a row is read: not public, or the input in disguise
     conf = float(confidence if confidence is not None else (s.accuracy.confidence if s.accuracy else 0.95))
     plan = plan_release(s)

@@ -451,6 +451,7 @@ def gather(ledger: Any, scope_name: str, manifests_dir: str | os.PathLike[str] |
             seen_c.add(c)
             contribution.append({"release": c[0], "max_partitions_per_unit": c[1],
                                  "max_rows_per_unit_per_partition": c[2], "adjacency": c[3],
+                                 "per_metric": m["contribution_bounds"].get("per_metric") or {},
                                  "value_bounds": m["value_bounds"], "unit": m["privacy_unit"]["description"]})
         if m["spec_hash"] in seen_plans:
             continue

@@ -13,6 +13,7 @@ import base64
 import hashlib
 import html
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -31,6 +32,14 @@ th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
 code{font-size:.9em}.bad{color:#b00;font-weight:bold}.ok{color:#070}.flag{color:#a50}
 tr.gap td{background:#f7f7f7;font-style:italic}td.iv{white-space:nowrap}#provenance td:first-child{font-weight:bold;width:16em}
 """
+
+
+def _per_metric_bounds(c: Mapping[str, Any]) -> str:
+    """The metrics bounded with their own contribution bounds (``contribution_bounds.per_metric``), escaped; ""
+    without any (a report of releases without per-metric bounds reads as before)."""
+    own = c.get("per_metric") or {}
+    return "".join(f" (metric {_e(k)}: at most {_e(b['max_partitions_per_unit'])} partitions and "
+                   f"{_e(b['max_rows_per_unit_per_partition'])} rows per partition)" for k, b in sorted(own.items()))
 
 
 def _e(x: Any) -> str:
@@ -129,8 +138,8 @@ def render_html(data: Any, out_path: str | os.PathLike[str]) -> str:
       "sensitivities), not only their epsilon labels.</li>")
     for c in data.contribution:
         a(f"<li><b>Release {_e(c['release'])}:</b> each unit contributes to at most {c['max_partitions_per_unit']} "
-          f"partitions and {c['max_rows_per_unit_per_partition']} rows per partition ({_e(c['adjacency'])}); "
-          f"values clamped to {_e(c['value_bounds'])}.</li>")
+          f"partitions and {c['max_rows_per_unit_per_partition']} rows per partition ({_e(c['adjacency'])})"
+          f"{_per_metric_bounds(c)}; values clamped to {_e(c['value_bounds'])}.</li>")
     for est in data.estimations:
         r = est["result"]
         got = [f"L0 = {r['max_partitions_per_unit']}, Linf = {r['max_rows_per_unit_per_partition']}"
@@ -317,8 +326,8 @@ def _releases_html(data: Any) -> str:
                    f"<h3>{_e(d['release'])} {iv} — {_e(d['outcome'])}</h3><ul>"
                    f"<li><b>Unit:</b> {unit}</li>"
                    f"<li><b>Bounds:</b> at most {_e(c['max_partitions_per_unit'])} partitions per unit and "
-                   f"{_e(c['max_rows_per_unit_per_partition'])} rows per unit per partition; values clamped to "
-                   f"{_e(d['value_bounds'])}</li>"
+                   f"{_e(c['max_rows_per_unit_per_partition'])} rows per unit per partition{_per_metric_bounds(c)}; "
+                   f"values clamped to {_e(d['value_bounds'])}</li>"
                    + (f"<li><b>Privacy:</b> this run alone epsilon = <span data-field='run_epsilon'>"
                       f"{_b(d['run_epsilon'])}</span> at delta = {_n(d['delta'])}" if d.get("charged", True) else
                       "<li><b>Privacy:</b> this run charged nothing (refused or refunded: not a charge to add up); it "

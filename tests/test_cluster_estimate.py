@@ -1,0 +1,146 @@
+"""``dpops estimate`` with the input on S3 (moto), its private read computed by isolated EXTERNAL SDK workers
+(tests/cluster_support.py: they cannot see the driver's working, temporary, input or output directories; the
+noise key's directory is visible to them as a mounted secret), equals the same estimation computed in process
+(FnApiRunner) with the same key, byte for byte: the spec patch and the manifest's ``estimation`` section
+(configuration, mechanisms, result; for error/1 also the noisy histograms and the choice), for both methods
+(issue 27 item 1).
+
+Through the CLI, as an operator runs it: ``--runner PortableRunner --runner-option ... --staging s3://...``
+(the workers write their scratch files and the exact counts under a private prefix both sides reach; a
+driver-local staging directory would be invisible to them). Each run uses a fresh ledger, so the same key,
+input and spec give the same run id and the same keyed noise, and any difference in what the workers counted
+shows in the bounds or the recorded noisy histograms.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from cluster_support import portable_cluster, pythonpath_env, s3_env, start_moto
+from dpops.ledger import ScopeDefinition, open_ledger
+from dpops.noise.randomness import NoiseKey
+
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
+
+BUCKET = "dpops-cluster-estimate"
+N_ROWS = 60_000
+N_USERS = 4_000
+REGIONS = [f"r{i:02d}" for i in range(16)]
+METHODS = ("error/1", "quantile/1")
+
+
+def _spec_doc() -> dict:
+    return {
+        "name": "cluster_estimate",
+        "input": {"path": f"s3://{BUCKET}/in/{{start:%Y-%m-%d}}.parquet", "format": "parquet",
+                  "columns": {"user_id": "string", "region": "string", "amount": "float"}},
+        "privacy_unit": {"column": "user_id", "description": "a user-day", "adjacency": "add_remove"},
+        "budget": {"scope": "cluster", "epsilon": 1.0, "delta": 1e-6},
+        "contribution": {"max_partitions_per_unit": 3, "max_rows_per_unit_per_partition": 2},
+        "partitions": {"columns": ["region"], "public": REGIONS},
+        "metrics": [{"type": "count"}, {"type": "sum", "column": "amount", "bounds": [-10, 100]}],
+        "output": {"root": "out"},  # next to the spec, on the driver: an estimation's manifest and result
+    }
+
+
+def _s3(port: int):
+    import boto3
+
+    return boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", aws_access_key_id="testing",
+                        aws_secret_access_key="testing", region_name="us-east-1")
+
+
+def _keys(client, prefix: str) -> list[str]:
+    return [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+            for o in page.get("Contents", [])]
+
+
+def _new_ledger(path: Path) -> str:
+    url = f"sqlite:///{path}"
+    led = open_ledger(url)
+    led.create_scope(ScopeDefinition(name="cluster", unit="a user-day", unit_column="user_id", epsilon=50.0,
+                                     delta=1e-5, rho=None, accountant="basic/1", adjacency="add_remove"), actor="test")
+    led.close()
+    return url
+
+
+def _estimate(cwd: Path, key: Path, method: str, runner: str, options: list[str], env: dict[str, str]) -> dict:
+    """One ``dpops estimate`` in ``cwd`` (a fresh spec, ledger and output); its patch bytes and manifest section."""
+    run_dir = cwd / method.replace("/", "_")
+    run_dir.mkdir(parents=True)
+    spec = run_dir / "spec.yaml"
+    spec.write_text(yaml.safe_dump(_spec_doc()))
+    args = ["estimate", str(spec), "--interval", "2024-01-01/2024-01-02", "--epsilon", "1.0", "--method", method,
+            "--ledger", _new_ledger(run_dir / "ledger.sqlite"), "--key-file", str(key), "--out", str(run_dir / "est"),
+            "--json", "--runner", runner, "--staging", f"s3://{BUCKET}/scratch/", "--buckets", "3"]
+    for o in options:
+        args += ["--runner-option", o]
+    proc = subprocess.run([sys.executable, "-m", "dpops.cli.main", *args], cwd=run_dir, env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert proc.returncode == 0, f"{runner} {method} failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+    out = json.loads(proc.stdout)
+    assert out["state"] == "committed", out
+    manifest = json.loads(Path(out["manifest"]).read_text())
+    return {"run_id": out["run_id"], "patch": (run_dir / "est" / "patch.yaml").read_bytes(),
+            "estimation": json.dumps(manifest["estimation"], sort_keys=True).encode()}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """moto, the input on S3, the noise key (a 'mounted secret'), and the in-process reference of each method."""
+    base = tmp_path_factory.mktemp("cluster_estimate")
+    moto = start_moto(base / "logs")
+    try:
+        client = _s3(moto.port)
+        client.create_bucket(Bucket=BUCKET)
+        gen = np.random.default_rng(20240102)
+        users = (gen.zipf(1.4, N_ROWS) - 1) % N_USERS
+        table = pa.table({"user_id": pa.array([f"u{u}" for u in users], pa.string()),
+                          "region": pa.array([REGIONS[r] for r in (gen.zipf(1.3, N_ROWS) - 1) % len(REGIONS)]),
+                          "amount": pa.array(np.round(gen.lognormal(2.0, 1.2, N_ROWS), 2))})
+        local = base / "input.parquet"
+        pq.write_table(table, local, row_group_size=20_000)  # several work items (x 3 buckets: S3 objects)
+        client.upload_file(str(local), BUCKET, "in/2024-01-01.parquet")
+        local.unlink()
+        secrets = base / "secrets"
+        secrets.mkdir()
+        key = secrets / "noise.key"
+        NoiseKey.generate(key)
+        ref = base / "reference"
+        env = {**os.environ, **pythonpath_env(), **s3_env(moto.port), "DPOPS_STATE_DIR": str(ref / "state"),
+               "DPOPS_DATA_ROOTS": f"s3://{BUCKET}"}
+        for var in ("DPOPS_MANIFESTS_DIR", "DPOPS_LEDGER_URL"):
+            env.pop(var, None)
+        reference = {m: _estimate(ref, key, m, "FnApiRunner", [f"--s3_endpoint_url=http://127.0.0.1:{moto.port}"],
+                                  env) for m in METHODS}
+        assert not _keys(client, "scratch/"), "the in-process passes left scratch files behind"
+        yield {"moto": moto, "client": client, "key": key, "reference": reference}
+    finally:
+        moto.stop()
+
+
+def test_estimation_on_isolated_workers_with_s3_input_equals_the_in_process_one(world, tmp_path):
+    client = world["client"]
+    with portable_cluster(tmp_path, moto=world["moto"]) as cluster:
+        env = {**os.environ, **cluster.env, "TMPDIR": str(cluster.tmp), "DPOPS_STATE_DIR": str(cluster.cwd / "state"),
+               "DPOPS_DATA_ROOTS": f"s3://{BUCKET}"}
+        for var in ("DPOPS_MANIFESTS_DIR", "DPOPS_LEDGER_URL"):
+            env.pop(var, None)
+        for method in METHODS:
+            got = _estimate(cluster.cwd, world["key"], method, "PortableRunner", cluster.options(), env)
+            want = world["reference"][method]
+            assert got["run_id"] == want["run_id"]  # same key, input and spec: the same run
+            assert got["estimation"] == want["estimation"], f"{method}: the workers' estimation differs"
+            assert got["patch"] == want["patch"], f"{method}: the spec patch differs"
+        assert cluster.workers_started() >= 1  # the passes ran on the isolated pool
+        assert not _keys(client, "scratch/"), "the workers' scratch files or counts were left in the bucket"
