@@ -543,7 +543,7 @@ def calibration_cases(draws: int, sizes: tuple[int, ...] = CAL_SIZES,
     false-failure rate of the 0.95 +- 0.01 criterion. Quantiles publish no interval (section 5)."""
     import numpy as np
 
-    from dpops.analysis.accuracy import mean_error, variance_error, vector_error
+    from dpops.analysis.accuracy import mean_interval, sum_interval, variance_interval, vector_error
     from dpops.release_plan import plan_release
 
     out = []
@@ -552,18 +552,23 @@ def calibration_cases(draws: int, sizes: tuple[int, ...] = CAL_SIZES,
         for j, n in enumerate(sizes):
             rel = release_draws(plan, calibration_accumulators(plan, n, draws), seed=4000 + 100 * i + j)
             for m in plan.metrics:
-                if m.type in ("count", "unit_count", "sum"):
+                # the prediction version 3 interval of each metric's released value: [low, high] of the error
+                if m.type in ("count", "unit_count"):
                     _, half, cov = vector_error(m.vectors[0].params, COVERAGE)
-                    truth = n * CAL_MID if m.type == "sum" else float(n)
-                    method = "exact (lattice pmf)"
+                    low, high, truth = -half, half, float(n)
+                elif m.type == "sum":
+                    truth = n * CAL_MID
+                    low, high, cov = sum_interval(plan, m, truth, COVERAGE)
                 elif m.type == "mean":
-                    _, half, cov, method = mean_error(plan, m, n, CAL_D, COVERAGE)
+                    low, high, cov = mean_interval(plan, m, n, CAL_D, COVERAGE)
                     truth = CAL_MID + CAL_D
                 else:
-                    _, half, cov, method = variance_error(plan, m, n, 0.0, CAL_M2, COVERAGE)
+                    low, high, cov = variance_interval(plan, m, n, 0.0, CAL_M2, COVERAGE)
                     truth = CAL_M2
+                half = max(-low, high)
+                method = "symmetric" if low == -high else f"one-sided at the clip [{low:.5g}, {high:.5g}]"
                 err = np.asarray(rel[m.key], np.float64) - truth
-                observed = float((np.abs(err) <= half).mean())
+                observed = float(((err >= low) & (err <= high)).mean())
                 out.append({"noise": noise, "metric": m.type, "rows": n, "draws": draws, "half_width": half,
                             "predicted_coverage": cov, "observed_coverage": observed, "method": method,
                             "false_failure": coverage_false_failure(cov, draws),

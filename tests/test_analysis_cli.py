@@ -186,7 +186,7 @@ def test_a_version_1_accuracy_section_still_verifies_and_version_2_is_exact(tmp_
     target = {"kind": "error", "metric": "mean_amount", "max_error": 5, "at_units": 100, "at_value": 62.5}
     spec = _with_targets(env, {"confidence": 0.95, "targets": [target]})
     m = _manifest_for(spec)
-    assert m["accuracy"]["schema"] == MANIFEST_SCHEMA == "dpops.accuracy/2"
+    assert m["accuracy"]["schema"] == MANIFEST_SCHEMA == "dpops.accuracy/3"
     plan = plan_release(spec)
     mean = next(x for x in plan.metrics if x.key == "mean_amount")
     v1 = first_order_mean_halfwidth(plan, mean, 100, 12.5, 0.95)
@@ -206,6 +206,44 @@ def test_a_version_1_accuracy_section_still_verifies_and_version_2_is_exact(tmp_
     relabelled = json.loads(json.dumps(m))
     relabelled["accuracy"]["schema"] = "dpops.accuracy/1"
     assert not accuracy_check(relabelled).ok
+
+
+def test_a_version_2_section_with_variance_and_sum_targets_still_verifies(tmp_path, monkeypatch):
+    """Version 3 changed the variance (exact at every n) and a sum with a true value (its clamp at 0); a
+    ``dpops.accuracy/2`` section recorded the first-order variance and the raw sum noise, and verify recomputes
+    it with those (a version-3 section relabelled as 2 does not verify: the predictions differ)."""
+    from dpops.analysis.accuracy import first_order_variance_error, vector_error
+    from dpops.manifest.verify import verify_manifest
+
+    env = make_env(tmp_path, monkeypatch, planner_fn=plan_release)
+    doc = yaml.safe_load(env.spec.read_text())
+    doc["metrics"].append({"type": "variance", "column": "amount", "bounds": [0, 100]})
+    env.spec.write_text(yaml.safe_dump(doc))
+    targets = [{"kind": "error", "metric": "variance_amount", "max_error": 500, "at_units": 300},
+               {"kind": "error", "metric": "sum_amount", "max_error": 5000, "at_units": 100, "at_value": 100}]
+    spec = _with_targets(env, {"confidence": 0.95, "targets": targets})
+    m = _manifest_for(spec)
+    plan = plan_release(spec)
+    var = next(x for x in plan.metrics if x.key == "variance_amount")
+    total = next(x for x in plan.metrics if x.key == "sum_amount")
+    old_values = [first_order_variance_error(plan, var, 300, 0.0, 2500.0, 0.95)[1],
+                  vector_error(total.vectors[0].params, 0.95)[1]]
+    for t, v in zip(m["accuracy"]["targets"], old_values, strict=True):
+        assert abs(t["predicted"] / v - 1) > 1e-3, (t, v)  # version 3 differs from version 2 on both
+
+    def accuracy_check(doc):
+        return next(c for c in verify_manifest(doc).checks if c.name == "accuracy")
+
+    assert accuracy_check(m).ok
+    relabelled = json.loads(json.dumps(m))
+    relabelled["accuracy"]["schema"] = "dpops.accuracy/2"
+    assert not accuracy_check(relabelled).ok
+    old = json.loads(json.dumps(relabelled))
+    for t, v in zip(old["accuracy"]["targets"], old_values, strict=True):
+        t["predicted"] = v
+        t["met"] = v <= t["target"]
+        t["shortfall"] = 0.0 if t["met"] else v / t["target"] - 1.0
+    assert accuracy_check(old).ok, accuracy_check(old).problems
 
 
 def test_plan_on_a_pure_dp_scope_names_what_zcdp_cannot_certify(tmp_path, monkeypatch, capsys):

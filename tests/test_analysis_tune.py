@@ -265,8 +265,9 @@ def test_one_pass_property_on_small_samples(tmp_path_factory, df, l0s, linfs):
 def test_variance_quantiles_and_top_k_by_hand(tmp_path):
     """Three users in one public partition, nothing dropped by bounding: the variance and quantile biases are
     the clipping's exact effect, the quantile is the release's grid pick, top_k keeps its leader, and the
-    noise is each owner's prediction (variance_error, quantile_typical_rank_error, top_pick)."""
-    from dpops.analysis.accuracy import quantile_typical_rank_error, top_pick, variance_error
+    noise is each owner's prediction (first_order_variance_error: tuning keeps the first-order variance noise,
+    prediction versions 1-2; quantile_typical_rank_error, top_pick)."""
+    from dpops.analysis.accuracy import first_order_variance_error, quantile_typical_rank_error, top_pick
     from dpops.release_plan import plan_release
     from pipelines.bounding import quantile_candidates
 
@@ -289,7 +290,7 @@ def test_variance_quantiles_and_top_k_by_hand(tmp_path):
     plan = plan_release(load_patched(tune_api.load(spec), {"contribution": {
         "max_partitions_per_unit": 1, "max_rows_per_unit_per_partition": 3}}))
     mv, mq, mt = plan.metrics
-    std, _, _, _ = variance_error(plan, mv, 6, float(clipped.mean() - 5.0), float(((clipped - 5.0) ** 2).mean()), 0.95)
+    std, _, _, _ = first_order_variance_error(plan, mv, 6, float(clipped.mean() - 5.0), float(((clipped - 5.0) ** 2).mean()), 0.95)
     assert var["noise_std"] == pytest.approx(std)
     q = rows["quantiles"]
     cand = quantile_candidates(0.0, 10.0, mq.n_bins)

@@ -15,9 +15,11 @@ import numpy as np
 
 from dpops.analysis.accuracy import (
     first_order_mean_halfwidth,
+    first_order_variance_error,
     mean_halfwidth,
     quantile_rank_error,
     quantile_typical_rank_error,
+    sum_error,
     top_pick,
     variance_error,
     vector_error,
@@ -29,9 +31,12 @@ from dpops.spec import ErrorTarget, KeepTarget, RankTarget, TopPickTarget
 # ``accuracy.schema``, and verify recomputes with that version; a version's meaning never changes):
 # 1: means at first order in 1/n, quantiles at the data-free bound on the expected rank error; 2: means exact
 # at every n (the noisy count in the denominator, the clipping), quantiles at the expected rank error of data
-# dense around the quantile (``accuracy.quantile_typical_rank_error``).
-PREDICTION_VERSIONS = (1, 2)
-CURRENT_PREDICTION = 2
+# dense around the quantile (``accuracy.quantile_typical_rank_error``); 3: as 2, and variances exact at every n
+# (``accuracy.variance_error``: the noisy count in the denominator, the squared mean noise, the clipping; 1-2
+# were first order, ``accuracy.first_order_variance_error``), sums with a true value (``at_value``) the
+# released value clamped at 0 where the release clamps (``accuracy.sum_error``; 1-2: the raw noise).
+PREDICTION_VERSIONS = (1, 2, 3)
+CURRENT_PREDICTION = 3
 
 if TYPE_CHECKING:
     from dpops.release_plan import MetricPlan, ReleasePlan
@@ -164,6 +169,8 @@ def error_halfwidth(plan: ReleasePlan, m: MetricPlan, t: ErrorTarget, confidence
     as prediction ``version`` computes it."""
     if version not in PREDICTION_VERSIONS:
         raise InvalidParameter(f"unknown accuracy prediction version {version!r}; known: {PREDICTION_VERSIONS}")
+    if m.type == "sum" and version >= 3:
+        return sum_error(plan, m, t.at_value, confidence)[1]
     if m.type in ("count", "unit_count", "sum"):
         return vector_error(m.vectors[0].params, confidence)[1]
     lo, hi = m.bounds or (0.0, 0.0)
@@ -175,6 +182,8 @@ def error_halfwidth(plan: ReleasePlan, m: MetricPlan, t: ErrorTarget, confidence
         return mean_halfwidth(plan, m, rows_at(plan, t), offset, confidence)[0]
     if m.type == "variance":
         m2 = h * h if t.at_value is None else max(0.0, min(h * h, float(t.at_value)))
+        if version < 3:
+            return first_order_variance_error(plan, m, rows_at(plan, t), 0.0, m2, confidence)[1]
         return variance_error(plan, m, rows_at(plan, t), 0.0, m2, confidence)[1]
     raise InvalidParameter(f"an error target does not apply to a {m.type} metric")
 

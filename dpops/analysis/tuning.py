@@ -23,10 +23,10 @@ true number of units in the sample): expected RMSE = sqrt(noise variance + squar
 from bounding (bounded unclipped minus true) and from clipping (clipped minus bounded), the relative
 RMSE, and, per candidate: the share of rows and of units dropped by the L0 and by the Linf step and
 the expected number of partitions kept. count, unit_count, sum and mean use the plan's noise (a mean's
-at 1,000 rows, scaled by 1/n); variance uses ``accuracy.variance_error`` at each partition's bounded
-rows and clipped moments; quantiles the noiseless grid pick on the bounded, clipped rows (bias) and the
-plan's expected rank error (noise, in rows, as a fraction of the partition, and in value units on the
-sample's histogram); top_k whether bounding changed the leader and the plan's probability of returning
+at 1,000 rows, scaled by 1/n); variance uses ``accuracy.first_order_variance_error`` (first order, fast) at
+each partition's bounded rows and clipped moments; quantiles the noiseless grid pick on the bounded, clipped
+rows (bias) and the plan's expected rank error (noise, in rows, as a fraction of the partition, and in value units
+on the sample's histogram); top_k whether bounding changed the leader and the plan's probability of returning
 the true leader first at its bounded lead (no RMSE: the output is a category). ``TuneResult.not_evaluated``
 lists any metric type tune cannot judge (none of today's types).
 
@@ -567,9 +567,9 @@ def _buckets(truth: _Truth, m: MetricPlan, quantity: str, cols: Mapping[str, np.
 def _variance_rows(plan: ReleasePlan, m: MetricPlan, rows: Mapping[str, np.ndarray], truth: _Truth,
                    bounded: _Bounded, confidence: float) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
     """Variance: bias from bounding and clipping on the sample's exact per-partition moments; the noise of
-    each partition from ``accuracy.variance_error`` at its bounded row count and clipped centred moments
+    each partition from ``accuracy.first_order_variance_error`` at its bounded row count and clipped centred moments
     (the release's three noisy vectors, first order in 1/n). The released value is clamped to [0, h^2]."""
-    from dpops.analysis.accuracy import variance_error
+    from dpops.analysis.accuracy import first_order_variance_error
 
     assert m.bounds is not None and m.column is not None
     col, lo, hi = m.column, float(m.bounds[0]), float(m.bounds[1])
@@ -589,8 +589,12 @@ def _variance_rows(plan: ReleasePlan, m: MetricPlan, rows: Mapping[str, np.ndarr
     m2 = c2 / bc - 2 * mid * c1 / bc + mid * mid
     std = np.empty(n)
     half = np.empty(n)
-    for i in range(n):  # one partition at a time: the owner of the formula is accuracy.variance_error
-        std[i], half[i], _, _ = variance_error(plan, m, int(bc[i]), float(m1[i]), float(m2[i]), confidence)
+    # one partition at a time: the owner of the formula is accuracy.first_order_variance_error. Tuning keeps the
+    # first-order noise (prediction versions 1-2): the exact one (accuracy.variance_error, version 3) costs about
+    # a second per distinct partition, too slow for a search over candidate bounds on every partition.
+    for i in range(n):
+        std[i], half[i], _, _ = first_order_variance_error(plan, m, int(bc[i]), float(m1[i]), float(m2[i]),
+                                                           confidence)
     bias = var_c - true
     rmse = np.sqrt(std ** 2 + bias ** 2)
     denom = np.maximum(np.abs(true), 1e-12)
