@@ -112,17 +112,7 @@ def cycle_problems(edges: Iterable[Edge], packages: Iterable[str] = PACKAGES) ->
     if cycle:
         hops = [str(witness[(x, y)]) for x, y in zip(cycle, cycle[1:], strict=False)]
         out.append("package circle " + " -> ".join(cycle) + ", e.g. " + "; ".join(hops))
-    by_module: dict[str, set[str]] = {}
-    at: dict[tuple[str, str], Edge] = {}
-    for e in inside:
-        by_module.setdefault(e.source, set()).add(e.target)
-        at.setdefault((e.source, e.target), e)
-    for comp in strongly_connected(by_module):
-        sub = {m: by_module.get(m, set()) & comp for m in comp}
-        cycle = _one_cycle(sub) or []
-        hops = [str(at[(x, y)]) for x, y in zip(cycle, cycle[1:], strict=False)]
-        out.append(f"module circle of {len(comp)} files ({', '.join(sorted(comp))}): " + "; ".join(hops))
-    return out
+    return out + module_circles(inside)
 
 
 def _one_cycle(graph: Mapping[str, set[str]]) -> list[str] | None:
