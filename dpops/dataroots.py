@@ -146,6 +146,43 @@ def check_output_root(raw: str, root: Location, *, source: str) -> Location:
     )
 
 
+def check_scratch_location(raw: str, field: str, *, source: str, spec_dir: str | os.PathLike[str] | None,
+                           output_root: Location, key_path: str | os.PathLike[str] | None = None) -> Location:
+    """Refuse a private scratch location (``dpops estimate --staging``) that overlaps where others read; return it.
+
+    What the workers write there is not differentially private: copies of the interval's rows split by unit
+    bucket, and the exact counts before any noise. It is removed after each pass, but while it exists anyone
+    who reads the location reads the private data. So it must lie apart, in either direction (one equal to or
+    below the other), from every place whose readers are not trusted with the data or that a release reads as
+    input:
+
+    - the operator's public roots (``$DPOPS_PUBLIC_ROOTS``: their files are published or used as public data);
+    - the spec's ``output.root`` (staged and published outputs, read by the release's consumers);
+    - every data root (``$DPOPS_DATA_ROOTS``, or the spec's directory when it is unset): an input glob of any
+      release there could match a scratch file and read a bucket's rows a second time, which would break the
+      contribution bound that release charges for;
+    - the noise key and its directory (``resolve_away_from_key``).
+
+    Refusals are ``SpecError`` (exit 3) naming ``field`` and the location; nothing has been reserved yet."""
+    loc = resolve_away_from_key(raw, field, source=source, key_path=key_path,
+                                instead="a private directory or prefix of its own, apart from every data, public "
+                                        "and output root")
+    out = output_root.realpath()
+    forbidden = [(r, f"the public root {str(r)!r} (${PUBLIC_ROOTS_ENV})")
+                 for r in _root_locations(split_roots(os.environ.get(PUBLIC_ROOTS_ENV, "")), PUBLIC_ROOTS_ENV)]
+    forbidden.append((out, f"the spec's output.root {str(out)!r}, where staged and published outputs are read"))
+    forbidden += [(d, f"the data root {str(d)!r}, where a release's input glob could read it as input")
+                  for d in data_root_locations(spec_dir)]
+    for root, what in forbidden:
+        if _overlaps(loc, root):
+            raise SpecError(
+                f"{source}: {field} ({raw}) overlaps {what}: the scratch files hold private rows and exact counts "
+                "(not differentially private) while a pass runs, so they must live apart from every data, public and "
+                "output root; give the scratch a private directory or prefix of its own (e.g. s3://bucket/scratch/ "
+                "beside a data root s3://bucket/data/)")
+    return loc
+
+
 def key_paths(key_path: str | os.PathLike[str] | None = None) -> list[str]:
     """The resolved noise key files known to this process (``key_path`` and ``DPOPS_NOISE_KEY_FILE``)."""
     out = []

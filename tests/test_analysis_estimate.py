@@ -478,3 +478,40 @@ def test_the_estimator_outputs_grid_bounds_on_any_small_input_including_none(ite
     lo, hi = est.bounds["amount"]
     grid = set(E.value_grid().tolist())
     assert lo in grid and lo < hi
+
+
+# --------------------------------------------------------------------------- --staging apart from every root
+
+@pytest.mark.parametrize("where", ["data root", "output root", "public root", "contains a public root", "key dir"])
+def test_a_staging_location_overlapping_a_root_is_refused_before_anything_is_charged(env, tmp_path_factory,
+                                                                                      monkeypatch, capsys, where):
+    """The workers' scratch holds private rows and exact counts while a pass runs: a ``--staging`` under (or
+    containing) a data, public or output root, or in the key's directory, is refused with exit 3 naming the
+    option, and the ledger is untouched (the check runs before the reservation)."""
+    root, spec, url, key = env
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    monkeypatch.setenv("DPOPS_DATA_ROOTS", str(root / "data"))
+    monkeypatch.setenv("DPOPS_PUBLIC_ROOTS", str(elsewhere / "public"))
+    (elsewhere / "public").mkdir()
+    staging = {"data root": root / "data" / "scratch", "output root": root / "out" / "scratch",
+               "public root": elsewhere / "public" / "scratch", "contains a public root": elsewhere,
+               "key dir": key.parent}[where]
+    before = _entries(url)
+    code = main(["estimate", str(spec), "--interval", "2024-01-01", "--epsilon", "0.5", "--key-file", str(key),
+                 "--ledger", url, "--out", str(elsewhere / "est"), "--staging", str(staging)])
+    err = capsys.readouterr().err
+    assert code == 3, err
+    assert "--staging" in err and ("overlaps" in err or "key" in err), err
+    assert _entries(url) == before
+    assert not (elsewhere / "est").exists()
+
+
+def test_a_staging_location_of_its_own_runs_and_is_left_empty(env, tmp_path_factory, monkeypatch, capsys):
+    root, spec, url, key = env
+    monkeypatch.setenv("DPOPS_DATA_ROOTS", str(root / "data"))
+    scratch = tmp_path_factory.mktemp("scratch")
+    assert main(["estimate", str(spec), "--interval", "2024-01-01", "--epsilon", "0.5", "--key-file", str(key),
+                 "--ledger", url, "--out", str(scratch.parent / "est_own"), "--staging", str(scratch),
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["state"] == "committed"
+    assert list(scratch.iterdir()) == []  # every pass removed its scratch

@@ -118,7 +118,7 @@ def world(tmp_path_factory):
         NoiseKey.generate(key)
         ref = base / "reference"
         env = {**os.environ, **pythonpath_env(), **s3_env(moto.port), "DPOPS_STATE_DIR": str(ref / "state"),
-               "DPOPS_DATA_ROOTS": f"s3://{BUCKET}"}
+               "DPOPS_DATA_ROOTS": f"s3://{BUCKET}/in"}
         for var in ("DPOPS_MANIFESTS_DIR", "DPOPS_LEDGER_URL"):
             env.pop(var, None)
         reference = {m: _estimate(ref, key, m, "FnApiRunner", [f"--s3_endpoint_url=http://127.0.0.1:{moto.port}"],
@@ -133,7 +133,7 @@ def test_estimation_on_isolated_workers_with_s3_input_equals_the_in_process_one(
     client = world["client"]
     with portable_cluster(tmp_path, moto=world["moto"]) as cluster:
         env = {**os.environ, **cluster.env, "TMPDIR": str(cluster.tmp), "DPOPS_STATE_DIR": str(cluster.cwd / "state"),
-               "DPOPS_DATA_ROOTS": f"s3://{BUCKET}"}
+               "DPOPS_DATA_ROOTS": f"s3://{BUCKET}/in"}
         for var in ("DPOPS_MANIFESTS_DIR", "DPOPS_LEDGER_URL"):
             env.pop(var, None)
         for method in METHODS:

@@ -55,7 +55,8 @@ from dpops.errors import InvalidParameter
 @click.option("--staging", default=None,
               help="--engine beam: a private location (local directory or s3:// prefix) that the workers and this "
                    "process both reach, for the workers' scratch files and the exact counts (removed after each "
-                   "pass); default a fresh 0700 temporary directory here, which only in-process workers see")
+                   "pass; it must lie apart from every data, public and output root); default a fresh 0700 temporary "
+                   "directory here, which only in-process workers see")
 @click.option("--buckets", type=click.IntRange(1, 1 << 16), default=64, show_default=True,
               help="--engine beam: unit-hash buckets between the read and the count (a worker holds about 1/N of "
                    "the rows; each work item writes up to N scratch files: fewer suit small inputs on S3)")
