@@ -594,10 +594,17 @@ def _write_result(path: Path, est: Estimate) -> None:
 def check_engine(ctx: RunContext, engine: str | EstimationEngine, config: EstimateConfig) -> EstimationEngine:
     """Refuse, before anything is reserved, an engine that could only fail after ``ledger.start``: an unknown
     name; ``beam`` without Beam installed (the pipeline is imported here); ``beam`` in keyed mode without a key
-    reference for the workers (a key object handed to ``prepare`` cannot be shipped, by design)."""
+    reference for the workers (a key object handed to ``prepare`` cannot be shipped, by design); a ``staging``
+    location that overlaps a data, public or output root or the key's directory (``check_scratch_location``:
+    the scratch holds private rows and exact counts while a pass runs)."""
     eng = EstimationEngine.of(engine)
     if eng.name != "beam":
         return eng
+    if eng.staging is not None:
+        from dpops.dataroots import check_scratch_location
+
+        check_scratch_location(eng.staging, "--staging", source=ctx.spec.source, spec_dir=ctx.spec.base_dir,
+                               output_root=ctx.spec.output_root, key_path=ctx.key_path)
     if ctx.randomness == "keyed" and not ctx.key_path:
         raise InvalidParameter("estimate --engine beam: the workers resolve the noise key from its reference, and "
                                "this run has none (pass --key-file); nothing was reserved")

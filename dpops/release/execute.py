@@ -283,12 +283,6 @@ def estimate(spec_path: str | os.PathLike[str], interval_start: IntervalBound, i
     refuse_os_randomness(randomness)
     ctx = prepare(spec_path, interval_start, interval_end, randomness=randomness, key_path=key_path,
                   test_seed=test_seed, actor=actor, for_estimation=True)
-    eng = EstimationEngine.of(engine)
-    if eng.staging is not None:  # before the reservation: the scratch holds private rows (check_scratch_location)
-        from dpops.dataroots import check_scratch_location
-
-        check_scratch_location(eng.staging, "--staging", source=ctx.spec.source, spec_dir=ctx.spec.base_dir,
-                               output_root=ctx.spec.output_root, key_path=key_path)
     return run_estimation(ctx, config, ledger, then_charges=then_charges, serve_only=serve_only,
                           for_release=for_release, engine=engine)
 
