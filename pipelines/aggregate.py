@@ -112,9 +112,11 @@ def select_and_noise(
                     util, d = histogram_quantile_utility(hist[i], q)
                     pick = exponential_mechanism(util, m.per_run_epsilon, m.utility_sensitivity * d, mrng)
                     out[i, jq] = cand[int(pick)]
+            # Post-processing: the picks sorted, so the published quantiles never cross; the smallest value goes
+            # to the smallest quantile whatever order the spec lists them in.
             out.sort(axis=1)
-            for jq, suffix in enumerate(m.quantile_suffixes):
-                cols[f"{m.key}_{suffix}"] = out[:, jq]
+            for rank, jq in enumerate(np.argsort(np.asarray(m.quantiles, np.float64), kind="stable")):
+                cols[f"{m.key}_{m.quantile_suffixes[int(jq)]}"] = out[:, rank]
         elif m.type == "top_k":
             mrng = rng.child("top_k", m.key, shard)
             cats = acc[f"cat:{m.key}{m.bound_suffix}"]
