@@ -14,7 +14,11 @@ What is predicted, per partition (its bounded rows n and units):
 - mean: ``accuracy.mean_error`` at n and the bounded mean's offset from the midpoint (exact, clipping included);
 - variance: ``accuracy.variance_error`` at n and the bounded centred moments;
 - keep rate (private partitions): ``PartitionSelection.keep_probability`` at the bounded unit count.
-quantiles and top_k are not scored (``NOT_SCORED``): their outputs are selections, not additive noise.
+- quantiles: the exact expected excess rank error (rows beyond what the grid forces) of the metric's picks, summed
+  over its quantiles, at the partition's bounded grid histogram (``accuracy.quantile_rank_error_for_histogram``'s
+  law: permute-and-flip's exact pmf on the release's own utilities), with its exact variance.
+top_k is not scored (``NOT_SCORED``): its prediction is a probability at a stated lead, not a law at the sample's
+category counts.
 
 The checks, per (metric, partition-size bucket), at a family-wise false-failure rate ``alpha`` split equally
 (Bonferroni) over every check made:
@@ -26,7 +30,12 @@ The checks, per (metric, partition-size bucket), at a family-wise false-failure 
   squares, never below the noise family's own (5 N for the Laplace, 2 N for the Gaussian). A normal
   approximation: at 1,000 draws the skew of squared Laplace errors makes its upper tail up to about 3x the
   nominal, so the stated rate is approximate there. Reported as the ratio observed RMS error / predicted std;
-- keep: kept draws against Binomial(draws x partitions, mean keep probability), as for coverage.
+- keep: kept draws against Binomial(draws x partitions, mean keep probability), as for coverage;
+- rank_error (quantiles): the summed excess rank error of the observations against its predicted mean, z with the
+  predicted variance (independent picks; a normal approximation). With one quantile the pick is published as it
+  is and the check is two-sided. With several, the release sorts the picks (they never cross), and sorting can
+  only lower their summed excess (the cost |rank(x) - q n| is a convex function of a difference of two monotone
+  maps, so it is Monge and the sorted matching is the cheapest), so the check is one-sided: not above.
 Post-processing that clamps (counts and sums at 0, variances to [0, h^2]) can only move a value towards a truth
 inside the clamp range, so for partitions whose truth lies within ``CLAMP_MARGIN`` stds of a clamp limit the
 checks are one-sided (coverage not below, std not above the prediction); elsewhere two-sided. A mean's
@@ -49,7 +58,8 @@ if TYPE_CHECKING:
     from dpops.release_plan import MetricPlan, ReleasePlan
 
 SCORED_TYPES = ("count", "unit_count", "sum", "mean", "variance")
-NOT_SCORED = ("quantiles", "top_k")
+RANKED_TYPES = ("quantiles",)
+NOT_SCORED = ("top_k",)
 CLAMP_MARGIN = 8.0  # stds: P(|Laplace| > 8 sd) = exp(-8 sqrt 2) ~ 1e-5, so a clamp this far away never matters
 MIN_OBSERVATIONS = 30  # fewer observations in a group: reported, not checked
 MARKER = "simulation on a public sample in test mode: not differentially private, never publishable"
@@ -245,9 +255,101 @@ class Tally:
 
 
 @dataclass(frozen=True)
+class QuantilePrediction:
+    """Per partition, one quantiles metric: the excess rank error (rows) of every grid candidate for each of its
+    quantiles (``excess``: partitions x quantiles x candidates, quantiles in ascending order as the release's sorted
+    columns hold them), and the predicted mean and variance of their sum over the quantiles (independent picks)."""
+
+    key: str
+    columns: tuple[str, ...]  # released columns, in ascending quantile order
+    candidates: np.ndarray
+    excess: np.ndarray
+    mean: np.ndarray
+    var: np.ndarray
+    valid: np.ndarray  # partitions with at least one bounded row
+
+    @property
+    def sorted_picks(self) -> bool:
+        """Several quantiles: the release sorts the picks, so the check is one-sided (module docstring)."""
+        return len(self.columns) > 1
+
+
+def predict_quantiles(plan: ReleasePlan, bounded: Mapping[str, np.ndarray]) -> dict[str, QuantilePrediction]:
+    """For each quantiles metric, at each partition's bounded grid histogram (the ``hist:`` accumulator the release
+    picks from): the exact law of each pick (``selection.permute_and_flip_pmf`` on
+    ``selection.histogram_quantile_utility``, the owners the release and ``accuracy`` share). A public sample's
+    histograms: this is about the sample, never a plan or a manifest."""
+    from dpops.noise.selection import histogram_quantile_utility, permute_and_flip_pmf
+    from pipelines.bounding import quantile_candidates
+
+    out: dict[str, QuantilePrediction] = {}
+    for m in plan.metrics:
+        if m.type not in RANKED_TYPES or m.bounds is None:
+            continue
+        hist = np.asarray(bounded[f"hist:{m.key}{m.bound_suffix}"], np.int64)
+        order = np.argsort(np.asarray(m.quantiles, np.float64), kind="stable")
+        qs = [float(m.quantiles[int(j)]) for j in order]
+        P, C = hist.shape
+        excess = np.zeros((P, len(qs), C))
+        mean, var = np.zeros(P), np.zeros(P)
+        valid = hist.sum(axis=1) > 0
+        eps, sens = float(m.per_run_epsilon or 0.0), float(m.utility_sensitivity or 1.0)
+        for i in np.flatnonzero(valid):
+            for jq, q in enumerate(qs):
+                util, d = histogram_quantile_utility(hist[i], q)
+                err = np.abs(util.astype(np.float64)) / d
+                ex = err - err.min()
+                pmf = permute_and_flip_pmf(util, eps, sens * d)
+                mu = float(pmf @ ex)
+                excess[i, jq] = ex
+                mean[i] += mu
+                var[i] += max(float(pmf @ (ex * ex)) - mu * mu, 0.0)
+        lo, hi = m.bounds
+        out[m.key] = QuantilePrediction(m.key, tuple(f"{m.key}_{m.quantile_suffixes[int(j)]}" for j in order),
+                                        quantile_candidates(lo, hi, m.n_bins), excess, mean, var, valid)
+    return out
+
+
+@dataclass
+class RankTally:
+    """Running sums over the draws of each quantiles metric's summed excess rank error, per partition."""
+
+    n_parts: int
+    keys: Sequence[str]
+    n: dict[str, np.ndarray] = field(init=False)
+    s1: dict[str, np.ndarray] = field(init=False)
+    suppressed: dict[str, np.ndarray] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.n = {k: np.zeros(self.n_parts) for k in self.keys}
+        self.s1 = {k: np.zeros(self.n_parts) for k in self.keys}
+        self.suppressed = {k: np.zeros(self.n_parts) for k in self.keys}
+
+    def add(self, released: np.ndarray, values: Mapping[str, np.ndarray],
+            preds: Mapping[str, QuantilePrediction]) -> None:
+        """One block: ``values`` holds each released quantile column (NaN where suppressed) on the released rows."""
+        P = self.n_parts
+        for k in self.keys:
+            p = preds[k]
+            cols = [np.asarray(values[c], np.float64) for c in p.columns]
+            blank = np.zeros(len(released), bool)
+            for v in cols:
+                blank |= np.isnan(v)
+            self.suppressed[k] += np.bincount(released[blank], minlength=P)
+            ok = ~blank & p.valid[released]
+            idx = released[ok]
+            total = np.zeros(len(idx))
+            for jq, v in enumerate(cols):
+                cell = np.searchsorted(p.candidates, v[ok])  # a pick is a candidate exactly (cand[pick])
+                total += p.excess[idx, jq, np.minimum(cell, len(p.candidates) - 1)]
+            self.n[k] += np.bincount(idx, minlength=P)
+            self.s1[k] += np.bincount(idx, weights=total, minlength=P)
+
+
+@dataclass(frozen=True)
 class Check:
-    """One statistical check: ``what`` (coverage, std, keep) of ``metric`` in a size bucket, the observed and
-    predicted statistic, the acceptance region [low, high] and whether the observation lies in it."""
+    """One statistical check: ``what`` (coverage, std_ratio, keep, rank_error) of ``metric`` in a size bucket, the
+    observed and predicted statistic, the acceptance region [low, high] and whether the observation lies in it."""
 
     metric: str
     bucket: str
@@ -279,6 +381,8 @@ class ScoreRow:
     bounding_relative_bias: float | None
     suppressed: int
     method: str
+    predicted_rank_error: float | None = None  # quantiles: mean summed excess rank error (rows) per observation
+    observed_rank_error: float | None = None
 
 
 @dataclass(frozen=True)
@@ -311,8 +415,10 @@ def _f(x: float) -> float | None:
 
 
 def score(plan: ReleasePlan, truths: Mapping[str, MetricTruth], preds: Mapping[str, MetricPrediction],
-          tally: Tally, units: np.ndarray, *, alpha: float, confidence: float) -> SimulationScore:
-    """The table and the checks (module docstring) from a finished ``Tally``."""
+          tally: Tally, units: np.ndarray, *, alpha: float, confidence: float,
+          ranks: tuple[Mapping[str, QuantilePrediction], RankTally] | None = None) -> SimulationScore:
+    """The table and the checks (module docstring) from a finished ``Tally`` (and ``RankTally`` with its
+    predictions, for quantiles metrics)."""
     from scipy import stats
 
     if not (0.0 < alpha < 1.0):
@@ -361,6 +467,29 @@ def score(plan: ReleasePlan, truths: Mapping[str, MetricTruth], preds: Mapping[s
                 v = max(v, p.kurtosis_floor * N)  # never below the noise family's own variance of e^2/sigma^2
                 pending.append((k, b, "std_ratio", "two-sided" if sides == "two-sided" else "upper", float(s2.sum()),
                                 N, N, v))
+    if ranks is not None:
+        qpreds, rt = ranks
+        for k in rt.keys:
+            qp = qpreds[k]
+            for b in order:
+                sel = (buckets == b) & qp.valid
+                if not sel.any():
+                    continue
+                n_i = rt.n[k][sel]
+                n = float(n_i.sum())
+                pm = float((n_i * qp.mean[sel]).sum() / n) if n else math.nan
+                om = float(rt.s1[k][sel].sum() / n) if n else math.nan
+                rows.append(ScoreRow(k, b, int(sel.sum()), int(n), None, None, None, None, None, None, None, None,
+                                     int(rt.suppressed[k][sel].sum()),
+                                     "exact permute-and-flip law at the bounded histogram", _f(pm), _f(om)))
+                mask = sel & (rt.suppressed[k] == 0)
+                ni = rt.n[k][mask]
+                N = float(ni.sum())
+                if N < MIN_OBSERVATIONS:
+                    continue
+                pending.append((k, b, "rank_error", "upper" if qp.sorted_picks else "two-sided",
+                                float(rt.s1[k][mask].sum()), N, float((ni * qp.mean[mask]).sum()),
+                                float((ni * qp.var[mask]).sum())))
     if private:
         for b in order:
             sel = buckets == b
@@ -386,6 +515,14 @@ def score(plan: ReleasePlan, truths: Mapping[str, MetricTruth], preds: Mapping[s
                 lo, hi = float(stats.binom.ppf(a, n_int, pred)), float(n_int)
             checks.append(Check(metric, b, what, sides, obs / N, pred, lo / N, hi / N, lo <= obs <= hi))
             continue
+        if what == "rank_error":  # the summed excess against its predicted mean; shown per observation
+            sd = math.sqrt(var)
+            zz = z if sides == "two-sided" else z1
+            lo = pred - zz * sd if sides == "two-sided" else 0.0
+            hi = pred + zz * sd
+            checks.append(Check(metric, b, what, sides, obs / N, pred / N, max(lo, 0.0) / N, hi / N,
+                                lo <= obs <= hi))
+            continue
         sd = math.sqrt(var)
         zz = z if sides == "two-sided" else z1
         lo = pred - zz * sd if sides == "two-sided" else 0.0
@@ -397,6 +534,6 @@ def score(plan: ReleasePlan, truths: Mapping[str, MetricTruth], preds: Mapping[s
     return SimulationScore(rows, checks, alpha, confidence, not_scored)
 
 
-__all__ = ["CLAMP_MARGIN", "MARKER", "MIN_OBSERVATIONS", "NOT_SCORED", "SCORED_TYPES", "Check", "MetricPrediction",
-           "MetricTruth", "ScoreRow", "SimulationScore", "Tally", "metric_truths", "predict_partitions", "score",
-           "size_bucket"]
+__all__ = ["CLAMP_MARGIN", "MARKER", "MIN_OBSERVATIONS", "NOT_SCORED", "RANKED_TYPES", "SCORED_TYPES", "Check",
+           "MetricPrediction", "MetricTruth", "QuantilePrediction", "RankTally", "ScoreRow", "SimulationScore", "Tally",
+           "metric_truths", "predict_partitions", "predict_quantiles", "score", "size_bucket"]

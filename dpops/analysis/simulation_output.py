@@ -31,11 +31,12 @@ def plot_png(doc: Mapping[str, Any]) -> bytes:
     import matplotlib.pyplot as plt
 
     rows = _rows(doc)
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4.2))
+    fig, axes = plt.subplots(1, 4, figsize=(17, 4.2))
     panels = (("predicted_std", "observed_std", "std (root mean square error)", True),
               ("predicted_coverage", "observed_coverage", f"coverage of the {doc.get('confidence', 0.95):g} interval",
                False),
-              ("predicted_keep", "observed_keep", "keep rate of private partitions", False))
+              ("predicted_keep", "observed_keep", "keep rate of private partitions", False),
+              ("predicted_rank_error", "observed_rank_error", "quantiles: excess rank error (rows)", True))
     for ax, (px, ox, title, log) in zip(axes, panels, strict=True):
         pts = [(r[px], r[ox], f"{r['metric']} {r['bucket']}") for r in rows
                if r.get(px) is not None and r.get(ox) is not None]
@@ -82,8 +83,8 @@ def html_page(doc: Mapping[str, Any], png: bytes) -> str:
     src = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
     name = html.escape(str(doc.get("release", "")))
     cols = ["metric", "bucket", "partitions", "observations", "predicted_std", "observed_std", "predicted_coverage",
-            "observed_coverage", "predicted_keep", "observed_keep", "bounding_bias", "bounding_relative_bias",
-            "suppressed", "method"]
+            "observed_coverage", "predicted_keep", "observed_keep", "predicted_rank_error", "observed_rank_error",
+            "bounding_bias", "bounding_relative_bias", "suppressed", "method"]
     checks = [c for c in doc.get("checks", []) if not c.get("passed")]
     check_cols = ["metric", "bucket", "what", "sides", "observed", "predicted", "low", "high"]
     bounding = [{"figure": k, "value": v} for k, v in dict(doc.get("bounding", {})).items()]

@@ -71,18 +71,21 @@ def cli(spec_path: str, sample: str, draws: int, seed: int, randomness: str, alp
     def pair(a: object, b: object, pct: bool = False) -> str:
         return "-" if a is None and b is None else f"{_num(a, pct)}/{_num(b, pct)}"
 
-    cols = ["metric", "units", "parts", "std pred/obs", "coverage pred/obs", "keep pred/obs", "bounding bias"]
+    cols = ["metric", "units", "parts", "std pred/obs", "coverage pred/obs", "keep pred/obs", "rank error pred/obs",
+            "bounding bias"]
     print_table(f"dpops simulate {sim.spec.name}: {draws} draws, seed {seed}", cols,
                 [[r.metric, r.bucket, str(r.partitions), pair(r.predicted_std, r.observed_std),
                   pair(r.predicted_coverage, r.observed_coverage, True), pair(r.predicted_keep, r.observed_keep, True),
-                  _num(r.bounding_bias)] for r in sim.score.rows],
+                  pair(r.predicted_rank_error, r.observed_rank_error), _num(r.bounding_bias)]
+                 for r in sim.score.rows],
                 keep=["metric", "units"])
     b = sim.bounding
     say(f"bounding: {b['rows_kept']} of {b['rows_to_bounding']} checked rows kept (L0 dropped {b['rows_dropped_l0']}, "
         f"Linf {b['rows_dropped_linf']}), {b['values_clamped']} values clamped; {b['rows_dropped_by_checks']} rows "
         "dropped by the input checks")
     if sim.score.not_scored:
-        say(f"not scored (selections, not additive noise): {', '.join(sim.score.not_scored)}")
+        say("not scored (a probability at a stated lead, not a law at the sample's counts): "
+            + ", ".join(sim.score.not_scored))
     say(f"wrote {files['json']}, {files['png']}, {files['html']}")
     if error is not None:
         raise error

@@ -147,7 +147,7 @@ def simulate(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], sam
     the family-wise false-failure rate of the checks (``dpops.analysis.simulation``). Same spec, sample, draws and
     seed: the same numbers. Refuses a sample that is not public data, and any randomness but ``test``."""
     from dpops.analysis.loading import load
-    from dpops.analysis.simulation import Tally, metric_truths, predict_partitions, score
+    from dpops.analysis.simulation import RankTally, Tally, metric_truths, predict_partitions, predict_quantiles, score
     from dpops.release.pipeline_seam import SampleTruthRequest, load_sample_truth
     from dpops.release_plan import plan_release
 
@@ -169,9 +169,16 @@ def simulate(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], sam
     truths = metric_truths(plan, bounded, truth.unbounded)
     preds = predict_partitions(plan, truths, rows, conf)
     tally = Tally(P, [k for k in truths if truths[k].type in SCORED_TYPES])
-    _draw(plan, bounded, P, draws, int(seed), s.name, lambda reps, released, values:
-          tally.add(reps, released, values, truths, preds))
-    result = score(plan, truths, preds, tally, units, alpha=alpha, confidence=conf)
+    qpreds = predict_quantiles(plan, bounded)
+    ranks = RankTally(P, list(qpreds))
+    columns = [k for k in tally.keys] + [c for q in qpreds.values() for c in q.columns]
+
+    def sink(reps: int, released: np.ndarray, values: dict[str, np.ndarray]) -> None:
+        tally.add(reps, released, values, truths, preds)
+        ranks.add(released, values, qpreds)
+
+    _draw(plan, bounded, P, draws, int(seed), s.name, columns, sink)
+    result = score(plan, truths, preds, tally, units, alpha=alpha, confidence=conf, ranks=(qpreds, ranks))
     st = truth.stats
     to_bounding = int(np.asarray(truth.unbounded["count"], np.int64).sum())
     bounding = {"rows_read": int(st.get("rows_read", 0)),
@@ -185,15 +192,14 @@ def simulate(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], sam
 
 
 def _draw(plan: ReleasePlan, bounded: Mapping[str, np.ndarray], P: int, draws: int, seed: int, name: str,
-          sink: Callable[[int, np.ndarray, dict[str, np.ndarray]], None]) -> None:
+          columns: list[str], sink: Callable[[int, np.ndarray, dict[str, np.ndarray]], None]) -> None:
     """``draws`` releases of the ``P`` partitions through ``select_and_noise``, in blocks of replicated partitions
     (each replica its own partition hash, so its selection and noise are independent draws); ``sink(reps, released,
-    values)`` gets each block's released partition indices and scored values."""
+    values)`` gets each block's released partition indices and the released ``columns`` (scored values)."""
     from dpops.noise.randomness import test_random
     from pipelines.aggregate import select_and_noise
 
     cols = plan.partition_columns
-    keys = [m.key for m in plan.metrics if m.type in SCORED_TYPES]
     per_block = max(1, min(draws, BLOCK_ROWS // max(P, 1)))
     done, block = 0, 0
     while done < draws:
@@ -206,7 +212,7 @@ def _draw(plan: ReleasePlan, bounded: Mapping[str, np.ndarray], P: int, draws: i
         rng = test_random(seed, ("simulate", name, f"block={block}"))
         out = select_and_noise(0, parts, acc, names, plan, parts if public else None, names if public else None, rng)
         released = np.asarray(out[cols[0]], np.int64)
-        sink(reps, released, {k: _as_float(out[k]) for k in keys})
+        sink(reps, released, {k: _as_float(out[k]) for k in columns})
         done += reps
         block += 1
 
