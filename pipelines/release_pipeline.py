@@ -68,7 +68,7 @@ from pipelines.transforms import (
     RunStats,
     SelectPartitionsAndNoise,
     WriteShards,
-    _SelectNoise,
+    SelectNoise,
     collect_stats,
     concat_rows,
     empty_acc,
@@ -82,7 +82,7 @@ from pipelines.transforms import (
 N_BUCKETS = 256
 N_SHARDS = 16  # fixed: the noise is drawn per shard
 _empty_acc = empty_acc  # the former name (tests import it)
-SelectNoiseWrite = _SelectNoise  # the former DoFn name (the fault-injection tests hook its ``process``)
+SelectNoiseWrite = SelectNoise  # the former DoFn name (the fault-injection tests hook its ``process``)
 
 
 @dataclass(frozen=True)

@@ -376,7 +376,7 @@ def empty_acc(agg: AggregationSpec) -> dict[str, np.ndarray]:
     return acc
 
 
-class _SelectNoise(beam.DoFn):
+class SelectNoise(beam.DoFn):
     def __init__(self, ctx):
         self.ctx = ctx
         self._source = None
@@ -434,7 +434,7 @@ class SelectPartitionsAndNoise(beam.PTransform):
             (partials, names, seeds)
             | "FlattenShardInputs" >> beam.Flatten()                    # (S, (tag, ShardPartial | PartitionNames | None))
             | "GroupByShard" >> beam.GroupByKey()                       # (S, [...])
-            | "SelectNoise" >> beam.ParDo(_SelectNoise(self.ctx))       # NoisyShard
+            | "SelectNoise" >> beam.ParDo(SelectNoise(self.ctx))       # NoisyShard
         )
 
 

@@ -236,3 +236,30 @@ def test_the_whole_tree_check_names_a_circle_inside_any_package(tmp_path):
     assert circles[0].startswith("module circle of 3 files (dpops.ledger.db_cap, dpops.ledger.schema, "
                                  "dpops.ledger.store)"), circles
     assert "dpops/ledger/db_cap.py:2" in circles[0], circles
+
+
+def private_imports(root: Path, top: str) -> list[str]:
+    """``from a.b import _name`` anywhere in ``top`` where ``_name`` is not a dunder: a private name of another
+    module (``path:line module._name``). A module's ``_name`` is its own business; a second module depending on it
+    is a rule with two owners that nobody reviews as an interface."""
+    out = []
+    for path in sorted((root / top).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                for alias in node.names:
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        out.append(f"{path.relative_to(root)}:{node.lineno} {node.module}.{alias.name}")
+    return out
+
+
+def test_no_private_name_is_imported_across_modules():
+    """dpops, pipelines, dags and plugins import only public names of one another (the project's style rule)."""
+    problems = [p for top in ("dpops", "pipelines", "dags", "plugins") for p in private_imports(ROOT, top)]
+    assert not problems, "private names imported from another module:\n" + "\n".join(problems)
+
+
+def test_the_private_import_check_names_the_import(tmp_path):
+    """It can fail: a multi-line import of one private name among public ones."""
+    (tmp_path / "pipelines").mkdir()
+    (tmp_path / "pipelines" / "a.py").write_text("from pipelines.b import (\n    Public,\n    _Private,\n)\n")
+    assert private_imports(tmp_path, "pipelines") == ["pipelines/a.py:1 pipelines.b._Private"]
