@@ -12,7 +12,10 @@ from fuzz_support import examples
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+import dpops.release_plan
 from dpops.noise.selection import histogram_quantile_utility
+
+REAL_PLAN = dpops.release_plan.plan_release  # cli_support.make_env plants a stand-in; tune and simulate use the real one
 
 # --------------------------------------------------------------------------- finding 1: quantile utility overflow
 
@@ -50,3 +53,90 @@ def test_quantile_utilities_are_exact_integers_whatever_the_partition_size(hist,
     got = [int(x) for x in np.asarray(util).tolist()]
     assert all(isinstance(x, (int, np.integer)) for x in np.asarray(util).tolist())
     assert got == want
+
+
+# --------------------------------------------------------------------------- finding 2: analysis outputs where data is published
+
+
+def _tune_env(tmp_path, monkeypatch):
+    from cli_support import make_env
+
+    for v in ("DPOPS_DATA_ROOTS", "DPOPS_OUTPUT_ROOTS", "DPOPS_PUBLIC_ROOTS"):
+        monkeypatch.delenv(v, raising=False)
+    return make_env(tmp_path, monkeypatch, cap=5.0)
+
+
+def _private_tune(env, capsys, out):
+    from dpops.cli.main import main
+
+    code = main(["--ledger", env.url, "tune", str(env.spec), "--sample", str(env.root / "data" / "2024-01-01.parquet"),
+                 "--i-understand-this-reads-private-data", "--reason", "review", "--key-file", str(env.key),
+                 "--l0", "1", "--linf", "1,2", "--out", str(out)])
+    return code, capsys.readouterr().err
+
+
+def _private_accesses(env) -> int:
+    from dpops.ledger import open_ledger
+
+    with open_ledger(env.url) as led:
+        return sum(1 for e in led.history("shop") if e.kind == "private_access")
+
+
+def test_tune_on_private_data_refuses_an_out_under_the_specs_output_root(tmp_path, monkeypatch, capsys):
+    """Finding 2 (severity 2, dpops/cli/tune.py): ``dpops tune --i-understand-this-reads-private-data`` wrote its
+    results.json and tune.html (rows dropped, partitions kept, sample rows: exact, not DP, functions of the
+    private rows) to any ``--out``, also under the spec's ``output.root`` where staged and published outputs are
+    read by the release's consumers. It must be refused before the private read is recorded or done."""
+    env = _tune_env(tmp_path, monkeypatch)
+    monkeypatch.setattr(dpops.release_plan, "plan_release", REAL_PLAN)
+    out = env.root / "out" / "tune"  # the spec's output.root is "out" beside the spec
+    code, err = _private_tune(env, capsys, out)
+    assert code == 3 and "output.root" in err, err
+    assert not out.exists()
+    assert _private_accesses(env) == 0  # refused before the ledger records a read that did not happen
+
+
+def test_tune_on_private_data_refuses_an_out_under_an_operator_output_or_public_root(tmp_path, monkeypatch, capsys):
+    """Finding 2, for tune: the same for the operator's other published places: every ``$DPOPS_OUTPUT_ROOTS`` entry (other
+    releases' staged and published outputs) and every ``$DPOPS_PUBLIC_ROOTS`` entry (files read as public data,
+    published verbatim as partition labels from a publishable one)."""
+    env = _tune_env(tmp_path, monkeypatch)
+    monkeypatch.setattr(dpops.release_plan, "plan_release", REAL_PLAN)
+    published, public = tmp_path / "published", tmp_path / "public"
+    published.mkdir()
+    public.mkdir()
+    monkeypatch.setenv("DPOPS_DATA_ROOTS", str(tmp_path / "data"))  # apart from the public root
+    monkeypatch.setenv("DPOPS_OUTPUT_ROOTS", str(published))
+    monkeypatch.setenv("DPOPS_PUBLIC_ROOTS", str(public))
+    for out, needle in ((published / "other_release" / "tune", "DPOPS_OUTPUT_ROOTS"),
+                        (public / "tune", "DPOPS_PUBLIC_ROOTS")):
+        code, err = _private_tune(env, capsys, out)
+        assert code == 3 and needle in err, err
+        assert not out.exists()
+    assert _private_accesses(env) == 0
+
+
+def test_simulate_refuses_an_out_under_an_operator_output_or_public_root(tmp_path, monkeypatch, capsys):
+    """Finding 2, for simulate: its outputs are marked not publishable (test-mode draws), yet only its own spec's
+    ``output.root`` was refused; an operator output root or a public root took them."""
+    import pandas as pd
+
+    from dpops.cli.main import main
+
+    env = _tune_env(tmp_path, monkeypatch)
+    monkeypatch.setattr(dpops.release_plan, "plan_release", REAL_PLAN)
+    published, public = tmp_path / "published", tmp_path / "public"
+    published.mkdir()
+    public.mkdir()
+    monkeypatch.setenv("DPOPS_DATA_ROOTS", str(tmp_path / "data"))  # apart from the public root
+    monkeypatch.setenv("DPOPS_OUTPUT_ROOTS", str(published))
+    monkeypatch.setenv("DPOPS_PUBLIC_ROOTS", str(public))
+
+    sample = public / "sample.parquet"  # a public (synthetic) sample, not the spec's input
+    pd.DataFrame({"user_id": [f"s{i}" for i in range(40)], "region": ["north", "south"] * 20,
+                  "amount": [float(i % 10) for i in range(40)]}).to_parquet(sample)
+    for out, needle in ((published / "sim", "DPOPS_OUTPUT_ROOTS"), (public / "sim", "DPOPS_PUBLIC_ROOTS")):
+        code = main(["simulate", str(env.spec), "--sample", str(sample), "--draws", "5", "--out", str(out)])
+        err = capsys.readouterr().err
+        assert code == 3 and needle in err, err
+        assert not out.exists()
