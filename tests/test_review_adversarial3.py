@@ -8,6 +8,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 import numpy as np
+import pytest
 from fuzz_support import examples
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -140,3 +141,55 @@ def test_simulate_refuses_an_out_under_an_operator_output_or_public_root(tmp_pat
         err = capsys.readouterr().err
         assert code == 3 and needle in err, err
         assert not out.exists()
+
+
+# --------------------------------------------------------------------------- finding 3: a staging that cannot exist, found after the charge
+
+
+def test_a_local_staging_that_cannot_be_created_is_refused_before_anything_is_reserved(tmp_path, monkeypatch):
+    """Finding 3 (severity 3, dpops/release/estimation.py ``PipelineCounts._pass``): ``dpops estimate --staging DIR``
+    was checked for where it lies (``check_scratch_location``) before the reservation, but created only in the
+    first Beam pass, after ``ledger.start``: a DIR below a regular file (or unwritable) failed the run with its
+    charge kept and nothing computed. It must be refused with the ledger untouched."""
+    from dpops.analysis.estimate import EstimateConfig
+    from dpops.errors import DpopsError
+    from dpops.ledger import open_ledger
+    from dpops.release.estimation import EstimationEngine
+    from dpops.release.execute import estimate
+
+    import pandas as pd
+    import yaml
+
+    from dpops.ledger import ScopeDefinition
+    from dpops.noise.randomness import NoiseKey
+
+    for v in ("DPOPS_LEDGER_URL", "DPOPS_MANIFESTS_DIR", "DPOPS_NOISE_KEY_FILE", "DPOPS_OUTPUT_ROOTS",
+              "DPOPS_PUBLIC_ROOTS"):
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.chdir(tmp_path)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "staging_probe", "schedule": "0 0 * * *",
+        "input": {"path": "data/{start:%Y-%m-%d}.parquet", "format": "parquet",
+                  "columns": {"user_id": "string", "region": "string", "amount": "float"}},
+        "privacy_unit": {"column": "user_id", "description": "a user", "adjacency": "add_remove"},
+        "budget": {"scope": "shop", "epsilon": 0.5, "delta": 0},
+        "contribution": {"max_partitions_per_unit": 1, "max_rows_per_unit_per_partition": 2},
+        "partitions": {"columns": ["region"], "public": ["north", "south"]},
+        "metrics": [{"type": "count"}, {"type": "sum", "column": "amount", "bounds": [0, 10]}]}))
+    (tmp_path / "data").mkdir()
+    pd.DataFrame({"user_id": ["a", "b", "c"], "region": ["north", "south", "north"],
+                  "amount": [1.0, 2.0, 3.0]}).to_parquet(tmp_path / "data" / "2024-01-01.parquet")
+    key = tmp_path / "keys" / "noise.key"
+    key.parent.mkdir()
+    NoiseKey.generate(key)
+    monkeypatch.setenv("DPOPS_DATA_ROOTS", str(tmp_path / "data"))  # the staging lies apart from every root
+    (tmp_path / "blocker").write_text("a regular file")
+    with open_ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}") as led:
+        led.create_scope(ScopeDefinition(name="shop", unit="a user", unit_column="user_id", epsilon=3.0, delta=1e-6,
+                                         rho=None, accountant="basic/1", adjacency="add_remove"), actor="test")
+        eng = EstimationEngine(staging=str(tmp_path / "blocker" / "scratch"))
+        with pytest.raises(DpopsError, match="--staging"):
+            estimate(spec, "2024-01-01", "2024-01-02", config=EstimateConfig(epsilon=1.0), ledger=led,
+                     key_path=str(key), engine=eng)
+        assert led.runs() == []
