@@ -347,7 +347,7 @@ def check_public_path(path: str | os.PathLike[str] | Location, field: str, *, so
     return PublicFile(str(resolved), publishable)
 
 
-def _opened_path(fd: int) -> str | None:
+def opened_path(fd: int) -> str | None:
     """The path of what ``fd`` refers to (Linux ``/proc/self/fd/N``), None where the kernel does not say."""
     try:
         target = os.readlink(f"/proc/self/fd/{fd}")
@@ -385,7 +385,7 @@ def read_public_file(path: Location, field: str, *, source: str, spec_dir: str |
         raise SpecError(f"{where}: cannot read: {exc.strerror or exc}") from None
     try:
         st = os.fstat(fd)
-        opened = _opened_path(fd)
+        opened = opened_path(fd)
         checked = check_public_path(Location.local(opened) if opened else path, field, source=source,
                                     spec_dir=spec_dir, key_path=key_path)
         if not stat_mod.S_ISREG(st.st_mode):
@@ -414,4 +414,5 @@ def read_public_file(path: Location, field: str, *, source: str, spec_dir: str |
 __all__ = ["DATA_ROOTS_ENV", "OUTPUT_ROOTS_ENV", "KEY_FILE_ENV", "split_roots", "check_output_root",
            "output_root_locations", "data_root_locations", "data_roots", "key_paths", "check_data_path", "check_data_paths",
            "PUBLIC_ROOTS_ENV", "PUBLISHABLE_PUBLIC_ROOTS_ENV", "PublicFile",
-           "public_root_locations", "publishable_root_locations", "check_public_path", "read_public_file"]
+           "public_root_locations", "publishable_root_locations", "check_public_path", "read_public_file", "opened_path",
+           "check_analysis_out", "check_scratch_location"]

@@ -193,3 +193,65 @@ def test_a_local_staging_that_cannot_be_created_is_refused_before_anything_is_re
             estimate(spec, "2024-01-01", "2024-01-02", config=EstimateConfig(epsilon=1.0), ledger=led,
                      key_path=str(key), engine=eng)
         assert led.runs() == []
+
+
+# --------------------------------------------------------------------------- finding 4: the sample is checked, then opened again by name
+
+
+def _swap_env(tmp_path, monkeypatch):
+    """spec/ (the data root) with a 5,000-unit private input; public/ with a 2-row public sample; the sample check
+    planted to replace the sample by a symlink to the private input right after it passes."""
+    import os
+
+    import pandas as pd
+    from test_simulate import SPEC, sample
+
+    import dpops.analysis.sample_access as access_mod
+    from dpops.analysis.loading import load
+
+    for v in ("DPOPS_DATA_ROOTS", "DPOPS_LEDGER_URL", "DPOPS_NOISE_KEY_FILE", "DPOPS_OUTPUT_ROOTS"):
+        monkeypatch.delenv(v, raising=False)
+    spec_dir, pub = tmp_path / "spec", tmp_path / "public"
+    (spec_dir / "data").mkdir(parents=True)
+    pub.mkdir()
+    (spec_dir / "spec.yaml").write_text(SPEC.replace("LINF", "3"), encoding="utf-8")
+    private = spec_dir / "data" / "2024-01-01.csv"
+    sample(seed=7, sizes=(5000,)).to_csv(private, index=False)  # one region, 5,000 units: told apart by its size
+    public_sample = pub / "sample.csv"
+    pd.DataFrame({"user_id": ["p1", "p2"], "region": ["r0", "r0"], "amount": [1.0, 2.0]}).to_csv(public_sample,
+                                                                                                 index=False)
+    monkeypatch.setenv("DPOPS_PUBLIC_ROOTS", str(pub))
+    checked = access_mod.check_public_sample
+
+    def check_then_swap(*a, **k):
+        out = checked(*a, **k)
+        public_sample.unlink()
+        os.symlink(private, public_sample)  # after the check, before the read
+        return out
+
+    monkeypatch.setattr(access_mod, "check_public_sample", check_then_swap)
+    return load(spec_dir / "spec.yaml"), public_sample
+
+
+def test_a_sample_swapped_for_the_private_input_after_its_check_is_not_read_by_simulate(tmp_path, monkeypatch):
+    """Finding 4 (severity 2, pipelines/release_pipeline.py ``sample_truth``; dpops/analysis/tuning.py ``tune``): the
+    time-of-check/time-of-use gap that issue 25 item 11 closed for ``partitions.public_file``. The sample's path
+    was checked and then opened again by name, so a writer of a public root could swap the checked file for a
+    symlink into the data root in between: the old code aggregated the private input's 5,000 units exactly.
+    The pass must refuse (the held file is checked again)."""
+    from dpops.errors import SpecError
+    from dpops.release.pipeline_seam import SampleTruthRequest, load_sample_truth
+
+    spec, public_sample = _swap_env(tmp_path, monkeypatch)
+    with pytest.raises(SpecError, match="data root"):
+        load_sample_truth()(SampleTruthRequest(spec, str(public_sample), "csv", 1))
+
+
+def test_a_sample_swapped_for_the_private_input_after_its_check_is_not_read_by_tune(tmp_path, monkeypatch):
+    """Finding 4, for ``dpops tune`` on a public sample: the same swap must be refused, not tuned on."""
+    from dpops.analysis.tuning import tune
+    from dpops.errors import SpecError
+
+    spec, public_sample = _swap_env(tmp_path, monkeypatch)
+    with pytest.raises(SpecError, match="data root"):
+        tune(spec, str(public_sample), seed=1)
