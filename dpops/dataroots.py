@@ -183,6 +183,37 @@ def check_scratch_location(raw: str, field: str, *, source: str, spec_dir: str |
     return loc
 
 
+def check_analysis_out(out_dir: str | os.PathLike[str], field: str, *, source: str, output_root: Location,
+                       what: str) -> None:
+    """Refuse a directory for an analysis's outputs (``dpops tune --out``, ``dpops simulate --out``) that is equal
+    to or below a place whose files are published or read as public data.
+
+    What those commands write is not differentially private: tune's results and page are exact functions of the
+    rows it read (private ones with ``--i-understand-this-reads-private-data``), and simulate's are test-mode
+    draws marked not publishable. So they never go
+
+    - under the spec's ``output.root`` (its staged and published outputs, read by the release's consumers);
+    - under an entry of ``$DPOPS_OUTPUT_ROOTS`` (every release's staged and published outputs);
+    - under an entry of ``$DPOPS_PUBLIC_ROOTS`` (files dpops reads as public data, samples and partition lists,
+      published verbatim from a publishable one).
+
+    Checked before anything is read or recorded, and again by the writer once the directory exists (a symlink
+    into a root). ``what`` names the outputs in the refusal (``SpecError``, exit 3), which names the field, the
+    directory and the root, never a file's content. Local directories only (both commands write with ``Path``)."""
+    out = Location.parse(os.path.expanduser(os.fspath(out_dir)), base=Location.local(os.getcwd())).realpath()
+    places = [(output_root.realpath(), f"the spec's output.root {str(output_root)!r}")] if output_root.is_local else []
+    places += [(r, f"${OUTPUT_ROOTS_ENV} entry {str(r)!r}") for r in output_root_locations() if r.is_local]
+    places += [(r, f"${PUBLIC_ROOTS_ENV} entry {str(r)!r}")
+               for r in _root_locations(split_roots(os.environ.get(PUBLIC_ROOTS_ENV, "")), PUBLIC_ROOTS_ENV)
+               if r.is_local]
+    for root, name in places:
+        if out.is_under(root):
+            raise SpecError(
+                f"{source}: {field} {os.fspath(out_dir)} is under {name}, where files are published or read as public "
+                f"data; {what} are not differentially private and are written nowhere there. Choose a directory "
+                "outside every output and public root")
+
+
 def key_paths(key_path: str | os.PathLike[str] | None = None) -> list[str]:
     """The resolved noise key files known to this process (``key_path`` and ``DPOPS_NOISE_KEY_FILE``)."""
     out = []
@@ -316,7 +347,7 @@ def check_public_path(path: str | os.PathLike[str] | Location, field: str, *, so
     return PublicFile(str(resolved), publishable)
 
 
-def _opened_path(fd: int) -> str | None:
+def opened_path(fd: int) -> str | None:
     """The path of what ``fd`` refers to (Linux ``/proc/self/fd/N``), None where the kernel does not say."""
     try:
         target = os.readlink(f"/proc/self/fd/{fd}")
@@ -354,7 +385,7 @@ def read_public_file(path: Location, field: str, *, source: str, spec_dir: str |
         raise SpecError(f"{where}: cannot read: {exc.strerror or exc}") from None
     try:
         st = os.fstat(fd)
-        opened = _opened_path(fd)
+        opened = opened_path(fd)
         checked = check_public_path(Location.local(opened) if opened else path, field, source=source,
                                     spec_dir=spec_dir, key_path=key_path)
         if not stat_mod.S_ISREG(st.st_mode):
@@ -383,4 +414,5 @@ def read_public_file(path: Location, field: str, *, source: str, spec_dir: str |
 __all__ = ["DATA_ROOTS_ENV", "OUTPUT_ROOTS_ENV", "KEY_FILE_ENV", "split_roots", "check_output_root",
            "output_root_locations", "data_root_locations", "data_roots", "key_paths", "check_data_path", "check_data_paths",
            "PUBLIC_ROOTS_ENV", "PUBLISHABLE_PUBLIC_ROOTS_ENV", "PublicFile",
-           "public_root_locations", "publishable_root_locations", "check_public_path", "read_public_file"]
+           "public_root_locations", "publishable_root_locations", "check_public_path", "read_public_file", "opened_path",
+           "check_analysis_out", "check_scratch_location"]

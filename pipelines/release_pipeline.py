@@ -486,12 +486,13 @@ def sample_truth(request: SampleTruthRequest) -> SampleTruth:
 
     Privacy: exact aggregates are not differentially private, so this function refuses what is not public data
     itself (``check_public_sample``: under ``$DPOPS_PUBLIC_ROOTS``, not under a data root, not the spec's input
-    in disguise), whoever calls it, and runs only on the test seed. It has no private flag: a private sample
-    has no path here. No event-time filter: a sample is not an interval's input (the whole sample is read).
+    in disguise), whoever calls it, and reads the very file that passed (``pinned_sample``: opened once, so no
+    symlink swapped in after the check is followed), and runs only on the test seed. It has no private flag: a
+    private sample has no path here. No event-time filter: a sample is not an interval's input (the whole sample is read).
     """
     import dataclasses
 
-    from dpops.analysis.sample_access import check_public_sample
+    from dpops.analysis.sample_access import check_public_sample, pinned_sample
     from dpops.errors import InvalidParameter as _Invalid
 
     spec = request.spec
@@ -504,7 +505,8 @@ def sample_truth(request: SampleTruthRequest) -> SampleTruth:
                              randomness="test", test_seed=request.test_seed, staging_dir="-")
     ctx = build_context(spec, plan, compute, "", time_filter=False)
     ctx = dataclasses.replace(ctx, read=dataclasses.replace(ctx.read, format=request.sample_format))
-    names, buckets, stats = _read_buckets(ctx, [access.location], request.sample_format)
+    with pinned_sample(spec, access) as held:  # the file that passed the checks, opened once (no swap after them)
+        names, buckets, stats = _read_buckets(ctx, [held], request.sample_format)
     value_cols = ctx.read.value_columns
     partials = []
     for bucket in sorted(buckets):

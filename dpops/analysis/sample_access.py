@@ -29,6 +29,9 @@ import glob
 import hashlib
 import os
 import re
+import stat as stat_mod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -193,5 +196,83 @@ def check_public_sample(spec: ReleaseSpec, path: str | os.PathLike[str], *,
     return checked
 
 
+def _descriptor_twin(spec: ReleaseSpec, fd: int, st: os.stat_result) -> str | None:
+    """``private_twin`` for an open descriptor: the spec's input file it is (same inode, or the same bytes read
+    through the descriptor itself, so a rename at the name cannot show the hash another file)."""
+    same_size = []
+    for f in spec_input_files(spec):
+        fs = os.stat(f)
+        if (fs.st_dev, fs.st_ino) == (st.st_dev, st.st_ino):
+            return f
+        if fs.st_size == st.st_size:
+            same_size.append(f)
+    if not same_size:
+        return None
+    h, offset = hashlib.sha256(), 0
+    while block := os.pread(fd, 1 << 20, offset):
+        h.update(block)
+        offset += len(block)
+    mine = h.digest()
+    return next((f for f in same_size if _sha256(f) == mine), None)
+
+
+@contextmanager
+def pinned_sample(spec: ReleaseSpec, access: SampleAccess, *,
+                  key_path: str | os.PathLike[str] | None = None) -> Iterator[str]:
+    """The path to read ``access``'s sample by: the very file that passes the checks, opened once.
+
+    Privacy reason (the rule ``dpops.dataroots.read_public_file`` applies to ``partitions.public_file``, issue 25
+    item 11): the sample was checked by name, and reading it by name again lets whoever can write a public root
+    swap the checked file for a symlink to (or a copy of) the private input in between; tune and simulate would
+    then print exact functions of private rows with no ledger entry. So the file is opened ONCE, and the file the
+    descriptor holds (its path as the kernel reports it, ``/proc/self/fd/N``) is checked again: a public sample
+    must still resolve under a public root, outside every data root and away from the key, and not be the
+    spec's input by inode or by the bytes read through the descriptor; a recorded private read must be the very
+    file the ledger entry names. The reader then opens ``/proc/self/fd/N``, which is that same open file whatever
+    the name now points at. Where the kernel reports no descriptor path, the checked name must still be the
+    held file (``st_dev``/``st_ino``) and is read by name: a narrower race remains there. Object stores have no
+    symlinks: the location itself. ``O_NONBLOCK`` so a planted FIFO cannot hang; only a regular file is read.
+    Refusals are ``SpecError`` naming the path, never the content."""
+    loc = access.location
+    if "://" in loc:
+        yield loc
+        return
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        fd = os.open(loc, flags)
+    except OSError as exc:
+        raise SpecError(f"{FIELD} ({loc}): cannot read: {exc.strerror or exc}") from None
+    changed = SpecError(f"{FIELD} ({loc}): the file changed after it was checked (a symlink or a rename raced the "
+                        "check); nothing was read. Keep samples at stable paths that only their owner can change")
+    try:
+        st = os.fstat(fd)
+        if not stat_mod.S_ISREG(st.st_mode):
+            raise SpecError(f"{FIELD} ({loc}): not a regular file; nothing was read")
+        opened = dataroots.opened_path(fd)
+        if access.private:
+            if opened is not None and opened != os.path.realpath(loc):
+                raise changed
+        else:
+            held = opened or loc
+            if is_private_path(spec, held):
+                raise refuse_private(PrivateSample(held, None))
+            dataroots.check_public_path(held, FIELD, source=spec.source, spec_dir=spec.base_dir, key_path=key_path)
+            twin = _descriptor_twin(spec, fd, st)
+            if twin is not None:
+                raise refuse_private(PrivateSample(loc, twin))
+        if opened is None:
+            try:
+                now = os.stat(loc)
+            except OSError:
+                raise changed from None
+            if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+                raise changed
+            yield loc
+        else:
+            yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
+
+
 __all__ = ["PRIVATE_FLAG", "FIELD", "PrivateSample", "SampleAccess", "check_private_sample", "check_public_sample",
-           "classify_sample", "is_private_path", "private_twin", "refuse_private", "spec_input_files"]
+           "classify_sample", "is_private_path", "pinned_sample", "private_twin", "refuse_private", "spec_input_files"]

@@ -296,8 +296,14 @@ def sample_table(spec: ReleaseSpec, sample: pa.Table | pd.DataFrame, columns: Se
     return table.select(list(columns))
 
 
+def sample_format(spec: ReleaseSpec, path: str | os.PathLike[str]) -> str:
+    """The reader format of a sample file: by its suffix (``.csv``, ``.parquet``), else the spec's input format."""
+    p = os.fspath(path)
+    return "csv" if p.endswith(".csv") else "parquet" if p.endswith(".parquet") else spec.input.format
+
+
 def _prepare(spec: ReleaseSpec, plan: ReleasePlan, sample: str | os.PathLike[str] | pa.Table | pd.DataFrame,
-             seed: int | None) -> dict[str, np.ndarray]:
+             seed: int | None, fmt: str | None = None) -> dict[str, np.ndarray]:
     """Checked, hashed rows of the whole sample (``prepare_batch`` per record batch, one pair salt).
 
     A path is read by the release's own reader (``pipelines.io.work_items`` and ``iter_record_batches``:
@@ -316,7 +322,7 @@ def _prepare(spec: ReleaseSpec, plan: ReleasePlan, sample: str | os.PathLike[str
     parts: list[dict[str, np.ndarray]] = []
     if isinstance(sample, (str, os.PathLike)):
         path = os.fspath(sample)
-        fmt = "csv" if path.endswith(".csv") else "parquet" if path.endswith(".parquet") else spec.input.format
+        fmt = fmt or sample_format(spec, path)  # given for a pinned sample, whose path has no suffix
         cfg = dataclasses.replace(cfg, format=fmt)
         for item in work_items([path], fmt):
             for seq, (batch, offset) in enumerate(iter_record_batches(item, cfg)):
@@ -758,7 +764,7 @@ def tune(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any],
     ``SampleAccess`` it built, vouches that it is public data.
     """
     from dpops.analysis.loading import load
-    from dpops.analysis.sample_access import SampleAccess, check_public_sample
+    from dpops.analysis.sample_access import SampleAccess, check_public_sample, pinned_sample
     from dpops.release_plan import plan_release
     from pipelines.bounding import contribution_ranks, metric_layout
 
@@ -767,15 +773,19 @@ def tune(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any],
                                                  "metrics' bounds with dpops plan")
     if isinstance(sample, (str, os.PathLike)):
         sample = check_public_sample(s, sample)  # public only: never a private read without its ledger entry
-    if isinstance(sample, SampleAccess):
-        sample = sample.location
+    access = sample if isinstance(sample, SampleAccess) else None
     grid = list(default_grid(s) if grid is None else grid)
     if not grid:
         raise InvalidParameter("tune: the grid is empty")
     conf = float(confidence if confidence is not None else (s.accuracy.confidence if s.accuracy else 0.95))
     plan0 = plan_release(s)
     value_cols = metric_layout(plan0)[0]
-    rows = _prepare(s, plan0, sample, seed)  # the ONE read
+    if access is None:  # a table or DataFrame the caller vouches for
+        rows = _prepare(s, plan0, sample, seed)  # the ONE read
+    else:
+        # the file that passed the checks, opened once: no symlink or rename after the check is followed
+        with pinned_sample(s, access) as held:
+            rows = _prepare(s, plan0, held, seed, fmt=sample_format(s, access.location))  # the ONE read
     n_rows = int(len(rows["u"]))
     if not n_rows:
         raise InputDataError("tune: no row of the sample survives the release's input checks (types, nulls, "

@@ -3,7 +3,7 @@
 Predicted against observed std, coverage and keep rate per metric and partition-size bucket
 (``dpops.release.simulation``, ``dpops.analysis.simulation``). Never charged, never publishable: the sample must be
 under ``$DPOPS_PUBLIC_ROOTS`` (there is no private flag), the randomness is the test seed, no ledger is opened and
-nothing is written under the spec's ``output.root``.
+nothing is written under an output or public root.
 
 Exit code 0 when every prediction holds within its statistical band (family-wise false-failure rate ``--alpha``),
 7 (verification failed, as ``dpops audit``) when any does not; refusals are 3.
@@ -38,7 +38,7 @@ def _num(v: object, pct: bool = False) -> str:
 @click.option("--confidence", type=float, default=None,
               help="confidence of the predicted intervals (default the spec's accuracy.confidence, else 0.95)")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="simulate-out", show_default=True,
-              help="directory for simulation.json, simulation.png and simulation.html (not under output.root)")
+              help="directory for simulation.json, .png and .html (not under an output or public root)")
 @json_option
 def cli(spec_path: str, sample: str, draws: int, seed: int, randomness: str, alpha: float, confidence: float | None,
         out_dir: str, as_json: bool) -> None:

@@ -50,7 +50,7 @@ def _ints(raw: str | None, what: str) -> list[int] | None:
 @click.option("--loss", "loss", type=click.Choice(["targets", "mean_relative_rmse", "max_relative_rmse"]),
               default=None, help="what the recommendation minimises (default: targets if the spec has any)")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default="tune-out", show_default=True,
-              help="directory for patch.yaml, tune.html and results.json")
+              help="directory for patch.yaml, tune.html and results.json (not under an output or public root)")
 @click.option(PRIVATE_FLAG, "allow_private", is_flag=True,
               help="allow a sample under a private data root; the ledger records the access (needs --reason)")
 @click.option("--reason", default=None, help="with the private flag: why the private data must be read")
@@ -70,6 +70,7 @@ def cli(spec_path: str, sample: str, grid_path: str | None, l0: str | None, linf
     from dpops.analysis.sample_access import is_private_path, private_twin
     from dpops.analysis.tune_output import html_page, patch_yaml
     from dpops.analysis.tuning import default_grid, grid_from_doc, tune
+    from dpops.dataroots import check_analysis_out
     from dpops.release.context import default_actor
     from dpops.release.private_reads import open_sample
 
@@ -85,6 +86,8 @@ def cli(spec_path: str, sample: str, grid_path: str | None, l0: str | None, linf
         grid = grid_from_doc(spec, doc, source="--l0/--linf")
     else:
         grid = default_grid(spec)
+    check_analysis_out(out_dir, "--out", source=spec.source, output_root=spec.output_root,
+                       what="tune's results (exact functions of the sample's rows)")  # before the read is recorded
     if allow_private and (is_private_path(spec, sample) or private_twin(spec, str(Path(sample).resolve()))):
         from dpops.keyref import resolve_key
 
@@ -100,6 +103,8 @@ def cli(spec_path: str, sample: str, grid_path: str | None, l0: str | None, linf
     prov = access.provenance()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    check_analysis_out(out, "--out", source=spec.source, output_root=spec.output_root,
+                       what="tune's results (exact functions of the sample's rows)")  # again: a symlink into a root
     (out / "patch.yaml").write_text(patch_yaml(result, prov), encoding="utf-8")
     (out / "tune.html").write_text(html_page(result, prov), encoding="utf-8")
     results = {"recommended": result.recommended.label, "loss": result.loss, "candidates": result.candidates,

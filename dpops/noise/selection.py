@@ -223,11 +223,21 @@ def histogram_quantile_utility(hist: npt.ArrayLike, q: float) -> tuple[np.ndarra
     moves have the same sign under add/remove). Integer utilities keep the mechanism on its exact path.
     One owner: the release (``pipelines.aggregate``) and the prediction (``dpops.analysis.accuracy``) both
     call this.
+
+    Exact at any partition size: every |d rank - a n| is at most d n, so when d n < 2^62 the int64 arithmetic
+    cannot wrap; beyond it (a quantile written with many decimals, d up to 10^9, over a partition of ~10^10
+    bounded rows) the utilities are Python integers (an object array, which ``exponential_mechanism`` takes on
+    its exact path). Why: a wrapped or float-rounded utility is not the spec's utility (a wrapped far cell looks
+    near, so a wrong quantile is published, and float utilities leave the mechanism's exact integer path on which
+    its d·Delta sensitivity is argued); refusing instead would be a data-dependent abort after the charge.
     """
     f = Fraction(repr(float(q))).limit_denominator(10**9)
+    a, d = int(f.numerator), int(f.denominator)
     ranks = np.cumsum(np.asarray(hist, dtype=np.int64))
     total = int(ranks[-1])
-    return -np.abs(f.denominator * ranks - f.numerator * total), int(f.denominator)
+    if d * total < _INT64_SAFE:
+        return -np.abs(d * ranks - a * total), d
+    return np.array([-abs(d * int(r) - a * total) for r in ranks.tolist()], dtype=object), d
 
 
 def exponential_mechanism_event(epsilon: float) -> PrivacyEvent:

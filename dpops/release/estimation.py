@@ -596,15 +596,18 @@ def check_engine(ctx: RunContext, engine: str | EstimationEngine, config: Estima
     name; ``beam`` without Beam installed (the pipeline is imported here); ``beam`` in keyed mode without a key
     reference for the workers (a key object handed to ``prepare`` cannot be shipped, by design); a ``staging``
     location that overlaps a data, public or output root or the key's directory (``check_scratch_location``:
-    the scratch holds private rows and exact counts while a pass runs)."""
+    the scratch holds private rows and exact counts while a pass runs), or a local one that cannot be created or
+    written (``_check_local_staging``)."""
     eng = EstimationEngine.of(engine)
     if eng.name != "beam":
         return eng
     if eng.staging is not None:
         from dpops.dataroots import check_scratch_location
 
-        check_scratch_location(eng.staging, "--staging", source=ctx.spec.source, spec_dir=ctx.spec.base_dir,
-                               output_root=ctx.spec.output_root, key_path=ctx.key_path)
+        loc = check_scratch_location(eng.staging, "--staging", source=ctx.spec.source, spec_dir=ctx.spec.base_dir,
+                                     output_root=ctx.spec.output_root, key_path=ctx.key_path)
+        if loc.is_local:
+            _check_local_staging(str(loc.local_path))
     if ctx.randomness == "keyed" and not ctx.key_path:
         raise InvalidParameter("estimate --engine beam: the workers resolve the noise key from its reference, and "
                                "this run has none (pass --key-file); nothing was reserved")
@@ -617,6 +620,21 @@ def check_engine(ctx: RunContext, engine: str | EstimationEngine, config: Estima
                                "is not installed (--engine driver reads the rows into this process instead); "
                                "nothing was reserved") from None
     return eng
+
+
+def _check_local_staging(path: str) -> None:
+    """A local ``--staging`` directory made (0700, as the passes' own directories are) and checked writable before
+    anything is reserved: each pass creates its scratch below it after ``ledger.start``, so a staging below a
+    regular file, or one this process cannot write, would otherwise fail the run with its charge kept and
+    nothing computed. Refusal names the option and the path (no data is involved yet)."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise InvalidParameter(f"estimate --staging {path}: cannot create the directory ({exc.strerror or exc}); "
+                               "give a directory this process can create and write; nothing was reserved") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise InvalidParameter(f"estimate --staging {path}: this process cannot write the directory; fix its "
+                               "permissions or give another; nothing was reserved")
 
 
 def run_estimation(ctx: RunContext, config: EstimateConfig, ledger: Ledger, *,

@@ -19,7 +19,7 @@ cannot reach private data by construction:
 - the randomness is the test seed, always: ``keyed`` and ``os`` are refused, so no key is read and nothing could
   pass for a release;
 - no ledger is opened and nothing is charged: a public sample is not the scope's data;
-- nothing is written under the spec's ``output.root`` (``write_outputs`` refuses such a directory), and every
+- nothing is written under an output or public root (``check_out_dir``, ``write_outputs``), and every
   output carries ``dpops.analysis.simulation.MARKER`` ("not publishable").
 """
 
@@ -218,32 +218,24 @@ def _draw(plan: ReleasePlan, bounded: Mapping[str, np.ndarray], P: int, draws: i
 
 
 def check_out_dir(spec: ReleaseSpec, out_dir: str | os.PathLike[str]) -> None:
-    """Refuse ``out_dir`` under the spec's ``output.root`` (``SpecError``): a simulation is not publishable, so it
-    writes nothing where releases are staged and published. The CLI calls it before the simulation runs."""
-    _refuse_under_output_root(spec, Path(out_dir))
+    """Refuse ``out_dir`` under the spec's ``output.root``, an operator output root or a public root (``SpecError``,
+    ``dpops.dataroots.check_analysis_out``): a simulation is not publishable, so it writes nothing where releases
+    are staged and published or where files are read as public data. The CLI calls it before the simulation runs."""
+    from dpops.dataroots import check_analysis_out
 
-
-def _refuse_under_output_root(spec: ReleaseSpec, out_dir: Path) -> None:
-    root = spec.output_root
-    if not root.is_local:
-        return
-    r = os.path.realpath(str(root))
-    o = os.path.realpath(str(out_dir))
-    if o == r or o.startswith(r.rstrip(os.sep) + os.sep):
-        raise SpecError(f"--out {out_dir}: it is under the spec's output.root ({r}), where releases are staged and "
-                        "published; a simulation is not publishable and writes nothing there. Choose a directory "
-                        "outside it")
+    check_analysis_out(out_dir, "--out", source=spec.source, output_root=spec.output_root,
+                       what="a simulation's test-mode outputs")
 
 
 def write_outputs(sim: Simulation, out_dir: str | os.PathLike[str]) -> dict[str, str]:
     """``simulation.json``, ``simulation.png`` (predicted against observed) and ``simulation.html`` in ``out_dir``;
-    refused under the spec's ``output.root``. Each carries the not-publishable marker."""
+    refused under an output or public root (``check_out_dir``). Each carries the not-publishable marker."""
     from dpops.analysis.simulation_output import html_page, plot_png
 
     out = Path(out_dir)
-    _refuse_under_output_root(sim.spec, out)
+    check_out_dir(sim.spec, out)
     out.mkdir(parents=True, exist_ok=True)
-    _refuse_under_output_root(sim.spec, out)  # again once it exists (a symlink into the root)
+    check_out_dir(sim.spec, out)  # again once it exists (a symlink into a root)
     doc = sim.to_dict()
     png = plot_png(doc)
     files = {"json": str(out / "simulation.json"), "png": str(out / "simulation.png"),
