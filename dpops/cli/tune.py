@@ -109,8 +109,8 @@ def cli(spec_path: str, sample: str, grid_path: str | None, l0: str | None, linf
         from dpops.release.estimation import EstimationEngine
         from dpops.release.tuning import tune_private
 
-        setup = prepare_tune(spec, grid=grid, loss=loss)  # a bad grid or loss fails before the ledger entry
         with open_cli_ledger() as led:
+            setup = prepare_tune(spec, grid=grid, loss=loss)  # a bad grid or loss fails before the ledger entry
             access = open_sample(spec, sample, allow_private=True, ledger=led, actor=actor or default_actor(),
                                  reason=reason, fingerprint_key=resolve_key(key_file), key_path=key_file)
         result = tune_private(spec, access, seed=seed, setup=setup,
