@@ -173,6 +173,8 @@ def check_scratch_location(raw: str, field: str, *, source: str, spec_dir: str |
     forbidden.append((out, f"the spec's output.root {str(out)!r}, where staged and published outputs are read"))
     forbidden += [(d, f"the data root {str(d)!r}, where a release's input glob could read it as input")
                   for d in data_root_locations(spec_dir)]
+    # the key's directory itself (resolve_away_from_key refuses the files in it, not the directory or its parents)
+    forbidden += [(Location.local(os.path.dirname(k)), "the noise key's directory") for k in key_paths(key_path)]
     for root, what in forbidden:
         if _overlaps(loc, root):
             raise SpecError(

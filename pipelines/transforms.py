@@ -111,9 +111,10 @@ def concat_rows(chunks: list[Rows]) -> Rows:
     return {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
 
 
-def split_by_key(rows: Rows, n_keys: int) -> Iterator[tuple[int, Rows]]:
-    """Rows grouped by key = hash(unit) mod n_keys, so all of one unit's rows share one key."""
-    key = ((rows["u"] >> np.uint64(40)) % np.uint64(n_keys)).astype(np.uint16 if n_keys <= 1 << 16 else np.int64)
+def split_by_key(rows: Rows, n_keys: int, column: str = "u") -> Iterator[tuple[int, Rows]]:
+    """Rows grouped by key = hash(``column``) mod n_keys: by default the unit, so all of one unit's rows share one
+    key (``column="p"``: all of one partition's rows, ``pipelines.tuning``)."""
+    key = ((rows[column] >> np.uint64(40)) % np.uint64(n_keys)).astype(np.uint16 if n_keys <= 1 << 16 else np.int64)
     order = np.argsort(key, kind="stable")  # a radix sort for 16-bit keys: O(n)
     bounds = np.flatnonzero(np.diff(key[order])) + 1
     for chunk in np.split(order, bounds):

@@ -17,6 +17,7 @@ from dpops import dataroots
 from dpops import analysis as tune_api
 from dpops.analysis.tuning import Candidate, apply_patch, default_grid, grid_from_doc, load_patched
 from dpops.cli.main import main
+from dpops.errors import InvalidParameter
 from dpops.ledger import ScopeDefinition, open_ledger
 from dpops.noise.randomness import NoiseKey
 
@@ -399,11 +400,16 @@ def test_the_python_api_refuses_a_private_path_and_a_foreign_private_file(tmp_pa
         open_sample(tune_api.load(spec), root / "private.parquet", allow_private=True, ledger=led, actor="a",
                     reason="r", fingerprint_key=load_key(key))
     assert not [e for e in _history(url) if e.kind == "private_access"]
-    # the recorded private read, handed over as its SampleAccess, is what the API then reads
+    # the recorded private read, handed over as its SampleAccess, is read by Beam (dpops.release.tuning), never by
+    # the pure analysis API, which refuses it
+    from dpops.release.tuning import tune_private
+
     with open_ledger(url) as led:
         access = open_sample(tune_api.load(spec), root / "data" / "x.parquet", allow_private=True, ledger=led,
                              actor="a", reason="r", fingerprint_key=load_key(key))
-    assert access.private and tune_api.tune(spec, access, grid=[Candidate(1, 1)], seed=1).sample_rows > 0
+    with pytest.raises(InvalidParameter, match="private data .* runs on Beam workers"):
+        tune_api.tune(spec, access, grid=[Candidate(1, 1)], seed=1)
+    assert access.private and tune_private(spec, access, grid=[Candidate(1, 1)], seed=1).sample_rows > 0
 
 
 def test_a_public_tune_cannot_replace_the_record_of_a_private_one(tmp_path, monkeypatch, capsys):

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dpops.analysis.tune_stats import StatNeeds, bound_prefix, clip_key, q_key
 from dpops.errors import InputDataError, InvalidParameter
 from dpops.spec import refuse_metric_contributions
 
@@ -54,9 +55,10 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from dpops.analysis.sample_access import SampleAccess
+    from dpops.noise.randomness import RandomSource
     from dpops.release_plan import MetricPlan, ReleasePlan
     from dpops.spec import ReleaseSpec
-    from pipelines.bounding import ContributionRanks
+    from pipelines.io import ReadConfig
 
 EVALUATED_TYPES = ("count", "unit_count", "sum", "mean", "variance", "quantiles", "top_k")
 BUCKET_EDGES = (1, 10, 100, 1000, 10_000, 100_000)
@@ -258,7 +260,9 @@ def grid_from_doc(spec: ReleaseSpec, doc: Mapping[str, Any], source: str = "--gr
 # --------------------------------------------------------------------------- reading the sample
 
 
-def _read_config(spec: ReleaseSpec, plan: ReleasePlan):
+def read_config(spec: ReleaseSpec, plan: ReleasePlan) -> ReadConfig:
+    """The release's reader configuration for a tune sample: the spec's declared types and columns, its public
+    partitions (no time filter: a sample is read whole). One builder for the driver and the Beam path."""
     from pipelines.bounding import metric_layout
     from pipelines.io import ReadConfig, hash_partition_tuples
 
@@ -296,13 +300,28 @@ def sample_table(spec: ReleaseSpec, sample: pa.Table | pd.DataFrame, columns: Se
     return table.select(list(columns))
 
 
+def read_stream(seed: int | None) -> RandomSource:
+    """The read's randomness: the test stream of ``seed`` (``--seed``: reproducible bounding choices) or fresh
+    OS randomness, as a release's. Its children give the pair salt (``pipelines.bounding.pair_salt``) and each
+    batch's row priorities (``batch_stream``); the Beam path rebuilds them on every worker from the seed."""
+    from dpops.noise.randomness import os_random, test_random
+
+    return os_random() if seed is None else test_random(int(seed), ("tune",))
+
+
+def batch_stream(rng: RandomSource, item: tuple[int, str, int | None, int], seq: int) -> RandomSource:
+    """The row-priority stream of batch ``seq`` of work item ``item`` (``pipelines.io.work_items``): one owner of
+    the label, so the driver and the Beam path draw the same priorities for the same rows."""
+    return rng.child("bounding", item[0], -1 if item[2] is None else item[2], seq)
+
+
 def sample_format(spec: ReleaseSpec, path: str | os.PathLike[str]) -> str:
     """The reader format of a sample file: by its suffix (``.csv``, ``.parquet``), else the spec's input format."""
     p = os.fspath(path)
     return "csv" if p.endswith(".csv") else "parquet" if p.endswith(".parquet") else spec.input.format
 
 
-def _prepare(spec: ReleaseSpec, plan: ReleasePlan, sample: str | os.PathLike[str] | pa.Table | pd.DataFrame,
+def _prepare(spec: ReleaseSpec, cfg: ReadConfig, sample: str | os.PathLike[str] | pa.Table | pd.DataFrame,
              seed: int | None, fmt: str | None = None) -> dict[str, np.ndarray]:
     """Checked, hashed rows of the whole sample (``prepare_batch`` per record batch, one pair salt).
 
@@ -312,12 +331,10 @@ def _prepare(spec: ReleaseSpec, plan: ReleasePlan, sample: str | os.PathLike[str
     batches of the same size."""
     import dataclasses
 
-    from dpops.noise.randomness import os_random, test_random
     from pipelines.bounding import pair_salt
     from pipelines.io import iter_record_batches, prepare_batch, work_items
 
-    cfg = _read_config(spec, plan)
-    rng = os_random() if seed is None else test_random(int(seed), ("tune",))
+    rng = read_stream(seed)
     salt = pair_salt(rng)
     parts: list[dict[str, np.ndarray]] = []
     if isinstance(sample, (str, os.PathLike)):
@@ -326,14 +343,13 @@ def _prepare(spec: ReleaseSpec, plan: ReleasePlan, sample: str | os.PathLike[str
         cfg = dataclasses.replace(cfg, format=fmt)
         for item in work_items([path], fmt):
             for seq, (batch, offset) in enumerate(iter_record_batches(item, cfg)):
-                child = rng.child("bounding", item[0], -1 if item[2] is None else item[2], seq)
-                rows, _, _ = prepare_batch(batch, item[0], offset, cfg, child, pair_salt=salt)
+                rows, _, _ = prepare_batch(batch, item[0], offset, cfg, batch_stream(rng, item, seq), pair_salt=salt)
                 parts.append(rows)
     else:
         table = sample_table(spec, sample, list(dict.fromkeys(cfg.needed)))
         offset = 0
         for i, batch in enumerate(table.to_batches(max_chunksize=cfg.batch_rows)):
-            rows, _, _ = prepare_batch(batch, 0, offset, cfg, rng.child("bounding", 0, -1, i), pair_salt=salt)
+            rows, _, _ = prepare_batch(batch, 0, offset, cfg, batch_stream(rng, (0, "", None, 0), i), pair_salt=salt)
             parts.append(rows)
             offset += batch.num_rows
     if not parts:
@@ -360,96 +376,74 @@ def _bucket_order(labels: np.ndarray) -> list[str]:
 
 
 @dataclass
+class TuneStatistics:
+    """What scoring reads of a sample (``dpops.analysis.tune_stats``): per-partition statistics (one array per
+    key, partitions in order of first appearance) and the unit-level drop counts. Computed in this process
+    from a public sample (``sample_statistics``) or on Beam workers from a flagged private read
+    (``dpops.release.tuning``); the scoring (``score``) is the same function of them either way."""
+
+    partitions: dict[str, np.ndarray]
+    units: dict[str, list[int]]
+
+    @property
+    def n_rows(self) -> int:
+        """Rows that survived the release's input checks."""
+        return int(self.units["rows"][0])
+
+
+@dataclass
 class _Truth:
-    """What every candidate shares: the sample's exact per-partition values and dense codes (computed once)."""
+    """What every candidate shares: the sample's exact per-partition values (computed once)."""
 
     n_parts: int  # partitions present in the sample
-    pidx: np.ndarray  # partition index of every row
-    ranks: ContributionRanks  # the bounding's orders, once (unit and pair codes too)
-    pair_part: np.ndarray  # partition index of each pair
+    stats: Mapping[str, np.ndarray]
     count: np.ndarray
     units: np.ndarray
-    sums: dict[str, np.ndarray]  # raw (unclipped) sums per value column
     bucket: np.ndarray
-    cache: dict[tuple[Any, ...], np.ndarray] = field(default_factory=dict)
 
-    def cached(self, key: tuple[Any, ...], make: Callable[[], np.ndarray]) -> np.ndarray:
-        """``make()`` once per key for the whole grid (exact per-partition values of the sample)."""
-        if key not in self.cache:
-            self.cache[key] = make()
-        return self.cache[key]
+    def get(self, key: str) -> np.ndarray:
+        """The statistic ``key`` (``tune_stats.partition_statistics``' names)."""
+        return self.stats[key]
 
 
 @dataclass
 class _Bounded:
-    keep: np.ndarray  # kept row indices
-    kp: np.ndarray  # partition index of each kept row
+    """The statistics of the rows bounding keeps at one (L0, Linf), and what each step dropped."""
+
+    stats: Mapping[str, np.ndarray]
+    prefix: str
     count: np.ndarray
     units: np.ndarray
     drops: dict[str, float]
-    sums: dict[tuple[str, float, float] | tuple[str], np.ndarray] = field(default_factory=dict)
-    cache: dict[tuple[Any, ...], np.ndarray] = field(default_factory=dict)
 
-    def cached(self, key: tuple[Any, ...], make: Callable[[], np.ndarray]) -> np.ndarray:
-        """``make()`` once per key for this (L0, Linf): shared by the candidates of the same bounds."""
-        if key not in self.cache:
-            self.cache[key] = make()
-        return self.cache[key]
+    def get(self, key: str) -> np.ndarray:
+        """The statistic ``key`` at this (L0, Linf)."""
+        return self.stats[self.prefix + key]
 
-    def bounded_sum(self, rows: Mapping[str, np.ndarray], col: str, n: int) -> np.ndarray:
-        """Per partition: the sum of the kept rows' unclipped values of ``col`` (cached per column)."""
-        key: tuple[str] = (col,)
-        if key not in self.sums:
-            self.sums[key] = np.bincount(self.kp, weights=rows[f"v:{col}"][self.keep], minlength=n)
-        return self.sums[key]
+    def bounded_sum(self, col: str) -> np.ndarray:
+        """Per partition: the sum of the kept rows' unclipped values of ``col``."""
+        return self.get(f"sum|{col}")
 
-    def clipped_sum(self, rows: Mapping[str, np.ndarray], col: str, lo: float, hi: float, n: int) -> np.ndarray:
-        """Per partition: the sum of the kept rows' values of ``col`` clipped to [lo, hi] (cached)."""
-        key = (col, lo, hi)
-        if key not in self.sums:
-            self.sums[key] = np.bincount(self.kp, weights=np.clip(rows[f"v:{col}"][self.keep], lo, hi),
-                                         minlength=n)
-        return self.sums[key]
+    def clipped_sum(self, col: str, lo: float, hi: float) -> np.ndarray:
+        """Per partition: the sum of the kept rows' values of ``col`` clipped to [lo, hi]."""
+        return self.get(f"csum|{clip_key(col, lo, hi)}")
 
 
-def _truth(rows: dict[str, np.ndarray], ranks: ContributionRanks, value_cols: Sequence[str]) -> _Truth:
-    pidx = ranks.pcode  # partition codes (first-appearance order) from the ranking: no second factorize
-    n = ranks.n_parts
-    pair_part = pidx[ranks.first]
-    count = np.bincount(pidx, minlength=n).astype(np.float64)
-    units = np.bincount(pair_part, minlength=n).astype(np.float64)
-    sums = {c: np.bincount(pidx, weights=rows[f"v:{c}"], minlength=n) for c in value_cols}
-    return _Truth(n, pidx, ranks, pair_part, count, units, sums, _bucket_labels(units))
+def _truth(stats: TuneStatistics) -> _Truth:
+    t = stats.partitions
+    return _Truth(len(t["count"]), t, t["count"], t["units"], _bucket_labels(t["units"]))
 
 
-def _bound(truth: _Truth, l0: int, linf: int) -> _Bounded:
-    """The rows bounding at (l0, linf) keeps, and what each step dropped: a vectorised filter of the ranks
-    ``pipelines.bounding.contribution_ranks`` computed once (the release's own orders; ``bound_contributions``
-    is the same filter, and a property test compares the two for random bounds), then O(rows) bincounts.
-
-    L0 drops whole (unit, partition) pairs, Linf rows of kept pairs (``bound_contributions``' own counters).
-    A pair kept by L0 keeps at least its first row (linf >= 1), so the kept pairs are the L0 survivors."""
-    r = truth.ranks
-    n_rows = len(r.pair)
-    n = truth.n_parts
-    kept_pair = r.pair_mask(l0)
-    row_pair_kept = kept_pair[r.pair]
-    kept_row = row_pair_kept & r.row_mask(linf)
-    keep = np.flatnonzero(kept_row)
-    kp = truth.pidx[keep]
-    count = np.bincount(kp, minlength=n).astype(np.float64)
-    units = np.bincount(truth.pair_part[kept_pair], minlength=n).astype(np.float64)
-    lost_linf = row_pair_kept & ~kept_row
-    n_units = max(1, r.n_units)
-    drops = {
-        "rows_dropped_l0": float(n_rows - np.count_nonzero(row_pair_kept)) / max(1, n_rows),
-        "rows_dropped_linf": float(np.count_nonzero(lost_linf)) / max(1, n_rows),
-        "units_dropped_l0": int(np.count_nonzero(np.bincount(r.pair_unit[~kept_pair],
-                                                             minlength=r.n_units))) / n_units,
-        "units_dropped_linf": int(np.count_nonzero(np.bincount(r.ucode[lost_linf],
-                                                               minlength=r.n_units))) / n_units,
-    }
-    return _Bounded(keep, kp, count, units, drops)
+def _bound(stats: TuneStatistics, l0: int, linf: int) -> _Bounded:
+    """The statistics at (l0, linf) and the drop shares (``bound_contributions``' own counters over the rows:
+    L0 drops whole (unit, partition) pairs, Linf rows of kept pairs)."""
+    pre = bound_prefix(l0, linf)
+    n_rows, n_units = stats.units["rows"][0], stats.units["units"][0]
+    r_l0, r_linf, u_l0, u_linf = stats.units[pre]
+    drops = {"rows_dropped_l0": float(r_l0) / max(1, n_rows), "rows_dropped_linf": float(r_linf) / max(1, n_rows),
+             "units_dropped_l0": int(u_l0) / max(1, n_units), "units_dropped_linf": int(u_linf) / max(1, n_units)}
+    t = stats.partitions
+    return _Bounded(t, pre, t[pre + "count"], t[pre + "units"], drops)
 
 
 def _noise(plan: ReleasePlan, confidence: float) -> dict[str, tuple[float, float]]:
@@ -474,13 +468,10 @@ def _keep_prob(plan: ReleasePlan, units: np.ndarray) -> np.ndarray:
     return np.asarray(ps.keep_probability(units.astype(np.int64)), dtype=np.float64)
 
 
-def evaluate_candidate(spec: ReleaseSpec, cand: Candidate, rows: dict[str, np.ndarray], truth: _Truth,
-                       bounded: _Bounded, confidence: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Rows of one candidate from the sample's shared truth and its (L0, Linf) bounding."""
-    from dpops.release_plan import plan_release
-
-    cspec = candidate_spec(spec, cand)
-    plan = plan_release(cspec)
+def evaluate_candidate(spec: ReleaseSpec, cand: Candidate, plan: ReleasePlan, truth: _Truth, bounded: _Bounded,
+                       confidence: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Rows of one candidate (``plan``: its ``plan_release``) from the sample's truth and its (L0, Linf)
+    statistics."""
     noise = _noise(plan, confidence)
     keep_p = _keep_prob(plan, bounded.units)
     n = truth.n_parts
@@ -488,7 +479,7 @@ def evaluate_candidate(spec: ReleaseSpec, cand: Candidate, rows: dict[str, np.nd
     target_errs: dict[str, dict[str, np.ndarray]] = {}
     for m in plan.metrics:
         if m.type in _OTHER_TYPES:
-            extra, errs = _OTHER_TYPES[m.type](plan, m, rows, truth, bounded, confidence)
+            extra, errs = _OTHER_TYPES[m.type](plan, m, truth, bounded, confidence)
             for r in extra:
                 out.append({"candidate": cand.label, "l0": cand.l0, "linf": cand.linf, **r,
                             "expected_partitions_kept": float(np.sum(keep_p[truth.bucket == r["bucket"]]))})
@@ -506,13 +497,13 @@ def evaluate_candidate(spec: ReleaseSpec, cand: Candidate, rows: dict[str, np.nd
             assert m.bounds is not None and m.column is not None  # sum and mean are bounded metrics
             col = m.column
             lo, hi = float(m.bounds[0]), float(m.bounds[1])
-            sum_b = bounded.bounded_sum(rows, col, n)
-            sum_c = bounded.clipped_sum(rows, col, lo, hi, n)
+            sum_b = bounded.bounded_sum(col)
+            sum_c = bounded.clipped_sum(col, lo, hi)
             if m.type == "sum":
-                true, est_b, est_c = truth.sums[col], sum_b, sum_c
+                true, est_b, est_c = truth.get(f"sum|{col}"), sum_b, sum_c
             else:
                 with np.errstate(invalid="ignore", divide="ignore"):
-                    true = truth.sums[col] / truth.count
+                    true = truth.get(f"sum|{col}") / truth.count
                     est_b = np.where(bounded.count > 0, sum_b / np.maximum(bounded.count, 1), (lo + hi) / 2)
                     est_c = np.where(bounded.count > 0, sum_c / np.maximum(bounded.count, 1), (lo + hi) / 2)
         if m.type == "mean":
@@ -570,8 +561,8 @@ def _buckets(truth: _Truth, m: MetricPlan, quantity: str, cols: Mapping[str, np.
     return out
 
 
-def _variance_rows(plan: ReleasePlan, m: MetricPlan, rows: Mapping[str, np.ndarray], truth: _Truth,
-                   bounded: _Bounded, confidence: float) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
+def _variance_rows(plan: ReleasePlan, m: MetricPlan, truth: _Truth, bounded: _Bounded, confidence: float
+                   ) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
     """Variance: bias from bounding and clipping on the sample's exact per-partition moments; the noise of
     each partition from ``accuracy.first_order_variance_error`` at its bounded row count and clipped centred moments
     (the release's three noisy vectors, first order in 1/n). The released value is clamped to [0, h^2]."""
@@ -580,15 +571,13 @@ def _variance_rows(plan: ReleasePlan, m: MetricPlan, rows: Mapping[str, np.ndarr
     assert m.bounds is not None and m.column is not None
     col, lo, hi = m.column, float(m.bounds[0]), float(m.bounds[1])
     n, mid, h = truth.n_parts, (lo + hi) / 2.0, (hi - lo) / 2.0
-    v = rows[f"v:{col}"]
-    t2 = truth.cached(("sq", col), lambda: np.bincount(truth.pidx, weights=v * v, minlength=n))
-    b1 = bounded.bounded_sum(rows, col, n)
-    b2 = bounded.cached(("sq", col), lambda: np.bincount(bounded.kp, weights=v[bounded.keep] ** 2, minlength=n))
-    c1 = bounded.clipped_sum(rows, col, lo, hi, n)
-    c2 = bounded.cached(("sqc", col, lo, hi), lambda: np.bincount(
-        bounded.kp, weights=np.clip(v[bounded.keep], lo, hi) ** 2, minlength=n))
+    t2 = truth.get(f"sq|{col}")
+    b1 = bounded.bounded_sum(col)
+    b2 = bounded.get(f"sq|{col}")
+    c1 = bounded.clipped_sum(col, lo, hi)
+    c2 = bounded.get(f"csq|{clip_key(col, lo, hi)}")
     tc, bc = np.maximum(truth.count, 1.0), np.maximum(bounded.count, 1.0)
-    true = np.maximum(t2 / tc - (truth.sums[col] / tc) ** 2, 0.0)
+    true = np.maximum(t2 / tc - (truth.get(f"sum|{col}") / tc) ** 2, 0.0)
     var_b = np.maximum(b2 / bc - (b1 / bc) ** 2, 0.0)
     var_c = np.clip(c2 / bc - (c1 / bc) ** 2, 0.0, h * h)
     m1 = c1 / bc - mid
@@ -611,8 +600,8 @@ def _variance_rows(plan: ReleasePlan, m: MetricPlan, rows: Mapping[str, np.ndarr
     return rows_out, {"abs": err, "rel": err / denom, "units": truth.units}
 
 
-def _quantile_rows(plan: ReleasePlan, m: MetricPlan, rows: Mapping[str, np.ndarray], truth: _Truth,
-                   bounded: _Bounded, confidence: float) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
+def _quantile_rows(plan: ReleasePlan, m: MetricPlan, truth: _Truth, bounded: _Bounded, confidence: float
+                   ) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
     """Quantiles: per partition and quantile, the noiseless pick of the release's histogram utility on the
     bounded, clipped rows (``pipelines.bounding.quantile_bins``: the grid candidate of least |rank - q n|)
     against the true quantile of the raw rows (inverted CDF), split into the bias from bounding (the bounded
@@ -622,34 +611,25 @@ def _quantile_rows(plan: ReleasePlan, m: MetricPlan, rows: Mapping[str, np.ndarr
     fraction of the partition's bounded rows (what a rank_error target judges), and in value units as half
     the span of grid candidates within E ranks of the pick on the sample's own histogram."""
     from dpops.analysis.accuracy import quantile_typical_rank_error
-    from pipelines.bounding import quantile_bins, quantile_candidates
+    from pipelines.bounding import quantile_candidates
 
     assert m.bounds is not None and m.column is not None and m.n_bins is not None
     col, lo, hi, nb = m.column, float(m.bounds[0]), float(m.bounds[1]), int(m.n_bins)
     n = truth.n_parts
-    v = rows[f"v:{col}"]
     cand = quantile_candidates(lo, hi, nb)
-    order = truth.cached(("order", col), lambda: np.lexsort((v, truth.pidx)))
-    korder = bounded.cached(("order", col), lambda: order[np.isin(order, bounded.keep, assume_unique=True)])
-    j = bounded.cached(("bins", col, lo, hi, nb), lambda: quantile_bins(np.clip(v[bounded.keep], lo, hi), lo, hi, nb))
-    hist = np.bincount(bounded.kp * (nb + 1) + j, minlength=n * (nb + 1)).reshape(n, nb + 1)
+    hist = bounded.get(f"hist|{clip_key(col, lo, hi)}|{nb}")
     ranks = np.cumsum(hist, axis=1)
     total = ranks[:, -1].astype(np.float64)
     e_rank = quantile_typical_rank_error(m)
-    tcount, bcount = truth.count.astype(np.int64), bounded.count.astype(np.int64)
-    tstart = np.r_[0, np.cumsum(tcount)[:-1]]
-    bstart = np.r_[0, np.cumsum(bcount)[:-1]]
+    bcount = bounded.count.astype(np.int64)
     out: list[dict[str, Any]] = []
     worst_rank = np.zeros(n)
     for q, suffix in zip(m.quantiles, m.quantile_suffixes, strict=True):
         pick = np.argmin(np.abs(ranks - q * total[:, None]), axis=1)
         est_c = cand[pick]
-        kt = np.clip(np.ceil(q * tcount).astype(np.int64) - 1, 0, np.maximum(tcount - 1, 0))
-        true = v[order[tstart + kt]]
-        kb = np.clip(np.ceil(q * bcount).astype(np.int64) - 1, 0, np.maximum(bcount - 1, 0))
+        true = truth.get(f"q|{q_key(col, q)}")  # the raw rows' inverted-CDF quantile (tune_stats)
         has = bcount > 0
-        bnd = np.where(has, v[korder[np.minimum(bstart + kb, max(len(korder) - 1, 0))]] if len(korder) else est_c,
-                       est_c)  # every row dropped by bounding: all the error is bounding's
+        bnd = np.where(has, bounded.get(f"q|{q_key(col, q)}"), est_c)  # every row dropped: all the error is bounding's
         r0 = ranks[np.arange(n), pick][:, None]
         lo_j = np.sum(ranks < r0 - e_rank, axis=1)
         hi_j = np.minimum(np.sum(ranks < r0 + e_rank, axis=1), nb)
@@ -666,8 +646,8 @@ def _quantile_rows(plan: ReleasePlan, m: MetricPlan, rows: Mapping[str, np.ndarr
     return out, {"rank": worst_rank, "units": truth.units}
 
 
-def _top_k_rows(plan: ReleasePlan, m: MetricPlan, rows: Mapping[str, np.ndarray], truth: _Truth,
-                bounded: _Bounded, confidence: float) -> tuple[list[dict[str, Any]], None]:
+def _top_k_rows(plan: ReleasePlan, m: MetricPlan, truth: _Truth, bounded: _Bounded, confidence: float
+                ) -> tuple[list[dict[str, Any]], None]:
     """top_k: whether bounding changed a partition's top category (true counts on all rows against counts on
     the bounded rows, values outside the declared domain not counted, as in the release), and the plan's
     probability of returning the true top category first at the lead it has in the bounded counts
@@ -677,14 +657,8 @@ def _top_k_rows(plan: ReleasePlan, m: MetricPlan, rows: Mapping[str, np.ndarray]
 
     assert m.column is not None and m.domain is not None
     col, k, n = m.column, len(m.domain), truth.n_parts
-    codes = rows[f"c:{col}"].astype(np.int64)
-
-    def counts(pidx: np.ndarray, c: np.ndarray) -> np.ndarray:
-        ok = c >= 0
-        return np.bincount(pidx[ok] * k + c[ok], minlength=n * k).reshape(n, k)
-
-    tc = truth.cached(("cat", col), lambda: counts(truth.pidx, codes))
-    bc = bounded.cached(("cat", col), lambda: counts(bounded.kp, codes[bounded.keep]))
+    tc = truth.get(f"cat|{col}")
+    bc = bounded.get(f"cat|{col}")
     top = np.argmax(tc, axis=1)
     lead = bc[np.arange(n), top]
     others = bc.copy()
@@ -746,85 +720,170 @@ def _target_ratio(spec: ReleaseSpec, plan: ReleasePlan, errs: Mapping[str, Mappi
     return worst, binding
 
 
-def tune(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any],
-         sample: str | os.PathLike[str] | pa.Table | pd.DataFrame | SampleAccess, *,
-         grid: Sequence[Candidate] | None = None,
-         loss: str | None = None, confidence: float | None = None, seed: int | None = None) -> TuneResult:
-    """Evaluate ``grid`` (default ``default_grid``) on ``sample`` in one pass; recommend the least loss.
+@dataclass
+class TuneSetup:
+    """A tune run before any data is read: the spec, the grid, each candidate's plan, what the scoring will read
+    of the sample (``needs``, public: a function of spec and grid), the read's configuration and the loss."""
 
-    ``loss``: ``targets`` (worst achieved/allowed ratio over the spec's accuracy targets; the default
-    when the spec has targets tune can judge), ``mean_relative_rmse`` (the default otherwise) or
-    ``max_relative_rmse``. ``seed`` makes the bounding's random choices reproducible (tests).
+    spec: ReleaseSpec
+    grid: list[Candidate]
+    plans: list[ReleasePlan]
+    needs: StatNeeds
+    read: ReadConfig
+    confidence: float
+    loss: str | None
+    not_evaluated: list[str]
 
-    A *path* is checked by ``dpops.analysis.sample_access.check_public_sample`` as a public sample (issue 25
-    item 7a: a path under a data root, or a link or copy of the spec's private input, is refused here; the
-    private read, recorded in the ledger first, goes through ``dpops.release.private_reads.open_sample(...,
-    allow_private=True)``,
-    whose ``SampleAccess`` is then passed as ``sample``, as the CLI does). A caller passing a table, or a
-    ``SampleAccess`` it built, vouches that it is public data.
-    """
+
+def prepare_tune(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any], *,
+                 grid: Sequence[Candidate] | None = None, loss: str | None = None,
+                 confidence: float | None = None) -> TuneSetup:
+    """Everything checkable before the read: the spec (a spec with ``metrics[].contribution`` is refused), the
+    grid (default ``default_grid``), the loss's name, and each candidate's ``plan_release``. A private read
+    (``dpops.release.tuning``) runs this before the ledger records the access, so a bad grid costs no entry."""
     from dpops.analysis.loading import load
-    from dpops.analysis.sample_access import SampleAccess, check_public_sample, pinned_sample
     from dpops.release_plan import plan_release
-    from pipelines.bounding import contribution_ranks, metric_layout
 
     s = load(spec)
     refuse_metric_contributions(s, "dpops tune", "tune a copy without metrics[].contribution, or choose those "
                                                  "metrics' bounds with dpops plan")
-    if isinstance(sample, (str, os.PathLike)):
-        sample = check_public_sample(s, sample)  # public only: never a private read without its ledger entry
-    access = sample if isinstance(sample, SampleAccess) else None
-    grid = list(default_grid(s) if grid is None else grid)
-    if not grid:
+    cands = list(default_grid(s) if grid is None else grid)
+    if not cands:
         raise InvalidParameter("tune: the grid is empty")
+    if loss is not None and loss not in LOSSES:
+        raise InvalidParameter(f"tune: loss must be one of {LOSSES}, got {loss!r}")
     conf = float(confidence if confidence is not None else (s.accuracy.confidence if s.accuracy else 0.95))
     plan0 = plan_release(s)
-    value_cols = metric_layout(plan0)[0]
-    if access is None:  # a table or DataFrame the caller vouches for
-        rows = _prepare(s, plan0, sample, seed)  # the ONE read
-    else:
-        # the file that passed the checks, opened once: no symlink or rename after the check is followed
-        with pinned_sample(s, access) as held:
-            rows = _prepare(s, plan0, held, seed, fmt=sample_format(s, access.location))  # the ONE read
-    n_rows = int(len(rows["u"]))
-    if not n_rows:
+    plans = [plan_release(candidate_spec(s, c)) for c in cands]
+    not_eval = [m.key for m in plan0.metrics if m.type not in EVALUATED_TYPES]
+    return TuneSetup(s, cands, plans, statistic_needs(plan0, cands, plans), read_config(s, plan0), conf, loss,
+                     not_eval)
+
+
+def statistic_needs(plan0: ReleasePlan, grid: Sequence[Candidate], plans: Sequence[ReleasePlan]) -> StatNeeds:
+    """What the scoring reads of the sample for ``grid`` (candidate i's plan is ``plans[i]``): per metric type,
+    the statistics ``evaluate_candidate`` looks up, at each distinct (L0, Linf) of the grid."""
+    from dpops.analysis.tune_stats import BoundNeeds
+    from pipelines.bounding import metric_layout
+
+    squares: dict[str, None] = {}
+    tq: dict[tuple[str, float], None] = {}
+    cats: dict[tuple[str, int], None] = {}
+    per: dict[tuple[int, int], dict[str, dict[Any, None]]] = {}
+    for cand, plan in zip(grid, plans, strict=True):
+        b = per.setdefault((cand.l0, cand.linf), {k: {} for k in ("clipped", "squares", "clipped_squares", "hists",
+                                                                   "quantiles", "categories")})
+        for m in plan.metrics:
+            if m.type in ("sum", "mean", "variance"):
+                assert m.bounds is not None and m.column is not None
+                b["clipped"][(m.column, float(m.bounds[0]), float(m.bounds[1]))] = None
+            if m.type == "variance":
+                assert m.bounds is not None and m.column is not None
+                squares[m.column] = None
+                b["squares"][m.column] = None
+                b["clipped_squares"][(m.column, float(m.bounds[0]), float(m.bounds[1]))] = None
+            if m.type == "quantiles":
+                assert m.bounds is not None and m.column is not None and m.n_bins is not None
+                b["hists"][(m.column, float(m.bounds[0]), float(m.bounds[1]), int(m.n_bins))] = None
+                for q in m.quantiles:
+                    tq[(m.column, float(q))] = None
+                    b["quantiles"][(m.column, float(q))] = None
+            if m.type == "top_k":
+                assert m.column is not None and m.domain is not None
+                cats[(m.column, len(m.domain))] = None
+                b["categories"][(m.column, len(m.domain))] = None
+    bounds = tuple(BoundNeeds(l0, linf, **{k: tuple(v) for k, v in d.items()}) for (l0, linf), d in per.items())
+    return StatNeeds(value_columns=tuple(metric_layout(plan0)[0]), l0_floor=min(c.l0 for c in grid),
+                     linf_floor=min(c.linf for c in grid), squares=tuple(squares), quantiles=tuple(tq),
+                     categories=tuple(cats), bounds=bounds)
+
+
+def sample_statistics(setup: TuneSetup, sample: str | os.PathLike[str] | pa.Table | pd.DataFrame,
+                      seed: int | None, fmt: str | None = None) -> TuneStatistics:
+    """The driver path: a PUBLIC sample read into this process (``_prepare``), ranked once and reduced to the
+    statistics the scoring reads (``tune_stats``; the Beam path of a private read computes the same on workers).
+    The caller has checked that the sample is public (``tune``)."""
+    from dpops.analysis.tune_stats import partition_statistics, rank_rows, unit_counts
+
+    rows = _prepare(setup.spec, setup.read, sample, seed, fmt)  # the ONE read
+    if not len(rows["u"]):
         raise InputDataError("tune: no row of the sample survives the release's input checks (types, nulls, "
                              "public partitions)")
-    # The bounding's orders, ranked once (exact above the grid's smallest L0 and Linf); every candidate is
-    # then a vectorised filter of them (``_bound``). Candidates are evaluated grouped by (L0, Linf) so that
-    # only one bounded row set is held at a time; their outputs keep the grid's order.
-    ranks = contribution_ranks(rows["u"], rows["p"], rows["prio"], rows["pp"],
-                               l0_floor=min(c.l0 for c in grid), linf_floor=min(c.linf for c in grid))
-    truth = _truth(rows, ranks, value_cols)
-    rows = {k: v for k, v in rows.items() if k.startswith(("v:", "c:"))}  # what is left: values, categories
+    rows["pos"] = np.arange(len(rows["u"]), dtype=np.int64)  # the read's order
+    ranked = rank_rows(rows, setup.needs.l0_floor, setup.needs.linf_floor)
+    del rows
+    return TuneStatistics(partition_statistics(ranked, setup.needs), unit_counts(ranked, setup.needs))
+
+
+def score(setup: TuneSetup, stats: TuneStatistics) -> TuneResult:
+    """Every candidate scored from the sample's statistics alone (no row is read here) and the recommendation:
+    the least loss (``setup.loss``; default ``targets`` when a candidate has a target ratio, else
+    ``mean_relative_rmse``)."""
+    if not stats.n_rows:
+        raise InputDataError("tune: no row of the sample survives the release's input checks (types, nulls, "
+                             "public partitions)")
+    s, grid = setup.spec, setup.grid
+    truth = _truth(stats)
     per_cand: list[tuple[list[dict[str, Any]], dict[str, Any]] | None] = [None] * len(grid)
     by_key: dict[tuple[int, int], list[int]] = {}
     for i, cand in enumerate(grid):
         by_key.setdefault((cand.l0, cand.linf), []).append(i)
     for (l0, linf), idxs in by_key.items():
-        bounded = _bound(truth, l0, linf)
+        bounded = _bound(stats, l0, linf)
         for i in idxs:
-            per_cand[i] = evaluate_candidate(s, grid[i], rows, truth, bounded, conf)
-        del bounded
+            per_cand[i] = evaluate_candidate(s, grid[i], setup.plans[i], truth, bounded, setup.confidence)
     all_rows: list[dict[str, Any]] = []
     summaries: list[dict[str, Any]] = []
     for item in per_cand:
         assert item is not None
         all_rows.extend(item[0])
         summaries.append(item[1])
+    loss = setup.loss
     if loss is None:
         loss = "targets" if any(x["target_ratio"] is not None for x in summaries) else "mean_relative_rmse"
-    if loss not in LOSSES:
-        raise InvalidParameter(f"tune: loss must be one of {LOSSES}, got {loss!r}")
     key_name = "target_ratio" if loss == "targets" else loss
     losses = [x[key_name] if x[key_name] is not None else math.inf for x in summaries]
     for x, lv in zip(summaries, losses, strict=True):
         x["loss"] = lv
     best = int(np.argmin(np.asarray(losses)))
-    not_eval = [m.key for m in plan0.metrics if m.type not in EVALUATED_TYPES]
-    return TuneResult(s, grid, all_rows, summaries, best, loss, not_eval, n_rows, 1)
+    return TuneResult(s, grid, all_rows, summaries, best, loss, list(setup.not_evaluated), stats.n_rows, 1)
 
 
-__all__ = ["Candidate", "TuneResult", "tune", "default_grid", "grid_from_doc", "spec_patch", "apply_patch",
-           "load_patched", "candidate_spec", "evaluate_candidate", "sample_table",
+def tune(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any],
+         sample: str | os.PathLike[str] | pa.Table | pd.DataFrame | SampleAccess, *,
+         grid: Sequence[Candidate] | None = None,
+         loss: str | None = None, confidence: float | None = None, seed: int | None = None) -> TuneResult:
+    """Evaluate ``grid`` (default ``default_grid``) on a PUBLIC ``sample`` in one pass; recommend the least loss.
+
+    ``loss``: ``targets`` (worst achieved/allowed ratio over the spec's accuracy targets; the default
+    when the spec has targets tune can judge), ``mean_relative_rmse`` (the default otherwise) or
+    ``max_relative_rmse``. ``seed`` makes the bounding's random choices reproducible (tests).
+
+    A *path* is checked by ``dpops.analysis.sample_access.check_public_sample`` as a public sample (issue 25
+    item 7a: a path under a data root, or a link or copy of the spec's private input, is refused here). A
+    private read is not this function's: it is recorded in the ledger first and computed by Beam workers, so
+    that only the statistics reach this process (``dpops.release.tuning.tune_private``, what the CLI's private
+    flag runs); a private ``SampleAccess`` is refused here. A caller passing a table, or a public
+    ``SampleAccess`` it built, vouches that it is public data.
+    """
+    from dpops.analysis.sample_access import SampleAccess, check_public_sample, pinned_sample
+
+    setup = prepare_tune(spec, grid=grid, loss=loss, confidence=confidence)
+    if isinstance(sample, (str, os.PathLike)):
+        sample = check_public_sample(setup.spec, sample)  # public only: never a private read without its ledger entry
+    if isinstance(sample, SampleAccess):
+        if sample.private:
+            raise InvalidParameter(f"tune: {sample.location} is private data (ledger entry {sample.entry_id}): a "
+                                   "private read runs on Beam workers; call dpops.release.tuning.tune_private(spec, "
+                                   "access, ...) (what dpops tune --i-understand-this-reads-private-data runs)")
+        # the file that passed the checks, opened once: no symlink or rename after the check is followed
+        with pinned_sample(setup.spec, sample) as held:
+            stats = sample_statistics(setup, held, seed, fmt=sample_format(setup.spec, sample.location))
+        return score(setup, stats)
+    return score(setup, sample_statistics(setup, sample, seed))
+
+
+__all__ = ["Candidate", "TuneResult", "TuneSetup", "TuneStatistics", "tune", "prepare_tune", "sample_statistics",
+           "score", "statistic_needs", "read_config", "read_stream", "batch_stream", "default_grid", "grid_from_doc",
+           "spec_patch", "apply_patch", "load_patched", "candidate_spec", "evaluate_candidate", "sample_table",
            "EVALUATED_TYPES", "LOSSES"]

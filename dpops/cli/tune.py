@@ -60,16 +60,31 @@ def _ints(raw: str | None, what: str) -> list[int] | None:
 @click.option("--seed", type=int, default=None,
               help="make the bounding's random choices (which rows and partitions a unit keeps) reproducible; "
                    "default: fresh randomness, as a release's")
+@click.option("--runner", default="FnApiRunner", show_default=True,
+              help="with the private flag: the Beam runner of the read (FnApiRunner in process; PortableRunner with "
+                   "--runner-option --job_endpoint=... --environment_type=EXTERNAL ... for isolated workers)")
+@click.option("--runner-option", "runner_options", multiple=True,
+              help="with the private flag: a Beam pipeline option for the runner, repeatable")
+@click.option("--staging", default=None,
+              help="with the private flag: a private location the workers and this process both reach (a local "
+                   "directory or an s3:// prefix) for the read's scratch files; default: a 0700 temporary directory")
+@click.option("--buckets", type=click.IntRange(1, 1 << 16), default=64, show_default=True,
+              help="with the private flag: unit- and partition-hash buckets of the read (a worker holds about 1/N of "
+                   "the rows; the result does not depend on it)")
 @ledger_option
 @json_option
 def cli(spec_path: str, sample: str, grid_path: str | None, l0: str | None, linf: str | None, loss: str | None,
         out_dir: str, allow_private: bool, reason: str | None, key_file: str | None, actor: str | None,
-        seed: int | None, as_json: bool) -> None:
-    """Evaluate a grid of L0, Linf, value bounds and epsilon splits on a sample in one pass; recommend one."""
+        seed: int | None, runner: str, runner_options: tuple[str, ...], staging: str | None, buckets: int,
+        as_json: bool) -> None:
+    """Evaluate a grid of L0, Linf, value bounds and epsilon splits on a sample in one pass; recommend one.
+
+    A public sample is read in this process; a flagged private one by Beam workers (``--runner``), only its
+    statistics coming back (``dpops.release.tuning``)."""
     from dpops.analysis import load
     from dpops.analysis.sample_access import is_private_path, private_twin
     from dpops.analysis.tune_output import html_page, patch_yaml
-    from dpops.analysis.tuning import default_grid, grid_from_doc, tune
+    from dpops.analysis.tuning import default_grid, grid_from_doc, prepare_tune, tune
     from dpops.dataroots import check_analysis_out
     from dpops.release.context import default_actor
     from dpops.release.private_reads import open_sample
@@ -94,12 +109,19 @@ def cli(spec_path: str, sample: str, grid_path: str | None, l0: str | None, linf
         if not key_file:
             raise InvalidParameter(f"{PRIVATE_FLAG} needs --key-file (or $DPOPS_NOISE_KEY_FILE): the ledger records "
                                    "the sample's keyed fingerprint")
+        from dpops.release.estimation import EstimationEngine
+        from dpops.release.tuning import check_private_engine, tune_private
+
+        engine = EstimationEngine("beam", runner, tuple(runner_options), staging, buckets)
+        check_private_engine(spec, engine, key_file)  # a bad --staging fails before the ledger entry
         with open_cli_ledger() as led:
+            setup = prepare_tune(spec, grid=grid, loss=loss)  # a bad grid or loss fails before the ledger entry
             access = open_sample(spec, sample, allow_private=True, ledger=led, actor=actor or default_actor(),
                                  reason=reason, fingerprint_key=resolve_key(key_file), key_path=key_file)
+        result = tune_private(spec, access, seed=seed, setup=setup, engine=engine)
     else:
         access = open_sample(spec, sample, allow_private=False, key_path=key_file)
-    result = tune(spec, access, grid=grid, loss=loss, seed=seed)  # the checked access, not a path to check again
+        result = tune(spec, access, grid=grid, loss=loss, seed=seed)  # the checked access, not a path to check again
     prov = access.provenance()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

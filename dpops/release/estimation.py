@@ -597,7 +597,7 @@ def check_engine(ctx: RunContext, engine: str | EstimationEngine, config: Estima
     reference for the workers (a key object handed to ``prepare`` cannot be shipped, by design); a ``staging``
     location that overlaps a data, public or output root or the key's directory (``check_scratch_location``:
     the scratch holds private rows and exact counts while a pass runs), or a local one that cannot be created or
-    written (``_check_local_staging``)."""
+    written (``prepare_local_staging``)."""
     eng = EstimationEngine.of(engine)
     if eng.name != "beam":
         return eng
@@ -607,7 +607,7 @@ def check_engine(ctx: RunContext, engine: str | EstimationEngine, config: Estima
         loc = check_scratch_location(eng.staging, "--staging", source=ctx.spec.source, spec_dir=ctx.spec.base_dir,
                                      output_root=ctx.spec.output_root, key_path=ctx.key_path)
         if loc.is_local:
-            _check_local_staging(str(loc.local_path))
+            prepare_local_staging(str(loc.local_path))
     if ctx.randomness == "keyed" and not ctx.key_path:
         raise InvalidParameter("estimate --engine beam: the workers resolve the noise key from its reference, and "
                                "this run has none (pass --key-file); nothing was reserved")
@@ -622,7 +622,7 @@ def check_engine(ctx: RunContext, engine: str | EstimationEngine, config: Estima
     return eng
 
 
-def _check_local_staging(path: str) -> None:
+def prepare_local_staging(path: str) -> None:
     """A local ``--staging`` directory made (0700, as the passes' own directories are) and checked writable before
     anything is reserved: each pass creates its scratch below it after ``ledger.start``, so a staging below a
     regular file, or one this process cannot write, would otherwise fail the run with its charge kept and
@@ -662,6 +662,6 @@ def refuse_os_randomness(randomness: str) -> None:
 
 
 __all__ = ["DEFAULT_ENGINE", "ENGINES", "EstimationEngine", "EstimationRun", "Reserved", "commit_estimation",
-           "compute_estimation", "end_test_mode", "manifests_folder",
+           "compute_estimation", "end_test_mode", "manifests_folder", "prepare_local_staging",
            "random_source", "read_rows", "refuse_os_randomness", "reserve_estimation", "result_path",
            "run_estimation", "run_key_of", "served_estimation", "start_estimation"]

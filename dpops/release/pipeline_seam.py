@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     import numpy as np
 
     from dpops.analysis.estimate import PassCounts
+    from dpops.analysis.tune_stats import StatNeeds
+    from dpops.analysis.tuning import TuneStatistics
     from dpops.spec import ReleaseSpec
     from pipelines.io import ReadConfig
 
@@ -25,6 +27,8 @@ RUN_RELEASE = "pipelines.release_pipeline:run_release"
 COUNT_ESTIMATION = "pipelines.estimation:count_estimation"
 # dpops simulate's one pass over a PUBLIC sample (``dpops.release.simulation``): ``sample_truth(request)``
 SAMPLE_TRUTH = "pipelines.release_pipeline:sample_truth"
+# a flagged private dpops tune's read (``dpops.release.tuning.tune_private``): ``tune_statistics(request)``
+TUNE_STATISTICS = "pipelines.tuning:tune_statistics"
 RANDOMNESS_MODES = ("keyed", "os", "test")
 
 
@@ -122,6 +126,28 @@ class EstimationCountsRequest:
 
 
 @dataclass(frozen=True)
+class TuneStatisticsRequest:
+    """A flagged private ``dpops tune``'s read (``pipelines.tuning``): the sample read on workers with the driver
+    path's reader and streams, ranked by the release's bounding, reduced to the statistics the scoring reads
+    (``needs``, public: a function of spec and grid); only those reach the driver.
+
+    ``seed``: the ``--seed`` test stream (None: fresh OS randomness on each worker, with ``salt``, the pair
+    salt the driver drew, shipped so every worker orders a unit's pairs alike). The statistics and the
+    workers' scratch files live under ``staging_dir``, a private location the caller made and removes."""
+
+    read: ReadConfig  # dpops.analysis.tuning.read_config, with the sample's format
+    sample_path: str  # the checked sample (SampleAccess.location): a local path or a URI
+    needs: StatNeeds
+    seed: int | None
+    salt: tuple[int, int]
+    staging_dir: str
+    work_items: tuple[tuple[int, str, int | None, int], ...] = ()  # listed by tune_statistics when empty
+    runner: str = "FnApiRunner"
+    runner_options: tuple[str, ...] = ()
+    n_buckets: int = 64  # unit-hash and partition-hash buckets; the statistics do not depend on it
+
+
+@dataclass(frozen=True)
 class SampleTruthRequest:
     """``dpops simulate``'s one pipeline pass over a public sample: read, check and bound it with the release's
     own code in test mode, and return the exact per-partition aggregates (``SampleTruth``).
@@ -165,6 +191,13 @@ def load_count_estimation() -> Callable[[EstimationCountsRequest], PassCounts]:
     """``pipelines.estimation:count_estimation``, imported lazily (dpops never imports Beam itself)."""
     mod_name, func = COUNT_ESTIMATION.split(":")
     fn: Callable[[EstimationCountsRequest], PassCounts] = getattr(import_pipeline_module(mod_name), func)
+    return fn
+
+
+def load_tune_statistics() -> Callable[[TuneStatisticsRequest], TuneStatistics]:
+    """``pipelines.tuning:tune_statistics``, imported lazily (dpops never imports Beam itself)."""
+    mod_name, func = TUNE_STATISTICS.split(":")
+    fn: Callable[[TuneStatisticsRequest], TuneStatistics] = getattr(import_pipeline_module(mod_name), func)
     return fn
 
 
