@@ -124,3 +124,23 @@ def test_a_live_concurrent_attempt_keeps_its_scratch_a_dead_one_does_not(tmp_pat
     os.close(fd)  # the first attempt's process died
     third = b.new_staging_dir("iv", run)
     assert not live.exists() and other.is_dir() and third.is_dir()
+
+
+
+def test_scratch_removal_on_s3_removes_every_depth(s3):
+    """``pipelines.fs.delete_everything_under`` (the estimation's and the private tune's scratch cleanup): every
+    object below the prefix goes, at any depth, and nothing beside it; an empty prefix is no error."""
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipelines import fs
+
+    FileSystems.set_options(PipelineOptions(fs.s3_options([])))  # what a pipeline's construction does
+    base = s3.uri("scratch/run1")
+    for key in ("a.npz", "b/c.npz", "b/d/e.npz"):
+        fs.write_bytes(f"{base}/{key}", b"rows")
+    fs.write_bytes(s3.uri("scratch/run10/keep.npz"), b"other")  # a sibling sharing the prefix's text
+    fs.delete_everything_under(base)
+    left = [o["Key"] for o in s3.client().list_objects_v2(Bucket=s3.bucket).get("Contents", [])]
+    assert left == ["scratch/run10/keep.npz"], left
+    fs.delete_everything_under(s3.uri("scratch/never-written"))
