@@ -381,6 +381,31 @@ def public_file_rows(spec: ReleaseSpec) -> list[list[Any]] | None:
     return [list(p) for p in (spec.public_partitions() or [])]
 
 
+InputStats = tuple[tuple[str, int, int, int, int, int], ...]
+
+
+def input_stat_snapshot(paths: Iterable[str]) -> InputStats | None:
+    """What the file system says about each local input (path, device, inode, size, mtime_ns, ctime_ns), or None
+    when an input is an object-store URI (no ctime to trust there) or cannot be stat'ed.
+
+    Taken by ``prepare`` BEFORE the fingerprint pass, so a write during that pass shows in the next snapshot.
+    A write, truncation, rename over the file or ``utime`` changes the inode, the size or the ctime, and a user
+    cannot set a ctime back; what a snapshot can miss is a write in the same coarse clock tick as the snapshot
+    (Linux timestamps move in jiffies) that keeps the size, or a clock set back by root. So a snapshot may only
+    stand in for a full keyed fingerprint where a miss cannot publish the wrong data: the check before ``start``
+    (a refund or not), never the check after the computation (``dpops.release.computation``)."""
+    out = []
+    for p in paths:
+        if is_uri(p):
+            return None
+        try:
+            st = os.stat(p)
+        except OSError:
+            return None
+        out.append((os.path.realpath(p), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return tuple(out)
+
+
 def input_fingerprint(paths: Iterable[str], key: HmacKey,
                       public_partitions: Sequence[Sequence[Any]] | None = None) -> str:
     """HMAC-SHA256 (under ``key``) of the canonical list of (name, size, sha256 of content), sorted by name,

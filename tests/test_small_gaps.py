@@ -115,3 +115,46 @@ def test_test_mode_refusal_manifest_leaves_out_the_input_fingerprint(env, tmp_pa
     kctx = release.prepare(spec, *IV, key=FakeKey(), planner=planner)
     kpath = write_run_manifest(kctx, led, {"state": "refused", "reason": "budget"}, manifests_dir=tmp_path / "k")
     assert json.loads(Path(kpath).read_text())["run_key"]["input_fingerprint"] == kctx.input_fingerprint
+
+
+
+def test_an_unchanged_input_is_hashed_twice_not_three_times(env, monkeypatch):
+    """``prepare`` hashes the input (the run key) and the check after the computation hashes it again (what was
+    read is what the key names); the check before ``start`` compares ``prepare``'s stat snapshot instead."""
+    import dpops.release.computation as computation
+
+    spec, data, led = env
+    calls = []
+    real = computation.input_fingerprint
+    monkeypatch.setattr(computation, "input_fingerprint", lambda *a, **k: calls.append(1) or real(*a, **k))
+    release.execute_release(spec, *IV, ledger=led, key=FakeKey(), run_release=FakePipeline(), planner=planner)
+    assert len(calls) == 1  # after the computation only; prepare's pass is the other one
+    assert [r.state for r in led.runs()] == ["committed"]
+
+
+def test_a_same_size_overwrite_with_its_mtime_set_back_is_refunded_before_start(env):
+    """The snapshot is not the mtime alone: an in-place overwrite of the same size whose mtime is set back still
+    moves the ctime, so the check before ``start`` re-hashes, sees the change and refunds. A test-only pause of
+    30 ms puts the write past the coarse clock tick of the snapshot (Linux timestamps move in jiffies)."""
+    import os
+    import time
+
+    spec, data, led = env
+    pipe = FakePipeline()
+    ctx = release.prepare(spec, *IV, key=FakeKey(), planner=planner)
+    assert ctx.input_stats is not None
+    release.reserve(ctx, led)
+    st = os.stat(data)
+    time.sleep(0.03)
+    raw = bytearray(open(data, "rb").read())
+    raw[len(raw) // 2] ^= 1  # same size, other bytes, same inode
+    with open(data, "r+b") as fh:
+        fh.write(raw)
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))  # mtime set back: only the ctime shows the write
+    assert (os.stat(data).st_size, os.stat(data).st_ino, os.stat(data).st_mtime_ns) == (st.st_size, st.st_ino,
+                                                                                      st.st_mtime_ns)
+    with pytest.raises(InputDataError, match="before the computation started"):
+        execute._run_steps(ctx, led, publish_output=True, runner="FnApiRunner", runner_options=(), run_release=pipe,
+                           gx_checks=False, restates=None)
+    assert pipe.calls == 0
+    assert [r.state for r in led.runs()] == ["released"]

@@ -24,7 +24,7 @@ from datetime import date, datetime
 from typing import TYPE_CHECKING, Protocol, TypeAlias, TypedDict
 
 from dpops.errors import BudgetExceeded, LedgerError, public_message
-from dpops.inputs import HmacKey, Interval
+from dpops.inputs import HmacKey, InputStats, Interval
 from dpops.ledger.budget import format_budget
 from dpops.spec import ReleaseSpec
 from dpops.storage import StagedRun, Store
@@ -114,6 +114,10 @@ class RunContext:
     # ``$DPOPS_PREVIOUS_NOISE_KEY_FILES``, ``release run --previous-key-file`` sets them): a re-run of an
     # interval published under one of them compares the input under it (``served_across_rotation``).
     previous_key_paths: tuple[str, ...] = field(default=(), repr=False, compare=False)
+    # The inputs' stat snapshot taken by this process's ``prepare`` right before its fingerprint pass
+    # (``dpops.inputs.input_stat_snapshot``; None for object-store inputs): the check before ``start`` compares it
+    # instead of hashing the input a second time.
+    input_stats: InputStats | None = field(default=None, repr=False, compare=False)
 
     def note_ledger(self, record: RunRecord | None, charged: float = 0.0) -> None:
         """Remember what the ledger just confirmed about this run (``record``) and any charge it made now."""

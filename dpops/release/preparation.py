@@ -26,6 +26,7 @@ from dpops.inputs import (
     TestFingerprintKey,
     check_input,
     input_fingerprint,
+    input_stat_snapshot,
     parse_interval,
     public_file_rows,
     resolve_input_paths,
@@ -178,6 +179,7 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
     paths = resolve_input_paths(spec, interval.start, interval.end, key_path=key_path)
     report_stage(progress, "fingerprint")
     check_input(spec, paths)
+    stats = input_stat_snapshot(paths)  # before the pass, so a write during it shows (the check before start)
     fingerprint = input_fingerprint(paths, fp_key, public_file_rows(spec))
     plan = (planner or _default_planner)(spec)
     if not list(plan.events):
@@ -198,6 +200,7 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
         store=open_store(spec.output_root, spec.name, sealer=_sealer(randomness, noise_key)),
         key_path=_key_ref(key_path),
         test_seed=test_seed, actor=actor or default_actor(), fingerprint_key=fp_key, estimated_bounds=estimated,
+        input_stats=stats,
         estimation_charged=estimation_charged, previous_key_paths=previous_key_paths(),
     )
 
