@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from dpops.ledger import TimeRule
     from dpops.spec import ReleaseSpec
 
-_CHUNK = 1 << 20
+_CHUNK = 1 << 24  # 16 MiB: hashlib holds no GIL while it hashes one, so hashing overlaps other work
 
 
 # --------------------------------------------------------------------------- intervals

@@ -160,8 +160,11 @@ def execute_release(spec_path: str | os.PathLike[str], interval_start: IntervalB
     noise and a new charge, linked to the spent run (``dpops.release.context.pick_attempt``).
     ``previous_key_paths``: noise keys of earlier rotations (default ``$DPOPS_PREVIOUS_NOISE_KEY_FILES``): an
     interval published under one of them is served when its input is unchanged under that key."""
+    # the pipeline's import (Beam: ~1-3 CPU-s) runs while another thread hashes the input for its fingerprint
+    warm = None if run_release is not None else _import_pipeline
     ctx = prepare(spec_path, interval_start, interval_end, randomness=randomness, key_path=key_path,
-                  test_seed=test_seed, key=key, planner=planner, actor=actor, progress=progress, ledger=ledger)
+                  test_seed=test_seed, key=key, planner=planner, actor=actor, progress=progress, ledger=ledger,
+                  while_hashing=warm)
     if previous_key_paths:
         ctx.previous_key_paths = tuple(previous_key_paths)
     return _run_steps(ctx, ledger, publish_output=publish_output, runner=runner, runner_options=runner_options,
@@ -191,6 +194,15 @@ def restate(ctx: RunContext, ledger: Ledger) -> RunOutcome:
                         message="input, spec and key unchanged: the published result stands, nothing charged")
     ctx.restates = published.run_id  # a refusal of this reservation records the link (RunContext.restates)
     return reserve(ctx, ledger, restates=published.run_id)
+
+
+def _import_pipeline() -> None:
+    """Import the release pipeline and the runner check (what ``compute_staged`` and ``check_runner`` load)."""
+    from dpops.release.computation import RUNNER_CHECK
+    from dpops.release.pipeline_seam import import_pipeline_module, load_run_release
+
+    load_run_release()
+    import_pipeline_module(RUNNER_CHECK.split(":")[0])
 
 
 def execute_restatement(spec_path: str | os.PathLike[str], interval_start: IntervalBound,
