@@ -32,9 +32,11 @@ would certify less noise than the release needs; one that errs high only costs a
   x^2/(2s^2) <= 685 is computed with a relative error of at most 3u, i.e. at most 2.1e3 u on the term;
   with N <= 2^22 (s <= ``MAX_EXACT_SIGMA_STEPS``) the total is below 5e-10. So W(m) is multiplied by
   1 + 1e-9, W(m - n) and Z by 1 - 1e-9;
-- the float t may sit on the wrong side of an integer, so m is taken among m0 - 1, m0, m0 + 1 (m0 from
-  the float t) as the one giving the LARGEST value: each candidate is P(S) - e^eps Q(S) for a set S, a lower
-  bound on delta(eps), and the exact maximiser {x < t} is among them;
+- the float t may sit on the wrong side of an integer, so when it is within 1e-6 relative of one, m is
+  taken among m0 - 1, m0, m0 + 1 (m0 from the float t) as the one giving the LARGEST value: each candidate
+  is P(S) - e^eps Q(S) for a set S, a lower bound on delta(eps), and the exact maximiser {x < t} is among
+  them. So the value is above the exact delta by at most 4e-9 P[X <= m0 + 1] (P[X < t] when t is not
+  near an integer), a margin that moves eps by about 4e-9 (d delta / d eps = -e^eps Q[X < t - n]);
 - below eps = n^2/(2 s^2) (where t > 0; no release budgets there) the profile is reported as 1.
 
 ``dg_epsilon`` inverts it by bisection on eps and returns the UPPER end of the final bracket, an eps at
@@ -109,7 +111,8 @@ def dg_delta(s: float, n: int, eps: float) -> float:
         return 1.0
     z_low = (2.0 * float(_lattice_sums(s)[0][-1]) + 1.0) * (1.0 - SUM_REL_ERROR)
     best = 0.0
-    for m in (m0 - 1, m0, m0 + 1):
+    near_integer = abs(t - round(t)) <= 1e-6 * max(1.0, abs(t))  # the float t's error is ~1e-15 relative
+    for m in (m0 - 1, m0, m0 + 1) if near_integer else (m0,):
         _, w_hi = _w_bounds(s, m)
         w_lo, _ = _w_bounds(s, m - n)
         if w_hi <= 0.0:
