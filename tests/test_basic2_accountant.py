@@ -173,6 +173,9 @@ def test_running_state_survives_json_and_batching():
 
 
 def test_bare_basic_stays_basic_1_and_init_scripts_stay_idempotent(tmp_path):
+    from dataclasses import replace
+
+    from dpops.errors import LedgerError
     from dpops.ledger import ScopeDefinition, open_ledger
 
     assert get_accountant("basic").ref == "basic/1" and "basic/2" in known_accountants()
@@ -181,6 +184,10 @@ def test_bare_basic_stays_basic_1_and_init_scripts_stay_idempotent(tmp_path):
                                accountant="basic", adjacency="add_remove")
         assert led.create_scope(sdef, actor="init").accountant == "basic/1"
         assert led.create_scope(sdef, actor="init").accountant == "basic/1"  # the second start: a no-op
+        # a scope does not move to basic/2: its entries are replayed by the accountant it was pinned with
+        with pytest.raises(LedgerError):
+            led.create_scope(replace(sdef, accountant="basic/2"), actor="init")
+        assert led.scope("s").accountant == "basic/1"
 
 
 # One atomic event of each kind the property mixes. Discrete Gaussians on the integer lattice with at most 3 steps:
