@@ -81,6 +81,11 @@ def _lattice_sums(s: float) -> tuple[np.ndarray, float]:
     return prefix, tail
 
 
+def clear_lattice_cache() -> None:
+    """Forget the cached lattice sums (benchmarks measure the first, uncached evaluation)."""
+    _lattice_sums.cache_clear()
+
+
 def _w_bounds(s: float, m: int) -> tuple[float, float]:
     """(lower, upper) bounds on W(m) = sum_{x <= m} exp(-x^2/(2 s^2)) for m <= -1."""
     prefix, tail = _lattice_sums(s)
