@@ -278,3 +278,24 @@ def test_ledger_charges_basic_2_and_the_manifest_verifies(tmp_path, monkeypatch,
     forged.write_text(json.dumps(m))
     code, out, err = env.run(capsys, "manifest", "verify", str(forged), *u)
     assert code != 0 and "accountant" in out + err
+
+
+def test_a_scope_of_many_basic_2_runs_composes_them_by_the_zcdp_sum():
+    """What docs/accuracy.md says basic/2 does not change: from the second Gaussian-type event on, the scope's
+    total is basic/1's zCDP sum, and a run calibrated to cost exactly its epsilon under basic/2 has more rho, so
+    fewer such runs fit a cap than basic/1-calibrated ones (52 against 79 at cap 10, delta 1e-7)."""
+    kw = dict(metrics=[{"type": "count"}], private=False, l0=1, linf=1)
+    b1, b2 = get_accountant("basic/1"), get_accountant("basic/2")
+    run2 = plan_release(make_spec(accountant="basic/2", **kw)).events
+    run1 = plan_release(make_spec(accountant="basic/1", **kw)).events
+
+    def fitting(acct, run) -> int:
+        k = 1
+        while acct.epsilon([SelfComposed(e, k + 1) for e in run], 1e-7) <= 10.0:
+            k += 1
+        return k
+
+    for k in (2, 10):
+        many = [SelfComposed(e, k) for e in run2]
+        assert b2.epsilon(many, 1e-7) == b1.epsilon(many, 1e-7)
+    assert (fitting(b2, run2), fitting(b1, run1)) == (52, 79)
