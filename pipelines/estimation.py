@@ -45,7 +45,6 @@ release's do. A DoFn's foreign error is reported by class and location only (``w
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -67,6 +66,7 @@ from dpops.analysis.estimate import (
 from dpops.release.pipeline_seam import EstimationCountsRequest
 from pipelines import fs
 from pipelines.bounding import bound_rows
+from pipelines.scratch import Columns, concat_columns, pack_columns, unpack_columns
 from pipelines.transforms import split_by_key, withhold_data_in_errors
 
 COUNTS_FILE = "counts.json"
@@ -74,7 +74,6 @@ PARTS_DIR = "_parts"  # scratch under the staging location: <staging>/_parts/b<b
 STAGES = ("pairs", "values", "error")
 FLUSH_ROWS = 1 << 21  # a work item's reduced rows are written out per bucket at least this often (memory)
 
-Columns = dict[str, np.ndarray]
 
 
 # --------------------------------------------------------------------------- the counts as plain data
@@ -97,21 +96,10 @@ def _value_of(d: Mapping[str, Any]) -> ValueCounts:
                        int(d["n"]))
 
 
-def _pack(cols: Columns) -> bytes:
-    """Columns as an .npz (no pickles: a scratch file is read back with ``allow_pickle=False``)."""
-    names = list(cols)
-    buf = io.BytesIO()
-    np.savez(buf, names=np.asarray(names, dtype=np.str_), **{f"a{i}": cols[n] for i, n in enumerate(names)})
-    return buf.getvalue()
 
 
-def _unpack(data: bytes) -> Columns:
-    with np.load(io.BytesIO(data), allow_pickle=False) as z:
-        return {str(n): z[f"a{i}"] for i, n in enumerate(z["names"])}
 
 
-def _concat(parts: list[Columns]) -> Columns:
-    return {k: np.concatenate([x[k] for x in parts]) for k in parts[0]} if len(parts) > 1 else parts[0]
 
 
 # --------------------------------------------------------------------------- step 1: read, reduce, write
@@ -137,7 +125,7 @@ def reduce_batch(request: EstimationCountsRequest, rows: Columns) -> Columns:
 
 def merge_reduced(request: EstimationCountsRequest, parts: list[Columns]) -> Columns:
     """Reduced batches of the same units merged into one (the pair tables merged, the rows re-bounded)."""
-    rows = _concat(parts)
+    rows = concat_columns(parts)
     if request.stage == "pairs" and len(parts) > 1:
         t = PairTable.merge([PairTable(**p) for p in parts])
         return {"u": t.u, "p": t.p, "pp": t.pp, "rows": t.rows}
@@ -203,7 +191,7 @@ class _ReadForEstimation(beam.DoFn):
                flush: int) -> Iterator[tuple[int, str]]:
         for key in sorted(held):
             path = part_path(self.request, key, item, flush)
-            fs.write_bytes(path, _pack(merge_reduced(self.request, held[key])))  # private staging (module doc)
+            fs.write_bytes(path, pack_columns(merge_reduced(self.request, held[key])))  # private staging (module doc)
             yield key, path
 
 
@@ -246,7 +234,7 @@ class _CountBucket(beam.DoFn):
     def process(self, element: tuple[int, Iterable[str]]) -> Iterator[dict[str, Any]]:
         _bucket, paths = element
         files = sorted(set(paths))
-        rows = merge_reduced(self.request, [_unpack(fs.read_bytes(p)) for p in files])
+        rows = merge_reduced(self.request, [unpack_columns(fs.read_bytes(p)) for p in files])
         counts = count_rows(self.request, rows)
         del rows
         fs.delete_files(files)

@@ -34,7 +34,6 @@ keeps, as a release's, and nothing drawn here is noise.
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -53,30 +52,19 @@ from dpops.analysis.tune_stats import (
 from dpops.analysis.tuning import TuneStatistics, batch_stream, read_stream
 from dpops.release.pipeline_seam import TuneStatisticsRequest
 from pipelines import fs
+from pipelines.scratch import Columns, concat_columns, pack_columns, unpack_columns
 from pipelines.transforms import split_by_key, withhold_data_in_errors
 
 UNITS_FILE = "units.json"
 INDEX_FILE = "statistics.json"
 POS_SHIFT = 40  # pos = (work item index << 40) + row within the item: 2^40 rows per item
 
-Columns = dict[str, np.ndarray]
 
 
-def _pack(cols: Columns) -> bytes:
-    """Columns as an .npz (no pickles: read back with ``allow_pickle=False``)."""
-    names = list(cols)
-    buf = io.BytesIO()
-    np.savez(buf, names=np.asarray(names, dtype=np.str_), **{f"a{i}": cols[n] for i, n in enumerate(names)})
-    return buf.getvalue()
 
 
-def _unpack(data: bytes) -> Columns:
-    with np.load(io.BytesIO(data), allow_pickle=False) as z:
-        return {str(n): z[f"a{i}"] for i, n in enumerate(z["names"])}
 
 
-def _concat(parts: list[Columns]) -> Columns:
-    return {k: np.concatenate([x[k] for x in parts]) for k in parts[0]} if len(parts) > 1 else parts[0]
 
 
 def _by_pos(rows: Columns) -> Columns:
@@ -115,7 +103,7 @@ class _ReadForTune(beam.DoFn):
                 held.setdefault(key, []).append(chunk)
         for key in sorted(held):
             path = fs.join(r.staging_dir, "_units", f"b{key:05d}", f"i{index}.npz")
-            fs.write_bytes(path, _pack(_concat(held[key])))  # private staging (module doc)
+            fs.write_bytes(path, pack_columns(concat_columns(held[key])))  # private staging (module doc)
             yield key, path
 
 
@@ -130,13 +118,14 @@ class _RankBucket(beam.DoFn):
         r = self.request
         bucket, paths = element
         files = sorted(set(paths))
-        rows = _by_pos(_concat([_unpack(fs.read_bytes(p)) for p in files]))  # the read's order (ties in prio)
+        # the read's order (ties in prio)
+        rows = _by_pos(concat_columns([unpack_columns(fs.read_bytes(p)) for p in files]))
         ranked = rank_rows(rows, r.needs.l0_floor, r.needs.linf_floor)
         del rows
         yield beam.pvalue.TaggedOutput("units", unit_counts(ranked, r.needs))
         for key, chunk in split_by_key(ranked, r.n_buckets, column="p"):  # whole partitions per bucket
             path = fs.join(r.staging_dir, "_parts", f"b{key:05d}", f"u{bucket}.npz")
-            fs.write_bytes(path, _pack(chunk))
+            fs.write_bytes(path, pack_columns(chunk))
             yield key, path
         fs.delete_files(files)
 
@@ -151,11 +140,11 @@ class _StatsBucket(beam.DoFn):
     def process(self, element: tuple[int, Iterable[str]]) -> Iterator[str]:
         bucket, paths = element
         files = sorted(set(paths))
-        rows = _by_pos(_concat([_unpack(fs.read_bytes(p)) for p in files]))
+        rows = _by_pos(concat_columns([unpack_columns(fs.read_bytes(p)) for p in files]))
         stats = partition_statistics(rows, self.request.needs)
         del rows
         path = fs.join(self.request.staging_dir, "_stats", f"b{bucket:05d}.npz")
-        fs.write_bytes(path, _pack(stats))  # private staging: exact statistics, not DP
+        fs.write_bytes(path, pack_columns(stats))  # private staging: exact statistics, not DP
         fs.delete_files(files)
         yield path
 
@@ -243,7 +232,7 @@ def tune_statistics(request: TuneStatisticsRequest) -> TuneStatistics:
         _ = stats | "WriteIndex" >> beam.ParDo(_WriteJson(index_path))
     counts = json.loads(fs.read_bytes(units_path).decode("utf-8"))
     paths = json.loads(fs.read_bytes(index_path).decode("utf-8"))
-    parts = [_unpack(fs.read_bytes(x)) for x in sorted(paths)]
+    parts = [unpack_columns(fs.read_bytes(x)) for x in sorted(paths)]
     fs.delete_files([units_path, index_path, *paths])
     if not parts or not int(counts["rows"][0]):
         from dpops.errors import InputDataError
