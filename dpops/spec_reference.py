@@ -162,8 +162,8 @@ FIELD_DOCS: dict[tuple[str, str], str] = {
                          "above 1e-5).",
     ("budget", "noise"): "`laplace` (discrete Laplace, pure DP) or `gaussian` (discrete Gaussian, needs delta).",
     ("budget", "accountant"): "The scope's accountant, pinned `name/version` (`pld/1`, `rdp/1`, `zcdp/1`, "
-                              "`basic/1`): Gaussian noise is calibrated so the run's events composed by it cost "
-                              "exactly the declared (epsilon, delta); the run is refused on a scope checked by "
+                              "`basic/1`, `basic/2`): Gaussian noise is calibrated so the run's events composed by "
+                              "it cost exactly the declared (epsilon, delta); the run is refused on a scope checked by "
                               "another accountant. Null: the zCDP split of the Gaussian metrics' budget.",
     ("budget", "split"): "Relative weights by metric key (and `partition_selection`, and `<key>.bounds` for an "
                          "estimation); unlisted keys weigh 1.",

@@ -110,7 +110,7 @@ def world(tmp_path_factory):
         NoiseKey.generate(key)
         ref = base / "reference"
         env = {**os.environ, **pythonpath_env(), **s3_env(moto.port), "DPOPS_STATE_DIR": str(ref / "state"),
-               "DPOPS_DATA_ROOTS": f"s3://{BUCKET}"}
+               "DPOPS_DATA_ROOTS": f"s3://{BUCKET}/in"}
         for var in ("DPOPS_MANIFESTS_DIR", "DPOPS_LEDGER_URL", "DPOPS_PUBLIC_ROOTS"):
             env.pop(var, None)
         reference = _tune(ref / "run", key, "FnApiRunner", [f"--s3_endpoint_url=http://127.0.0.1:{moto.port}"], env)
@@ -124,7 +124,7 @@ def test_private_tune_on_isolated_workers_with_s3_input_equals_the_in_process_on
     client = world["client"]
     with portable_cluster(tmp_path, moto=world["moto"]) as cluster:
         env = {**os.environ, **cluster.env, "TMPDIR": str(cluster.tmp), "DPOPS_STATE_DIR": str(cluster.cwd / "state"),
-               "DPOPS_DATA_ROOTS": f"s3://{BUCKET}"}
+               "DPOPS_DATA_ROOTS": f"s3://{BUCKET}/in"}
         for var in ("DPOPS_MANIFESTS_DIR", "DPOPS_LEDGER_URL", "DPOPS_PUBLIC_ROOTS"):
             env.pop(var, None)
         got = _tune(cluster.cwd / "run", world["key"], "PortableRunner", cluster.options(), env)
