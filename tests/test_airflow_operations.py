@@ -24,7 +24,6 @@ from __future__ import annotations
 import airflow_support  # noqa: F401  (environment before airflow)
 
 import json
-import secrets
 import subprocess
 import time
 from contextlib import ExitStack
@@ -32,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_support import VENV_BIN, airflow_cli, create_backfill, make_workspace, pg_exec, start_stack
+from airflow_support import VENV_BIN, airflow_cli, create_backfill, make_workspace, metadata_db, pg_exec, start_stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(1500)]
 
@@ -48,34 +47,28 @@ def _iv(i: int) -> tuple[str, str]:
 @pytest.fixture(scope="module")
 def ops(tmp_path_factory, postgres_url):
     tmp = tmp_path_factory.mktemp("af_ops")
-    name = f"airflow_ops_{secrets.token_hex(4)}"
-    pg_exec(postgres_url, f'CREATE DATABASE "{name}"')
-    meta_url = postgres_url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1) + f"/{name}"
     ws = make_workspace(tmp / "ws", release="af_ops", scope="af_ops_scope", days=5, scope_cap=CAP,
                         epsilon_per_run=EPS, rows_per_day=800)
     state = tmp / "state"
     state.mkdir(mode=0o700)
     manifests = tmp / "manifests"  # as deploy/ sets it: one manifests directory for the deployment
-    try:
-        with ExitStack() as es:
-            stack = start_stack(
-                es, tmp, meta_url, ws,
-                AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE="False",  # only the runs the test asks for
-                DPOPS_TASK_RETRIES="1",
-                DPOPS_STATE_DIR=str(state),
-                DPOPS_MANIFESTS_DIR=str(manifests),
-                # Not shorter: under load an Airflow 3.3 scheduler drains a reschedule poke's executor success
-                # ~5 s late and, if the next poke is already queued, fails the sensor as "killed externally"
-                # before its timeout (apache/airflow#71172, fix pending in #71194): no input-wait record.
-                # A timeout shorter than one poke interval: the missing day (test 6) gives up at its second poke,
-                # 12 s after the first, and no third poke is ever scheduled.
-                DPOPS_INPUT_POKE_SECONDS="12",
-                DPOPS_INPUT_TIMEOUT_SECONDS="10",
-            )
-            stack.state_dir, stack.manifests = state, manifests
-            yield stack
-    finally:
-        pg_exec(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with metadata_db(postgres_url, "airflow_ops") as meta_url, ExitStack() as es:
+        stack = start_stack(
+            es, tmp, meta_url, ws,
+            AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE="False",  # only the runs the test asks for
+            DPOPS_TASK_RETRIES="1",
+            DPOPS_STATE_DIR=str(state),
+            DPOPS_MANIFESTS_DIR=str(manifests),
+            # Not shorter: under load an Airflow 3.3 scheduler drains a reschedule poke's executor success
+            # ~5 s late and, if the next poke is already queued, fails the sensor as "killed externally"
+            # before its timeout (apache/airflow#71172, fix pending in #71194): no input-wait record.
+            # A timeout shorter than one poke interval: the missing day (test 6) gives up at its second poke,
+            # 12 s after the first, and no third poke is ever scheduled.
+            DPOPS_INPUT_POKE_SECONDS="12",
+            DPOPS_INPUT_TIMEOUT_SECONDS="10",
+        )
+        stack.state_dir, stack.manifests = state, manifests
+        yield stack
 
 
 def dpops(stack, *args: str, check: bool = True) -> subprocess.CompletedProcess:
