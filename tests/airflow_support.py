@@ -153,8 +153,12 @@ def make_workspace(
     scope_cap: float | None = 10.0,
     rows_per_day: int = 2000,
     n_partitions: int = 4,
+    data: str = "data",
 ) -> Workspace:
-    """A spec folder with one release, ``days`` of synthetic data, a noise key and a ledger scope."""
+    """A spec folder with one release, ``days`` of synthetic data, a noise key and a ledger scope.
+
+    Several releases can share one spec folder (one stack serves them all: same ``root``, ledger and key): each
+    then needs its own input folder ``data`` under it, so that no release reads or rewrites another's days."""
     from dpops.noise.randomness import NoiseKey
     from dpops.testing.synthetic import generate_events
 
@@ -163,9 +167,11 @@ def make_workspace(
     specs.mkdir(exist_ok=True)
     public = ", ".join(f"p{i}" for i in range(n_partitions))
     spec_path = specs / f"{release}.yaml"
-    spec_path.write_text(SPEC_TEMPLATE.format(name=release, scope=scope, epsilon=epsilon_per_run, public=public))
+    text = SPEC_TEMPLATE.format(name=release, scope=scope, epsilon=epsilon_per_run, public=public)
+    assert text.count('  path: "data/') == 1, "SPEC_TEMPLATE's input path changed: update make_workspace"
+    spec_path.write_text(text.replace('  path: "data/', f'  path: "{data}/'))
     generate_events(
-        str(specs / "data" / "{start:%Y-%m-%d}.parquet"),
+        str(specs / data / "{start:%Y-%m-%d}.parquet"),
         n_rows=rows_per_day,
         n_users=max(50, rows_per_day // 5),
         n_partitions=n_partitions,
