@@ -8,6 +8,7 @@ must be imported before anything imports ``airflow`` (tests/test_dags*.py import
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import subprocess
@@ -329,6 +330,39 @@ def airflow_cli(env: dict, *args: str, timeout: float = 240, check: bool = True)
     proc = subprocess.run([AIRFLOW_BIN, *args], env=env, capture_output=True, text=True, timeout=timeout)
     if check:
         assert proc.returncode == 0, f"airflow {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+# Runs each argv of argv[1] (JSON) as `airflow <argv>` through airflow.__main__.main, the `airflow` script's own
+# entry point, one after another in this one interpreter; a command that fails (exception or non-zero exit)
+# stops the batch with its exit code. A marker line before each command names it in the output.
+_CLI_BATCH = """
+import json, sys
+from airflow.__main__ import main
+for argv in json.loads(sys.argv[1]):
+    print("[airflow_cli_batch] airflow " + " ".join(argv), flush=True)
+    sys.argv = ["airflow", *argv]
+    try:
+        main()
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            raise
+print("[airflow_cli_batch] done", flush=True)
+"""
+
+
+def airflow_cli_batch(env: dict, commands: list[list[str]], *, cwd: Path | None = None,
+                      timeout: float = 300) -> subprocess.CompletedProcess:
+    """``airflow <argv>`` for each of ``commands``, in order, in one interpreter: what the ``airflow`` script runs
+    (``airflow.__main__.main``), without starting and importing Airflow again for each command (~3 CPU-s each).
+    For a test's setup commands only; a test about a CLI command's own behaviour (its exit code, its output)
+    runs it with ``airflow_cli``. Asserts that every command ran and succeeded."""
+    proc = subprocess.run([str(VENV_BIN / "python"), "-c", _CLI_BATCH, json.dumps(commands)], env=env,
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    ran = [line for line in proc.stdout.splitlines() if line.startswith("[airflow_cli_batch] airflow ")]
+    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("[airflow_cli_batch] done"), (
+        f"{ran[-1] if ran else 'airflow'} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    assert len(ran) == len(commands), ran
     return proc
 
 

@@ -1,6 +1,9 @@
-"""The Airflow stacks' metadata databases are copies of one migrated template (tests/airflow_support.py
-``metadata_db``): the copy must be what ``airflow db migrate`` makes for a stack, or every stack test would run
-on a database no deployment has.
+"""The Airflow tests' own cost-saving helpers (tests/airflow_support.py) must not change what the tests run on.
+
+- The stacks' metadata databases are copies of one migrated template (``metadata_db``): the copy must be what
+  ``airflow db migrate`` makes for a stack, or every stack test would run on a database no deployment has.
+- ``airflow_cli_batch`` runs setup commands in one interpreter: every command runs, in order, and the first that
+  fails fails the batch and is named.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_support import airflow_cli, airflow_env, metadata_db, metadata_template_name, pg_exec
+from airflow_support import (airflow_cli, airflow_cli_batch, airflow_env, metadata_db, metadata_template_name,
+                             pg_exec)
 
 
 def _plain(url: str) -> str:
@@ -78,3 +82,20 @@ def test_a_copy_is_what_db_migrate_makes_for_a_stack(tmp_path: Path, postgres_ur
                                                                "log_template"}, {t: r for t, r in copy.items() if r}
     finally:
         pg_exec(postgres_url, f'DROP DATABASE IF EXISTS "{fresh}" WITH (FORCE)')
+
+
+@pytest.mark.slow
+def test_a_batch_runs_every_command_and_stops_at_the_first_that_fails(tmp_path: Path) -> None:
+    env = airflow_env(tmp_path, f"sqlite:///{tmp_path / 'airflow.db'}", tmp_path)
+    # `--help` ends its command with exit 0: the batch goes on to the next
+    out = airflow_cli_batch(env, [["version", "--help"], ["version"]]).stdout
+    assert out.count("[airflow_cli_batch] airflow ") == 2 and "Usage: airflow version" in out
+    import airflow
+
+    assert airflow.__version__ in out.split("[airflow_cli_batch] airflow version\n", 1)[1]
+    with pytest.raises(AssertionError) as err:
+        airflow_cli_batch(env, [["version"], ["no-such-command"], ["version"]])
+    msg = str(err.value)
+    assert msg.startswith("[airflow_cli_batch] airflow no-such-command failed (exit 2)"), msg
+    # the command after it never ran
+    assert msg.count("[airflow_cli_batch] airflow version") == 1 and "[airflow_cli_batch] done" not in msg, msg
