@@ -8,6 +8,7 @@ must be imported before anything imports ``airflow`` (tests/test_dags*.py import
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import subprocess
@@ -153,8 +154,12 @@ def make_workspace(
     scope_cap: float | None = 10.0,
     rows_per_day: int = 2000,
     n_partitions: int = 4,
+    data: str = "data",
 ) -> Workspace:
-    """A spec folder with one release, ``days`` of synthetic data, a noise key and a ledger scope."""
+    """A spec folder with one release, ``days`` of synthetic data, a noise key and a ledger scope.
+
+    Several releases can share one spec folder (one stack serves them all: same ``root``, ledger and key): each
+    then needs its own input folder ``data`` under it, so that no release reads or rewrites another's days."""
     from dpops.noise.randomness import NoiseKey
     from dpops.testing.synthetic import generate_events
 
@@ -163,9 +168,11 @@ def make_workspace(
     specs.mkdir(exist_ok=True)
     public = ", ".join(f"p{i}" for i in range(n_partitions))
     spec_path = specs / f"{release}.yaml"
-    spec_path.write_text(SPEC_TEMPLATE.format(name=release, scope=scope, epsilon=epsilon_per_run, public=public))
+    text = SPEC_TEMPLATE.format(name=release, scope=scope, epsilon=epsilon_per_run, public=public)
+    assert text.count('  path: "data/') == 1, "SPEC_TEMPLATE's input path changed: update make_workspace"
+    spec_path.write_text(text.replace('  path: "data/', f'  path: "{data}/'))
     generate_events(
-        str(specs / "data" / "{start:%Y-%m-%d}.parquet"),
+        str(specs / data / "{start:%Y-%m-%d}.parquet"),
         n_rows=rows_per_day,
         n_users=max(50, rows_per_day // 5),
         n_partitions=n_partitions,
@@ -232,14 +239,87 @@ def pg_exec(url: str, sql: str, params: tuple = (), fetch: bool = False):
         return cur.fetchall() if fetch else None
 
 
-@contextmanager
-def metadata_db(postgres_url: str, prefix: str) -> Iterator[str]:
-    """A fresh PostgreSQL database ``<prefix>_<hex>`` for Airflow's metadata, dropped (FORCE) afterwards; yields
-    its ``postgresql+psycopg://`` URL."""
+# Settings that change what `airflow db migrate` writes into a new metadata database besides the schema (the
+# default pool's slots, the log template rows, the external managers' tables such as the FAB provider's): a
+# template is only reused by stacks whose environment gives them the same values.
+MIGRATE_INPUTS = ("AIRFLOW__CORE__DEFAULT_POOL_TASK_SLOT_COUNT", "AIRFLOW__LOGGING__LOG_FILENAME_TEMPLATE",
+                  "AIRFLOW__ELASTICSEARCH__LOG_ID_TEMPLATE", "AIRFLOW__CORE__AUTH_MANAGER",
+                  "AIRFLOW__DATABASE__EXTERNAL_DB_MANAGERS")
+_TEMPLATE_LOCK = 0x6470_6F70_7354_4D50  # pg_advisory_lock key ("dpopsTMP"): one builder/cloner at a time
+
+
+def metadata_template_name(env: dict[str, str]) -> str:
+    """The name of the migrated template database for this Airflow and a stack environment ``env``: a digest of
+    the versions of Airflow and its providers, Airflow's migration scripts and the settings that change what
+    ``db migrate`` writes (``MIGRATE_INPUTS``), so an upgrade or a different setting never reuses a template
+    migrated by another. Read from the installed files (Airflow is not imported here)."""
+    import hashlib
+    import importlib.metadata
+    import importlib.util
+    import json
+
+    spec = importlib.util.find_spec("airflow")
+    assert spec is not None and spec.submodule_search_locations, "Airflow is not installed"
+    versions = Path(list(spec.submodule_search_locations)[0]) / "migrations" / "versions"
+    dists = sorted({(d.metadata["Name"].lower(), d.version) for d in importlib.metadata.distributions()
+                    if (d.metadata["Name"] or "").lower().startswith("apache-airflow")})
+    key = json.dumps({"airflow": dists,  # the core and its providers (the FAB provider migrates its own tables)
+                      "migrations": sorted(f.name for f in versions.glob("*.py")),
+                      "settings": {k: env.get(k) for k in MIGRATE_INPUTS}}, sort_keys=True)
+    return f"dpops_af_template_{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def _template_env(home: Path, url: str) -> dict[str, str]:
+    """The environment the template is migrated in: a stack's (``airflow_env``) without a stack's own settings."""
+    return airflow_env(home, url, home)
+
+
+def _ensure_template(admin, postgres_url: str, name: str) -> None:
+    """Build the template ``name`` if it does not exist: ``airflow db migrate`` (the documented command) into a
+    build database, which is renamed to ``name`` only once the migration succeeded, so a half-migrated database
+    is never cloned. The caller holds the advisory lock."""
     import secrets
 
+    if admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+        return
+    build = f"{name}_build_{secrets.token_hex(3)}"
+    admin.execute(f'CREATE DATABASE "{build}"')
+    try:
+        home = Path(tempfile.mkdtemp(prefix="dpops-airflow-template-"))
+        try:
+            url = postgres_url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1) + f"/{build}"
+            airflow_cli(_template_env(home, url), "db", "migrate", timeout=300)
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
+        admin.execute(f'ALTER DATABASE "{build}" RENAME TO "{name}"')
+    finally:
+        admin.execute(f'DROP DATABASE IF EXISTS "{build}" WITH (FORCE)')
+
+
+@contextmanager
+def metadata_db(postgres_url: str, prefix: str) -> Iterator[str]:
+    """A fresh, migrated PostgreSQL database ``<prefix>_<hex>`` for Airflow's metadata, dropped (FORCE)
+    afterwards; yields its ``postgresql+psycopg://`` URL.
+
+    The database is a copy (``CREATE DATABASE ... TEMPLATE``) of one that ``airflow db migrate`` created once for
+    this Airflow (``metadata_template_name``; kept on the server for the next sessions), not a migration of its
+    own: a migration costs ~7 CPU-s a stack, a copy well under one. A copy has the schema, the default pool and
+    the log template that the migration wrote, and nothing else (no run, DAG or connection). Building and copying
+    are serialized across processes by a PostgreSQL advisory lock (released if its holder dies), since PostgreSQL
+    refuses to copy a database another session is using."""
+    import secrets
+
+    import psycopg
+
     name = f"{prefix}_{secrets.token_hex(4)}"
-    pg_exec(postgres_url, f'CREATE DATABASE "{name}"')
+    template = metadata_template_name(_template_env(REPO, ""))
+    with psycopg.connect(postgres_url, autocommit=True, connect_timeout=5) as admin:
+        admin.execute("SELECT pg_advisory_lock(%s)", (_TEMPLATE_LOCK,))
+        try:
+            _ensure_template(admin, postgres_url, template)
+            admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+        finally:
+            admin.execute("SELECT pg_advisory_unlock(%s)", (_TEMPLATE_LOCK,))
     try:
         yield postgres_url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1) + f"/{name}"
     finally:
@@ -250,6 +330,39 @@ def airflow_cli(env: dict, *args: str, timeout: float = 240, check: bool = True)
     proc = subprocess.run([AIRFLOW_BIN, *args], env=env, capture_output=True, text=True, timeout=timeout)
     if check:
         assert proc.returncode == 0, f"airflow {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+# Runs each argv of argv[1] (JSON) as `airflow <argv>` through airflow.__main__.main, the `airflow` script's own
+# entry point, one after another in this one interpreter; a command that fails (exception or non-zero exit)
+# stops the batch with its exit code. A marker line before each command names it in the output.
+_CLI_BATCH = """
+import json, sys
+from airflow.__main__ import main
+for argv in json.loads(sys.argv[1]):
+    print("[airflow_cli_batch] airflow " + " ".join(argv), flush=True)
+    sys.argv = ["airflow", *argv]
+    try:
+        main()
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            raise
+print("[airflow_cli_batch] done", flush=True)
+"""
+
+
+def airflow_cli_batch(env: dict, commands: list[list[str]], *, cwd: Path | None = None,
+                      timeout: float = 300) -> subprocess.CompletedProcess:
+    """``airflow <argv>`` for each of ``commands``, in order, in one interpreter: what the ``airflow`` script runs
+    (``airflow.__main__.main``), without starting and importing Airflow again for each command (~3 CPU-s each).
+    For a test's setup commands only; a test about a CLI command's own behaviour (its exit code, its output)
+    runs it with ``airflow_cli``. Asserts that every command ran and succeeded."""
+    proc = subprocess.run([str(VENV_BIN / "python"), "-c", _CLI_BATCH, json.dumps(commands)], env=env,
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    ran = [line for line in proc.stdout.splitlines() if line.startswith("[airflow_cli_batch] airflow ")]
+    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("[airflow_cli_batch] done"), (
+        f"{ran[-1] if ran else 'airflow'} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    assert len(ran) == len(commands), ran
     return proc
 
 
@@ -396,8 +509,8 @@ class Stack:
 def start_stack(es, tmp: Path, meta_url: str, ws, *, dags_folder: Path | None = None,
                 more_dags: tuple[str, ...] = (), triggerer: bool = False, api_env: dict[str, str] | None = None,
                 **extra: str) -> Stack:
-    """Migrate a metadata DB and start api-server, scheduler and dag-processor (LocalExecutor, PARALLELISM=4)
-    for the workspace ``ws``, and the triggerer with ``triggerer``; every process is stopped by its own id when
+    """Start api-server, scheduler and dag-processor (LocalExecutor, PARALLELISM=4) on the migrated metadata
+    database ``meta_url`` (from ``metadata_db``) for the workspace ``ws``, and the triggerer with ``triggerer``; every process is stopped by its own id when
     ``es`` (an ExitStack) closes. ``api_env`` overrides the api-server's environment only (deploy/ gives it the
     ledger's reader role, never the application role). The REST login is ``dpops`` (admin);
     ``AIRFLOW_CONN_DPOPS_AIRFLOW_API`` lets tasks set DAG-run notes. Returns once the dag-processor registered
@@ -439,7 +552,8 @@ def start_stack(es, tmp: Path, meta_url: str, ws, *, dags_folder: Path | None = 
         **extra,
     )
     env["_PW"] = pw
-    airflow_cli(env, "db", "migrate", timeout=300)
+    assert metadata_template_name(env) == metadata_template_name(_template_env(REPO, "")), (
+        "this stack's settings change what `airflow db migrate` writes: give metadata_db the same environment")
     procs = [start_airflow({**env, **(api_env or {})}, home, es, "api-server", "--port", str(port)),
              start_airflow(env, home, es, "scheduler"),
              start_airflow(env, home, es, "dag-processor")]

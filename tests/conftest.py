@@ -63,8 +63,7 @@ def postgres_url() -> str:
 # Seconds each file took in the full suite (2 workers, shared 2-core machine, 2026-12-01); only the order matters.
 SLOWEST_FIRST = (
     "test_year_in_the_life_airflow.py",  # ~510 s alone: one Airflow stack, ~25 DAG runs, a scheduler restart
-    "test_airflow_operations.py",  # 335 s: one Airflow stack, ~10 DAG runs
-    "test_backfill.py",  # 221 s
+    "test_airflow_operations.py",  # ~420 s: one Airflow stack, ~10 DAG runs, then the 6-day backfill twice
     "test_dags_airflow.py",  # 161 s
     "test_demo.py",  # 133 s: make demo twice, real DAG runs
     "test_cluster_estimate.py",  # ~410 s under load 8-25: two estimations on isolated workers, input on S3

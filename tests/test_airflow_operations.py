@@ -1,8 +1,8 @@
 """Issue 21: a year of operating dpops through real Airflow processes, in one stack (module scope).
 
 api-server + scheduler + dag-processor (LocalExecutor) on a fresh PostgreSQL metadata database; the
-ledger is the workspace's SQLite file; every operator step is the documented one (README "Releasing a
-given day", docs/runbook.md), through the REST API, the airflow CLI or the dpops CLI:
+ledger is a schema of the PostgreSQL test database; every operator step is the documented one (README
+"Releasing a given day", docs/runbook.md), through the REST API, the airflow CLI or the dpops CLI:
 
 - item 6: publish_release fails after the commit (the published area is blocked), the DAG run fails;
   the runbook's ``airflow tasks clear ... -t publish_release --downstream`` publishes and the DAG run
@@ -17,12 +17,20 @@ given day", docs/runbook.md), through the REST API, the airflow CLI or the dpops
 - items 4 and 6: a refused day (DAG-run note ``REFUSED:``), cap raised, reprocessed: published, the
   note replaced, and the old refusal manifest still verifies; ``dpops report`` exits 0;
 - item 10: a day whose input never came: ``dpops gaps`` says "input missing (waited 10 s)".
+
+The same stack serves a second release, ``af_backfill`` (its own scope, input folder and DAG; formerly
+test_backfill.py, with a stack of its own: 24 CPU-s to start and stop): a real backfill through the scheduler
+(``airflow backfill create --max-active-runs 2`` over 6 daily intervals with a scope cap that fits 4) never
+exceeds the cap, charges every published interval exactly once, leaves refused intervals unpublished and the
+ledger verifiable; the same backfill with ``--reprocess-behavior completed`` charges nothing and changes no
+published byte. It runs last, so the operations cases see the stack as they did alone.
 """
 
 from __future__ import annotations
 
 import airflow_support  # noqa: F401  (environment before airflow)
 
+import hashlib
 import json
 import secrets
 import subprocess
@@ -32,7 +40,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_support import VENV_BIN, airflow_cli, create_backfill, make_workspace, pg_exec, start_stack
+from airflow_support import VENV_BIN, airflow_cli, create_backfill, make_workspace, metadata_db, pg_exec, start_stack
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.timeout(1500)]
 
@@ -45,21 +53,31 @@ def _iv(i: int) -> tuple[str, str]:
     return f"{DAY[i]}T00:00:00+00:00", f"{DAY[i + 1]}T00:00:00+00:00"
 
 
+BF_DAYS = 6
+BF_EPS = 0.5
+BF_CAP = 2.0  # fits exactly 4 runs under basic composition
+BF_WAIT_RUNS_S = 420
+
+
 @pytest.fixture(scope="module")
 def ops(tmp_path_factory, postgres_url):
     tmp = tmp_path_factory.mktemp("af_ops")
-    name = f"airflow_ops_{secrets.token_hex(4)}"
-    pg_exec(postgres_url, f'CREATE DATABASE "{name}"')
-    meta_url = postgres_url.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1) + f"/{name}"
-    ws = make_workspace(tmp / "ws", release="af_ops", scope="af_ops_scope", days=5, scope_cap=CAP,
-                        epsilon_per_run=EPS, rows_per_day=800)
-    state = tmp / "state"
-    state.mkdir(mode=0o700)
-    manifests = tmp / "manifests"  # as deploy/ sets it: one manifests directory for the deployment
+    schema = f"af_ops_{secrets.token_hex(4)}"
+    sep = "&" if "?" in postgres_url else "?"
+    ledger_url = f"{postgres_url}{sep}schema={schema}"
     try:
-        with ExitStack() as es:
+        ws = make_workspace(tmp / "ws", ledger_url=ledger_url, release="af_ops", scope="af_ops_scope", days=5,
+                            scope_cap=CAP, epsilon_per_run=EPS, rows_per_day=800)
+        # test_7's release: same spec folder, ledger and key, its own input folder and scope
+        bf = make_workspace(tmp / "ws", ledger_url=ledger_url, release="af_backfill", scope="af_bf_scope",
+                            days=BF_DAYS, epsilon_per_run=BF_EPS, scope_cap=BF_CAP, rows_per_day=1500,
+                            data="data_backfill")
+        state = tmp / "state"
+        state.mkdir(mode=0o700)
+        manifests = tmp / "manifests"  # as deploy/ sets it: one manifests directory for the deployment
+        with metadata_db(postgres_url, "airflow_ops") as meta_url, ExitStack() as es:
             stack = start_stack(
-                es, tmp, meta_url, ws,
+                es, tmp, meta_url, ws, more_dags=(bf.dag_id,),
                 AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE="False",  # only the runs the test asks for
                 DPOPS_TASK_RETRIES="1",
                 DPOPS_STATE_DIR=str(state),
@@ -67,15 +85,15 @@ def ops(tmp_path_factory, postgres_url):
                 # Not shorter: under load an Airflow 3.3 scheduler drains a reschedule poke's executor success
                 # ~5 s late and, if the next poke is already queued, fails the sensor as "killed externally"
                 # before its timeout (apache/airflow#71172, fix pending in #71194): no input-wait record.
-                # A timeout shorter than one poke interval: the missing day (test 6) gives up at its second poke,
-                # 12 s after the first, and no third poke is ever scheduled.
+                # A timeout shorter than one poke interval: the missing day (test 6) gives up at its second
+                # poke, 12 s after the first, and no third poke is ever scheduled.
                 DPOPS_INPUT_POKE_SECONDS="12",
                 DPOPS_INPUT_TIMEOUT_SECONDS="10",
             )
-            stack.state_dir, stack.manifests = state, manifests
+            stack.state_dir, stack.manifests, stack.backfill_ws = state, manifests, bf
             yield stack
     finally:
-        pg_exec(postgres_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        pg_exec(postgres_url, f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def dpops(stack, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -288,3 +306,120 @@ def test_6_input_that_never_came_is_named_by_gaps_and_the_report_is_clean(ops):
     assert json.loads(proc.stdout)["manifests_failed"] == []
     html = report.read_text()
     assert "Fresh attempts after a spent run (1)" in html and "verified (partly)" not in html.split("<h2>Timeline")[1]
+
+
+# ------------------------------------------------------------------- test 7: the scheduler's backfill across a cap
+
+
+def _bf_dag_runs(meta_url: str, dag_id: str) -> list[tuple]:
+    return pg_exec(meta_url, "SELECT run_id, state, start_date, end_date, clear_number, data_interval_start FROM "
+                   "dag_run WHERE dag_id = %s AND run_type = 'backfill' ORDER BY data_interval_start", (dag_id,),
+                   fetch=True)
+
+
+def _bf_wait_runs(stack, dag_id: str, n: int, min_clear: int = 0) -> list[tuple]:
+    deadline = time.monotonic() + BF_WAIT_RUNS_S
+    rows: list[tuple] = []
+    while time.monotonic() < deadline:
+        stack.alive()
+        rows = _bf_dag_runs(stack.meta_url, dag_id)
+        if len(rows) == n and all(r[1] in ("success", "failed") and r[4] >= min_clear for r in rows):
+            return rows
+        time.sleep(1)
+    raise AssertionError(f"backfill runs did not finish in {BF_WAIT_RUNS_S} s: {[(r[0], r[1], r[4]) for r in rows]}")
+
+
+def _bf_task_durations(meta_url: str, dag_id: str) -> list[tuple]:
+    return pg_exec(meta_url, "SELECT task_id, count(*), round(avg(duration)::numeric, 1), "
+                   "round(max(duration)::numeric, 1), round(avg(extract(epoch from start_date - queued_dttm))::numeric, "
+                   "1) FROM task_instance WHERE dag_id = %s GROUP BY task_id", (dag_id,), fetch=True)
+
+
+def _max_overlap(rows: list[tuple]) -> int:
+    events = sorted([(r[2], 1) for r in rows if r[2]] + [(r[3], -1) for r in rows if r[3]])
+    cur = best = 0
+    for _, d in events:
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+def _published_digests(ledger, release: str) -> dict[str, str]:
+    from urllib.parse import urlparse
+
+    out = {}
+    for rec in ledger.runs(release=release, states=["committed"]):
+        data = Path(urlparse(rec.output_uri).path) / "data.parquet"
+        out[rec.key.interval_start] = hashlib.sha256(data.read_bytes()).hexdigest()
+    return out
+
+
+def test_7_backfill_through_scheduler_never_exceeds_cap_and_rerun_is_free(ops):
+    """The scheduler's backfill of af_backfill (formerly test_backfill.py): two intervals at a time, on the
+    PostgreSQL ledger, across a cap that fits 4 of 6; then the same backfill reprocessing completed runs."""
+    from dpops.ledger import open_ledger
+
+    ws = ops.backfill_ws
+    meta = ops.meta_url
+    t0 = time.monotonic()
+
+    def phase(name: str) -> None:
+        print(f"[backfill test] {name} at {round(time.monotonic() - t0, 1)} s", flush=True)
+
+    dag_id = ws.dag_id
+    airflow_cli(ops.env, "backfill", "create", "--dag-id", dag_id, "--from-date", "2024-01-01",
+                "--to-date", f"2024-01-{BF_DAYS:02d}", "--max-active-runs", "2")
+    rows = _bf_wait_runs(ops, dag_id, BF_DAYS)
+    phase("first backfill finished")
+    print("[backfill test] task_id, count, avg s, max s, avg queue s:", _bf_task_durations(meta, dag_id), flush=True)
+
+    ledger = open_ledger(ws.ledger_url)
+    committed = ledger.runs(release=ws.release, states=["committed"])
+    status = ledger.status(ws.scope)
+    reserved_entries: dict[str, int] = {}
+    for e in ledger.history(ws.scope):
+        if e.kind == "reserved":
+            reserved_entries[e.run_id] = reserved_entries.get(e.run_id, 0) + 1
+
+    # At least two intervals really ran at the same time.
+    assert _max_overlap(rows) >= 2, rows
+    # The cap is never exceeded, and it is used: exactly cap / eps runs fit.
+    assert status.total <= BF_CAP * (1 + 1e-9)
+    assert len(committed) == int(BF_CAP / BF_EPS)
+    assert status.total == pytest.approx(BF_CAP)
+    # Each published interval: one committed run, reserved (charged) exactly once.
+    starts = [r.key.interval_start for r in committed]
+    assert len(set(starts)) == len(starts)
+    assert all(reserved_entries[r.run_id] == 1 for r in committed)
+    assert sum(reserved_entries.values()) == len(committed)  # refused runs charged nothing
+    # Refused intervals: a refusal, not a crash (dags/dpops_dag_factory.py): reserve_budget ends skipped,
+    # the DAG run completes; nothing in the ledger, nothing published.
+    states = {str(r[5])[:10]: r[1] for r in rows}
+    assert set(states.values()) == {"success"}
+    skipped = pg_exec(meta, "SELECT count(*) FROM task_instance WHERE dag_id = %s AND task_id = 'reserve_budget' "
+                      "AND state = 'skipped'", (dag_id,), fetch=True)[0][0]
+    assert skipped == BF_DAYS - len(committed)
+    published_days = {s[:10] for s in starts}
+    for day, state in states.items():
+        if day not in published_days:
+            assert not list((ws.specs_dir / "out" / "published" / ws.release).glob(day.replace("-", "") + "*"))
+    assert ledger.verify().ok  # the whole ledger: the operations cases' entries too
+    digests = _published_digests(ledger, ws.release)
+    ledger.close()
+
+    # The same backfill again, reprocessing completed runs: served, nothing charged, nothing changed.
+    # once the scheduler has marked the first backfill complete (every 30 s): one is accepted at a time
+    create_backfill(ops.env, meta, dag_id, "--from-date", "2024-01-01", "--to-date", f"2024-01-{BF_DAYS:02d}",
+                    "--max-active-runs", "2", "--reprocess-behavior", "completed", alive=ops.alive, timeout=60)
+    phase("reprocessing backfill created")
+    rows2 = _bf_wait_runs(ops, dag_id, BF_DAYS, min_clear=1)
+    phase("reprocessing backfill finished")
+    assert {str(r[5])[:10]: r[1] for r in rows2} == states
+
+    ledger = open_ledger(ws.ledger_url)
+    assert ledger.status(ws.scope).total == pytest.approx(status.total)
+    assert len(ledger.runs(release=ws.release)) == len(committed)
+    assert sum(1 for e in ledger.history(ws.scope) if e.kind == "reserved") == len(committed)
+    assert _published_digests(ledger, ws.release) == digests
+    assert ledger.verify().ok
+    ledger.close()

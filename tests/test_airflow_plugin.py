@@ -23,7 +23,7 @@ import urllib.parse
 import urllib.request
 
 import pytest
-from airflow_support import REPO, VENV_BIN, airflow_env, stop_process
+from airflow_support import REPO, VENV_BIN, airflow_cli_batch, airflow_env, stop_process
 from browser_support import Browser, Page, require_chromium
 from cli_support import DAYS, make_env
 
@@ -99,16 +99,18 @@ def stack(tmp_path_factory):
     log = open(root / "api-server.log", "wb")
     proc = subprocess.Popen([AIRFLOW, "api-server", "--port", str(port), "--host", "127.0.0.1"], env=aenv,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=root)
-    try:  # while the api-server boots: the DAG (for a run to show a tab on) and the FAB user
-        airflow("dags", "reserialize")
-        airflow("users", "create", "--username", "admin", "--password", password, "--role", "Admin",
-                "--firstname", "Ad", "--lastname", "Min", "--email", "admin@example.invalid")
-        # A user allowed one DAG (FAB's per-DAG permission), as a team member of another release would be
-        airflow("sync-perm", "--include-dags")
-        airflow("roles", "create", "OneDag")
-        airflow("roles", "add-perms", "OneDag", "-r", "DAG:dpops_other_test", "-a", "can_read")
-        airflow("users", "create", "--username", "onedag", "--password", password, "--role", "OneDag",
-                "--firstname", "One", "--lastname", "Dag", "--email", "onedag@example.invalid")
+    try:  # while the api-server boots: the DAG (for a run to show a tab on) and the FAB users, one interpreter
+        airflow_cli_batch(aenv, [
+            ["dags", "reserialize"],
+            ["users", "create", "--username", "admin", "--password", password, "--role", "Admin",
+             "--firstname", "Ad", "--lastname", "Min", "--email", "admin@example.invalid"],
+            # A user allowed one DAG (FAB's per-DAG permission), as a team member of another release would be
+            ["sync-perm", "--include-dags"],
+            ["roles", "create", "OneDag"],
+            ["roles", "add-perms", "OneDag", "-r", "DAG:dpops_other_test", "-a", "can_read"],
+            ["users", "create", "--username", "onedag", "--password", password, "--role", "OneDag",
+             "--firstname", "One", "--lastname", "Dag", "--email", "onedag@example.invalid"],
+        ], cwd=root)
     except BaseException:
         stop_process(proc)
         log.close()
