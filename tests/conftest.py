@@ -68,6 +68,7 @@ SLOWEST_FIRST = (
     "test_demo.py",  # 133 s: make demo twice, real DAG runs
     "test_cluster_estimate.py",  # ~410 s under load 8-25: two estimations on isolated workers, input on S3
     "test_cluster_release.py",  # 127 s
+    "test_cluster_tune.py",  # ~60 s: a private tune on isolated workers, sample on S3
     "test_deploy_stack.py",  # 114 s
     "test_cluster_harness.py",  # 87 s
     "test_dags_native.py",  # 71 s
