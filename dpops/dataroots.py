@@ -167,15 +167,7 @@ def check_scratch_location(raw: str, field: str, *, source: str, spec_dir: str |
     loc = resolve_away_from_key(raw, field, source=source, key_path=key_path,
                                 instead="a private directory or prefix of its own, apart from every data, public "
                                         "and output root")
-    out = output_root.realpath()
-    forbidden = [(r, f"the public root {str(r)!r} (${PUBLIC_ROOTS_ENV})")
-                 for r in _root_locations(split_roots(os.environ.get(PUBLIC_ROOTS_ENV, "")), PUBLIC_ROOTS_ENV)]
-    forbidden.append((out, f"the spec's output.root {str(out)!r}, where staged and published outputs are read"))
-    forbidden += [(d, f"the data root {str(d)!r}, where a release's input glob could read it as input")
-                  for d in data_root_locations(spec_dir)]
-    # the key's directory itself (resolve_away_from_key refuses the files in it, not the directory or its parents)
-    forbidden += [(Location.local(os.path.dirname(k)), "the noise key's directory") for k in key_paths(key_path)]
-    for root, what in forbidden:
+    for root, what in _scratch_forbidden(spec_dir, output_root, key_path):
         if _overlaps(loc, root):
             raise SpecError(
                 f"{source}: {field} ({raw}) overlaps {what}: the scratch files hold private rows and exact counts "
@@ -183,6 +175,46 @@ def check_scratch_location(raw: str, field: str, *, source: str, spec_dir: str |
                 "output root; give the scratch a private directory or prefix of its own (e.g. s3://bucket/scratch/ "
                 "beside a data root s3://bucket/data/)")
     return loc
+
+
+def check_temp_scratch(field: str, *, source: str, spec_dir: str | os.PathLike[str] | None,
+                       output_root: Location, key_path: str | os.PathLike[str] | None = None) -> None:
+    """Refuse the process's temporary directory (``tempfile.gettempdir()``: ``$TMPDIR``, else /tmp) as the parent
+    of a pass's default scratch when it lies equal to or below a place ``check_scratch_location`` keeps scratch
+    away from (a data, public or output root).
+
+    Without ``--staging`` each pass makes a fresh 0700 directory there after ``ledger.start``; a fresh directory
+    is below no root unless its parent is, so one direction suffices (a data root below /tmp is fine: the
+    scratch is its sibling, not inside it). A ``$TMPDIR`` inside a data root would put private rows where another
+    release's input glob reads. ``field`` names the command in the refusal (``SpecError``, exit 3); checked
+    before anything is reserved or recorded."""
+    import tempfile
+
+    tmp = Location.local(os.path.realpath(tempfile.gettempdir()))
+    # not the key's directory: a fresh directory below $TMPDIR is never the key's directory itself, so no scratch
+    # file lands beside the key (the rule ``resolve_away_from_key`` and ``check_scratch_location`` enforce)
+    for root, what in _scratch_forbidden(spec_dir, output_root, key_path, with_key_dir=False):
+        if tmp.is_under(root):
+            raise SpecError(
+                f"{source}: {field}: the temporary directory {tmp.path!r} ($TMPDIR) is inside {what}; each pass "
+                "writes private rows and exact counts (not differentially private) to a scratch directory there, "
+                "so set $TMPDIR to a private directory outside every data, public and output root, or pass "
+                "--staging with one")
+
+
+def _scratch_forbidden(spec_dir: str | os.PathLike[str] | None, output_root: Location,
+                       key_path: str | os.PathLike[str] | None, *,
+                       with_key_dir: bool = True) -> list[tuple[Location, str]]:
+    """The places private scratch stays apart from, each with its name for a refusal (``check_scratch_location``)."""
+    out = output_root.realpath()
+    forbidden = [(r, f"the public root {str(r)!r} (${PUBLIC_ROOTS_ENV})") for r in configured_public_roots()]
+    forbidden.append((out, f"the spec's output.root {str(out)!r}, where staged and published outputs are read"))
+    forbidden += [(d, f"the data root {str(d)!r}, where a release's input glob could read it as input")
+                  for d in data_root_locations(spec_dir)]
+    # the key's directory itself (resolve_away_from_key refuses the files in it, not the directory or its parents)
+    if with_key_dir:
+        forbidden += [(Location.local(os.path.dirname(k)), "the noise key's directory") for k in key_paths(key_path)]
+    return forbidden
 
 
 def check_analysis_out(out_dir: str | os.PathLike[str], field: str, *, source: str, output_root: Location,
@@ -205,9 +237,7 @@ def check_analysis_out(out_dir: str | os.PathLike[str], field: str, *, source: s
     out = Location.parse(os.path.expanduser(os.fspath(out_dir)), base=Location.local(os.getcwd())).realpath()
     places = [(output_root.realpath(), f"the spec's output.root {str(output_root)!r}")] if output_root.is_local else []
     places += [(r, f"${OUTPUT_ROOTS_ENV} entry {str(r)!r}") for r in output_root_locations() if r.is_local]
-    places += [(r, f"${PUBLIC_ROOTS_ENV} entry {str(r)!r}")
-               for r in _root_locations(split_roots(os.environ.get(PUBLIC_ROOTS_ENV, "")), PUBLIC_ROOTS_ENV)
-               if r.is_local]
+    places += [(r, f"${PUBLIC_ROOTS_ENV} entry {str(r)!r}") for r in configured_public_roots() if r.is_local]
     for root, name in places:
         if out.is_under(root):
             raise SpecError(
@@ -288,11 +318,18 @@ def _overlaps(a: Location, b: Location) -> bool:
     return a.is_under(b) or b.is_under(a)
 
 
+def configured_public_roots() -> list[Location]:
+    """The entries of ``$DPOPS_PUBLIC_ROOTS`` as locations (empty when unset), without the check against the data
+    roots ``public_root_locations`` adds: the one parse of the setting, for the rules that keep private files
+    away from public ones (scratch, analysis outputs) as well as for reading public files."""
+    return _root_locations(split_roots(os.environ.get(PUBLIC_ROOTS_ENV, "")), PUBLIC_ROOTS_ENV)
+
+
 def public_root_locations(spec_dir: str | os.PathLike[str] | None) -> list[Location]:
     """The operator's public roots ``$DPOPS_PUBLIC_ROOTS`` (empty when unset), refused as a whole when one of
     them overlaps a data root (``data_root_locations(spec_dir)``) in either direction: a public root that
     contains or lies inside the data would make every private input a "public" file."""
-    roots = _root_locations(split_roots(os.environ.get(PUBLIC_ROOTS_ENV, "")), PUBLIC_ROOTS_ENV)
+    roots = configured_public_roots()
     data = data_root_locations(spec_dir)
     for r in roots:
         for d in data:
@@ -417,4 +454,5 @@ __all__ = ["DATA_ROOTS_ENV", "OUTPUT_ROOTS_ENV", "KEY_FILE_ENV", "split_roots", 
            "output_root_locations", "data_root_locations", "data_roots", "key_paths", "check_data_path", "check_data_paths",
            "PUBLIC_ROOTS_ENV", "PUBLISHABLE_PUBLIC_ROOTS_ENV", "PublicFile",
            "public_root_locations", "publishable_root_locations", "check_public_path", "read_public_file", "opened_path",
-           "check_analysis_out", "check_scratch_location"]
+           "check_analysis_out", "check_scratch_location",
+           "check_temp_scratch", "configured_public_roots"]

@@ -506,6 +506,44 @@ def test_a_staging_location_overlapping_a_root_is_refused_before_anything_is_cha
     assert not (elsewhere / "est").exists()
 
 
+@pytest.mark.parametrize("where", ["data root", "output root"])
+def test_a_tmpdir_inside_a_root_is_refused_before_anything_is_charged(env, tmp_path_factory, monkeypatch, capsys,
+                                                                      where):
+    """Without ``--staging`` each pass's scratch is a fresh directory under ``$TMPDIR``: one inside a data or output
+    root would put private rows where another release's input glob (or the outputs' readers) read, so it is
+    refused with exit 3 before the reservation, and the ledger is untouched."""
+    import tempfile
+
+    root, spec, url, key = env
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    monkeypatch.setenv("DPOPS_DATA_ROOTS", str(root / "data"))
+    tmp = {"data root": root / "data" / "tmp", "output root": root / "out" / "tmp"}[where]
+    tmp.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # what $TMPDIR sets, without the cached default
+    before = _entries(url)
+    code = main(["estimate", str(spec), "--interval", "2024-01-01", "--epsilon", "0.5", "--key-file", str(key),
+                 "--ledger", url, "--out", str(elsewhere / "est")])
+    err = capsys.readouterr().err
+    assert code == 3, err
+    assert "$TMPDIR" in err and str(tmp) in err, err
+    assert _entries(url) == before
+    assert list(tmp.iterdir()) == [] and not (elsewhere / "est").exists()
+
+
+def test_a_tmpdir_above_the_data_root_is_allowed(env, tmp_path_factory, monkeypatch, capsys):
+    """The rule has one direction: a data root below $TMPDIR (the usual /tmp) is fine, the scratch is its sibling."""
+    import tempfile
+
+    root, spec, url, key = env
+    monkeypatch.setenv("DPOPS_DATA_ROOTS", str(root / "data"))
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    out = tmp_path_factory.mktemp("elsewhere") / "est"
+    assert main(["estimate", str(spec), "--interval", "2024-01-01", "--epsilon", "0.5", "--key-file", str(key),
+                 "--ledger", url, "--out", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["state"] == "committed"
+    assert not [p for p in root.iterdir() if p.name.startswith("dpops-estimate-")]  # every pass removed its own
+
+
 def test_a_staging_location_of_its_own_runs_and_is_left_empty(env, tmp_path_factory, monkeypatch, capsys):
     root, spec, url, key = env
     monkeypatch.setenv("DPOPS_DATA_ROOTS", str(root / "data"))

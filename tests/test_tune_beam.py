@@ -199,11 +199,14 @@ def test_the_flagged_cli_reads_through_beam_and_reports_the_driver_result(tmp_pa
     assert got["recommended"] == ref.recommended.label and got["sample_rows"] == ref.sample_rows
 
 
-@pytest.mark.parametrize("where", ["data root", "key dir", "below a file"])
+@pytest.mark.parametrize("where", ["data root", "key dir", "below a file", "TMPDIR in a data root"])
 def test_a_bad_staging_is_refused_before_the_private_read_is_recorded(tmp_path, monkeypatch, capsys, where):
     """The private tune's scratch files are the sample's rows: a ``--staging`` in a data root or the key's
-    directory is refused (exit 3), one that cannot be created fails too, and in each case before the ledger
-    records the access (no entry) and before a row is read."""
+    directory is refused (exit 3), one that cannot be created fails too, and so is the default scratch's parent
+    ``$TMPDIR`` inside a data root; in each case before the ledger records the access (no entry) and before a row
+    is read."""
+    import tempfile
+
     root = tmp_path / "data"
     (root / "data").mkdir(parents=True)
     spec = spec_file(root, BASE)
@@ -219,13 +222,16 @@ def test_a_bad_staging_is_refused_before_the_private_read_is_recorded(tmp_path, 
         monkeypatch.delenv(v, raising=False)
     (tmp_path / "plain").write_text("x")
     staging = {"data root": root / "scratch", "key dir": key.parent,
-               "below a file": tmp_path / "plain" / "scratch"}[where]
+               "below a file": tmp_path / "plain" / "scratch"}.get(where)
+    if staging is None:
+        (root / "tmp").mkdir()
+        monkeypatch.setattr(tempfile, "tempdir", str(root / "tmp"))  # what $TMPDIR sets
     code = main(["--ledger", url, "tune", str(spec), "--sample", str(path), "--out", str(tmp_path / "o"),
                  "--i-understand-this-reads-private-data", "--reason", "bounds", "--key-file", str(key),
-                 "--l0", "1", "--linf", "1", "--seed", "1", "--staging", str(staging)])
+                 "--l0", "1", "--linf", "1", "--seed", "1"] + (["--staging", str(staging)] if staging else []))
     err = capsys.readouterr().err
     assert code in (2, 3), err  # a spec-side refusal (3) or a bad parameter (2), never a run
-    assert "--staging" in err, err
+    assert ("--staging" if staging else "$TMPDIR") in err, err
     with open_ledger(url) as led:
         assert led.history("shop") == [] or all(e.kind != "access" for e in led.history("shop"))
     assert not (tmp_path / "o").exists()

@@ -597,17 +597,21 @@ def check_engine(ctx: RunContext, engine: str | EstimationEngine, config: Estima
     reference for the workers (a key object handed to ``prepare`` cannot be shipped, by design); a ``staging``
     location that overlaps a data, public or output root or the key's directory (``check_scratch_location``:
     the scratch holds private rows and exact counts while a pass runs), or a local one that cannot be created or
-    written (``prepare_local_staging``)."""
+    written (``prepare_local_staging``); without ``staging``, a ``$TMPDIR`` inside one of those places
+    (``check_temp_scratch``)."""
     eng = EstimationEngine.of(engine)
     if eng.name != "beam":
         return eng
-    if eng.staging is not None:
-        from dpops.dataroots import check_scratch_location
+    from dpops.dataroots import check_scratch_location, check_temp_scratch
 
+    if eng.staging is not None:
         loc = check_scratch_location(eng.staging, "--staging", source=ctx.spec.source, spec_dir=ctx.spec.base_dir,
                                      output_root=ctx.spec.output_root, key_path=ctx.key_path)
         if loc.is_local:
             prepare_local_staging(str(loc.local_path))
+    else:  # each pass's fresh scratch goes under $TMPDIR (``PipelineCounts``)
+        check_temp_scratch("estimate", source=ctx.spec.source, spec_dir=ctx.spec.base_dir,
+                           output_root=ctx.spec.output_root, key_path=ctx.key_path)
     if ctx.randomness == "keyed" and not ctx.key_path:
         raise InvalidParameter("estimate --engine beam: the workers resolve the noise key from its reference, and "
                                "this run has none (pass --key-file); nothing was reserved")

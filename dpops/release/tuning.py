@@ -51,8 +51,9 @@ def tune_private(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any],
 def check_private_engine(spec: ReleaseSpec, engine: EstimationEngine, key_path: str | None = None) -> None:
     """Refuse, before the private read is recorded, an engine a private tune cannot use: not ``beam``, or a
     ``staging`` that overlaps a data, public or output root or the key's directory (``check_scratch_location``:
-    its scratch files are the sample's private rows), or a local one that cannot be created and written."""
-    from dpops.dataroots import check_scratch_location
+    its scratch files are the sample's private rows), or a local one that cannot be created and written; without
+    ``staging``, a ``$TMPDIR`` inside one of those places (``check_temp_scratch``)."""
+    from dpops.dataroots import check_scratch_location, check_temp_scratch
     from dpops.release.estimation import prepare_local_staging
 
     if engine.name != "beam":
@@ -63,6 +64,9 @@ def check_private_engine(spec: ReleaseSpec, engine: EstimationEngine, key_path: 
                                      output_root=spec.output_root, key_path=key_path)
         if loc.is_local:
             prepare_local_staging(str(loc.local_path))
+    else:  # the pass's fresh scratch goes under $TMPDIR (``private_statistics``)
+        check_temp_scratch("tune", source=spec.source, spec_dir=spec.base_dir, output_root=spec.output_root,
+                           key_path=key_path)
 
 
 def private_statistics(setup: TuneSetup, location: str, seed: int | None,
