@@ -70,6 +70,7 @@ class Settings:
     randomness: str = "keyed"
     runner: str = "FnApiRunner"
     runner_options: tuple[str, ...] = field(default=())
+    estimation_staging: str | None = None
 
     @classmethod
     def resolve(cls, key_ref: str | None = None) -> Settings:
@@ -96,6 +97,9 @@ class Settings:
             randomness=os.environ.get("DPOPS_RANDOMNESS", "keyed"),
             runner=os.environ.get("DPOPS_BEAM_RUNNER", "FnApiRunner"),
             runner_options=tuple(os.environ.get("DPOPS_BEAM_OPTIONS", "").split()),
+            # set by whoever deploys the workers, like the runner: where a bounds: estimate pass's private scratch
+            # goes so it runs on the workers (unset: in the task's process; release_estimation_engine)
+            estimation_staging=os.environ.get("DPOPS_ESTIMATION_STAGING") or None,
         )
 
 
@@ -113,18 +117,20 @@ class Step:
         """``release.prepare``; a spec with ``bounds: estimate`` gets the ledger (``ledger``, or one opened
         here) for its estimation. Only the reserve task runs it (``run_estimation``); every other task,
         and a failure line, is served the committed one and never charges (none committed: LedgerError)."""
+        from dpops.release.estimation import release_estimation_engine
         from dpops.spec import load_spec
 
         s = self.settings
         mode = "run" if run_estimation else "serve"
+        engine = release_estimation_engine(s.runner, s.runner_options, s.estimation_staging)
         if ledger is not None or not load_spec(self.spec_path).estimated_metric_keys:
             return release.prepare(self.spec_path, self.interval_start, self.interval_end, randomness=s.randomness,
                                    key_path=s.key_path, actor=self.actor, ledger=ledger, estimation=mode,
-                                   restate=restate)
+                                   restate=restate, estimation_engine=engine)
         with self.ledger() as led:
             return release.prepare(self.spec_path, self.interval_start, self.interval_end, randomness=s.randomness,
                                    key_path=s.key_path, actor=self.actor, ledger=led, estimation=mode,
-                                   restate=restate)
+                                   restate=restate, estimation_engine=engine)
 
     def ledger(self) -> Any:
         return release.open_run_ledger(self.settings.ledger_url)

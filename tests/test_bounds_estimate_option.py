@@ -417,3 +417,40 @@ def test_the_release_estimation_reads_through_the_beam_pipeline(tmp_path, monkey
     assert run.key.run_id == est["run_id"]
     ref = R.compute_estimation(run, config, R.random_source(run.ctx, run.key), engine="driver")
     assert est["estimation"]["result"] == ref.result()
+
+
+def test_the_deployments_estimation_staging_sends_the_tasks_estimation_to_the_release_runner(tmp_path, monkeypatch,
+                                                                                             tmp_path_factory):
+    """``$DPOPS_ESTIMATION_STAGING`` (set by whoever deploys the workers, as the runner is): the reserve task's
+    estimation runs on the deployment's runner with its scratch under that location, checked apart from the
+    roots; unset, in the task's process. Only the engine changes: the charge is the same."""
+    import dataclasses
+
+    from dpops import orchestration
+    from dpops.release import estimation
+
+    e = _option_env(tmp_path, monkeypatch)
+    staging = tmp_path_factory.mktemp("private") / "scratch"  # apart from the data root (the spec's directory)
+    monkeypatch.setenv("DPOPS_ESTIMATION_STAGING", str(staging))
+    monkeypatch.setenv("DPOPS_BEAM_RUNNER", "FnApiRunner")
+    monkeypatch.setenv("DPOPS_BEAM_OPTIONS", "--direct_num_workers=1")
+    settings = orchestration.Settings.resolve()
+    assert settings.estimation_staging == str(staging)
+    engines = []
+    real = estimation.run_estimation
+
+    def spy(ctx, config, ledger, **kw):
+        engines.append(kw.get("engine"))
+        return real(ctx, config, ledger, **kw)
+
+    monkeypatch.setattr(estimation, "run_estimation", spy)
+    step = orchestration.Step(str(e.spec), "2024-01-02T00:00:00+00:00", "2024-01-03T00:00:00+00:00",
+                              dataclasses.replace(settings, ledger_url=e.url, key_path=str(e.key)), "test")
+    assert orchestration.reserve_step(step).state == "reserved"
+    assert engines[0] == estimation.EstimationEngine("beam", "FnApiRunner", ("--direct_num_workers=1",), str(staging))
+    assert staging.is_dir() and list(staging.iterdir()) == []  # made 0700 before the charge, each pass removed
+    assert math.isclose(_status(e)[0], TOTAL, rel_tol=1e-6)
+    monkeypatch.delenv("DPOPS_ESTIMATION_STAGING")
+    assert orchestration.Settings.resolve().estimation_staging is None
+    assert estimation.release_estimation_engine("PortableRunner", ("--job_endpoint=x",), None) == \
+        estimation.EstimationEngine()  # no staging: in this process, whatever the release's runner

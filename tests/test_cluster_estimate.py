@@ -129,18 +129,108 @@ def world(tmp_path_factory):
         moto.stop()
 
 
-def test_estimation_on_isolated_workers_with_s3_input_equals_the_in_process_one(world, tmp_path):
+@pytest.fixture(scope="module")
+def cluster(world, tmp_path_factory):
+    """One job service and isolated worker pool for the module's tests (each counts the jobs it adds)."""
+    with portable_cluster(tmp_path_factory.mktemp("cluster"), moto=world["moto"]) as c:
+        yield c
+
+
+def test_estimation_on_isolated_workers_with_s3_input_equals_the_in_process_one(world, cluster):
     client = world["client"]
-    with portable_cluster(tmp_path, moto=world["moto"]) as cluster:
-        env = {**os.environ, **cluster.env, "TMPDIR": str(cluster.tmp), "DPOPS_STATE_DIR": str(cluster.cwd / "state"),
-               "DPOPS_DATA_ROOTS": f"s3://{BUCKET}/in"}
-        for var in ("DPOPS_MANIFESTS_DIR", "DPOPS_LEDGER_URL"):
-            env.pop(var, None)
-        for method in METHODS:
-            got = _estimate(cluster.cwd, world["key"], method, "PortableRunner", cluster.options(), env)
-            want = world["reference"][method]
-            assert got["run_id"] == want["run_id"]  # same key, input and spec: the same run
-            assert got["estimation"] == want["estimation"], f"{method}: the workers' estimation differs"
-            assert got["patch"] == want["patch"], f"{method}: the spec patch differs"
-        assert cluster.workers_started() >= 1  # the passes ran on the isolated pool
-        assert not _keys(client, "scratch/"), "the workers' scratch files or counts were left in the bucket"
+    env = {**os.environ, **cluster.env, "TMPDIR": str(cluster.tmp), "DPOPS_STATE_DIR": str(cluster.cwd / "state"),
+           "DPOPS_DATA_ROOTS": f"s3://{BUCKET}/in"}
+    for var in ("DPOPS_MANIFESTS_DIR", "DPOPS_LEDGER_URL"):
+        env.pop(var, None)
+    before = cluster.workers_started()
+    for method in METHODS:
+        got = _estimate(cluster.cwd / "estimate", world["key"], method, "PortableRunner", cluster.options(), env)
+        want = world["reference"][method]
+        assert got["run_id"] == want["run_id"]  # same key, input and spec: the same run
+        assert got["estimation"] == want["estimation"], f"{method}: the workers' estimation differs"
+        assert got["patch"] == want["patch"], f"{method}: the spec patch differs"
+    assert cluster.workers_started() > before  # the passes ran on the isolated pool
+    assert not _keys(client, "scratch/"), "the workers' scratch files or counts were left in the bucket"
+
+
+def _release_doc() -> dict:
+    """A release whose sum bounds are estimated at run time (``bounds: estimate``), its outputs on S3 where the
+    workers write their shards."""
+    doc = _spec_doc()
+    doc["name"] = "cluster_estimated_release"
+    doc["budget"] = {**doc["budget"], "split": {"count": 1.0, "sum_amount": 1.0, "sum_amount.bounds": 1.0}}
+    doc["metrics"] = [{"type": "count"},
+                      {"type": "sum", "column": "amount", "bounds": "estimate", "fallback_bounds": [0, 100]}]
+    doc["output"] = {"root": f"s3://{BUCKET}/out"}
+    return doc
+
+
+def _release_run(client, cwd: Path, key: Path, runner: str, options: list[str], env: dict[str, str],
+                 estimation_staging: str | None, *, again: bool = False) -> dict:
+    """``dpops release run --publish`` of ``_release_doc`` in ``cwd`` (fresh spec and ledger): the run ids, the
+    published table's bytes and the runs' states; the estimation's manifest must be on S3 beside the release's.
+    ``again``: run it a second time, which must be served (the estimation served from its S3 manifest, whose
+    sha256 the ledger's commit entry names). The output is wiped after."""
+    cwd.mkdir(parents=True)
+    spec = cwd / "spec.yaml"
+    spec.write_text(yaml.safe_dump(_release_doc()))
+    ledger = _new_ledger(cwd / "ledger.sqlite")
+    args = ["release", "run", str(spec), "--interval", "2024-01-01/2024-01-02", "--ledger", ledger,
+            "--key-file", str(key), "--publish", "--no-gx-checks", "--json", "--runner", runner]
+    for o in options:
+        args += ["--runner-option", o]
+    if estimation_staging:
+        args += ["--estimation-staging", estimation_staging]
+    proc = subprocess.run([sys.executable, "-m", "dpops.cli.main", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
+    assert proc.returncode == 0, f"{runner} release failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+    out = json.loads(proc.stdout)
+    assert out["state"] == "published", out
+    key_of_table = (out["output_uri"].rstrip("/") + "/data.parquet").removeprefix(f"s3://{BUCKET}/")
+    table = client.get_object(Bucket=BUCKET, Key=key_of_table)["Body"].read()
+    with open_ledger(ledger) as led:
+        runs = {r.key.release: r for r in led.runs(scope="cluster")}
+    est_run = runs["cluster_estimated_release__estimate"].run_id
+    manifests = _keys(client, "out/manifests/")
+    assert [k for k in manifests if est_run in k], manifests  # the estimation's manifest, on S3
+    assert _keys(client, f"out/estimates/cluster_estimated_release/{est_run}.json")  # and its result file
+    if again:
+        proc = subprocess.run([sys.executable, "-m", "dpops.cli.main", *args], cwd=cwd, env=env,
+                              capture_output=True, text=True, timeout=600, check=False)
+        assert proc.returncode == 0, f"{runner} retry failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+        retry = json.loads(proc.stdout)
+        assert (retry["state"], retry["run_id"]) == ("already_published", out["run_id"]), retry
+        with open_ledger(ledger) as led:
+            assert len(led.runs(scope="cluster")) == 2  # nothing new: the estimation was served, not re-run
+    for k in _keys(client, "out/"):
+        client.delete_object(Bucket=BUCKET, Key=k)
+    return {"run_id": out["run_id"], "table": table, "estimation_run": est_run,
+            "states": sorted((r, v.state) for r, v in runs.items())}
+
+
+def test_bounds_estimate_of_a_release_runs_on_the_isolated_workers_with_estimation_staging(world, cluster, tmp_path):
+    """``release run --estimation-staging s3://...`` on the isolated workers: the release's ``bounds: estimate``
+    pass reads the private input on the workers too (issue 27 item 1: every private read through the Beam
+    reader, on the release's runner), and the release equals the in-process one byte for byte (same run ids,
+    same published table, both runs committed); the scratch prefix is left empty."""
+    client = world["client"]
+    port = world["moto"].port
+    base_env = {**os.environ, **pythonpath_env(), **s3_env(port),
+                "DPOPS_DATA_ROOTS": f"s3://{BUCKET}/in", "DPOPS_OUTPUT_ROOTS": f"s3://{BUCKET}/out"}
+    for var in ("DPOPS_MANIFESTS_DIR", "DPOPS_LEDGER_URL", "DPOPS_ESTIMATION_STAGING"):
+        base_env.pop(var, None)
+    ref = _release_run(client, tmp_path / "reference", world["key"], "FnApiRunner",
+                       [f"--s3_endpoint_url=http://127.0.0.1:{port}"],
+                       {**base_env, "DPOPS_STATE_DIR": str(tmp_path / "reference-state")}, None, again=True)
+    env = {**base_env, **cluster.env, "TMPDIR": str(cluster.tmp), "DPOPS_STATE_DIR": str(cluster.cwd / "state")}
+    before = cluster.workers_started()
+    got = _release_run(client, cluster.cwd / "release", world["key"], "PortableRunner", cluster.options(), env,
+                       f"s3://{BUCKET}/scratch/")
+    jobs = cluster.workers_started() - before
+    assert got["states"] == ref["states"] == [("cluster_estimated_release", "committed"),
+                                              ("cluster_estimated_release__estimate", "committed")]
+    assert (got["run_id"], got["estimation_run"]) == (ref["run_id"], ref["estimation_run"])
+    assert got["table"] == ref["table"], "the workers' release (or its estimated bounds) differs from in process"
+    # one SDK worker per job: the release's own job plus the estimation's passes (at least its values pass)
+    assert jobs >= 2, f"only {jobs} job(s) on the pool: the estimation did not run on the workers"
+    assert not _keys(client, "scratch/"), "the estimation's scratch files or counts were left in the bucket"

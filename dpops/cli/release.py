@@ -71,6 +71,11 @@ def parse_interval_option(spec_path: str, text: str) -> Any:
 
 
 def _compute_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option("--estimation-staging", "estimation_staging", default=None, envvar="DPOPS_ESTIMATION_STAGING",
+                      help="a spec with bounds: estimate: estimate on --runner's workers, with their scratch files and "
+                           "exact counts under this private location (a local directory or s3:// prefix both this "
+                           "process and the workers reach, apart from every data, public and output root); unset: "
+                           "the estimation reads in this process [env DPOPS_ESTIMATION_STAGING]")(fn)
     fn = click.option("--runner", default="FnApiRunner", show_default=True, help="Beam runner")(fn)
     fn = click.option("--runner-option", "runner_options", multiple=True,
                       help="extra Beam pipeline option, repeatable (logged: never a secret)")(fn)
@@ -123,8 +128,9 @@ def cli() -> None:
 @previous_keys_option
 @_internal_errors
 def run_cmd(spec: str, interval: str, as_json: bool, runner: str, runner_options: tuple,
-            randomness: str, key_file: str | None, gx_checks: bool, publish_output: bool, show_progress: bool,
-            fresh_attempt: bool, reason: str | None, previous_key_files: tuple[str, ...]) -> None:
+            estimation_staging: str | None, randomness: str, key_file: str | None, gx_checks: bool,
+            publish_output: bool, show_progress: bool, fresh_attempt: bool, reason: str | None,
+            previous_key_files: tuple[str, ...]) -> None:
     """Reserve budget, compute and (with --publish) publish SPEC over --interval.
 
     Safe to repeat: a published interval is served without a charge; a retry reuses the reservation
@@ -143,7 +149,8 @@ def run_cmd(spec: str, interval: str, as_json: bool, runner: str, runner_options
                                        key_path=key_file, runner=runner, runner_options=runner_options,
                                        publish_output=publish_output, gx_checks=gx_checks, actor=None,
                                        progress=progress, fresh_attempt=reason.strip() if fresh_attempt and reason
-                                       else None, previous_key_paths=previous_key_files)
+                                       else None, previous_key_paths=previous_key_files,
+                                       estimation_staging=estimation_staging)
     _emit(outcome, as_json)
 
 
@@ -154,7 +161,8 @@ def run_cmd(spec: str, interval: str, as_json: bool, runner: str, runner_options
               help="show each stage on stderr")
 @_internal_errors
 def restate_cmd(spec: str, interval: str, as_json: bool, runner: str, runner_options: tuple,
-                randomness: str, key_file: str | None, gx_checks: bool, show_progress: bool) -> None:
+                estimation_staging: str | None, randomness: str, key_file: str | None, gx_checks: bool,
+                show_progress: bool) -> None:
     """Publish a corrected input of an already published interval as a new version (a fresh charge,
     linked to the run it corrects; the old version is kept)."""
     from dpops import release
@@ -164,7 +172,8 @@ def restate_cmd(spec: str, interval: str, as_json: bool, runner: str, runner_opt
     with stage_progress(show_progress) as progress, release.open_run_ledger(url) as ledger:
         outcome = release.execute_restatement(spec, iv.start, iv.end, ledger=ledger, randomness=randomness,
                                            key_path=key_file, runner=runner, runner_options=runner_options,
-                                           gx_checks=gx_checks, progress=progress)
+                                           gx_checks=gx_checks, progress=progress,
+                                           estimation_staging=estimation_staging)
     _emit(outcome, as_json)
 
 

@@ -75,6 +75,7 @@ from dpops.analysis.estimate import (
 from dpops.errors import BudgetExceeded, IntegrityError, InvalidParameter, LedgerError, SpecError, public_message
 from dpops.release.context import RunContext
 from dpops.spec import refuse_metric_contributions
+from dpops.storage.location import Location
 
 if TYPE_CHECKING:
     from dpops.analysis.bound_choice import BoundHistograms
@@ -153,24 +154,22 @@ def random_source(ctx: RunContext, key: RunKey) -> RandomSource:
     return keyed_random(nk, label)
 
 
-def manifests_folder(spec: ReleaseSpec) -> Path:
-    """The local manifests directory of the spec's estimations (an object store is refused before start)."""
+def manifests_folder(spec: ReleaseSpec) -> Path | Location:
+    """The manifests directory of the spec's estimations: the release's own (``spec_manifests_dir``), a local
+    directory or an object-store prefix (a release whose outputs the isolated workers write to S3 keeps its
+    estimation's manifests beside its own)."""
     from dpops.release.manifests import spec_manifests_dir
 
-    d = spec_manifests_dir(spec)
-    if not isinstance(d, Path):
-        raise InvalidParameter(f"estimate: manifests under an object store ({d}) are not supported yet; set "
-                               "DPOPS_MANIFESTS_DIR to a local directory")
-    return d
+    return spec_manifests_dir(spec)
 
 
-def result_path(spec: ReleaseSpec, run_id: str) -> Path:
+def result_path(spec: ReleaseSpec, run_id: str) -> Path | Location:
     """Where the committed result is written: ``<output.root>/estimates/<release>/<run id>.json`` (not in the
-    manifests directory, whose every ``*.json`` is a manifest to the report)."""
+    manifests directory, whose every ``*.json`` is a manifest to the report); a local path, or a location under
+    an object-store output root."""
     root = spec.output_root
     if not root.is_local:
-        raise InvalidParameter(f"estimate: an object-store output root ({root.uri}) is not supported yet for "
-                               "estimations; use a local output.root")
+        return root / "estimates" / spec.name / f"{run_id}.json"
     return Path(root.local_path) / "estimates" / spec.name / f"{run_id}.json"
 
 
@@ -263,15 +262,17 @@ def served_estimation(spec: ReleaseSpec, config: EstimateConfig, rec: RunRecord)
     entry recorded (issue 25 item 7c): the served bounds become a release's sensitivity, so a manifest
     edited after the commit (e.g. [0, 32] made [0, 1e6]) would set a release's bounds that no DP
     mechanism chose. A mismatch is an IntegrityError (exit 7) before anything is reserved."""
-    from dpops.manifest.io import file_sha256, read_manifest
+    from dpops.manifest.io import file_sha256, manifest_exists, read_manifest
     from dpops.manifest.verify import committed_manifest_problems
 
     folder = manifests_folder(spec)
     recorded = ((rec.details or {}).get("commit") or {}).get("manifest")
     name = recorded.get("file") if isinstance(recorded, dict) else None
-    path = folder / str(name) if isinstance(name, str) and name and Path(name).name == name else None
-    problems = (committed_manifest_problems(rec, path.name, file_sha256(path), required=True)
-                if path is not None and path.is_file() else
+    # a bare file name only (no separator, no ".."): the entry names a file IN the folder, never elsewhere
+    path = manifest_exists(folder, name) if isinstance(name, str) and name and Path(name).name == name \
+        and name not in (".", "..") else None
+    problems = (committed_manifest_problems(rec, str(name), file_sha256(path), required=True)
+                if path is not None else
                 [f"the manifest file the ledger's commit entry names ({name!r}) is not in {folder}"])
     if problems or path is None:
         raise IntegrityError(f"{spec.name}: refusing to serve committed estimation {rec.run_id}: " + "; ".join(problems)
@@ -283,7 +284,7 @@ def served_estimation(spec: ReleaseSpec, config: EstimateConfig, rec: RunRecord)
     return Estimate(spec, config, res.get("max_partitions_per_unit"), res.get("max_rows_per_unit_per_partition"),
                     {c: (float(b[0]), float(b[1])) for c, b in (res.get("bounds") or {}).items()},
                     [Mechanism(**x) for x in est.get("mechanisms", [])], run_id=rec.run_id,
-                    state="already_committed", manifest=str(path))
+                    state="already_committed", manifest=path)
 
 
 # --------------------------------------------------------------------------- step 3: start
@@ -542,7 +543,7 @@ def commit_estimation(ledger: Ledger, reserved: Reserved, est: Estimate) -> Esti
         return end_test_mode(ctx, ledger, key, est, reserved.charged)
     folder = manifests_folder(spec)
     out = result_path(spec, key.run_id)
-    result_uri = out.resolve().as_uri()
+    result_uri = out.resolve().as_uri() if isinstance(out, Path) else out.uri
     path = write_run_manifest(run, ledger, {"state": "published", "output_uri": result_uri},
                               manifests_dir=folder, estimation=estimator.manifest_section(est))
     _write_result(out, est)
@@ -579,16 +580,39 @@ def end_test_mode(ctx: RunContext, ledger: Ledger, key: RunKey, est: Estimate, c
     return est
 
 
-def _write_result(path: Path, est: Estimate) -> None:
+def _write_result(path: Path | Location, est: Estimate) -> None:
+    data = (json.dumps({"run_id": est.run_id, "result": est.result(), "patch": est.patch()}, indent=2,
+                       sort_keys=True) + "\n").encode("utf-8")
+    if isinstance(path, Location):  # an object store: one PUT is atomic
+        from dpops.storage import files
+
+        files.write_bytes(path, data)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"run_id": est.run_id, "result": est.result(), "patch": est.patch()}, indent=2,
-                              sort_keys=True) + "\n",
-                   encoding="utf-8")
+    tmp.write_bytes(data)
     os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------- the whole run
+
+
+# how refusals name an estimation's staging: ``dpops estimate --staging``, or a release's ``bounds: estimate`` pass
+# given ``--estimation-staging`` / ``$DPOPS_ESTIMATION_STAGING`` (the engine does not record which one set it)
+STAGING_FIELD = "the estimation staging (--staging, --estimation-staging or $DPOPS_ESTIMATION_STAGING)"
+
+
+def release_estimation_engine(runner: str, runner_options: Sequence[str],
+                              staging: str | None) -> EstimationEngine:
+    """Where a release's ``bounds: estimate`` pass runs: with ``staging`` (``--estimation-staging``,
+    ``$DPOPS_ESTIMATION_STAGING``: a private location both this process and the workers reach) on the release's
+    own runner, so an isolated-worker release reads its private input only on its workers, its estimation
+    included; without one, Beam in this process (a driver-local scratch directory would be invisible to other
+    machines' workers). Either way the same bounds, bit for bit (``EstimationEngine``); the staging is checked
+    by ``check_engine`` before anything is reserved."""
+    if staging is None:
+        return EstimationEngine()
+    return EstimationEngine(DEFAULT_ENGINE, runner, tuple(runner_options), staging)
 
 
 def check_engine(ctx: RunContext, engine: str | EstimationEngine, config: EstimateConfig) -> EstimationEngine:
@@ -605,7 +629,7 @@ def check_engine(ctx: RunContext, engine: str | EstimationEngine, config: Estima
     from dpops.dataroots import check_scratch_location, check_temp_scratch
 
     if eng.staging is not None:
-        loc = check_scratch_location(eng.staging, "--staging", source=ctx.spec.source, spec_dir=ctx.spec.base_dir,
+        loc = check_scratch_location(eng.staging, STAGING_FIELD, source=ctx.spec.source, spec_dir=ctx.spec.base_dir,
                                      output_root=ctx.spec.output_root, key_path=ctx.key_path)
         if loc.is_local:
             prepare_local_staging(str(loc.local_path))
@@ -634,10 +658,10 @@ def prepare_local_staging(path: str) -> None:
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
     except OSError as exc:
-        raise InvalidParameter(f"estimate --staging {path}: cannot create the directory ({exc.strerror or exc}); "
+        raise InvalidParameter(f"{STAGING_FIELD} {path}: cannot create the directory ({exc.strerror or exc}); "
                                "give a directory this process can create and write; nothing was reserved") from None
     if not os.access(path, os.W_OK | os.X_OK):
-        raise InvalidParameter(f"estimate --staging {path}: this process cannot write the directory; fix its "
+        raise InvalidParameter(f"{STAGING_FIELD} {path}: this process cannot write the directory; fix its "
                                "permissions or give another; nothing was reserved")
 
 
@@ -667,5 +691,6 @@ def refuse_os_randomness(randomness: str) -> None:
 
 __all__ = ["DEFAULT_ENGINE", "ENGINES", "EstimationEngine", "EstimationRun", "Reserved", "commit_estimation",
            "compute_estimation", "end_test_mode", "manifests_folder", "prepare_local_staging",
-           "random_source", "read_rows", "refuse_os_randomness", "reserve_estimation", "result_path",
+           "random_source", "read_rows", "refuse_os_randomness", "release_estimation_engine", "reserve_estimation",
+           "result_path",
            "run_estimation", "run_key_of", "served_estimation", "start_estimation"]

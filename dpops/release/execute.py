@@ -42,7 +42,13 @@ from dpops.release.context import (
     pick_attempt,
     report_stage,
 )
-from dpops.release.estimation import DEFAULT_ENGINE, EstimationEngine, refuse_os_randomness, run_estimation
+from dpops.release.estimation import (
+    DEFAULT_ENGINE,
+    EstimationEngine,
+    refuse_os_randomness,
+    release_estimation_engine,
+    run_estimation,
+)
 from dpops.release.manifests import ensure_manifest, spec_manifests_dir
 from dpops.release.preparation import Planner, named_interval, prepare
 from dpops.release.publication import publish
@@ -152,19 +158,23 @@ def execute_release(spec_path: str | os.PathLike[str], interval_start: IntervalB
                     runner_options: Sequence[str] = (), publish_output: bool = True,
                     run_release: RunRelease | None = None, planner: Planner | None = None,
                     gx_checks: bool = False, actor: str | None = None, progress: Progress | None = None,
-                    fresh_attempt: str | None = None, previous_key_paths: Sequence[str] = ()) -> RunOutcome:
+                    fresh_attempt: str | None = None, previous_key_paths: Sequence[str] = (),
+                    estimation_staging: str | None = None) -> RunOutcome:
     """``dpops release run``: prepare, reserve, compute, publish. Safe to call again after any failure.
 
     ``progress`` is called with each stage name of ``STAGES`` as the run reaches it. ``fresh_attempt``
     (the operator's reason): replace the interval's spent_unpublished run by a fresh attempt, with fresh
     noise and a new charge, linked to the spent run (``dpops.release.context.pick_attempt``).
     ``previous_key_paths``: noise keys of earlier rotations (default ``$DPOPS_PREVIOUS_NOISE_KEY_FILES``): an
-    interval published under one of them is served when its input is unchanged under that key."""
+    interval published under one of them is served when its input is unchanged under that key.
+    ``estimation_staging``: a spec with ``bounds: estimate`` estimates on ``runner`` with its scratch there
+    (``dpops.release.estimation.release_estimation_engine``; None: in this process)."""
     # the pipeline's import (Beam: ~1-3 CPU-s) runs while another thread hashes the input for its fingerprint
     warm = None if run_release is not None else _import_pipeline
     ctx = prepare(spec_path, interval_start, interval_end, randomness=randomness, key_path=key_path,
                   test_seed=test_seed, key=key, planner=planner, actor=actor, progress=progress, ledger=ledger,
-                  while_hashing=warm)
+                  while_hashing=warm,
+                  estimation_engine=release_estimation_engine(runner, runner_options, estimation_staging))
     if previous_key_paths:
         ctx.previous_key_paths = tuple(previous_key_paths)
     return _run_steps(ctx, ledger, publish_output=publish_output, runner=runner, runner_options=runner_options,
@@ -212,10 +222,12 @@ def execute_restatement(spec_path: str | os.PathLike[str], interval_start: Inter
                         run_release: RunRelease | None = None,
                         planner: Planner | None = None,
                         gx_checks: bool = False, actor: str | None = None,
-                        progress: Progress | None = None) -> RunOutcome:
-    """``dpops release restate``: prepare, restate (reserve linked to the published run), compute, publish."""
+                        progress: Progress | None = None, estimation_staging: str | None = None) -> RunOutcome:
+    """``dpops release restate``: prepare, restate (reserve linked to the published run), compute, publish.
+    ``estimation_staging`` as ``execute_release``."""
     ctx = prepare(spec_path, interval_start, interval_end, randomness=randomness, key_path=key_path, key=key,
-                  planner=planner, actor=actor, progress=progress, ledger=ledger, restate=True)
+                  planner=planner, actor=actor, progress=progress, ledger=ledger, restate=True,
+                  estimation_engine=release_estimation_engine(runner, runner_options, estimation_staging))
     token = QUIET_RUNS.set(True)
     report_stage(progress, "reserve")
     try:

@@ -48,6 +48,7 @@ from dpops.storage import Sealer, open_store
 if TYPE_CHECKING:
     from dpops.ledger import Ledger
     from dpops.noise.randomness import NoiseKey
+    from dpops.release.estimation import EstimationEngine
     from dpops.release_plan import ReleasePlan
 
 def named_interval(spec: ReleaseSpec, interval_start: IntervalBound, interval_end: IntervalBound = None) -> Interval:
@@ -141,7 +142,8 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
             key: NoiseKeyLike | None = None, planner: Planner | None = None,
             actor: str | None = None, progress: Progress | None = None, ledger: Ledger | None = None,
             for_estimation: bool = False, estimation: str = "run", restate: bool = False,
-            while_hashing: Callable[[], object] | None = None) -> RunContext:
+            while_hashing: Callable[[], object] | None = None,
+            estimation_engine: EstimationEngine | None = None) -> RunContext:
     """Load and check everything a run needs, without touching the ledger.
 
     ``while_hashing``: work for this thread while another hashes the input for its fingerprint (the release
@@ -159,9 +161,11 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
     set, the release's epsilon the declared total minus the estimation's share. Without a ledger such a
     spec is refused (its bounds are not known yet). ``estimation="serve"``: only a committed estimation is
     used, none is started (steps that must never charge: abandon, the DAG's tasks after reserve, failure
-    lines); no committed one is a LedgerError. ``for_estimation``: the estimation's own prepare (the spec
-    as written, at its fallback bounds). ``restate``: the run is an explicit restatement (``release restate``,
-    the DAG's restate=true), the one case in which a published interval may get a new estimation.
+    lines); no committed one is a LedgerError. ``estimation_engine``: where that estimation reads
+    (``dpops.release.estimation.release_estimation_engine``; default Beam in this process). ``for_estimation``:
+    the estimation's own prepare (the spec as written, at its fallback bounds). ``restate``: the run
+    is an explicit restatement (``release restate``, the DAG's restate=true), the one case in which a published
+    interval may get a new estimation.
     """
     if randomness not in RANDOMNESS:
         raise InvalidParameter(f"randomness must be one of {RANDOMNESS}, got {randomness!r}")
@@ -193,7 +197,8 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
     if spec.estimated_metric_keys and not for_estimation:
         spec, estimated, estimation_charged = _estimated_spec(
             spec, spec_path, interval_start, interval_end, ledger=ledger, randomness=randomness, key_path=key_path,
-            test_seed=test_seed, planner=planner, actor=actor, serve_only=estimation == "serve", restate=restate)
+            test_seed=test_seed, planner=planner, actor=actor, serve_only=estimation == "serve", restate=restate,
+            engine=estimation_engine)
     interval = parse_interval(interval_start, interval_end)
     # Before anything is read or reserved: a period-scoped release covers exactly one period and a
     # scheduled one exactly one schedule interval (issue 11 item 2; see dpops.spec.interval_problems).
@@ -236,8 +241,9 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
 def _estimated_spec(spec: ReleaseSpec, spec_path: str | os.PathLike[str], interval_start: IntervalBound,
                     interval_end: IntervalBound, *, ledger: Ledger | None, randomness: str, key_path: str | None,
                     test_seed: int | None, planner: Planner | None, actor: str | None,
-                    serve_only: bool = False,
-                    restate: bool = False) -> tuple[ReleaseSpec, dict[str, tuple[float, float]], float]:
+                    serve_only: bool = False, restate: bool = False,
+                    engine: EstimationEngine | None = None
+                    ) -> tuple[ReleaseSpec, dict[str, tuple[float, float]], float]:
     """``bounds: estimate``: run or serve the interval's estimation, return the spec with its result.
 
     The estimation is ``dpops estimate``'s own charged, keyed run (run key ``<name>__estimate``, epsilon
@@ -245,7 +251,7 @@ def _estimated_spec(spec: ReleaseSpec, spec_path: str | os.PathLike[str], interv
     (planned at the fallback bounds: they do not depend on value bounds) go along so that nothing is
     reserved unless both fit the scope. Returns the spec, the bounds and what this call charged."""
     from dpops.analysis.estimate import option_config
-    from dpops.release.estimation import run_estimation
+    from dpops.release.estimation import EstimationEngine, run_estimation
 
     if ledger is None:
         raise InvalidParameter(f"{spec.source}: metric(s) {spec.estimated_metric_keys} have bounds: estimate, so "
@@ -258,7 +264,7 @@ def _estimated_spec(spec: ReleaseSpec, spec_path: str | os.PathLike[str], interv
     est_ctx = prepare(spec_path, interval_start, interval_end, randomness=randomness, key_path=key_path,
                       test_seed=test_seed, actor=actor, for_estimation=True)
     est = run_estimation(est_ctx, option_config(spec), ledger, then_charges=release_events, serve_only=serve_only,
-                         for_release=not restate)
+                         for_release=not restate, engine=engine or EstimationEngine())
     assert est.run_id is not None  # estimate returns a committed (or served) run
     bounds = {c: est.bounds[c] for c in spec.estimated_columns}
     return spec.with_estimated_bounds(est.run_id, bounds), bounds, float(est.epsilon_charged)
