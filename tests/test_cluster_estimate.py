@@ -202,6 +202,14 @@ def _release_run(client, cwd: Path, key: Path, runner: str, options: list[str], 
         assert (retry["state"], retry["run_id"]) == ("already_published", out["run_id"]), retry
         with open_ledger(ledger) as led:
             assert len(led.runs(scope="cluster")) == 2  # nothing new: the estimation was served, not re-run
+        # the served bounds become the release's sensitivity: an edited S3 manifest is refused (exit 7), uncharged
+        (name,) = [k for k in manifests if est_run in k]
+        doc = json.loads(client.get_object(Bucket=BUCKET, Key=name)["Body"].read())
+        doc["estimation"]["result"]["bounds"]["amount"] = [0.0, 1e6]
+        client.put_object(Bucket=BUCKET, Key=name, Body=json.dumps(doc).encode())
+        proc = subprocess.run([sys.executable, "-m", "dpops.cli.main", *args], cwd=cwd, env=env,
+                              capture_output=True, text=True, timeout=600, check=False)
+        assert proc.returncode == 7 and "refusing to serve committed estimation" in proc.stderr, proc.stderr[-3000:]
     for k in _keys(client, "out/"):
         client.delete_object(Bucket=BUCKET, Key=k)
     return {"run_id": out["run_id"], "table": table, "estimation_run": est_run,
