@@ -323,6 +323,42 @@ def test_an_edited_estimation_manifest_is_never_served(tmp_path, monkeypatch, ca
     assert all(r.estimated_bounds != [("amount", 0.0, 1e6)] for r in e.pipe.requests)
 
 
+def test_an_estimation_manifest_swapped_after_its_digest_was_read_is_not_served(tmp_path, monkeypatch, capsys):
+    """The served manifest is read once: its sha256 is compared with the ledger's commit entry and the SAME bytes
+    are parsed. Here the file is replaced by an edited copy (bounds [0, 1e6]) right after its first read; code
+    that hashed one read and parsed a second served the edited bounds as the retry's sensitivity."""
+    from pathlib import Path
+
+    e = _option_env(tmp_path, monkeypatch, cap=5.0)
+    e.pipe.fail_after_start = True
+    code, out, err = e.run(capsys, "release", "run", str(e.spec), *e.base("2024-01-01"), "--ledger", e.url,
+                           "--publish", "--no-gx-checks")
+    assert code != 0
+    e.pipe.fail_after_start = False
+    mdir = tmp_path / "out" / "manifests" / "purchases_test"
+    path = next(p for p in mdir.glob("*.json") if json.loads(p.read_text()).get("estimation") is not None)
+    doc = json.loads(path.read_text())
+    declared = doc["estimation"]["result"]["bounds"]["amount"]
+    doc["estimation"]["result"]["bounds"]["amount"] = [0.0, 1e6]
+    edited = (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+    real = Path.read_bytes
+    swapped = []
+
+    def read_then_swap(self):
+        data = real(self)
+        if self.resolve() == path.resolve() and not swapped:
+            swapped.append(True)
+            path.chmod(0o644)
+            path.write_bytes(edited)  # the attacker's copy lands between the check's read and any second read
+        return data
+
+    monkeypatch.setattr(Path, "read_bytes", read_then_swap)
+    code, out, err = e.run(capsys, "release", "run", str(e.spec), *e.base("2024-01-01"), "--ledger", e.url,
+                           "--publish", "--no-gx-checks")
+    assert swapped and code == 0, out + err
+    assert list(e.pipe.requests[-1].estimated_bounds) == [("amount", *map(float, declared))]
+
+
 def test_a_rerun_of_a_published_interval_whose_input_changed_is_refused_before_the_estimation(
         tmp_path, monkeypatch, capsys):
     """Issue 25 item 7d: after the interval published, its input changes and a plain ``release run`` used to

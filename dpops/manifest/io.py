@@ -145,6 +145,13 @@ def _fsync_dir(d: Path) -> None:
 
 def read_manifest(path: PathOrLocation) -> dict[str, Any]:
     """Read, upgrade to the current version and validate. Any problem is an ``IntegrityError`` naming file and field."""
+    return parse_manifest(read_manifest_bytes(path), source=str(path))
+
+
+def read_manifest_bytes(path: PathOrLocation) -> bytes:
+    """A manifest file's bytes (at most ``MAX_MANIFEST_BYTES``), local or on an object store. A caller that compares
+    their sha256 with the ledger's commit entry and then acts on the content (serving a committed estimation)
+    parses these same bytes (``parse_manifest``): one read, so a file replaced between two reads cannot slip in."""
     remote = _remote(path)
     p: Path | Location = remote if remote is not None else _local(path)
     try:
@@ -154,22 +161,26 @@ def read_manifest(path: PathOrLocation) -> dict[str, Any]:
             got = files.read_bytes(p, limit=MAX_MANIFEST_BYTES)
             if got is None:
                 raise IntegrityError(f"{p}: larger than any manifest ({MAX_MANIFEST_BYTES} bytes)")
-            raw = got
-        else:
-            size = p.stat().st_size
-            if size > MAX_MANIFEST_BYTES:
-                raise IntegrityError(f"{p}: {size} bytes is larger than any manifest ({MAX_MANIFEST_BYTES} bytes)")
-            raw = p.read_bytes()
+            return got
+        size = p.stat().st_size
+        if size > MAX_MANIFEST_BYTES:
+            raise IntegrityError(f"{p}: {size} bytes is larger than any manifest ({MAX_MANIFEST_BYTES} bytes)")
+        return p.read_bytes()
     except OSError as exc:
         raise StorageError(f"cannot read manifest {p}: {exc.strerror or exc}") from None
+
+
+def parse_manifest(raw: bytes, *, source: str) -> dict[str, Any]:
+    """A manifest's bytes parsed (no NaN or infinity), upgraded to the current version and validated; ``source``
+    names the file in an ``IntegrityError``."""
     try:
         doc = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
     except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
-        raise IntegrityError(f"{p}: not a JSON manifest ({exc})") from None
+        raise IntegrityError(f"{source}: not a JSON manifest ({exc})") from None
     if not isinstance(doc, dict):
-        raise IntegrityError(f"{p}: a manifest must be a JSON object")
-    doc = upgrade(doc, source=str(p))
-    return check_manifest(doc, source=str(p))
+        raise IntegrityError(f"{source}: a manifest must be a JSON object")
+    doc = upgrade(doc, source=source)
+    return check_manifest(doc, source=source)
 
 
 def _refuse_constant(name: str) -> Any:

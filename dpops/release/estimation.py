@@ -262,7 +262,9 @@ def served_estimation(spec: ReleaseSpec, config: EstimateConfig, rec: RunRecord)
     entry recorded (issue 25 item 7c): the served bounds become a release's sensitivity, so a manifest
     edited after the commit (e.g. [0, 32] made [0, 1e6]) would set a release's bounds that no DP
     mechanism chose. A mismatch is an IntegrityError (exit 7) before anything is reserved."""
-    from dpops.manifest.io import file_sha256, manifest_exists, read_manifest
+    import hashlib
+
+    from dpops.manifest.io import manifest_exists, parse_manifest, read_manifest_bytes
     from dpops.manifest.verify import committed_manifest_problems
 
     folder = manifests_folder(spec)
@@ -271,14 +273,15 @@ def served_estimation(spec: ReleaseSpec, config: EstimateConfig, rec: RunRecord)
     # a bare file name only (no separator, no ".."): the entry names a file IN the folder, never elsewhere
     path = manifest_exists(folder, name) if isinstance(name, str) and name and Path(name).name == name \
         and name not in (".", "..") else None
-    problems = (committed_manifest_problems(rec, str(name), file_sha256(path), required=True)
+    raw = read_manifest_bytes(path) if path is not None else b""  # one read: the bytes checked are those served
+    problems = (committed_manifest_problems(rec, str(name), hashlib.sha256(raw).hexdigest(), required=True)
                 if path is not None else
                 [f"the manifest file the ledger's commit entry names ({name!r}) is not in {folder}"])
     if problems or path is None:
         raise IntegrityError(f"{spec.name}: refusing to serve committed estimation {rec.run_id}: " + "; ".join(problems)
                              + ". Restore the manifest from a backup and investigate who changed it; nothing was "
                              "reserved or charged")
-    m = read_manifest(path)
+    m = parse_manifest(raw, source=path)
     est = m.get("estimation") or {}
     res = est.get("result") or {}
     return Estimate(spec, config, res.get("max_partitions_per_unit"), res.get("max_rows_per_unit_per_partition"),
