@@ -343,7 +343,7 @@ def run_view(ledger: Ledger, manifests_dir: str | os.PathLike[str] | None, dag_i
     given: ``note`` says why. Without an ``outcome`` (the run has not reserved yet) the tab shows the
     interval's current run and says it may be another DAG run's."""
     from dpops.ledger.model import normalize_utc
-    from dpops.manifest.io import file_sha256, read_manifest
+    from dpops.manifest.io import read_manifest_and_digest
     from dpops.manifest.verify import verify_manifest
 
     release = release_of_dag(dag_id)
@@ -399,7 +399,7 @@ def run_view(ledger: Ledger, manifests_dir: str | os.PathLike[str] | None, dag_i
     if path is None:
         view.note = "; ".join(x for x in (view.note, "no manifest for this run yet") if x)
         return view
-    m = read_manifest(path)
+    m, digest = read_manifest_and_digest(path)  # one read: the digest checked is of the document shown
     view.manifest = path.name
     view.mechanisms = _mechanisms(m)
     view.scope = view.scope or m["spec"]["budget"]["scope"]
@@ -410,7 +410,7 @@ def run_view(ledger: Ledger, manifests_dir: str | os.PathLike[str] | None, dag_i
         view.cap = float(scope_doc["cap"]["value"])
     if view.epsilon is None and m["privacy"]["run"].get("epsilon") is not None:
         view.epsilon = float(m["privacy"]["run"]["epsilon"])
-    r = verify_manifest(m, ledger=ledger, source=path.name, file_name=path.name, file_digest=file_sha256(path),
+    r = verify_manifest(m, ledger=ledger, source=path.name, file_name=path.name, file_digest=digest,
                         check_files=False)
     for c in r.checks:
         if c.skipped:

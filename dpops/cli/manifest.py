@@ -28,10 +28,11 @@ from dpops.errors import IntegrityError
 from dpops.ledger.budget import format_budget
 
 
-def _load(run_or_file: str, manifests: str | None, spec: str | None = None) -> tuple[str, dict]:
+def _load(run_or_file: str, manifests: str | None, spec: str | None = None) -> tuple[str, dict, str]:
     """A manifest file, or RUN_ID looked up in --manifests / $DPOPS_MANIFESTS_DIR, else in the default
-    directory of --spec (``<output.root>/manifests/<release>``, where runs write them)."""
-    from dpops.manifest.io import find_manifest, read_manifest
+    directory of --spec (``<output.root>/manifests/<release>``, where runs write them): its path, the document
+    and the sha256 of the bytes parsed (one read: verify checks the digest of the document it shows)."""
+    from dpops.manifest.io import find_manifest, read_manifest_and_digest
 
     where = manifests
     if where is None and spec is not None:
@@ -40,7 +41,8 @@ def _load(run_or_file: str, manifests: str | None, spec: str | None = None) -> t
 
         where = spec_manifests_dir(load_spec(spec))
     path = find_manifest(run_or_file, where)
-    return str(path), read_manifest(path)
+    m, digest = read_manifest_and_digest(path)
+    return str(path), m, digest
 
 
 def _folder_of(path: str) -> Any:
@@ -96,7 +98,7 @@ def keygen_cmd(private_key: str, public_key: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="print the manifest as JSON")
 def show_cmd(run_or_file: str, manifests: str | None, spec: str | None, as_json: bool) -> None:
     """Print a readable summary of a manifest (RUN_ID or FILE)."""
-    path, m = _load(run_or_file, manifests, spec)
+    path, m, _digest = _load(run_or_file, manifests, spec)
     if as_json:
         click.echo(json.dumps(m, indent=2, sort_keys=True))
         return
@@ -212,10 +214,9 @@ def verify_cmd(run_or_file: str, manifests: str | None, spec: str | None, public
 
     Checks that could not run are listed as "skip" with the reason: a manifest is fully verified
     only when the ledger, the published files and (if signed) the signature were checked."""
-    from dpops.manifest.io import file_sha256
     from dpops.manifest.verify import verify_manifest
 
-    path, m = _load(run_or_file, manifests, spec)
+    path, m, digest = _load(run_or_file, manifests, spec)
     key = load_keys(key_file, previous_key_files)
     ledger = None
     url = ledger_url(required=False)  # optional: with a ledger the scope total is recomputed too
@@ -225,7 +226,7 @@ def verify_cmd(run_or_file: str, manifests: str | None, spec: str | None, public
         ledger = open_ledger(url)
     try:
         result = verify_manifest(m, ledger=ledger, public_key=public_key, source=path,
-                                 file_name=os.path.basename(path), file_digest=file_sha256(path),
+                                 file_name=os.path.basename(path), file_digest=digest,
                                  require_signature=require_signature, key=key,
                                  manifests_dir=_folder_of(path))
     finally:

@@ -148,6 +148,13 @@ def read_manifest(path: PathOrLocation) -> dict[str, Any]:
     return parse_manifest(read_manifest_bytes(path), source=str(path))
 
 
+def read_manifest_and_digest(path: PathOrLocation) -> tuple[dict[str, Any], str]:
+    """``read_manifest`` and the sha256 of the bytes it parsed (one read): what a verifier compares with the
+    ledger's commit entry is then the document whose claims it checks, even if the file is replaced meanwhile."""
+    raw = read_manifest_bytes(path)
+    return parse_manifest(raw, source=str(path)), hashlib.sha256(raw).hexdigest()
+
+
 def read_manifest_bytes(path: PathOrLocation) -> bytes:
     """A manifest file's bytes (at most ``MAX_MANIFEST_BYTES``), local or on an object store. A caller that compares
     their sha256 with the ledger's commit entry and then acts on the content (serving a committed estimation)

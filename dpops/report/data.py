@@ -94,24 +94,27 @@ class ReportData:
 
 
 def _load_manifests(directory: str | os.PathLike[str] | None, scope: str
-                    ) -> tuple[dict[str, dict[str, Any]], dict[str, ManifestCheck]]:
-    """Readable manifests of ``scope``, and a FAILED check for each file that is not a valid manifest
-    (shown in the report, never silently dropped: a reviewer must see that something is wrong)."""
-    from dpops.manifest.io import read_manifest
+                    ) -> tuple[dict[str, dict[str, Any]], dict[str, ManifestCheck], dict[str, str]]:
+    """Readable manifests of ``scope``, a FAILED check for each file that is not a valid manifest (shown in the
+    report, never silently dropped: a reviewer must see that something is wrong), and each readable file's
+    sha256 of the bytes parsed (one read: the digest checked against the ledger is of the document shown)."""
+    from dpops.manifest.io import read_manifest_and_digest
 
     out: dict[str, dict[str, Any]] = {}
     bad: dict[str, ManifestCheck] = {}
+    digests: dict[str, str] = {}
     if directory is None:
-        return out, bad
+        return out, bad, digests
     for p in _manifest_files(directory):
         try:
-            m = read_manifest(p)
+            m, digest = read_manifest_and_digest(p)
         except (IntegrityError, StorageError) as exc:
             bad[str(p)] = ManifestCheck(str(p), None, False, "FAILED", [str(exc).splitlines()[0][:300]])
             continue
         if m["spec"]["budget"]["scope"] == scope:
             out[str(p)] = m
-    return out, bad
+            digests[str(p)] = digest
+    return out, bad, digests
 
 
 def _manifest_files(directory: str | os.PathLike[str]) -> list[str]:
@@ -147,9 +150,8 @@ def _folder_of(path: str) -> str | Any:
     return os.path.dirname(os.path.abspath(path))
 
 
-def _verify_all(manifests: dict[str, dict[str, Any]], ledger: Any, key: Any, public_key: str | None
-                ) -> dict[str, ManifestCheck]:
-    from dpops.manifest.io import file_sha256
+def _verify_all(manifests: dict[str, dict[str, Any]], digests: dict[str, str], ledger: Any, key: Any,
+                public_key: str | None) -> dict[str, ManifestCheck]:
     from dpops.manifest.verify import verify_manifest
 
     out = {}
@@ -159,7 +161,7 @@ def _verify_all(manifests: dict[str, dict[str, Any]], ledger: Any, key: Any, pub
         chain = None
     for path, m in manifests.items():
         r = verify_manifest(m, ledger=ledger, key=key, public_key=public_key, source=path,
-                            file_name=os.path.basename(path), file_digest=file_sha256(path), chain_report=chain,
+                            file_name=os.path.basename(path), file_digest=digests[path], chain_report=chain,
                             manifests_dir=_folder_of(path))
         by = {c.name: c for c in r.checks}
         not_checked = [f"{c.name}: {c.skipped}" for c in r.checks if c.skipped]
@@ -360,8 +362,8 @@ def gather(ledger: Any, scope_name: str, manifests_dir: str | os.PathLike[str] |
 
     scope = ledger.scope(scope_name)
     status = ledger.status(scope_name)
-    manifests, unreadable = _load_manifests(manifests_dir, scope_name)
-    checks = {**unreadable, **_verify_all(manifests, ledger, key, public_key)}
+    manifests, unreadable, digests = _load_manifests(manifests_dir, scope_name)
+    checks = {**unreadable, **_verify_all(manifests, digests, ledger, key, public_key)}
     # A manifest that failed verification cannot stand for a run: its claims (including the run it
     # names) are not used; only its verified peers are. It still appears, marked, in the report.
     # A refusal manifest is a record of its moment: the same run key may be published later (after a cap
