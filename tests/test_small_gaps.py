@@ -158,3 +158,30 @@ def test_a_same_size_overwrite_with_its_mtime_set_back_is_refunded_before_start(
                            gx_checks=False, restates=None)
     assert pipe.calls == 0
     assert [r.state for r in led.runs()] == ["released"]
+
+
+def test_a_file_rewritten_between_the_input_checks_and_the_fingerprint_is_refused_before_reserve(env, tmp_path,
+                                                                                                 monkeypatch):
+    """The file the input checks passed must be the file the run key names: a writer that replaces the day's file
+    right after ``check_input`` (here: renamed over it) made ``prepare`` fingerprint the new file, and the check
+    before ``start`` compared a snapshot taken after the checks, so the pipeline would read, after the charge, a
+    file that no input check had seen. Now ``prepare`` refuses, nothing reserved (fails on the old code: prepare
+    returned a context)."""
+    import dpops.release.preparation as preparation
+
+    spec, data, led = env
+    real = preparation.check_input
+
+    def racing_check(s, paths):
+        real(s, paths)
+        import os
+
+        other = write_day(tmp_path, day="other", amounts=(7.0, 7.0, 7.0, 7.0))
+        os.replace(other, data)  # a different file at the checked name, after the checks passed
+
+    monkeypatch.setattr(preparation, "check_input", racing_check)
+    with pytest.raises(InputDataError, match="changed while they were checked"):
+        release.prepare(spec, *IV, key=FakeKey(), planner=planner)
+    assert led.runs() == []
+    monkeypatch.setattr(preparation, "check_input", real)
+    assert release.prepare(spec, *IV, key=FakeKey(), planner=planner).input_stats is not None  # a stable file passes
