@@ -195,6 +195,17 @@ def check_in_database(plpy: Any, body_text: str, buckets_text: str) -> str:
     except (ValueError, AttributeError):
         entry_id = None
     try:
+        # The scope row lock orders reservations only if each query after it sees what committed before it was
+        # granted: READ COMMITTED. In a REPEATABLE READ or SERIALIZABLE transaction every query reads the
+        # snapshot taken at its first statement, so a session that took a snapshot, let another reservation
+        # commit and then inserted its own was checked against a history without that reservation (the lock on
+        # a row the other transaction had not changed raises no serialization error): both fitted, the cap did
+        # not. Refused whoever asks: dpops itself always writes in READ COMMITTED (``PostgresBackend.transaction``).
+        level = plpy.execute("SELECT current_setting('transaction_isolation') AS level")[0]["level"]
+        if level != "read committed":
+            raise LedgerError(f"a reservation is checked against the cap only in a READ COMMITTED transaction, this "
+                              f"one is {str(level).upper()} (its queries would read a snapshot older than the scope "
+                              "lock); write it in READ COMMITTED")
         check_entry(PlpyBackend(plpy), body_text, buckets_text)
     except DpopsError as exc:
         plpy.error(f"{REFUSAL_PREFIX}: ledger entry {entry_id} refused by the database: {exc}",
