@@ -624,3 +624,40 @@ def test_dpops_writes_in_read_committed_whatever_the_roles_default_isolation(dep
                 app.reserve(_key(13), "s", _lap(0.2), actor="op")
     finally:
         admin.execute(f"ALTER ROLE \"{names['app']}\" RESET default_transaction_isolation")
+
+
+def test_one_statement_inserting_two_reservations_cannot_pass_the_cap_together(deployed):
+    """Row-level AFTER triggers fire at the end of the statement: in one multi-row INSERT the derived ``runs`` row
+    of the first reservation did not exist yet when the second one's cap check ran, so two reservations that fit
+    only one at a time (0.3 + 0.3 with 0.4 left) were both admitted. Refused now."""
+    urls, names, _admin = deployed
+    conn = _raw(urls["app"])
+    try:
+        last_id, last_hash = conn.execute("SELECT last_id, last_hash FROM chain_head").fetchone()
+        rows, prev = [], last_hash
+        for i, day in enumerate((14, 15), start=1):
+            key = _key(day)
+            ts = "2024-03-20T00:00:00.000000+00:00"
+            body = canonical_json({"id": last_id + i, "ts": ts, "kind": "reserved", "scope": "s", "run_id": key.run_id,
+                                   "buckets": ["*"], "actor": "mallory", "writer": names["app"], "data": {
+                                       "run_key": key.to_dict(), "restates": None, "details": {},
+                                       "accountant": "basic/1", "events": [_laplace_dict(1.0 / 0.3)],
+                                       "interval_start": key.start_utc, "interval_end": key.end_utc,
+                                       "epsilon": 0.3}})
+            digest = entry_hash(prev, body)
+            rows.append((last_id + i, ts, key.run_id, json.dumps(["*"]), body, prev, digest, names["app"]))
+            prev = digest
+        with pytest.raises(psycopg.errors.CheckViolation, match="dpops cap check"):
+            conn.execute("INSERT INTO entries (id, ts, kind, scope, run_id, buckets, actor, body, prev_hash, hash, "
+                         "writer) VALUES (%s, %s, 'reserved', 's', %s, %s, 'mallory', %s, %s, %s, %s), "
+                         "(%s, %s, 'reserved', 's', %s, %s, 'mallory', %s, %s, %s, %s)", rows[0] + rows[1])
+            conn.commit()
+        conn.rollback()
+        # one reservation per statement, two statements in one transaction of the same session: both checked
+        _reservation_sql(conn, names["app"], _key(16), 0.3, last_id + 1, last_hash)
+        _reservation_sql(conn, names["app"], _key(17), 0.05, last_id + 2, rows[0][6])
+        conn.commit()
+    finally:
+        conn.close()
+    with open_ledger(urls["owner"]) as owner:
+        assert owner.status("s").total == pytest.approx(0.95)
