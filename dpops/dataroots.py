@@ -157,7 +157,8 @@ def check_scratch_location(raw: str, field: str, *, source: str, spec_dir: str |
     input:
 
     - the operator's public roots (``$DPOPS_PUBLIC_ROOTS``: their files are published or used as public data);
-    - the spec's ``output.root`` (staged and published outputs, read by the release's consumers);
+    - the spec's ``output.root`` (staged and published outputs, read by the release's consumers), and every entry
+      of ``$DPOPS_OUTPUT_ROOTS`` (every release's outputs; a scratch under another release's root was admitted);
     - every data root (``$DPOPS_DATA_ROOTS``, or the spec's directory when it is unset): an input glob of any
       release there could match a scratch file and read a bucket's rows a second time, which would break the
       contribution bound that release charges for;
@@ -171,6 +172,9 @@ def check_scratch_location(raw: str, field: str, *, source: str, spec_dir: str |
     forbidden = [(r, f"the public root {str(r)!r} (${PUBLIC_ROOTS_ENV})")
                  for r in _root_locations(split_roots(os.environ.get(PUBLIC_ROOTS_ENV, "")), PUBLIC_ROOTS_ENV)]
     forbidden.append((out, f"the spec's output.root {str(out)!r}, where staged and published outputs are read"))
+    # every release's outputs, not only this spec's (as check_analysis_out refuses them)
+    forbidden += [(r, f"the ${OUTPUT_ROOTS_ENV} entry {str(r)!r}, where releases' staged and published outputs are read")
+                  for r in output_root_locations()]
     forbidden += [(d, f"the data root {str(d)!r}, where a release's input glob could read it as input")
                   for d in data_root_locations(spec_dir)]
     # the key's directory itself (resolve_away_from_key refuses the files in it, not the directory or its parents)
