@@ -33,3 +33,55 @@ def test_a_scratch_under_another_releases_output_root_is_refused(tmp_path, monke
     ok = check_scratch_location(str(tmp_path / "scratch"), "--staging", source="spec.yaml", spec_dir=str(tmp_path),
                                 output_root=mine)
     assert ok.local_path is not None
+
+
+def test_a_private_sample_replaced_after_its_read_was_recorded_is_not_tuned_on(tmp_path, monkeypatch, capsys):
+    """``dpops tune --i-understand-this-reads-private-data``: the ledger entry records the sample's keyed
+    fingerprint, then Beam workers read the sample BY NAME. A file renamed over it in between was tuned on, and the
+    patch's provenance (and the ledger entry) named the fingerprint of other bytes. Now the statistics are
+    discarded (exit 4, nothing written) when the sample no longer shows the snapshot taken before its fingerprint;
+    the access stays recorded. Fails on the old code (exit 0, results written)."""
+    import os
+
+    import dpops.release.pipeline_seam as seam
+    from test_tune_beam import BASE, frame, spec_file, write
+
+    from dpops.cli.main import main
+    from dpops.ledger import ScopeDefinition, open_ledger
+    from dpops.noise.randomness import NoiseKey
+
+    root = tmp_path / "data"
+    (root / "data").mkdir(parents=True)
+    spec = spec_file(root, BASE)
+    path = write(frame(800, 4), root / "data" / "x.parquet")
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    with open_ledger(url) as led:
+        led.create_scope(ScopeDefinition(name="shop", unit="a user", unit_column="user_id", epsilon=5.0, delta=1e-6,
+                                         rho=None, accountant="basic/1", adjacency="add_remove"), actor="test")
+    key = tmp_path / "keys" / "noise.key"
+    key.parent.mkdir()
+    NoiseKey.generate(key)
+    for v in ("DPOPS_DATA_ROOTS", "DPOPS_PUBLIC_ROOTS", "DPOPS_NOISE_KEY_FILE", "DPOPS_LEDGER_URL",
+              "DPOPS_OUTPUT_ROOTS"):
+        monkeypatch.delenv(v, raising=False)
+    real = seam.load_tune_statistics
+
+    def swapping_loader():
+        fn = real()
+
+        def run(request):
+            other = write(frame(900, 5), root / "data" / "other.parquet")
+            os.replace(other, path)  # another file at the recorded sample's name, before the workers read it
+            return fn(request)
+        return run
+
+    monkeypatch.setattr(seam, "load_tune_statistics", swapping_loader)
+    out = tmp_path / "o"
+    code = main(["--ledger", url, "tune", str(spec), "--sample", str(path), "--out", str(out),
+                 "--i-understand-this-reads-private-data", "--reason", "bounds", "--key-file", str(key),
+                 "--l0", "1", "--linf", "1", "--seed", "1"])
+    err = capsys.readouterr().err
+    assert code != 0 and "changed after its read was recorded" in err, err
+    assert not (out / "results.json").exists()
+    with open_ledger(url) as led:
+        assert [e.kind for e in led.history("shop")].count("private_access") == 1
