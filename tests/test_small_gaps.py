@@ -185,3 +185,30 @@ def test_a_file_rewritten_between_the_input_checks_and_the_fingerprint_is_refuse
     assert led.runs() == []
     monkeypatch.setattr(preparation, "check_input", real)
     assert release.prepare(spec, *IV, key=FakeKey(), planner=planner).input_stats is not None  # a stable file passes
+
+
+def test_an_input_swapped_during_the_computation_and_put_back_is_never_published(env, tmp_path):
+    """The check after the computation hashed the input again, and only that: a writer that renamed the checked
+    file aside while the pipeline read, put another file in its place, then renamed the original back before the
+    check, left bytes that hash as the run key's, so a release of other data was published under the key (with the
+    noise of the key's own data). The rename moves the ctime, which the stat snapshot now compares too. Fails on
+    the old code (the run was committed)."""
+    import os
+
+    spec, data, led = env
+    pipe = FakePipeline()
+
+    def swapping_pipeline(req):
+        aside = data.with_name("aside.parquet")
+        os.replace(data, aside)
+        other = write_day(tmp_path, day="other", amounts=(9.0, 9.0, 9.0, 9.0))
+        os.replace(other, data)  # the pipeline reads this file
+        out = pipe(req)
+        os.replace(aside, data)  # and the checked one is back, same inode, same bytes
+        return out
+
+    with pytest.raises(InputDataError, match="input files changed since the run was prepared .*while the pipeline"):
+        release.execute_release(spec, *IV, ledger=led, key=FakeKey(), run_release=swapping_pipeline, planner=planner)
+    (rec,) = led.runs()
+    assert rec.state == "started"  # noise was drawn: charged, never published
+    assert not any((tmp_path / "out").rglob("data.parquet"))

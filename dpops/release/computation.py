@@ -198,11 +198,23 @@ def _check_input_unchanged(ctx: RunContext, when: str, snapshot_suffices: bool =
     there: this check decides between a refund and a charge, nothing is published on it; the check after the
     computation always hashes again, and it alone guards against a run key naming other data (the keyed noise
     of two different inputs under one key). A public file is re-read as before (its rows are in the
-    fingerprint)."""
+    fingerprint). After the computation the snapshot is compared TOO (not instead): a file swapped during the
+    pipeline's read and put back before the hash hashes as the key's but moved its ctime."""
     assert ctx.fingerprint_key is not None  # prepare always sets it
     if (snapshot_suffices and ctx.input_stats is not None and ctx.spec.partitions.public_file is None
             and input_stat_snapshot(ctx.input_paths) == ctx.input_stats):
         return
+    moved = ctx.input_stats is not None and input_stat_snapshot(ctx.input_paths) != ctx.input_stats
+    if not snapshot_suffices and moved:
+        # After the computation the hash alone cannot see a file swapped while the pipeline read it and put back
+        # before this check (rename the checked file aside, another in its place, then back): the bytes hash as the
+        # key's, but the pipeline read other data, and its output would be published under this run's key (so
+        # with the noise a release of the key's own data draws: their difference is exact). Any such write, rename
+        # or truncation moves the ctime, which no user can set back, so a changed snapshot refuses too.
+        raise InputDataError(
+            f"{ctx.spec.name} {ctx.interval}: the input files changed since the run was prepared ({when}); "
+            f"nothing is published. Run again when the input is final: a new input is a new run (and charge)"
+        )
     try:
         # The public file is read again (the pipeline re-loads the spec): for a file the operator did not mark
         # publishable, spec_hash holds only its row count, so only this keyed fingerprint sees a changed list.
