@@ -135,7 +135,7 @@ def compute_staged(ctx: RunContext, ledger: Ledger, *, runner: str = "FnApiRunne
     fn = run_release or _load_run_release()
     runner = check_runner(runner, runner_options, run_release)
     if record.state == "reserved":
-        _check_input_unchanged(ctx, "before the computation started; nothing was drawn, the reservation is refunded",
+        check_input_unchanged(ctx, "before the computation started; nothing was drawn, the reservation is refunded",
                                snapshot_suffices=True)
     # The staging location is a local directory or an object-store prefix; the pipeline gets it as a str
     # (ComputeRequest.staging_dir) and writes data.parquet + summary.json there through Beam FileSystems.
@@ -172,7 +172,7 @@ def compute_staged(ctx: RunContext, ledger: Ledger, *, runner: str = "FnApiRunne
         # The output is sealed only if the input is still the one the run was reserved with (its
         # fingerprint is in the run key and the noise label): a file swapped during the computation
         # would publish a release of other data under this run's key.
-        _check_input_unchanged(ctx, "while the pipeline read it; noise was drawn, so the run stays charged and "
+        check_input_unchanged(ctx, "while the pipeline read it; noise was drawn, so the run stays charged and "
                                     "its output is discarded")
         report_stage(progress, "write")
         staged = ctx.store.finish_staging(tmp, ctx.interval.slug, ctx.run_id, dict(result.internal or {}),
@@ -189,8 +189,11 @@ def compute_staged(ctx: RunContext, ledger: Ledger, *, runner: str = "FnApiRunne
     return staged
 
 
-def _check_input_unchanged(ctx: RunContext, when: str, snapshot_suffices: bool = False) -> None:
+def check_input_unchanged(ctx: RunContext, when: str, snapshot_suffices: bool = False) -> None:
     """Fail (InputDataError) if the input files no longer have the keyed fingerprint of the run key.
+
+    One rule for every charged read of an interval's input: the release (``compute_staged``) and the estimation
+    (``dpops.release.estimation``), each before its ``ledger.start`` (``snapshot_suffices``) and after its read.
 
     ``snapshot_suffices`` (the check before ``start`` only): when this process's ``prepare`` took a stat
     snapshot of local inputs and they still show the same one (device, inode, size, mtime, ctime), the second
@@ -228,6 +231,9 @@ def _check_input_unchanged(ctx: RunContext, when: str, snapshot_suffices: bool =
             f"{ctx.spec.name} {ctx.interval}: the input files changed since the run was prepared ({when}); "
             f"nothing is published. Run again when the input is final: a new input is a new run (and charge)"
         )
+
+
+_check_input_unchanged = check_input_unchanged  # the former name
 
 
 _DISK_ERRORS = {errno.ENOSPC: "the disk is full", errno.EROFS: "the file system is read-only",
