@@ -626,10 +626,11 @@ def test_dpops_writes_in_read_committed_whatever_the_roles_default_isolation(dep
         admin.execute(f"ALTER ROLE \"{names['app']}\" RESET default_transaction_isolation")
 
 
-def test_one_statement_inserting_two_reservations_cannot_pass_the_cap_together(deployed):
-    """Row-level AFTER triggers fire at the end of the statement: in one multi-row INSERT the derived ``runs`` row
-    of the first reservation did not exist yet when the second one's cap check ran, so two reservations that fit
-    only one at a time (0.3 + 0.3 with 0.4 left) were both admitted. Refused now."""
+@pytest.mark.parametrize("how", ["insert", "copy"])
+def test_one_statement_inserting_two_reservations_cannot_pass_the_cap_together(deployed, how):
+    """Row-level AFTER triggers fire at the end of the statement: in one multi-row INSERT (or one COPY) the derived
+    ``runs`` row of the first reservation did not exist yet when the second one's cap check ran, so two
+    reservations that fit only one at a time (0.3 + 0.3 with 0.4 left) were both admitted. Refused now."""
     urls, names, _admin = deployed
     conn = _raw(urls["app"])
     try:
@@ -648,9 +649,15 @@ def test_one_statement_inserting_two_reservations_cannot_pass_the_cap_together(d
             rows.append((last_id + i, ts, key.run_id, json.dumps(["*"]), body, prev, digest, names["app"]))
             prev = digest
         with pytest.raises(psycopg.errors.CheckViolation, match="dpops cap check"):
-            conn.execute("INSERT INTO entries (id, ts, kind, scope, run_id, buckets, actor, body, prev_hash, hash, "
-                         "writer) VALUES (%s, %s, 'reserved', 's', %s, %s, 'mallory', %s, %s, %s, %s), "
-                         "(%s, %s, 'reserved', 's', %s, %s, 'mallory', %s, %s, %s, %s)", rows[0] + rows[1])
+            if how == "insert":
+                conn.execute("INSERT INTO entries (id, ts, kind, scope, run_id, buckets, actor, body, prev_hash, hash, "
+                             "writer) VALUES (%s, %s, 'reserved', 's', %s, %s, 'mallory', %s, %s, %s, %s), "
+                             "(%s, %s, 'reserved', 's', %s, %s, 'mallory', %s, %s, %s, %s)", rows[0] + rows[1])
+            else:
+                with conn.cursor().copy("COPY entries (id, ts, kind, scope, run_id, buckets, actor, body, prev_hash, "
+                                        "hash, writer) FROM STDIN") as cp:
+                    for r in rows:
+                        cp.write_row((r[0], r[1], "reserved", "s", r[2], r[3], "mallory", *r[4:]))
             conn.commit()
         conn.rollback()
         # one reservation per statement, two statements in one transaction of the same session: both checked
