@@ -157,7 +157,8 @@ def check_scratch_location(raw: str, field: str, *, source: str, spec_dir: str |
     input:
 
     - the operator's public roots (``$DPOPS_PUBLIC_ROOTS``: their files are published or used as public data);
-    - the spec's ``output.root`` (staged and published outputs, read by the release's consumers);
+    - the spec's ``output.root`` (staged and published outputs, read by the release's consumers), and every entry
+      of ``$DPOPS_OUTPUT_ROOTS`` (every release's outputs; a scratch under another release's root was admitted);
     - every data root (``$DPOPS_DATA_ROOTS``, or the spec's directory when it is unset): an input glob of any
       release there could match a scratch file and read a bucket's rows a second time, which would break the
       contribution bound that release charges for;
@@ -209,6 +210,9 @@ def _scratch_forbidden(spec_dir: str | os.PathLike[str] | None, output_root: Loc
     out = output_root.realpath()
     forbidden = [(r, f"the public root {str(r)!r} (${PUBLIC_ROOTS_ENV})") for r in configured_public_roots()]
     forbidden.append((out, f"the spec's output.root {str(out)!r}, where staged and published outputs are read"))
+    # every release's outputs, not only this spec's (as check_analysis_out refuses them)
+    forbidden += [(r, f"the ${OUTPUT_ROOTS_ENV} entry {str(r)!r}, where releases' staged and published outputs are read")
+                  for r in output_root_locations()]
     forbidden += [(d, f"the data root {str(d)!r}, where a release's input glob could read it as input")
                   for d in data_root_locations(spec_dir)]
     # the key's directory itself (resolve_away_from_key refuses the files in it, not the directory or its parents)
@@ -244,6 +248,56 @@ def check_analysis_out(out_dir: str | os.PathLike[str], field: str, *, source: s
                 f"{source}: {field} {os.fspath(out_dir)} is under {name}, where files are published or read as public "
                 f"data; {what} are not differentially private and are written nowhere there. Choose a directory "
                 "outside every output and public root")
+
+
+def write_analysis_files(out_dir: str | os.PathLike[str], files: dict[str, bytes], field: str, *, source: str,
+                         output_root: Location, what: str) -> dict[str, str]:
+    """Write ``files`` (name -> bytes) into the analysis directory ``out_dir`` (created if missing), refused under
+    an output or public root (``check_analysis_out``); return name -> path.
+
+    Privacy reason: checking the directory by name and then writing ``out_dir/NAME`` by name follows whatever the
+    names are when the write happens. Whoever can write the directory (a shared ``--out``) could leave
+    ``results.json`` as a symlink, or a hard link, to a file in a public or output root, and tune's exact
+    functions of the sample's rows (private ones under the private flag), or simulate's test-mode draws, were
+    written through it into a published place. So the directory is opened once (``O_DIRECTORY | O_NOFOLLOW`` on
+    its resolved path) and the directory the descriptor holds (``/proc/self/fd/N``) is checked; each file is
+    written to a new name created exclusively in it (never through an existing link) and renamed over ``NAME``,
+    which replaces a planted link instead of writing into its target."""
+    import secrets
+
+    check_analysis_out(out_dir, field, source=source, output_root=output_root, what=what)
+    path = os.path.realpath(os.path.expanduser(os.fspath(out_dir)))
+    os.makedirs(path, exist_ok=True)
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        dfd = os.open(path, flags)
+    except OSError as exc:
+        raise SpecError(f"{source}: {field} {os.fspath(out_dir)}: cannot open the directory "
+                        f"({exc.strerror or exc}); nothing was written") from None
+    try:
+        held = opened_path(dfd) or path
+        check_analysis_out(held, field, source=source, output_root=output_root, what=what)
+        out = {}
+        for name, data in files.items():
+            if os.sep in name or name in ("", ".", ".."):
+                raise ValueError(f"write_analysis_files: {name!r} is not a file name")
+            tmp = f".{name}.{secrets.token_hex(8)}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
+                         0o666, dir_fd=dfd)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
+                os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            except BaseException:
+                try:
+                    os.unlink(tmp, dir_fd=dfd)
+                except OSError:
+                    pass
+                raise
+            out[name] = os.path.join(os.fspath(out_dir), name)
+        return out
+    finally:
+        os.close(dfd)
 
 
 def key_paths(key_path: str | os.PathLike[str] | None = None) -> list[str]:
@@ -454,5 +508,5 @@ __all__ = ["DATA_ROOTS_ENV", "OUTPUT_ROOTS_ENV", "KEY_FILE_ENV", "split_roots", 
            "output_root_locations", "data_root_locations", "data_roots", "key_paths", "check_data_path", "check_data_paths",
            "PUBLIC_ROOTS_ENV", "PUBLISHABLE_PUBLIC_ROOTS_ENV", "PublicFile",
            "public_root_locations", "publishable_root_locations", "check_public_path", "read_public_file", "opened_path",
-           "check_analysis_out", "check_scratch_location",
+           "check_analysis_out", "check_scratch_location", "write_analysis_files",
            "check_temp_scratch", "configured_public_roots"]

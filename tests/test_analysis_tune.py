@@ -476,3 +476,29 @@ def test_tune_seed_unmet_targets_and_heavy_drops_are_said(tmp_path, monkeypatch,
                  "--l0", "1", "--linf", "1", "--seed", "7"])
     out = " ".join(capsys.readouterr().out.split())
     assert code == 0 and "WARNING: no candidate meets every accuracy target" in out and "WARNING: the " in out
+
+
+@pytest.mark.skipif(not hasattr(dataroots, "check_public_path"), reason="needs DPOPS_PUBLIC_ROOTS (dataroots)")
+@pytest.mark.parametrize("link", ["symlink", "hardlink"])
+def test_tune_never_writes_through_a_link_planted_in_its_out_directory(tmp_path, monkeypatch, capsys, link):
+    """``--out`` was checked as a directory, then ``out/results.json`` written by name: whoever can write the out
+    directory could leave results.json as a link to a file in a public root, and tune's exact functions of the
+    sample were written into that published file. Now each file is renamed into place: the planted link is
+    replaced, its target left as it was (fails on the old code: the public file held the results)."""
+    import os
+
+    root, spec, url, key = _env(tmp_path, monkeypatch)
+    pub = tmp_path / "public"
+    pub.mkdir()
+    pq.write_table(pa.Table.from_pandas(sample(), preserve_index=False), pub / "s.parquet")
+    published = pub / "published.json"
+    published.write_text("{}")
+    monkeypatch.setenv("DPOPS_PUBLIC_ROOTS", str(pub))
+    out = tmp_path / "shared-out"
+    out.mkdir()
+    (os.symlink if link == "symlink" else os.link)(published, out / "results.json")
+    code = main(["tune", str(spec), "--sample", str(pub / "s.parquet"), "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    assert published.read_text() == "{}"
+    assert not (out / "results.json").is_symlink() and "recommended" in (out / "results.json").read_text()
+    assert sorted(p.name for p in out.iterdir()) == ["patch.yaml", "results.json", "tune.html"]  # no temp left

@@ -103,6 +103,33 @@ def test_continuous_profile_is_an_upper_bound_within_its_tolerance(mu, eps):
     assert exact <= got <= exact * (1 + 2 * PROFILE_REL) + 1e-300, (got, exact)
 
 
+@settings(deadline=None, max_examples=examples(200))
+@given(log_mu=st.floats(-12.0, 1.6), eps_over_mu=st.floats(0.0, 40.0))
+def test_continuous_profile_is_never_below_the_exact_delta_even_where_its_terms_cancel(log_mu, eps_over_mu):
+    """An adversary pinning a continuous Gaussian event chooses mu (a tiny one makes Phi(mu/2 - eps/mu) and
+    e^eps Phi(-mu/2 - eps/mu) agree to many digits): the computed profile is still an upper bound on the exact
+    delta wherever that is a normal double, and so is the epsilon inverted from it. On the old code (a relative
+    margin on the float difference) mu 1e-11 gave deltas up to 93% below the exact one."""
+    mu = 10.0**log_mu
+    eps = eps_over_mu * mu
+    exact = mp_gdp_delta(mu, eps)
+    if exact < 1e-290:
+        return
+    assert gp.gaussian_delta(mu, eps) >= exact, (mu, eps)
+
+
+@pytest.mark.parametrize("mu,eps", [(6.515043136033537e-11, 0.0), (1.849713309250155e-11, 2.6620251107128908e-14),
+                                    (4.2856278673399347e-11, 9.782002746037814e-10),
+                                    (9.911994652990545e-12, 3.258550049752848e-10)])
+def test_continuous_profile_cancellation_cases_found_by_the_review(mu, eps):
+    """The cases that were below the exact delta (by 2e-6, 6e-6, 6.7% and 93% relative), and the epsilon the
+    accountant certifies at that exact delta is not below the one certified exactly."""
+    exact = mp_gdp_delta(mu, eps)
+    assert gp.gaussian_delta(mu, eps) >= exact
+    got = gp.gaussian_epsilon(mu, float(exact) * (1 - 1e-12), 1e3)
+    assert mp_gdp_delta(mu, got) <= float(exact) * (1 - 1e-12) * (1 + 1e-15)
+
+
 def test_the_issue_figures_for_one_count_at_eps_1_delta_1e7():
     """Unit sensitivity at (1, 1e-7): the smallest sigma basic/2 certifies for one discrete Gaussian count is the
     exact one, 4.6858 (CKS20; noise.calibration's separate implementation agrees to 1e-6), one continuous

@@ -571,3 +571,100 @@ def test_a_v3_ledger_migrates_and_its_app_role_loses_every_cache_write(postgres_
             assert owner.run(started.run_id).state == "committed"
             report = owner.verify()
             assert report.ok, report.problems
+
+
+def _reservation_sql(conn: psycopg.Connection, app: str, key: RunKey, eps: float, entry_id: int,
+                     prev_hash: str) -> None:
+    """INSERT, on ``conn`` (its transaction left open), the reservation entry dpops would write at ``entry_id``."""
+    ts = "2024-03-20T00:00:00.000000+00:00"
+    body = canonical_json({"id": entry_id, "ts": ts, "kind": "reserved", "scope": "s", "run_id": key.run_id,
+                           "buckets": ["*"], "actor": "mallory", "writer": app, "data": {
+                               "run_key": key.to_dict(), "restates": None, "details": {}, "accountant": "basic/1",
+                               "events": [_laplace_dict(1.0 / eps)], "interval_start": key.start_utc,
+                               "interval_end": key.end_utc, "epsilon": eps}})
+    conn.execute("INSERT INTO entries (id, ts, kind, scope, run_id, buckets, actor, body, prev_hash, hash, writer) "
+                 "VALUES (%s, %s, 'reserved', 's', %s, %s, 'mallory', %s, %s, %s, %s)",
+                 (entry_id, ts, key.run_id, json.dumps(["*"]), body, prev_hash, entry_hash(prev_hash, body), app))
+
+
+@pytest.mark.parametrize("level", ["REPEATABLE READ", "SERIALIZABLE"])
+def test_a_snapshot_transaction_cannot_race_a_reservation_past_the_databases_cap_check(deployed, level):
+    """The database's cap check locks the scope row, then composes the history it reads. In READ COMMITTED each
+    of its queries sees what committed before the lock was granted; in a REPEATABLE READ or SERIALIZABLE
+    transaction it reads the transaction's snapshot instead. So the app role took a snapshot, let a second
+    reservation (0.3 of the 0.4 left) commit, then inserted its own 0.3: the check, locking a scope row the other
+    transaction had only locked (not changed), saw 0.6 charged and admitted it -- 1.2 on a cap of 1 (fails on the
+    old code). The check now refuses to run outside READ COMMITTED."""
+    urls, names, _admin = deployed
+    late = _raw(urls["app"])
+    try:
+        late.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
+        last_id, last_hash = late.execute("SELECT last_id, last_hash FROM chain_head").fetchone()  # the snapshot
+        _hand_written_reservation(urls["app"], names["app"], _key(10), 0.3)  # commits: 0.9 of 1
+        with pytest.raises(psycopg.errors.CheckViolation, match="dpops cap check: .*READ COMMITTED"):
+            _reservation_sql(late, names["app"], _key(11), 0.3, last_id + 2, last_hash)
+            late.commit()
+    finally:
+        late.close()
+    with open_ledger(urls["owner"]) as owner:
+        assert owner.status("s").total == pytest.approx(0.9)
+
+
+def test_dpops_writes_in_read_committed_whatever_the_roles_default_isolation(deployed):
+    """A role may set its own session defaults (``ALTER ROLE ... SET default_transaction_isolation``), and a server
+    may default to REPEATABLE READ: dpops' write transactions said plain BEGIN, so its reservations then composed a
+    snapshot too (and the database's check now refuses that). They name READ COMMITTED: dpops' own reservations
+    still work under such a default, and still refuse what does not fit."""
+    urls, names, admin = deployed
+    admin.execute(f"ALTER ROLE \"{names['app']}\" SET default_transaction_isolation = 'repeatable read'")
+    try:
+        with open_ledger(urls["app"]) as app:
+            app.reserve(_key(12), "s", _lap(0.3), actor="op")  # 0.4 committed + 0.2 started + 0.3 <= 1
+            with pytest.raises(ScopeBudgetExceeded):
+                app.reserve(_key(13), "s", _lap(0.2), actor="op")
+    finally:
+        admin.execute(f"ALTER ROLE \"{names['app']}\" RESET default_transaction_isolation")
+
+
+@pytest.mark.parametrize("how", ["insert", "copy"])
+def test_one_statement_inserting_two_reservations_cannot_pass_the_cap_together(deployed, how):
+    """Row-level AFTER triggers fire at the end of the statement: in one multi-row INSERT (or one COPY) the derived
+    ``runs`` row of the first reservation did not exist yet when the second one's cap check ran, so two
+    reservations that fit only one at a time (0.3 + 0.3 with 0.4 left) were both admitted. Refused now."""
+    urls, names, _admin = deployed
+    conn = _raw(urls["app"])
+    try:
+        last_id, last_hash = conn.execute("SELECT last_id, last_hash FROM chain_head").fetchone()
+        rows, prev = [], last_hash
+        for i, day in enumerate((14, 15), start=1):
+            key = _key(day)
+            ts = "2024-03-20T00:00:00.000000+00:00"
+            body = canonical_json({"id": last_id + i, "ts": ts, "kind": "reserved", "scope": "s", "run_id": key.run_id,
+                                   "buckets": ["*"], "actor": "mallory", "writer": names["app"], "data": {
+                                       "run_key": key.to_dict(), "restates": None, "details": {},
+                                       "accountant": "basic/1", "events": [_laplace_dict(1.0 / 0.3)],
+                                       "interval_start": key.start_utc, "interval_end": key.end_utc,
+                                       "epsilon": 0.3}})
+            digest = entry_hash(prev, body)
+            rows.append((last_id + i, ts, key.run_id, json.dumps(["*"]), body, prev, digest, names["app"]))
+            prev = digest
+        with pytest.raises(psycopg.errors.CheckViolation, match="dpops cap check"):
+            if how == "insert":
+                conn.execute("INSERT INTO entries (id, ts, kind, scope, run_id, buckets, actor, body, prev_hash, hash, "
+                             "writer) VALUES (%s, %s, 'reserved', 's', %s, %s, 'mallory', %s, %s, %s, %s), "
+                             "(%s, %s, 'reserved', 's', %s, %s, 'mallory', %s, %s, %s, %s)", rows[0] + rows[1])
+            else:
+                with conn.cursor().copy("COPY entries (id, ts, kind, scope, run_id, buckets, actor, body, prev_hash, "
+                                        "hash, writer) FROM STDIN") as cp:
+                    for r in rows:
+                        cp.write_row((r[0], r[1], "reserved", "s", r[2], r[3], "mallory", *r[4:]))
+            conn.commit()
+        conn.rollback()
+        # one reservation per statement, two statements in one transaction of the same session: both checked
+        _reservation_sql(conn, names["app"], _key(16), 0.3, last_id + 1, last_hash)
+        _reservation_sql(conn, names["app"], _key(17), 0.05, last_id + 2, rows[0][6])
+        conn.commit()
+    finally:
+        conn.close()
+    with open_ledger(urls["owner"]) as owner:
+        assert owner.status("s").total == pytest.approx(0.95)

@@ -158,3 +158,57 @@ def test_a_same_size_overwrite_with_its_mtime_set_back_is_refunded_before_start(
                            gx_checks=False, restates=None)
     assert pipe.calls == 0
     assert [r.state for r in led.runs()] == ["released"]
+
+
+def test_a_file_rewritten_between_the_input_checks_and_the_fingerprint_is_refused_before_reserve(env, tmp_path,
+                                                                                                 monkeypatch):
+    """The file the input checks passed must be the file the run key names: a writer that replaces the day's file
+    right after ``check_input`` (here: renamed over it) made ``prepare`` fingerprint the new file, and the check
+    before ``start`` compared a snapshot taken after the checks, so the pipeline would read, after the charge, a
+    file that no input check had seen. Now ``prepare`` refuses, nothing reserved (fails on the old code: prepare
+    returned a context)."""
+    import dpops.release.preparation as preparation
+
+    spec, data, led = env
+    real = preparation.check_input
+
+    def racing_check(s, paths):
+        real(s, paths)
+        import os
+
+        other = write_day(tmp_path, day="other", amounts=(7.0, 7.0, 7.0, 7.0))
+        os.replace(other, data)  # a different file at the checked name, after the checks passed
+
+    monkeypatch.setattr(preparation, "check_input", racing_check)
+    with pytest.raises(InputDataError, match="changed while they were checked"):
+        release.prepare(spec, *IV, key=FakeKey(), planner=planner)
+    assert led.runs() == []
+    monkeypatch.setattr(preparation, "check_input", real)
+    assert release.prepare(spec, *IV, key=FakeKey(), planner=planner).input_stats is not None  # a stable file passes
+
+
+def test_an_input_swapped_during_the_computation_and_put_back_is_never_published(env, tmp_path):
+    """The check after the computation hashed the input again, and only that: a writer that renamed the checked
+    file aside while the pipeline read, put another file in its place, then renamed the original back before the
+    check, left bytes that hash as the run key's, so a release of other data was published under the key (with the
+    noise of the key's own data). The rename moves the ctime, which the stat snapshot now compares too. Fails on
+    the old code (the run was committed)."""
+    import os
+
+    spec, data, led = env
+    pipe = FakePipeline()
+
+    def swapping_pipeline(req):
+        aside = data.with_name("aside.parquet")
+        os.replace(data, aside)
+        other = write_day(tmp_path, day="other", amounts=(9.0, 9.0, 9.0, 9.0))
+        os.replace(other, data)  # the pipeline reads this file
+        out = pipe(req)
+        os.replace(aside, data)  # and the checked one is back, same inode, same bytes
+        return out
+
+    with pytest.raises(InputDataError, match="input files changed since the run was prepared .*while the pipeline"):
+        release.execute_release(spec, *IV, ledger=led, key=FakeKey(), run_release=swapping_pipeline, planner=planner)
+    (rec,) = led.runs()
+    assert rec.state == "started"  # noise was drawn: charged, never published
+    assert not any((tmp_path / "out").rglob("data.parquet"))

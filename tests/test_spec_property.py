@@ -242,6 +242,19 @@ def test_estimator_tail_penalty_beyond_int64_is_exact():
         assert 0 <= idx < grid.size
 
 
+def test_estimator_quantile_utility_of_a_huge_count_does_not_wrap():
+    """The rank term S r(c) - Q n of the estimator's utility (S = 2**16) left int64 once n S reached 2**63 and
+    wrapped silently: at n = 2**49 items the two far candidates (r = 0 and r = n, 2**64 utility units from the
+    median) wrapped to utility 0, the median's own, and were picked as often as it. Exact Python ints now: the
+    median is picked (a gap of 2**63 utility units at this epsilon is never crossed). Fails on the old code."""
+    from dpops.analysis.estimate import quantile_choice
+
+    n = 2**49
+    at_or_below = np.array([0, n // 4, n // 2, 3 * n // 4, n], dtype=np.int64)
+    for seed in range(20):
+        assert quantile_choice(at_or_below, n, 0.5, 1.0, 1, test_random(seed), anchor=4) == 2
+
+
 def test_exponential_mechanism_on_utilities_beyond_int64():
     """The exact path for Python-int utilities (what 6b's fix relies on): a gap of 2**70 utility units at
     rate 1/2 is never crossed, and equal huge utilities are picked uniformly (both seen in 400 draws;
@@ -269,3 +282,16 @@ def test_a_keep_table_too_long_is_refused_at_once():
     for eps, delta in ((1e-3, 1e-5), (1e-4, 1e-10), (5e-5, 1e-15)):
         size = PartitionSelection("truncated_geometric", eps, delta)._table.size
         assert size >= 2 * math.log1p(math.expm1(eps) / (2 * delta)) / eps - 1
+
+
+def test_dp_quantile_of_a_huge_histogram_does_not_wrap():
+    """``dp_quantile(histogram=True)``'s utility had the same int64 wrap at 2**49 rows: the first and last
+    candidate's rank 0 wrapped to the median's utility 0. Exact now: it is never picked. Fails on the old code."""
+    from dpops.noise.selection import dp_quantile, quantile_grid
+
+    grid = quantile_grid(0.0, 4.0, 5)
+    counts = np.zeros(grid.size, np.int64)
+    counts[0] = counts[-1] = 2**48  # n = 2**49 rows; rank(c) = #{v < c}
+    picks = {dp_quantile(counts, 0.0, 4.0, 0.5, 1.0, test_random(s), n_candidates=5, histogram=True)
+             for s in range(20)}
+    assert picks <= {float(g) for g in grid[1:]}  # rank 2**48 = n/2 from the second candidate on

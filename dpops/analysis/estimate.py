@@ -349,17 +349,19 @@ def quantile_choice(at_or_below: np.ndarray, n: int, q: float, epsilon: float, i
     qq = round(float(q) * scale)
     r = np.asarray(at_or_below, dtype=np.int64)
     sens = int(items_per_unit) * scale
-    util = -np.abs(r * np.int64(scale) - np.int64(qq) * np.int64(n))
     step = math.ceil(TAIL_DECAY * 2 * sens / float(epsilon))
     j = np.arange(r.size, dtype=np.int64)
     beyond = np.maximum(0, j - int(anchor)) if prefer == "low" else np.maximum(0, int(anchor) - j)
     # Exact integers: at a tiny epsilon with large L0*Linf, step * beyond leaves int64 (issue 25 item 6b: the
-    # estimation failed after the charge). Python ints keep the public penalty exact; the mechanism takes them.
-    if int(np.abs(util).max(initial=0)) + step * int(beyond.max(initial=0)) < 1 << 62:
-        util = util - np.int64(step) * beyond
+    # estimation failed after the charge), and so does S r(c) - Q n itself once n S passes 2^63 (S = 2^16: 1.4e14
+    # items), which wrapped silently: a far candidate's utility looked near and was picked. The bound is public
+    # (n, S, step and the grid), so the choice of path leaks nothing; Python ints keep every utility exact and
+    # the mechanism takes them on its exact path (as ``histogram_quantile_utility`` does for the release).
+    if int(n) * scale + step * int(beyond.max(initial=0)) < 1 << 62 and int(r.max(initial=0)) <= int(n):
+        util = -np.abs(r * np.int64(scale) - np.int64(qq) * np.int64(n)) - np.int64(step) * beyond
     else:
-        pairs = zip(util.tolist(), beyond.tolist(), strict=True)
-        util = np.array([int(a) - step * int(b) for a, b in pairs], dtype=object)
+        pairs = zip(r.tolist(), beyond.tolist(), strict=True)
+        util = np.array([-abs(int(a) * scale - qq * int(n)) - step * int(b) for a, b in pairs], dtype=object)
     return int(exponential_mechanism(util, epsilon, float(sens), rng))
 
 

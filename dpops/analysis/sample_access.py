@@ -58,6 +58,9 @@ class SampleAccess:
     fingerprint: str | None = None
     entry_id: int | None = None
     scope: str | None = None
+    # A recorded private read of a local file: its stat snapshot (``dpops.inputs.input_stat_snapshot``) taken before
+    # the fingerprint the ledger entry records; the Beam read compares it afterwards (``dpops.release.tuning``).
+    stats: tuple | None = None
 
     def provenance(self) -> dict[str, object]:
         """What a spec patch carries about the data its values came from: the ``data`` of the spec's

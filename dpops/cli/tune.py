@@ -123,19 +123,19 @@ def cli(spec_path: str, sample: str, grid_path: str | None, l0: str | None, linf
         access = open_sample(spec, sample, allow_private=False, key_path=key_file)
         result = tune(spec, access, grid=grid, loss=loss, seed=seed)  # the checked access, not a path to check again
     prov = access.provenance()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    check_analysis_out(out, "--out", source=spec.source, output_root=spec.output_root,
-                       what="tune's results (exact functions of the sample's rows)")  # again: a symlink into a root
-    (out / "patch.yaml").write_text(patch_yaml(result, prov), encoding="utf-8")
-    (out / "tune.html").write_text(html_page(result, prov), encoding="utf-8")
     results = {"recommended": result.recommended.label, "loss": result.loss, "candidates": result.candidates,
                "rows": result.rows, "not_evaluated": result.not_evaluated, "sample_rows": result.sample_rows,
                "boundings": result.boundings, "data": prov, "seed": seed, "warnings": result.warnings()}
     from dpops.cli.common import dumps
+    from dpops.dataroots import write_analysis_files
 
-    (out / "results.json").write_text(dumps(results), encoding="utf-8")
-    files = {"patch": str(out / "patch.yaml"), "html": str(out / "tune.html"), "results": str(out / "results.json")}
+    # checked again on the opened directory, each file renamed into place (never written through a planted link)
+    written = write_analysis_files(
+        out_dir, {"patch.yaml": patch_yaml(result, prov).encode("utf-8"),
+                  "tune.html": html_page(result, prov).encode("utf-8"), "results.json": dumps(results).encode("utf-8")},
+        "--out", source=spec.source, output_root=spec.output_root,
+        what="tune's results (exact functions of the sample's rows)")
+    files = {"patch": written["patch.yaml"], "html": written["tune.html"], "results": written["results.json"]}
     if as_json:
         echo_ok({**results, "files": files})
         return

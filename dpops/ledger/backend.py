@@ -430,7 +430,12 @@ class PostgresBackend(Backend):
         """READ COMMITTED for writes (rows are locked explicitly); a read-only REPEATABLE READ snapshot for reads.
 
         Writes may wait BUSY_TIMEOUT_S for a lock (another writer of the scope), reads READ_LOCK_TIMEOUT_S."""
-        self.execute("BEGIN" if write else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        # Named, not the session default: a role may set its own default_transaction_isolation (and a server may
+        # default to REPEATABLE READ), and a write transaction in a snapshot composes the cap check from the
+        # history as of its first statement, not as of the scope row lock it takes (two reservations would then
+        # each see the other's budget as free; the database's own check refuses to run outside READ COMMITTED).
+        self.execute("BEGIN ISOLATION LEVEL READ COMMITTED" if write else
+                     "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         if write:
             self.execute(f"SET LOCAL lock_timeout = '{int(BUSY_TIMEOUT_S * 1000)}ms'")
         try:

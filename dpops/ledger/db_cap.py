@@ -176,6 +176,30 @@ def check_entry(db: Backend, body_text: str, buckets_text: str) -> None:
     check_cap(db, sdef, acct, labels, events)
 
 
+# The (entry id, run id) of the last reservation this database session admitted (this module is imported once per
+# session, by the function's GD; nothing outside this process can change it).
+_LAST_CHECKED: list[Any] = []
+
+
+def _refuse_a_second_reservation_in_one_statement(plpy: Any) -> None:
+    """Refuse while the reservation this session admitted last has no ``runs`` row yet although its entry is there.
+
+    Why: ``runs`` is derived by a row-level AFTER trigger, and PostgreSQL fires those at the END of the statement.
+    In one multi-row INSERT (or a data-modifying CTE) the second reservation's check ran before the first one's
+    run existed, so it composed a history without it: two reservations that fit one at a time were both admitted
+    (0.3 + 0.3 with 0.4 left). The earlier rows of the same statement are visible here (a BEFORE ROW trigger sees
+    the rows its command inserted before), so an entry that is there with no run derived from it is a reservation
+    of this very statement: refused, and with it the statement. dpops writes one reservation per statement."""
+    if not _LAST_CHECKED:
+        return
+    entry_id, run_id = _LAST_CHECKED
+    plan = plpy.prepare("SELECT 1 FROM entries e WHERE e.id = $1 AND e.run_id = $2 AND e.kind = 'reserved' "
+                        "AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = e.run_id)", ["bigint", "text"])
+    if len(plpy.execute(plan, [entry_id, run_id])):
+        raise LedgerError(f"entry {entry_id}'s reservation (run {run_id}) is in the same statement and its run is not "
+                          "derived yet, so this one cannot be checked against it: write one reservation per statement")
+
+
 def check_in_database(plpy: Any, body_text: str, buckets_text: str) -> str:
     """The body of ``dpops_cap_check``: ``check_entry`` over the trigger's session; refuse with SQLSTATE 23514.
 
@@ -195,7 +219,21 @@ def check_in_database(plpy: Any, body_text: str, buckets_text: str) -> str:
     except (ValueError, AttributeError):
         entry_id = None
     try:
+        # The scope row lock orders reservations only if each query after it sees what committed before it was
+        # granted: READ COMMITTED. In a REPEATABLE READ or SERIALIZABLE transaction every query reads the
+        # snapshot taken at its first statement, so a session that took a snapshot, let another reservation
+        # commit and then inserted its own was checked against a history without that reservation (the lock on
+        # a row the other transaction had not changed raises no serialization error): both fitted, the cap did
+        # not. Refused whoever asks: dpops itself always writes in READ COMMITTED (``PostgresBackend.transaction``).
+        level = plpy.execute("SELECT current_setting('transaction_isolation') AS level")[0]["level"]
+        if level != "read committed":
+            raise LedgerError(f"a reservation is checked against the cap only in a READ COMMITTED transaction, this "
+                              f"one is {str(level).upper()} (its queries would read a snapshot older than the scope "
+                              "lock); write it in READ COMMITTED")
+        _refuse_a_second_reservation_in_one_statement(plpy)
         check_entry(PlpyBackend(plpy), body_text, buckets_text)
+        body = json.loads(body_text)
+        _LAST_CHECKED[:] = [int(body["id"]), str(body["run_id"])]
     except DpopsError as exc:
         plpy.error(f"{REFUSAL_PREFIX}: ledger entry {entry_id} refused by the database: {exc}",
                    sqlstate=REFUSAL_SQLSTATE)

@@ -368,7 +368,12 @@ def dp_quantile(
         n = int(v.size)
     scale = 1 << QUANTILE_Q_BITS
     qq = round(q * scale)
-    util = -np.abs(rank * np.int64(scale) - np.int64(qq) * np.int64(n))
+    # |scale·rank − qq·n| <= scale·n: within int64 below 2^62, else exact Python ints (a wrapped far candidate
+    # would look near; the bound is public, so the choice of path leaks nothing)
+    if n * scale < _INT64_SAFE:
+        util = -np.abs(rank * np.int64(scale) - np.int64(qq) * np.int64(n))
+    else:
+        util = np.array([-abs(int(r) * scale - qq * n) for r in rank.tolist()], dtype=object)
     # one unit moves rank and n by at most `sensitivity` rows: |Δ(scale·rank − qq·n)| <= scale·sensitivity
     idx = exponential_mechanism(util, epsilon, sensitivity * scale, rng)
     return float(grid[idx])

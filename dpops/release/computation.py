@@ -135,7 +135,7 @@ def compute_staged(ctx: RunContext, ledger: Ledger, *, runner: str = "FnApiRunne
     fn = run_release or _load_run_release()
     runner = check_runner(runner, runner_options, run_release)
     if record.state == "reserved":
-        _check_input_unchanged(ctx, "before the computation started; nothing was drawn, the reservation is refunded",
+        check_input_unchanged(ctx, "before the computation started; nothing was drawn, the reservation is refunded",
                                snapshot_suffices=True)
     # The staging location is a local directory or an object-store prefix; the pipeline gets it as a str
     # (ComputeRequest.staging_dir) and writes data.parquet + summary.json there through Beam FileSystems.
@@ -172,7 +172,7 @@ def compute_staged(ctx: RunContext, ledger: Ledger, *, runner: str = "FnApiRunne
         # The output is sealed only if the input is still the one the run was reserved with (its
         # fingerprint is in the run key and the noise label): a file swapped during the computation
         # would publish a release of other data under this run's key.
-        _check_input_unchanged(ctx, "while the pipeline read it; noise was drawn, so the run stays charged and "
+        check_input_unchanged(ctx, "while the pipeline read it; noise was drawn, so the run stays charged and "
                                     "its output is discarded")
         report_stage(progress, "write")
         staged = ctx.store.finish_staging(tmp, ctx.interval.slug, ctx.run_id, dict(result.internal or {}),
@@ -189,8 +189,11 @@ def compute_staged(ctx: RunContext, ledger: Ledger, *, runner: str = "FnApiRunne
     return staged
 
 
-def _check_input_unchanged(ctx: RunContext, when: str, snapshot_suffices: bool = False) -> None:
+def check_input_unchanged(ctx: RunContext, when: str, snapshot_suffices: bool = False) -> None:
     """Fail (InputDataError) if the input files no longer have the keyed fingerprint of the run key.
+
+    One rule for every charged read of an interval's input: the release (``compute_staged``) and the estimation
+    (``dpops.release.estimation``), each before its ``ledger.start`` (``snapshot_suffices``) and after its read.
 
     ``snapshot_suffices`` (the check before ``start`` only): when this process's ``prepare`` took a stat
     snapshot of local inputs and they still show the same one (device, inode, size, mtime, ctime), the second
@@ -198,11 +201,23 @@ def _check_input_unchanged(ctx: RunContext, when: str, snapshot_suffices: bool =
     there: this check decides between a refund and a charge, nothing is published on it; the check after the
     computation always hashes again, and it alone guards against a run key naming other data (the keyed noise
     of two different inputs under one key). A public file is re-read as before (its rows are in the
-    fingerprint)."""
+    fingerprint). After the computation the snapshot is compared TOO (not instead): a file swapped during the
+    pipeline's read and put back before the hash hashes as the key's but moved its ctime."""
     assert ctx.fingerprint_key is not None  # prepare always sets it
     if (snapshot_suffices and ctx.input_stats is not None and ctx.spec.partitions.public_file is None
             and input_stat_snapshot(ctx.input_paths) == ctx.input_stats):
         return
+    moved = ctx.input_stats is not None and input_stat_snapshot(ctx.input_paths) != ctx.input_stats
+    if not snapshot_suffices and moved:
+        # After the computation the hash alone cannot see a file swapped while the pipeline read it and put back
+        # before this check (rename the checked file aside, another in its place, then back): the bytes hash as the
+        # key's, but the pipeline read other data, and its output would be published under this run's key (so
+        # with the noise a release of the key's own data draws: their difference is exact). Any such write, rename
+        # or truncation moves the ctime, which no user can set back, so a changed snapshot refuses too.
+        raise InputDataError(
+            f"{ctx.spec.name} {ctx.interval}: the input files changed since the run was prepared ({when}); "
+            f"nothing is published. Run again when the input is final: a new input is a new run (and charge)"
+        )
     try:
         # The public file is read again (the pipeline re-loads the spec): for a file the operator did not mark
         # publishable, spec_hash holds only its row count, so only this keyed fingerprint sees a changed list.
@@ -216,6 +231,9 @@ def _check_input_unchanged(ctx: RunContext, when: str, snapshot_suffices: bool =
             f"{ctx.spec.name} {ctx.interval}: the input files changed since the run was prepared ({when}); "
             f"nothing is published. Run again when the input is final: a new input is a new run (and charge)"
         )
+
+
+_check_input_unchanged = check_input_unchanged  # the former name
 
 
 _DISK_ERRORS = {errno.ENOSPC: "the disk is full", errno.EROFS: "the file system is read-only",

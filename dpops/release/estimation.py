@@ -301,9 +301,14 @@ def start_estimation(ledger: Ledger, reserved: Reserved) -> RandomSource:
     ctx, key = reserved.run.ctx, reserved.run.key
     if reserved.record.state == "reserved":
         try:  # everything that can fail without drawing anything happens before start, and is refunded
+            from dpops.release.computation import check_input_unchanged
+
             rng = random_source(ctx, key)
             manifests_folder(ctx.spec)
             result_path(ctx.spec, key.run_id)
+            # the release's rule: the input is still the one the run key names (its stat snapshot, else its hash)
+            check_input_unchanged(ctx, "before the estimation started; nothing was drawn, the reservation is "
+                                       "refunded", snapshot_suffices=True)
         except BaseException as exc:
             ledger.release(key.run_id, reason=f"failed before any mechanism ran: {public_message(exc)}"[:500],
                            actor=ctx.actor)
@@ -680,8 +685,15 @@ def run_estimation(ctx: RunContext, config: EstimateConfig, ledger: Ledger, *,
                                   for_release=for_release)
     if isinstance(reserved, Estimate):
         return reserved
+    from dpops.release.computation import check_input_unchanged
+
     rng = start_estimation(ledger, reserved)
     est = compute_estimation(reserved.run, config, rng, engine=eng)  # a failure now leaves the run started
+    # Committed only if what was read is what the run key (and the manifest) name: the estimation had no check of
+    # its input at all, so a file replaced between prepare and the read was estimated on, and committed under the
+    # fingerprint of other bytes. After start: the run stays started (charged); a retry on the final input is a
+    # new run key.
+    check_input_unchanged(ctx, "while the estimation read it; the run stays charged and nothing is committed")
     return commit_estimation(ledger, reserved, est)
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dpops.errors import InvalidParameter, SpecError
+from dpops.errors import InputDataError, InvalidParameter, SpecError
 from dpops.inputs import (
     HmacKey,
     Interval,
@@ -207,13 +207,21 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
         raise SpecError("\n".join(f"{spec.source}: {m}" for m in misaligned) + "\nnothing was reserved")
     paths = resolve_input_paths(spec, interval.start, interval.end, key_path=key_path)
     report_stage(progress, "fingerprint")
+    # The snapshot is taken BEFORE the input checks and compared again after the fingerprint pass: the file the
+    # checks passed is the file the fingerprint (so the run key) names. Taken after the checks, as it was, a file
+    # rewritten between the two (other columns, another format) got a run key of its own and passed the check
+    # before ``start`` (snapshot and hash both of the new file), so the pipeline read, after the charge, a file
+    # no check had seen. Local inputs only (``input_stat_snapshot``: None for object stores).
+    stats = input_stat_snapshot(paths)
     check_input(spec, paths)
-    stats = input_stat_snapshot(paths)  # before the pass, so a write during it shows (the check before start)
     public_rows = public_file_rows(spec)
     if while_hashing is not None and stats is not None:  # local files only: object stores hash through imports
         fingerprint = _fingerprint_while(while_hashing, paths, fp_key, public_rows)
     else:
         fingerprint = input_fingerprint(paths, fp_key, public_rows)
+    if stats is not None and input_stat_snapshot(paths) != stats:
+        raise InputDataError(f"{spec.source}: the input files changed while they were checked and fingerprinted "
+                             f"({interval}); nothing was reserved. Run again when the input is final")
     plan = (planner or _default_planner)(spec)
     if not list(plan.events):
         raise SpecError(f"{spec.source}: the plan has no privacy events; nothing to release")

@@ -14,6 +14,7 @@ import os
 from typing import TYPE_CHECKING
 
 from dpops.analysis.sample_access import (
+    FIELD,
     PRIVATE_FLAG,
     PrivateSample,
     SampleAccess,
@@ -52,14 +53,21 @@ def open_sample(spec: ReleaseSpec, path: str | os.PathLike[str], *, allow_privat
     if not reason or not reason.strip():
         raise InvalidParameter(f"{PRIVATE_FLAG} needs --reason: why the private data must be looked at "
                                "(kept in the ledger forever)")
-    from dpops.inputs import input_fingerprint
+    from dpops.errors import InputDataError
+    from dpops.inputs import input_fingerprint, input_stat_snapshot
 
+    # The snapshot before the fingerprint, compared after it (and after the read, ``dpops.release.tuning``): the
+    # fingerprint the ledger records, and a patch carries as its provenance, is of the bytes that were read.
+    stats = input_stat_snapshot([resolved])
     fp = "hmac-sha256:" + input_fingerprint([resolved], fingerprint_key)
+    if stats is not None and input_stat_snapshot([resolved]) != stats:
+        raise InputDataError(f"{FIELD} ({resolved}): the sample changed while it was fingerprinted; nothing was read "
+                             "or recorded. Tune on a file that is no longer being written")
     eid = ledger.record_private_access(spec.budget.scope, actor=actor, fingerprint=fp, reason=reason,
                                        purpose=f"tune {spec.name}")
     # the entry's own time is the read's date of record (manifest verify --ledger compares the two)
     ts = next(e.ts for e in reversed(ledger.history(spec.budget.scope)) if int(e.id) == int(eid))
-    return SampleAccess(resolved, True, ts, fp, eid, spec.budget.scope)
+    return SampleAccess(resolved, True, ts, fp, eid, spec.budget.scope, stats=stats)
 
 
 __all__ = ["open_sample"]

@@ -30,7 +30,6 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -231,19 +230,17 @@ def write_outputs(sim: Simulation, out_dir: str | os.PathLike[str]) -> dict[str,
     """``simulation.json``, ``simulation.png`` (predicted against observed) and ``simulation.html`` in ``out_dir``;
     refused under an output or public root (``check_out_dir``). Each carries the not-publishable marker."""
     from dpops.analysis.simulation_output import html_page, plot_png
+    from dpops.dataroots import write_analysis_files
 
-    out = Path(out_dir)
-    check_out_dir(sim.spec, out)
-    out.mkdir(parents=True, exist_ok=True)
-    check_out_dir(sim.spec, out)  # again once it exists (a symlink into a root)
+    check_out_dir(sim.spec, out_dir)
     doc = sim.to_dict()
     png = plot_png(doc)
-    files = {"json": str(out / "simulation.json"), "png": str(out / "simulation.png"),
-             "html": str(out / "simulation.html")}
-    Path(files["json"]).write_text(json.dumps(doc, indent=2, sort_keys=True, allow_nan=False) + "\n", encoding="utf-8")
-    Path(files["png"]).write_bytes(png)
-    Path(files["html"]).write_text(html_page(doc, png), encoding="utf-8")
-    return files
+    # checked again on the opened directory, each file renamed into place (never written through a planted link)
+    written = write_analysis_files(
+        out_dir, {"simulation.json": (json.dumps(doc, indent=2, sort_keys=True, allow_nan=False) + "\n").encode(),
+                  "simulation.png": png, "simulation.html": html_page(doc, png).encode("utf-8")},
+        "--out", source=sim.spec.source, output_root=sim.spec.output_root, what="a simulation's test-mode outputs")
+    return {"json": written["simulation.json"], "png": written["simulation.png"], "html": written["simulation.html"]}
 
 
 __all__ = ["BLOCK_ROWS", "DEFAULT_ALPHA", "DEFAULT_DRAWS", "RANDOMNESS", "Simulation", "check_out_dir", "public_sample",

@@ -45,7 +45,24 @@ def tune_private(spec: ReleaseSpec | str | os.PathLike[str] | Mapping[str, Any],
                                "dpops.release.private_reads.open_sample(..., allow_private=True) (public samples: "
                                "dpops.analysis.tune)")
     setup = setup or prepare_tune(spec, grid=grid, loss=loss, confidence=confidence)
-    return score(setup, private_statistics(setup, access.location, seed, engine))
+    stats = private_statistics(setup, access.location, seed, engine)
+    check_sample_unchanged(access)
+    return score(setup, stats)
+
+
+def check_sample_unchanged(access: SampleAccess) -> None:
+    """Refuse (``InputDataError``) statistics of a local sample that no longer shows the stat snapshot taken before
+    its recorded fingerprint. Why: the Beam workers read the sample by name after the ledger entry; a file
+    renamed over it or rewritten in between would be tuned on (and named in the patch's provenance) under the
+    fingerprint of other bytes, so the entry would not say what was read. The access stays recorded (rows may
+    have been read); the statistics are discarded, nothing is written. Object stores: no snapshot, not checked."""
+    from dpops.errors import InputDataError
+    from dpops.inputs import input_stat_snapshot
+
+    if access.stats is not None and input_stat_snapshot([access.location]) != access.stats:
+        raise InputDataError(f"tune: {access.location} changed after its read was recorded (ledger entry "
+                             f"{access.entry_id}); the statistics are discarded and nothing was written. Tune again "
+                             "on a file that is no longer being written")
 
 
 def check_private_engine(spec: ReleaseSpec, engine: EstimationEngine, key_path: str | None = None) -> None:
@@ -111,4 +128,4 @@ def private_statistics(setup: TuneSetup, location: str, seed: int | None,
         fs.delete_everything_under(staging)
 
 
-__all__ = ["check_private_engine", "private_statistics", "tune_private"]
+__all__ = ["check_private_engine", "check_sample_unchanged", "private_statistics", "tune_private"]
