@@ -381,12 +381,18 @@ def public_file_rows(spec: ReleaseSpec) -> list[list[Any]] | None:
     return [list(p) for p in (spec.public_partitions() or [])]
 
 
-InputStats = tuple[tuple[str, int, int, int, int, int], ...]
+# one entry per input: (path, device, inode, size, mtime_ns, ctime_ns) for a local file, (uri, size, LastModified,
+# ETag, VersionId) for an S3 object
+InputStats = tuple[tuple[str | int, ...], ...]
 
 
 def input_stat_snapshot(paths: Iterable[str]) -> InputStats | None:
-    """What the file system says about each local input (path, device, inode, size, mtime_ns, ctime_ns), or None
-    when an input is an object-store URI (no ctime to trust there) or cannot be stat'ed.
+    """What the file system says about each local input (path, device, inode, size, mtime_ns, ctime_ns) and what
+    S3 says about each object (``dpops.storage.objectstore.object_version``: size, LastModified, ETag,
+    VersionId), or None when an input is on another object store (no version to trust there) or cannot be
+    stat'ed. On S3 every write or restore of an object moves its LastModified (the store's clock) and, when
+    versioned, its VersionId; what a snapshot can miss there is a rewrite in the same second in an unversioned
+    bucket, under the same rule as below.
 
     Taken by ``prepare`` BEFORE the fingerprint pass, so a write during that pass shows in the next snapshot.
     A write, truncation, rename over the file or ``utime`` changes the inode, the size or the ctime, and a user
@@ -394,10 +400,23 @@ def input_stat_snapshot(paths: Iterable[str]) -> InputStats | None:
     (Linux timestamps move in jiffies) that keeps the size, or a clock set back by root. So a snapshot may only
     stand in for a full keyed fingerprint where a miss cannot publish the wrong data: the check before ``start``
     (a refund or not), never the check after the computation (``dpops.release.computation``)."""
-    out = []
+    out: list[tuple[str | int, ...]] = []
     for p in paths:
         if is_uri(p):
-            return None
+            from dpops.storage.objectstore import object_version
+
+            loc = Location.parse(p)
+            if loc.is_local:
+                p = str(loc.local_path)
+            else:
+                try:
+                    version = object_version(loc)
+                except OSError:
+                    return None
+                if version is None:
+                    return None
+                out.append((loc.uri, *version))
+                continue
         try:
             st = os.stat(p)
         except OSError:

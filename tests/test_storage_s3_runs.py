@@ -135,3 +135,35 @@ def test_crash_between_commit_and_pointer_healed_by_retry(s3_run, capsys):
     assert out["state"] == "already_published" and out["epsilon_charged"] == 0
     assert files.read_json(_published(env) / "current")["run_id"] == rec.run_id
     assert env["pipe"].calls == 1
+
+
+def test_an_s3_input_swapped_during_the_computation_and_put_back_is_never_published(s3_run, capsys, monkeypatch):
+    """The object-store twin of the local swap-and-restore: while the pipeline reads, another object is PUT at
+    the input's key and the original bytes are PUT back before the check after the computation. The bytes hash
+    as the run key's, so the hash alone passed and the release of other data was published under the key; the
+    S3 snapshot (LastModified, ETag, VersionId: ``object_version``) moves with each PUT. Fails on the old code
+    (no snapshot for URIs: published)."""
+    import time
+
+    env = s3_run
+    client = env["s3"].client()
+    bucket = env["s3"].bucket
+    original = client.get_object(Bucket=bucket, Key="data/2024-01-01.parquet")["Body"].read()
+    pipe = env["pipe"]
+    real = UriPipeline.__call__
+
+    def swapping(req):
+        time.sleep(1.1)  # S3 dates have one-second resolution: the restore lands in a later second
+        client.put_object(Bucket=bucket, Key="data/2024-01-01.parquet", Body=b"other rows")  # what the job reads
+        out = real(pipe, req)
+        client.put_object(Bucket=bucket, Key="data/2024-01-01.parquet", Body=original)  # and the checked bytes back
+        return out
+
+    monkeypatch.setattr(computation, "_load_run_release", lambda: swapping)
+    code = main(["release", "run", env["spec"], *env["base"], "--publish", "--no-gx-checks"])
+    err = capsys.readouterr().err
+    assert code != 0 and "input files changed since the run was prepared" in err, err
+    with open_ledger(env["url"]) as led:
+        (rec,) = led.runs()
+    assert rec.state == "started"  # noise may have been drawn: charged, never published
+    assert not files.exists(_published(env) / "current")

@@ -139,6 +139,27 @@ def read_with_tag(loc: Location) -> tuple[bytes, str | None] | None:
     return data, None
 
 
+def object_version(loc: Location) -> tuple[int, str, str, str] | None:
+    """What the store says about one S3 object's current version: (size, LastModified, ETag, VersionId or "")
+    from a HEAD request, or None for another scheme (pyarrow.fs exposes no ETag or version there).
+
+    Every PUT, COPY or restore of an object gives it a new LastModified (the store's clock, which no client
+    sets) and, in a versioned bucket, a new VersionId; a change of content changes the ETag. So a tuple equal
+    to an earlier one means no write in between, except a rewrite in the same second in an unversioned bucket
+    (S3 dates have one-second resolution). Errors are ``OSError`` naming the status, never content."""
+    if loc.scheme != "s3":
+        return None
+    from botocore.exceptions import ClientError
+
+    bucket, key = _bucket_key(loc)
+    try:
+        head = _s3_client().head_object(Bucket=bucket, Key=key)
+    except ClientError as exc:
+        raise OSError(f"S3 HeadObject failed: {exc.response.get('Error', {}).get('Code')}") from None
+    return (int(head["ContentLength"]), head["LastModified"].isoformat(), str(head.get("ETag")),
+            str(head.get("VersionId") or ""))
+
+
 def put_conditional(loc: Location, data: bytes, *, if_none_match: bool = False, if_match: str | None = None) -> None:
     """Write ``data`` at ``loc`` only if it does not exist (``if_none_match``) or still has tag ``if_match``.
 
