@@ -381,6 +381,15 @@ def public_file_rows(spec: ReleaseSpec) -> list[list[Any]] | None:
     return [list(p) for p in (spec.public_partitions() or [])]
 
 
+def snapshot_locations(spec: ReleaseSpec, input_paths: Sequence[str]) -> list[str]:
+    """What a run's stat snapshot covers: the input files and the spec's ``partitions.public_file`` (resolved),
+    i.e. every file the keyed fingerprint covers, so a public list swapped while the pipeline read it and put
+    back before the closing check is caught as an input file is (``input_stat_snapshot``)."""
+    if getattr(spec.partitions, "public_file", None) is None:
+        return list(input_paths)
+    return [*input_paths, str(spec.resolve_path(spec.partitions.public_file))]
+
+
 # one entry per input: (path, device, inode, size, mtime_ns, ctime_ns) for a local file, (uri, size, LastModified,
 # ETag, VersionId) for an S3 object
 InputStats = tuple[tuple[str | int, ...], ...]

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dpops.errors import DEBUG_ENV, DpopsError, InputDataError, InternalError, LedgerError, NeedsOperator, StorageError
-from dpops.inputs import input_fingerprint, input_stat_snapshot, public_file_rows
+from dpops.inputs import input_fingerprint, input_stat_snapshot, public_file_rows, snapshot_locations
 from dpops.release.context import Progress, RunContext, RunOutcome, log, make_outcome, pick_attempt, report_stage
 from dpops.release.pipeline_seam import ComputeRequest, ComputeResult, import_pipeline_module, load_run_release
 from dpops.spec import load_spec
@@ -205,9 +205,10 @@ def check_input_unchanged(ctx: RunContext, when: str, snapshot_suffices: bool = 
     pipeline's read and put back before the hash hashes as the key's but moved its ctime."""
     assert ctx.fingerprint_key is not None  # prepare always sets it
     if (snapshot_suffices and ctx.input_stats is not None and ctx.spec.partitions.public_file is None
-            and input_stat_snapshot(ctx.input_paths) == ctx.input_stats):
+            and input_stat_snapshot(snapshot_locations(ctx.spec, ctx.input_paths)) == ctx.input_stats):
         return
-    moved = ctx.input_stats is not None and input_stat_snapshot(ctx.input_paths) != ctx.input_stats
+    moved = (ctx.input_stats is not None
+             and input_stat_snapshot(snapshot_locations(ctx.spec, ctx.input_paths)) != ctx.input_stats)
     if not snapshot_suffices and moved:
         # After the computation the hash alone cannot see a file swapped while the pipeline read it and put back
         # before this check (rename the checked file aside, another in its place, then back): the bytes hash as the

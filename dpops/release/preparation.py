@@ -31,6 +31,7 @@ from dpops.inputs import (
     parse_interval,
     public_file_rows,
     resolve_input_paths,
+    snapshot_locations,
 )
 from dpops.release.context import (
     RANDOMNESS,
@@ -44,6 +45,7 @@ from dpops.release.context import (
 from dpops.run_interval import requested_interval
 from dpops.spec import ReleaseSpec, interval_problems, load_spec
 from dpops.storage import Sealer, open_store
+from dpops.storage.location import Location, is_uri
 
 if TYPE_CHECKING:
     from dpops.ledger import Ledger
@@ -211,15 +213,17 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
     # checks passed is the file the fingerprint (so the run key) names. Taken after the checks, as it was, a file
     # rewritten between the two (other columns, another format) got a run key of its own and passed the check
     # before ``start`` (snapshot and hash both of the new file), so the pipeline read, after the charge, a file
-    # no check had seen. Local inputs only (``input_stat_snapshot``: None for object stores).
-    stats = input_stat_snapshot(paths)
+    # no check had seen. Local and S3 inputs (``input_stat_snapshot``: None for other object stores).
+    snapshot_of = snapshot_locations(spec, paths)  # the inputs and the public partition file, if any
+    stats = input_stat_snapshot(snapshot_of)
     check_input(spec, paths)
     public_rows = public_file_rows(spec)
-    if while_hashing is not None and stats is not None:  # local files only: object stores hash through imports
+    all_local = all(not is_uri(p) or Location.parse(p).is_local for p in paths)
+    if while_hashing is not None and stats is not None and all_local:  # object stores hash through imports
         fingerprint = _fingerprint_while(while_hashing, paths, fp_key, public_rows)
     else:
         fingerprint = input_fingerprint(paths, fp_key, public_rows)
-    if stats is not None and input_stat_snapshot(paths) != stats:
+    if stats is not None and input_stat_snapshot(snapshot_of) != stats:
         raise InputDataError(f"{spec.source}: the input files changed while they were checked and fingerprinted "
                              f"({interval}); nothing was reserved. Run again when the input is final")
     plan = (planner or _default_planner)(spec)
