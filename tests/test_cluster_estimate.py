@@ -195,6 +195,12 @@ def _release_run(client, cwd: Path, key: Path, runner: str, options: list[str], 
     assert [k for k in manifests if est_run in k], manifests  # the estimation's manifest, on S3
     assert _keys(client, f"out/estimates/cluster_estimated_release/{est_run}.json")  # and its result file
     if again:
+        # a reviewer's check: the release's manifest verifies, its dependency (the estimation) looked up on S3
+        verify = subprocess.run([sys.executable, "-m", "dpops.cli.main", "manifest", "verify", out["run_id"],
+                                 "--ledger", ledger, "--key-file", str(key), "--manifests",
+                                 f"s3://{BUCKET}/out/manifests/cluster_estimated_release"], cwd=cwd, env=env,
+                                capture_output=True, text=True, timeout=600, check=False)
+        assert verify.returncode == 0 and "verified: run" in verify.stdout, verify.stdout[-3000:] + verify.stderr[-3000:]
         proc = subprocess.run([sys.executable, "-m", "dpops.cli.main", *args], cwd=cwd, env=env,
                               capture_output=True, text=True, timeout=600, check=False)
         assert proc.returncode == 0, f"{runner} retry failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
