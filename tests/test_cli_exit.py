@@ -95,3 +95,25 @@ def test_an_in_process_call_leaves_the_callers_collector_alone(capsys):
     before = gc.get_freeze_count()
     assert main(["--version"]) == 0
     assert gc.get_freeze_count() == before
+
+
+def test_the_process_entry_raises_the_young_generation_threshold_and_in_process_calls_do_not(tmp_path):
+    from dpops.cli.main import GC_YOUNG_THRESHOLD
+
+    probe = ("import gc, sys\n"
+             "from dpops.cli import main as m\n"
+             "seen = []\n"
+             "real = m._main\n"
+             "m._main = lambda args: (seen.append(gc.get_threshold()[0]), real(args))[1]\n"
+             "sys.argv = ['dpops', '--version']\n"
+             "rc = m.main()\n"
+             "print('threshold', seen[0], file=sys.stderr)\n"
+             "sys.exit(rc)\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert f"threshold {GC_YOUNG_THRESHOLD}" in r.stderr
+    before = gc.get_threshold()
+    assert main(["--version"]) == 0
+    assert gc.get_threshold() == before

@@ -98,6 +98,21 @@ def _fail(exc: BaseException, code: int, message: str, as_json: bool, *, stderr_
     return code
 
 
+# Young-generation threshold of the collector while the ``dpops`` process runs (CPython's default: 700).
+# A release imports Beam, pandas and pyarrow, allocating a few hundred thousand long-lived objects; at 700
+# the collector ran a generation-0 pass every 700 of them and promoted them in ~0.2-0.3 s of passes. Speed
+# only: a cycle is still collected, just after more allocations (reference counting frees everything
+# else at once); nothing the collector sees is private data that must go at a precise time.
+GC_YOUNG_THRESHOLD = 50_000
+
+
+def _enter_process() -> None:
+    """The ``dpops`` process's own settings, set by ``main()`` only when it is the process entry (the console
+    script, ``python -m dpops.cli.main``): an in-process caller (tests, click's runner) keeps its own."""
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
+
+
 def _leave_process() -> None:
     """Freeze the heap for the interpreter's exit (``main()`` as the process entry, after the command returned).
 
@@ -118,9 +133,10 @@ def _leave_process() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """The ``dpops`` command; ``argv=None`` (the process entry) reads ``sys.argv`` and also applies the
-    process's exit setting (``_leave_process``)."""
+    process's collector settings (``_enter_process``, ``_leave_process``)."""
     if argv is not None:
         return _main(list(argv))
+    _enter_process()
     try:
         return _main(list(sys.argv[1:]))
     finally:
