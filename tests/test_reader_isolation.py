@@ -713,3 +713,54 @@ def test_parquet_outcome_and_rows_equal_the_reference(tmp_path_factory, victims,
         if outcomes[-1] == "ok":
             assert multiset(read_rows(path, "parquet", types, batch_rows=5)) == multiset(_ref_parquet_rows(rows, amount_type))
     assert outcomes == ["ok", "ok"]
+
+
+# --------------------------------------------------------------------------- the split parse (speed only)
+#
+# A large block is parsed in parts on pyarrow's threads (``pipelines.io._read_lines``). The files above are
+# far smaller than ``CSV_SPLIT_MIN_BYTES``, so here every block is split, into 2 and into 3 parts, wherever
+# the parts fall: both properties must hold as they do for the serial parse.
+
+
+@contextmanager
+def split_every_block(parts: int) -> Iterator[None]:
+    old = pio.CSV_SPLIT_PARTS, pio.CSV_SPLIT_MIN_BYTES
+    pio.CSV_SPLIT_PARTS, pio.CSV_SPLIT_MIN_BYTES = parts, 0
+    try:
+        yield
+    finally:
+        pio.CSV_SPLIT_PARTS, pio.CSV_SPLIT_MIN_BYTES = old
+
+
+@settings(PROPERTY, max_examples=examples(150))
+@given(csv_case(), st.sampled_from([2, 3]))
+def test_csv_lines_cost_only_themselves_with_every_block_split(tmp_path_factory, case, parts):
+    clean, adv, pos, limits = case
+    with split_every_block(parts):
+        check_csv(tmp_path_factory.mktemp("split"), clean, adv, pos, limits)
+
+
+@settings(DIFFERENTIAL, max_examples=150)
+@given(differential_case(), st.sampled_from([2, 3]))
+@example(ITEM2_EXAMPLE, 2)
+@example(([b"u0,north,1,\n"] * 5 + [b'"u\r1",,1,\n', b"u0,north,1,\n"], b'u1,north,1,"\n', 5, (7, 200)), 2)
+@example(([b"u%d,north,1,x\n" % i for i in range(6)], b'target,"north,1\n', 3, (16 << 20, 16 << 20)), 2)
+def test_the_fast_reader_equals_the_reference_reader_with_every_block_split(tmp_path_factory, case, parts):
+    victims, adv, pos, limits = case
+    with split_every_block(parts):
+        check_against_reference(tmp_path_factory.mktemp("refsplit"), victims, adv, pos, limits)
+
+
+def test_a_split_block_gives_the_serial_batches(tmp_path):
+    """The parts are joined back: the same batches (rows, values, boundaries) as one serial parse."""
+    lines = [b"u%d,r%d,%d,n%d\n" % (i % 97, i % 13, i, i % 5) for i in range(5000)]
+    path = _write(tmp_path, "big.csv", HEADER + b"".join(lines))
+    cfg = ReadConfig(format="csv", types=TYPES, unit_column="user_id", partition_columns=("region",),
+                     value_columns=("amount",), batch_rows=700)
+
+    def batches() -> list[tuple[int, list[dict]]]:
+        return [(off, b.to_pylist()) for b, off in iter_record_batches((0, path, None, 0), cfg, {})]
+
+    serial = batches()
+    with split_every_block(3):
+        assert batches() == serial
