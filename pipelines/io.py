@@ -227,11 +227,6 @@ def iter_record_batches(item: tuple[int, str, int | None, int], cfg: ReadConfig,
 
 MAX_LINE_BYTES = 16 << 20  # a longer line is malformed (and is never held in memory whole)
 CSV_READ_BYTES = 16 << 20  # bytes read at a time (<= MAX_LINE_BYTES); blocks hold whole lines only
-# A block of whole lines at least CSV_SPLIT_MIN_BYTES long is parsed by pyarrow's threaded reader in
-# CSV_SPLIT_PARTS parts of about equal size (the machine's cores work on one block at once; the batches
-# are the same: see ``_read_lines``).
-CSV_SPLIT_PARTS = 2
-CSV_SPLIT_MIN_BYTES = 1 << 20
 _BOM = b"\xef\xbb\xbf"
 _CSV_DICT = pa.dictionary(pa.int32(), pa.binary())  # how the CSV parser hands over a declared string column
 # A line whose quoted fields all close on it (pyarrow's quoting state machine, as a regular language):
@@ -511,7 +506,7 @@ def _parse_block(buf: bytes, start: int, end: int, names: list[str], parse: Any,
         lines = _count_newlines(buf, start, fast_end)
         before = skipped.count
         try:
-            table = _read_lines(memoryview(buf)[start:fast_end], names, parse, convert, split=True)
+            table = _read_lines(memoryview(buf)[start:fast_end], names, parse, convert)
         except pa.ArrowException:
             table = None
         if table is not None:
@@ -568,19 +563,7 @@ def _last_nonempty_end(buf: bytes, start: int, end: int) -> int:
     return start if len(other) == 0 else start + int(other[-1]) + 2
 
 
-def _read_lines(data: bytes | memoryview, names: list[str], parse: Any, convert: Any, split: bool = False) -> pa.Table:
-    """pyarrow's parse of the whole lines ``data``; ``split``: in ``CSV_SPLIT_PARTS`` parts on its threads.
-
-    The split (the fast path of ``_parse_block`` only) is speed: the block's parse, a third of the reader's
-    time, runs on both cores. Privacy reason it changes nothing: with ``newlines_in_values=False`` pyarrow's
-    chunker cuts the parts at line ends, so a part holds whole lines; a line parsed in any part gives the
-    row it gives in one serial parse, since column types are fixed (bytes) and nothing is inferred from
-    neighbours. A line whose quote runs over its end is what the caller's count (records + skips = lines,
-    over the whole block) already catches; one that runs over a part's end makes pyarrow raise (parser and
-    chunker out of sync), which the caller treats as any parse error: every line is then judged alone,
-    serially. The parts are joined back into one table (``combine_chunks``: one dictionary per string
-    column, as a serial parse gives), so the batches, their boundaries and so every batch's priority stream
-    are those of the serial parse. ``_LineCounter`` is locked: pyarrow's threads may call it at once."""
+def _read_lines(data: bytes | memoryview, names: list[str], parse: Any, convert: Any) -> pa.Table:
     import pyarrow.csv as pcsv
 
     skip = 0
@@ -589,11 +572,8 @@ def _read_lines(data: bytes | memoryview, names: list[str], parse: Any, convert:
         # block: that line's first cell would depend on where the blocks fall. Only the file's own BOM is
         # dropped (by _csv_batches); here an empty line is put first and skipped, so the BOM stays data.
         data, skip = b"\n" + bytes(data), 1
-    parts = CSV_SPLIT_PARTS if split and len(data) >= max(CSV_SPLIT_MIN_BYTES, 1) else 1
-    read = pcsv.ReadOptions(column_names=names, use_threads=parts > 1, block_size=len(data) // parts + 1,
-                            skip_rows=skip)
-    table = pcsv.read_csv(pa.py_buffer(data), read_options=read, parse_options=parse, convert_options=convert)
-    return table.combine_chunks() if parts > 1 else table
+    read = pcsv.ReadOptions(column_names=names, use_threads=False, block_size=len(data) + 1, skip_rows=skip)
+    return pcsv.read_csv(pa.py_buffer(data), read_options=read, parse_options=parse, convert_options=convert)
 
 
 def _empty_table(convert: Any) -> pa.Table:
@@ -606,11 +586,9 @@ class _LineCounter:
 
     def __init__(self) -> None:
         self.count = 0
-        self._lock = threading.Lock()
 
     def __call__(self, row: Any) -> str:
-        with self._lock:  # pyarrow's threads may call it at once (``_read_lines``'s split parse)
-            self.count += 1
+        self.count += 1
         return "skip"
 
 
