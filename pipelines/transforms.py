@@ -161,25 +161,39 @@ class _ReadBatches(beam.DoFn):
                 rng = self._source.child("bounding", item.file_index, -1 if item.row_group is None else item.row_group,
                                          seq)
                 rows, names, st = pio.prepare_batch(batch, item.file_index, offset, cfg, rng, pair_salt=self._salt)
-                st = dict(st, rows_to_bounding=len(rows["u"]))
-                rows, dropped = bound_rows(rows, self.ctx.agg.l0, self.ctx.agg.linf)  # pre-bound: cuts the shuffle
-                yield rows, names, _add(st, dropped)
+                yield rows, names, dict(st, rows_to_bounding=len(rows["u"]))
 
-        # Checking, hashing and pre-bounding batch k+1 (numpy and Arrow, mostly outside the GIL) overlap with
-        # handing batch k to Beam here. Speed only: the same functions run on the same batches in the same
-        # order, in one thread, so every row's priorities, hashes and bound are what a serial loop gives
-        # (tests/test_pipeline_bounding.py); an exception is re-raised here, after the batches before it.
-        with pio.Prefetch(prepared(), name="dpops-prepare") as batches:
-            for rows, (uniq, values), st in batches:
+        public = self.ctx.public_names is not None
+
+        def pre_bounded() -> Iterator[tuple[list[tuple[int, RowBlock]], list[tuple[int, PartitionNames]],
+                                             dict[str, int]]]:
+            with pio.Prefetch(prepared(), name="dpops-prepare") as checked:
+                for rows, (uniq, values), st in checked:
+                    rows, dropped = bound_rows(rows, self.ctx.agg.l0, self.ctx.agg.linf)  # pre-bound: cuts the shuffle
+                    blocks = [(key, RowBlock.of(chunk)) for key, chunk in split_by_key(rows, cfg.n_buckets)]
+                    names: list[tuple[int, PartitionNames]] = []
+                    if len(uniq) and not public:
+                        shards = shard_of(uniq, cfg.n_shards)
+                        for s in np.unique(shards):
+                            sel = np.flatnonzero(shards == s)
+                            names.append((int(s), PartitionNames(uniq[sel], [[col[i] for i in sel] for col in values])))
+                    yield blocks, names, _add(st, dropped)
+
+        # Three stages, each one batch ahead of the next: the reader parses block k+3 (its own Prefetch), one
+        # thread checks and hashes batch k+2, another pre-bounds batch k+1 and splits it by key, and this
+        # thread hands batch k to Beam (numpy, pandas and Arrow release the GIL in the heavy parts). Speed
+        # only: each stage runs its functions on the same batches in the same order in one thread, and the
+        # priorities are drawn in the checking stage from a stream per batch, so every row's priorities, hashes
+        # and bound are what a serial loop gives (tests/test_pipeline_bounding.py,
+        # tests/test_reader_prefetch.py); an exception is re-raised here, after the batches before it. Leaving
+        # early closes ``pre_bounded`` in its thread, which leaves the inner stage's ``with`` and so joins it
+        # (and closes the reader) first.
+        with pio.Prefetch(pre_bounded(), name="dpops-pre-bound") as batches:
+            for blocks, names, st in batches:
                 _add(stats, st)
-                for key, chunk in split_by_key(rows, cfg.n_buckets):
-                    yield key, RowBlock.of(chunk)
-                if len(uniq) and self.ctx.public_names is None:
-                    shards = shard_of(uniq, cfg.n_shards)
-                    for s in np.unique(shards):
-                        sel = np.flatnonzero(shards == s)
-                        yield beam.pvalue.TaggedOutput(
-                            "names", (int(s), PartitionNames(uniq[sel], [[col[i] for i in sel] for col in values])))
+                yield from blocks
+                for shard_names in names:
+                    yield beam.pvalue.TaggedOutput("names", shard_names)
         yield beam.pvalue.TaggedOutput("stats", _add(stats, read_stats))
 
 

@@ -526,3 +526,49 @@ def test_the_read_stage_draws_every_batch_s_priorities_from_the_reference_stream
     assert len(w["u"]) > 1000 and sum(len(c["u"]) for c in want) < 6000  # several batches, and the bound dropped rows
     for k in w:
         assert np.array_equal(g[k], w[k]), k
+
+
+def test_the_read_stage_s_three_threads_give_the_serial_names_and_stopping_early_leaves_none(tmp_path):
+    """The read DoFn's stages (``dpops-prepare`` checks and hashes, ``dpops-pre-bound`` bounds and splits by key,
+    the reader's own ``dpops-csv-prefetch``) emit the partition names a serial loop gives, in its order; and a
+    consumer that stops after the first element leaves none of the three threads alive."""
+    import threading
+
+    from pipelines.bounding import pair_salt
+    from pipelines.elements import WorkItem
+    from pipelines.io import iter_record_batches, prepare_batch, work_items
+    from dpops.release_plan import plan_release
+
+    spec = write_spec(tmp_path, COUNT_SUM, {"columns": ["region"], "private": {"strategy": "truncated_geometric"}},
+                      l0=3, linf=2, epsilon=4.0, delta=1e-5)
+    inp = _input(tmp_path)
+    req = request(spec, [inp], tmp_path / "s")
+    sp = req.spec_of()
+    ctx = release_pipeline.build_context(sp, plan_release(sp), req, "")
+    ctx = release_pipeline.PipelineContext(dataclasses.replace(ctx.read, batch_rows=300), ctx.agg, ctx.plan,
+                                           ctx.randomness, ctx.parts_dir, ctx.public_names)
+    items = work_items([str(inp)], "parquet")
+    fn = transforms._ReadBatches(ctx)
+    fn.setup()
+    names = [el.value for it in items for el in fn.process(WorkItem(*it))
+             if isinstance(el, beam.pvalue.TaggedOutput) and el.tag == "names"]
+    source = ctx.randomness.source()
+    salt = pair_salt(source)
+    want = []
+    for it in items:
+        for seq, (batch, offset) in enumerate(iter_record_batches(it, ctx.read)):
+            rng = source.child("bounding", it[0], -1 if it[2] is None else it[2], seq)
+            _, (uniq, values), _ = prepare_batch(batch, it[0], offset, ctx.read, rng, pair_salt=salt)
+            shards = transforms.shard_of(uniq, ctx.read.n_shards)
+            for s in np.unique(shards):
+                sel = np.flatnonzero(shards == s)
+                want.append((int(s), uniq[sel].tolist(), [[col[i] for i in sel] for col in values]))
+    assert len(want) > 3
+    assert [(s, pn.hashes.tolist(), pn.values) for s, pn in names] == want
+
+    stages = ("dpops-prepare", "dpops-pre-bound", "dpops-csv-prefetch")
+    gen = fn.process(WorkItem(*items[0]))
+    next(gen)
+    assert {t.name for t in threading.enumerate() if t.is_alive()} >= {"dpops-prepare", "dpops-pre-bound"}
+    gen.close()
+    assert not [t for t in threading.enumerate() if t.name in stages and t.is_alive()]
