@@ -419,6 +419,46 @@ def stop_process(proc: subprocess.Popen) -> None:
         pass
 
 
+def stop_stack_processes(procs: list, meta_url: str) -> None:
+    """Stop a stack's processes (each by its own PID/group id) side by side instead of one after the other.
+
+    Stopping one takes seconds of wall time (SIGTERM; the scheduler's LocalExecutor waits for its running tasks,
+    then an interpreter with GX and Beam preloaded tears down; the api-server's teardown garbage-collects a large
+    heap), so one by one a stack took ~10-34 s to stop. Every process except the api-server is signalled at once;
+    the api-server too when no task instance is queued or running, since only a task needs it (the Execution API)
+    while the scheduler shuts down: otherwise it is signalled once the others have exited, as before. Each
+    process is signalled once, waited for by its own PID and its group SIGKILLed if it has not exited 20 s
+    after its signal (as ``stop_process``)."""
+    import signal
+    import time
+
+    live = [p for p in procs if p.poll() is None]
+    api = [p for p in live if p.args[1] == "api-server"]
+    rest = [p for p in live if p not in api]
+    try:
+        busy = pg_exec(meta_url, "SELECT count(*) FROM task_instance WHERE state IN ('queued', 'running')",
+                       fetch=True)[0][0]
+    except Exception:  # noqa: BLE001 - no answer: keep the api-server up until the others are gone
+        busy = 1
+    first, last = (rest, api) if busy else (live, [])
+    for group in (first, last):
+        for p in group:  # once each: a second SIGTERM makes the scheduler stop without waiting for its tasks
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 20
+        for p in group:  # as stop_process: 20 s after the signal, the group is killed
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait(timeout=10)
+
+
 def wait_health(port: int, procs: list, timeout: float = 180) -> None:
     import time
     import urllib.request
@@ -559,6 +599,9 @@ def start_stack(es, tmp: Path, meta_url: str, ws, *, dags_folder: Path | None = 
              start_airflow(env, home, es, "dag-processor")]
     if triggerer:
         procs.append(start_airflow(env, home, es, "triggerer"))
+    # Registered last, so run first when ``es`` closes: all of them side by side (``Stack.procs`` is this list, so
+    # a process a test replaced is the one stopped); each one's own callback then finds it gone.
+    es.callback(stop_stack_processes, procs, meta_url)
     wait_health(port, procs)
     stack = Stack(env, port, home, ws, procs, meta_url)
     deadline = time.monotonic() + 180

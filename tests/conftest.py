@@ -57,34 +57,58 @@ def postgres_url() -> str:
     return POSTGRES_URL
 
 
-# `make test` runs `pytest -n auto --dist loadfile --no-loadscope-reorder`: each worker takes whole files in
-# collection order. The files that take longest go first, so the last files handed out are short and both
+# `make test` runs `pytest -n 3 --dist loadfile --no-loadscope-reorder`: each worker takes whole files in
+# collection order. The files that take longest go first, so the last files handed out are short and the
 # workers finish together (xdist's default order, by number of tests, put the 1-test Airflow files last).
-# Seconds each file took in the full suite (2 workers, shared 2-core machine, 2026-12-01); only the order matters.
+# Wall and CPU seconds of each file in the whole suite (3 workers on the shared 2-core machine at load 7-13,
+# 2026-12-03, `DPOPS_TEST_CPU_REPORT`): every file of 40 s or more, longest first; only the order matters.
 SLOWEST_FIRST = (
-    "test_year_in_the_life_airflow.py",  # ~510 s alone: one Airflow stack, ~25 DAG runs, a scheduler restart
-    "test_airflow_operations.py",  # ~420 s: one Airflow stack, ~10 DAG runs, then the 6-day backfill twice
-    "test_dags_airflow.py",  # 161 s
-    "test_demo.py",  # 133 s: make demo twice, real DAG runs
-    "test_cluster_estimate.py",  # ~410 s under load 8-25: two estimations on isolated workers, input on S3
-    "test_cluster_release.py",  # 127 s
-    "test_cluster_tune.py",  # ~60 s: a private tune on isolated workers, sample on S3
-    "test_deploy_stack.py",  # 114 s
-    "test_cluster_harness.py",  # 87 s
-    "test_dags_native.py",  # 71 s
-    "test_faults.py",  # 70 s
-    "test_year_in_the_life.py",  # 68 s
-    "test_audit_float_sums.py",  # 65 s: 2^22-row attacks
-    "test_airflow_plugin.py",  # 55 s
-    "test_extremes.py",  # ~50 s: every accepted extreme, 8 real Beam runs
-    "test_audit_estimate.py",  # ~30 s: the estimators' audits
-    "test_dags_run.py",  # 43 s
-    "test_cluster_runner_check.py",  # 40 s
-    "test_storage_s3_scratch.py",  # 40 s
-    "test_gx_project.py",  # 34 s
-    "test_corpus.py",  # 33 s
-    "test_pipeline_s3.py",  # 22 s
-    "test_reader_isolation.py",  # 21 s
+    "test_year_in_the_life_airflow.py",  # 473 s wall, 160 CPU-s: one Airflow stack, ~25 DAG runs, a scheduler restart
+    "test_airflow_operations.py",  # 454 s wall, 122 CPU-s: one Airflow stack, ~10 DAG runs, then the 6-day backfill twice
+    "test_cluster_release.py",  # 271 s wall, 45 CPU-s: releases on isolated Beam workers
+    "test_audit_float_sums.py",  # 249 s wall, 59 CPU-s: 2^22-row attacks
+    "test_year_in_the_life.py",  # 216 s wall, 48 CPU-s: benchmarks/year_in_the_life.py, forked CLI children
+    "test_deploy_stack.py",  # 213 s wall, 66 CPU-s: the compose stack's services as uid 50000
+    "test_demo.py",  # 189 s wall, 60 CPU-s: make demo twice, real DAG runs
+    "test_dags_airflow.py",  # 161 s wall, 54 CPU-s: one Airflow stack
+    "test_faults.py",  # 153 s wall, 28 CPU-s
+    "test_dags_native.py",  # 143 s wall, 24 CPU-s
+    "test_analysis_tune.py",  # 139 s wall, 26 CPU-s
+    "test_cluster_harness.py",  # 138 s wall, 12 CPU-s
+    "test_simulate.py",  # 133 s wall, 32 CPU-s
+    "test_cluster_estimate.py",  # 131 s wall, 28 CPU-s
+    "test_analysis_notebook.py",  # 122 s wall, 24 CPU-s
+    "test_analysis_calibration.py",  # 115 s wall, 18 CPU-s
+    "test_gx_project.py",  # 98 s wall, 40 CPU-s
+    "test_cluster_tune.py",  # 95 s wall, 20 CPU-s
+    "test_extremes.py",  # 95 s wall, 19 CPU-s
+    "test_pipeline_sums.py",  # 77 s wall, 14 CPU-s
+    "test_analysis_estimate.py",  # 77 s wall, 11 CPU-s
+    "test_dags_run.py",  # 76 s wall, 25 CPU-s
+    "test_tune_beam.py",  # 73 s wall, 19 CPU-s
+    "test_airflow_support.py",  # 64 s wall, 8 CPU-s
+    "test_pipeline_streaming.py",  # 64 s wall, 11 CPU-s
+    "test_pipeline_s3.py",  # 61 s wall, 10 CPU-s
+    "test_analysis_solver.py",  # 59 s wall, 12 CPU-s
+    "test_quiet_logs.py",  # 59 s wall, 11 CPU-s
+    "test_reader_isolation.py",  # 57 s wall, 17 CPU-s
+    "test_estimation_beam.py",  # 57 s wall, 19 CPU-s
+    "test_targets_rows_per_unit.py",  # 56 s wall, 28 CPU-s
+    "test_leaks_airflow.py",  # 55 s wall, 17 CPU-s
+    "test_corpus.py",  # 54 s wall, 13 CPU-s
+    "test_spec_property.py",  # 54 s wall, 10 CPU-s
+    "test_cluster_runner_check.py",  # 52 s wall, 13 CPU-s
+    "test_ledger.py",  # 51 s wall, 7 CPU-s
+    "test_airflow_plugin.py",  # 51 s wall, 23 CPU-s
+    "test_bounds_estimate_option.py",  # 49 s wall, 10 CPU-s
+    "test_bench_vs_duckdb.py",  # 46 s wall, 9 CPU-s
+    "test_storage_s3_pipeline.py",  # 46 s wall, 11 CPU-s
+    "test_report.py",  # 43 s wall, 8 CPU-s
+    "test_ledger_roles_property.py",  # 43 s wall, 2 CPU-s
+    "test_audit_planted_bugs.py",  # 42 s wall, 8 CPU-s
+    "test_storage_s3_scratch.py",  # 41 s wall, 14 CPU-s
+    "test_audit_estimate.py",  # 41 s wall, 11 CPU-s
+    "test_bound_choice.py",  # 41 s wall, 8 CPU-s
 )
 
 
