@@ -298,11 +298,9 @@ def test_a_test_mode_run_estimates_in_test_mode_and_is_never_published(tmp_path,
     assert [p for d in reviewer_facing if d.exists() for p in d.rglob("*") if p.is_file()] == []
 
 
-def test_an_edited_estimation_manifest_is_never_served(tmp_path, monkeypatch, capsys):
-    """Issue 25 item 7c: the committed estimation is served from its manifest only if the file's sha256 is the
-    one the ledger's commit entry recorded. The release fails after the estimation committed; editing the
-    estimation's bounds to [0, 1e6] then used to set the bounds of the retry's release. Now the retry and a
-    restatement refuse (exit 7) and nothing more is charged."""
+def _estimation_committed_release_failed(tmp_path, monkeypatch, capsys):
+    """A release whose bounds: estimate estimation committed and whose computation then failed (charged,
+    started): the environment and the estimation's manifest file, for the serving tests."""
     e = _option_env(tmp_path, monkeypatch, cap=5.0)
     e.pipe.fail_after_start = True
     code, out, err = e.run(capsys, "release", "run", str(e.spec), *e.base("2024-01-01"), "--ledger", e.url,
@@ -310,7 +308,15 @@ def test_an_edited_estimation_manifest_is_never_served(tmp_path, monkeypatch, ca
     assert code != 0
     e.pipe.fail_after_start = False
     mdir = tmp_path / "out" / "manifests" / "purchases_test"
-    path = next(p for p in mdir.glob("*.json") if json.loads(p.read_text()).get("estimation") is not None)
+    return e, next(p for p in mdir.glob("*.json") if json.loads(p.read_text()).get("estimation") is not None)
+
+
+def test_an_edited_estimation_manifest_is_never_served(tmp_path, monkeypatch, capsys):
+    """Issue 25 item 7c: the committed estimation is served from its manifest only if the file's sha256 is the
+    one the ledger's commit entry recorded. The release fails after the estimation committed; editing the
+    estimation's bounds to [0, 1e6] then used to set the bounds of the retry's release. Now the retry and a
+    restatement refuse (exit 7) and nothing more is charged."""
+    e, path = _estimation_committed_release_failed(tmp_path, monkeypatch, capsys)
     doc = json.loads(path.read_text())
     doc["estimation"]["result"]["bounds"]["amount"] = [0.0, 1e6]
     path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
@@ -329,14 +335,7 @@ def test_an_estimation_manifest_swapped_after_its_digest_was_read_is_not_served(
     that hashed one read and parsed a second served the edited bounds as the retry's sensitivity."""
     from pathlib import Path
 
-    e = _option_env(tmp_path, monkeypatch, cap=5.0)
-    e.pipe.fail_after_start = True
-    code, out, err = e.run(capsys, "release", "run", str(e.spec), *e.base("2024-01-01"), "--ledger", e.url,
-                           "--publish", "--no-gx-checks")
-    assert code != 0
-    e.pipe.fail_after_start = False
-    mdir = tmp_path / "out" / "manifests" / "purchases_test"
-    path = next(p for p in mdir.glob("*.json") if json.loads(p.read_text()).get("estimation") is not None)
+    e, path = _estimation_committed_release_failed(tmp_path, monkeypatch, capsys)
     doc = json.loads(path.read_text())
     declared = doc["estimation"]["result"]["bounds"]["amount"]
     doc["estimation"]["result"]["bounds"]["amount"] = [0.0, 1e6]

@@ -215,7 +215,7 @@ def test_an_input_swapped_during_the_computation_and_put_back_is_never_published
 
 
 def test_a_public_partition_file_swapped_during_the_computation_and_put_back_is_never_published(
-        tmp_path, tmp_path_factory, monkeypatch):
+        env, tmp_path, tmp_path_factory, monkeypatch):
     """The public partition list is part of the run's input (its rows enter the keyed fingerprint) and the
     pipeline reads it again: renamed aside while the pipeline ran, another list in its place, then renamed back,
     it re-read as the key's list, so the check after the computation passed. The stat snapshot covers the file
@@ -224,23 +224,14 @@ def test_a_public_partition_file_swapped_during_the_computation_and_put_back_is_
 
     import yaml
 
+    spec, _, led = env
     public = tmp_path_factory.mktemp("public")  # the operator's public root, apart from the data root
     monkeypatch.setenv("DPOPS_PUBLIC_ROOTS", str(public))
     monkeypatch.delenv("DPOPS_DATA_ROOTS", raising=False)
     (public / "regions.csv").write_text("region\nnorth\nsouth\n")
-    doc = {
-        "name": "purchases_test",
-        "input": {"path": "data/{start:%Y-%m-%d}.parquet", "format": "parquet",
-                  "columns": {"user_id": "string", "region": "string", "amount": "float"}},
-        "privacy_unit": {"column": "user_id", "description": "a user", "adjacency": "add_remove"},
-        "budget": {"scope": "shop", "epsilon": 0.5, "delta": 0},
-        "contribution": {"max_partitions_per_unit": 1, "max_rows_per_unit_per_partition": 2},
-        "partitions": {"columns": ["region"], "public_file": str(public / "regions.csv")},
-        "metrics": [{"type": "count"}],
-    }
-    spec = tmp_path / "spec.yaml"
+    doc = yaml.safe_load(spec.read_text())
+    doc["partitions"] = {"columns": ["region"], "public_file": str(public / "regions.csv")}
     spec.write_text(yaml.safe_dump(doc))
-    write_day(tmp_path)
     pipe = FakePipeline()
 
     def swapping_pipeline(req):
@@ -252,12 +243,8 @@ def test_a_public_partition_file_swapped_during_the_computation_and_put_back_is_
         os.replace(public / "aside.csv", path)  # and the checked one is back, same bytes
         return out
 
-    with open_ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}") as led:
-        led.create_scope(ScopeDefinition(name="shop", unit="a user", unit_column="user_id", epsilon=5.0, delta=1e-6,
-                                         rho=None, accountant="basic/1", adjacency="add_remove"), actor="t")
-        with pytest.raises(InputDataError, match="input files changed since the run was prepared"):
-            release.execute_release(spec, *IV, ledger=led, key=FakeKey(), run_release=swapping_pipeline,
-                                    planner=planner)
-        (rec,) = led.runs()
-        assert rec.state == "started"  # noise was drawn: charged, never published
+    with pytest.raises(InputDataError, match="input files changed since the run was prepared"):
+        release.execute_release(spec, *IV, ledger=led, key=FakeKey(), run_release=swapping_pipeline, planner=planner)
+    (rec,) = led.runs()
+    assert rec.state == "started"  # noise was drawn: charged, never published
     assert not any((tmp_path / "out").rglob("data.parquet"))
