@@ -35,14 +35,14 @@ import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
 import numpy as np
 
 from dpops.release.pipeline_seam import ComputeRequest, ComputeResult, SampleTruth, SampleTruthRequest
 from dpops.errors import DpopsError, InputDataError, InvalidParameter, StorageError
-from dpops.release_plan import plan_release
+from dpops import release_plan  # looked up at call time: ``release_plan.plan_release`` (see ``_plan``)
 from pipelines import fs
 from pipelines.aggregate import select_and_noise  # noqa: F401 - re-exported (tests, auditor)
 from pipelines.bounding import (
@@ -76,6 +76,10 @@ from pipelines.transforms import (
     split_by_key,
 )
 
+if TYPE_CHECKING:
+    from dpops.release_plan import ReleasePlan
+    from dpops.spec import ReleaseSpec
+
 # Unit-hash keys of the bounding combiner (the parallelism of the bound; the result does not depend on
 # it). 256, not more: every read batch emits one element per key, and at ~50 us of pickling and Beam
 # overhead per element 1024 keys cost ~1 s more per 10M rows on this machine.
@@ -83,6 +87,13 @@ N_BUCKETS = 256
 N_SHARDS = 16  # fixed: the noise is drawn per shard
 _empty_acc = empty_acc  # the former name (tests import it)
 SelectNoiseWrite = SelectNoise  # the former DoFn name (the fault-injection tests hook its ``process``)
+
+
+def _plan(spec: ReleaseSpec) -> ReleasePlan:
+    """The release plan of ``spec``, from ``dpops.release_plan.plan_release`` looked up when called, not bound when
+    this module was first imported: a caller that swaps the planner for a while (the test suite's stand-ins do)
+    then never leaves its planner behind in every later pipeline of the process."""
+    return release_plan.plan_release(spec)
 
 
 @dataclass(frozen=True)
@@ -285,7 +296,7 @@ def run_release(request: ComputeRequest) -> ComputeResult:
     t0 = time.time()
     spec = request.spec_of()  # the file, with the estimated bounds of a bounds: estimate spec
     _check_request(request, spec)
-    plan = plan_release(spec)
+    plan = _plan(spec)
     if request.expected_plan_hash is not None and request.expected_plan_hash != plan.plan_hash:
         raise InvalidParameter(
             "the release plan differs from the one the ledger reserved (expected_plan_hash mismatch); "
@@ -432,7 +443,7 @@ def bounded_truth(request: ComputeRequest, n_buckets: int | None = None) -> tupl
     integer counts of their grid step ``pipelines.bounding.sum_unit(kind, lo, hi)``.
     """
     spec = request.spec_of()  # the file, with the estimated bounds of a bounds: estimate spec
-    plan = plan_release(spec)
+    plan = _plan(spec)
     ctx = build_context(spec, plan, request, "", n_buckets=n_buckets)
     names, buckets, _ = _read_buckets(ctx, [fs.normalize(x) for x in request.input_paths], spec.input.format)
     partials = []
@@ -499,7 +510,7 @@ def sample_truth(request: SampleTruthRequest) -> SampleTruth:
     if isinstance(request.test_seed, bool) or not isinstance(request.test_seed, int):
         raise _Invalid(f"sample_truth runs on a test seed only (an integer), got {request.test_seed!r}")
     access = check_public_sample(spec, request.sample_path)
-    plan = plan_release(spec)
+    plan = _plan(spec)
     compute = ComputeRequest(spec_path=spec.source, interval_start="", interval_end="",
                              input_paths=(access.location,), noise_label={"release": spec.name, "purpose": "simulate"},
                              randomness="test", test_seed=request.test_seed, staging_dir="-")
