@@ -41,6 +41,7 @@ from dpops.errors import SpecError
 from dpops.storage.location import Location, LocationError
 
 if TYPE_CHECKING:
+    from dpops.inputs import InputStats
     from dpops.spec import ReleaseSpec
 
 PRIVATE_FLAG = "--i-understand-this-reads-private-data"
@@ -58,9 +59,10 @@ class SampleAccess:
     fingerprint: str | None = None
     entry_id: int | None = None
     scope: str | None = None
-    # A recorded private read of a local file: its stat snapshot (``dpops.inputs.input_stat_snapshot``) taken before
-    # the fingerprint the ledger entry records; the Beam read compares it afterwards (``dpops.release.tuning``).
-    stats: tuple | None = None
+    # A recorded private read of a local file or S3 object: its stat snapshot (``dpops.inputs.input_stat_snapshot``)
+    # taken before the fingerprint the ledger entry records; the Beam read compares it afterwards
+    # (``dpops.release.tuning``).
+    stats: InputStats | None = None
 
     def provenance(self) -> dict[str, object]:
         """What a spec patch carries about the data its values came from: the ``data`` of the spec's

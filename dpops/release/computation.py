@@ -204,11 +204,11 @@ def check_input_unchanged(ctx: RunContext, when: str, snapshot_suffices: bool = 
     fingerprint). After the computation the snapshot is compared TOO (not instead): a file swapped during the
     pipeline's read and put back before the hash hashes as the key's but moved its ctime."""
     assert ctx.fingerprint_key is not None  # prepare always sets it
-    if (snapshot_suffices and ctx.input_stats is not None and ctx.spec.partitions.public_file is None
-            and input_stat_snapshot(snapshot_locations(ctx.spec, ctx.input_paths)) == ctx.input_stats):
-        return
     moved = (ctx.input_stats is not None
              and input_stat_snapshot(snapshot_locations(ctx.spec, ctx.input_paths)) != ctx.input_stats)
+    if (snapshot_suffices and ctx.input_stats is not None and ctx.spec.partitions.public_file is None
+            and not moved):
+        return
     if not snapshot_suffices and moved:
         # After the computation the hash alone cannot see a file swapped while the pipeline read it and put back
         # before this check (rename the checked file aside, another in its place, then back): the bytes hash as the
@@ -232,9 +232,6 @@ def check_input_unchanged(ctx: RunContext, when: str, snapshot_suffices: bool = 
             f"{ctx.spec.name} {ctx.interval}: the input files changed since the run was prepared ({when}); "
             f"nothing is published. Run again when the input is final: a new input is a new run (and charge)"
         )
-
-
-_check_input_unchanged = check_input_unchanged  # the former name
 
 
 _DISK_ERRORS = {errno.ENOSPC: "the disk is full", errno.EROFS: "the file system is read-only",

@@ -658,7 +658,7 @@ def check_engine(ctx: RunContext, engine: str | EstimationEngine, config: Estima
     return eng
 
 
-def prepare_local_staging(path: str) -> None:
+def prepare_local_staging(path: str, field: str = STAGING_FIELD) -> None:
     """A local ``--staging`` directory made (0700, as the passes' own directories are) and checked writable before
     anything is reserved: each pass creates its scratch below it after ``ledger.start``, so a staging below a
     regular file, or one this process cannot write, would otherwise fail the run with its charge kept and
@@ -666,10 +666,10 @@ def prepare_local_staging(path: str) -> None:
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
     except OSError as exc:
-        raise InvalidParameter(f"{STAGING_FIELD} {path}: cannot create the directory ({exc.strerror or exc}); "
+        raise InvalidParameter(f"{field} {path}: cannot create the directory ({exc.strerror or exc}); "
                                "give a directory this process can create and write; nothing was reserved") from None
     if not os.access(path, os.W_OK | os.X_OK):
-        raise InvalidParameter(f"{STAGING_FIELD} {path}: this process cannot write the directory; fix its "
+        raise InvalidParameter(f"{field} {path}: this process cannot write the directory; fix its "
                                "permissions or give another; nothing was reserved")
 
 

@@ -55,7 +55,8 @@ def check_sample_unchanged(access: SampleAccess) -> None:
     its recorded fingerprint. Why: the Beam workers read the sample by name after the ledger entry; a file
     renamed over it or rewritten in between would be tuned on (and named in the patch's provenance) under the
     fingerprint of other bytes, so the entry would not say what was read. The access stays recorded (rows may
-    have been read); the statistics are discarded, nothing is written. Object stores: no snapshot, not checked."""
+    have been read); the statistics are discarded, nothing is written. Local files and S3 objects have a snapshot
+    (``dpops.inputs.input_stat_snapshot``); other object stores have none and are not checked."""
     from dpops.errors import InputDataError
     from dpops.inputs import input_stat_snapshot
 
@@ -80,7 +81,7 @@ def check_private_engine(spec: ReleaseSpec, engine: EstimationEngine, key_path: 
         loc = check_scratch_location(engine.staging, "--staging", source=spec.source, spec_dir=spec.base_dir,
                                      output_root=spec.output_root, key_path=key_path)
         if loc.is_local:
-            prepare_local_staging(str(loc.local_path))
+            prepare_local_staging(str(loc.local_path), field="--staging")
     else:  # the pass's fresh scratch goes under $TMPDIR (``private_statistics``)
         check_temp_scratch("tune", source=spec.source, spec_dir=spec.base_dir, output_root=spec.output_root,
                            key_path=key_path)
