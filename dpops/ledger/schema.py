@@ -460,7 +460,32 @@ def _v5(db: Backend) -> None:
         db.execute(sql.replace("{schema}", schema).replace("%", "%%"))
 
 
-MIGRATIONS = [(1, _v1), (2, _v2), (3, _v3), (4, _v4), (5, _v5)]
+# --- version 6: every guard function resolves names in the ledger's schema and the catalog only (review 5) ----------
+# Why: the guards of versions 1-3 (``dpops_entries_writer``, ``dpops_scopes_owner_only``,
+# ``dpops_chain_head_forward_only``, ``dpops_entries_append_only``) ran with the inserting SESSION's search_path, and
+# PostgreSQL searches a session's temporary schema first, even before pg_catalog, for tables. So the app role (which
+# holds TEMP on a database where PUBLIC keeps its default rights, e.g. one set up by `dpops ledger init --app-role`)
+# could ``CREATE TEMP TABLE pg_class (oid oid, relowner oid)`` naming itself the owner of ``entries``: the writer
+# guard then took it for the owner and let it append a hash-chained ``cap_changed`` entry raising the cap, with
+# ``writer`` forged as the owner. The database's cap check (``scopes``) did not move, but ``ledger verify`` blamed
+# the scopes table, and ``ledger export`` + ``import`` (the documented move to another database) rebuilt the scope
+# with the forged cap and verified OK. A temporary ``entries`` table likewise let it move the chain head onto an
+# entry that does not exist. Decision: every trigger function is pinned to ``pg_catalog, <schema>, pg_temp``
+# (pg_temp last: a temporary object can never shadow a catalog or ledger table), as versions 4 and 5 already were;
+# ``tests/test_ledger_search_path.py`` holds every function of the ledger's schema to it.
+_V6_PINNED = ("dpops_entries_append_only", "dpops_chain_head_forward_only", "dpops_entries_writer",
+              "dpops_scopes_owner_only", "dpops_entries_derive_runs", "dpops_entries_cap_guard")
+
+
+def _v6(db: Backend) -> None:
+    if db.dialect == "sqlite":
+        return
+    schema = str(db.row("SELECT quote_ident(current_schema())")[0])
+    for name in _V6_PINNED:
+        db.execute(f"ALTER FUNCTION {schema}.{name}() SET search_path = pg_catalog, {schema}, pg_temp")
+
+
+MIGRATIONS = [(1, _v1), (2, _v2), (3, _v3), (4, _v4), (5, _v5), (6, _v6)]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 
