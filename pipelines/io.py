@@ -681,8 +681,13 @@ def _convert_column(arr: pa.Array, want: str) -> tuple[pa.Array, np.ndarray]:
 # - bool: true/false/1/0, any case.
 # Speed: columns whose cells all have the plain form are converted by Arrow in one vectorised cast (a
 # plain int is -?[0-9]{1,18}, which Arrow and int() read alike; for floats Arrow's parser reads exactly
-# the decimal forms above, correctly rounded like float(), plus the non-finite words, which are dropped
-# either way). Only the other cells go through Python, one cell at a time.
+# the decimal forms above, correctly rounded like float(), and the non-finite words, but also NaN payload
+# forms such as ``nan(1)``, which the grammar refuses: so a fast cast is kept only when every non-finite
+# cell it read is one of the words (``_non_finite_cells_are_words``), else the column takes the cell-by-cell
+# path. Privacy reason (review 5): only a metric column drops a NaN; a float partition, unit or top_k column
+# keeps it, so ``nan(1)`` was a row in partition NaN when its batch took the fast path and a dropped row when
+# another unit's padded `` 2.5`` sent the batch cell by cell). Only the other cells go through Python, one
+# cell at a time.
 _INT_TEXT = re.compile(r"([+-]?)0*([0-9]+)")
 _DEC_TEXT = r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
 _DECIMAL_TEXT = re.compile(_DEC_TEXT)
@@ -690,7 +695,17 @@ _FLOAT_TEXT = re.compile(_DEC_TEXT + r"|[+-]?(?:inf|infinity|nan)", re.IGNORECAS
 _PLAIN_INT = r"^-?[0-9]{1,18}$"  # what Arrow's cast reads exactly as int() does, and always within int64
 _PLAIN_FLOAT = "^" + _DEC_TEXT + "$"
 _MAX_NUMBER_TEXT = 1000  # a decimal int/float cell longer than this is malformed (bounds the work per cell)
+_FLOAT_WORD = r"^[+-]?(?i:inf|infinity|nan)$"  # the grammar's non-finite float cells (Arrow: no blanks)
 _BLANK = " \t"
+
+
+def _non_finite_cells_are_words(text: pa.Array, fast: pa.Array) -> bool:
+    """Whether every cell Arrow's float cast read as non-finite is spelled as the grammar's inf/infinity/nan
+    (a cell's own text decides: the fast cast is then exactly the grammar's reading of every cell)."""
+    odd = pc.invert(pc.is_finite(fast)).fill_null(False)
+    if not pc.any(odd).as_py():
+        return True
+    return bool(pc.all(pc.match_substring_regex(text.filter(odd), _FLOAT_WORD)).as_py())
 
 
 def _int_cell(text: str) -> int | None:
@@ -776,9 +791,11 @@ def _convert_cells(arr: pa.Array, want: str) -> tuple[pa.Array, np.ndarray]:
         null = _nulls(text)
         if want == "float" and not bad.any():
             try:  # the fast path (see above): Arrow reads every decimal form exactly as float() does
-                return text.cast(target), bad
+                fast = text.cast(target)
             except pa.ArrowException:
-                pass
+                fast = None
+            if fast is not None and _non_finite_cells_are_words(text, fast):
+                return fast, bad
         plain = pc.match_substring_regex(text, plain_re).fill_null(False).to_numpy(zero_copy_only=False)
         if plain.all():
             return text.cast(target), bad
