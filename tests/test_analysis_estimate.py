@@ -553,3 +553,15 @@ def test_a_staging_location_of_its_own_runs_and_is_left_empty(env, tmp_path_fact
                  "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["state"] == "committed"
     assert list(scratch.iterdir()) == []  # every pass removed its scratch
+
+
+@pytest.mark.parametrize("epsilon", [1e-300, 5e-324])
+def test_quantile_choice_at_a_tiny_epsilon_picks_a_candidate(epsilon):
+    """Review 5: the public tail penalty per grid step, TAIL_DECAY * 2 S m / epsilon, was a float: beyond 1.8e308 (a
+    tiny epsilon share with L0 * Linf in the tens of thousands) ``math.ceil`` raised OverflowError after the charge,
+    on every retry. It is an exact integer now, and the mechanism takes the huge utilities on its exact path."""
+    grid = E.value_grid()
+    r = np.searchsorted(np.arange(1000, dtype=np.float64), grid, side="right").astype(np.int64)
+    for m in (1, 10_000 * 10_000):
+        i = E.quantile_choice(r, 1000, 0.99, epsilon, m, test_random(7, ("tiny", str(m))), anchor=10)
+        assert 0 <= i < grid.size

@@ -422,3 +422,16 @@ def test_a_candidate_the_plan_refuses_is_skipped_and_a_target_failure_is_reporte
     targets = E.target_check(analysis.load(doc), {"max_partitions_per_unit": 5, "max_rows_per_unit_per_partition": 1,
                                                   "bounds": {}})
     assert len(targets) == 1 and targets[0]["kind"] == "error" and "could not be evaluated" in targets[0]["description"]
+
+
+def test_error_method_with_a_share_too_small_for_its_noise_is_refused_before_any_charge(env):
+    """Review 5: a histogram's Laplace scale is computed from public parameters only (its share, its sensitivity),
+    but it was computed after ``ledger.start``: an epsilon whose shares ask for a scale above the sampler's 2**50
+    (about 1e-9 here) failed every attempt after the charge, the run stuck started. Refused before reserving."""
+    root, spec, doc, url, key = env
+    before = _total(url)
+    with pytest.raises(InvalidParameter, match="nothing was charged"):
+        _estimate(spec, url, key, eps=1e-10)
+    assert _total(url) == before
+    with open_ledger(url) as led:
+        assert led.runs(scope="shop") == []
