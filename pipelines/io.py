@@ -325,17 +325,7 @@ def _csv_batches(path: str, cfg: ReadConfig, counters: dict[str, int] | None) ->
     blocks = _line_blocks(stream, malformed)
     try:
         hbuf, hstart, hend = next(blocks, (b"", 0, 0))
-        header = hbuf[hstart:hend]
-        if header.startswith(_BOM):
-            header = header[len(_BOM):]
-        if not _line_is_closed(header[:-1]):
-            raise InputDataError(f"{path}: the CSV header line has an unclosed quote; fix the header")
-        try:
-            header.decode("utf-8")
-        except UnicodeDecodeError:  # check_input refuses it before a run; a file swapped since lands here
-            raise InputDataError(f"{path}: the CSV header (line 1) is not UTF-8 text; fix the header") from None
-        names = pcsv.read_csv(pa.py_buffer(header), parse_options=pcsv.ParseOptions(newlines_in_values=False),
-                              read_options=pcsv.ReadOptions(use_threads=False)).column_names
+        names = _header_names(hbuf[hstart:hend], path)
         if [c for c in needed if c not in names]:
             raise InputDataError(f"{path}: a column declared in the spec is missing from the CSV header (line 1); "
                                  "fix the file or input.columns")
@@ -365,6 +355,46 @@ def _csv_batches(path: str, cfg: ReadConfig, counters: dict[str, int] | None) ->
             n = malformed[0] + skipped.count
             if n:
                 counters[MALFORMED_LINES] = counters.get(MALFORMED_LINES, 0) + n
+
+
+def _header_names(header: bytes, path: str) -> list[str]:
+    """The column names of the CSV header line ``header`` (the first block of ``_line_blocks``: the line with its
+    b"\\n", or b"" for an empty file), read by the dialect: a UTF-8 BOM before it is dropped, its quotes must close
+    on it, it must be UTF-8, and the names are pyarrow's split of it, as written (no space trimmed).
+
+    One owner (review 5): ``check_input`` and the GX input check read the header with Python's ``csv`` module and
+    stripped the names, so `` region`` or an unclosed quote at the header's end passed the checks before the charge
+    and then failed the reader after it (every retry: the run stuck started); and a file whose lines end with a lone
+    CR was refused before the charge although the reader reads it. All three call this now (``csv_header_names``).
+    No error names a cell or the header's text (a copy of a secret may stand where a header should)."""
+    import pyarrow.csv as pcsv
+
+    if header.startswith(_BOM):
+        header = header[len(_BOM):]
+    if not header.rstrip(b"\n"):
+        raise InputDataError(f"{path}: empty CSV file, expected a header line naming the columns (line 1)")
+    if not _line_is_closed(header[:-1]):
+        raise InputDataError(f"{path}: the CSV header line has an unclosed quote; fix the header")
+    try:
+        header.decode("utf-8")
+    except UnicodeDecodeError:  # check_input refuses it before a run; a file swapped since lands here
+        raise InputDataError(f"{path}: the CSV header (line 1) is not UTF-8 text; fix the header") from None
+    try:
+        return list(pcsv.read_csv(pa.py_buffer(header), parse_options=pcsv.ParseOptions(newlines_in_values=False),
+                                  read_options=pcsv.ReadOptions(use_threads=False)).column_names)
+    except pa.ArrowException:  # its text quotes the header
+        raise InputDataError(f"{path}: the CSV header (line 1) cannot be read as column names; fix the header") from None
+
+
+def csv_header_names(stream: Any, path: str) -> list[str]:
+    """The column names of the CSV file open as the binary ``stream``, exactly as the reader takes them
+    (``_header_names``): what every check before the charge must look at. Reads at most one block."""
+    blocks = _line_blocks(stream, [0])
+    try:
+        hbuf, hstart, hend = next(blocks, (b"", 0, 0))
+    finally:
+        blocks.close()
+    return _header_names(bytes(hbuf[hstart:hend]), path)
 
 
 class Prefetch:

@@ -756,3 +756,50 @@ def test_parquet_outcome_and_rows_equal_the_reference(tmp_path_factory, victims,
         if outcomes[-1] == "ok":
             assert multiset(read_rows(path, "parquet", types, batch_rows=5)) == multiset(_ref_parquet_rows(rows, amount_type))
     assert outcomes == ["ok", "ok"]
+
+
+# --------------------------------------------------------------------------- the checks before the charge read the header as the reader does
+
+_header_parts = st.sampled_from([b"user_id", b"region", b"amount", b" region", b"region ", b"\tamount", b'"region"',
+                                 b'"region ', b'"re,gion"', b'"user_id"', b'amount"', b"x", b"", b'"', b"\xff",
+                                 b"\x00", b"\xef\xbb\xbf", b"user_id\r"])
+
+
+@settings(PROPERTY, max_examples=examples(200))
+@given(st.lists(_header_parts, min_size=1, max_size=5), st.sampled_from([b"", b"\xef\xbb\xbf"]),
+       st.sampled_from([b"\n", b"\r\n", b"\r"]))
+@example([b"user_id", b" region", b"amount"], b"", b"\n")  # review 5: passed check_input, failed the reader
+@example([b"user_id", b"region", b"amount", b'"x'], b"", b"\n")  # an unclosed quote at the header's end
+@example([b"user_id", b"region", b"amount"], b"", b"\r")  # lone CR ends: refused by check_input, read by the reader
+def test_check_input_accepts_a_csv_header_exactly_when_the_reader_does(tmp_path_factory, parts, bom, eol):
+    """Review 5: ``check_input`` (before the reservation) read the header with Python's csv module and stripped the
+    names; the reader (after the charge) reads it by the dialect, as written. `` region`` passed the check and failed
+    the reader: a run aborted after its charge, on every retry. One owner now (``pipelines.io.csv_header_names``),
+    held to the reference reader's header rule: the check passes exactly when the reader will read the file (and no
+    declared column is named twice), and the GX input check sees the same names."""
+    from types import SimpleNamespace
+
+    from dpops.errors import InputDataError
+    from dpops.inputs import check_input
+    from dpops.release.gx_checks import _schema_frame
+    from pipelines import reference_reader as ref
+
+    data = bom + b",".join(parts) + eol + b"u1,north,1" + eol
+    path = _write(tmp_path_factory.mktemp("hdr"), "h.csv", data)
+    spec = SimpleNamespace(input=SimpleNamespace(columns=dict(TYPES), format="csv", path=path))
+
+    def ok(fn) -> bool:
+        try:
+            fn()
+            return True
+        except InputDataError:
+            return False
+
+    reference = ok(lambda: read_reference(data, TYPES, unit_column="user_id", partition_columns=("region",),
+                                          value_columns=("amount",)))
+    fields = ref.split_fields(ref.split_lines(data[3:] if data.startswith(b"\xef\xbb\xbf") else data)[0]) or []
+    twice = any(fields.count(c.encode()) > 1 for c in TYPES)
+    assert ok(lambda: read_rows(path, "csv")) == reference
+    assert ok(lambda: check_input(spec, [path])) == (reference and not twice)
+    if reference:
+        assert set(TYPES) <= set(_schema_frame(path, "csv").columns)

@@ -144,17 +144,16 @@ def _schema_frame(path: str, fmt: str) -> Any:
         df.attrs["any_type_columns"] = sorted(columns_of_any_type(schema, meta.num_rows))
         return df
     if fmt == "csv":
-        import csv
+        # the header as the reader reads it (one owner, ``pipelines.io.csv_header_names``; review 5)
+        from pipelines.io import csv_header_names
 
         try:
-            with open(path, newline="", encoding="utf-8") as fh:
-                header = next(csv.reader(fh), None)
-        except (OSError, UnicodeDecodeError) as exc:
-            what = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else (exc.strerror or type(exc).__name__)
+            with open(path, "rb") as fh:
+                header = csv_header_names(fh, f"input file {path}")
+        except OSError as exc:
+            what = exc.strerror or type(exc).__name__
             raise InputDataError(f"input file {path}: cannot read the CSV header ({what}); fix or replace it") from None
-        if not header:
-            raise InputDataError(f"input file {path}: the CSV file is empty (no header row); provide a header")
-        return pd.DataFrame(columns=[h.strip() for h in header])
+        return pd.DataFrame(columns=header)
     raise SpecError(f"input.format: unsupported format {fmt!r}; use parquet or csv")
 
 
