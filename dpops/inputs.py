@@ -189,7 +189,12 @@ def stored_type_ok(arrow_type: Any, declared: str) -> bool:
     if pa.types.is_dictionary(t):
         t = t.value_type
     if declared == "string":
-        return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+        # Bytes too (review 5): pandas and pyarrow store a string column in which one value is ``bytes`` as
+        # ``binary``, so refusing it made whether the day runs depend on one unit's cell (issue 25 item 5's class).
+        # The reader decodes each cell as UTF-8 and drops the row of a cell that is not (``_convert_cells``), as for
+        # CSV, so a unit's id or partition is still a function of its own cell.
+        return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+                or pa.types.is_binary(t) or pa.types.is_large_binary(t))
     if declared == "int":
         # Floats too: pandas stores an int column with one missing value as float64, so refusing floats would
         # make the outcome depend on one unit's cell (issue 25 item 5's class). The reader keeps a float cell

@@ -72,6 +72,25 @@ def test_float_where_int_declared_is_accepted_and_a_string_refused(tmp_path):
         check_input_schema([q], COLUMNS)
 
 
+def test_a_string_column_stored_as_binary_is_accepted_as_check_input_accepts_it(tmp_path):
+    """Review 5: one ``bytes`` value makes pandas and pyarrow store a string column as ``binary``; refusing that made
+    whether the day runs depend on one unit's cell. Accepted by both checks before the charge (the reader decodes
+    each cell, dropping a non-UTF-8 one's row); a binary column is still no int."""
+    from types import SimpleNamespace
+
+    from dpops.inputs import check_input
+
+    p = _write(tmp_path / "b.parquet", user_id=pa.array(["a", b"b"]), region=pa.array(["x", "y"]),
+               amount=pa.array([1.0, 2.0]), n=pa.array([1, 2]))
+    assert pq.read_schema(p).field("user_id").type == pa.binary()
+    assert check_input_schema([p], COLUMNS).success
+    check_input(SimpleNamespace(input=SimpleNamespace(format="parquet", columns=COLUMNS, path=p)), [p])
+    q = _write(tmp_path / "bn.parquet", user_id=pa.array(["a"]), region=pa.array(["x"]), amount=pa.array([1.0]),
+               n=pa.array([b"1"]))
+    with pytest.raises(InputDataError, match="'n' is declared 'int'"):
+        check_input_schema([q], COLUMNS)
+
+
 def test_corrupt_parquet_is_input_error(tmp_path):
     p = tmp_path / "bad.parquet"
     p.write_bytes(b"not parquet at all")

@@ -137,7 +137,10 @@ def _schema_frame(path: str, fmt: str) -> Any:
         fields = [pa.field(f.name, pa.timestamp(f.type.unit)) if pa.types.is_timestamp(f.type) else f for f in fields]
         df = pa.schema(fields).empty_table().to_pandas()
         for f in fields:
-            if pa.types.is_string(f.type) or pa.types.is_large_string(f.type):
+            # binary too: the reader reads a bytes column as UTF-8 text cell by cell (dpops.inputs.stored_type_ok:
+            # one unit's bytes value makes a writer store the whole column as binary; review 5)
+            if (pa.types.is_string(f.type) or pa.types.is_large_string(f.type) or pa.types.is_binary(f.type)
+                    or pa.types.is_large_binary(f.type)):
                 df[f.name] = df[f.name].astype("string")
         # Columns whose stored type says nothing about their values (all-null, or a file without rows) get no
         # type expectation: GX accepts exactly what check_input accepts (dpops.inputs.columns_of_any_type).
