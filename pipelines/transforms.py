@@ -116,10 +116,14 @@ def split_by_key(rows: Rows, n_keys: int, column: str = "u") -> Iterator[tuple[i
     key (``column="p"``: all of one partition's rows, ``pipelines.tuning``)."""
     key = ((rows[column] >> np.uint64(40)) % np.uint64(n_keys)).astype(np.uint16 if n_keys <= 1 << 16 else np.int64)
     order = np.argsort(key, kind="stable")  # a radix sort for 16-bit keys: O(n)
-    bounds = np.flatnonzero(np.diff(key[order])) + 1
-    for chunk in np.split(order, bounds):
-        if len(chunk):
-            yield int(key[chunk[0]]), {k: v[chunk] for k, v in rows.items()}
+    sorted_key = key[order]
+    bounds = np.r_[0, np.flatnonzero(np.diff(sorted_key)) + 1, len(order)]
+    # One gather per column, then each key's rows are a slice (a view) of it: a gather per key and column
+    # cost ~1,500 small copies per batch. The rows and their order within a key are the same as before.
+    grouped = {k: v[order] for k, v in rows.items()}
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        if hi > lo:
+            yield int(sorted_key[lo]), {k: v[lo:hi] for k, v in grouped.items()}
 
 
 def shard_of(phash: np.ndarray, n_shards: int) -> np.ndarray:
