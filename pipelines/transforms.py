@@ -123,7 +123,7 @@ def split_by_key(rows: Rows, n_keys: int, column: str = "u") -> Iterator[tuple[i
     # whole batch alive until every key's combiner had compacted it away. The rows and their order within a
     # key are the same as before.
     grouped = {k: v[order] for k, v in rows.items()}
-    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
         if hi > lo:
             yield int(sorted_key[lo]), {k: v[lo:hi].copy() for k, v in grouped.items()}
 
