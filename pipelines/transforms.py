@@ -61,11 +61,14 @@ EMPTY_SHARD = b"dpops: empty shard\n"  # an empty shard on an object store (a Pa
 _DISK_ERRNOS = (28, 30, 122)  # ENOSPC, EROFS, EDQUOT
 
 
-def _is_disk_error(exc: BaseException) -> bool:
-    """An OSError about the disk (full, read-only, quota), as the OS or pyarrow's writer reports it."""
+def _disk_errno(exc: BaseException) -> int | None:
+    """The errno of an OSError about the disk (full, read-only, quota), as the OS or pyarrow's writer reports
+    it (pyarrow keeps only the OS's words in its text); None for any other exception."""
     if not isinstance(exc, OSError):
-        return False
-    return exc.errno in _DISK_ERRNOS or any(os.strerror(code) in str(exc) for code in _DISK_ERRNOS)
+        return None
+    if exc.errno in _DISK_ERRNOS:
+        return int(exc.errno)
+    return next((code for code in _DISK_ERRNOS if os.strerror(code) in str(exc)), None)
 
 
 def _withhold_data_in_errors(process):
@@ -85,8 +88,14 @@ def _withhold_data_in_errors(process):
         except DpopsError:
             raise
         except Exception as exc:
-            if os.environ.get(DEBUG_ENV) or _is_disk_error(exc):
-                raise  # a full or read-only disk: its text is the OS's, and dpops.release.computation makes it a StorageError
+            if os.environ.get(DEBUG_ENV):
+                raise
+            code = _disk_errno(exc)
+            if code is not None:
+                # A full or read-only disk: dpops.release.computation makes it a StorageError (exit 6). Raised
+                # anew with the OS's words only: the original text (a path, whatever else an OSError quotes) is
+                # withheld like any other, since Beam logs it before dpops sees it.
+                raise OSError(code, os.strerror(code)) from None
             last = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
             where = f" at {Path(last.filename).name}:{last.lineno}" if last else ""
             raise InternalError(f"internal error in {type(self).__name__}: {type(exc).__name__}{where} (a bug, "

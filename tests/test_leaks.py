@@ -457,3 +457,28 @@ def test_run_failure_lines_and_ledger_reasons_withhold_foreign_error_text(tmp_pa
     assert "ValueError" in ledger_text and SENT_STR not in ledger_text
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "outcome=failed" in logged and SENT_STR not in logged
+
+
+@pytest.mark.parametrize("exc", [
+    OSError(28, f"No space left on device: '/staging/{SENT_STR}'"),
+    OSError(f"cannot write {SENT_STR}: [Errno 30] Read-only file system"),
+])
+def test_a_disk_error_leaves_a_dofn_with_the_os_words_only(exc, tmp_path):
+    """A DoFn's disk error passes on (so the run ends as a StorageError, exit 6), but only as errno and the OS's
+    words: Beam logs a failing DoFn's exception text itself, and an OSError's text can quote a path or more."""
+    from dpops.errors import StorageError
+    from dpops.release.computation import storage_error_from
+    from pipelines.transforms import withhold_data_in_errors
+
+    class Writer:
+        @withhold_data_in_errors
+        def process(self, element):
+            raise exc
+            yield element
+
+    with pytest.raises(OSError) as err:
+        list(Writer().process(1))
+    assert SENT_STR not in str(err.value) and err.value.__cause__ is None and err.value.__suppress_context__
+    assert err.value.errno in (28, 30) and str(err.value) == f"[Errno {err.value.errno}] {os.strerror(err.value.errno)}"
+    mapped = storage_error_from(err.value, tmp_path)
+    assert isinstance(mapped, StorageError) and SENT_STR not in str(mapped)

@@ -154,7 +154,7 @@ def compute_staged(ctx: RunContext, ledger: Ledger, *, runner: str = "FnApiRunne
         except DpopsError:
             raise
         except Exception as exc:  # Beam wraps worker errors; a full or read-only disk is not a bug
-            storage = _storage_error_from(exc, tmp)
+            storage = storage_error_from(exc, tmp)
             if storage is not None:
                 raise storage from None
             if os.environ.get(DEBUG_ENV):
@@ -238,7 +238,7 @@ _DISK_ERRORS = {errno.ENOSPC: "the disk is full", errno.EROFS: "the file system 
                 errno.EDQUOT: "the disk quota is exceeded"}
 
 
-def _storage_error_from(exc: BaseException, where: Path | Location) -> StorageError | None:
+def storage_error_from(exc: BaseException, where: Path | Location) -> StorageError | None:
     """A StorageError (exit 6) if ``exc`` is, or wraps, a full/read-only disk error; else None."""
     seen: set[int] = set()
     cur: BaseException | None = exc
