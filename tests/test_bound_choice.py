@@ -424,6 +424,24 @@ def test_a_candidate_the_plan_refuses_is_skipped_and_a_target_failure_is_reporte
     assert len(targets) == 1 and targets[0]["kind"] == "error" and "could not be evaluated" in targets[0]["description"]
 
 
+def test_a_predicted_mse_rounded_below_zero_does_not_raise_after_the_charge(monkeypatch):
+    """Review 5 lead: ``choose`` took ``math.sqrt`` of the predicted MSE at the chosen bounds; float rounding of
+    a variance plus a squared bias can leave it at -1e-18, and the ValueError came after the charge."""
+    spec = BENCH.release_spec("count", 1.0)
+    data = BENCH.heavy_tailed(2_000, 3)
+    l0s, linfs = BENCH.grids()
+    names = E.error_histogram_names(spec, E.EstimateConfig(epsilon=1.0, method=E.ERROR_METHOD))
+    h = B.exact_histograms(data.u, data.p, {}, n_partitions=30, linf_grid=linfs, v_grid=E.value_grid(), names=names)
+    real = B.metric_mse
+
+    def rounded(*a, **k):
+        return {key: np.full_like(v, -1e-18) for key, v in real(*a, **k).items()}
+
+    monkeypatch.setattr(B, "metric_mse", rounded)
+    c = B.choose(spec, h, l0_grid=l0s, linf_grid=linfs, columns=[], contribution=True)
+    assert c.predicted_rmse and all(v == 0.0 for v in c.predicted_rmse.values())
+
+
 def test_error_method_with_a_share_too_small_for_its_noise_is_refused_before_any_charge(env):
     """Review 5: a histogram's Laplace scale is computed from public parameters only (its share, its sensitivity),
     but it was computed after ``ledger.start``: an epsilon whose shares ask for a scale above the sampler's 2**50

@@ -706,7 +706,9 @@ def choose(spec: ReleaseSpec, hist: BoundHistograms, *, l0_grid: np.ndarray, lin
         linfs = np.asarray(linf_grid if hist.pairs is not None else
                            [spec.contribution.max_rows_per_unit_per_partition], dtype=np.int64)
     model = row_model(hist, l0s, linfs)
-    mse = metric_mse(spec, model, l0s, linfs, hist.v_grid, columns)
+    # An MSE is a variance plus a squared bias, but float rounding of their terms can leave it a hair below 0;
+    # clipped at 0 (NaN stays NaN) so the square root below never raises: this runs after the charge.
+    mse = {k: np.maximum(v, 0.0) for k, v in metric_mse(spec, model, l0s, linfs, hist.v_grid, columns).items()}
     if not mse:
         raise InvalidParameter(f"estimate --method {METHOD}: {spec.source} has no count, unit_count, sum or mean "
                                "metric whose error could be minimised; use --method quantile/1")
