@@ -28,8 +28,8 @@ its scalar analysis is exact for any vector and it carries no such field.
                          rho-zCDP with rho = Δ2²/(2σ²) + τ (Canonne, Kamath, Steinke 2020,
                          Thm 14: a d-dimensional discrete Gaussian pays a small τ term, a
                          sum over the dimension; we require σ ≥ 2r, where τ < 7.2e-17 +
-                         d·5.2e-33 whatever d, and charge a flat DISCRETE_GAUSSIAN_TAU =
-                         1e-12, which covers it for every d below 10^20).
+                         d·5.2e-34 whatever d, and charge a flat DISCRETE_GAUSSIAN_TAU =
+                         1e-12, which covers it for every d below 10^21).
 - ``pure_dp``            any eps-DP mechanism, e.g. the exponential mechanism or
                          report-noisy-max; ``mechanism`` names it.
 - ``approx_dp``          any (eps, delta)-DP mechanism, e.g. private partition
@@ -53,8 +53,8 @@ from dpops.errors import InvalidParameter
 EVENT_SCHEMA = "dpops.event/1"
 
 # CKS20 Thm 14: tau = 10 * sum_{k=1}^{d-1} exp(-2 pi^2 s^2 k/(k+1)) for d coordinates, s = sigma/resolution
-# >= 2. Each term is below 10 exp(-2 pi^2 s^2 / 2) and tends to 10 exp(-2 pi^2 s^2) = 5.1e-33 at s = 2, so
-# tau < 7.2e-17 + d * 5.2e-33: the flat 1e-12 covers every release of fewer than 10^20 coordinates.
+# >= 2. Each term is below 10 exp(-2 pi^2 s^2 / 2) and tends to 10 exp(-2 pi^2 s^2) = 5.1e-34 at s = 2, so
+# tau < 7.2e-17 + d * 5.2e-34: the flat 1e-12 covers every release of fewer than 10^21 coordinates.
 DISCRETE_GAUSSIAN_TAU = 1e-12
 DISCRETE_GAUSSIAN_MIN_SIGMA_STEPS = 2.0
 
