@@ -279,7 +279,7 @@ def read_reference(data: bytes, types: Mapping[str, str], *, unit_column: str | 
 
     ``types`` declares every needed column. A row is kept when every needed cell converts (``BAD``
     drops it), its time (if any) is readable and in ``[start, end)``, its unit and partition cells are
-    not null, and its value cells are finite numbers (``pipelines.io.prepare_batch``'s rules).
+    neither null nor a float NaN, and its value cells are finite numbers (``pipelines.io.prepare_batch``'s rules).
     """
     lines = split_lines(data[len(_BOM):] if data.startswith(_BOM) else data)
     if not lines:
@@ -316,14 +316,19 @@ def read_reference(data: bytes, types: Mapping[str, str], *, unit_column: str | 
             values[c] = v
         if not keep:
             continue
-        if unit_column is not None and values.get(unit_column) is None:
+        if unit_column is not None and _missing_key(values.get(unit_column)):
             continue
-        if any(values.get(c) is None for c in partition_columns):
+        if any(_missing_key(values.get(c)) for c in partition_columns):
             continue
         if any(not _finite(values.get(c)) for c in value_columns):
             continue
         out.rows.append(ReferenceRow(number, values))
     return out
+
+
+def _missing_key(v: Value) -> bool:
+    """README: a unit or partition cell that is empty, or a float NaN, drops its row."""
+    return v is None or (isinstance(v, float) and v != v)
 
 
 def _finite(v: Value) -> bool:
