@@ -193,3 +193,36 @@ def test_ranks_filtered_at_any_bounds_keep_exactly_what_bound_contributions_keep
     if linf_floor > 1:
         with pytest.raises(ValueError, match="cannot filter"):
             ranks.row_mask(linf_floor - 1)
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(data=_bounding_input(), l0=st.integers(1, 4), linf=st.integers(1, 4))
+def test_pair_codes_are_the_same_with_int32_and_int64_pair_keys(data, l0, linf):
+    """``pair_keys`` narrows the keys to int32 when they fit (speed only): every rank, code and kept row is the
+    same as with int64 keys, and both are the rule written out naively."""
+    import pipelines.bounding as B
+
+    u, p, prio, pp = data
+    narrow = contribution_ranks(u, p, prio, pp, l0_floor=l0, linf_floor=linf)
+    saved = B.PAIR_KEYS_INT32_MAX
+    B.PAIR_KEYS_INT32_MAX = 0  # every key int64
+    try:
+        wide = contribution_ranks(u, p, prio, pp, l0_floor=l0, linf_floor=linf)
+        kept, _parts, _stats = bound_contributions(u, p, prio, l0, linf, pp)
+    finally:
+        B.PAIR_KEYS_INT32_MAX = saved
+    for name in ("ucode", "pcode", "pair", "first", "pair_unit", "row_rank", "pair_rank"):
+        assert np.array_equal(getattr(narrow, name), getattr(wide, name)), name
+    assert set(kept.tolist()) == _oracle_keep(u, p, prio, pp, l0, linf)
+
+
+@pytest.mark.parametrize("n_units, n_parts", [(46_341, 46_340), (46_341, 46_341), (1, (1 << 31) - 1), (3, 1 << 40)])
+def test_pair_keys_never_wrap(n_units, n_parts):
+    """The largest key, n_units * n_parts - 1, whichever width ``pair_keys`` picks (int32 up to 2^31 - 1)."""
+    from pipelines.bounding import pair_keys
+
+    ucode = np.array([0, n_units - 1], dtype=np.int64)
+    pcode = np.array([0, n_parts - 1], dtype=np.int64)
+    keys = pair_keys(ucode, pcode, n_units, n_parts)
+    assert [int(k) for k in keys] == [0, n_units * n_parts - 1]
+    assert keys.dtype == (np.int32 if n_units * n_parts <= (1 << 31) - 1 else np.int64)
