@@ -96,14 +96,18 @@ def _splitmix(h: np.ndarray) -> np.ndarray:
 
 
 def hash_column(arr: pa.Array | pa.ChunkedArray, ctype: str) -> np.ndarray:
-    """uint64 hash per element of a column already cast to its declared type (nulls hash to 0)."""
+    """uint64 hash per element of a column already cast to its declared type (a null's hash is some fixed value
+    and never used: its row is dropped as a null unit or partition)."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
     if ctype == "string":
         # Hash each distinct string once: dictionaries are small compared to rows.
         if not pa.types.is_dictionary(arr.type):
             arr = pc.dictionary_encode(arr)
-        dictionary = arr.dictionary.cast(pa.string()).to_numpy(zero_copy_only=False)
+        # Each distinct string's UTF-8 bytes, hashed as bytes: pandas hashes a str by its UTF-8 encoding, so the
+        # hash is the same as of the str (tests/test_pipeline_bounding.py), without building and encoding one
+        # Python str per value (4.8 against 1.0 ms for a batch's 42k distinct units here).
+        dictionary = arr.dictionary.cast(pa.string()).view(pa.binary()).to_numpy(zero_copy_only=False)
         dict_hash = pd.util.hash_array(dictionary.astype(object), categorize=False)
         idx = arr.indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
         out = dict_hash[idx] if len(dict_hash) else np.zeros(len(arr), np.uint64)

@@ -226,3 +226,24 @@ def test_pair_keys_never_wrap(n_units, n_parts):
     keys = pair_keys(ucode, pcode, n_units, n_parts)
     assert [int(k) for k in keys] == [0, n_units * n_parts - 1]
     assert keys.dtype == (np.int32 if n_units * n_parts <= (1 << 31) - 1 else np.int64)
+
+
+@settings(max_examples=examples(200), deadline=None)
+@given(st.lists(st.none() | st.text(max_size=12), min_size=1, max_size=30), st.booleans(), st.booleans())
+def test_a_string_hashes_as_pandas_hashes_the_python_str(values, dictionary, large):
+    """A string's hash is pandas' SipHash of the Python str (``hash_array``, fixed key), whatever Arrow layout
+    carries it (plain, dictionary, large): the hashes decide units, buckets and pair priorities, so a reader
+    change that made them differ would change every bounding choice. (A null's hash is not used: its row is
+    dropped as a null unit or partition before anything is hashed into a key.)"""
+    import pandas as pd
+    import pyarrow as pa
+
+    from pipelines.io import hash_column
+
+    arr = pa.array(values, type=pa.large_string() if large else pa.string())
+    if dictionary:
+        arr = arr.dictionary_encode()
+    want = pd.util.hash_array(np.array([v for v in values], dtype=object), categorize=False)
+    got = hash_column(arr, "string")
+    present = [i for i, v in enumerate(values) if v is not None]
+    assert got[present].tolist() == want[present].tolist()
