@@ -247,3 +247,21 @@ def test_a_string_hashes_as_pandas_hashes_the_python_str(values, dictionary, lar
     got = hash_column(arr, "string")
     present = [i for i, v in enumerate(values) if v is not None]
     assert got[present].tolist() == want[present].tolist()
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(st.lists(st.none() | st.text(max_size=6), min_size=0, max_size=20) |
+       st.lists(st.none() | st.integers(-2**63, 2**63 - 1), max_size=20) |
+       st.lists(st.none() | st.floats(allow_nan=False), max_size=20), st.booleans())
+def test_partition_names_are_the_values_as_python_gives_them(values, dictionary):
+    """The names a batch reports for its partitions (``_values_list``, a speed-up for dictionary arrays) are
+    exactly ``to_pylist()`` of the column: the same values, types and nulls."""
+    import pyarrow as pa
+
+    import pipelines.io as pio
+
+    arr = pa.array(values)
+    if dictionary and len(values):
+        arr = arr.dictionary_encode()
+    got = pio._values_list(arr)
+    assert got == arr.to_pylist() and [type(v) for v in got] == [type(v) for v in arr.to_pylist()]
