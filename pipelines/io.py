@@ -35,7 +35,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -321,8 +321,8 @@ def _csv_batches(path: str, cfg: ReadConfig, counters: dict[str, int] | None) ->
     import pyarrow.csv as pcsv
 
     needed = cfg.needed
-    malformed = [0]
-    skipped = _LineCounter()
+    malformed = [0]  # the too-long lines, counted by _line_blocks (in the Prefetch thread)
+    parsed_malformed = 0  # the lines each block's parse skipped, added up here (in the caller's thread)
     offset = 0
     src = open_input(path)
     stream = open(src, "rb") if isinstance(src, str) else src  # a local path, or Beam's stream for a URI
@@ -336,8 +336,7 @@ def _csv_batches(path: str, cfg: ReadConfig, counters: dict[str, int] | None) ->
         # An empty line has one field: malformed under a header of several (the dialect), where pyarrow would
         # make it a row of nulls; so pyarrow skips it and _parse_block counts it. Under a one-column header it
         # is that column's null.
-        parse = pcsv.ParseOptions(newlines_in_values=False, ignore_empty_lines=len(names) > 1,
-                                  invalid_row_handler=skipped)
+        ignore_empty = len(names) > 1
         convert = pcsv.ConvertOptions(
             include_columns=needed,
             # Bytes, converted by us cell by cell: a bad cell (even invalid UTF-8) drops its row, not the file.
@@ -346,19 +345,58 @@ def _csv_batches(path: str, cfg: ReadConfig, counters: dict[str, int] | None) ->
             column_types={c: _CSV_DICT if cfg.types.get(c) == "string" else pa.binary() for c in needed},
             null_values=[""], strings_can_be_null=True, quoted_strings_can_be_null=False,
         )
-        tables = (_parse_block(buf, start, end, names, parse, convert, skipped, malformed)
-                  for buf, start, end in blocks)
-        with Prefetch(tables) as parsed:
-            for table in parsed:
+
+        def parse_one(block: tuple[bytes, int, int]) -> tuple[pa.Table, int]:
+            # Each block has its own counters (blocks are parsed PARSE_THREADS at a time, so none is shared):
+            # returns its table and how many of its lines were malformed.
+            skipped, bad = _LineCounter(), [0]
+            parse = pcsv.ParseOptions(newlines_in_values=False, ignore_empty_lines=ignore_empty,
+                                      invalid_row_handler=skipped)
+            table = _parse_block(*block, names, parse, convert, skipped, bad)
+            return table, skipped.count + bad[0]
+
+        with Prefetch(in_order(parse_one, blocks, PARSE_THREADS)) as parsed:
+            for table, bad in parsed:
+                parsed_malformed += bad
                 for batch in table.to_batches(max_chunksize=cfg.batch_rows):
                     yield batch, offset
                     offset += batch.num_rows
     finally:
         stream.close()  # after Prefetch has joined its thread: nothing reads the stream any more
         if counters is not None:
-            n = malformed[0] + skipped.count
+            n = malformed[0] + parsed_malformed
             if n:
                 counters[MALFORMED_LINES] = counters.get(MALFORMED_LINES, 0) + n
+
+
+PARSE_THREADS = 2  # CSV blocks parsed at once (pyarrow's parser holds no GIL: the machine's two cores)
+
+
+def in_order(fn: Callable[[Any], Any], items: Iterator[Any], workers: int,
+             name: str = "dpops-csv-parse") -> Iterator[Any]:
+    """``map(fn, items)`` with up to ``workers`` calls running at once on a thread pool, results in the order of
+    ``items`` (one more item is taken ahead, so a worker is never idle waiting for the next). Speed only: each
+    call sees only its own item, ``items`` is consumed in this thread, and an exception is raised here at its
+    item's place (the items after it are never yielded). Closing the generator waits for the running calls
+    and leaves no thread behind."""
+    from collections import deque
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    if workers <= 1:
+        yield from map(fn, items)
+        return
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name) as pool:
+        pending: deque[Future[Any]] = deque()
+        try:
+            for item in items:
+                pending.append(pool.submit(fn, item))
+                if len(pending) > workers:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for f in pending:
+                f.cancel()
 
 
 def _header_names(header: bytes, path: str) -> list[str]:
@@ -407,8 +445,8 @@ class Prefetch:
     Speed only: the CSV reader reads, cuts and parses block k+1 (pyarrow's parser releases the GIL) while
     the caller checks, hashes and bounds block k. 42476cc's ``pyarrow.csv.open_csv`` overlapped the same
     way; a serial read then cost ~20% of the 100M-row scale benchmark's wall time. Nothing about the result
-    changes: one thread runs the whole source iterator (so ``_parse_block``'s shared counters see no
-    concurrency), items arrive in source order, and an exception is re-raised here, in the caller, where it
+    changes: one thread runs the whole source iterator (the CSV reader's parse calls, ``in_order``, each count
+    into their own block's counters), items arrive in source order, and an exception is re-raised here, in the caller, where it
     was raised in the source (no item after it). Leaving the ``with`` block early stops the thread and
     joins it, so the source (and its open file) is never used again after ``__exit__``.
     """

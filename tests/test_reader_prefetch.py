@@ -34,7 +34,9 @@ def _write(tmp_path: Path) -> Path:
 
 
 def _prefetch_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "dpops-csv-prefetch" and t.is_alive()]
+    # the prefetch thread and the parse pool's threads (``in_order``: "dpops-csv-parse_0", ...)
+    return [t for t in threading.enumerate()
+            if (t.name == "dpops-csv-prefetch" or t.name.startswith("dpops-csv-parse")) and t.is_alive()]
 
 
 def _set_limits(monkeypatch: pytest.MonkeyPatch, read_bytes: int) -> None:
@@ -153,3 +155,40 @@ def test_a_stage_over_the_reader_stopped_early_closes_the_reader_and_leaves_no_t
     assert not _prefetch_threads()
     assert not [t for t in threading.enumerate() if t.name == "dpops-prepare" and t.is_alive()]
     del items
+
+
+def test_blocks_parsed_side_by_side_give_the_rows_and_counts_of_one_at_a_time(tmp_path, monkeypatch):
+    """Blocks are parsed PARSE_THREADS at a time, each with its own line counters: the rows, their order and the
+    malformed-line count are those of a serial parse, at any number of threads, and no parse thread stays."""
+    path = _write(tmp_path)
+    _set_limits(monkeypatch, 64)
+    results = []
+    for threads in (1, 2, 3):
+        monkeypatch.setattr(pio, "PARSE_THREADS", threads)
+        table, counts, offsets = _read_all(path)
+        results.append((_decoded(table), counts, offsets))
+        assert not _prefetch_threads()
+    assert all(r[0].equals(results[0][0]) and r[1:] == results[0][1:] for r in results)
+    assert results[0][1] == {pio.MALFORMED_LINES: 2} and results[0][0].num_rows == 398
+
+
+def test_in_order_keeps_the_order_raises_at_its_item_and_leaves_no_thread():
+    """``in_order``: results in the items' order whatever order the calls finish in; an exception at its item's
+    place, after the results before it; closing it early stops its threads."""
+    import time
+
+    def slow_first(i: int) -> int:
+        time.sleep(0.02 if i % 3 == 0 else 0)
+        if i == 7:
+            raise ValueError("item 7")
+        return i * i
+
+    got = []
+    with pytest.raises(ValueError, match="item 7"):
+        for v in pio.in_order(slow_first, iter(range(20)), 3):
+            got.append(v)
+    assert got == [i * i for i in range(7)]
+    gen = pio.in_order(slow_first, iter(range(5)), 2)
+    assert next(gen) == 0
+    gen.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("dpops-csv-parse") and t.is_alive()]
