@@ -287,3 +287,22 @@ def test_permute_and_flip_pmf_property(u, eps, sens):
 
     got = permute_and_flip_pmf(np.asarray(u, dtype=np.int64), eps, float(sens))
     assert np.allclose(got, pf_distribution(u, eps / (2 * sens)), rtol=1e-6, atol=1e-12)
+
+
+@settings(max_examples=examples(40), deadline=None)
+@given(st.floats(0.01, 4.0), st.sampled_from([1e-5, 1e-7, 1e-9, 1e-12, 3e-6]), st.integers(1, 8))
+def test_truncated_geometric_steps_hold_in_exact_arithmetic(eps, delta, l0):
+    """Review 5 lead: the keep table was computed rounded to nearest, and 40% of its steps broke the exact DP
+    constraints by up to 3.5e-16, i.e. the selection's true delta was above the one charged. Every step must
+    hold exactly (200-bit arithmetic on the stored floats and e^eps), with no tolerance."""
+    import mpmath as mp
+
+    ps = PartitionSelection("truncated_geometric", eps, delta, l0)
+    table = ps.keep_probability(np.arange(0, 200_000))
+    last = int(np.argmax(table == 1.0))
+    assert table[last] == 1.0
+    with mp.workprec(200):
+        e, d = mp.e ** (mp.mpf(eps) / l0), mp.mpf(delta) / l0
+        for a, b in zip(table[:last].tolist(), table[1:last + 1].tolist(), strict=True):
+            a, b = mp.mpf(a), mp.mpf(b)
+            assert b <= e * a + d and 1 - a <= e * (1 - b) + d

@@ -525,6 +525,10 @@ def _counts(unit_counts: npt.ArrayLike) -> np.ndarray:
     return n.astype(np.int64)
 
 
+_TABLE_ABS = 8 * 2.0**-53  # > the absolute rounding error of 1 - e^-eps (1 - p - delta) (a few ulps of 1)
+_TABLE_REL = 8 * 2.0**-53  # > the relative rounding error of e^eps p + delta (e^eps, a product and a sum)
+
+
 def _truncated_geometric_table(eps: float, delta: float) -> np.ndarray:
     """π(0..N) of the optimal partition selection, N the first n with π(n) = 1."""
     # Refuse at once (in the plan, before any reservation) a table the loop below would refuse after ten
@@ -532,13 +536,26 @@ def _truncated_geometric_table(eps: float, delta: float) -> np.ndarray:
     # (from pi(n) <= e^eps pi(n-1) + delta), so pi first reaches 1/2 at some n* >= L; and 1 - pi(n) + c >=
     # e^-eps (1 - pi(n-1) + c) with c = delta / (e^eps - 1), so from 1 - pi(n*-1) > 1/2 it takes >= L more steps
     # to reach pi = 1. The table then has >= 2L entries (1 subtracted for rounding).
-    if 2 * math.log1p(math.expm1(eps) / (2 * delta)) / eps - 1 > _MAX_TABLE:
+    # And a delta per partition within a few rounding margins of 0 could not move the table's last steps at all.
+    if delta < 2 * (_TABLE_ABS + _TABLE_REL) or 2 * math.log1p(math.expm1(eps) / (2 * delta)) / eps - 1 > _MAX_TABLE:
         raise InvalidParameter("partition selection: epsilon/delta per partition too small (keep table too long)")
     ee, em = math.exp(eps), math.exp(-eps)
     table = [0.0]
     p = 0.0
     while p < 1.0:
-        p = min(1.0, ee * p + delta, 1.0 - em * (1.0 - p - delta))
+        # Both DP constraints bound pi(n) from above given the stored pi(n-1): pi(n) <= e^eps pi(n-1) + delta and
+        # pi(n) <= 1 - e^-eps (1 - pi(n-1) - delta). Each is computed in floats (e^eps itself rounded), up to a
+        # few ulps of the result and of 1 off, either way: rounded to nearest, 40% of the steps broke the exact
+        # constraint by up to 3.5e-16, i.e. the true delta was above the charged one. So each bound is lowered
+        # by more than its rounding error before the smaller is taken (the first's is relative to it, the second's
+        # is a few ulps of 1), so every step holds in exact arithmetic (tests/test_selection.py checks
+        # it at 200 bits).
+        grow = ee * p + delta
+        rest = 1.0 - em * (1.0 - p - delta)
+        low = min(grow * (1.0 - _TABLE_REL), rest - _TABLE_ABS - _TABLE_REL * abs(rest))
+        # At least the previous entry (the table stays non-decreasing: pi(n) = pi(n-1) meets both constraints
+        # exactly, as e^eps >= 1 and delta > 0), at most 1 (a lowered bound above 1 is an exact bound above 1).
+        p = min(1.0, max(p, low))
         table.append(p)
         if len(table) > _MAX_TABLE:
             raise InvalidParameter("partition selection: epsilon/delta per partition too small (keep table too long)")
