@@ -21,7 +21,7 @@ from dpops.analysis.accuracy import (
     quantile_typical_rank_error,
     sum_error,
     top_pick,
-    variance_error,
+    variance_halfwidth,
     vector_error,
 )
 from dpops.errors import InvalidParameter
@@ -184,7 +184,7 @@ def error_halfwidth(plan: ReleasePlan, m: MetricPlan, t: ErrorTarget, confidence
         m2 = h * h if t.at_value is None else max(0.0, min(h * h, float(t.at_value)))
         if version < 3:
             return first_order_variance_error(plan, m, rows_at(plan, t), 0.0, m2, confidence)[1]
-        return variance_error(plan, m, rows_at(plan, t), 0.0, m2, confidence)[1]
+        return variance_halfwidth(plan, m, rows_at(plan, t), 0.0, m2, confidence)
     raise InvalidParameter(f"an error target does not apply to a {m.type} metric")
 
 
