@@ -279,9 +279,14 @@ def test_a_keep_table_too_long_is_refused_at_once():
     with pytest.raises(InvalidParameter, match="too small"):
         PartitionSelection("truncated_geometric", 1e-6, 1e-10, 1000)
     assert time.monotonic() - t0 < 1.0
-    for eps, delta in ((1e-3, 1e-5), (1e-4, 1e-10), (5e-5, 1e-15)):
+    for eps, delta in ((1e-3, 1e-5), (1e-4, 1e-10), (5e-5, 1e-14)):
         size = PartitionSelection("truncated_geometric", eps, delta)._table.size
         assert size >= 2 * math.log1p(math.expm1(eps) / (2 * delta)) / eps - 1
+    # a delta per partition within the table's rounding margins (< 3.6e-15) is refused at once too
+    t0 = time.monotonic()
+    with pytest.raises(InvalidParameter, match="too small"):
+        PartitionSelection("truncated_geometric", 5e-5, 1e-15)
+    assert time.monotonic() - t0 < 1.0
 
 
 def test_dp_quantile_of_a_huge_histogram_does_not_wrap():
