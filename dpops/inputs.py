@@ -436,14 +436,18 @@ def input_stat_snapshot(paths: Iterable[str]) -> InputStats | None:
 
 
 def input_fingerprint(paths: Iterable[str], key: HmacKey,
-                      public_partitions: Sequence[Sequence[Any]] | None = None) -> str:
+                      public_partitions: Sequence[Sequence[Any]] | None = None, *,
+                      digests: dict[str, tuple[int, str]] | None = None) -> str:
     """HMAC-SHA256 (under ``key``) of the canonical list of (name, size, sha256 of content), sorted by name,
     and of the public file's parsed rows when the spec has one (``public_file_rows``).
 
-    The per-file sha256 values stay inside this function; only the keyed result leaves it. A public file
-    that the operator did not mark publishable is recorded in the manifest by its row count only
-    (``dpops.dataroots``), so a changed list must change the run key through this keyed value: a plain
-    hash of the rows in the manifest would let a reader confirm a guess of them.
+    Only the keyed result is ever written or shown. The per-file (size, sha256) go to ``digests`` ({path as
+    given: (size, hex)}) when the caller passes one: the release keeps them in memory to compare with the
+    bytes its reader consumed (``dpops.release.computation.check_input_unchanged``); an unkeyed hash of a
+    private file would let whoever reads it confirm a guess of the file. A public file that the operator did
+    not mark publishable is recorded in the manifest by its row count only (``dpops.dataroots``), so a
+    changed list must change the run key through this keyed value: a plain hash of the rows in the manifest
+    would let a reader confirm a guess of them.
     """
     paths = list(paths)
     if not paths:
@@ -455,6 +459,8 @@ def input_fingerprint(paths: Iterable[str], key: HmacKey,
     for name, path in sorted(zip(names, paths)):
         size, digest = _file_digest(path)
         entries.append([name, size, digest])
+        if digests is not None:
+            digests[path] = (size, digest)
     content: dict[str, Any] = {"v": "dpops.input-fingerprint/1", "files": entries}
     if public_partitions is not None:
         content["public_file"] = [list(p) for p in public_partitions]

@@ -168,7 +168,8 @@ def work_items(paths: list[str] | tuple[str, ...], fmt: str) -> list[tuple[int, 
 
 
 def iter_record_batches(item: tuple[int, str, int | None, int], cfg: ReadConfig,
-                        counters: dict[str, int] | None = None) -> Iterator[tuple[pa.RecordBatch, int]]:
+                        counters: dict[str, int] | None = None,
+                        digest: ReadDigest | None = None) -> Iterator[tuple[pa.RecordBatch, int]]:
     """Yield (batch of the needed columns, row offset in file). Conversion to the declared types is
     ``prepare_batch``'s job, cell by cell, so a bad cell drops its row instead of failing the run.
 
@@ -176,6 +177,10 @@ def iter_record_batches(item: tuple[int, str, int | None, int], cfg: ReadConfig,
     (internal run log only); a line costs only itself. Privacy reason: this runs after the budget is
     charged, so a data-dependent abort would be an unaccounted release of one bit (semantics.md section 6);
     and pyarrow's error text quotes the line, i.e. private values, so none of it is ever passed on.
+
+    ``digest``: for a CSV file, filled with the size and sha256 of every byte this read consumed, once it
+    has read the file to its end (``ReadDigest``); a Parquet row group leaves it empty (a row group is read
+    through the file's footer and its own pages, not as one byte stream).
     """
     _, path, rg, offset = item
     needed = cfg.needed
@@ -197,7 +202,7 @@ def iter_record_batches(item: tuple[int, str, int | None, int], cfg: ReadConfig,
                                  "damaged or was replaced after the input check; restore it and retry") from None
     else:
         try:
-            yield from _csv_batches(path, cfg, counters)
+            yield from _csv_batches(path, cfg, counters, digest)
         except (OSError, pa.ArrowException) as exc:
             # The exception text quotes the offending line: only its class is kept.
             # (No row count either: how many rows a private file holds is itself internal.)
@@ -316,8 +321,60 @@ def _line_blocks(stream: Any, malformed: list[int]) -> Iterator[tuple[bytes, int
         yield carry + b"\n", 0, len(carry) + 1
 
 
-def _csv_batches(path: str, cfg: ReadConfig, counters: dict[str, int] | None) -> Iterator[tuple[pa.RecordBatch, int]]:
-    """The CSV dialect above, as record batches of the needed columns (bytes). A line costs only itself."""
+class ReadDigest:
+    """What one read of a CSV file consumed: its byte count and sha256, complete only once the read reached the
+    file's end (``complete``).
+
+    Privacy reason: the release's keyed noise is labelled by the input's fingerprint (the run key), so the
+    output must be computed from exactly the bytes that fingerprint hashed; otherwise two different inputs
+    get noise under one key and their difference is exact. Hashing the bytes the reader itself parsed proves
+    that directly, where hashing the file again after the pipeline proved it only for a file that did not
+    change in between (``dpops.release.computation.check_input_unchanged`` compares the two). The digest is
+    the unkeyed sha256 of private data: it travels only to the driver, with the run's exact internal counters
+    (``pipelines.transforms.read_digest_counters``), and is taken out of them before anything is written."""
+
+    __slots__ = ("_sha", "size", "complete")
+
+    def __init__(self) -> None:
+        import hashlib
+
+        self._sha = hashlib.sha256()
+        self.size = 0
+        self.complete = False
+
+    def update(self, data: bytes) -> None:
+        self._sha.update(data)  # hashlib releases the GIL on a buffer this size (the reader's 16 MiB reads)
+        self.size += len(data)
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest()
+
+
+class _DigestedStream:
+    """A binary stream whose reads pass through a ``ReadDigest``; reaching the end marks it complete."""
+
+    __slots__ = ("_stream", "_digest")
+
+    def __init__(self, stream: Any, digest: ReadDigest) -> None:
+        self._stream = stream
+        self._digest = digest
+
+    def read(self, n: int) -> bytes:
+        data = self._stream.read(n)
+        if data:
+            self._digest.update(data)
+        else:
+            self._digest.complete = True
+        return data
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+def _csv_batches(path: str, cfg: ReadConfig, counters: dict[str, int] | None,
+                 digest: ReadDigest | None = None) -> Iterator[tuple[pa.RecordBatch, int]]:
+    """The CSV dialect above, as record batches of the needed columns (bytes). A line costs only itself.
+    ``digest``: hashes every byte read (``ReadDigest``)."""
     import pyarrow.csv as pcsv
 
     needed = cfg.needed
@@ -326,6 +383,8 @@ def _csv_batches(path: str, cfg: ReadConfig, counters: dict[str, int] | None) ->
     offset = 0
     src = open_input(path)
     stream = open(src, "rb") if isinstance(src, str) else src  # a local path, or Beam's stream for a URI
+    if digest is not None:
+        stream = _DigestedStream(stream, digest)  # read (so hashed) in _line_blocks' thread, the Prefetch's
     blocks = _line_blocks(stream, malformed)
     try:
         hbuf, hstart, hend = next(blocks, (b"", 0, 0))

@@ -70,6 +70,7 @@ from pipelines.transforms import (
     WriteShards,
     SelectNoise,
     collect_stats,
+    split_read_digests,
     concat_rows,
     empty_acc,
     shard_name,
@@ -329,7 +330,10 @@ def run_release(request: ComputeRequest) -> ComputeResult:
     if reported is None:
         raise StorageError("the pipeline reported no internal counters (the RunStats step did not complete); "
                            "retry the run")
-    internal: dict[str, Any] = dict(reported)
+    # The reader's digests of the bytes it read leave the counters here, before any of them is written
+    # (pipelines.transforms.read_digest_counters); the driver compares them with the run key's fingerprint.
+    counters, read_digests = split_read_digests(reported)
+    internal: dict[str, Any] = dict(counters)
     if "rows_to_bounding" in internal and "rows_kept" in internal:
         internal["rows_dropped_bounding"] = internal["rows_to_bounding"] - internal["rows_kept"]
 
@@ -374,7 +378,9 @@ def run_release(request: ComputeRequest) -> ComputeResult:
         pass
     internal.update({"pipeline_seconds": round(t_pipe, 3), "work_items": len(items),
                      "buckets": ctx.read.n_buckets, "shards": N_SHARDS})
-    return ComputeResult(out_file, summary_file, table.num_rows, internal)
+    return ComputeResult(out_file, summary_file, table.num_rows, internal,
+                         read_digests={request.input_paths[i]: d for i, d in read_digests.items()
+                                       if 0 <= i < len(request.input_paths)})
 
 
 def _key_id(request: ComputeRequest) -> str | None:

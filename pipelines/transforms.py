@@ -50,6 +50,7 @@ from pipelines.elements import (
     ShardPartial,
     WorkItem,
 )
+from pipelines.io import ReadDigest
 
 # A combiner buffer is re-bounded when it exceeds max(this, 2 x its bounded size): with 256 keys at most
 # ~4M buffered rows (~200 MB) per worker beyond the bounded rows themselves, whatever the input size.
@@ -169,9 +170,10 @@ class _ReadBatches(beam.DoFn):
         read_stats: dict[str, int] = {}  # the reader's own counters (malformed lines), written by its thread
         stats: dict[str, int] = {}
         raw = (item.file_index, item.path, item.row_group, item.row_offset)
+        digest = pio.ReadDigest()  # the bytes read, for the driver's after-read input check (CSV only)
 
         def prepared() -> Iterator[tuple[Rows, tuple[np.ndarray, list[list[Any]]], dict[str, int]]]:
-            for seq, (batch, offset) in enumerate(pio.iter_record_batches(raw, cfg, read_stats)):
+            for seq, (batch, offset) in enumerate(pio.iter_record_batches(raw, cfg, read_stats, digest)):
                 # Linf priorities: a stream per (file, row group, batch), independent of runner order
                 rng = self._source.child("bounding", item.file_index, -1 if item.row_group is None else item.row_group,
                                          seq)
@@ -209,6 +211,7 @@ class _ReadBatches(beam.DoFn):
                 yield from blocks
                 for shard_names in names:
                     yield beam.pvalue.TaggedOutput("names", shard_names)
+        _add(stats, read_digest_counters(item.file_index, digest))
         yield beam.pvalue.TaggedOutput("stats", _add(stats, read_stats))
 
 
@@ -559,6 +562,49 @@ class RunStats(beam.PTransform):
             | "SumStats" >> beam.CombineGlobally(SumStats())            # one dict
             | "ReportStats" >> beam.ParDo(_ReportStats())               # metric counters, nothing written
         )
+
+
+READ_DIGEST = "read_digest"  # counter names "read_digest/<file index>/size" and ".../w0".."/w7" (sha256, 32 bits each)
+_DIGEST_WORDS = 8
+
+
+def read_digest_counters(file_index: int, digest: ReadDigest) -> dict[str, int]:
+    """A complete ``ReadDigest`` of input file ``file_index`` as internal counters (nothing for an incomplete one).
+
+    It rides with the run's counters because they already travel where it must go, and only there: from the
+    workers to the driver over the runner's metrics (``RunStats``), committed once per bundle and divided by
+    the report count after a retry (``collect_stats``). The driver takes it out of them (``split_read_digests``)
+    before they are written anywhere: the unkeyed sha256 of a private file must not be stored."""
+    if not digest.complete:
+        return {}
+    hexd = digest.hexdigest()
+    out = {f"{READ_DIGEST}/{file_index}/size": digest.size}
+    for w in range(_DIGEST_WORDS):
+        out[f"{READ_DIGEST}/{file_index}/w{w}"] = int(hexd[8 * w:8 * w + 8], 16)
+    return out
+
+
+def split_read_digests(counters: dict[str, int]) -> tuple[dict[str, int], dict[int, tuple[int, str]]]:
+    """(the counters without the read digests, {file index: (size, sha256 hex)} of every complete digest).
+
+    A file whose digest words arrived incomplete or out of range (a runner that lost or doubled a counter) has
+    no entry, so the driver falls back to hashing that file again; it is never taken as a match."""
+    rest: dict[str, int] = {}
+    parts: dict[int, dict[str, int]] = {}
+    for name, value in counters.items():
+        head, _, tail = name.partition("/")
+        if head != READ_DIGEST:
+            rest[name] = value
+            continue
+        index, _, field_name = tail.partition("/")
+        parts.setdefault(int(index), {})[field_name] = int(value)
+    digests: dict[int, tuple[int, str]] = {}
+    for index, got in parts.items():
+        words = [got.get(f"w{w}") for w in range(_DIGEST_WORDS)]
+        if "size" not in got or any(w is None or not 0 <= w < (1 << 32) for w in words):
+            continue
+        digests[index] = (got["size"], "".join(f"{w:08x}" for w in words if w is not None))
+    return rest, digests
 
 
 def collect_stats(result: Any) -> dict[str, int] | None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import errno
 import os
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -173,7 +173,7 @@ def compute_staged(ctx: RunContext, ledger: Ledger, *, runner: str = "FnApiRunne
         # fingerprint is in the run key and the noise label): a file swapped during the computation
         # would publish a release of other data under this run's key.
         check_input_unchanged(ctx, "while the pipeline read it; noise was drawn, so the run stays charged and "
-                                    "its output is discarded")
+                                    "its output is discarded", read_digests=result.read_digests)
         report_stage(progress, "write")
         staged = ctx.store.finish_staging(tmp, ctx.interval.slug, ctx.run_id, dict(result.internal or {}),
                                           test_mode=ctx.randomness == "test")
@@ -189,7 +189,8 @@ def compute_staged(ctx: RunContext, ledger: Ledger, *, runner: str = "FnApiRunne
     return staged
 
 
-def check_input_unchanged(ctx: RunContext, when: str, snapshot_suffices: bool = False) -> None:
+def check_input_unchanged(ctx: RunContext, when: str, snapshot_suffices: bool = False,
+                          read_digests: Mapping[str, tuple[int, str]] | None = None) -> None:
     """Fail (InputDataError) if the input files no longer have the keyed fingerprint of the run key.
 
     One rule for every charged read of an interval's input: the release (``compute_staged``) and the estimation
@@ -199,10 +200,20 @@ def check_input_unchanged(ctx: RunContext, when: str, snapshot_suffices: bool = 
     snapshot of local inputs and they still show the same one (device, inode, size, mtime, ctime), the second
     hashing pass is skipped (at 10M CSV rows it is 0.7 s of a 6 s release). Why that is safe there and only
     there: this check decides between a refund and a charge, nothing is published on it; the check after the
-    computation always hashes again, and it alone guards against a run key naming other data (the keyed noise
-    of two different inputs under one key). A public file is re-read as before (its rows are in the
-    fingerprint). After the computation the snapshot is compared TOO (not instead): a file swapped during the
-    pipeline's read and put back before the hash hashes as the key's but moved its ctime."""
+    computation always compares bytes (the reader's digests or a second hash), and it alone guards against a
+    run key naming other data (the keyed noise of two different inputs under one key). A public file is re-read
+    as before (its rows are in the fingerprint). After the computation the snapshot is compared TOO (not
+    instead): a file swapped during the pipeline's read and put back before the hash hashes as the key's but
+    moved its ctime.
+
+    ``read_digests`` (the check after the computation only): the (size, sha256) of the bytes the pipeline's
+    reader consumed, per input file (``ComputeResult.read_digests``, CSV files read to their end). When every
+    input file has one and the spec has no public file, they are compared with the digests of this process's
+    fingerprint pass (``RunContext.input_digests``) instead of hashing the input again: equal digests prove
+    that the output was computed from exactly the bytes the run key names, which is what the hash after the
+    read stood in for (and more: it holds even for a file changed and restored while the pipeline read it).
+    A different digest refuses. Any file without one (Parquet, a context prepared in another process)
+    hashes the input again as before; the snapshot is compared first either way."""
     assert ctx.fingerprint_key is not None  # prepare always sets it
     moved = (ctx.input_stats is not None
              and input_stat_snapshot(snapshot_locations(ctx.spec, ctx.input_paths)) != ctx.input_stats)
@@ -219,6 +230,15 @@ def check_input_unchanged(ctx: RunContext, when: str, snapshot_suffices: bool = 
             f"{ctx.spec.name} {ctx.interval}: the input files changed since the run was prepared ({when}); "
             f"nothing is published. Run again when the input is final: a new input is a new run (and charge)"
         )
+    if (not snapshot_suffices and read_digests and ctx.spec.partitions.public_file is None and ctx.input_paths
+            and all(p in ctx.input_digests and p in read_digests for p in ctx.input_paths)):
+        if any(tuple(read_digests[p]) != tuple(ctx.input_digests[p]) for p in ctx.input_paths):
+            raise InputDataError(
+                f"{ctx.spec.name} {ctx.interval}: the pipeline read input bytes other than those the run was "
+                f"prepared with ({when}); nothing is published. Run again when the input is final: a new input "
+                "is a new run (and charge)"
+            )
+        return
     try:
         # The public file is read again (the pipeline re-loads the spec): for a file the operator did not mark
         # publishable, spec_hash holds only its row count, so only this keyed fingerprint sees a changed list.

@@ -118,6 +118,10 @@ class RunContext:
     # (``dpops.inputs.input_stat_snapshot``; None for object-store inputs): the check before ``start`` compares it
     # instead of hashing the input a second time.
     input_stats: InputStats | None = field(default=None, repr=False, compare=False)
+    # Each input file's (size, sha256) from that same fingerprint pass, {path: (size, hex)}: the check after the
+    # pipeline compares them with the bytes the reader consumed (``ComputeResult.read_digests``) instead of
+    # hashing the input again. Unkeyed hashes of private files: in memory only, never written or shown.
+    input_digests: dict[str, tuple[int, str]] = field(default_factory=dict, repr=False, compare=False)
 
     def note_ledger(self, record: RunRecord | None, charged: float = 0.0) -> None:
         """Remember what the ledger just confirmed about this run (``record``) and any charge it made now."""

@@ -85,6 +85,9 @@ class ComputeResult:
     partitions_released: int
     # rows read, dropped by reason, clamped...: INTERNAL run log only, never published
     internal: dict[str, Any] = field(default_factory=dict)
+    # {input path as in the request: (size, sha256 hex)} of every file the reader read whole as one byte stream
+    # (CSV): what the pipeline actually consumed, for ``check_input_unchanged``. In memory only: never written.
+    read_digests: dict[str, tuple[int, str]] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass(frozen=True)

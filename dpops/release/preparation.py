@@ -124,14 +124,14 @@ def _default_planner(spec: ReleaseSpec) -> ReleasePlan:
 
 
 def _fingerprint_while(work: Callable[[], object], paths: list[str], key: HmacKey,
-                      public_rows: list[list[object]] | None) -> str:
+                      public_rows: list[list[object]] | None, digests: dict[str, tuple[int, str]]) -> str:
     """``input_fingerprint`` computed on a second thread while this one runs ``work``: hashlib releases the GIL
     while it hashes a chunk (``dpops.inputs`` reads 16 MiB at a time, so the GIL is taken back rarely), so a
     10M-row input's 0.6 s of hashing overlaps the pipeline's import instead of preceding it."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpops-fingerprint") as pool:
-        future = pool.submit(input_fingerprint, paths, key, public_rows)
+        future = pool.submit(input_fingerprint, paths, key, public_rows, digests=digests)
         try:
             work()
         except Exception:  # noqa: BLE001 - a warm-up only: the real import and its error come later, checked
@@ -219,10 +219,11 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
     check_input(spec, paths)
     public_rows = public_file_rows(spec)
     all_local = all(not is_uri(p) or Location.parse(p).is_local for p in paths)
+    digests: dict[str, tuple[int, str]] = {}  # each file's (size, sha256): in memory, for the after-read check
     if while_hashing is not None and stats is not None and all_local:  # object stores hash through imports
-        fingerprint = _fingerprint_while(while_hashing, paths, fp_key, public_rows)
+        fingerprint = _fingerprint_while(while_hashing, paths, fp_key, public_rows, digests)
     else:
-        fingerprint = input_fingerprint(paths, fp_key, public_rows)
+        fingerprint = input_fingerprint(paths, fp_key, public_rows, digests=digests)
     if stats is not None and input_stat_snapshot(snapshot_of) != stats:
         raise InputDataError(f"{spec.source}: the input files changed while they were checked and fingerprinted "
                              f"({interval}); nothing was reserved. Run again when the input is final")
@@ -245,7 +246,7 @@ def prepare(spec_path: str | os.PathLike[str], interval_start: IntervalBound, in
         store=open_store(spec.output_root, spec.name, sealer=_sealer(randomness, noise_key)),
         key_path=_key_ref(key_path),
         test_seed=test_seed, actor=actor or default_actor(), fingerprint_key=fp_key, estimated_bounds=estimated,
-        input_stats=stats,
+        input_stats=stats, input_digests=digests,
         estimation_charged=estimation_charged, previous_key_paths=previous_key_paths(),
     )
 
