@@ -55,7 +55,6 @@ from pipelines.io import ReadDigest
 # A combiner buffer is re-bounded when it exceeds max(this, 2 x its bounded size): with 256 keys at most
 # ~4M buffered rows (~200 MB) per worker beyond the bounded rows themselves, whatever the input size.
 COMPACT_MIN_ROWS = 16_384
-PREPARE_THREADS = 2  # batches checked, hashed and pre-bounded at once by the read (the machine's two cores)
 EMPTY_SHARD = b"dpops: empty shard\n"  # an empty shard on an object store (a Parquet file starts with PAR1)
 
 # --------------------------------------------------------------------------- error hygiene
@@ -173,46 +172,45 @@ class _ReadBatches(beam.DoFn):
         raw = (item.file_index, item.path, item.row_group, item.row_offset)
         digest = pio.ReadDigest()  # the bytes read, for the driver's after-read input check (CSV only)
 
+        def prepared() -> Iterator[tuple[Rows, tuple[np.ndarray, list[list[Any]]], dict[str, int]]]:
+            for seq, (batch, offset) in enumerate(pio.iter_record_batches(raw, cfg, read_stats, digest)):
+                # Linf priorities: a stream per (file, row group, batch), independent of runner order
+                rng = self._source.child("bounding", item.file_index, -1 if item.row_group is None else item.row_group,
+                                         seq)
+                rows, names, st = pio.prepare_batch(batch, item.file_index, offset, cfg, rng, pair_salt=self._salt)
+                yield rows, names, dict(st, rows_to_bounding=len(rows["u"]))
+
         public = self.ctx.public_names is not None
-        row_group = -1 if item.row_group is None else item.row_group
 
-        def batch_work(job: tuple[int, tuple[Any, int]]) -> tuple[list[tuple[int, RowBlock]],
-                                                                 list[tuple[int, PartitionNames]], dict[str, int]]:
-            # One batch, from its read record batch to its pre-bounded row blocks: a function of that batch alone.
-            seq, (batch, offset) = job
-            # Linf priorities: a stream per (file, row group, batch), independent of runner and thread order
-            rng = self._source.child("bounding", item.file_index, row_group, seq)
-            rows, (uniq, values), st = pio.prepare_batch(batch, item.file_index, offset, cfg, rng, pair_salt=self._salt)
-            st = dict(st, rows_to_bounding=len(rows["u"]))
-            rows, dropped = bound_rows(rows, self.ctx.agg.l0, self.ctx.agg.linf)  # pre-bound: cuts the shuffle
-            blocks = [(key, RowBlock.of(chunk)) for key, chunk in split_by_key(rows, cfg.n_buckets)]
-            names: list[tuple[int, PartitionNames]] = []
-            if len(uniq) and not public:
-                shards = shard_of(uniq, cfg.n_shards)
-                for s in np.unique(shards):
-                    sel = np.flatnonzero(shards == s)
-                    names.append((int(s), PartitionNames(uniq[sel], [[col[i] for i in sel] for col in values])))
-            return blocks, names, _add(st, dropped)
+        def pre_bounded() -> Iterator[tuple[list[tuple[int, RowBlock]], list[tuple[int, PartitionNames]],
+                                             dict[str, int]]]:
+            with pio.Prefetch(prepared(), name="dpops-prepare") as checked:
+                for rows, (uniq, values), st in checked:
+                    rows, dropped = bound_rows(rows, self.ctx.agg.l0, self.ctx.agg.linf)  # pre-bound: cuts the shuffle
+                    blocks = [(key, RowBlock.of(chunk)) for key, chunk in split_by_key(rows, cfg.n_buckets)]
+                    names: list[tuple[int, PartitionNames]] = []
+                    if len(uniq) and not public:
+                        shards = shard_of(uniq, cfg.n_shards)
+                        for s in np.unique(shards):
+                            sel = np.flatnonzero(shards == s)
+                            names.append((int(s), PartitionNames(uniq[sel], [[col[i] for i in sel] for col in values])))
+                    yield blocks, names, _add(st, dropped)
 
-        # The reader parses blocks ahead on its own threads (``iter_record_batches``: a Prefetch and two parses);
-        # PREPARE_THREADS threads check, hash and pre-bound batches k+1, k+2 (``in_order``), and this
-        # thread hands batch k to Beam (numpy, pandas and Arrow release the GIL in the heavy parts). Speed only:
-        # each batch's work is a function of that batch alone (its priorities come from its own stream, labelled
-        # with its position in the file, never from a shared one), and the results come in the batches' order, so
-        # every row's priorities, hashes and bound are what a serial loop gives (tests/test_pipeline_bounding.py,
-        # tests/test_pipeline_streaming.py); an exception is re-raised here, after the batches before it. Leaving
-        # early closes ``in_order``, which waits for its running calls and closes the reader first.
-        reader = pio.iter_record_batches(raw, cfg, read_stats, digest)
-        work = pio.in_order(batch_work, enumerate(reader), PREPARE_THREADS, name="dpops-prepare")
-        try:
-            for blocks, names, st in work:
+        # Three stages, each one batch ahead of the next: the reader parses block k+3 (its own Prefetch), one
+        # thread checks and hashes batch k+2, another pre-bounds batch k+1 and splits it by key, and this
+        # thread hands batch k to Beam (numpy, pandas and Arrow release the GIL in the heavy parts). Speed
+        # only: each stage runs its functions on the same batches in the same order in one thread, and the
+        # priorities are drawn in the checking stage from a stream per batch, so every row's priorities, hashes
+        # and bound are what a serial loop gives (tests/test_pipeline_bounding.py,
+        # tests/test_reader_prefetch.py); an exception is re-raised here, after the batches before it. Leaving
+        # early closes ``pre_bounded`` in its thread, which leaves the inner stage's ``with`` and so joins it
+        # (and closes the reader) first.
+        with pio.Prefetch(pre_bounded(), name="dpops-pre-bound") as batches:
+            for blocks, names, st in batches:
                 _add(stats, st)
                 yield from blocks
                 for shard_names in names:
                     yield beam.pvalue.TaggedOutput("names", shard_names)
-        finally:
-            work.close()  # its running calls are waited for (they never touch the reader), then
-            reader.close()  # the reader's threads are joined and its file closed
         _add(stats, read_digest_counters(item.file_index, digest))
         yield beam.pvalue.TaggedOutput("stats", _add(stats, read_stats))
 
