@@ -95,6 +95,12 @@ def test_one_interval_publishes_commits_and_a_rerun_is_free(tmp_path, monkeypatc
     manifests = list((ws.specs_dir / "out" / "manifests" / ws.release).glob("*.published.json"))
     assert [m.name for m in manifests] == [f"{rec.run_id}.published.json"]
     assert json.loads(manifests[0].read_text())["run_id"] == rec.run_id
+    # Each task's outcome is one XCom: a task returning a dict pushed every key as an XCom of its own too
+    # (Airflow infers multiple outputs from the -> dict annotation), ~90 rows and API calls per run nobody read.
+    assert _xcom_keys(ws.dag_id, dr.run_id) == {
+        "check_input": ["return_value"], "reserve_budget": ["dpops_outcome", "return_value"],
+        "compute_release": ["return_value"], "validate_output": ["return_value"],
+        "publish_release": ["return_value"], "record_run": ["return_value"]}
 
     # A plain re-run of the completed interval serves the published result: no charge, same numbers.
     before = _published_rows(rec.output_uri)
@@ -106,6 +112,20 @@ def test_one_interval_publishes_commits_and_a_rerun_is_free(tmp_path, monkeypatc
     assert _reservations(ledger, ws.scope) == {rec.run_id: 1}
     assert _published_rows(ledger.run(rec.run_id).output_uri) == before
     assert ledger.verify().ok
+
+
+def _xcom_keys(dag_id: str, run_id: str) -> dict[str, list[str]]:
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.execute(select(XComModel.task_id, XComModel.key).where(
+            XComModel.dag_id == dag_id, XComModel.run_id == run_id)).all()
+    out: dict[str, list[str]] = {}
+    for task_id, key in rows:
+        out.setdefault(task_id, []).append(key)
+    return {t: sorted(k) for t, k in out.items()}
 
 
 def _fail_once_after_manifest(monkeypatch):
