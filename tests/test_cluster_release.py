@@ -175,6 +175,49 @@ def test_release_on_isolated_workers_matches_in_process(world, tmp_path, paralle
             _wipe_prefix(client, "out/")
 
 
+def test_a_csv_release_on_isolated_workers_checks_the_bytes_its_workers_read(world, tmp_path):
+    """CSV input on S3, read by an isolated worker: the worker's digest of the bytes it read (pipelines.io.ReadDigest)
+    reaches the driver with the internal counters, the check after the read compares it with the fingerprint
+    instead of downloading the object again, and it is in neither the internal log nor the bucket."""
+    import hashlib
+
+    import pyarrow.csv as pcsv
+
+    client = world["client"]
+    gen = np.random.default_rng(11)
+    n = 20_000
+    local = tmp_path / "input.csv"
+    pcsv.write_csv(pa.table({"user_id": [f"u{u}" for u in gen.integers(0, 2_000, n)],
+                             "region": [f"r{r}" for r in gen.integers(0, 20, n)],
+                             "amount": gen.uniform(-10, 120, n)}), local)
+    digest = hashlib.sha256(local.read_bytes()).hexdigest()
+    client.upload_file(str(local), BUCKET, "in-csv/2024-01-01.csv")
+    doc = _spec_doc()
+    doc["input"]["path"] = f"s3://{BUCKET}/in-csv/{{start:%Y-%m-%d}}.csv"
+    doc["input"]["format"] = "csv"
+    with portable_cluster(tmp_path, parallelism=1, moto=world["moto"]) as cluster:
+        spec = cluster.cwd / "spec.yaml"
+        spec.write_text(yaml.safe_dump(doc))
+        env = {**os.environ, **cluster.env, "TMPDIR": str(cluster.tmp), "DPOPS_STATE_DIR": str(cluster.cwd / "state"),
+               **_ROOTS}
+        env.pop("DPOPS_MANIFESTS_DIR", None)
+        try:
+            out = _release(spec, _new_ledger(cluster.cwd / "ledger.sqlite"), world["key"], "PortableRunner",
+                           cluster.options(), cwd=cluster.cwd, env=env)
+            assert out["state"] == "published"
+            (log,) = (cluster.cwd / "state").rglob("*.internal.json")
+            internal = json.loads(log.read_text())
+            assert internal["input_check_after_read"] == "reader_digests" and internal["rows_read"] == n
+            assert not [k for k in internal if "digest" in k and k != "input_check_after_read"]
+            assert digest not in log.read_text()
+            keys = [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="out/")
+                    for o in page.get("Contents", [])]
+            assert not any(digest.encode() in client.get_object(Bucket=BUCKET, Key=k)["Body"].read() for k in keys)
+        finally:
+            _wipe_prefix(client, "out/")
+            client.delete_object(Bucket=BUCKET, Key="in-csv/2024-01-01.csv")
+
+
 def test_release_two_sdk_workers_shared_disk_matches_in_process(tmp_path):
     """The same CLI release over local files with two SDK workers that share the driver's disk (no
     isolation, no S3): the published table is byte-identical to the in-process one. Independent of the

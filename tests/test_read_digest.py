@@ -19,6 +19,7 @@ the release's critical path). What must hold:
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -165,6 +166,7 @@ def _counting_hash(monkeypatch) -> list:
 
 
 def test_a_csv_release_checks_the_bytes_it_read_without_hashing_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("DPOPS_STATE_DIR", str(tmp_path / "state"))  # the internal run log, scanned below
     spec, data, key, ledger = _setup(tmp_path, "csv")
     calls = _counting_hash(monkeypatch)
     seen: list = []
@@ -179,6 +181,8 @@ def test_a_csv_release_checks_the_bytes_it_read_without_hashing_again(tmp_path, 
         hexd = hashlib.sha256(content).hexdigest().encode()
         written = [p for p in tmp_path.rglob("*") if p.is_file() and p != data]
         assert written and not any(hexd in p.read_bytes() for p in written)  # no file holds the digest
+        (log,) = (tmp_path / "state").rglob("*.internal.json")
+        assert json.loads(log.read_text())["input_check_after_read"] == "reader_digests"
     finally:
         ledger.close()
 
@@ -204,6 +208,7 @@ def test_a_pipeline_that_read_other_bytes_is_refused_though_the_file_is_the_fing
 
 
 def test_a_parquet_release_still_hashes_its_input_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("DPOPS_STATE_DIR", str(tmp_path / "state"))
     spec, data, key, ledger = _setup(tmp_path, "parquet")
     calls = _counting_hash(monkeypatch)
     seen: list = []
@@ -212,5 +217,7 @@ def test_a_parquet_release_still_hashes_its_input_again(tmp_path, monkeypatch):
         assert out.state == "published"
         assert seen[0].read_digests == {}  # row groups are not one byte stream
         assert calls == [[str(data)]]  # the check after the read hashed the file again
+        (log,) = (tmp_path / "state").rglob("*.internal.json")
+        assert json.loads(log.read_text())["input_check_after_read"] == "hashed_again"
     finally:
         ledger.close()

@@ -172,10 +172,11 @@ def compute_staged(ctx: RunContext, ledger: Ledger, *, runner: str = "FnApiRunne
         # The output is sealed only if the input is still the one the run was reserved with (its
         # fingerprint is in the run key and the noise label): a file swapped during the computation
         # would publish a release of other data under this run's key.
-        check_input_unchanged(ctx, "while the pipeline read it; noise was drawn, so the run stays charged and "
-                                    "its output is discarded", read_digests=result.read_digests)
+        checked = check_input_unchanged(ctx, "while the pipeline read it; noise was drawn, so the run stays charged "
+                                              "and its output is discarded", read_digests=result.read_digests)
         report_stage(progress, "write")
-        staged = ctx.store.finish_staging(tmp, ctx.interval.slug, ctx.run_id, dict(result.internal or {}),
+        internal = {**(result.internal or {}), "input_check_after_read": checked}
+        staged = ctx.store.finish_staging(tmp, ctx.interval.slug, ctx.run_id, internal,
                                           test_mode=ctx.randomness == "test")
     except BaseException:
         ctx.store.discard_staging(tmp)
@@ -190,8 +191,10 @@ def compute_staged(ctx: RunContext, ledger: Ledger, *, runner: str = "FnApiRunne
 
 
 def check_input_unchanged(ctx: RunContext, when: str, snapshot_suffices: bool = False,
-                          read_digests: Mapping[str, tuple[int, str]] | None = None) -> None:
-    """Fail (InputDataError) if the input files no longer have the keyed fingerprint of the run key.
+                          read_digests: Mapping[str, tuple[int, str]] | None = None) -> str:
+    """Fail (InputDataError) if the input files no longer have the keyed fingerprint of the run key; else say
+    what the check compared (``"snapshot"``, ``"reader_digests"`` or ``"hashed_again"``: the release keeps it in
+    its internal run log as ``input_check_after_read``).
 
     One rule for every charged read of an interval's input: the release (``compute_staged``) and the estimation
     (``dpops.release.estimation``), each before its ``ledger.start`` (``snapshot_suffices``) and after its read.
@@ -219,7 +222,7 @@ def check_input_unchanged(ctx: RunContext, when: str, snapshot_suffices: bool = 
              and input_stat_snapshot(snapshot_locations(ctx.spec, ctx.input_paths)) != ctx.input_stats)
     if (snapshot_suffices and ctx.input_stats is not None and ctx.spec.partitions.public_file is None
             and not moved):
-        return
+        return "snapshot"
     if not snapshot_suffices and moved:
         # After the computation the hash alone cannot see a file swapped while the pipeline read it and put back
         # before this check (rename the checked file aside, another in its place, then back): the bytes hash as the
@@ -238,7 +241,7 @@ def check_input_unchanged(ctx: RunContext, when: str, snapshot_suffices: bool = 
                 f"prepared with ({when}); nothing is published. Run again when the input is final: a new input "
                 "is a new run (and charge)"
             )
-        return
+        return "reader_digests"
     try:
         # The public file is read again (the pipeline re-loads the spec): for a file the operator did not mark
         # publishable, spec_hash holds only its row count, so only this keyed fingerprint sees a changed list.
@@ -252,6 +255,7 @@ def check_input_unchanged(ctx: RunContext, when: str, snapshot_suffices: bool = 
             f"{ctx.spec.name} {ctx.interval}: the input files changed since the run was prepared ({when}); "
             f"nothing is published. Run again when the input is final: a new input is a new run (and charge)"
         )
+    return "hashed_again"
 
 
 _DISK_ERRORS = {errno.ENOSPC: "the disk is full", errno.EROFS: "the file system is read-only",
