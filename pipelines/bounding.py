@@ -382,7 +382,12 @@ def contribution_ranks(u: np.ndarray, p: np.ndarray, prio: np.ndarray, pp: np.nd
     # Dense codes by hashing (O(n)).
     ucode, uniq_u = pd.factorize(u, sort=False)
     pcode, uniq_p = pd.factorize(p, sort=False)
-    pair, _ = pd.factorize(pair_keys(ucode, pcode, len(uniq_u), len(uniq_p)), sort=False)
+    if len(uniq_u) == n:
+        # Every row its own unit (record-level units, one row per user): every row is its own pair too, and the
+        # codes factorizing the pair keys gives are the unit codes (0..n-1 in order of appearance) exactly.
+        pair = ucode
+    else:
+        pair, _ = pd.factorize(pair_keys(ucode, pcode, len(uniq_u), len(uniq_p)), sort=False)
     m = int(pair.max()) + 1
     first = np.empty(m, np.int64)
     first[pair[::-1]] = np.arange(n - 1, -1, -1)  # a representative row of each pair (its first)
@@ -452,7 +457,12 @@ def _distinct_pair_partitions(u: np.ndarray, p: np.ndarray) -> np.ndarray:
         return np.zeros(0, np.uint64)
     ucode, uniq_u = pd.factorize(u, sort=False)
     pcode, uniq_p = pd.factorize(p, sort=False)
-    pair, _ = pd.factorize(pair_keys(ucode, pcode, len(uniq_u), len(uniq_p)), sort=False)
+    if len(uniq_u) == len(u):
+        # Every row its own unit (record-level units, one row per user): every row is its own pair too, and the
+        # codes factorizing the pair keys gives are the unit codes (0..n-1 in order of appearance) exactly.
+        pair = ucode
+    else:
+        pair, _ = pd.factorize(pair_keys(ucode, pcode, len(uniq_u), len(uniq_p)), sort=False)
     first = np.empty(int(pair.max()) + 1, np.int64)
     first[pair[::-1]] = np.arange(len(u) - 1, -1, -1)
     return p[first]

@@ -265,3 +265,25 @@ def test_partition_names_are_the_values_as_python_gives_them(values, dictionary)
         arr = arr.dictionary_encode()
     got = pio._values_list(arr)
     assert got == arr.to_pylist() and [type(v) for v in got] == [type(v) for v in arr.to_pylist()]
+
+
+@settings(max_examples=examples(40))
+@given(st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=60, unique=True), st.integers(1, 4), st.data())
+def test_rows_of_distinct_units_get_the_pair_codes_of_the_general_path(units, n_parts, data):
+    """When every row is its own unit, ``contribution_ranks`` takes the unit codes as the pair codes instead of
+    factorizing the pair keys (one hash pass less over record-level data): they must be the codes that pass
+    gives, and the bound must keep every row."""
+    import pandas as pd
+
+    from pipelines.bounding import pair_keys
+
+    n = len(units)
+    u = np.asarray(units, dtype=np.uint64)
+    p = np.asarray(data.draw(st.lists(st.integers(0, n_parts - 1), min_size=n, max_size=n)), dtype=np.uint64)
+    prio = np.asarray(data.draw(st.lists(st.integers(0, 2**64 - 1), min_size=n, max_size=n)), dtype=np.uint64)
+    r = contribution_ranks(u, p, prio)
+    ucode, uu = pd.factorize(u, sort=False)
+    pcode, up = pd.factorize(p, sort=False)
+    want, _ = pd.factorize(pair_keys(ucode, pcode, len(uu), len(up)), sort=False)
+    assert np.array_equal(r.pair, want) and np.array_equal(r.first, np.arange(n))
+    assert r.keep_mask(1, 1).all()
