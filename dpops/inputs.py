@@ -474,6 +474,24 @@ def input_fingerprint(paths: Iterable[str], key: HmacKey,
     return key.hmac(doc).hex()
 
 
+READ_DIGEST_TAG = b"dpops.read-digest/1\0"
+
+
+def read_digest_tag(salt: bytes, size: int, sha256_hex: str) -> str:
+    """What a reader reports of the bytes it read: HMAC-SHA256 under the run's read-digest ``salt`` of the size
+    and sha256 of those bytes (hex). The worker computes it from its own digest, the driver from the
+    fingerprint pass's (``dpops.release.computation.check_input_unchanged``): equal tags, equal bytes.
+
+    Why a tag and not the sha256 itself: the reader's report travels with the run's internal counters as
+    runner metrics, which a runner may show to more people than the driver (a monitoring console); an unkeyed
+    hash of a private file there would let any of them confirm a guess of the whole file. The salt is drawn from
+    the run's randomness (the noise key or the test seed; in os mode the driver draws it and it rides in the job
+    graph), never from the data."""
+    import hmac
+
+    return hmac.new(salt, READ_DIGEST_TAG + f"{int(size)}:{sha256_hex}".encode(), hashlib.sha256).hexdigest()
+
+
 def time_rule_of(spec: ReleaseSpec) -> TimeRule | None:
     """The time rule ``spec``'s run applies (None: it filters no rows by time).
 
@@ -495,5 +513,5 @@ def time_rule_of(spec: ReleaseSpec) -> TimeRule | None:
 __all__ = [
     "Interval", "parse_interval", "resolve_input_paths", "check_input", "input_fingerprint", "TestFingerprintKey",
     "public_file_rows", "missing_input_files", "stored_type_ok", "stored_all_missing", "columns_of_any_type",
-    "time_rule_of",
+    "time_rule_of", "read_digest_tag",
 ]

@@ -329,9 +329,10 @@ class ReadDigest:
     output must be computed from exactly the bytes that fingerprint hashed; otherwise two different inputs
     get noise under one key and their difference is exact. Hashing the bytes the reader itself parsed proves
     that directly, where hashing the file again after the pipeline proved it only for a file that did not
-    change in between (``dpops.release.computation.check_input_unchanged`` compares the two). The digest is
-    the unkeyed sha256 of private data: it travels only to the driver, with the run's exact internal counters
-    (``pipelines.transforms.read_digest_counters``), and is taken out of them before anything is written."""
+    change in between (``dpops.release.computation.check_input_unchanged`` compares the two). The sha256 of
+    private data never leaves the worker: it reports a salted tag of it (``dpops.inputs.read_digest_tag``)
+    with the run's internal counters (``pipelines.transforms.read_digest_counters``), which the driver takes out
+    of them before anything is written."""
 
     __slots__ = ("_sha", "size", "complete")
 

@@ -109,6 +109,8 @@ class RandomnessConfig:
     # os mode only: the pair-priority salt drawn once by the driver (each process's OS randomness differs,
     # and every worker must order a unit's pairs alike). Keyed and test mode re-derive it on each worker.
     os_pair_salt: tuple[int, int] | None = None
+    # os mode only, likewise: the salt of the reader's read-digest tags (``digest_salt``), drawn once by the driver
+    os_digest_salt: bytes | None = None
 
     def source(self):
         from dpops.noise import randomness
@@ -125,6 +127,15 @@ class RandomnessConfig:
         if self.mode == "test":
             return randomness.test_random(int(self.test_seed), tuple(f"{k}={v}" for k, v in self.label))
         raise InvalidParameter(f"randomness must be keyed, os or test, got {self.mode!r}")
+
+    def digest_salt(self, source) -> bytes:
+        """The run's read-digest salt (``dpops.inputs.read_digest_tag``): 32 bytes of the run's own stream in keyed
+        and test mode (every worker and the driver derive the same), the driver's draw in os mode."""
+        if self.mode == "os":
+            if self.os_digest_salt is None:
+                raise InvalidParameter("os-mode randomness needs the driver's digest salt (build_context draws it)")
+            return self.os_digest_salt
+        return bytes(source.child("read", "digest_salt").uint64(4).tobytes())
 
     def pair_salt(self, source) -> tuple[int, int]:
         """The run's L0 pair-priority salt (``pipelines.bounding.pair_salt``)."""
@@ -187,13 +198,15 @@ def build_context(spec, plan, request: ComputeRequest, parts_dir: str, n_buckets
         time_window_ns=_window_ns(request) if time_filter else None)
     agg = aggregation_spec(plan)  # the release's bounds, and per-metric bound sets when the spec has them
     label = tuple(sorted((str(k), str(v)) for k, v in request.noise_label.items()))
-    os_salt = None
+    os_salt = os_digest = None
     if request.randomness == "os":
         from dpops.noise.randomness import os_random
         from pipelines.bounding import pair_salt
 
         os_salt = pair_salt(os_random())
-    rnd = RandomnessConfig(request.randomness, label, request.key_ref, request.test_seed, _key_id(request), os_salt)
+        os_digest = bytes(os_random().uint64(4).tobytes())
+    rnd = RandomnessConfig(request.randomness, label, request.key_ref, request.test_seed, _key_id(request), os_salt,
+                           os_digest)
     return PipelineContext(read, agg, plan, rnd, parts_dir, public_names)
 
 
@@ -380,7 +393,8 @@ def run_release(request: ComputeRequest) -> ComputeResult:
                      "buckets": ctx.read.n_buckets, "shards": N_SHARDS})
     return ComputeResult(out_file, summary_file, table.num_rows, internal,
                          read_digests={request.input_paths[i]: d for i, d in read_digests.items()
-                                       if 0 <= i < len(request.input_paths)})
+                                       if 0 <= i < len(request.input_paths)},
+                         read_digest_salt=ctx.randomness.digest_salt(ctx.randomness.source()))
 
 
 def _key_id(request: ComputeRequest) -> str | None:

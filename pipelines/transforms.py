@@ -155,11 +155,13 @@ class _ReadBatches(beam.DoFn):
         self.ctx = ctx  # release_pipeline.PipelineContext: picklable configuration, never the key
         self._source = None
         self._salt: tuple[int, int] | None = None
+        self._digest_salt: bytes | None = None
 
     def setup(self):
         # The worker resolves the key itself from the run's key reference (checked against the key id).
         self._source = self.ctx.randomness.source()
         self._salt = self.ctx.randomness.pair_salt(self._source)
+        self._digest_salt = self.ctx.randomness.digest_salt(self._source)
 
     @_withhold_data_in_errors
     def process(self, item: WorkItem):
@@ -211,7 +213,8 @@ class _ReadBatches(beam.DoFn):
                 yield from blocks
                 for shard_names in names:
                     yield beam.pvalue.TaggedOutput("names", shard_names)
-        _add(stats, read_digest_counters(item.file_index, digest))
+        assert self._digest_salt is not None  # setup ran
+        _add(stats, read_digest_counters(item.file_index, digest, self._digest_salt))
         yield beam.pvalue.TaggedOutput("stats", _add(stats, read_stats))
 
 
@@ -564,20 +567,23 @@ class RunStats(beam.PTransform):
         )
 
 
-READ_DIGEST = "read_digest"  # counter names "read_digest/<file index>/size" and ".../w0".."/w7" (sha256, 32 bits each)
+READ_DIGEST = "read_digest"  # counter names "read_digest/<file index>/size" and ".../w0".."/w7" (the tag, 32 bits each)
 _DIGEST_WORDS = 8
 
 
-def read_digest_counters(file_index: int, digest: ReadDigest) -> dict[str, int]:
-    """A complete ``ReadDigest`` of input file ``file_index`` as internal counters (nothing for an incomplete one).
+def read_digest_counters(file_index: int, digest: ReadDigest, salt: bytes) -> dict[str, int]:
+    """A complete ``ReadDigest`` of input file ``file_index`` as internal counters (nothing for an incomplete one):
+    its salted tag (``dpops.inputs.read_digest_tag``, never the sha256 itself) in 32-bit words, and the size.
 
-    It rides with the run's counters because they already travel where it must go, and only there: from the
-    workers to the driver over the runner's metrics (``RunStats``), committed once per bundle and divided by
-    the report count after a retry (``collect_stats``). The driver takes it out of them (``split_read_digests``)
-    before they are written anywhere: the unkeyed sha256 of a private file must not be stored."""
+    It rides with the run's counters because they already travel where it must go: from the workers to the
+    driver over the runner's metrics (``RunStats``), committed once per bundle and divided by the report count
+    after a retry (``collect_stats``). The driver takes it out of them (``split_read_digests``) before they are
+    written anywhere."""
+    from dpops.inputs import read_digest_tag
+
     if not digest.complete:
         return {}
-    hexd = digest.hexdigest()
+    hexd = read_digest_tag(salt, digest.size, digest.hexdigest())
     out = {f"{READ_DIGEST}/{file_index}/size": digest.size}
     for w in range(_DIGEST_WORDS):
         out[f"{READ_DIGEST}/{file_index}/w{w}"] = int(hexd[8 * w:8 * w + 8], 16)
@@ -585,7 +591,7 @@ def read_digest_counters(file_index: int, digest: ReadDigest) -> dict[str, int]:
 
 
 def split_read_digests(counters: dict[str, int]) -> tuple[dict[str, int], dict[int, tuple[int, str]]]:
-    """(the counters without the read digests, {file index: (size, sha256 hex)} of every complete digest).
+    """(the counters without the read digests, {file index: (size, tag hex)} of every complete digest).
 
     A file whose digest words arrived incomplete or out of range (a runner that lost or doubled a counter) has
     no entry, so the driver falls back to hashing that file again; it is never taken as a match."""

@@ -35,7 +35,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dpops.errors import DEBUG_ENV, DpopsError, InputDataError, InternalError, LedgerError, NeedsOperator, StorageError
-from dpops.inputs import input_fingerprint, input_stat_snapshot, public_file_rows, snapshot_locations
+from dpops.inputs import (
+    input_fingerprint,
+    input_stat_snapshot,
+    public_file_rows,
+    read_digest_tag,
+    snapshot_locations,
+)
 from dpops.release.context import Progress, RunContext, RunOutcome, log, make_outcome, pick_attempt, report_stage
 from dpops.release.pipeline_seam import ComputeRequest, ComputeResult, import_pipeline_module, load_run_release
 from dpops.spec import load_spec
@@ -172,8 +178,9 @@ def compute_staged(ctx: RunContext, ledger: Ledger, *, runner: str = "FnApiRunne
         # The output is sealed only if the input is still the one the run was reserved with (its
         # fingerprint is in the run key and the noise label): a file swapped during the computation
         # would publish a release of other data under this run's key.
-        checked = check_input_unchanged(ctx, "while the pipeline read it; noise was drawn, so the run stays charged "
-                                              "and its output is discarded", read_digests=result.read_digests)
+        checked = check_input_unchanged(
+            ctx, "while the pipeline read it; noise was drawn, so the run stays charged and its output is discarded",
+            read_digests=result.read_digests, read_digest_salt=result.read_digest_salt)
         report_stage(progress, "write")
         internal = {**(result.internal or {}), "input_check_after_read": checked}
         staged = ctx.store.finish_staging(tmp, ctx.interval.slug, ctx.run_id, internal,
@@ -191,7 +198,8 @@ def compute_staged(ctx: RunContext, ledger: Ledger, *, runner: str = "FnApiRunne
 
 
 def check_input_unchanged(ctx: RunContext, when: str, snapshot_suffices: bool = False,
-                          read_digests: Mapping[str, tuple[int, str]] | None = None) -> str:
+                          read_digests: Mapping[str, tuple[int, str]] | None = None, read_digest_salt: bytes = b"",
+                          ) -> str:
     """Fail (InputDataError) if the input files no longer have the keyed fingerprint of the run key; else say
     what the check compared (``"snapshot"``, ``"reader_digests"`` or ``"hashed_again"``: the release keeps it in
     its internal run log as ``input_check_after_read``).
@@ -209,8 +217,9 @@ def check_input_unchanged(ctx: RunContext, when: str, snapshot_suffices: bool = 
     instead): a file swapped during the pipeline's read and put back before the hash hashes as the key's but
     moved its ctime.
 
-    ``read_digests`` (the check after the computation only): the (size, sha256) of the bytes the pipeline's
-    reader consumed, per input file (``ComputeResult.read_digests``, CSV files read to their end). When every
+    ``read_digests`` (the check after the computation only): the (size, salted tag) of the bytes the pipeline's
+    reader consumed, per input file (``ComputeResult.read_digests``, CSV files read to their end; the tag is
+    ``dpops.inputs.read_digest_tag`` under ``read_digest_salt``). When every
     input file has one and the spec has no public file, they are compared with the digests of this process's
     fingerprint pass (``RunContext.input_digests``) instead of hashing the input again: equal digests prove
     that the output was computed from exactly the bytes the run key names, which is what the hash after the
@@ -233,9 +242,13 @@ def check_input_unchanged(ctx: RunContext, when: str, snapshot_suffices: bool = 
             f"{ctx.spec.name} {ctx.interval}: the input files changed since the run was prepared ({when}); "
             f"nothing is published. Run again when the input is final: a new input is a new run (and charge)"
         )
-    if (not snapshot_suffices and read_digests and ctx.spec.partitions.public_file is None and ctx.input_paths
-            and all(p in ctx.input_digests and p in read_digests for p in ctx.input_paths)):
-        if any(tuple(read_digests[p]) != tuple(ctx.input_digests[p]) for p in ctx.input_paths):
+    if (not snapshot_suffices and read_digests and read_digest_salt and ctx.spec.partitions.public_file is None
+            and ctx.input_paths and all(p in ctx.input_digests and p in read_digests for p in ctx.input_paths)):
+        def expected(p: str) -> tuple[int, str]:
+            size, sha = ctx.input_digests[p]
+            return size, read_digest_tag(read_digest_salt, size, sha)
+
+        if any(tuple(read_digests[p]) != expected(p) for p in ctx.input_paths):
             raise InputDataError(
                 f"{ctx.spec.name} {ctx.interval}: the pipeline read input bytes other than those the run was "
                 f"prepared with ({when}); nothing is published. Run again when the input is final: a new input "

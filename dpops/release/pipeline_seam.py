@@ -85,9 +85,11 @@ class ComputeResult:
     partitions_released: int
     # rows read, dropped by reason, clamped...: INTERNAL run log only, never published
     internal: dict[str, Any] = field(default_factory=dict)
-    # {input path as in the request: (size, sha256 hex)} of every file the reader read whole as one byte stream
-    # (CSV): what the pipeline actually consumed, for ``check_input_unchanged``. In memory only: never written.
+    # {input path as in the request: (size, tag hex)} of every file the reader read whole as one byte stream
+    # (CSV): what the pipeline actually consumed (``dpops.inputs.read_digest_tag`` of its size and sha256 under
+    # ``read_digest_salt``), for ``check_input_unchanged``. In memory only: never written.
     read_digests: dict[str, tuple[int, str]] = field(default_factory=dict, repr=False, compare=False)
+    read_digest_salt: bytes = field(default=b"", repr=False, compare=False)
 
 
 @dataclass(frozen=True)
