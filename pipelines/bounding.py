@@ -352,6 +352,16 @@ def pair_keys(ucode: np.ndarray, pcode: np.ndarray, n_units: int, n_parts: int) 
     return ucode.astype(np.int64) * n_parts + pcode
 
 
+def pair_codes(ucode: np.ndarray, pcode: np.ndarray, n_units: int, n_parts: int) -> np.ndarray:
+    """Dense codes of the rows' (unit, partition) pairs, in order of first appearance: ``pd.factorize`` of
+    ``pair_keys``. When every row is its own unit (record-level units, one row per user) every row is its own
+    pair, and those codes are the unit codes (0..n-1 in order of appearance) exactly: one hash pass less."""
+    if n_units == len(ucode):
+        return ucode
+    codes, _ = pd.factorize(pair_keys(ucode, pcode, n_units, n_parts), sort=False)
+    return codes
+
+
 def _ranks_within(group: np.ndarray, key: np.ndarray, tie: np.ndarray | None, n: int) -> np.ndarray:
     """Rank of each of ``group``'s elements by (key[, tie]) within its group; ``n`` = len(group)."""
     order = _order_by_group_then(group, key, tie)
@@ -382,12 +392,7 @@ def contribution_ranks(u: np.ndarray, p: np.ndarray, prio: np.ndarray, pp: np.nd
     # Dense codes by hashing (O(n)).
     ucode, uniq_u = pd.factorize(u, sort=False)
     pcode, uniq_p = pd.factorize(p, sort=False)
-    if len(uniq_u) == n:
-        # Every row its own unit (record-level units, one row per user): every row is its own pair too, and the
-        # codes factorizing the pair keys gives are the unit codes (0..n-1 in order of appearance) exactly.
-        pair = ucode
-    else:
-        pair, _ = pd.factorize(pair_keys(ucode, pcode, len(uniq_u), len(uniq_p)), sort=False)
+    pair = pair_codes(ucode, pcode, len(uniq_u), len(uniq_p))
     m = int(pair.max()) + 1
     first = np.empty(m, np.int64)
     first[pair[::-1]] = np.arange(n - 1, -1, -1)  # a representative row of each pair (its first)
@@ -457,12 +462,7 @@ def _distinct_pair_partitions(u: np.ndarray, p: np.ndarray) -> np.ndarray:
         return np.zeros(0, np.uint64)
     ucode, uniq_u = pd.factorize(u, sort=False)
     pcode, uniq_p = pd.factorize(p, sort=False)
-    if len(uniq_u) == len(u):
-        # Every row its own unit (record-level units, one row per user): every row is its own pair too, and the
-        # codes factorizing the pair keys gives are the unit codes (0..n-1 in order of appearance) exactly.
-        pair = ucode
-    else:
-        pair, _ = pd.factorize(pair_keys(ucode, pcode, len(uniq_u), len(uniq_p)), sort=False)
+    pair = pair_codes(ucode, pcode, len(uniq_u), len(uniq_p))
     first = np.empty(int(pair.max()) + 1, np.int64)
     first[pair[::-1]] = np.arange(len(u) - 1, -1, -1)
     return p[first]

@@ -321,8 +321,9 @@ def run_release(request: ComputeRequest) -> ComputeResult:
     parts_dir = _prepare_staging(staging)
 
     ctx = build_context(spec, plan, request, parts_dir)
-    if request.randomness == "keyed":
-        ctx.randomness.source()  # fail fast in the driver on a bad key reference (message names it, not the key)
+    # Keyed mode fails fast here, in the driver, on a bad key reference (the message names it, not the key). The
+    # same source gives the salt of the reader's digest tags, which the driver's check compares (digest_salt).
+    digest_salt = ctx.randomness.digest_salt(ctx.randomness.source())
     items = work_items([fs.normalize(x) for x in request.input_paths], spec.input.format)
     build_pipeline(p, ctx, items)
     result = p.run()
@@ -394,7 +395,7 @@ def run_release(request: ComputeRequest) -> ComputeResult:
     return ComputeResult(out_file, summary_file, table.num_rows, internal,
                          read_digests={request.input_paths[i]: d for i, d in read_digests.items()
                                        if 0 <= i < len(request.input_paths)},
-                         read_digest_salt=ctx.randomness.digest_salt(ctx.randomness.source()))
+                         read_digest_salt=digest_salt)
 
 
 def _key_id(request: ComputeRequest) -> str | None:
