@@ -7,7 +7,7 @@ point; for error/1 the exact histograms of ``dpops.analysis.bound_choice`` (unit
 per (partition count, rows), weight per public partition, weight per value cell). This module computes them
 where the data is, so the driver never holds a row:
 
-    counts = p | EstimationCountsTransform(request)    # one element: the pass's counts, summed
+    out = p | EstimationCountsTransform(request)    # out["counts"]: one element, the pass's counts, summed
 
 ``expand`` is three steps:
 
@@ -25,6 +25,11 @@ where the data is, so the driver never holds a row:
 3. ``CombineGlobally(SumCounts)`` adds the buckets' counts: every count and histogram cell is a sum over
    units of a function of that unit's own rows, so over disjoint buckets of units the sum equals the counts
    of all rows at once, bit for bit (integers), and the mechanisms choose the same bounds.
+
+Beside the counts, step 1 reports what each CSV file's read consumed (``pipelines.io.ReadDigest``) as a salted
+tag (``dpops.inputs.read_digest_tag`` under ``dpops.release.pipeline_seam.estimation_digest_salt``), joined by
+``ReadDigestsOf``: the driver's check after the estimation compares them with the run key's fingerprint, so
+counts of bytes other than those the key names are never committed (the release's rule, ``ReadDigest``).
 
 Memory. The shuffle of the in-process runners (FnApiRunner, and the job server of the isolated-worker
 PortableRunner) holds what crosses it in memory; the first version of this pass sent every kept row
@@ -63,13 +68,19 @@ from dpops.analysis.estimate import (
     value_counts_of,
     value_grid,
 )
-from dpops.release.pipeline_seam import EstimationCountsRequest
+from dpops.release.pipeline_seam import (
+    CONFLICTING_READS,
+    CountedPass,
+    EstimationCountsRequest,
+    estimation_digest_salt,
+)
 from pipelines import fs
 from pipelines.bounding import bound_rows
 from pipelines.scratch import Columns, concat_columns, pack_columns, unpack_columns
 from pipelines.transforms import split_by_key, withhold_data_in_errors
 
 COUNTS_FILE = "counts.json"
+READ_DIGESTS = "read_digests"  # the read's tagged output: (file index, size, salted tag) of each CSV file read whole
 PARTS_DIR = "_parts"  # scratch under the staging location: <staging>/_parts/b<bucket>/<item>.npz
 STAGES = ("pairs", "values", "error")
 FLUSH_ROWS = 1 << 21  # a work item's reduced rows are written out per bucket at least this often (memory)
@@ -148,6 +159,7 @@ class _ReadForEstimation(beam.DoFn):
         self.request = request
         self._read_rng: Any = None
         self._salt: tuple[int, int] | None = None
+        self._digest_salt = b""
 
     def setup(self) -> None:
         from dpops.noise import randomness
@@ -165,16 +177,20 @@ class _ReadForEstimation(beam.DoFn):
             source = randomness.test_random(int(r.test_seed), label)
         self._read_rng = source.child("estimate", "read")  # dpops.release.estimation.compute_estimation's stream
         self._salt = pair_salt(self._read_rng)
+        self._digest_salt = estimation_digest_salt(source)
 
     @withhold_data_in_errors
-    def process(self, item: tuple[int, str, int | None, int]) -> Iterator[tuple[int, str]]:
+    def process(self, item: tuple[int, str, int | None, int]) -> Iterator[Any]:
         import pipelines.io as pio  # module attribute lookups, as the release's reader (tests hook them)
+
+        from dpops.inputs import read_digest_tag
 
         r = self.request
         item = (int(item[0]), str(item[1]), None if item[2] is None else int(item[2]), int(item[3]))
         held: dict[int, list[Columns]] = {}
         n_held = flush = 0
-        for j, (batch, offset) in enumerate(pio.iter_record_batches(item, r.read)):
+        digest = pio.ReadDigest()  # the bytes this pass read, for the estimation's after-read check (CSV only)
+        for j, (batch, offset) in enumerate(pio.iter_record_batches(item, r.read, None, digest)):
             rows, _, _ = pio.prepare_batch(batch, item[0], offset, r.read,
                                            self._read_rng.child("read", item[0], item[2] or 0, j), pair_salt=self._salt)
             if not len(rows["u"]):
@@ -186,6 +202,10 @@ class _ReadForEstimation(beam.DoFn):
                 yield from self._write(held, item, flush)
                 held, n_held, flush = {}, 0, flush + 1
         yield from self._write(held, item, flush)
+        if digest.complete:  # the salted tag only (dpops.inputs.read_digest_tag): the sha256 stays here
+            yield beam.pvalue.TaggedOutput(READ_DIGESTS, (item[0], digest.size,
+                                                          read_digest_tag(self._digest_salt, digest.size,
+                                                                          digest.hexdigest())))
 
     def _write(self, held: dict[int, list[Columns]], item: tuple[int, str, int | None, int],
                flush: int) -> Iterator[tuple[int, str]]:
@@ -282,19 +302,51 @@ def add_counts(a: Any, b: Any) -> Any:
     return int(a) + int(b)
 
 
+class ReadDigestsOf(beam.CombineFn):
+    """(file index, size, tag) of each complete read -> {file index: [size, tag]}. Two reads of one file that
+    disagree give ``CONFLICTING_READS`` as its tag, which matches no fingerprint: such a pass counted bytes
+    other than one file's, so its counts must never be taken as the run key's (the check refuses)."""
+
+    def create_accumulator(self) -> dict[int, list[Any]]:
+        """No read reported yet."""
+        return {}
+
+    def add_input(self, acc: dict[int, list[Any]], read: tuple[int, int, str]) -> dict[int, list[Any]]:
+        """One complete read added."""
+        return self.merge_accumulators([acc, {int(read[0]): [int(read[1]), str(read[2])]}])
+
+    def merge_accumulators(self, accs: Iterable[dict[int, list[Any]]]) -> dict[int, list[Any]]:
+        """Reads of distinct files joined; equal reads of one file kept once, unequal ones marked conflicting."""
+        out: dict[int, list[Any]] = {}
+        for a in accs:
+            for index, got in a.items():
+                if index in out and out[index] != list(got):
+                    out[index] = [out[index][0], CONFLICTING_READS]
+                else:
+                    out.setdefault(index, list(got))
+        return out
+
+    def extract_output(self, acc: dict[int, list[Any]]) -> dict[int, list[Any]]:
+        """The joined reads (empty: no file was read whole, e.g. Parquet)."""
+        return acc
+
+
 class _WriteCounts(beam.DoFn):
     def __init__(self, staging_dir: str):
         self.staging_dir = staging_dir
 
     @withhold_data_in_errors
-    def process(self, counts: dict[str, Any]) -> Iterator[str]:
+    def process(self, counts: dict[str, Any], read_digests: dict[int, list[Any]]) -> Iterator[str]:
         path = fs.join(self.staging_dir, COUNTS_FILE)
-        fs.write_bytes(path, json.dumps(counts).encode("utf-8"))  # private staging: exact counts, not DP
+        # private staging: exact counts, not DP; beside them the reads' salted tags (never a file's sha256)
+        doc = {"counts": counts, READ_DIGESTS: {str(k): v for k, v in sorted(read_digests.items())}}
+        fs.write_bytes(path, json.dumps(doc).encode("utf-8"))
         yield path
 
 
 class EstimationCountsTransform(beam.PTransform):
-    """PBegin -> one dict: the pass's public-grid counts over the whole input (see the module docstring)."""
+    """PBegin -> {"counts": one dict, the pass's public-grid counts over the whole input (see the module
+    docstring); "read_digests": one dict, {file index: [size, salted tag]} of the files read whole (``ReadDigestsOf``)}."""
 
     def __init__(self, request: EstimationCountsRequest):
         super().__init__()
@@ -305,13 +357,18 @@ class EstimationCountsTransform(beam.PTransform):
     def expand(self, pbegin):
         """Read, reduce and write per bucket; count per bucket; sum the buckets (module docstring)."""
         r = self.request
-        return (pbegin
+        read = (pbegin
                 | "WorkItems" >> beam.Create(list(r.work_items))
                 | "ReshuffleItems" >> beam.Reshuffle()          # spread the work items over the workers
-                | "ReadForEstimation" >> beam.ParDo(_ReadForEstimation(r))      # (bucket, scratch file)
-                | "FilesPerBucket" >> beam.GroupByKey()
-                | "CountBucket" >> beam.ParDo(_CountBucket(r))                  # the bucket's counts
-                | "SumBuckets" >> beam.CombineGlobally(SumCounts(r)))
+                | "ReadForEstimation" >> beam.ParDo(_ReadForEstimation(r)).with_outputs(READ_DIGESTS, main="files"))
+        counts = (read.files                                                     # (bucket, scratch file)
+                  | "FilesPerBucket" >> beam.GroupByKey()
+                  | "CountBucket" >> beam.ParDo(_CountBucket(r))                 # the bucket's counts
+                  | "SumBuckets" >> beam.CombineGlobally(SumCounts(r)))
+        # The bytes each file's read consumed, joined over the workers: the data path (not metrics) carries them,
+        # so a retried bundle's output counts once (the runner drops a failed attempt's), as the counts do.
+        digests = read[READ_DIGESTS] | "JoinReadDigests" >> beam.CombineGlobally(ReadDigestsOf())
+        return {"counts": counts, READ_DIGESTS: digests}
 
 
 def counts_of_document(request: EstimationCountsRequest, doc: Mapping[str, Any]) -> PassCounts:
@@ -326,8 +383,9 @@ def counts_of_document(request: EstimationCountsRequest, doc: Mapping[str, Any])
                                                            value_grid()))
 
 
-def count_estimation(request: EstimationCountsRequest) -> PassCounts:
-    """Run one counting pass (``dpops.release.pipeline_seam.COUNT_ESTIMATION``) and return its counts.
+def count_estimation(request: EstimationCountsRequest) -> CountedPass:
+    """Run one counting pass (``dpops.release.pipeline_seam.COUNT_ESTIMATION``) and return its counts and the
+    tags of the bytes it read (``CountedPass``).
 
     The pipeline is made first: it points Beam's FileSystems at the run's options (the S3 endpoint), which
     listing the input's row groups (``work_items``) and reading the counts back need on this side too."""
@@ -342,13 +400,18 @@ def count_estimation(request: EstimationCountsRequest) -> PassCounts:
         if request.input_paths:
             request = dataclasses.replace(request, work_items=tuple(
                 work_items([fs.normalize(x) for x in request.input_paths], request.input_format)))
-        (p | "EstimationCounts" >> EstimationCountsTransform(request)
-           | "WriteCounts" >> beam.ParDo(_WriteCounts(request.staging_dir)))
+        out = p | "EstimationCounts" >> EstimationCountsTransform(request)
+        _ = out["counts"] | "WriteCounts" >> beam.ParDo(_WriteCounts(request.staging_dir),
+                                                       read_digests=beam.pvalue.AsSingleton(out[READ_DIGESTS]))
     path = fs.join(request.staging_dir, COUNTS_FILE)
     doc = json.loads(fs.read_bytes(path).decode("utf-8"))
     fs.delete_files([path])
-    return counts_of_document(request, doc)
+    digests: dict[str, tuple[int, str]] = {}
+    for index, (size, tag) in doc[READ_DIGESTS].items():
+        if 0 <= int(index) < len(request.input_paths):
+            digests[request.input_paths[int(index)]] = (int(size), str(tag))
+    return CountedPass(counts_of_document(request, doc["counts"]), digests)
 
 
-__all__ = ["COUNTS_FILE", "EstimationCountsTransform", "SumCounts", "add_counts", "count_estimation", "count_rows",
+__all__ = ["COUNTS_FILE", "READ_DIGESTS", "EstimationCountsTransform", "ReadDigestsOf", "SumCounts", "add_counts", "count_estimation", "count_rows",
            "counts_of_document", "empty_rows", "merge_reduced", "reduce_batch"]

@@ -180,7 +180,7 @@ def compute_staged(ctx: RunContext, ledger: Ledger, *, runner: str = "FnApiRunne
         # would publish a release of other data under this run's key.
         checked = check_input_unchanged(
             ctx, "while the pipeline read it; noise was drawn, so the run stays charged and its output is discarded",
-            read_digests=result.read_digests, read_digest_salt=result.read_digest_salt)
+            read_digests=[result.read_digests], read_digest_salt=result.read_digest_salt)
         report_stage(progress, "write")
         internal = {**(result.internal or {}), "input_check_after_read": checked}
         staged = ctx.store.finish_staging(tmp, ctx.interval.slug, ctx.run_id, internal,
@@ -198,7 +198,7 @@ def compute_staged(ctx: RunContext, ledger: Ledger, *, runner: str = "FnApiRunne
 
 
 def check_input_unchanged(ctx: RunContext, when: str, snapshot_suffices: bool = False,
-                          read_digests: Mapping[str, tuple[int, str]] | None = None, read_digest_salt: bytes = b"",
+                          read_digests: Sequence[Mapping[str, tuple[int, str]]] = (), read_digest_salt: bytes = b"",
                           ) -> str:
     """Fail (InputDataError) if the input files no longer have the keyed fingerprint of the run key; else say
     what the check compared (``"snapshot"``, ``"reader_digests"`` or ``"hashed_again"``: the release keeps it in
@@ -217,15 +217,18 @@ def check_input_unchanged(ctx: RunContext, when: str, snapshot_suffices: bool = 
     instead): a file swapped during the pipeline's read and put back before the hash hashes as the key's but
     moved its ctime.
 
-    ``read_digests`` (the check after the computation only): the (size, salted tag) of the bytes the pipeline's
-    reader consumed, per input file (``ComputeResult.read_digests``, CSV files read to their end; the tag is
-    ``dpops.inputs.read_digest_tag`` under ``read_digest_salt``). When every
-    input file has one and the spec has no public file, they are compared with the digests of this process's
-    fingerprint pass (``RunContext.input_digests``) instead of hashing the input again: equal digests prove
-    that the output was computed from exactly the bytes the run key names, which is what the hash after the
-    read stood in for (and more: it holds even for a file changed and restored while the pipeline read it).
-    A different digest refuses. Any file without one (Parquet, a context prepared in another process)
-    hashes the input again as before; the snapshot is compared first either way."""
+    ``read_digests`` (the check after the computation only): one mapping per read of the input (the release's
+    pipeline: one; the estimation: each counting pass, or its driver read), the (size, salted tag) of the bytes
+    that read consumed, per input file (``ComputeResult.read_digests``, ``CountedPass.read_digests``: CSV files
+    read to their end; the tag is ``dpops.inputs.read_digest_tag`` under ``read_digest_salt``). Every digest
+    given is compared with the digests of this process's fingerprint pass (``RunContext.input_digests``), and
+    any difference refuses: the output was computed from other bytes than the run key names, even if the file
+    at the path hashes as the key's (a file changed and restored while the pipeline read it, a view that
+    changed under the reader). When every read has a digest of every input file and the spec has no public
+    file, equal digests prove the output was computed from exactly the bytes the run key names, which is what
+    the hash after the read stood in for, and the input is not hashed again. Otherwise (Parquet, a context
+    prepared in another process, a digest a runner lost) it is hashed again as before; the snapshot is
+    compared first either way."""
     assert ctx.fingerprint_key is not None  # prepare always sets it
     moved = (ctx.input_stats is not None
              and input_stat_snapshot(snapshot_locations(ctx.spec, ctx.input_paths)) != ctx.input_stats)
@@ -242,19 +245,26 @@ def check_input_unchanged(ctx: RunContext, when: str, snapshot_suffices: bool = 
             f"{ctx.spec.name} {ctx.interval}: the input files changed since the run was prepared ({when}); "
             f"nothing is published. Run again when the input is final: a new input is a new run (and charge)"
         )
-    if (not snapshot_suffices and read_digests and read_digest_salt and ctx.spec.partitions.public_file is None
-            and ctx.input_paths and all(p in ctx.input_digests and p in read_digests for p in ctx.input_paths)):
-        def expected(p: str) -> tuple[int, str]:
+    if not snapshot_suffices and read_digests and read_digest_salt:
+        def expected(p: str) -> tuple[int, str] | None:
+            if p not in ctx.input_digests:
+                return None
             size, sha = ctx.input_digests[p]
             return size, read_digest_tag(read_digest_salt, size, sha)
 
-        if any(tuple(read_digests[p]) != expected(p) for p in ctx.input_paths):
-            raise InputDataError(
-                f"{ctx.spec.name} {ctx.interval}: the pipeline read input bytes other than those the run was "
-                f"prepared with ({when}); nothing is published. Run again when the input is final: a new input "
-                "is a new run (and charge)"
-            )
-        return "reader_digests"
+        known = {p: expected(p) for p in ctx.input_paths}  # None: no fingerprint digest here (another process)
+        for read in read_digests:
+            # A digest of a path the run was not prepared with, or one that differs: that read consumed other
+            # bytes than the run key names (never excused by the file hashing as the key's now).
+            if any(p not in known or (known[p] is not None and tuple(d) != known[p]) for p, d in read.items()):
+                raise InputDataError(
+                    f"{ctx.spec.name} {ctx.interval}: the pipeline read input bytes other than those the run was "
+                    f"prepared with ({when}); nothing is published. Run again when the input is final: a new "
+                    "input is a new run (and charge)"
+                )
+        if (ctx.spec.partitions.public_file is None and ctx.input_paths
+                and all(known[p] is not None and p in read for read in read_digests for p in ctx.input_paths)):
+            return "reader_digests"
     try:
         # The public file is read again (the pipeline re-loads the spec): for a file the operator did not mark
         # publishable, spec_hash holds only its row count, so only this keyed fingerprint sees a changed list.

@@ -74,6 +74,7 @@ from dpops.analysis.estimate import (
 )
 from dpops.errors import BudgetExceeded, IntegrityError, InvalidParameter, LedgerError, SpecError, public_message
 from dpops.release.context import RunContext
+from dpops.release.pipeline_seam import CountedPass, estimation_digest_salt
 from dpops.spec import refuse_metric_contributions
 from dpops.storage.location import Location
 
@@ -362,7 +363,8 @@ class EstimationEngine:
 
 
 def compute_estimation(run: EstimationRun, config: EstimateConfig, rng: RandomSource, *,
-                       engine: str | EstimationEngine = DEFAULT_ENGINE) -> Estimate:
+                       engine: str | EstimationEngine = DEFAULT_ENGINE,
+                       reads: list[dict[str, tuple[int, str]]] | None = None) -> Estimate:
     """The interval's counts through the pure mechanisms (``dpops.analysis.estimate.estimate_counts``; error/1:
     ``estimate_by_error`` over the exact histograms).
 
@@ -370,17 +372,30 @@ def compute_estimation(run: EstimationRun, config: EstimateConfig, rng: RandomSo
     the public-grid counts (error/1: the exact histograms on the public bins) coming back; ``driver``: the rows
     read into this process (``read_rows``) and counted here. Both read with the same streams and count with the
     same functions, so they give the same bounds, bit for bit. Runs after ``ledger.start``: nothing here may
-    depend on the data to fail (an empty interval is data)."""
+    depend on the data to fail (an empty interval is data).
+
+    ``reads``: when given, one entry is appended per read of the input (the driver's one read, or each Beam
+    pass): {input path: (size, salted tag)} of every CSV file that read consumed whole
+    (``dpops.inputs.read_digest_tag`` under ``estimation_digest_salt(rng)``), for the check after the read
+    (``run_estimation``). In memory only."""
     eng = EstimationEngine.of(engine)
     if eng.name == "driver":
-        rows = read_rows(run.ctx, rng.child("estimate", "read"))
+        digests: dict[str, tuple[int, str]] = {}
+        rows = read_rows(run.ctx, rng.child("estimate", "read"), digests=digests,
+                         digest_salt=estimation_digest_salt(rng))
+        if reads is not None:
+            reads.append(digests)
         est = estimator.estimate_rows(run.ctx.spec, rows, config, rng)  # looked up at call time (tests plant faults)
     else:
         counts = PipelineCounts(run, config, eng)
-        if config.method == QUANTILE_METHOD:
-            est = estimator.estimate_counts(run.ctx.spec, counts, config, rng)
-        else:
-            est = estimator.estimate_by_error(run.ctx.spec, counts.error_histograms(), config, rng)
+        try:
+            if config.method == QUANTILE_METHOD:
+                est = estimator.estimate_counts(run.ctx.spec, counts, config, rng)
+            else:
+                est = estimator.estimate_by_error(run.ctx.spec, counts.error_histograms(), config, rng)
+        finally:
+            if reads is not None:
+                reads.extend(counts.reads)
     est.run_id = run.key.run_id
     return est
 
@@ -413,21 +428,30 @@ def read_config(ctx: RunContext) -> ReadConfig:
                       time_window_ns=window)
 
 
-def read_rows(ctx: RunContext, rng: RandomSource) -> dict[str, np.ndarray]:
+def read_rows(ctx: RunContext, rng: RandomSource, *, digests: dict[str, tuple[int, str]] | None = None,
+              digest_salt: bytes = b"") -> dict[str, np.ndarray]:
     """The interval's rows, checked and hashed by the release's own ``prepare_batch`` (one pair salt). An
-    interval without data rows gives empty columns, never an error (it runs after the charge)."""
+    interval without data rows gives empty columns, never an error (it runs after the charge).
+
+    ``digests``: filled with {input path: (size, tag)} of each CSV file read to its end, the tag
+    ``dpops.inputs.read_digest_tag`` under ``digest_salt`` (the Beam passes' form, so one check serves both)."""
+    from dpops.inputs import read_digest_tag
     from pipelines.bounding import pair_salt
-    from pipelines.io import iter_record_batches, prepare_batch, work_items
+    from pipelines.io import ReadDigest, iter_record_batches, prepare_batch, work_items
 
     spec = ctx.spec
     cfg = read_config(ctx)
     salt = pair_salt(rng)
     parts: list[dict[str, np.ndarray]] = []
-    for item in work_items(list(ctx.input_paths), spec.input.format):
-        for j, (batch, offset) in enumerate(iter_record_batches(item, cfg)):
+    paths = list(ctx.input_paths)
+    for item in work_items(paths, spec.input.format):
+        digest = ReadDigest()
+        for j, (batch, offset) in enumerate(iter_record_batches(item, cfg, None, digest)):
             rows, _, _ = prepare_batch(batch, item[0], offset, cfg, rng.child("read", item[0], item[2] or 0, j),
                                        pair_salt=salt)
             parts.append(rows)
+        if digests is not None and digest.complete:
+            digests[paths[item[0]]] = (digest.size, read_digest_tag(digest_salt, digest.size, digest.hexdigest()))
     if not parts:
         # n = 0 is data (issue 25 item 3): this runs after ledger.start, so refusing an interval without rows
         # would be a data-dependent abort that leaves it charged and never published. An empty batch of the
@@ -455,8 +479,15 @@ class PipelineCounts:
         self.run, self.config, self.engine = run, config, engine or EstimationEngine()
         self.read = read_config(run.ctx)
         self._pairs: PassCounts | None = None
+        # each pass's {input path: (size, salted tag)} of the bytes it read (``CountedPass.read_digests``)
+        self.reads: list[dict[str, tuple[int, str]]] = []
 
     def _pass(self, request: Callable[[str], EstimationCountsRequest]) -> PassCounts:
+        counted = self._counted(request)
+        self.reads.append(counted.read_digests)
+        return counted.counts
+
+    def _counted(self, request: Callable[[str], EstimationCountsRequest]) -> CountedPass:
         import shutil
         import tempfile
         import uuid
@@ -688,12 +719,16 @@ def run_estimation(ctx: RunContext, config: EstimateConfig, ledger: Ledger, *,
     from dpops.release.computation import check_input_unchanged
 
     rng = start_estimation(ledger, reserved)
-    est = compute_estimation(reserved.run, config, rng, engine=eng)  # a failure now leaves the run started
+    reads: list[dict[str, tuple[int, str]]] = []
+    est = compute_estimation(reserved.run, config, rng, engine=eng, reads=reads)  # a failure leaves it started
     # Committed only if what was read is what the run key (and the manifest) name: the estimation had no check of
     # its input at all, so a file replaced between prepare and the read was estimated on, and committed under the
-    # fingerprint of other bytes. After start: the run stays started (charged); a retry on the final input is a
-    # new run key.
-    check_input_unchanged(ctx, "while the estimation read it; the run stays charged and nothing is committed")
+    # fingerprint of other bytes. Every read's digests (each Beam pass, or the driver's one read) are compared
+    # with the fingerprint pass's, as the release compares its reader's: a pass that saw other bytes while the
+    # path and its stat stayed the same is refused too. After start: the run stays started (charged); a retry on
+    # the final input is a new run key.
+    check_input_unchanged(ctx, "while the estimation read it; the run stays charged and nothing is committed",
+                          read_digests=reads, read_digest_salt=estimation_digest_salt(rng))
     return commit_estimation(ledger, reserved, est)
 
 

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from dpops.analysis.estimate import PassCounts
     from dpops.analysis.tune_stats import StatNeeds
     from dpops.analysis.tuning import TuneStatistics
+    from dpops.noise.randomness import RandomSource
     from dpops.spec import ReleaseSpec
     from pipelines.io import ReadConfig
 
@@ -130,6 +131,29 @@ class EstimationCountsRequest:
     n_buckets: int = 64  # unit-hash buckets: one scratch file per (work item, bucket); the counts do not depend on it
 
 
+CONFLICTING_READS = "conflicting"  # a read digest's tag when two reads of one file disagreed: it matches no tag
+
+
+@dataclass
+class CountedPass:
+    """What one counting pass returns (``pipelines.estimation.count_estimation``): its public-grid ``counts``, and
+    ``read_digests``, {input path as in the request: (size, tag hex)} of every file its workers read whole as
+    one byte stream (CSV), the salted tag under ``estimation_digest_salt`` (``dpops.inputs.read_digest_tag``),
+    or ``CONFLICTING_READS`` when two reads of the file disagreed. The estimation's check after its read
+    (``dpops.release.computation.check_input_unchanged``) compares every pass's with the fingerprint pass's
+    digests, as the release does with its reader's."""
+
+    counts: PassCounts
+    read_digests: dict[str, tuple[int, str]] = field(default_factory=dict, repr=False, compare=False)
+
+
+def estimation_digest_salt(source: RandomSource) -> bytes:
+    """The salt of an estimation's read-digest tags: 32 bytes of its own stream (``source`` is the estimation's
+    ``dpops.release.estimation.random_source``, which the driver holds and every worker rebuilds from the key
+    reference or the test seed). Never from the data; os randomness is refused for an estimation."""
+    return bytes(source.child("estimate", "digest_salt").uint64(4).tobytes())
+
+
 @dataclass(frozen=True)
 class TuneStatisticsRequest:
     """A flagged private ``dpops tune``'s read (``pipelines.tuning``): the sample read on workers with the driver
@@ -192,10 +216,10 @@ def load_sample_truth() -> Callable[[SampleTruthRequest], SampleTruth]:
     return fn
 
 
-def load_count_estimation() -> Callable[[EstimationCountsRequest], PassCounts]:
+def load_count_estimation() -> Callable[[EstimationCountsRequest], CountedPass]:
     """``pipelines.estimation:count_estimation``, imported lazily (dpops never imports Beam itself)."""
     mod_name, func = COUNT_ESTIMATION.split(":")
-    fn: Callable[[EstimationCountsRequest], PassCounts] = getattr(import_pipeline_module(mod_name), func)
+    fn: Callable[[EstimationCountsRequest], CountedPass] = getattr(import_pipeline_module(mod_name), func)
     return fn
 
 
