@@ -182,7 +182,6 @@ class _ReadForEstimation(beam.DoFn):
     @withhold_data_in_errors
     def process(self, item: tuple[int, str, int | None, int]) -> Iterator[Any]:
         import pipelines.io as pio  # module attribute lookups, as the release's reader (tests hook them)
-
         from dpops.inputs import read_digest_tag
 
         r = self.request
@@ -346,7 +345,8 @@ class _WriteCounts(beam.DoFn):
 
 class EstimationCountsTransform(beam.PTransform):
     """PBegin -> {"counts": one dict, the pass's public-grid counts over the whole input (see the module
-    docstring); "read_digests": one dict, {file index: [size, salted tag]} of the files read whole (``ReadDigestsOf``)}."""
+    docstring); "read_digests": one dict, {file index: [size, salted tag]} of the files read whole
+    (``ReadDigestsOf``)}."""
 
     def __init__(self, request: EstimationCountsRequest):
         super().__init__()
@@ -413,5 +413,5 @@ def count_estimation(request: EstimationCountsRequest) -> CountedPass:
     return CountedPass(counts_of_document(request, doc["counts"]), digests)
 
 
-__all__ = ["COUNTS_FILE", "READ_DIGESTS", "EstimationCountsTransform", "ReadDigestsOf", "SumCounts", "add_counts", "count_estimation", "count_rows",
-           "counts_of_document", "empty_rows", "merge_reduced", "reduce_batch"]
+__all__ = ["COUNTS_FILE", "READ_DIGESTS", "EstimationCountsTransform", "ReadDigestsOf", "SumCounts", "add_counts",
+           "count_estimation", "count_rows", "counts_of_document", "empty_rows", "merge_reduced", "reduce_batch"]

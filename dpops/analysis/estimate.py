@@ -607,9 +607,11 @@ class PairTable:
         if not len(u):
             z = np.zeros(0, np.uint64)
             return cls(z, z, z, np.zeros(0, np.int64))
-        ucode, _ = pd.factorize(u, sort=False)
+        from pipelines.bounding import pair_codes  # the release's own pair codes (one owner of the pair rule)
+
+        ucode, uniq_u = pd.factorize(u, sort=False)
         pcode, uniq_p = pd.factorize(p, sort=False)
-        pair, _ = pd.factorize(ucode.astype(np.int64) * len(uniq_p) + pcode, sort=False)
+        pair = pair_codes(ucode, pcode, len(uniq_u), len(uniq_p))
         m = int(pair.max()) + 1
         first = np.empty(m, np.int64)
         first[pair[::-1]] = np.arange(len(u) - 1, -1, -1)
