@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from fractions import Fraction
 from functools import lru_cache
 
 import numpy as np
 from scipy.special import log_ndtr, ndtr
 
 from dpops.errors import InvalidParameter
-from dpops.noise.samplers import dg_norm as _dg_norm
-from dpops.noise.samplers import dg_tail_unnorm as _dg_tail_unnorm
 from dpops.param_checks import check_delta, check_epsilon, check_positive
 
 
@@ -102,23 +101,112 @@ def gaussian_sigma_classical(epsilon: float, delta: float, l2_sensitivity: float
 
 # --------------------------------------------------------------------------- discrete Gaussian
 
+_U = 2.0**-53  # unit roundoff of a double
+# Relative error of one np.exp / math.exp / math.expm1 / math.erfc result, in units of _U: the libraries
+# claim a few ulps at most; 16 is generous on purpose (the margin it buys is ~1e-15 of delta).
+_FN_ULPS = 16
+_MAX_INDEX = 2**50  # lattice indices handled exactly as doubles (k*k and k-j below)
+
+
+def _sum_ulps(n: int) -> float:
+    """Bound on the relative error, in units of _U, of numpy's pairwise sum of n nonnegative doubles: 8
+    accumulators over blocks of at most 128, then a halving tree, so no term passes more than
+    log2(n) + 19 additions."""
+    return math.log2(max(n, 2)) + 24
+
+
+def _up(x: float, ulps: float) -> float:
+    """x moved away from the exact value's side by ``ulps`` units of its magnitude: up."""
+    return x * (1 + ulps * _U) if x > 0 else x * (1 - ulps * _U)
+
+
+def _down(x: float, ulps: float) -> float:
+    """x moved down by ``ulps`` units of its magnitude."""
+    return x * (1 - ulps * _U) if x > 0 else x * (1 + ulps * _U)
+
+
+def _gauss_int_upper_tail(t: float, sigma: float) -> float:
+    """∫_t^∞ exp(-x²/(2σ²)) dx = σ sqrt(π/2) erfc(t/(σ sqrt 2)) (as computed; callers widen it)."""
+    return sigma * math.sqrt(math.pi / 2) * math.erfc(t / (sigma * math.sqrt(2)))
+
+
+def _dg_tail_bounds(j: int, s2: float) -> tuple[float, float]:
+    """(lower, upper) bounds of T(j) = Σ_{k>=j} exp(-k²/(2 s2)) for an integer j >= 1, every rounding included."""
+    assert j >= 1
+    sigma = math.sqrt(s2)
+    first_arg = float(j * j) / (2 * s2)  # two roundings of j²/(2 s2): 2u relative
+    first = math.exp(-first_arg)
+    first_ulps = 2.01 * first_arg + _FN_ULPS
+    top = math.isqrt(int(j * j + 160 * s2)) + 2
+    if top - j > (1 << 20):
+        # f decreasing on [j, inf):  ∫_j^∞ f  <=  T(j)  <=  f(j) + ∫_j^∞ f
+        integral = _gauss_int_upper_tail(float(j), sigma)
+        ulps = 3 * _FN_ULPS + 2.01 * (j / sigma) ** 2
+        return _down(integral, ulps), _up(first, first_ulps) + _up(integral, ulps)
+    m = np.arange(0, top - j + 1, dtype=np.float64)
+    # exponent (k² - j²)/(2 s2) = m(m + 2j)/(2 s2) <= 80 + ...: m(m+2j) exact below 2**53, else 1u
+    arg = m * (m + 2.0 * j) / (2 * s2)
+    amax = float(arg[-1])
+    part = float(np.exp(-arg).sum())
+    ulps = 3.01 * amax + _FN_ULPS + _sum_ulps(len(m)) + first_ulps + 2
+    lo = _down(part * first, ulps)  # the terms beyond ``top`` are dropped: a lower bound
+    rest = _gauss_int_upper_tail(float(top), sigma)  # Σ_{k>top} f(k) <= ∫_top^∞ f
+    hi = _up(part * first, ulps) + _up(rest, 3 * _FN_ULPS + 2.01 * (top / sigma) ** 2)
+    return lo, hi
+
+
+def _dg_norm_bounds(s2: float) -> tuple[float, float]:
+    """(lower, upper) bounds of Z = Σ_k exp(-k²/(2 s2))."""
+    sigma = math.sqrt(s2)
+    if sigma >= 2.0:
+        # Poisson summation: Z = sqrt(2π)σ (1 + 2 Σ_{m>=1} exp(-2π²σ²m²)), the sum < 2e-34 here
+        z = math.sqrt(2 * math.pi) * sigma
+        return _down(z, 8), _up(z, 8)
+    lo, hi = _dg_tail_bounds(1, s2)
+    return _down(1 + 2 * lo, 2), _up(1 + 2 * hi, 2)
+
 
 def discrete_gaussian_delta(epsilon: float, sigma2: float, l2_sensitivity: int) -> float:
-    """Exact δ(ε) of the discrete Gaussian N_Z(0, σ²) with integer sensitivity Δ (CKS20 Thm 7)."""
+    """δ(ε) of the discrete Gaussian N_Z(0, σ²) with integer sensitivity Δ (CKS20 Thm 7), rounded UP: never
+    below the exact value, and above it by about 1e-11 of it at most (tests/test_calibration.py checks both
+    against 60-digit arithmetic).
+
+    Privacy reason: the exact calibration bisects σ on this value and verifies the recorded σ with it, so a
+    value rounded below the exact δ would certify a σ whose true δ exceeds the charged one. The formula is a
+    difference of two close sums, where plain double arithmetic lost up to ~1.5e-13 of δ downwards; every
+    rounding (the exponents, np.exp, the pairwise sums, the subtraction, the normaliser Z) is now bounded and
+    added in the conservative direction, the lattice thresholds are floors of exact rationals, and a tail is
+    bounded from below where it is subtracted (its truncation and the integral bound of huge σ included)."""
     d = int(l2_sensitivity)
     s2 = float(sigma2)
-    x1 = epsilon * s2 / d - d / 2
-    x2 = epsilon * s2 / d + d / 2
-    j1 = math.floor(x1) + 1  # P[X > x] = P[X >= floor(x)+1]
-    j2 = math.floor(x2) + 1
-    z = _dg_norm(s2)
-    if j1 >= 1 and j2 - j1 < 4_000_000:
+    # The thresholds ε s2/Δ ∓ Δ/2 in exact arithmetic: a floor computed from a rounded double can pick the
+    # neighbouring lattice point, and the formula at another point gives a smaller value than δ(ε).
+    j1 = math.floor(Fraction(epsilon) * Fraction(s2) / d - Fraction(d, 2)) + 1  # P[X > x] = P[X >= floor(x)+1]
+    j2 = j1 + d  # x2 = x1 + Δ, Δ an integer
+    if j2 >= _MAX_INDEX:
+        raise InvalidParameter(f"sigma2={s2!r}: the discrete Gaussian is too wide for the exact calibration "
+                               "(lattice indices beyond 2**50); use a coarser resolution")
+    z_lo, _ = _dg_norm_bounds(s2)
+    t2_lo, _ = _dg_tail_bounds(j2, s2)
+    if j1 >= 1 and d < 4_000_000:
         k = np.arange(j1, j2, dtype=np.float64)
-        between = float(np.exp(-(k * k) / (2 * s2)).sum())
-        val = between - math.expm1(epsilon) * _dg_tail_unnorm(j2, s2)
+        arg = (k * k) / (2 * s2)
+        amax = float(arg[-1])  # bound every term's exponent by the largest one
+        between = float(np.exp(-arg).sum())
+        b_hi = _up(between, 2.01 * amax + _FN_ULPS + _sum_ulps(d) + 1)
+        sub = _down(_down(math.expm1(epsilon), _FN_ULPS) * t2_lo, 1)
+        num = b_hi - sub
+        num += 2 * _U * b_hi  # the subtraction's rounding (|result| <= b_hi)
     else:
-        val = _dg_tail_unnorm(j1, s2) - math.exp(epsilon) * _dg_tail_unnorm(j2, s2)
-    return max(0.0, val / z)
+        if j1 >= 1:
+            _, t1_hi = _dg_tail_bounds(j1, s2)
+        else:  # Σ_{k>=j1} = Z - Σ_{k>=1-j1}
+            _, z_hi = _dg_norm_bounds(s2)
+            lo, _ = _dg_tail_bounds(1 - j1, s2)
+            t1_hi = _up(z_hi - lo, 1) + 2 * _U * z_hi
+        sub = _down(_down(math.exp(epsilon), _FN_ULPS) * t2_lo, 1)
+        num = t1_hi - sub + 2 * _U * t1_hi
+    return max(0.0, _up(num / z_lo, 2))
 
 
 def _integer_sensitivity(x: float, name: str) -> int:
