@@ -74,12 +74,13 @@ def _new_ledger(path: Path) -> str:
     return url
 
 
-def _estimate(cwd: Path, key: Path, method: str, runner: str, options: list[str], env: dict[str, str]) -> dict:
+def _estimate(cwd: Path, key: Path, method: str, runner: str, options: list[str], env: dict[str, str],
+              doc: dict | None = None) -> dict:
     """One ``dpops estimate`` in ``cwd`` (a fresh spec, ledger and output); its patch bytes and manifest section."""
     run_dir = cwd / method.replace("/", "_")
     run_dir.mkdir(parents=True)
     spec = run_dir / "spec.yaml"
-    spec.write_text(yaml.safe_dump(_spec_doc()))
+    spec.write_text(yaml.safe_dump(doc or _spec_doc()))
     args = ["estimate", str(spec), "--interval", "2024-01-01/2024-01-02", "--epsilon", "1.0", "--method", method,
             "--ledger", _new_ledger(run_dir / "ledger.sqlite"), "--key-file", str(key), "--out", str(run_dir / "est"),
             "--json", "--runner", runner, "--staging", f"s3://{BUCKET}/scratch/", "--buckets", "3"]
@@ -151,6 +152,45 @@ def test_estimation_on_isolated_workers_with_s3_input_equals_the_in_process_one(
         assert got["patch"] == want["patch"], f"{method}: the spec patch differs"
     assert cluster.workers_started() > before  # the passes ran on the isolated pool
     assert not _keys(client, "scratch/"), "the workers' scratch files or counts were left in the bucket"
+
+
+def test_a_csv_estimation_on_isolated_workers_checks_the_bytes_they_read_and_equals_the_in_process_one(
+        world, cluster, tmp_path):
+    """CSV on S3: each worker's read reports the salted tag of the bytes it parsed (``ReadDigestsOf``) and the
+    driver's check after the estimation compares it with the fingerprint. A tag the driver could not reproduce
+    (another salt on the workers, another byte count) would refuse the run after its charge: both runs commit,
+    with the same estimation as in process."""
+    import pyarrow.csv as pcsv
+
+    client = world["client"]
+    gen = np.random.default_rng(7)
+    n = 20_000
+    local = tmp_path / "input.csv"
+    pcsv.write_csv(pa.table({"user_id": [f"u{u}" for u in gen.integers(0, 1_500, n)],
+                             "region": [REGIONS[r] for r in gen.integers(0, len(REGIONS), n)],
+                             "amount": np.round(gen.lognormal(2.0, 1.2, n), 2)}), local)
+    client.upload_file(str(local), BUCKET, "in-csv/2024-01-01.csv")
+    doc = _spec_doc()
+    doc["input"] = {**doc["input"], "path": f"s3://{BUCKET}/in-csv/{{start:%Y-%m-%d}}.csv", "format": "csv"}
+    roots = {"DPOPS_DATA_ROOTS": f"s3://{BUCKET}/in-csv"}
+    try:
+        ref_env = {**os.environ, **pythonpath_env(), **s3_env(world["moto"].port), **roots,
+                   "DPOPS_STATE_DIR": str(tmp_path / "ref-state")}
+        env = {**os.environ, **cluster.env, **roots, "TMPDIR": str(cluster.tmp),
+               "DPOPS_STATE_DIR": str(cluster.cwd / "csv-state")}
+        for e in (ref_env, env):
+            for var in ("DPOPS_MANIFESTS_DIR", "DPOPS_LEDGER_URL"):
+                e.pop(var, None)
+        want = _estimate(tmp_path / "reference", world["key"], "quantile/1", "FnApiRunner",
+                         [f"--s3_endpoint_url=http://127.0.0.1:{world['moto'].port}"], ref_env, doc)
+        before = cluster.workers_started()
+        got = _estimate(cluster.cwd / "estimate-csv", world["key"], "quantile/1", "PortableRunner",
+                        cluster.options(), env, doc)
+        assert cluster.workers_started() > before  # the passes ran on the isolated pool
+        assert (got["run_id"], got["estimation"], got["patch"]) == (want["run_id"], want["estimation"], want["patch"])
+        assert not _keys(client, "scratch/"), "the workers' scratch files or counts were left in the bucket"
+    finally:
+        client.delete_object(Bucket=BUCKET, Key="in-csv/2024-01-01.csv")
 
 
 def _release_doc() -> dict:
